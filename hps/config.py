@@ -1,0 +1,322 @@
+"""Parameter-server configuration: HugeCTR's `ps.json` (or YAML, or a dict) → typed config.
+
+Every key of HugeCTR's HPS config is accepted with HugeCTR's default and meaning (see
+REFERENCE.md §1). Keys `hps` does not know are reported as `UnknownConfigKeyWarning`
+with their path and the nearest known key, so a misspelling never passes silently. A bad
+value raises `ConfigError` naming the key path and the expected form.
+
+The same objects can be built in Python:
+
+    PSConfig(models=[ModelConfig(model="m", sparse_files=["/m/t0"], ...)])
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hps.errors import ConfigError
+
+UNBOUNDED = 2**63 - 1
+
+
+class UnknownConfigKeyWarning(UserWarning):
+    """A config key that `hps` does not know (often a misspelling); it is ignored."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="ignore", validate_assignment=True, frozen=False)
+
+
+class VolatileDBConfig(_Section):
+    """`volatile_db`: the in-process hash map or Redis (Cluster) tier."""
+
+    type: Literal["hash_map", "parallel_hash_map", "redis_cluster", "disabled"] = "hash_map"
+    address: str = "127.0.0.1:7000"
+    user_name: str = "default"
+    password: str = ""
+    num_partitions: int = Field(16, ge=1, le=65536)
+    num_node_connections: int = Field(5, ge=1)
+    enable_tls: bool = False
+    tls_ca_certificate: str = "cacertbundle.crt"
+    tls_client_certificate: str = "client_cert.pem"
+    tls_client_key: str = "client_key.pem"
+    tls_server_name_identification: str = "redis.localhost"
+    max_batch_size: int = Field(65536, ge=1)
+    overflow_margin: int = Field(UNBOUNDED, ge=1)
+    overflow_policy: Literal["evict_random", "evict_least_used", "evict_oldest"] = "evict_random"
+    overflow_resolution_target: float = Field(0.8, gt=0.0, le=1.0)
+    initial_cache_rate: float = Field(1.0, ge=0.0, le=1.0)
+    cache_missed_embeddings: bool = False
+    refresh_time_after_fetch: bool = False
+    update_filters: list[str] = Field(default_factory=lambda: ["^hps_.+$"])
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _alias_type(cls, value: Any) -> Any:
+        return "redis_cluster" if value == "redis" else value
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "disabled"
+
+    @property
+    def is_redis(self) -> bool:
+        return self.type == "redis_cluster"
+
+
+class PersistentDBConfig(_Section):
+    """`persistent_db`: the RocksDB tier."""
+
+    type: Literal["rocks_db", "disabled"] = "disabled"
+    path: str = "/tmp/rocksdb"
+    num_threads: int = Field(16, ge=1)
+    read_only: bool = False
+    max_batch_size: int = Field(65536, ge=1)
+    update_filters: list[str] = Field(default_factory=lambda: ["^hps_.+$"])
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _alias_type(cls, value: Any) -> Any:
+        return "rocks_db" if value in ("rocksdb", "rocks") else value
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "disabled"
+
+
+class UpdateSourceConfig(_Section):
+    """`update_source`: HugeCTR's Kafka updates. Accepted, not served by `hps`."""
+
+    type: Literal["kafka_message_queue", "null"] = "null"
+    brokers: str = "127.0.0.1:9092"
+    receive_buffer_size: int = 262144
+    poll_timeout_ms: int = 500
+    max_batch_size: int = 8192
+    failure_backoff_ms: int = 50
+    max_commit_interval: int = 32
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _null_type(cls, value: Any) -> Any:
+        return "null" if value is None else value
+
+
+class ModelConfig(_Section):
+    """One model: its tables, their widths and sources, and the lookup limits."""
+
+    model: str = Field(pattern=r"^[A-Za-z0-9_-]{1,120}$")
+    sparse_files: list[str] = Field(min_length=1)
+    dense_file: str = ""
+    embedding_table_names: list[str] = Field(default_factory=list)
+    embedding_vecsize_per_table: list[int]
+    maxnum_catfeature_query_per_table_per_sample: list[int]
+    default_value_for_each_table: list[float] = Field(default_factory=list)
+    deployed_device_list: list[int]
+    max_batch_size: int = Field(64, ge=1)
+    hit_rate_threshold: float = Field(0.9, ge=0.0)
+    gpucache: bool = True
+    gpucacheper: float = Field(0.2, gt=0.0, le=1.0)
+    cache_refresh_percentage_per_iteration: float = Field(0.0, ge=0.0)
+    embedding_cache_type: Literal["dynamic", "static", "uvm"] = "dynamic"
+    use_static_table: bool = False
+    num_of_worker_buffer_in_pool: int = Field(1, ge=1)
+    num_of_refresher_buffer_in_pool: int = Field(1, ge=1)
+    thread_pool_size: int = Field(16, ge=1)
+    init_ec: bool = True
+    use_context_stream: bool = True
+    enable_pagelock: bool = False
+    fp8_quant: bool = False
+    refresh_delay: float = Field(0.0, ge=0.0)
+    refresh_interval: float = Field(0.0, ge=0.0)
+    maxnum_des_feature_per_sample: int = Field(26, ge=0)
+    label_dim: int = 1
+    slot_num: int = 0
+
+    @model_validator(mode="after")
+    def _per_table_lists(self) -> ModelConfig:
+        n = len(self.sparse_files)
+        if not self.embedding_table_names:
+            self.__dict__["embedding_table_names"] = [f"sparse_embedding{i}" for i in range(n)]
+        if not self.default_value_for_each_table:
+            self.__dict__["default_value_for_each_table"] = [0.0] * n
+        for key in (
+            "embedding_table_names",
+            "embedding_vecsize_per_table",
+            "maxnum_catfeature_query_per_table_per_sample",
+            "default_value_for_each_table",
+        ):
+            got = len(getattr(self, key))
+            if got != n:
+                raise ValueError(
+                    f"{key} has {got} entries but sparse_files has {n}: one per table expected"
+                )
+        if len(set(self.embedding_table_names)) != n:
+            raise ValueError("embedding_table_names must be unique within a model")
+        for key in ("embedding_vecsize_per_table", "maxnum_catfeature_query_per_table_per_sample"):
+            if any(v <= 0 for v in getattr(self, key)):
+                raise ValueError(f"{key} entries must be positive integers")
+        if any(not math.isfinite(v) for v in self.default_value_for_each_table):
+            raise ValueError("default_value_for_each_table entries must be finite numbers")
+        if not self.deployed_device_list:
+            raise ValueError("deployed_device_list must name at least one device id")
+        return self
+
+    @property
+    def cache_type(self) -> str:
+        """The effective cache type (`use_static_table` forces "static", as in HugeCTR)."""
+        return "static" if self.use_static_table else self.embedding_cache_type
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.sparse_files)
+
+    def max_keys_per_lookup(self, table_id: int) -> int:
+        """max_batch_size × maxnum_catfeature_query_per_table_per_sample[table_id]."""
+        return self.max_batch_size * self.maxnum_catfeature_query_per_table_per_sample[table_id]
+
+
+class PSConfig(_Section):
+    """The whole parameter-server config (the contents of `ps.json`)."""
+
+    supportlonglong: bool = True
+    fuse_embedding_table: bool = False
+    models: list[ModelConfig] = Field(min_length=1)
+    volatile_db: VolatileDBConfig = Field(default_factory=VolatileDBConfig)
+    persistent_db: PersistentDBConfig = Field(default_factory=PersistentDBConfig)
+    update_source: UpdateSourceConfig = Field(default_factory=UpdateSourceConfig)
+
+    @field_validator("volatile_db", mode="before")
+    @classmethod
+    def _volatile_without_type(cls, value: Any) -> Any:
+        # HugeCTR: an absent block means the hash map, a block without "type" disables it.
+        if isinstance(value, dict) and "type" not in value:
+            return {**value, "type": "disabled"}
+        return value
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> PSConfig:
+        names = [m.model for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"model names must be unique, repeated: {', '.join(dupes)}")
+        return self
+
+    def model(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.model == name:
+                return m
+        raise KeyError(name)
+
+
+# -- loading and key checks ---------------------------------------------------------------
+
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "volatile_db": VolatileDBConfig,
+    "persistent_db": PersistentDBConfig,
+    "update_source": UpdateSourceConfig,
+}
+
+
+def _warn_unknown(raw: dict[str, Any], known: type[BaseModel], path: str) -> None:
+    fields = set(known.model_fields)
+    for key in raw:
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            warnings.warn(
+                f"unknown config key '{path}{key}' is ignored{hint}",
+                UnknownConfigKeyWarning,
+                stacklevel=4,
+            )
+
+
+def _check_keys(raw: dict[str, Any]) -> None:
+    _warn_unknown(raw, PSConfig, "")
+    for section, cls in _SECTIONS.items():
+        if isinstance(raw.get(section), dict):
+            _warn_unknown(raw[section], cls, f"{section}.")
+    models = raw.get("models")
+    if isinstance(models, list):
+        for i, m in enumerate(models):
+            if isinstance(m, dict):
+                _warn_unknown(m, ModelConfig, f"models[{i}].")
+
+
+def _format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        path = ""
+        for part in err["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required key is missing"
+        elif "input" in err and err["type"] != "value_error":
+            msg = f"{msg} (got {err['input']!r})"
+        lines.append(f"{path or '<config>'}: {msg}")
+    return "invalid ps config:\n  " + "\n  ".join(lines)
+
+
+def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike[str] | None = None) -> PSConfig:
+    """Validate a dict of ps.json contents. Relative local paths resolve from `base_dir`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a ps config must be a mapping, got {type(raw).__name__}")
+    _check_keys(raw)
+    try:
+        config = PSConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from None
+    if base_dir is not None:
+        _resolve_paths(config, Path(base_dir))
+    return config
+
+
+def _resolve_paths(config: PSConfig, base: Path) -> None:
+    for m in config.models:
+        m.__dict__["sparse_files"] = [
+            str(base / f) if "://" not in f and not os.path.isabs(f) else f for f in m.sparse_files
+        ]
+    db = config.persistent_db
+    if db.enabled and not os.path.isabs(db.path):
+        db.__dict__["path"] = str(base / db.path)
+
+
+def load_config(source: str | os.PathLike[str] | dict[str, Any] | PSConfig) -> PSConfig:
+    """A PSConfig from a ps.json / YAML path, a dict of the same contents, or a PSConfig.
+
+    Relative paths inside a config file resolve from the file's folder.
+    """
+    if isinstance(source, PSConfig):
+        return source
+    if isinstance(source, dict):
+        return parse_config(source)
+    path = Path(source)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    if path.suffix.lower() in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    else:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+            ) from None
+    return parse_config(raw, base_dir=path.parent)

@@ -1,0 +1,108 @@
+"""The contract every database tier keeps (volatile and persistent alike).
+
+A tier stores tables of fixed-width float32 vectors by int64 key. Tables are named
+`hps_et.<model>.<table>` (see `table_name`). Every method takes and returns whole arrays:
+no tier ever sees a per-key Python object, and the server knows tiers only through this
+class.
+
+Thread safety: every method may be called from several threads at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+
+import numpy as np
+
+from hps.errors import UnknownTableError
+
+TABLE_PREFIX = "hps_et"
+
+
+def table_name(model: str, table: str) -> str:
+    """Storage name of a table, as HugeCTR named it: `hps_et.<model>.<table>`."""
+    return f"{TABLE_PREFIX}.{model}.{table}"
+
+
+def as_keys(keys: np.ndarray) -> np.ndarray:
+    """View 1-D keys as contiguous int64 (the tiers' only key type)."""
+    return np.ascontiguousarray(keys, dtype=np.int64).reshape(-1)
+
+
+def as_vectors(vectors: np.ndarray, dim: int) -> np.ndarray:
+    """View vectors as contiguous float32 rows of width `dim`."""
+    return np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, dim)
+
+
+class Tier(ABC):
+    """One database tier: a set of named tables of float32 rows keyed by int64."""
+
+    #: short name used in logs and metric labels ("hash_map", "redis", "rocksdb")
+    name: str = "tier"
+
+    def __init__(self) -> None:
+        self._dims: dict[str, int] = {}
+
+    # -- tables -------------------------------------------------------------------------
+
+    def create_table(self, table: str, dim: int) -> None:
+        """Make `table` known with rows of width `dim`; keeps existing contents."""
+        self._dims[table] = int(dim)
+
+    def dim(self, table: str) -> int:
+        """Row width of `table`; raises UnknownTableError if it was never created."""
+        try:
+            return self._dims[table]
+        except KeyError:
+            raise UnknownTableError(f"{self.name} tier has no table {table!r}") from None
+
+    def tables(self) -> list[str]:
+        """Names of the tables this tier was told about."""
+        return sorted(self._dims)
+
+    def drop_table(self, table: str) -> None:
+        """Forget `table` and delete its contents."""
+        self._dims.pop(table, None)
+
+    # -- data ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def fetch(self, table: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Look up `keys` (int64[n]).
+
+        Returns `(vectors, found)`: float32[n, dim] and bool[n]. Rows of keys not found
+        are left zero; callers fill them from the next tier or the default value.
+        Duplicate keys are answered alike. Raises TierUnavailableError when a network
+        tier cannot answer.
+        """
+
+    @abstractmethod
+    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Insert or overwrite rows; a tier with an overflow margin prunes after."""
+
+    @abstractmethod
+    def remove(self, table: str, keys: np.ndarray) -> int:
+        """Delete `keys`; returns how many were present."""
+
+    @abstractmethod
+    def size(self, table: str) -> int:
+        """Number of keys `table` holds now."""
+
+    def load(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
+        """Bulk-insert a whole table from `(keys, vectors)` chunks; returns keys written.
+
+        Tiers with a faster bulk path (RocksDB SST ingestion) override this.
+        """
+        total = 0
+        for keys, vectors in chunks:
+            self.insert(table, keys, vectors)
+            total += len(keys)
+        return total
+
+    def memory_bytes(self, table: str) -> int:
+        """Bytes of process memory the table takes here (0 for out-of-process tiers)."""
+        return 0
+
+    def close(self) -> None:
+        """Release connections, files and memory. Further calls are undefined."""

@@ -1,0 +1,149 @@
+"""The exception tree of `hps`.
+
+Every error that `hps` raises on purpose is an `HPSError`, so callers can catch one
+class. The subclasses say what kind of failure it was, because callers act on the kind:
+the HTTP layer maps input errors to 4xx, the lookup path falls through to the next tier
+on `TierUnavailableError`, and metrics are labelled by `kind`.
+
+    HPSError
+    ├── ConfigError                 a ps.json / YAML / dict config is malformed
+    ├── MissingExtraError           an optional dependency is not installed
+    ├── LookupInputError            a lookup request is malformed (HTTP 400)
+    │   ├── UnknownModelError       no model of that name is loaded (HTTP 404)
+    │   ├── UnknownTableError       the model has no such table (HTTP 404)
+    │   ├── KeyTypeError            keys are not an integer array
+    │   ├── BatchTooLargeError      more keys than max_batch_size × maxnum_catfeature…
+    │   └── OutputBufferError       output of wrong dtype, size, layout or device
+    ├── ModelFileError              a sparse model folder is missing, truncated or inconsistent
+    ├── SourceError                 a model URI cannot be read
+    │   ├── SourceNotFoundError     the object or file does not exist
+    │   ├── SourceAccessError       credentials missing or access denied
+    │   └── SourceUnreachableError  the host cannot be reached
+    ├── TierError                   a database tier failed
+    │   ├── TierUnavailableError    network/timeout: fall through to the next tier, retry later
+    │   └── TierSetupError          wrong address, password, TLS files: fails at start
+    └── DeviceError                 no CUDA device, too little device memory, wrong device
+"""
+
+from __future__ import annotations
+
+
+class HPSError(Exception):
+    """Base class of every error `hps` raises on purpose."""
+
+    kind = "hps"
+
+
+class ConfigError(HPSError, ValueError):
+    """A configuration is malformed; the message names the key path and the expected form."""
+
+    kind = "config"
+
+
+class MissingExtraError(HPSError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+    kind = "missing_extra"
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the '{package}' package: pip install 'hps[{extra}]'"
+        )
+        self.package = package
+        self.extra = extra
+
+
+class LookupInputError(HPSError, ValueError):
+    """A lookup request is malformed; nothing was read or written."""
+
+    kind = "bad_input"
+
+
+class UnknownModelError(LookupInputError, KeyError):
+    """No model of that name is loaded."""
+
+    kind = "unknown_model"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownTableError(LookupInputError, KeyError):
+    """The model has no table of that index or name."""
+
+    kind = "unknown_table"
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class KeyTypeError(LookupInputError, TypeError):
+    """Keys are not an array of integers, or not readable as one."""
+
+    kind = "bad_keys"
+
+
+class BatchTooLargeError(LookupInputError):
+    """More keys than max_batch_size × maxnum_catfeature_query_per_table_per_sample."""
+
+    kind = "batch_too_large"
+
+
+class OutputBufferError(LookupInputError):
+    """The output buffer has the wrong dtype, size, layout or device, or is read-only."""
+
+    kind = "bad_output"
+
+
+class ModelFileError(HPSError, ValueError):
+    """A sparse model folder is missing files, truncated, or inconsistent with the config."""
+
+    kind = "model_file"
+
+
+class SourceError(HPSError, OSError):
+    """A model URI cannot be read."""
+
+    kind = "source"
+
+
+class SourceNotFoundError(SourceError):
+    """The file or object named by the URI does not exist."""
+
+    kind = "source_not_found"
+
+
+class SourceAccessError(SourceError):
+    """Credentials are missing or access was denied."""
+
+    kind = "source_access"
+
+
+class SourceUnreachableError(SourceError):
+    """The host behind the URI cannot be reached."""
+
+    kind = "source_unreachable"
+
+
+class TierError(HPSError):
+    """A database tier failed."""
+
+    kind = "tier"
+
+
+class TierUnavailableError(TierError, ConnectionError):
+    """A network tier did not answer in time; callers fall through and retry later."""
+
+    kind = "tier_unavailable"
+
+
+class TierSetupError(TierError):
+    """A tier cannot be set up: wrong address, credentials or TLS files."""
+
+    kind = "tier_setup"
+
+
+class DeviceError(HPSError, RuntimeError):
+    """No usable CUDA device, too little device memory, or data on the wrong device."""
+
+    kind = "device"
