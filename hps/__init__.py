@@ -1,0 +1,73 @@
+"""hps: a hierarchical parameter server for recommender embeddings.
+
+The successor of HugeCTR's HPS: a GPU embedding cache over a volatile database
+(in-process hash map, Redis, Redis Cluster) over a persistent one (RocksDB).
+"""
+
+from __future__ import annotations
+
+from hps.api import HPS
+from hps.config import (
+    ModelConfig,
+    PersistentDBConfig,
+    PSConfig,
+    UnknownConfigKeyWarning,
+    VolatileDBConfig,
+    load_config,
+)
+from hps.errors import (
+    BatchTooLargeError,
+    ConfigError,
+    DeviceError,
+    HPSError,
+    KeyTypeError,
+    LookupInputError,
+    MissingExtraError,
+    ModelFileError,
+    OutputBufferError,
+    SourceAccessError,
+    SourceError,
+    SourceNotFoundError,
+    SourceUnreachableError,
+    TierError,
+    TierSetupError,
+    TierUnavailableError,
+    UnknownModelError,
+    UnknownTableError,
+)
+from hps.io.sparse_model import SparseModelReader, write_sparse_model
+from hps.server import HierarchicalParameterServer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HPS",
+    "BatchTooLargeError",
+    "ConfigError",
+    "DeviceError",
+    "HPSError",
+    "HierarchicalParameterServer",
+    "KeyTypeError",
+    "LookupInputError",
+    "MissingExtraError",
+    "ModelConfig",
+    "ModelFileError",
+    "OutputBufferError",
+    "PSConfig",
+    "PersistentDBConfig",
+    "SourceAccessError",
+    "SourceError",
+    "SourceNotFoundError",
+    "SourceUnreachableError",
+    "SparseModelReader",
+    "TierError",
+    "TierSetupError",
+    "TierUnavailableError",
+    "UnknownConfigKeyWarning",
+    "UnknownModelError",
+    "UnknownTableError",
+    "VolatileDBConfig",
+    "__version__",
+    "load_config",
+    "write_sparse_model",
+]

@@ -1,0 +1,147 @@
+"""Loading a model's sparse files into the tiers, chunk by chunk.
+
+One read pass per table feeds both database tiers: every chunk goes wholly into the
+persistent tier and `initial_cache_rate` of it into the volatile tier. A load validates
+every table's files before it writes anything, so a malformed model changes nothing.
+The GPU cache is warmed afterwards from a second, short read of the files.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hps.config import ModelConfig, PSConfig
+from hps.db.base import Tier, table_name
+from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, SparseModelReader
+from hps.io.uri import LocalSource, SourceOptions, open_source
+
+log = logging.getLogger("hps.loader")
+
+
+class LoadProgress:
+    """Receives load progress; the CLI draws a progress bar from it. Methods may no-op."""
+
+    def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
+        """A table of `num_keys` keys and `num_bytes` bytes starts loading."""
+
+    def advance(self, keys: int, num_bytes: int) -> None:
+        """`keys` more keys (`num_bytes` bytes of files) were written to the tiers."""
+
+    def finish_table(self, table: str, seconds: float) -> None:
+        """The table finished loading."""
+
+
+@dataclass
+class TableSource:
+    """Where a loaded table came from, for `hps inspect`, the API and reload checks."""
+
+    uri: str
+    num_keys: int
+    vec_size: int
+    num_bytes: int
+    fingerprint: str
+    loaded_at: float = field(default_factory=time.time)
+    load_seconds: float = 0.0
+    reused: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def fingerprint(reader: SparseModelReader) -> str:
+    """Identity of the files' contents as far as cheaply known (size, and mtime locally)."""
+    info = reader.info
+    parts = [info.uri, str(info.key_bytes), str(info.vector_bytes)]
+    if isinstance(reader.source, LocalSource):
+        for name in (KEY_FILE, VECTOR_FILE):
+            parts.append(str(os.stat(os.path.join(reader.source.path, name)).st_mtime_ns))
+    else:
+        return ""  # remote sources are always re-read
+    return "|".join(parts)
+
+
+def open_readers(config: PSConfig, model: ModelConfig) -> list[SparseModelReader]:
+    """Open and validate every table's files; raises before anything is written."""
+    options = SourceOptions(s3_endpoint=getattr(config, "s3_endpoint", None))
+    return [
+        SparseModelReader(open_source(uri, options), model.embedding_vecsize_per_table[i])
+        for i, uri in enumerate(model.sparse_files)
+    ]
+
+
+def _volatile_rows(n: int, rate: float) -> int:
+    return n if rate >= 1.0 else int(math.ceil(n * rate))
+
+
+def load_table(
+    name: str,
+    reader: SparseModelReader,
+    volatile: Tier | None,
+    persistent: Tier | None,
+    initial_cache_rate: float,
+    progress: LoadProgress,
+) -> TableSource:
+    """Write one table into the tiers; returns its source record.
+
+    The persistent tier is skipped when it already holds these exact files (same
+    fingerprint), which makes restarting a server over a filled RocksDB fast.
+    """
+    started = time.perf_counter()
+    dim = reader.vec_size
+    print_ = fingerprint(reader)
+    source = TableSource(reader.info.uri, reader.num_keys, dim, reader.info.total_bytes, print_)
+    for tier in (volatile, persistent):
+        if tier is not None:
+            tier.create_table(name, dim)
+
+    reuse = False
+    if persistent is not None and print_:
+        stored = getattr(persistent, "metadata", lambda _t: None)(name)
+        reuse = bool(stored) and stored.get("fingerprint") == print_
+    if persistent is not None and getattr(persistent, "read_only", False):
+        reuse = True  # a read-only store serves what it holds
+    # Without a persistent tier the volatile tier is the only copy: it takes everything.
+    rate = initial_cache_rate if persistent is not None else 1.0
+    if volatile is None or rate <= 0.0:
+        write_volatile = False
+    else:
+        write_volatile = True
+
+    row_bytes = 8 + 4 * dim
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for keys, vectors in reader.chunks():
+            if write_volatile:
+                m = _volatile_rows(len(keys), rate)
+                volatile.insert(name, keys[:m], vectors[:m])  # type: ignore[union-attr]
+            progress.advance(len(keys), len(keys) * row_bytes)
+            yield keys, vectors
+
+    progress.start_table(name, reader.num_keys, reader.info.total_bytes)
+    if persistent is not None and not reuse:
+        persistent.drop_table(name)
+        persistent.create_table(name, dim)
+        persistent.load(name, chunks())
+        set_meta = getattr(persistent, "set_metadata", None)
+        if set_meta is not None:
+            set_meta(name, {k: v for k, v in source.as_dict().items() if k != "reused"})
+    elif write_volatile:
+        for _ in chunks():
+            pass
+    source.reused = reuse
+    source.load_seconds = time.perf_counter() - started
+    progress.finish_table(name, source.load_seconds)
+    log.info("loaded %s: %d keys, width %d, %.2fs%s", name, reader.num_keys, dim,
+             source.load_seconds, " (persistent tier already held it)" if reuse else "")
+    return source
+
+
+def storage_names(model: ModelConfig) -> list[str]:
+    return [table_name(model.model, t) for t in model.embedding_table_names]
