@@ -1,0 +1,248 @@
+"""The `hps` command: demo, load, lookup, inspect, bench (and serve, with the server extra)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from hps.errors import HPSError
+from hps.loader import LoadProgress
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Hierarchical parameter server for recommender embeddings.")
+bench_app = typer.Typer(help="Benchmarks: each tier beside its baseline, same run.")
+app.add_typer(bench_app, name="bench")
+console = Console()
+err_console = Console(stderr=True)
+
+
+class BarProgress(LoadProgress):
+    """A rich progress bar per table: bytes, bytes/s, keys."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: TaskID | None = None
+        self.keys = 0
+
+    def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
+        self.keys = 0
+        self.task = self.progress.add_task(table, total=num_bytes, keys="0")
+
+    def advance(self, keys: int, num_bytes: int) -> None:
+        self.keys += keys
+        if self.task is not None:
+            self.progress.update(self.task, advance=num_bytes, keys=f"{self.keys:,}")
+
+    def finish_table(self, table: str, seconds: float) -> None:
+        if self.task is not None:
+            task = self.progress.tasks[self.task]
+            self.progress.update(self.task, completed=task.total)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TextColumn("{task.fields[keys]} keys"), TimeElapsedColumn(),
+        console=err_console, transient=False,
+    )
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(message)s",
+        handlers=[RichHandler(console=err_console, show_path=False)], force=True,
+    )
+
+
+def _fail(exc: Exception) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(code=2)
+
+
+@app.callback()
+def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress.")) -> None:
+    _setup_logging(verbose)
+
+
+@app.command()
+def demo(
+    folder: Optional[Path] = typer.Option(
+        None, help="Where to write the demo model (default: a temporary folder)."),
+    scale: float = typer.Option(1.0, help="Model size relative to the default ~1M keys."),
+) -> None:
+    """Write a synthetic HugeCTR model, load it into the embedded tiers, check lookups."""
+    from hps.demo import TABLES, run_demo
+
+    total = sum(int(c * scale) for _, c, _ in TABLES)
+    with tempfile.TemporaryDirectory(prefix="hps-demo-") as tmp:
+        where = folder or Path(tmp)
+        console.print(f"Writing a {total:,}-key model (widths 16 and 64) to {where} …")
+        try:
+            with _progress() as bars:
+                report = run_demo(where, progress=BarProgress(bars), scale=scale)
+        except HPSError as exc:
+            _fail(exc)
+        table = Table(title="hps demo: embedded tiers (hash map over RocksDB)")
+        table.add_column("measure")
+        table.add_column("value", justify="right")
+        for name, value in report.rows():
+            table.add_row(name, value)
+        console.print(table)
+        if not report.ok:
+            err_console.print("[bold red]demo check FAILED[/]")
+            raise typer.Exit(code=1)
+        console.print("[green]all looked-up vectors match the model files[/]")
+
+
+@app.command()
+def load(config: Path = typer.Argument(..., help="ps.json or YAML config.")) -> None:
+    """Load every model of a config into its tiers (RocksDB keeps it on disk)."""
+    from hps.server import HierarchicalParameterServer
+
+    try:
+        with _progress() as bars:
+            server = HierarchicalParameterServer(str(config), progress=BarProgress(bars))
+    except HPSError as exc:
+        _fail(exc)
+    with server:
+        _print_models(server.describe())
+
+
+def _print_models(models: list[dict[str, Any]]) -> None:
+    table = Table(title="loaded models")
+    for col in ("model", "table", "storage name", "keys", "width", "tiers", "source", "load"):
+        table.add_column(col)
+    for m in models:
+        for t in m["tables"]:
+            src = t["source"]
+            tiers = ", ".join(f"{k}: {v['keys']:,}" if v.get("keys") is not None else
+                              f"{k}: unavailable" for k, v in t["tiers"].items())
+            load_note = "reused" if src["reused"] else f"{src['load_seconds']:.2f}s"
+            table.add_row(m["model"], f"{t['index']} {t['name']}", t["storage_name"],
+                          f"{src['num_keys']:,}", str(t["dim"]), tiers, src["uri"], load_note)
+    console.print(table)
+
+
+@app.command()
+def lookup(
+    config: Path = typer.Argument(..., help="ps.json or YAML config."),
+    keys: list[int] = typer.Argument(..., help="Keys to look up."),
+    model: str = typer.Option(..., "--model", "-m", help="Model name."),
+    table: str = typer.Option("0", "--table", "-t", help="Table index or name."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Look up keys and print their vectors."""
+    from hps.config import load_config
+    from hps.server import HierarchicalParameterServer
+
+    try:
+        cfg = load_config(str(config))
+        if cfg.persistent_db.enabled:
+            # RocksDB holds every table: no need to fill the in-process tier for a few keys
+            cfg.volatile_db.__dict__["initial_cache_rate"] = 0.0
+        with HierarchicalParameterServer(cfg) as server:
+            table_id: int | str = int(table) if table.isdigit() else table
+            vectors = server.lookup(model, table_id, np.asarray(keys, dtype=np.int64))
+    except HPSError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps({"keys": keys, "vectors": vectors.tolist()}))
+        return
+    np.set_printoptions(precision=4, suppress=True, linewidth=120)
+    for key, row in zip(keys, vectors):
+        console.print(f"[bold]{key}[/]: {np.array2string(row, threshold=16)}")
+
+
+@app.command()
+def inspect(
+    folder: str = typer.Argument(..., help="Sparse model folder (path or URI)."),
+    width: Optional[int] = typer.Option(None, help="Vector width (inferred if omitted)."),
+) -> None:
+    """Describe a sparse model folder: keys, width, size, key range, validity."""
+    from hps.io.inspect import inspect_folder
+
+    try:
+        report = inspect_folder(folder, width)
+    except HPSError as exc:
+        err_console.print(f"[bold red]invalid:[/] {exc}")
+        raise typer.Exit(code=1) from None
+    table = Table(title=f"sparse model {folder}")
+    table.add_column("property")
+    table.add_column("value", justify="right")
+    for name, value in report.rows():
+        table.add_row(name, value)
+    console.print(table)
+    if not report.valid:
+        raise typer.Exit(code=1)
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench_tiers(
+    ctx: typer.Context,
+    keys: int = typer.Option(10_000_000, help="Keys in the benchmark table."),
+    dim: int = typer.Option(64, help="Vector width."),
+    batch: int = typer.Option(16_384, help="Keys per fetch."),
+) -> None:
+    """In-process and RocksDB tiers vs NumPy searchsorted and raw rocksdict multi_get."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from hps.bench.tiers import bench_bulk_load, bench_hash_map, bench_rocksdb
+
+    rows = []
+    console.print(f"table of {keys:,} keys, width {dim}, batches of {batch:,} uniform keys")
+    for fn in (bench_hash_map, bench_rocksdb, bench_bulk_load):
+        console.print(f"running {fn.__name__} …")
+        rows.append(fn(num_keys=keys, dim=dim, batch=batch))
+    _print_bench(rows)
+
+
+def _print_bench(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="hps bench")
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*[_fmt(row.get(c)) for c in columns])
+    console.print(table)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
