@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hps import ConfigError, ModelConfig, PSConfig, UnknownConfigKeyWarning, load_config
+
+
+def minimal(**model: object) -> dict:
+    m = {
+        "model": "m",
+        "sparse_files": ["/a", "/b"],
+        "embedding_vecsize_per_table": [16, 64],
+        "maxnum_catfeature_query_per_table_per_sample": [2, 3],
+        "deployed_device_list": [0],
+    }
+    m.update(model)
+    return {"models": [m]}
+
+
+def test_hugectr_defaults() -> None:
+    c = load_config(minimal())
+    m = c.models[0]
+    assert c.supportlonglong is True
+    assert m.embedding_table_names == ["sparse_embedding0", "sparse_embedding1"]
+    assert m.default_value_for_each_table == [0.0, 0.0]
+    assert (m.max_batch_size, m.hit_rate_threshold, m.gpucache, m.gpucacheper) == (64, 0.9, True, 0.2)
+    assert m.cache_refresh_percentage_per_iteration == 0 and m.embedding_cache_type == "dynamic"
+    assert m.max_keys_per_lookup(1) == 64 * 3
+    # an absent volatile_db block is the in-process hash map; persistent is off
+    assert c.volatile_db.type == "hash_map" and c.volatile_db.num_partitions == 16
+    assert c.volatile_db.overflow_resolution_target == 0.8 and c.volatile_db.initial_cache_rate == 1.0
+    assert c.persistent_db.type == "disabled"
+
+
+def test_aliases_and_legacy_switches() -> None:
+    raw = minimal(use_static_table=True)
+    raw["volatile_db"] = {"type": "redis", "address": "127.0.0.1:7000,127.0.0.1:7001"}
+    raw["persistent_db"] = {"type": "rocksdb", "path": "/x"}
+    c = load_config(raw)
+    assert c.volatile_db.type == "redis_cluster" and c.volatile_db.is_redis
+    assert c.persistent_db.type == "rocks_db"
+    assert c.models[0].cache_type == "static"
+
+
+def test_volatile_block_without_type_is_disabled() -> None:
+    raw = minimal()
+    raw["volatile_db"] = {"num_partitions": 4}
+    assert load_config(raw).volatile_db.enabled is False
+
+
+def test_unknown_key_warns_with_path_and_suggestion() -> None:
+    raw = minimal(gpucachepr=0.5)
+    raw["volatile_db"] = {"type": "hash_map", "overflow_polcy": "evict_oldest"}
+    with pytest.warns(UnknownConfigKeyWarning) as record:
+        load_config(raw)
+    messages = sorted(str(w.message) for w in record)
+    assert "models[0].gpucachepr" in messages[0] and "did you mean 'gpucacheper'" in messages[0]
+    assert "volatile_db.overflow_polcy" in messages[1] and "overflow_policy" in messages[1]
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"max_batch_size": "lots"}, "models[0].max_batch_size"),
+        ({"model": "bad name!"}, "models[0].model"),
+        ({"embedding_vecsize_per_table": [16]}, "embedding_vecsize_per_table has 1 entries"),
+        ({"embedding_cache_type": "lru"}, "models[0].embedding_cache_type"),
+        ({"gpucacheper": 1.5}, "models[0].gpucacheper"),
+        ({"deployed_device_list": []}, "deployed_device_list"),
+        ({"default_value_for_each_table": [0.0, float("nan")]}, "finite"),
+        ({"embedding_table_names": ["a", "a"]}, "unique"),
+    ],
+)
+def test_bad_values_name_the_key_path(change: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(minimal(**change))
+    assert needle in str(err.value)
+
+
+def test_missing_required_key() -> None:
+    raw = minimal()
+    del raw["models"][0]["maxnum_catfeature_query_per_table_per_sample"]
+    with pytest.raises(ConfigError, match=r"models\[0\].maxnum_catfeature_query_per_table_per_sample: required"):
+        load_config(raw)
+
+
+def test_bad_section_value() -> None:
+    raw = minimal()
+    raw["volatile_db"] = {"type": "hash_map", "overflow_policy": "evict_all"}
+    with pytest.raises(ConfigError, match="volatile_db.overflow_policy"):
+        load_config(raw)
+
+
+def test_duplicate_model_names() -> None:
+    raw = minimal()
+    raw["models"].append(dict(raw["models"][0]))
+    with pytest.raises(ConfigError, match="repeated: m"):
+        load_config(raw)
+
+
+def test_files_json_yaml_and_relative_paths(tmp_path: Path) -> None:
+    raw = minimal(sparse_files=["t0", "s3://bucket/t1"])
+    raw["persistent_db"] = {"type": "rocks_db", "path": "db"}
+    (tmp_path / "ps.json").write_text(json.dumps(raw))
+    c = load_config(tmp_path / "ps.json")
+    assert c.models[0].sparse_files == [str(tmp_path / "t0"), "s3://bucket/t1"]
+    assert c.persistent_db.path == str(tmp_path / "db")
+    import yaml
+
+    (tmp_path / "ps.yaml").write_text(yaml.safe_dump(raw))
+    assert load_config(tmp_path / "ps.yaml").models[0].sparse_files == c.models[0].sparse_files
+
+
+def test_malformed_files(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text('{"models": [}')
+    with pytest.raises(ConfigError, match="not valid JSON at line 1"):
+        load_config(tmp_path / "bad.json")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "absent.json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(tmp_path / "list.json")
+
+
+def test_built_in_python() -> None:
+    model = ModelConfig(
+        model="m", sparse_files=["/t0"], embedding_vecsize_per_table=[8],
+        maxnum_catfeature_query_per_table_per_sample=[4], deployed_device_list=[0],
+    )
+    config = PSConfig(models=[model])
+    assert load_config(config) is config
+    assert config.models[0].embedding_table_names == ["sparse_embedding0"]

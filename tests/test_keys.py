@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.dlpack import from_dlpack, to_dlpack
+
+from hps.errors import KeyTypeError, OutputBufferError
+from hps.keys import as_key_array, as_output_array
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.int16, np.uint64])
+def test_integer_keys_are_widened(dtype: type) -> None:
+    keys = np.arange(12, dtype=dtype).reshape(3, 4)
+    got = as_key_array(keys)
+    assert got.dtype == np.int64 and got.shape == (12,)
+    assert got.tolist() == list(range(12))
+
+
+def test_int64_keys_are_not_copied() -> None:
+    keys = np.arange(10, dtype=np.int64)
+    assert np.shares_memory(as_key_array(keys), keys)
+
+
+def test_torch_tensor_and_capsule_keys() -> None:
+    t = torch.arange(6, dtype=torch.int64).reshape(2, 3) * 7
+    assert as_key_array(t).tolist() == [0, 7, 14, 21, 28, 35]
+    capsule = to_dlpack(t)
+    assert as_key_array(capsule).tolist() == [0, 7, 14, 21, 28, 35]
+    # the capsule is not consumed: torch can still import it
+    assert from_dlpack(capsule).tolist() == t.tolist()
+
+
+def test_numpy_capsule_and_strided_keys() -> None:
+    base = np.arange(20, dtype=np.int64)
+    assert as_key_array(base[::2].__dlpack__()).tolist() == list(range(0, 20, 2))
+    transposed = torch.arange(6).reshape(2, 3).t()
+    assert as_key_array(transposed).tolist() == transposed.reshape(-1).tolist()
+
+
+def test_consumed_capsule_is_refused() -> None:
+    capsule = to_dlpack(torch.arange(3))
+    from_dlpack(capsule)
+    with pytest.raises(KeyTypeError, match="already consumed"):
+        as_key_array(capsule)
+
+
+@pytest.mark.parametrize("bad", [np.ones(3, np.float32), torch.ones(3), np.array(["a"]),
+                                 np.ones(3, bool)])
+def test_non_integer_keys(bad: object) -> None:
+    with pytest.raises(KeyTypeError, match="keys must be integers"):
+        as_key_array(bad)
+
+
+def test_unsupported_object() -> None:
+    with pytest.raises(KeyTypeError, match="expected a NumPy/CuPy array"):
+        as_key_array(object())
+
+
+def test_output_view_is_written_in_place_through_capsule() -> None:
+    out = torch.zeros(1, 12)  # HugeCTR's tests pass (1, n × dim)
+    capsule = to_dlpack(out)
+    view = as_output_array(capsule, 3, 4)
+    assert view.shape == (3, 4)
+    view[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert from_dlpack(capsule).reshape(-1).tolist() == list(range(12))
+
+
+@pytest.mark.parametrize(
+    ("out", "match"),
+    [
+        (np.zeros((2, 4), np.float64), "must be float32"),
+        (np.zeros(7, np.float32), "holds 7 floats but 2 keys × width 4 = 8"),
+        (np.zeros((4, 4), np.float32)[:, :2], "C-contiguous"),
+        (torch.zeros(16)[::2], "C-contiguous"),
+    ],
+)
+def test_bad_outputs(out: object, match: str) -> None:
+    with pytest.raises(OutputBufferError, match=match):
+        as_output_array(out, 2, 4)
+
+
+def test_read_only_output() -> None:
+    out = np.zeros(8, np.float32)
+    out.flags.writeable = False
+    with pytest.raises(OutputBufferError, match="read-only"):
+        as_output_array(out, 2, 4)
