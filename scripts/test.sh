@@ -18,8 +18,11 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 
 echo "== installing Python packages"
-python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[test]" 2>&1 \
-  | grep -v -e "^WARNING: Location" -e "is ignored: it is neither" || true
+log=$(mktemp)
+if ! python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[test]" >"$log" 2>&1; then
+  cat "$log" >&2
+  exit 1
+fi
 python3 -c "import hps, rocksdict, redis, torch, moto, fastapi" \
   || { echo "missing test dependencies after install" >&2; exit 1; }
 
