@@ -1,0 +1,77 @@
+"""The `hps` command, run as a user runs it: subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def hps(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hps.cli", *args], capture_output=True, text=True, cwd=cwd,
+        timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(cwd or "/tmp"),
+                          "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+
+
+def write_config(two_tables: dict[str, Any]) -> Path:
+    path = two_tables["dir"] / "ps.json"
+    path.write_text(json.dumps(two_tables["config"]))
+    return path
+
+
+def test_demo_writes_loads_and_checks(tmp_path: Path) -> None:
+    result = hps("demo", "--scale", "0.02", "--folder", str(tmp_path / "demo"))
+    assert result.returncode == 0, result.stderr
+    assert "keys loaded" in result.stdout and "20,000" in result.stdout
+    assert "0 mismatches" in result.stdout and "match the model files" in result.stdout
+    assert (tmp_path / "demo" / "ps.json").exists()
+    assert (tmp_path / "demo" / "user_item" / "key").stat().st_size == 12_000 * 8
+
+
+def test_load_then_lookup(two_tables: dict[str, Any]) -> None:
+    config = write_config(two_tables)
+    loaded = hps("load", str(config))
+    assert loaded.returncode == 0, loaded.stderr
+    assert "hps_et.m.sparse_embedding0" in loaded.stdout and "3,000" in loaded.stdout
+    keys, vectors = two_tables["tables"][1]
+    result = hps("lookup", str(config), "--model", "m", "--table", "1", "--json",
+                 str(keys[0]), str(keys[5]), "12345678901234")
+    assert result.returncode == 0, result.stderr
+    got = np.array(json.loads(result.stdout)["vectors"], np.float32)
+    np.testing.assert_array_equal(got[:2], vectors[[0, 5]])
+    assert np.all(got[2] == 0.5)
+    pretty = hps("lookup", str(config), "-m", "m", "-t", "sparse_embedding1", str(keys[0]))
+    assert pretty.returncode == 0 and f"{keys[0]}:" in pretty.stdout
+
+
+def test_lookup_errors_are_readable(two_tables: dict[str, Any]) -> None:
+    config = write_config(two_tables)
+    result = hps("lookup", str(config), "--model", "nope", "1")
+    assert result.returncode == 2
+    assert "no model named 'nope'" in result.stderr and "Traceback" not in result.stderr
+    missing = hps("load", str(two_tables["dir"] / "absent.json"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_inspect(two_tables: dict[str, Any]) -> None:
+    keys, _ = two_tables["tables"][0]
+    result = hps("inspect", str(two_tables["dir"] / "t0"))
+    assert result.returncode == 0, result.stderr
+    assert "3,000" in result.stdout and "width" in result.stdout and "yes" in result.stdout
+    assert f"{keys.min():,}" in result.stdout
+    emb = two_tables["dir"] / "t0" / "emb_vector"
+    emb.write_bytes(emb.read_bytes()[:-4])
+    bad = hps("inspect", str(two_tables["dir"] / "t0"), "--width", "8")
+    assert bad.returncode == 1 and "invalid" in bad.stderr
+
+
+def test_bench_runs_small(tmp_path: Path) -> None:
+    result = hps("bench", "--keys", "50000", "--batch", "4096", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "searchsorted" in result.stdout.lower() and "multi_get" in result.stdout.lower()
