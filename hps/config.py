@@ -184,7 +184,13 @@ class ModelConfig(_Section):
 
 
 class PSConfig(_Section):
-    """The whole parameter-server config (the contents of `ps.json`)."""
+    """The whole parameter-server config (the contents of `ps.json`).
+
+    `s3_endpoint` is an hps extension (HugeCTR has no such key): the endpoint URL of an
+    S3-compatible store (MinIO, Ceph, LocalStack…), e.g. "http://minio:9000", used for
+    every s3:// and https://…amazonaws.com URI in `sparse_files`. When absent, the
+    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL environment variables apply, else AWS itself.
+    """
 
     supportlonglong: bool = True
     fuse_embedding_table: bool = False
@@ -192,6 +198,7 @@ class PSConfig(_Section):
     volatile_db: VolatileDBConfig = Field(default_factory=VolatileDBConfig)
     persistent_db: PersistentDBConfig = Field(default_factory=PersistentDBConfig)
     update_source: UpdateSourceConfig = Field(default_factory=UpdateSourceConfig)
+    s3_endpoint: str | None = None
 
     @field_validator("volatile_db", mode="before")
     @classmethod
