@@ -19,7 +19,7 @@ import numpy as np
 
 from hps.config import ModelConfig, PSConfig
 from hps.db.base import Tier, table_name
-from hps.io.sparse_model import KEY_FILE, VECTOR_FILE, SparseModelReader
+from hps.io.sparse_model import DEFAULT_CHUNK_BYTES, KEY_FILE, VECTOR_FILE, SparseModelReader
 from hps.io.uri import LocalSource, SourceOptions, open_source
 
 log = logging.getLogger("hps.loader")
@@ -67,11 +67,13 @@ def fingerprint(reader: SparseModelReader) -> str:
     return "|".join(parts)
 
 
-def open_readers(config: PSConfig, model: ModelConfig) -> list[SparseModelReader]:
+def open_readers(config: PSConfig, model: ModelConfig, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+                 ) -> list[SparseModelReader]:
     """Open and validate every table's files; raises before anything is written."""
     options = SourceOptions(s3_endpoint=getattr(config, "s3_endpoint", None))
     return [
-        SparseModelReader(open_source(uri, options), model.embedding_vecsize_per_table[i])
+        SparseModelReader(open_source(uri, options), model.embedding_vecsize_per_table[i],
+                          chunk_bytes=chunk_bytes)
         for i, uri in enumerate(model.sparse_files)
     ]
 

@@ -29,9 +29,13 @@ from hps.errors import (
     UnknownTableError,
 )
 from hps.keys import as_key_array, as_output_array, is_device_array
+from hps.io.sparse_model import DEFAULT_CHUNK_BYTES
 from hps.loader import LoadProgress, TableSource, load_table, open_readers
 
 log = logging.getLogger("hps")
+
+#: storage-name suffix of the version being loaded beside a served one
+STAGING_SUFFIX = "~next"
 
 
 @dataclass
@@ -129,8 +133,14 @@ class HierarchicalParameterServer:
         *,
         load: bool = True,
         progress: LoadProgress | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        drop_grace_seconds: float = 2.0,
     ) -> None:
         self.config = load_config(config)
+        self.chunk_bytes = chunk_bytes
+        # a replaced version's tables outlive the swap by this long, for lookups in flight
+        self.drop_grace_seconds = drop_grace_seconds
+        self._pending_drops: list[threading.Timer] = []
         self.volatile = _make_volatile(self.config)
         self.persistent = _make_persistent(self.config)
         self._models: dict[str, LoadedModel] = {}
@@ -173,34 +183,95 @@ class HierarchicalParameterServer:
             ) from None
 
     def load_model(self, model: ModelConfig, progress: LoadProgress | None = None) -> LoadedModel:
-        """Load (or reload) `model`; it becomes visible to lookups only when complete."""
+        """Load (or reload) `model`; it becomes visible to lookups only when complete.
+
+        A reload of a served model writes the new version beside the old one (staging
+        storage names) and swaps it in with one assignment; a load that fails leaves the
+        old version serving and removes what it wrote.
+        """
         progress = progress or LoadProgress()
         with self._load_lock:
-            readers = open_readers(self.config, model)  # validates every table first
-            tables = []
-            for i, reader in enumerate(readers):
-                name = table_name(model.model, model.embedding_table_names[i])
-                source = load_table(
-                    name, reader, self.volatile, self.persistent,
-                    self.config.volatile_db.initial_cache_rate, progress,
-                )
-                tables.append(LoadedTable(
-                    index=i,
-                    name=model.embedding_table_names[i],
-                    storage_name=name,
-                    dim=reader.vec_size,
-                    default_value=float(model.default_value_for_each_table[i]),
-                    max_keys=model.max_keys_per_lookup(i),
-                    source=source,
-                ))
-            loaded = LoadedModel(model, tables)
-            if self._gpu_ok and model.gpucache:
-                self._attach_gpu(loaded, readers)
+            readers = open_readers(self.config, model, self.chunk_bytes)  # validates first
             old = self._models.get(model.model)
+            names = [self._storage_name(model, i, old) for i in range(model.num_tables)]
+            if old is None:  # a staging version left behind by an earlier process
+                self._drop_tables([n + STAGING_SUFFIX for n in names
+                                   if self.persistent and n + STAGING_SUFFIX in
+                                   self.persistent.tables()])
+            written: list[str] = []
+            try:
+                tables = []
+                for i, reader in enumerate(readers):
+                    written.append(names[i])
+                    source = load_table(
+                        names[i], reader, self.volatile, self.persistent,
+                        self.config.volatile_db.initial_cache_rate, progress,
+                    )
+                    tables.append(LoadedTable(
+                        index=i,
+                        name=model.embedding_table_names[i],
+                        storage_name=names[i],
+                        dim=reader.vec_size,
+                        default_value=float(model.default_value_for_each_table[i]),
+                        max_keys=model.max_keys_per_lookup(i),
+                        source=source,
+                    ))
+                loaded = LoadedModel(model, tables)
+                if self._gpu_ok and model.gpucache:
+                    self._attach_gpu(loaded, readers)
+            except BaseException:
+                if old is not None:  # the staging tables of a failed reload go away
+                    self._drop_tables(written)
+                raise
             self._models = {**self._models, model.model: loaded}
             if old is not None:
-                self._close_gpu(old)
+                self._retire(old, keep=set(names))
             return loaded
+
+    def reload_model(self, name: str, sparse_files: Sequence[str] | None = None,
+                     progress: LoadProgress | None = None) -> LoadedModel:
+        """Re-read a served model, optionally from new files (a new version)."""
+        current = self.model(name).config
+        update = {"sparse_files": list(sparse_files)} if sparse_files is not None else {}
+        if sparse_files is not None and len(sparse_files) != current.num_tables:
+            raise LookupInputError(
+                f"model {name!r} has {current.num_tables} tables but "
+                f"{len(sparse_files)} sparse files were given"
+            )
+        return self.load_model(current.model_copy(update=update), progress=progress)
+
+    @staticmethod
+    def _storage_name(model: ModelConfig, index: int, old: LoadedModel | None) -> str:
+        """HugeCTR's name for a first load; a reload alternates with a staging name."""
+        base = table_name(model.model, model.embedding_table_names[index])
+        if old is None:
+            return base
+        current = next((t.storage_name for t in old.tables
+                        if t.name == model.embedding_table_names[index]), None)
+        return f"{base}{STAGING_SUFFIX}" if current == base else base
+
+    def _retire(self, old: LoadedModel, keep: set[str]) -> None:
+        """Drop a replaced version's tables once lookups in flight have finished."""
+        names = [t.storage_name for t in old.tables if t.storage_name not in keep]
+        timer = threading.Timer(self.drop_grace_seconds, self._close_and_drop, (old, names))
+        timer.daemon = True
+        self._pending_drops.append(timer)
+        timer.start()
+
+    def _close_and_drop(self, old: LoadedModel, names: list[str]) -> None:
+        with self._load_lock:
+            self._close_gpu(old)
+            self._drop_tables(names)
+
+    def _drop_tables(self, names: Sequence[str]) -> None:
+        for tier in (self.volatile, self.persistent):
+            if tier is None or getattr(tier, "read_only", False):
+                continue
+            for name in names:
+                try:
+                    tier.drop_table(name)
+                except TierUnavailableError:
+                    log.warning("could not drop %s from the %s tier", name, tier.name)
 
     def _attach_gpu(self, loaded: LoadedModel, readers: Sequence[Any]) -> None:
         from hps.gpu.lookup import GpuEmbeddingTable
@@ -368,6 +439,11 @@ class HierarchicalParameterServer:
 
     def close(self) -> None:
         """Stop background work and close every tier."""
+        for timer in self._pending_drops:
+            timer.cancel()
+            if not timer.finished.is_set():
+                timer.function(*timer.args)
+        self._pending_drops = []
         for loaded in self._models.values():
             self._close_gpu(loaded)
         self._models = {}
