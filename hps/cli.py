@@ -88,8 +88,17 @@ def demo(
     folder: Optional[Path] = typer.Option(
         None, help="Where to write the demo model (default: a temporary folder)."),
     scale: float = typer.Option(1.0, help="Model size relative to the default ~1M keys."),
+    serve_after: bool = typer.Option(
+        False, "--serve/--no-serve",
+        help="After the checks, serve the demo model over HTTP until Ctrl-C."),
+    host: str = typer.Option("127.0.0.1", help="With --serve: address to bind."),
+    port: int = typer.Option(8000, help="With --serve: port."),
 ) -> None:
-    """Write a synthetic HugeCTR model, load it into the embedded tiers, check lookups."""
+    """Write a synthetic HugeCTR model, load it into the embedded tiers, check lookups.
+
+    With --serve the model is then served over HTTP (as `hps serve` does); without it the
+    demo ends after the checks.
+    """
     from hps.demo import TABLES, run_demo
 
     total = sum(int(c * scale) for _, c, _ in TABLES)
@@ -111,6 +120,55 @@ def demo(
             err_console.print("[bold red]demo check FAILED[/]")
             raise typer.Exit(code=1)
         console.print("[green]all looked-up vectors match the model files[/]")
+        if not serve_after:
+            console.print("Serve it over HTTP: [bold]hps demo --serve[/] "
+                          "(or [bold]hps serve <folder>/ps.json[/] with --folder)")
+            return
+        _serve(where / "ps.json", host=host, port=port, token=None,
+               max_body_bytes=_DEFAULT_MAX_BODY, access_log=False)
+
+
+_DEFAULT_MAX_BODY = 16 << 20
+
+
+@app.command()
+def serve(
+    config: Path = typer.Argument(..., help="ps.json or YAML config."),
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to bind; 0.0.0.0 serves every interface."),
+    port: int = typer.Option(8000, help="TCP port."),
+    token: Optional[str] = typer.Option(
+        None, envvar="HPS_TOKEN", show_envvar=True,
+        help="Bearer token every route but /healthz and /readyz requires."),
+    max_body_bytes: int = typer.Option(
+        _DEFAULT_MAX_BODY, help="Largest request body accepted (413 above)."),
+    access_log: bool = typer.Option(False, "--access-log/--no-access-log",
+                                    help="Log every request."),
+) -> None:
+    """Serve lookups over HTTP: binary and JSON, model info, health, Prometheus metrics.
+
+    Binds at once and loads the models in the background: /healthz answers now, /readyz
+    turns 200 when every model is loaded, and a working curl line is printed then.
+    """
+    _serve(config, host=host, port=port, token=token or None,
+           max_body_bytes=max_body_bytes, access_log=access_log)
+
+
+def _serve(config: Path, *, host: str, port: int, token: str | None, max_body_bytes: int,
+           access_log: bool) -> None:
+    try:
+        from hps.http import serve as run_server
+
+        run_server(str(config), host=host, port=port, token=token,
+                   max_body_bytes=max_body_bytes, access_log=access_log,
+                   echo=_echo_plain)
+    except HPSError as exc:
+        _fail(exc)
+
+
+def _echo_plain(text: str) -> None:
+    # no markup, no wrapping: the curl line must stay copy-pasteable
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

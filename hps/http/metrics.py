@@ -1,0 +1,191 @@
+"""Prometheus metrics of one HTTP app, in a registry of its own.
+
+Three sources feed `GET /metrics`:
+- request metrics, observed per request by `MetricsMiddleware` (a plain ASGI
+  middleware): requests and latency per route template, method and status code;
+- errors by kind, counted where an error becomes a JSON answer;
+- the server's own counters, read at scrape time by `ServerCollector` from each table's
+  `TableStats` (lookups, keys, hits per tier, defaults, tier failures), so the lookup
+  path itself never touches a metric object;
+- load progress, written by `MetricsProgress` (a `LoadProgress`) while models load.
+
+Labels are route templates (`/v1/models/{model}/tables/{table}/lookup`), never raw paths,
+so a client cannot grow the registry by sending many distinct URLs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from hps.loader import LoadProgress
+from hps.server import STAGING_SUFFIX
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from hps.server import HierarchicalParameterServer
+
+#: latency buckets (seconds): lookups take from tens of microseconds to seconds
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+#: TableStats counter → (metric name, help)
+_TABLE_COUNTERS = {
+    "lookups": ("hps_lookups", "Lookups served, per table."),
+    "keys": ("hps_lookup_keys", "Keys looked up, per table."),
+    "defaults": ("hps_default_keys", "Keys found in no tier (answered with the default)."),
+    "tier_failures": ("hps_tier_failures", "Volatile tier failures the lookup path fell "
+                                           "through (Redis down, timeouts)."),
+}
+_TIER_HITS = {"volatile": "volatile_hits", "persistent": "persistent_hits"}
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+
+
+class Metrics:
+    """The metric objects of one app; `registry` is what `GET /metrics` renders."""
+
+    def __init__(self, server: HierarchicalParameterServer) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "hps_http_requests", "HTTP requests answered.", ["route", "method", "code"],
+            registry=r)
+        self.latency = Histogram(
+            "hps_http_request_duration_seconds", "Time from request to last byte of answer.",
+            ["route", "method"], buckets=LATENCY_BUCKETS, registry=r)
+        self.errors = Counter(
+            "hps_http_errors", "Error answers, by kind (as in the JSON error body).",
+            ["kind", "code"], registry=r)
+        self.load_keys = Counter(
+            "hps_load_keys", "Keys written to the tiers by model loads.", ["model"], registry=r)
+        self.load_bytes = Counter(
+            "hps_load_bytes", "Bytes of model files loaded.", ["model"], registry=r)
+        self.load_total_bytes = Gauge(
+            "hps_load_table_bytes", "Size of the files of the table being or last loaded.",
+            ["model", "table"], registry=r)
+        self.load_seconds = Gauge(
+            "hps_load_table_seconds", "Time the last load of a table took.",
+            ["model", "table"], registry=r)
+        self.load_failures = Counter(
+            "hps_load_failures", "Model loads and reloads that failed.", ["model", "kind"],
+            registry=r)
+        self.model_ready = Gauge(
+            "hps_model_ready", "1 when the model is loaded and served, else 0.", ["model"],
+            registry=r)
+        r.register(ServerCollector(server))
+
+    def progress(self, model: str) -> MetricsProgress:
+        """A LoadProgress that counts the load of `model` in these metrics."""
+        return MetricsProgress(self, model)
+
+
+class MetricsProgress(LoadProgress):
+    """Load progress of one model, as metrics."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self.metrics = metrics
+        self.model = model
+        self._keys = metrics.load_keys.labels(model)
+        self._bytes = metrics.load_bytes.labels(model)
+
+    def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
+        self.metrics.load_total_bytes.labels(self.model, _table_label(table)).set(num_bytes)
+
+    def advance(self, keys: int, num_bytes: int) -> None:
+        self._keys.inc(keys)
+        self._bytes.inc(num_bytes)
+
+    def finish_table(self, table: str, seconds: float) -> None:
+        self.metrics.load_seconds.labels(self.model, _table_label(table)).set(seconds)
+
+
+def _table_label(storage_name: str) -> str:
+    """The table's storage name without the server's staging suffix of a reload."""
+    return storage_name.split(STAGING_SUFFIX, 1)[0]
+
+
+class ServerCollector(Collector):
+    """Reads every table's `TableStats` when Prometheus scrapes (no work per lookup)."""
+
+    def __init__(self, server: HierarchicalParameterServer) -> None:
+        self.server = server
+
+    def describe(self) -> list[Any]:
+        return []  # the tables are not known before the models load
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["model", "table"]
+        counters = {key: CounterMetricFamily(name, doc, labels=labels)
+                    for key, (name, doc) in _TABLE_COUNTERS.items()}
+        hits = CounterMetricFamily(
+            "hps_tier_hits", "Keys served by each database tier, per table.",
+            labels=[*labels, "tier"])
+        gpu = GaugeMetricFamily(
+            "hps_gpu_cache", "GPU embedding cache figures, per table and device.",
+            labels=[*labels, "device", "stat"])
+        for name, loaded in sorted(self.server.models.items()):
+            for table in loaded.tables:
+                stats = table.stats.as_dict()
+                for key, family in counters.items():
+                    family.add_metric([name, table.name], stats.get(key, 0))
+                for tier, key in _TIER_HITS.items():
+                    hits.add_metric([name, table.name, tier], stats.get(key, 0))
+                for device, cache in table.gpu.items():
+                    for stat, value in cache.stats().items():
+                        if isinstance(value, (int, float)) and not isinstance(value, bool):
+                            gpu.add_metric([name, table.name, str(device), stat], value)
+        yield from counters.values()
+        yield hits
+        yield gpu
+
+
+class MetricsMiddleware:
+    """Counts and times every HTTP request by route template, method and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+        # label children are cached: `.labels()` costs a lock and a dict lookup per call
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._lock = threading.Lock()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            method = scope["method"]
+            if method not in _METHODS:  # any token is a valid method: bound the labels
+                method = "other"
+            self._observe(path, method, status, time.perf_counter() - started)
+
+    def _observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        key = (route, method, status)
+        children = self._children.get(key)
+        if children is None:
+            with self._lock:
+                children = (self.metrics.requests.labels(route, method, str(status)),
+                            self.metrics.latency.labels(route, method))
+                self._children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)

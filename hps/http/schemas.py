@@ -1,0 +1,165 @@
+"""Request and response bodies of the HTTP API, and the OpenAPI text of the lookup route.
+
+The JSON forms are pydantic models (validated in pydantic-core, with no Python loop over
+keys). The binary form has no model: its request body is little-endian int64 keys and its
+response body little-endian float32 rows, described to OpenAPI by `LOOKUP_OPENAPI`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+OCTET_STREAM = "application/octet-stream"
+JSON = "application/json"
+
+#: response headers of a binary lookup
+KEYS_HEADER = "X-HPS-Keys"
+WIDTH_HEADER = "X-HPS-Width"
+MODEL_HEADER = "X-HPS-Model"
+TABLE_HEADER = "X-HPS-Table"
+
+
+#: a key in JSON: an integer (no fraction, no string, no bool) in the int64 range
+Key = Annotated[int, Field(strict=True, ge=INT64_MIN, le=INT64_MAX)]
+
+
+class LookupRequest(BaseModel):
+    """JSON lookup: the keys to look up, signed 64-bit integers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keys: list[Key] = Field(
+        description="Keys to look up (int64; JSON integers).", examples=[[1, 2, 3]])
+
+
+class LookupResponse(BaseModel):
+    """JSON lookup result: one vector per key, in the order of the keys."""
+
+    model: str
+    table: str = Field(description="The table's name (also when it was asked for by index).")
+    width: int = Field(description="Vector width (the table's embedding_vecsize).")
+    count: int = Field(description="Number of keys, and of vectors.")
+    vectors: list[list[float]]
+
+
+class ErrorDetail(BaseModel):
+    kind: str = Field(description="What kind of error: bad_body, unknown_model, …")
+    message: str = Field(description="What was wrong and what was expected.")
+
+
+class ErrorBody(BaseModel):
+    """The body of every 4xx and 5xx answer."""
+
+    error: ErrorDetail
+
+
+class TableInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    index: int
+    name: str
+    storage_name: str = Field(description="hps_et.<model>.<table>")
+    dim: int
+    default_value: float
+    max_keys: int = Field(description="Most keys one lookup may ask for.")
+    source: dict[str, Any] = Field(description="URI, key count, bytes, load time.")
+    stats: dict[str, int] = Field(description="Lookups, keys, hits per tier, defaults.")
+    tiers: dict[str, Any] = Field(description="Keys held per tier.")
+    hit_rate: dict[str, float | None] = Field(
+        description="Fraction of looked-up keys served by each tier (null before any lookup).")
+
+
+class ModelInfo(BaseModel):
+    model: str
+    ready: bool
+    tables: list[TableInfo]
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+    loading: list[str] = Field(description="Models of the config not loaded yet.")
+    failed: dict[str, str] = Field(description="Models whose load failed, with the error.")
+
+
+class ReloadRequest(BaseModel):
+    """Optional body of a reload: new source URIs, one per table (absolute paths or URIs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sparse_files: list[str] | None = None
+
+
+class ReloadResponse(BaseModel):
+    model: str
+    seconds: float
+    tables: list[dict[str, Any]] = Field(description="Each table's name and new source.")
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    status: str = Field(description="'ready' or 'loading' or 'failed'.")
+    loaded: list[str]
+    loading: list[str]
+    failed: dict[str, str]
+
+
+def _error_response(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: _error_response("A token is set and the request has none, or a wrong one."),
+    422: _error_response("A parameter is not of the expected form."),
+}
+
+LOOKUP_ERRORS: dict[int | str, dict[str, Any]] = {
+    **ERROR_RESPONSES,
+    400: _error_response("Body not a multiple of 8 bytes, bad JSON, or too many keys."),
+    404: _error_response("Unknown model or table."),
+    413: _error_response("Body larger than the server's limit."),
+    415: _error_response("Content type other than application/octet-stream or JSON."),
+    503: _error_response("The model is still loading."),
+}
+
+#: OpenAPI of the lookup route's request body: the binary and the JSON form
+LOOKUP_REQUEST_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "Either raw little-endian int64 keys (8 bytes each, no header), or JSON "
+            '`{"keys": [...]}`. The answer has the same form as the request.'
+        ),
+        "content": {
+            OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}},
+            JSON: {"schema": LookupRequest.model_json_schema()},
+        },
+    },
+}
+
+#: responses of the lookup route: 200 in both forms, and its errors
+LOOKUP_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **LOOKUP_ERRORS,
+    200: {
+        "model": LookupResponse,
+        "description": (
+            "Vectors of the keys, in their order. Binary: raw little-endian float32 rows "
+            f"(count × width × 4 bytes) with headers {KEYS_HEADER} (count) and "
+            f"{WIDTH_HEADER} (width). JSON: a LookupResponse."
+        ),
+        "headers": {
+            KEYS_HEADER: {"schema": {"type": "integer"}, "description": "Number of keys."},
+            WIDTH_HEADER: {"schema": {"type": "integer"}, "description": "Vector width."},
+        },
+        "content": {OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}},
+    },
+}

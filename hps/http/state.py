@@ -1,0 +1,153 @@
+"""What the routes of one app share: the server, metrics, settings and load state.
+
+Models load in a background thread (`start_loading`), so the HTTP server answers
+`/healthz` at once and `/readyz` says when every model of the config is served. A model
+is visible to lookups only once the server has swapped it in whole (the server's rule);
+this module only records which models are pending, loaded or failed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from hps.config import ModelConfig
+from hps.errors import HPSError, UnknownModelError
+from hps.http.errors import ModelNotReady
+from hps.http.metrics import Metrics
+
+if TYPE_CHECKING:
+    from hps.server import HierarchicalParameterServer, LoadedModel
+
+log = logging.getLogger("hps.http")
+
+#: default limit of a request body: 16 MiB (2 M binary keys)
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding to `host` keeps the server reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class ServiceState:
+    """The shared state of one app (one per `create_app` call)."""
+
+    server: HierarchicalParameterServer
+    metrics: Metrics
+    token: str | None
+    host: str
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    on_ready: Callable[[], None] | None = None
+    failed: dict[str, str] = field(default_factory=dict)
+    loader: threading.Thread | None = None
+
+    # -- auth ---------------------------------------------------------------------------
+
+    @property
+    def admin_open(self) -> bool:
+        """Admin routes are open without a token only on a loopback-bound server."""
+        return self.token is None and is_loopback(self.host)
+
+    def token_matches(self, given: str) -> bool:
+        assert self.token is not None
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    # -- models -------------------------------------------------------------------------
+
+    def configured(self) -> list[str]:
+        return [m.model for m in self.server.config.models]
+
+    def pending(self) -> list[str]:
+        loaded = self.server.models
+        return [n for n in self.configured() if n not in loaded and n not in self.failed]
+
+    def ready(self) -> bool:
+        loaded = self.server.models
+        return all(n in loaded for n in self.configured())
+
+    def model(self, name: str) -> LoadedModel:
+        """The loaded model; ModelNotReady if it is configured but not loaded."""
+        try:
+            return self.server.model(name)
+        except UnknownModelError:
+            if name in self.failed:
+                raise ModelNotReady(f"model {name!r} failed to load: {self.failed[name]}",
+                                    kind="model_failed") from None
+            if name in self.configured():
+                raise ModelNotReady(f"model {name!r} is still loading",
+                                    headers={"Retry-After": "1"}) from None
+            raise
+
+    def model_config(self, name: str) -> ModelConfig:
+        """The config a reload of `name` starts from: the loaded one, else ps.json's."""
+        loaded = self.server.models.get(name)
+        if loaded is not None:
+            return loaded.config
+        for m in self.server.config.models:
+            if m.model == name:
+                return m
+        known = ", ".join(self.configured())
+        raise UnknownModelError(f"no model named {name!r} in the config (models: {known})")
+
+    def load(self, model: ModelConfig) -> LoadedModel:
+        """Load or reload one model (blocking); records the outcome in metrics."""
+        name = model.model
+        try:
+            loaded = self.server.load_model(model, progress=self.metrics.progress(name))
+        except Exception as exc:
+            kind = exc.kind if isinstance(exc, HPSError) else "internal"
+            self.metrics.load_failures.labels(name, kind).inc()
+            if name not in self.server.models:
+                self.failed[name] = str(exc)
+                self.metrics.model_ready.labels(name).set(0)
+            raise
+        self.failed.pop(name, None)
+        self.metrics.model_ready.labels(name).set(1)
+        return loaded
+
+    def start_loading(self) -> None:
+        """Load every configured model not loaded yet, in a background thread."""
+        for name in self.configured():
+            self.metrics.model_ready.labels(name).set(1 if name in self.server.models else 0)
+        todo = [m for m in self.server.config.models if m.model not in self.server.models]
+        if not todo:
+            self._announce_ready()
+            return
+        self.loader = threading.Thread(target=self._load_all, args=(todo,),
+                                       name="hps-model-loader", daemon=True)
+        self.loader.start()
+
+    def _load_all(self, models: list[ModelConfig]) -> None:
+        started = time.perf_counter()
+        for model in models:
+            try:
+                self.load(model)
+            except Exception as exc:  # recorded: /readyz reports it, the others still load
+                log.error("loading model %r failed: %s", model.model, exc,
+                          exc_info=not isinstance(exc, HPSError))
+        if self.ready():
+            log.info("all models loaded in %.1fs", time.perf_counter() - started)
+            self._announce_ready()
+
+    def _announce_ready(self) -> None:
+        if self.on_ready is not None:
+            try:
+                self.on_ready()
+            except Exception:  # a print hook must not take the loader down
+                log.exception("on_ready hook failed")
+
+    def loading_busy(self) -> bool:
+        return self.loader is not None and self.loader.is_alive()
