@@ -57,6 +57,15 @@ class VolatileDBConfig(_Section):
     cache_missed_embeddings: bool = False
     refresh_time_after_fetch: bool = False
     update_filters: list[str] = Field(default_factory=lambda: ["^hps_.+$"])
+    # Redis only (not in HugeCTR): how long a read/write may wait on a socket and a connect
+    # may take, in seconds (a slower Redis counts as down and lookups fall through); the
+    # reconnect backoff while it is down (first wait, doubling up to the max, in seconds);
+    # how many batches `cache_missed_embeddings` writes may queue before they are dropped.
+    socket_timeout: float = Field(1.0, gt=0.0)
+    connect_timeout: float = Field(1.0, gt=0.0)
+    reconnect_backoff: float = Field(0.1, gt=0.0)
+    reconnect_backoff_max: float = Field(5.0, gt=0.0)
+    async_queue_size: int = Field(64, ge=1)
 
     @field_validator("type", mode="before")
     @classmethod
