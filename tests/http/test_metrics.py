@@ -1,0 +1,54 @@
+"""GET /metrics moves as lookups, errors and loads happen."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.http.conftest import MODEL, TABLE_NAMES, Live
+
+LOOKUP_ROUTE = "/v1/models/{model}/tables/{table}/lookup"
+
+
+def test_metrics_move_with_lookups(live: Live) -> None:
+    table = TABLE_NAMES[1]
+    labels = {"model": MODEL, "table": table}
+    names = ["hps_lookups_total", "hps_lookup_keys_total", "hps_default_keys_total"]
+    before = {n: live.metric(n, **labels) for n in names}
+    hits_before = live.metric("hps_tier_hits_total", tier="volatile", **labels)
+    latency_before = live.metric("hps_http_request_duration_seconds_count",
+                                 route=LOOKUP_ROUTE, method="POST")
+    requests_before = live.metric("hps_http_requests_total", route=LOOKUP_ROUTE,
+                                  method="POST", code="200")
+    known = live.model.keys[1][:40]
+    unknown = np.setdiff1d(np.arange(-3, 0, dtype=np.int64), live.model.keys[1])
+    live.lookup_binary(table, np.concatenate([known, unknown]))
+    live.lookup_json(1, known)
+
+    assert live.metric("hps_lookups_total", **labels) == before["hps_lookups_total"] + 2
+    assert live.metric("hps_lookup_keys_total", **labels) == (
+        before["hps_lookup_keys_total"] + 80 + len(unknown))
+    assert live.metric("hps_default_keys_total", **labels) == (
+        before["hps_default_keys_total"] + len(unknown))
+    assert live.metric("hps_tier_hits_total", tier="volatile", **labels) == hits_before + 80
+    assert live.metric("hps_http_request_duration_seconds_count", route=LOOKUP_ROUTE,
+                       method="POST") == latency_before + 2
+    assert live.metric("hps_http_requests_total", route=LOOKUP_ROUTE, method="POST",
+                       code="200") == requests_before + 2
+
+
+def test_metrics_count_errors_by_kind(live: Live) -> None:
+    before = live.metric("hps_http_errors_total", kind="bad_body", code="400")
+    live.client.post(f"/v1/models/{MODEL}/tables/0/lookup", content=b"123",
+                     headers={"Content-Type": "application/octet-stream"})
+    assert live.metric("hps_http_errors_total", kind="bad_body", code="400") == before + 1
+
+
+def test_load_progress_and_unmatched_routes(live: Live) -> None:
+    total = sum(len(k) for k in live.model.keys)
+    assert live.metric("hps_load_keys_total", model=MODEL) >= total
+    assert live.metric("hps_model_ready", model=MODEL) == 1.0
+    live.client.get("/no/such/route/1")
+    live.client.get("/no/such/route/2")
+    text = live.client.get("/metrics").text
+    assert "/no/such" not in text  # raw paths never become labels
+    assert 'route="unmatched"' in text

@@ -1,0 +1,83 @@
+"""POST /v1/models/{model}/reload: re-read the files, swap atomically, keep serving on failure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import write_table
+from tests.http.conftest import DIMS, MODEL, TABLE_NAMES, Live, start, write_model
+
+
+@pytest.fixture
+def live_own(tmp_path: Path) -> Iterator[Live]:
+    """A server over a model of the test's own (the test rewrites its files)."""
+    yield from start(write_model(tmp_path / "v1", seed=5))
+
+
+def _vectors(live: Live, table: int, keys: np.ndarray) -> np.ndarray:
+    answer = live.lookup_binary(table, keys)
+    assert answer.status_code == 200, answer.text
+    return np.frombuffer(answer.content, "<f4").reshape(len(keys), DIMS[table])
+
+
+def test_reload_rereads_the_files(live_own: Live) -> None:
+    keys = live_own.model.keys[0][:20]
+    np.testing.assert_array_equal(_vectors(live_own, 0, keys), live_own.model.vectors[0][:20])
+    new = live_own.model.vectors[0] + 1.0
+    write_table(live_own.model.dir / TABLE_NAMES[0], live_own.model.keys[0], new)
+    answer = live_own.client.post(f"/v1/models/{MODEL}/reload")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["model"] == MODEL
+    assert [t["name"] for t in body["tables"]] == TABLE_NAMES
+    assert body["tables"][0]["source"]["uri"] == str(live_own.model.dir / TABLE_NAMES[0])
+    np.testing.assert_array_equal(_vectors(live_own, 0, keys), new[:20])
+
+
+def test_reload_from_new_uris(live_own: Live, tmp_path: Path) -> None:
+    v2 = write_model(tmp_path / "v2", seed=6)
+    files = [str(v2.dir / t) for t in TABLE_NAMES]
+    answer = live_own.client.post(f"/v1/models/{MODEL}/reload", json={"sparse_files": files})
+    assert answer.status_code == 200, answer.text
+    assert [t["source"]["uri"] for t in answer.json()["tables"]] == files
+    np.testing.assert_array_equal(_vectors(live_own, 1, v2.keys[1][:9]), v2.vectors[1][:9])
+    info = live_own.client.get(f"/v1/models/{MODEL}").json()
+    assert [t["source"]["uri"] for t in info["tables"]] == files
+    # a plain reload keeps the new sources
+    assert live_own.client.post(f"/v1/models/{MODEL}/reload").json()["tables"][1][
+        "source"]["uri"] == files[1]
+
+
+@pytest.mark.parametrize(("files", "status", "kind"), [
+    (["/nowhere/a", "/nowhere/b"], 422, "model_file"),
+    (["only-one"], 422, "config"),
+    (["relative/a", "relative/b"], 422, "config"),
+])
+def test_failed_reload_keeps_the_old_version(live_own: Live, files: list[str], status: int,
+                                             kind: str) -> None:
+    keys = live_own.model.keys[1][:7]
+    answer = live_own.client.post(f"/v1/models/{MODEL}/reload", json={"sparse_files": files})
+    assert answer.status_code == status, answer.text
+    assert answer.json()["error"]["kind"] == kind
+    np.testing.assert_array_equal(_vectors(live_own, 1, keys), live_own.model.vectors[1][:7])
+    assert live_own.client.get("/readyz").status_code == 200
+
+
+def test_reload_of_truncated_files_is_refused(live_own: Live) -> None:
+    vectors = live_own.model.dir / TABLE_NAMES[1] / "emb_vector"
+    vectors.write_bytes(vectors.read_bytes()[:-4])
+    answer = live_own.client.post(f"/v1/models/{MODEL}/reload")
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["kind"] == "model_file"
+    keys = live_own.model.keys[1][-3:]
+    np.testing.assert_array_equal(_vectors(live_own, 1, keys), live_own.model.vectors[1][-3:])
+
+
+def test_bad_reload_body(live_own: Live) -> None:
+    answer = live_own.client.post(f"/v1/models/{MODEL}/reload", json={"sparse": []})
+    assert answer.status_code == 422
+    assert answer.json()["error"]["kind"] == "bad_request"
