@@ -1,0 +1,247 @@
+// The dynamic GPU embedding cache: set-associative, least-recently-used eviction inside a set.
+//
+// Layout (one cache, `num_sets` sets of SET_SIZE slots, slot s = set * SET_SIZE + way):
+//   slot_keys  int64 [num_sets * SET_SIZE]          HPS_EMPTY_KEY where free; a set's keys are
+//                                                  contiguous (SET_SIZE 8 = 64 B = two sectors)
+//   stamps     uint64 [num_sets * SET_SIZE]         tick << HPS_RANK_BITS | rank of the slot's
+//                                                  last query hit (rank 0) or insert
+//   vecs       float4 [(num_sets * SET_SIZE + 1) * ROW4]   rows padded to 16 B; the last row is
+//                                                  the special slot of the key HPS_EMPTY_KEY
+//   flags      int32 [2]                            [0] special slot present, [1] keys held
+// A key's set is hps_set_of(key, num_sets). A group of GROUP lanes serves one key: it reads
+// the set's keys (KPL per lane, 16-byte loads), agrees on the matching way with a group
+// reduction, then copies the row with float4 loads spread over its lanes.
+//
+// Mutating kernels (insert, update, remove) and queries never run at the same time:
+// hps/gpu/cache.py orders them with CUDA events. Queries only write stamps, so concurrent
+// queries are harmless to each other.
+#include "hps_common.cuh"
+
+#define HPS_RANK_BITS 20
+#define HPS_RANK_MAX ((1LL << HPS_RANK_BITS) - 1)
+
+// Hits: the row is copied to out[pos] and the slot stamped with `tick` (the query's tick
+// shifted left by HPS_RANK_BITS).
+// Misses: out[pos] is filled with default_value, (pos, key) appended to the miss lists.
+extern "C" __global__ void cache_query(
+    const hps_key* __restrict__ keys, const long long n,
+    const hps_key* __restrict__ slot_keys, u64* __restrict__ stamps,
+    const float4* __restrict__ vecs, const u32 num_sets, const int* __restrict__ flags,
+    float* __restrict__ out, const int out_vec4,
+    int* __restrict__ miss_count, int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys,
+    const u64 tick, const float default_value) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const int g = lane / GROUP;
+    const u32 gmask = hps_group_mask(lane);
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const long long special_slot = (long long)num_sets * SET_SIZE;
+    const bool special_present = flags[0] != 0;
+    const bool vec4 = out_vec4 != 0;
+
+    // warp-uniform loop: every lane runs every round, so warp-wide ballots are legal
+    for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
+        long long pos[UNROLL];
+        hps_key key[UNROLL];
+        u32 set[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            pos[u] = base + u * KPW + g;
+            key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
+            set[u] = hps_set_of(key[u], num_sets);
+        }
+        hps_key k[UNROLL][KPL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (key[u] != HPS_EMPTY_KEY) hps_load_set_keys(slot_keys + (u64)set[u] * SET_SIZE, gl, k[u]);
+        long long slot[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            int way = key[u] != HPS_EMPTY_KEY ? hps_match(k[u], key[u], gl) : -1;
+            way = __reduce_max_sync(gmask, way);
+            slot[u] = way >= 0 ? (long long)set[u] * SET_SIZE + way : -1;
+            if (key[u] == HPS_EMPTY_KEY && pos[u] < n && special_present) slot[u] = special_slot;
+        }
+        float4 r[UNROLL][VPL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW4, gl, r[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool valid = pos[u] < n;
+            if (valid) {
+                float* orow = out + pos[u] * DIM;
+                if (slot[u] >= 0) {
+                    hps_store_out(orow, gl, r[u], vec4);
+                    if (gl == 0 && slot[u] != special_slot) stamps[slot[u]] = tick;
+                } else {
+                    hps_fill_out(orow, gl, default_value, vec4);
+                }
+            }
+            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, miss_count,
+                              miss_pos, miss_keys);
+        }
+    }
+}
+
+// codes[i] = set(keys[i]) << 32 | i, for a sort that groups an insert batch by set while
+// keeping batch order inside a set.
+extern "C" __global__ void cache_set_codes(const hps_key* __restrict__ keys, const long long n,
+                                           const u32 num_sets, u64* __restrict__ codes) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        codes[i] = ((u64)hps_set_of(keys[i], num_sets) << 32) | (u64)i;
+}
+
+// Inserts the batch whose sorted set codes are `codes`. The group that owns the first code
+// of a set inserts all of that set's keys in batch order, so no two groups touch one set
+// and no lock is needed. Per key: a present key is overwritten in place; else the first
+// empty way is taken; else the way with the smallest stamp (the lowest way on ties) is
+// evicted. The r-th key of a set in the batch is stamped tick | r (`tick` comes shifted
+// left by HPS_RANK_BITS), so a batch that overflows a set evicts its own earliest keys.
+extern "C" __global__ void cache_insert(
+    const u64* __restrict__ codes, const long long n, const hps_key* __restrict__ keys,
+    const float* __restrict__ src, const int src_vec4,
+    hps_key* slot_keys, u64* stamps, float4* vecs, const u32 num_sets, int* flags, const u64 tick) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const u32 gmask = hps_group_mask(lane);
+    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    const long long special_slot = (long long)num_sets * SET_SIZE;
+    const bool vec4 = src_vec4 != 0;
+
+    for (long long i = group; i < n; i += ngroups) {
+        const u32 set = (u32)(codes[i] >> 32);
+        if (i > 0 && (u32)(codes[i - 1] >> 32) == set) continue;  // not the first of its set
+        for (long long j = i; j < n; ++j) {
+            const u64 code = codes[j];
+            if ((u32)(code >> 32) != set) break;
+            const long long p = (long long)(code & 0xffffffffULL);
+            const hps_key key = keys[p];
+            long long target;
+            bool fresh = false;
+            if (key == HPS_EMPTY_KEY) {
+                target = special_slot;
+                if (gl == 0 && atomicExch(&flags[0], 1) == 0) atomicAdd(&flags[1], 1);
+            } else {
+                const u64 first = (u64)set * SET_SIZE;
+                hps_key k[KPL];
+                hps_load_set_keys(slot_keys + first, gl, k);
+                const int present = __reduce_max_sync(gmask, hps_match(k, key, gl));
+                if (present >= 0) {
+                    target = (long long)first + present;
+                } else {
+                    int empty = SET_SIZE;
+#pragma unroll
+                    for (int q = KPL - 1; q >= 0; --q)
+                        if (k[q] == HPS_EMPTY_KEY) empty = gl * KPL + q;
+                    empty = __reduce_min_sync(gmask, empty);
+                    if (empty < SET_SIZE) {
+                        target = (long long)first + empty;
+                        fresh = true;
+                    } else {
+                        // least recently used: smallest stamp, lowest way among equals
+                        u64 best = ~0ULL;
+                        int best_way = SET_SIZE;
+#pragma unroll
+                        for (int q = 0; q < KPL; ++q) {
+                            const u64 st = stamps[first + gl * KPL + q];
+                            if (st < best) {
+                                best = st;
+                                best_way = gl * KPL + q;
+                            }
+                        }
+                        u64 least = best;
+#pragma unroll
+                        for (int off = GROUP / 2; off > 0; off >>= 1) {
+                            const u64 o = __shfl_xor_sync(gmask, least, off);
+                            least = o < least ? o : least;
+                        }
+                        const int way = __reduce_min_sync(gmask, best == least ? best_way : SET_SIZE);
+                        target = (long long)first + way;
+                    }
+                }
+            }
+            hps_copy_in(vecs + target * ROW4, src + p * DIM, gl, vec4);
+            if (gl == 0 && key != HPS_EMPTY_KEY) {
+                slot_keys[target] = key;
+                stamps[target] = tick | (u64)(j - i < HPS_RANK_MAX ? j - i : HPS_RANK_MAX);
+                if (fresh) atomicAdd(&flags[1], 1);
+            }
+            __syncwarp(gmask);  // the next key of this set reads what this one wrote
+        }
+    }
+}
+
+// Finds the slot of `key` (group-cooperative), -1 when absent.
+__device__ __forceinline__ long long cache_find(const hps_key* slot_keys, u32 num_sets, hps_key key,
+                                                bool special_present, int gl, u32 gmask) {
+    if (key == HPS_EMPTY_KEY) return special_present ? (long long)num_sets * SET_SIZE : -1;
+    const u32 set = hps_set_of(key, num_sets);
+    hps_key k[KPL];
+    hps_load_set_keys(slot_keys + (u64)set * SET_SIZE, gl, k);
+    const int way = __reduce_max_sync(gmask, hps_match(k, key, gl));
+    return way >= 0 ? (long long)set * SET_SIZE + way : -1;
+}
+
+// Overwrites the rows of present keys; absent keys are skipped. Stamps are left alone.
+// `updated` counts the keys found.
+extern "C" __global__ void cache_update(
+    const hps_key* __restrict__ keys, const long long n, const float* __restrict__ src,
+    const int src_vec4, const hps_key* __restrict__ slot_keys, float4* __restrict__ vecs,
+    const u32 num_sets, const int* __restrict__ flags, int* __restrict__ updated) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const u32 gmask = hps_group_mask(lane);
+    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    const bool special_present = flags[0] != 0;
+    for (long long i = group; i < n; i += ngroups) {
+        const long long slot = cache_find(slot_keys, num_sets, keys[i], special_present, gl, gmask);
+        if (slot < 0) continue;
+        hps_copy_in(vecs + slot * ROW4, src + i * DIM, gl, src_vec4 != 0);
+        if (gl == 0) atomicAdd(updated, 1);
+    }
+}
+
+// Frees the slots of present keys (repeated keys are freed once).
+extern "C" __global__ void cache_remove(
+    const hps_key* __restrict__ keys, const long long n, hps_key* slot_keys, u64* stamps,
+    const u32 num_sets, int* flags) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const u32 gmask = hps_group_mask(lane);
+    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    for (long long i = group; i < n; i += ngroups) {
+        const hps_key key = keys[i];
+        if (key == HPS_EMPTY_KEY) {
+            if (gl == 0 && atomicExch(&flags[0], 0) == 1) atomicSub(&flags[1], 1);
+            continue;
+        }
+        const long long slot = cache_find(slot_keys, num_sets, key, false, gl, gmask);
+        if (slot >= 0 && gl == 0) {
+            const u64 old = atomicCAS(reinterpret_cast<u64*>(slot_keys + slot), (u64)key,
+                                      (u64)HPS_EMPTY_KEY);
+            if (old == (u64)key) {
+                stamps[slot] = 0ULL;
+                atomicSub(&flags[1], 1);
+            }
+        }
+    }
+}
+
+// Keys held in sets [start_set, stop_set), order unspecified; count[0] receives how many.
+extern "C" __global__ void cache_dump(
+    const hps_key* __restrict__ slot_keys, const u32 num_sets, const u32 start_set,
+    const u32 stop_set, const int* __restrict__ flags, int* __restrict__ count,
+    hps_key* __restrict__ out) {
+    hps_dump_slots(slot_keys, (long long)start_set * SET_SIZE, (long long)stop_set * SET_SIZE,
+                   count, out);
+    if (blockIdx.x == 0 && threadIdx.x == 0 && flags[0] != 0) {
+        const u32 s = hps_set_of(HPS_EMPTY_KEY, num_sets);
+        if (s >= start_set && s < stop_set) out[atomicAdd(count, 1)] = HPS_EMPTY_KEY;
+    }
+}

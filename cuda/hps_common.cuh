@@ -1,0 +1,198 @@
+// Shared definitions of the hps kernels: key type, the empty-slot sentinel, the set/bucket
+// hash, lane groups, and row copies with 16-byte accesses.
+//
+// hps/gpu/kernels.py pastes this header into each .cu source before compiling it with
+// NVRTC (so CuPy's on-disk kernel cache sees header changes) and passes the compile-time
+// constants as -D options:
+//   DIM        vector width in floats
+//   GROUP      lanes that serve one key (a power of two, 1..32)
+//   SET_SIZE   slots per set (dynamic cache) or per bucket (static table); multiple of GROUP
+//   UNROLL     keys a lane group serves per loop round (more loads in flight)
+#pragma once
+
+typedef long long hps_key;
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+// Empty slots hold this key. The key itself is still servable: it lives in one extra
+// "special" slot (index num_slots) flagged present or not, outside every set.
+#define HPS_EMPTY_KEY 0x7fffffffffffffffLL
+
+#ifndef DIM
+#error "DIM must be defined (-DDIM=...)"
+#endif
+#ifndef GROUP
+#define GROUP 4
+#endif
+#ifndef SET_SIZE
+#define SET_SIZE 8
+#endif
+#ifndef UNROLL
+#define UNROLL 1
+#endif
+
+#define ROW4 ((DIM + 3) / 4)                    // float4 per stored row (rows padded to 16 B)
+#define VPL ((ROW4 + GROUP - 1) / GROUP)        // float4 per lane of a group
+#define KPL (SET_SIZE / GROUP)                  // set keys per lane
+#define KPW (32 / GROUP)                        // groups (keys) per warp and round
+
+#if (SET_SIZE % GROUP) != 0
+#error "SET_SIZE must be a multiple of GROUP"
+#endif
+
+// MurmurHash3's 64-bit finalizer; hps/gpu/reference.py mirrors it bit for bit.
+__device__ __forceinline__ u64 hps_mix(u64 k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
+// Set (bucket) of a key among n: the high 32 bits of the hash scaled to [0, n), no modulo.
+__device__ __forceinline__ u32 hps_set_of(hps_key key, u32 n) {
+    return (u32)(((hps_mix((u64)key) >> 32) * (u64)n) >> 32);
+}
+
+__device__ __forceinline__ u32 hps_group_mask(int lane) {
+#if GROUP == 32
+    return 0xffffffffu;
+#else
+    return ((1u << GROUP) - 1u) << (lane & ~(GROUP - 1));
+#endif
+}
+
+// Loads this lane's KPL keys of a set (16-byte loads where KPL is even).
+__device__ __forceinline__ void hps_load_set_keys(const hps_key* set_keys, int gl, hps_key (&k)[KPL]) {
+    const hps_key* p = set_keys + gl * KPL;
+#if (KPL % 2) == 0
+#pragma unroll
+    for (int j = 0; j < KPL; j += 2) {
+        const longlong2 v = *reinterpret_cast<const longlong2*>(p + j);
+        k[j] = v.x;
+        k[j + 1] = v.y;
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < KPL; ++j) k[j] = p[j];
+#endif
+}
+
+// Index within the set of `key` among this lane's keys, or -1.
+__device__ __forceinline__ int hps_match(const hps_key (&k)[KPL], hps_key key, int gl) {
+    int found = -1;
+#pragma unroll
+    for (int j = 0; j < KPL; ++j)
+        if (k[j] == key) found = gl * KPL + j;
+    return found;
+}
+
+// Loads this lane's part of a stored row (VPL float4, strided by GROUP).
+__device__ __forceinline__ void hps_load_row(const float4* __restrict__ row, int gl, float4 (&r)[VPL]) {
+#pragma unroll
+    for (int v = 0; v < VPL; ++v) {
+        const int c = gl + v * GROUP;
+        if (c < ROW4) r[v] = row[c];
+    }
+}
+
+// Stores this lane's part of a row into a caller's float32 row of DIM floats.
+// vec4: the caller's buffer is 16-byte aligned and DIM % 4 == 0, so float4 stores are legal.
+__device__ __forceinline__ void hps_store_out(float* out_row, int gl, const float4 (&r)[VPL], bool vec4) {
+    if (vec4) {
+        float4* o = reinterpret_cast<float4*>(out_row);
+#pragma unroll
+        for (int v = 0; v < VPL; ++v) {
+            const int c = gl + v * GROUP;
+            if (c < ROW4) o[c] = r[v];
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < VPL; ++v) {
+            const int c = gl + v * GROUP;
+            if (c < ROW4) {
+                const float e[4] = {r[v].x, r[v].y, r[v].z, r[v].w};
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    if (c * 4 + q < DIM) out_row[c * 4 + q] = e[q];
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ void hps_fill_out(float* out_row, int gl, float value, bool vec4) {
+    float4 r[VPL];
+#pragma unroll
+    for (int v = 0; v < VPL; ++v) r[v] = make_float4(value, value, value, value);
+    hps_store_out(out_row, gl, r, vec4);
+}
+
+// Copies a caller's float32 row (DIM floats) into a stored row (ROW4 float4, zero padded).
+__device__ __forceinline__ void hps_copy_in(float4* __restrict__ dst, const float* __restrict__ src,
+                                            int gl, bool vec4) {
+    float4 r[VPL];
+    if (vec4) {
+        const float4* s = reinterpret_cast<const float4*>(src);
+#pragma unroll
+        for (int v = 0; v < VPL; ++v) {
+            const int c = gl + v * GROUP;
+            if (c < ROW4) r[v] = s[c];
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < VPL; ++v) {
+            const int c = gl + v * GROUP;
+            float e[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                if (c < ROW4 && c * 4 + q < DIM) e[q] = src[c * 4 + q];
+            r[v] = make_float4(e[0], e[1], e[2], e[3]);
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < VPL; ++v) {
+        const int c = gl + v * GROUP;
+        if (c < ROW4) dst[c] = r[v];
+    }
+}
+
+// Appends (position, key) of the misses of one warp round to the miss lists with one
+// atomic per warp. Every lane of the warp must call it; `miss` is read on group leaders.
+__device__ __forceinline__ void hps_record_misses(bool leader_miss, long long pos, hps_key key,
+                                                  int lane, int* __restrict__ miss_count,
+                                                  int* __restrict__ miss_pos,
+                                                  hps_key* __restrict__ miss_keys) {
+    const u32 ballot = __ballot_sync(0xffffffffu, leader_miss);
+    if (ballot == 0u) return;
+    int base = 0;
+    if (lane == 0) base = atomicAdd(miss_count, __popc(ballot));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (leader_miss) {
+        const int off = base + __popc(ballot & ((1u << lane) - 1u));
+        miss_pos[off] = (int)pos;
+        miss_keys[off] = key;
+    }
+}
+
+// Writes the present (non-empty) keys of slots [first, last) to out, order unspecified;
+// the special slot's key is appended when flagged and its set lies in the range.
+__device__ __forceinline__ void hps_dump_slots(const hps_key* __restrict__ slot_keys, long long first,
+                                               long long last, int* __restrict__ count,
+                                               hps_key* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    // warp-uniform loop so the whole warp takes part in each ballot
+    for (long long base = first + ((long long)blockIdx.x * blockDim.x + threadIdx.x - lane);
+         base < last; base += stride) {
+        const long long s = base + lane;
+        const hps_key k = s < last ? slot_keys[s] : HPS_EMPTY_KEY;
+        const bool present = k != HPS_EMPTY_KEY;
+        const u32 ballot = __ballot_sync(0xffffffffu, present);
+        if (ballot == 0u) continue;
+        int off = 0;
+        if (lane == 0) off = atomicAdd(count, __popc(ballot));
+        off = __shfl_sync(0xffffffffu, off, 0);
+        if (present) out[off + __popc(ballot & ((1u << lane) - 1u))] = k;
+    }
+}

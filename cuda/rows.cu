@@ -1,0 +1,30 @@
+// Row movers around the caches: the scatter of host-fetched rows into a lookup's output, and
+// the dense float4 gather that the benchmark measures the caches against.
+#include "hps_common.cuh"
+
+// out[pos[j]] = rows[inv[j]] for j < count; rows is [u, DIM] contiguous, out is [n, DIM].
+// One thread per float (misses are few; this is not the hot path).
+extern "C" __global__ void scatter_rows(const int* __restrict__ pos, const int* __restrict__ inv,
+                                        const long long count, const float* __restrict__ rows,
+                                        float* __restrict__ out) {
+    const long long total = count * DIM;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (long long)gridDim.x * blockDim.x) {
+        const long long j = t / DIM;
+        const int e = (int)(t - j * DIM);
+        out[(long long)pos[j] * DIM + e] = rows[(long long)inv[j] * DIM + e];
+    }
+}
+
+// The baseline: out[i] = table[idx[i]] for a dense [rows, DIM] table, DIM % 4 == 0, one
+// float4 per thread.
+extern "C" __global__ void dense_gather(const long long* __restrict__ idx, const long long n,
+                                        const float4* __restrict__ table, float4* __restrict__ out) {
+    const long long total = n * ROW4;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (long long)gridDim.x * blockDim.x) {
+        const long long i = t / ROW4;
+        const int c = (int)(t - i * ROW4);
+        out[t] = table[idx[i] * ROW4 + c];
+    }
+}

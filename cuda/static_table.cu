@@ -1,0 +1,187 @@
+// The static table: a whole embedding table on the GPU, built once, then read-only
+// (rows may be overwritten in place by a refresh, keys never move).
+//
+// Open addressing over buckets of SET_SIZE slots with linear probing from bucket to
+// bucket: a key lives in the first bucket, counting from hps_set_of(key, num_buckets), that
+// had a free slot when it was inserted. Nothing is ever removed, so a lookup may stop at the
+// first bucket that has an empty slot. Rows are stored in slot order (no indirection), so
+// a hit costs one bucket read (64 B at SET_SIZE 8) and one row read; at the default load
+// factor 0.8 a lookup reads 1.15 buckets on average.
+//
+// Layout: slot_keys int64 [num_buckets * SET_SIZE], vecs float4 [(slots + 1) * ROW4] (last
+// row: the special slot of HPS_EMPTY_KEY), flags int32 [3]: special present, keys held,
+// keys that found no slot (table full).
+#include "hps_common.cuh"
+
+// Inserts keys (one lane group per key; its leader claims a slot with atomicCAS, the group
+// copies the row). A key already present has its row overwritten; repeated keys in one
+// batch leave one of their rows, unspecified which.
+extern "C" __global__ void static_build(
+    const hps_key* __restrict__ keys, const long long n, const float* __restrict__ src,
+    const int src_vec4, hps_key* slot_keys, float4* vecs, const u32 num_buckets, int* flags) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const u32 gmask = hps_group_mask(lane);
+    const int leader = lane & ~(GROUP - 1);
+    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    const long long special_slot = (long long)num_buckets * SET_SIZE;
+    for (long long i = group; i < n; i += ngroups) {
+        const hps_key key = keys[i];
+        long long target = -1;
+        if (gl == 0) {
+            if (key == HPS_EMPTY_KEY) {
+                target = special_slot;
+                if (atomicExch(&flags[0], 1) == 0) atomicAdd(&flags[1], 1);
+            } else {
+                u32 b = hps_set_of(key, num_buckets);
+                for (u32 p = 0; p < num_buckets && target < 0; ++p) {
+                    volatile hps_key* bk = slot_keys + (u64)b * SET_SIZE;
+                    for (int s = 0; s < SET_SIZE; ++s) {
+                        const hps_key cur = bk[s];
+                        if (cur == key) {
+                            target = (long long)b * SET_SIZE + s;
+                            break;
+                        }
+                        if (cur == HPS_EMPTY_KEY) {
+                            const u64 old = atomicCAS((u64*)(slot_keys + (u64)b * SET_SIZE + s),
+                                                      (u64)HPS_EMPTY_KEY, (u64)key);
+                            if (old == (u64)HPS_EMPTY_KEY) atomicAdd(&flags[1], 1);
+                            if (old == (u64)HPS_EMPTY_KEY || old == (u64)key) {
+                                target = (long long)b * SET_SIZE + s;
+                                break;
+                            }
+                        }
+                    }
+                    b = b + 1 == num_buckets ? 0 : b + 1;
+                }
+                if (target < 0) atomicAdd(&flags[2], 1);
+            }
+        }
+        target = __shfl_sync(gmask, target, leader);
+        if (target >= 0) hps_copy_in(vecs + target * ROW4, src + i * DIM, gl, src_vec4 != 0);
+    }
+}
+
+// Probes from bucket b on; returns the slot of key or -1 (group-cooperative).
+__device__ __forceinline__ long long static_probe(const hps_key* __restrict__ slot_keys,
+                                                  u32 num_buckets, u32 b, hps_key key, int gl,
+                                                  u32 gmask) {
+    for (u32 p = 0; p < num_buckets; ++p) {
+        hps_key k[KPL];
+        hps_load_set_keys(slot_keys + (u64)b * SET_SIZE, gl, k);
+        const int way = __reduce_max_sync(gmask, hps_match(k, key, gl));
+        if (way >= 0) return (long long)b * SET_SIZE + way;
+        bool empty = false;
+#pragma unroll
+        for (int q = 0; q < KPL; ++q) empty |= k[q] == HPS_EMPTY_KEY;
+        if (__any_sync(gmask, empty)) return -1;
+        b = b + 1 == num_buckets ? 0 : b + 1;
+    }
+    return -1;
+}
+
+// Same contract as cache_query of the dynamic cache, without stamps: hits copied to
+// out[pos], misses filled with default_value and appended to the miss lists.
+extern "C" __global__ void static_query(
+    const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
+    const float4* __restrict__ vecs, const u32 num_buckets, const int* __restrict__ flags,
+    float* __restrict__ out, const int out_vec4, int* __restrict__ miss_count,
+    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const int g = lane / GROUP;
+    const u32 gmask = hps_group_mask(lane);
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const long long special_slot = (long long)num_buckets * SET_SIZE;
+    const bool special_present = flags[0] != 0;
+    const bool vec4 = out_vec4 != 0;
+
+    for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
+        long long pos[UNROLL];
+        hps_key key[UNROLL];
+        u32 bucket[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            pos[u] = base + u * KPW + g;
+            key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
+            bucket[u] = hps_set_of(key[u], num_buckets);
+        }
+        // first bucket of every key at once (loads in flight together); the rare longer
+        // probes continue one key at a time
+        hps_key k[UNROLL][KPL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (key[u] != HPS_EMPTY_KEY) hps_load_set_keys(slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
+        long long slot[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            slot[u] = -1;
+            if (key[u] != HPS_EMPTY_KEY) {
+                const int way = __reduce_max_sync(gmask, hps_match(k[u], key[u], gl));
+                bool empty = false;
+#pragma unroll
+                for (int q = 0; q < KPL; ++q) empty |= k[u][q] == HPS_EMPTY_KEY;
+                if (way >= 0) {
+                    slot[u] = (long long)bucket[u] * SET_SIZE + way;
+                } else if (!__any_sync(gmask, empty)) {
+                    const u32 next = bucket[u] + 1 == num_buckets ? 0 : bucket[u] + 1;
+                    slot[u] = static_probe(slot_keys, num_buckets, next, key[u], gl, gmask);
+                }
+            } else if (pos[u] < n && special_present) {
+                slot[u] = special_slot;
+            }
+        }
+        float4 r[UNROLL][VPL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW4, gl, r[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool valid = pos[u] < n;
+            if (valid) {
+                float* orow = out + pos[u] * DIM;
+                if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
+                else hps_fill_out(orow, gl, default_value, vec4);
+            }
+            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, miss_count,
+                              miss_pos, miss_keys);
+        }
+    }
+}
+
+// Overwrites the rows of present keys (refresh); absent keys are skipped.
+extern "C" __global__ void static_update(
+    const hps_key* __restrict__ keys, const long long n, const float* __restrict__ src,
+    const int src_vec4, const hps_key* __restrict__ slot_keys, float4* __restrict__ vecs,
+    const u32 num_buckets, const int* __restrict__ flags, int* __restrict__ updated) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const u32 gmask = hps_group_mask(lane);
+    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    for (long long i = group; i < n; i += ngroups) {
+        const hps_key key = keys[i];
+        long long slot;
+        if (key == HPS_EMPTY_KEY)
+            slot = flags[0] != 0 ? (long long)num_buckets * SET_SIZE : -1;
+        else
+            slot = static_probe(slot_keys, num_buckets, hps_set_of(key, num_buckets), key, gl, gmask);
+        if (slot < 0) continue;
+        hps_copy_in(vecs + slot * ROW4, src + i * DIM, gl, src_vec4 != 0);
+        if (gl == 0) atomicAdd(updated, 1);
+    }
+}
+
+// Keys held in buckets [start, stop), order unspecified; count[0] receives how many.
+extern "C" __global__ void static_dump(
+    const hps_key* __restrict__ slot_keys, const u32 num_buckets, const u32 start,
+    const u32 stop, const int* __restrict__ flags, int* __restrict__ count,
+    hps_key* __restrict__ out) {
+    hps_dump_slots(slot_keys, (long long)start * SET_SIZE, (long long)stop * SET_SIZE, count, out);
+    if (blockIdx.x == 0 && threadIdx.x == 0 && flags[0] != 0) {
+        const u32 s = hps_set_of(HPS_EMPTY_KEY, num_buckets);
+        if (s >= start && s < stop) out[atomicAdd(count, 1)] = HPS_EMPTY_KEY;
+    }
+}

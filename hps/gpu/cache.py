@@ -1,0 +1,603 @@
+"""The dynamic GPU embedding cache: set-associative, least recently used out first.
+
+`EmbeddingCache(capacity_slots, dim, device_id)` holds up to `capacity_slots` vectors of
+`dim` float32 on one device (rounded up to whole sets of `SET_SIZE` slots). A key's set is
+MurmurHash3's finalizer of the key scaled to the set count; a set's keys are contiguous, so
+a lookup reads 64 bytes of keys and then one 16-byte-aligned row (kernels in
+`cuda/embedding_cache.cu`).
+
+Operations, all on device arrays (host NumPy arrays are accepted and copied over):
+
+    misses_at, n_misses = cache.query(keys, out)   # hits written into out's rows
+    cache.insert(keys, vectors)                    # fills free slots, else evicts the LRU
+    cache.update(keys, vectors)                    # rewrites present keys only
+    cache.remove(keys)
+    held = cache.dump(start_set, stop_set)         # keys held in a range of sets
+
+Every int64 key is a valid key. Empty slots hold `EMPTY_KEY` (2**63 - 1); that key itself
+is kept in one extra slot outside the sets, which is never evicted (only removed).
+
+Streams: queries run on the caller's current CuPy stream, so they overlap with the
+caller's own work and with each other; the only host wait of a query is the read of its
+miss count. Inserts, updates and removes run on the cache's own stream. The two are
+ordered with CUDA events: a write waits for the queries in flight and for the caller's
+stream (whose arrays it reads); a query waits for the writes before it. No device-wide
+synchronize is ever used. All methods are thread-safe.
+
+Least-recently-used order is kept with a 64-bit stamp per slot: every query and every
+insert call takes the next tick; a hit stamps its slot with `tick << RANK_BITS`, an insert
+with `tick << RANK_BITS | r` where r is the key's rank among the batch's keys of its set.
+An insert of a key that is not held takes the first free way of its set, else evicts the
+way with the smallest stamp (the lowest way on ties). Keys of one insert batch that map to
+one set are inserted in batch order. `hps/gpu/reference.py` is a NumPy model of exactly
+this.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hps.errors import DeviceError, KeyTypeError, LookupInputError, OutputBufferError
+from hps.gpu import kernels
+
+EMPTY_KEY = 2**63 - 1
+SET_SIZE = 8
+BLOCK = 256
+_D2H = 2  # cudaMemcpyDeviceToHost
+MAX_BATCH = 2**31 - 1  # miss positions are int32
+# A stamp is tick << RANK_BITS | rank: the rank of a key among the keys of its set in one
+# insert batch (0 for query hits), so a batch that overflows a set evicts its own earliest
+# keys rather than its latest. 44 bits of ticks outlast any server (5 years at 100k/s).
+RANK_BITS = 20
+
+
+def default_group(dim: int) -> int:
+    """Lanes that serve one key: enough to cover the row with few float4 per lane."""
+    return 4 if dim <= 32 else 8
+
+
+def default_unroll(dim: int) -> int:
+    """Keys a lane group has in flight at once."""
+    return 2 if dim <= 64 else 1
+
+
+def row_floats(dim: int) -> int:
+    """Floats per stored row: rows are padded to whole float4 (16 bytes)."""
+    return -(-dim // 4) * 4
+
+
+@dataclass
+class Misses:
+    """The misses of one query: `count` positions into the batch and their keys (device)."""
+
+    positions: Any  # cupy int32 [count]
+    keys: Any  # cupy int64 [count]
+    count: int
+
+
+class QueryWorkspace:
+    """Reusable buffers of one thread's queries: miss lists, miss counter, pinned host copy.
+
+    One per thread (they are reused by every query of that thread). `release(stream)`
+    marks that work still queued on `stream` reads the miss lists; the next query waits
+    for it before it overwrites them.
+    """
+
+    def __init__(self, cupy: Any, device_id: int) -> None:
+        self._cp = cupy
+        self.device_id = device_id
+        with cupy.cuda.Device(device_id):
+            self.counter = cupy.zeros(1, dtype=np.int32)
+            self._pinned = cupy.cuda.alloc_pinned_memory(4)
+            self.host_count = np.frombuffer(self._pinned, dtype=np.int32, count=1)
+            self.event = cupy.cuda.Event(block=False, disable_timing=True)
+            self._released = cupy.cuda.Event(block=False, disable_timing=True)
+        self._pending = False
+        self.capacity = 0
+        self.positions: Any = None
+        self.keys: Any = None
+
+    def reserve(self, n: int) -> None:
+        if n > self.capacity:
+            if self._pending:  # queued work may still read the buffers about to be freed
+                self._released.synchronize()
+                self._pending = False
+            cap = max(n, 2 * self.capacity, 1024)
+            self.positions = self._cp.empty(cap, dtype=np.int32)
+            self.keys = self._cp.empty(cap, dtype=np.int64)
+            self.capacity = cap
+
+    def release(self, stream: Any) -> None:
+        """Work queued on `stream` still reads the miss lists."""
+        self._released.record(stream)
+        self._pending = True
+
+    def wait_released(self, stream_ptr: int) -> None:
+        if self._pending:
+            self._cp.cuda.runtime.streamWaitEvent(stream_ptr, self._released.ptr, 0)
+            self._pending = False
+
+
+def _is_cupy(array: Any) -> bool:
+    return type(array).__module__.startswith("cupy")
+
+
+class DeviceTable:
+    """What the dynamic cache and the static table share: memory, streams, ordering,
+    argument checks, the query launch, dump and stats. Not used directly."""
+
+    _kind = "table"
+    _source = ""
+    _query_kernel = ""
+    _dump_kernel = ""
+
+    def __init__(self, dim: int, device_id: int, num_sets: int, *, group: int, unroll: int,
+                 special_flags: int) -> None:
+        cp = kernels.cupy_module()
+        self._cp = cp
+        self.dim = int(dim)
+        self.device_id = int(device_id)
+        self.num_sets = int(num_sets)
+        self.num_slots = self.num_sets * SET_SIZE
+        self._row = row_floats(self.dim)
+        self._group = group
+        self._unroll = unroll
+        self._lock = threading.RLock()
+        self._tls = threading.local()
+        self._tick = 0
+        self._inflight: set[int] = set()
+        self._write_event: Any = None
+        self._retire: deque[tuple[Any, tuple[Any, ...]]] = deque()
+        self._closed = False
+        try:
+            self._device = cp.cuda.Device(self.device_id)
+            count = cp.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # CUDA driver/runtime missing or broken
+            raise DeviceError(f"CUDA is not usable: {exc}") from None
+        if not 0 <= self.device_id < count:
+            raise DeviceError(
+                f"device_id {self.device_id} does not exist: this machine has {count} CUDA "
+                f"device(s)"
+            )
+        self._defines = {"DIM": self.dim, "GROUP": group, "SET_SIZE": SET_SIZE, "UNROLL": unroll}
+        with self._device:
+            self._stream = cp.cuda.Stream(non_blocking=True)
+            self._check_room(self._memory_bytes())
+            self._keys = self._alloc((self.num_slots,), np.int64)
+            self._vecs = self._alloc((self.num_slots + 1, self._row), np.float32)
+            self._flags = self._alloc((special_flags,), np.int32)
+            with self._stream:
+                self._keys.fill(EMPTY_KEY)
+                self._vecs.fill(0)
+                self._flags.fill(0)
+            self._stream.synchronize()
+        self._fn: dict[str, Any] = {}
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def _memory_bytes(self) -> int:
+        raise NotImplementedError
+
+    def _check_room(self, need: int) -> None:
+        free, total = self._cp.cuda.runtime.memGetInfo()
+        if need > free:
+            raise DeviceError(
+                f"the {self._kind} needs {need / 2**30:.2f} GiB on device {self.device_id} "
+                f"but only {free / 2**30:.2f} GiB of {total / 2**30:.2f} GiB are free; lower "
+                f"gpucacheper or use another device"
+            )
+
+    def _alloc(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A device array on its own cudaMalloc (not the pool: freed when the table is)."""
+        cp = self._cp
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        try:
+            mem = cp.cuda.memory.Memory(max(nbytes, 1))
+        except Exception as exc:
+            raise DeviceError(
+                f"cannot allocate {nbytes / 2**30:.2f} GiB for the {self._kind} on device "
+                f"{self.device_id}: {exc}"
+            ) from None
+        return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+    def _kernel(self, name: str) -> Any:
+        fn = self._fn.get(name)
+        if fn is None:
+            fn = kernels.function(self._source, name, self.device_id, **self._defines)
+            self._fn[name] = fn
+        return fn
+
+    # -- argument checks ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DeviceError(f"the {self._kind} on device {self.device_id} is closed")
+
+    def _device_keys(self, keys: Any) -> Any:
+        """int64 1-D keys on this device (host arrays are copied over)."""
+        cp = self._cp
+        if isinstance(keys, np.ndarray):
+            if keys.dtype.kind not in "iu":
+                raise KeyTypeError(f"keys must be int64, got dtype {keys.dtype.name}")
+            with self._device:
+                return cp.asarray(keys.reshape(-1).astype(np.int64, copy=False))
+        if not _is_cupy(keys):
+            raise KeyTypeError(
+                f"keys must be a CuPy or NumPy array, got {type(keys).__name__}"
+            )
+        if keys.dtype != np.int64:
+            raise KeyTypeError(f"keys must be int64, got dtype {keys.dtype.name}")
+        if keys.ndim != 1:
+            raise KeyTypeError(f"keys must be 1-D, got shape {tuple(keys.shape)}")
+        if keys.device.id != self.device_id:
+            raise DeviceError(
+                f"keys are on device {keys.device.id}, the {self._kind} on device "
+                f"{self.device_id}"
+            )
+        if not keys.flags.c_contiguous:
+            keys = cp.ascontiguousarray(keys)
+        if keys.size > MAX_BATCH:
+            raise LookupInputError(f"at most {MAX_BATCH} keys per call, got {keys.size}")
+        return keys
+
+    def _device_rows(self, vectors: Any, n: int) -> Any:
+        """float32 [n, dim] C-contiguous rows on this device (host arrays copied over)."""
+        cp = self._cp
+        if isinstance(vectors, np.ndarray):
+            vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+            if vectors.shape != (n, self.dim):
+                raise LookupInputError(
+                    f"vectors must have shape ({n}, {self.dim}), got {vectors.shape}"
+                )
+            with self._device:
+                return cp.asarray(vectors)
+        if not _is_cupy(vectors):
+            raise LookupInputError(
+                f"vectors must be a CuPy or NumPy array, got {type(vectors).__name__}"
+            )
+        if vectors.dtype != np.float32:
+            raise LookupInputError(f"vectors must be float32, got dtype {vectors.dtype.name}")
+        if tuple(vectors.shape) != (n, self.dim):
+            raise LookupInputError(
+                f"vectors must have shape ({n}, {self.dim}), got {tuple(vectors.shape)}"
+            )
+        if vectors.device.id != self.device_id:
+            raise DeviceError(
+                f"vectors are on device {vectors.device.id}, the {self._kind} on device "
+                f"{self.device_id}"
+            )
+        return vectors if vectors.flags.c_contiguous else cp.ascontiguousarray(vectors)
+
+    def _check_out(self, out: Any, n: int) -> None:
+        if not _is_cupy(out):
+            raise OutputBufferError(
+                f"out must be a CuPy array on device {self.device_id}, got {type(out).__name__}"
+            )
+        if out.dtype != np.float32:
+            raise OutputBufferError(f"out must be float32, got dtype {out.dtype.name}")
+        if tuple(out.shape) != (n, self.dim):
+            raise OutputBufferError(
+                f"out must have shape ({n}, {self.dim}), got {tuple(out.shape)}"
+            )
+        if not out.flags.c_contiguous:
+            raise OutputBufferError("out must be C-contiguous")
+        if out.device.id != self.device_id:
+            raise DeviceError(
+                f"out is on device {out.device.id}, the {self._kind} on device {self.device_id}"
+            )
+
+    def _vec4(self, array: Any) -> np.int32:
+        return np.int32(self.dim % 4 == 0 and array.data.ptr % 16 == 0)
+
+    # -- ordering between the caller's streams and the table's stream ---------------------
+
+    def _wait_for_writes(self, stream_ptr: int) -> None:
+        ev = self._write_event
+        if ev is not None:
+            if ev.done:
+                self._write_event = None
+            else:
+                self._cp.cuda.runtime.streamWaitEvent(stream_ptr, ev.ptr, 0)
+
+    @contextmanager
+    def _on_table_stream(self) -> Iterator[None]:
+        """Runs the body under the lock with the table's stream current, after the work
+        the caller has queued on its own stream (whose arrays the body may use)."""
+        cp = self._cp
+        with self._lock:
+            self._check_open()
+            with self._device:
+                caller = cp.cuda.get_current_stream()
+                if caller.ptr != self._stream.ptr:
+                    ready = cp.cuda.Event(block=False, disable_timing=True)
+                    ready.record(caller)
+                    self._stream.wait_event(ready)
+                with self._stream:
+                    yield
+
+    @contextmanager
+    def _writing(self, *refs: Any) -> Iterator[None]:
+        """Like _on_table_stream, also after the queries in flight; later queries wait for
+        it. Keeps `refs` (the inputs) alive until the write is done."""
+        cp = self._cp
+        with self._on_table_stream():
+            for ev_ptr in self._inflight:
+                cp.cuda.runtime.streamWaitEvent(self._stream.ptr, ev_ptr, 0)
+            yield
+            done = cp.cuda.Event(block=False, disable_timing=True)
+            done.record(self._stream)
+            self._write_event = done
+            self._retire.append((done, refs))
+            while self._retire and self._retire[0][0].done:
+                self._retire.popleft()
+
+    def _next_tick(self) -> np.uint64:
+        """The next tick, shifted into place for the stamps (see RANK_BITS)."""
+        self._tick += 1
+        return np.uint64(self._tick << RANK_BITS)
+
+    # -- queries --------------------------------------------------------------------------
+
+    def workspace(self) -> QueryWorkspace:
+        """This thread's query workspace for this table."""
+        ws: QueryWorkspace | None = getattr(self._tls, "ws", None)
+        if ws is None:
+            ws = QueryWorkspace(self._cp, self.device_id)
+            self._tls.ws = ws
+        return ws
+
+    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace, default: float
+                    ) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def query_misses(self, keys: Any, out: Any, default_value: float = 0.0,
+                     workspace: QueryWorkspace | None = None) -> Misses:
+        """Writes the rows of held keys into `out` (device, float32 [n, dim], C-contiguous)
+        and `default_value` into the rows of the others, on the caller's current stream.
+
+        Returns the misses as views into `workspace` (this thread's by default), valid
+        until the workspace's next query. Waits on the host only for the miss count.
+        """
+        cp = self._cp
+        rt = cp.cuda.runtime
+        keys = self._device_keys(keys)
+        n = int(keys.shape[0])
+        self._check_out(out, n)
+        ws = workspace if workspace is not None else self.workspace()
+        if n == 0:
+            with self._device:
+                ws.reserve(1)
+            return Misses(ws.positions[:0], ws.keys[:0], 0)
+        with self._device:
+            stream = cp.cuda.get_current_stream()
+            sptr = stream.ptr
+            ws.reserve(n)
+            ws.wait_released(sptr)
+            with self._lock:
+                self._check_open()
+                self._wait_for_writes(sptr)
+                rt.memsetAsync(ws.counter.data.ptr, 0, 4, sptr)
+                threads = -(-n // (self._unroll * (32 // self._group))) * 32
+                self._kernel(self._query_kernel)(
+                    (kernels.grid(self.device_id, threads, BLOCK),), (BLOCK,),
+                    self._query_args(keys, n, out, ws, default_value), stream=stream,
+                )
+                rt.memcpyAsync(ws.host_count.ctypes.data, ws.counter.data.ptr, 4, _D2H, sptr)
+                rt.eventRecord(ws.event.ptr, sptr)
+                self._inflight.add(ws.event.ptr)
+            try:
+                rt.eventSynchronize(ws.event.ptr)
+            finally:
+                with self._lock:
+                    self._inflight.discard(ws.event.ptr)
+        count = int(ws.host_count[0])
+        return Misses(ws.positions[:count], ws.keys[:count], count)
+
+    def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
+        """(miss_positions, miss_count): positions (cupy int32, in no particular order) of
+        the keys not held; their rows of `out` get `default_value`. See query_misses."""
+        ws = self.workspace()
+        misses = self.query_misses(keys, out, default_value, ws)
+        with self._device:
+            positions = misses.positions.copy()
+            ws.release(self._cp.cuda.get_current_stream())
+        return positions, misses.count
+
+    # -- reads on the table's stream ------------------------------------------------------
+
+    def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def dump(self, start_set: int, stop_set: int) -> Any:
+        """Keys held in sets (buckets) [start_set, stop_set), as a cupy int64 array in no
+        particular order. Ordered after every write before it."""
+        start, stop = int(start_set), min(int(stop_set), self.num_sets)
+        if not 0 <= start <= self.num_sets:
+            raise LookupInputError(f"start_set must be in [0, {self.num_sets}], got {start_set}")
+        cp = self._cp
+        with self._device:
+            out = cp.empty(max(stop - start, 0) * SET_SIZE + 1, dtype=np.int64)
+        if stop <= start:
+            return out[:0]
+        with self._on_table_stream():
+            count = cp.zeros(1, dtype=np.int32)
+            self._kernel(self._dump_kernel)(
+                (kernels.grid(self.device_id, (stop - start) * SET_SIZE, BLOCK),), (BLOCK,),
+                self._dump_args(start, stop, count, out),
+            )
+        held = int(count.get(stream=self._stream)[0])
+        return out[:held]
+
+    def size(self) -> int:
+        """Keys held."""
+        with self._lock:
+            self._check_open()
+            with self._device:
+                return int(self._flags[1:2].get(stream=self._stream)[0])
+
+    def memory_bytes(self) -> int:
+        """Device memory the table holds."""
+        return self._memory_bytes()
+
+    def close(self) -> None:
+        """Waits for work in flight and frees the device memory. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            with self._device:
+                for ev_ptr in list(self._inflight):
+                    self._cp.cuda.runtime.eventSynchronize(ev_ptr)
+                self._stream.synchronize()
+            self._retire.clear()
+            self._write_event = None
+            self._keys = self._vecs = None
+            self._free_extra()
+
+    def _free_extra(self) -> None:
+        pass
+
+    def __enter__(self) -> DeviceTable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EmbeddingCache(DeviceTable):
+    """A set-associative LRU cache of `dim`-wide float32 vectors on one GPU.
+
+    capacity_slots is rounded up to whole sets of SET_SIZE. Raises DeviceError when the
+    device lacks the memory (`memory_required` tells how much before allocating) and
+    MissingExtraError without CuPy.
+    """
+
+    _kind = "embedding cache"
+    _source = "embedding_cache.cu"
+    _query_kernel = "cache_query"
+    _dump_kernel = "cache_dump"
+
+    def __init__(self, capacity_slots: int, dim: int, device_id: int = 0, *,
+                 group: int | None = None, unroll: int | None = None) -> None:
+        if capacity_slots < 1:
+            raise LookupInputError(f"capacity_slots must be positive, got {capacity_slots}")
+        if dim < 1:
+            raise LookupInputError(f"dim must be positive, got {dim}")
+        num_sets = -(-int(capacity_slots) // SET_SIZE)
+        if num_sets >= 2**32:
+            raise LookupInputError(f"capacity_slots {capacity_slots} is too large")
+        super().__init__(dim, device_id, num_sets,
+                         group=group or default_group(dim), unroll=unroll or default_unroll(dim),
+                         special_flags=2)
+        with self._device:
+            self._stamps = self._alloc((self.num_slots,), np.uint64)
+            with self._stream:
+                self._stamps.fill(0)
+            self._stream.synchronize()
+
+    @staticmethod
+    def memory_required(capacity_slots: int, dim: int) -> int:
+        """Device bytes a cache of this capacity and width takes."""
+        slots = -(-int(capacity_slots) // SET_SIZE) * SET_SIZE
+        return slots * (8 + 8) + (slots + 1) * row_floats(dim) * 4 + 64
+
+    def _memory_bytes(self) -> int:
+        return self.memory_required(self.num_slots, self.dim)
+
+    @property
+    def capacity(self) -> int:
+        return self.num_slots
+
+    def _free_extra(self) -> None:
+        self._stamps = None
+
+    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace, default: float
+                    ) -> tuple[Any, ...]:
+        return (keys, np.int64(n), self._keys, self._stamps, self._vecs,
+                np.uint32(self.num_sets), self._flags, out, self._vec4(out), ws.counter,
+                ws.positions, ws.keys, self._next_tick(), np.float32(default))
+
+    def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
+        return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),
+                self._flags, count, out)
+
+    def insert(self, keys: Any, vectors: Any) -> None:
+        """Inserts (or overwrites) keys with their rows, evicting least recently used keys
+        of full sets. Repeated keys: the last row wins."""
+        keys = self._device_keys(keys)
+        n = int(keys.shape[0])
+        vectors = self._device_rows(vectors, n)
+        if n == 0:
+            return
+        cp = self._cp
+        with self._writing(keys, vectors):
+            tick = self._next_tick()
+            codes = cp.empty(n, dtype=np.uint64)
+            self._kernel("cache_set_codes")(
+                (kernels.grid(self.device_id, n, BLOCK),), (BLOCK,),
+                (keys, np.int64(n), np.uint32(self.num_sets), codes),
+            )
+            codes.sort()
+            self._kernel("cache_insert")(
+                (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
+                (codes, np.int64(n), keys, vectors, self._vec4(vectors), self._keys,
+                 self._stamps, self._vecs, np.uint32(self.num_sets), self._flags, tick),
+            )
+
+    def update(self, keys: Any, vectors: Any) -> int:
+        """Overwrites the rows of the keys held (others are skipped); LRU order is left
+        as it was. Returns how many keys were held. Keys should be unique."""
+        keys = self._device_keys(keys)
+        n = int(keys.shape[0])
+        vectors = self._device_rows(vectors, n)
+        if n == 0:
+            return 0
+        cp = self._cp
+        with self._writing(keys, vectors):
+            updated = cp.zeros(1, dtype=np.int32)
+            self._kernel("cache_update")(
+                (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
+                (keys, np.int64(n), vectors, self._vec4(vectors), self._keys, self._vecs,
+                 np.uint32(self.num_sets), self._flags, updated),
+            )
+        return int(updated.get(stream=self._stream)[0])
+
+    def remove(self, keys: Any) -> None:
+        """Frees the slots of the keys held; others are ignored."""
+        keys = self._device_keys(keys)
+        n = int(keys.shape[0])
+        if n == 0:
+            return
+        with self._writing(keys):
+            self._kernel("cache_remove")(
+                (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
+                (keys, np.int64(n), self._keys, self._stamps, np.uint32(self.num_sets),
+                 self._flags),
+            )
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Host copies of the whole cache (for tests): keys and stamps [num_sets, SET_SIZE],
+        rows [num_sets, SET_SIZE, dim], the special slot's presence, row and stamp-free
+        key count."""
+        with self._lock:
+            self._check_open()
+            with self._device:
+                self._stream.synchronize()
+                s = self._stream
+                rows = self._vecs.get(stream=s)[:, : self.dim]
+                return {
+                    "keys": self._keys.get(stream=s).reshape(self.num_sets, SET_SIZE),
+                    "stamps": self._stamps.get(stream=s).reshape(self.num_sets, SET_SIZE),
+                    "rows": rows[:-1].reshape(self.num_sets, SET_SIZE, self.dim),
+                    "special": bool(self._flags.get(stream=s)[0]),
+                    "special_row": rows[-1],
+                    "size": int(self._flags.get(stream=s)[1]),
+                    "tick": np.uint64(self._tick),
+                }

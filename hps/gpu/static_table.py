@@ -1,0 +1,136 @@
+"""The static table: a whole embedding table on one GPU, built once, then read-only.
+
+`StaticEmbeddingTable(num_keys, dim, device_id)` reserves open-addressing buckets of
+SET_SIZE slots for `num_keys` keys at `load_factor` (0.8: on average 1.15 bucket reads per
+lookup), with each row stored beside its key's slot (no indirection: one bucket read and
+one row read per hit). `build(keys, vectors)` adds keys, chunk by chunk; after that the
+table is only read (`query`), or its rows rewritten in place by a refresh (`update`).
+Nothing is evicted: more than `num_keys` keys raise an error.
+
+Queries share the dynamic cache's contract and streams (see hps/gpu/cache.py): hits
+written into the caller's rows, misses compacted on the device, one host wait for the
+miss count. Kernels: cuda/static_table.cu.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hps.errors import LookupInputError
+from hps.gpu import kernels
+from hps.gpu.cache import (
+    BLOCK,
+    SET_SIZE,
+    DeviceTable,
+    QueryWorkspace,
+    default_group,
+    default_unroll,
+    row_floats,
+)
+
+DEFAULT_LOAD_FACTOR = 0.8
+
+
+def _num_buckets(num_keys: int, load_factor: float) -> int:
+    return max(1, -(-int(np.ceil(max(int(num_keys), 1) / load_factor)) // SET_SIZE))
+
+
+class TableFullError(LookupInputError):
+    """More keys were built into a static table than it was sized for."""
+
+
+class StaticEmbeddingTable(DeviceTable):
+    """A read-only GPU hash table of `dim`-wide float32 rows for up to `num_keys` keys."""
+
+    _kind = "static table"
+    _source = "static_table.cu"
+    _query_kernel = "static_query"
+    _dump_kernel = "static_dump"
+
+    def __init__(self, num_keys: int, dim: int, device_id: int = 0, *,
+                 load_factor: float = DEFAULT_LOAD_FACTOR, group: int | None = None,
+                 unroll: int | None = None) -> None:
+        if num_keys < 1:
+            raise LookupInputError(f"num_keys must be positive, got {num_keys}")
+        if dim < 1:
+            raise LookupInputError(f"dim must be positive, got {dim}")
+        if not 0.1 <= load_factor <= 0.95:
+            raise LookupInputError(f"load_factor must be in [0.1, 0.95], got {load_factor}")
+        self.num_keys = int(num_keys)
+        self.load_factor = float(load_factor)
+        num_buckets = _num_buckets(num_keys, load_factor)
+        if num_buckets >= 2**32:
+            raise LookupInputError(f"num_keys {num_keys} is too large")
+        super().__init__(dim, device_id, num_buckets,
+                         group=group or default_group(dim), unroll=unroll or default_unroll(dim),
+                         special_flags=3)
+
+    @staticmethod
+    def memory_required(num_keys: int, dim: int,
+                        load_factor: float = DEFAULT_LOAD_FACTOR) -> int:
+        """Device bytes a static table of this many keys and width takes."""
+        slots = _num_buckets(num_keys, load_factor) * SET_SIZE
+        return slots * 8 + (slots + 1) * row_floats(dim) * 4 + 64
+
+    def _memory_bytes(self) -> int:
+        return self.memory_required(self.num_keys, self.dim, self.load_factor)
+
+    @property
+    def capacity(self) -> int:
+        return self.num_keys
+
+    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace, default: float
+                    ) -> tuple[Any, ...]:
+        return (keys, np.int64(n), self._keys, self._vecs, np.uint32(self.num_sets),
+                self._flags, out, self._vec4(out), ws.counter, ws.positions, ws.keys,
+                np.float32(default))
+
+    def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
+        return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),
+                self._flags, count, out)
+
+    def build(self, keys: Any, vectors: Any) -> int:
+        """Adds keys with their rows (a key already present gets the new row; repeated
+        keys in one batch leave one of their rows). Returns the keys held afterwards.
+        Raises TableFullError when keys found no free slot (far more distinct keys than
+        `num_keys`); those keys are not held, the others are.
+        """
+        keys = self._device_keys(keys)
+        n = int(keys.shape[0])
+        vectors = self._device_rows(vectors, n)
+        if n:
+            with self._writing(keys, vectors):
+                self._kernel("static_build")(
+                    (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
+                    (keys, np.int64(n), vectors, self._vec4(vectors), self._keys, self._vecs,
+                     np.uint32(self.num_sets), self._flags),
+                )
+        with self._lock, self._device:
+            flags = self._flags.get(stream=self._stream)
+        held, lost = int(flags[1]), int(flags[2])
+        if lost:
+            raise TableFullError(
+                f"the static table was sized for {self.num_keys} keys but {held + lost} "
+                f"distinct keys were built into it; size it for the whole table"
+            )
+        return held
+
+    def update(self, keys: Any, vectors: Any) -> int:
+        """Overwrites the rows of the keys held (others are skipped). Returns how many
+        keys were held. Keys should be unique."""
+        keys = self._device_keys(keys)
+        n = int(keys.shape[0])
+        vectors = self._device_rows(vectors, n)
+        if n == 0:
+            return 0
+        cp = self._cp
+        with self._writing(keys, vectors):
+            updated = cp.zeros(1, dtype=np.int32)
+            self._kernel("static_update")(
+                (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
+                (keys, np.int64(n), vectors, self._vec4(vectors), self._keys, self._vecs,
+                 np.uint32(self.num_sets), self._flags, updated),
+            )
+        return int(updated.get(stream=self._stream)[0])
