@@ -41,7 +41,7 @@ from hps.errors import (
 from hps.io.uri import SUPPORTED_FORMS, RemoteSource, SourceOptions
 
 if TYPE_CHECKING:
-    from hdfs_native import Client, FileReader
+    from hdfs_native import Client
 
 T = TypeVar("T")
 
@@ -58,6 +58,7 @@ _CONNECT_ERROR_WORDS = (
     "failed to lookup address",
     "name or service not known",
     "broken pipe",
+    "rpc listener disconnected",  # accepted, then dropped: not a namenode RPC port?
 )
 _ACCESS_WORDS = (
     "AccessControlException",
@@ -151,7 +152,6 @@ class HdfsSource(RemoteSource):
             self.client: Client = hdfs_native.Client(url, config)
         except Exception as exc:
             raise SourceError(f"{uri}: cannot set up the HDFS client: {exc}") from exc
-        self._readers: dict[str, FileReader] = {}
 
     def _call(self, name: str, fn: Callable[[], T]) -> T:
         try:
@@ -168,18 +168,11 @@ class HdfsSource(RemoteSource):
             raise SourceError(f"{self.describe(name)} is a directory, not a file")
         return int(status.length)
 
-    def _reader(self, name: str) -> FileReader:
-        with self._lock:
-            reader = self._readers.get(name)
-        if reader is None:
-            path = self.location.file(name)
-            reader = self._call(name, lambda: self.client.read(path))
-            with self._lock:
-                reader = self._readers.setdefault(name, reader)
-        return reader
-
     def _read_range(self, name: str, offset: int, length: int) -> bytes:
-        reader = self._reader(name)
+        # One reader per range: readers are not shared between the pool's threads (their
+        # thread safety is not documented); opening one costs one getBlockLocations RPC.
+        path = self.location.file(name)
+        reader = self._call(name, lambda: self.client.read(path))
         end = len(reader)
         if offset + length > end:
             raise SourceError(
@@ -334,8 +327,13 @@ class WebHdfsSource(RemoteSource):
         uri = self.describe(name)
         exception, message = _remote_exception(body)
         detail = f"{exception}: {message}" if exception else f"HTTP {status}"
-        if status == 404 or exception == "FileNotFoundException":
+        if exception == "FileNotFoundException" or (status == 404 and exception):
             return SourceNotFoundError(f"{uri} does not exist ({detail})")
+        if status == 404:
+            return SourceError(
+                f"{uri}: {self.base_url} answered HTTP 404 without a WebHDFS RemoteException:"
+                " is it the namenode's WebHDFS HTTP port (9870 by default)?"
+            )
         if status == 401:
             return SourceAccessError(
                 f"{uri}: WebHDFS asks for authentication ({detail}); the WebHDFS route "

@@ -173,10 +173,14 @@ class S3Source(RemoteSource):
         super().__init__(uri, options)
         self.location = parse_s3_uri(uri)
         boto3 = _import_boto3()
+        import botocore.exceptions
         from botocore.config import Config
 
         opts = self.options
-        session = boto3.session.Session()
+        try:
+            session = boto3.session.Session()
+        except botocore.exceptions.ProfileNotFound as exc:
+            raise SourceAccessError(f"{uri}: {exc} (check AWS_PROFILE)") from None
         self.region: str = (
             self.location.region
             or opts.s3_region
@@ -217,31 +221,36 @@ class S3Source(RemoteSource):
         return int(head["ContentLength"])
 
     def _read_range(self, name: str, offset: int, length: int) -> bytes:
-        from botocore.exceptions import IncompleteReadError, ResponseStreamingError
+        from botocore.exceptions import (
+            IncompleteReadError,
+            ReadTimeoutError,
+            ResponseStreamingError,
+        )
 
-        key = self.location.key(name)
         args = {
             "Bucket": self.location.bucket,
-            "Key": key,
+            "Key": self.location.key(name),
             "Range": f"bytes={offset}-{offset + length - 1}",
         }
         with self._lock:
             etag = self._etags.get(name)
         if etag:
             args["IfMatch"] = etag
-        # botocore retries the request; a body that breaks off mid-stream is retried here.
+        # botocore retries the request itself; a body that breaks off or stalls once the
+        # response has started is outside its reach, so that is retried here.
         for attempt in range(1, self.options.max_attempts + 1):
             try:
                 body = self.client.get_object(**args)["Body"]
-                try:
-                    return bytes(body.read())
-                finally:
-                    body.close()
-            except (ResponseStreamingError, IncompleteReadError) as exc:
-                if attempt == self.options.max_attempts:
-                    raise self._error(name, exc) from exc
             except Exception as exc:
                 raise self._error(name, exc, offset=offset, length=length) from exc
+            try:
+                data: bytes = body.read()  # raises IncompleteReadError when cut short
+                return data
+            except (ResponseStreamingError, IncompleteReadError, ReadTimeoutError) as exc:
+                if attempt == self.options.max_attempts:
+                    raise self._error(name, exc) from exc
+            finally:
+                body.close()
         raise AssertionError("unreachable")
 
     # -- errors ---------------------------------------------------------------------------
@@ -249,24 +258,21 @@ class S3Source(RemoteSource):
     def _diagnose(self, key: str, exc: Exception) -> Exception:
         from botocore.exceptions import ClientError
 
-        if not isinstance(exc, ClientError) or _code(exc) not in ("404", "403"):
-            return exc
-        try:
-            self.client.get_object(Bucket=self.location.bucket, Key=key, Range="bytes=0-0")[
-                "Body"
-            ].close()
-        except ClientError as precise:
-            return precise
-        except Exception:
-            return exc
-        return exc
+        precise: Exception = exc
+        if isinstance(exc, ClientError) and _code(exc) in ("404", "403"):
+            try:
+                get = self.client.get_object
+                get(Bucket=self.location.bucket, Key=key, Range="bytes=0-0")["Body"].close()
+            except ClientError as answer:
+                precise = answer
+            except Exception:  # the HEAD's own error is still a good answer
+                pass
+        return precise
 
     def _where(self) -> str:
         return f"endpoint {self.endpoint}" if self.endpoint else f"AWS S3 in {self.region}"
 
-    def _error(
-        self, name: str, exc: Exception, *, offset: int = 0, length: int = 0
-    ) -> SourceError:
+    def _error(self, name: str, exc: Exception, *, offset: int = 0, length: int = 0) -> SourceError:
         """The SourceError subclass for a boto3/botocore failure on file `name`."""
         from botocore import exceptions as bx
 

@@ -39,6 +39,7 @@ from urllib.parse import urlparse
 
 from hps.errors import SourceError, SourceNotFoundError
 
+
 class ModelSource(ABC):
     """A folder of model files that can be sized and read in byte ranges."""
 
@@ -65,7 +66,7 @@ class ModelSource(ABC):
         """The URI of one file, for messages."""
         return f"{self.uri.rstrip('/')}/{name}"
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: local sources hold nothing
         """Release connections and threads. Local sources hold none."""
 
     def __enter__(self) -> ModelSource:
@@ -194,7 +195,7 @@ class RemoteSource(ModelSource):
         self.options = options or SourceOptions()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._finalizers: list[weakref.finalize] = []
+        self._finalizers: list[weakref.finalize[[], object]] = []
         self._closed = False
 
     def _on_close(self, release: Callable[[], object]) -> None:
@@ -234,7 +235,7 @@ class RemoteSource(ModelSource):
         # yet started, so a failure costs at most the parts already in flight.
         results = self._executor().map(
             lambda s_n: check_length(self, name, s_n[0], s_n[1], self._read_range(name, *s_n)),
-            zip(starts, sizes),
+            zip(starts, sizes, strict=True),
         )
         return b"".join(results)
 

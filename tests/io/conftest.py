@@ -59,9 +59,7 @@ class S3Server:
         self.client(region).create_bucket(Bucket=name, **kwargs)
         return name
 
-    def put_model(
-        self, bucket: str, prefix: str, keys: np.ndarray, vectors: np.ndarray
-    ) -> None:
+    def put_model(self, bucket: str, prefix: str, keys: np.ndarray, vectors: np.ndarray) -> None:
         """Upload a HugeCTR sparse model folder (`key`, `emb_vector`) under `prefix`."""
         client = self.client()
         client.put_object(Bucket=bucket, Key=f"{prefix}/key", Body=keys.astype("<i8").tobytes())

@@ -290,8 +290,11 @@ def test_webhdfs_access_denied(webhdfs: FakeWebHdfs) -> None:
     webhdfs.forbidden.add("/m/t0/key")
     uri = f"webhdfs://127.0.0.1:{webhdfs.port}/m/t0"
     with open_source(uri) as source:
-        with pytest.raises(SourceAccessError, match=rf"{uri}/key: access denied by HDFS \("
-                           "AccessControlException: Permission denied"):
+        with pytest.raises(
+            SourceAccessError,
+            match=rf"{uri}/key: access denied by HDFS \("
+            "AccessControlException: Permission denied",
+        ):
             source.size("key")
     webhdfs.forbidden.clear()
     webhdfs.kerberos = True
@@ -344,3 +347,12 @@ def test_webhdfs_unreachable_fails_fast() -> None:
     assert time.monotonic() - start < 3
     assert str(info.value).startswith(f"{uri}/key: cannot connect to WebHDFS at 127.0.0.1:")
     assert "after 2 attempt(s)" in str(info.value)
+
+
+def test_webhdfs_endpoint_that_is_not_webhdfs(webhdfs: FakeWebHdfs) -> None:
+    with open_source(f"webhdfs://127.0.0.1:{webhdfs.port}/m/t0") as source:
+        webhdfs.files["/m/t0/key"] = b""
+        source.base_url += "/elsewhere"  # requests miss the /webhdfs/v1 tree: a plain 404
+        with pytest.raises(SourceError, match="without a WebHDFS RemoteException") as info:
+            source.size("key")
+    assert not isinstance(info.value, SourceNotFoundError)

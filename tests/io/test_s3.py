@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import socket
 import sys
+import threading
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -144,7 +148,9 @@ def test_url_region_wins_over_option(s3_server: S3Server) -> None:
 
 
 def test_bare_s3_uri_needs_no_region(
-    s3_server: S3Server, model_arrays: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch
+    s3_server: S3Server,
+    model_arrays: tuple[np.ndarray, np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     keys, vectors = model_arrays
     bucket = s3_server.new_bucket()
@@ -167,7 +173,9 @@ def test_bare_s3_uri_needs_no_region(
 
 
 def test_endpoint_from_environment(
-    s3_server: S3Server, model_arrays: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch
+    s3_server: S3Server,
+    model_arrays: tuple[np.ndarray, np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     keys, vectors = model_arrays
     bucket = s3_server.new_bucket()
@@ -269,7 +277,9 @@ def test_missing_bucket(s3_server: S3Server) -> None:
     assert str(info.value) == f"{uri}/key: S3 bucket 'no-such-bucket-hps' does not exist"
 
 
-def test_truncated_emb_vector(s3_server: S3Server, model_arrays: tuple[np.ndarray, np.ndarray]) -> None:
+def test_truncated_emb_vector(
+    s3_server: S3Server, model_arrays: tuple[np.ndarray, np.ndarray]
+) -> None:
     keys, vectors = model_arrays
     bucket = s3_server.new_bucket()
     s3_server.put_model(bucket, "t0", keys, vectors)
@@ -395,3 +405,97 @@ def test_closed_source_refuses_reads(s3_server: S3Server) -> None:
     source.close()  # idempotent
     with pytest.raises(SourceError, match="closed"):
         source.read("key", 0, 8)
+
+
+def test_profile_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    with pytest.raises(SourceAccessError, match="no-such-profile.*check AWS_PROFILE"):
+        open_source("s3://bkt/t0")
+
+
+def test_unclosed_source_gives_no_resource_warning(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    s3_server.client().put_object(Bucket=bucket, Key="t/blob", Body=bytes(5000))
+    source = open_source(f"s3://{bucket}/t", _opts(s3_server, part_bytes=1000))
+    assert source.read("blob", 0, 5000) == bytes(5000)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del source
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+class CuttingProxy:
+    """A TCP proxy to the S3 server that breaks off the next `cuts` long responses mid-body."""
+
+    def __init__(self, upstream: str, cut_after: int = 4000) -> None:
+        parsed = upstream.removeprefix("http://").split(":")
+        self.upstream = (parsed[0], int(parsed[1]))
+        self.cut_after = cut_after
+        self.cuts = 0
+        self.cut_done = 0
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.threads: list[threading.Thread] = []
+        self._spawn(self._accept)
+
+    def _spawn(self, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            self._spawn(self._pump, client, upstream, False)
+            self._spawn(self._pump, upstream, client, True)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, is_response: bool) -> None:
+        sent = 0
+        try:
+            while data := src.recv(65536):
+                if is_response:
+                    with self.lock:
+                        cut = self.cuts > 0 and sent + len(data) > self.cut_after
+                        if cut:
+                            self.cuts -= 1
+                            self.cut_done += 1
+                    if cut:
+                        dst.sendall(data[: self.cut_after - sent])
+                        break
+                dst.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_response_cut_mid_body_is_retried(s3_server: S3Server) -> None:
+    bucket = s3_server.new_bucket()
+    payload = np.random.default_rng().bytes(300_000)
+    s3_server.client().put_object(Bucket=bucket, Key="t/blob", Body=payload)
+    proxy = CuttingProxy(s3_server.endpoint)
+    try:
+        opts = SourceOptions(s3_endpoint=proxy.endpoint, part_bytes=100_000, max_concurrency=1)
+        with open_source(f"s3://{bucket}/t", opts) as source:
+            assert source.size("blob") == len(payload)
+            proxy.cuts = 2
+            assert source.read("blob", 0, len(payload)) == payload
+            assert proxy.cut_done == 2
+            proxy.cuts = 100  # every response cut: the error says so after max_attempts
+            with pytest.raises(SourceError, match=r"s3://.*/t/blob: .*(IncompleteRead|Stream)"):
+                source.read("blob", 0, 100_000)
+    finally:
+        proxy.close()
