@@ -65,7 +65,8 @@ class RedisServer:
     """One `redis-server` process on 127.0.0.1:`port`, in `workdir`.
 
     `password` sets `requirepass`; `extra` is passed on the command line as is (e.g.
-    `["--user", "alice", "on", ">pw", "~*", "+@all"]`). `start()` returns when the server
+    `["--user", "alice", "on", ">pw", "~*", "+@all"]`); `tls` = (certificate, key, CA
+    certificate) files makes it serve TLS only, on `port`. `start()` returns when the server
     answers PING; `kill()` is SIGKILL (a crash), `stop()` a clean shutdown; `start()` again
     reuses the same port.
     """
@@ -78,8 +79,10 @@ class RedisServer:
         password: str | None = None,
         extra: Sequence[str] = (),
         cluster: bool = False,
+        tls: tuple[str, str, str] | None = None,
     ) -> None:
         self._own_dir = workdir is None
+        self.tls = tls
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hps-redis-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -99,9 +102,15 @@ class RedisServer:
         return f"{self.host}:{self.port}"
 
     def _argv(self) -> list[str]:
+        if self.tls is None:
+            ports = ["--port", str(self.port)]
+        else:
+            cert, key, ca = self.tls
+            ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert,
+                     "--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"]
         argv = [
             redis_binary("redis-server"),
-            "--port", str(self.port),
+            *ports,
             "--bind", "127.0.0.1",
             "--dir", str(self.workdir),
             "--logfile", str(self.workdir / "redis.log"),
@@ -148,6 +157,8 @@ class RedisServer:
     def client(self, **kwargs: Any) -> redis.Redis:
         """A plain redis-py client of this server (authenticated when it has a password)."""
         kwargs.setdefault("password", self.password)
+        if self.tls is not None:
+            kwargs.update(ssl=True, ssl_ca_certs=self.tls[2], ssl_check_hostname=False)
         return redis.Redis(host=self.host, port=self.port, **kwargs)
 
     def kill(self) -> None:
@@ -230,7 +241,15 @@ class RedisClusterProcs:
                         != len(self.nodes):
                     return False
         masters = self.masters()
-        return len(masters) == len(self.nodes) // (1 + self.replicas)
+        if len(masters) != len(self.nodes) // (1 + self.replicas):
+            return False
+        for node in self.nodes:  # every replica has finished its first sync
+            if node in masters:
+                continue
+            with node.client(socket_timeout=0.5) as c:
+                if c.info("replication").get("master_link_status") != "up":
+                    return False
+        return True
 
     def masters(self) -> list[RedisServer]:
         """The nodes that are masters now (as the first live node sees it)."""

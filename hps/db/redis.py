@@ -585,12 +585,19 @@ def _parse_address(address: str) -> list[tuple[str, int]]:
 
 
 def _quiet_handshake() -> dict[str, Any]:
-    """Connection options of recent redis-py that would add round trips to every connect
-    (CLIENT SETINFO, CLIENT MAINT_NOTIFICATIONS); older versions do not know them."""
+    """Connection options of recent redis-py: RESP2 (redis-py 8 would speak RESP3), and
+    no extra round trips on connect (CLIENT SETINFO, CLIENT MAINT_NOTIFICATIONS). Older
+    versions do not know these options and behave so anyway."""
     import inspect
 
-    params = inspect.signature(Connection.__init__).parameters
+    params: set[str] = set()
+    for cls in Connection.__mro__:  # Connection passes **kwargs on to its bases
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            params.update(inspect.signature(init).parameters)
     extra: dict[str, Any] = {}
+    if "protocol" in params:
+        extra["protocol"] = 2  # RESP2: every Redis speaks it, and HGETALL stays a flat list
     if "driver_info" in params:
         extra["driver_info"] = None
     if "maint_notifications_config" in params:
@@ -744,10 +751,11 @@ class RedisTier(Tier):
                 self._nodes[(host, port)] = node
             return node
 
-    def _discover(self) -> _Topology:
-        """Ask the seeds (then the nodes known so far) what serves the slots."""
+    def _discover(self, first: tuple[str, int] | None = None) -> _Topology:
+        """Ask `first` (the node a MOVED reply named), then the seeds, then the nodes known
+        so far, what serves the slots."""
         known = [(n.host, n.port) for n in self._topology.nodes] if self._topology else []
-        candidates = list(dict.fromkeys(self._seeds + known))
+        candidates = list(dict.fromkeys(([first] if first else []) + self._seeds + known))
         last: BaseException | None = None
         for host, port in candidates:
             node = self._node(host, port)
@@ -791,9 +799,9 @@ class RedisTier(Tier):
             )
         return _Topology(True, nodes, slot_node, version)
 
-    def _connect(self) -> None:
+    def _connect(self, first: tuple[str, int] | None = None) -> None:
         """Discover the topology and PING every master; swap it in when all answer."""
-        topology = self._discover()
+        topology = self._discover(first)
         for node in topology.nodes:
             node.call(self.config.connect_timeout, b"PING")
         self._topology = topology
@@ -883,7 +891,9 @@ class RedisTier(Tier):
                 if redirect is None:
                     return
                 if attempt == 0 and topology.cluster:
-                    self._connect()
+                    # the new owner of a moved slot knows the new layout first
+                    moved = getattr(redirect, "host", None), getattr(redirect, "port", None)
+                    self._connect(None if None in moved else (str(moved[0]), int(moved[1])))
                     continue
             except _network_errors() as exc:
                 raise self._unavailable(exc, what) from exc
