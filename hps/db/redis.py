@@ -892,8 +892,8 @@ class RedisTier(Tier):
                     return
                 if attempt == 0 and topology.cluster:
                     # the new owner of a moved slot knows the new layout first
-                    moved = getattr(redirect, "host", None), getattr(redirect, "port", None)
-                    self._connect(None if None in moved else (str(moved[0]), int(moved[1])))
+                    host, port = getattr(redirect, "host", None), getattr(redirect, "port", None)
+                    self._connect((str(host), int(port)) if host and port else None)
                     continue
             except _network_errors() as exc:
                 raise self._unavailable(exc, what) from exc
