@@ -99,10 +99,14 @@ class QueryWorkspace:
             self.host_count = np.frombuffer(self._pinned, dtype=np.int32, count=1)
             self.event = cupy.cuda.Event(block=False, disable_timing=True)
             self._released = cupy.cuda.Event(block=False, disable_timing=True)
+        self.counter_ptr = int(self.counter.data.ptr)
+        self.host_ptr = int(self.host_count.ctypes.data)
+        self.event_ptr = int(self.event.ptr)
         self._pending = False
         self.capacity = 0
         self.positions: Any = None
         self.keys: Any = None
+        self._none: Misses | None = None
 
     def reserve(self, n: int) -> None:
         if n > self.capacity:
@@ -113,6 +117,14 @@ class QueryWorkspace:
             self.positions = self._cp.empty(cap, dtype=np.int32)
             self.keys = self._cp.empty(cap, dtype=np.int64)
             self.capacity = cap
+            self._none = None
+
+    def no_misses(self) -> Misses:
+        """The (shared, empty) result of a query that missed nothing."""
+        if self._none is None:
+            self.reserve(1)
+            self._none = Misses(self.positions[:0], self.keys[:0], 0)
+        return self._none
 
     def release(self, stream: Any) -> None:
         """Work queued on `stream` still reads the miss lists."""
@@ -149,6 +161,7 @@ class DeviceTable:
         self._row = row_floats(self.dim)
         self._group = group
         self._unroll = unroll
+        self._waves = 16
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._tick = 0
@@ -167,6 +180,7 @@ class DeviceTable:
                 f"device(s)"
             )
         self._defines = {"DIM": self.dim, "GROUP": group, "SET_SIZE": SET_SIZE, "UNROLL": unroll}
+        self._a_sets = np.uint32(self.num_sets)
         with self._device:
             self._stream = cp.cuda.Stream(non_blocking=True)
             self._check_room(self._memory_bytes())
@@ -206,6 +220,17 @@ class DeviceTable:
                 f"{self.device_id}: {exc}"
             ) from None
         return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+    def set_launch(self, group: int, unroll: int, waves: int = 16) -> None:
+        """Kernel launch shape: lanes per key (a power of two dividing SET_SIZE), keys
+        per lane group in flight, and the grid cap in blocks per SM (0: no cap). The
+        layout is unchanged; this is for tuning (hps/bench/gpu.py)."""
+        if group not in (1, 2, 4, 8) or SET_SIZE % group or unroll not in (1, 2, 4):
+            raise LookupInputError(f"unsupported launch shape group={group} unroll={unroll}")
+        with self._lock:
+            self._group, self._unroll, self._waves = group, unroll, waves
+            self._defines = {**self._defines, "GROUP": group, "UNROLL": unroll}
+            self._fn = {}
 
     def _kernel(self, name: str) -> Any:
         fn = self._fn.get(name)
@@ -353,8 +378,8 @@ class DeviceTable:
             self._tls.ws = ws
         return ws
 
-    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace, default: float
-                    ) -> tuple[Any, ...]:
+    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
+                    default: np.float32) -> tuple[Any, ...]:
         raise NotImplementedError
 
     def query_misses(self, keys: Any, out: Any, default_value: float = 0.0,
@@ -365,40 +390,50 @@ class DeviceTable:
         Returns the misses as views into `workspace` (this thread's by default), valid
         until the workspace's next query. Waits on the host only for the miss count.
         """
-        cp = self._cp
-        rt = cp.cuda.runtime
         keys = self._device_keys(keys)
-        n = int(keys.shape[0])
-        self._check_out(out, n)
+        self._check_out(out, int(keys.shape[0]))
         ws = workspace if workspace is not None else self.workspace()
-        if n == 0:
-            with self._device:
-                ws.reserve(1)
-            return Misses(ws.positions[:0], ws.keys[:0], 0)
         with self._device:
-            stream = cp.cuda.get_current_stream()
-            sptr = stream.ptr
-            ws.reserve(n)
-            ws.wait_released(sptr)
+            return self.query_checked(keys, out, np.float32(default_value), ws)
+
+    def query_checked(self, keys: Any, out: Any, default_value: np.float32,
+                      ws: QueryWorkspace) -> Misses:
+        """query_misses for arguments already checked, with this table's device current."""
+        n = int(keys.shape[0])
+        if n == 0:
+            return ws.no_misses()
+        rt = self._cp.cuda.runtime
+        stream = self._cp.cuda.get_current_stream()
+        sptr = stream.ptr
+        ws.reserve(n)
+        ws.wait_released(sptr)
+        with self._lock:
+            self._check_open()
+            self._wait_for_writes(sptr)
+            self.enqueue_query(keys, n, out, default_value, ws, stream)
+            rt.memcpyAsync(ws.host_ptr, ws.counter_ptr, 4, _D2H, sptr)
+            rt.eventRecord(ws.event_ptr, sptr)
+            self._inflight.add(ws.event_ptr)
+        try:
+            rt.eventSynchronize(ws.event_ptr)
+        finally:
             with self._lock:
-                self._check_open()
-                self._wait_for_writes(sptr)
-                rt.memsetAsync(ws.counter.data.ptr, 0, 4, sptr)
-                threads = -(-n // (self._unroll * (32 // self._group))) * 32
-                self._kernel(self._query_kernel)(
-                    (kernels.grid(self.device_id, threads, BLOCK),), (BLOCK,),
-                    self._query_args(keys, n, out, ws, default_value), stream=stream,
-                )
-                rt.memcpyAsync(ws.host_count.ctypes.data, ws.counter.data.ptr, 4, _D2H, sptr)
-                rt.eventRecord(ws.event.ptr, sptr)
-                self._inflight.add(ws.event.ptr)
-            try:
-                rt.eventSynchronize(ws.event.ptr)
-            finally:
-                with self._lock:
-                    self._inflight.discard(ws.event.ptr)
+                self._inflight.discard(ws.event_ptr)
         count = int(ws.host_count[0])
+        if count == 0:
+            return ws.no_misses()
         return Misses(ws.positions[:count], ws.keys[:count], count)
+
+    def enqueue_query(self, keys: Any, n: int, out: Any, default_value: np.float32,
+                      ws: QueryWorkspace, stream: Any) -> None:
+        """Queues the miss-counter reset and the query kernel on `stream`, nothing else
+        (the benchmark times this). Call with the lock held and the device current."""
+        self._cp.cuda.runtime.memsetAsync(ws.counter_ptr, 0, 4, stream.ptr)
+        threads = -(-n // (self._unroll * (32 // self._group))) * 32
+        self._kernel(self._query_kernel)(
+            (kernels.grid(self.device_id, threads, BLOCK, self._waves),), (BLOCK,),
+            self._query_args(keys, n, out, ws, default_value), stream=stream,
+        )
 
     def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
         """(miss_positions, miss_count): positions (cupy int32, in no particular order) of
@@ -518,11 +553,11 @@ class EmbeddingCache(DeviceTable):
     def _free_extra(self) -> None:
         self._stamps = None
 
-    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace, default: float
-                    ) -> tuple[Any, ...]:
-        return (keys, np.int64(n), self._keys, self._stamps, self._vecs,
-                np.uint32(self.num_sets), self._flags, out, self._vec4(out), ws.counter,
-                ws.positions, ws.keys, self._next_tick(), np.float32(default))
+    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
+                    default: np.float32) -> tuple[Any, ...]:
+        return (keys, np.int64(n), self._keys, self._stamps, self._vecs, self._a_sets,
+                self._flags, out, self._vec4(out), ws.counter, ws.positions, ws.keys,
+                self._next_tick(), default)
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),

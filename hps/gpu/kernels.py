@@ -77,9 +77,7 @@ def module(source: str, device_id: int, **defines: int) -> Any:
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            options = ("--std=c++17",) + tuple(
-                f"-D{k}={int(v)}" for k, v in sorted(defines.items())
-            )
+            options = tuple(f"-D{k}={int(v)}" for k, v in sorted(defines.items()))
             with cupy.cuda.Device(device_id):
                 mod = cupy.RawModule(code=_source_text(source), options=options)
                 mod.compile()
@@ -103,6 +101,7 @@ def multiprocessors(device_id: int) -> int:
 
 
 def grid(device_id: int, threads: int, block: int = 256, waves: int = 16) -> int:
-    """Blocks for `threads` threads, capped at `waves` blocks per SM (kernels loop)."""
+    """Blocks for `threads` threads, capped at `waves` blocks per SM (kernels loop over
+    the rest); waves 0: no cap."""
     need = max(1, -(-threads // block))
-    return min(need, multiprocessors(device_id) * waves)
+    return min(need, multiprocessors(device_id) * waves) if waves else need

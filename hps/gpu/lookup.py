@@ -38,7 +38,7 @@ import numpy as np
 
 from hps.errors import DeviceError, KeyTypeError, OutputBufferError
 from hps.gpu import kernels
-from hps.gpu.cache import SET_SIZE, EmbeddingCache, _is_cupy
+from hps.gpu.cache import MAX_BATCH, SET_SIZE, EmbeddingCache, _is_cupy
 from hps.gpu.static_table import StaticEmbeddingTable
 
 if TYPE_CHECKING:
@@ -133,6 +133,7 @@ class GpuEmbeddingTable:
         self.table_id = int(table_id)
         self.dim = int(model.embedding_vecsize_per_table[table_id])
         self.default_value = float(model.default_value_for_each_table[table_id])
+        self._default32 = np.float32(self.default_value)
         self.hit_rate_threshold = float(model.hit_rate_threshold)
         self.refresh_fraction = float(model.cache_refresh_percentage_per_iteration)
         self.device_id = int(device_id)
@@ -200,6 +201,8 @@ class GpuEmbeddingTable:
                 f"keys must be 1-D int64, got {keys.ndim}-D {keys.dtype.name}"
             )
         n = int(keys.shape[0])
+        if n > MAX_BATCH:
+            raise KeyTypeError(f"at most {MAX_BATCH} keys per lookup, got {n}")
         if not (isinstance(out, np.ndarray) or _is_cupy(out)):
             raise OutputBufferError(
                 f"out must be a NumPy or CuPy array, got {type(out).__name__}"
@@ -234,7 +237,10 @@ class GpuEmbeddingTable:
             return
         cp = self._cp
         with self._device:
-            dkeys = cp.asarray(keys) if isinstance(keys, np.ndarray) else keys
+            if isinstance(keys, np.ndarray):
+                dkeys = cp.asarray(keys)
+            else:
+                dkeys = keys if keys.flags.c_contiguous else cp.ascontiguousarray(keys)
             if isinstance(out, np.ndarray):
                 dout = self._host_out_buffer(n)
                 self._lookup_device(dkeys, dout)
@@ -270,7 +276,7 @@ class GpuEmbeddingTable:
 
     def _lookup_unique(self, keys: Any, out: Any, n_requested: int) -> None:
         ws = self._table.workspace()
-        misses = self._table.query_misses(keys, out, self.default_value, ws)
+        misses = self._table.query_checked(keys, out, self._default32, ws)
         n = int(keys.shape[0])
         if misses.count == 0:
             self._count(n_requested, n, 0)

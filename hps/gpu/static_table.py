@@ -81,11 +81,10 @@ class StaticEmbeddingTable(DeviceTable):
     def capacity(self) -> int:
         return self.num_keys
 
-    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace, default: float
-                    ) -> tuple[Any, ...]:
-        return (keys, np.int64(n), self._keys, self._vecs, np.uint32(self.num_sets),
-                self._flags, out, self._vec4(out), ws.counter, ws.positions, ws.keys,
-                np.float32(default))
+    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
+                    default: np.float32) -> tuple[Any, ...]:
+        return (keys, np.int64(n), self._keys, self._vecs, self._a_sets, self._flags, out,
+                self._vec4(out), ws.counter, ws.positions, ws.keys, default)
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),

@@ -9,6 +9,7 @@ Every test that draws random data takes the `seed` fixture: a fresh seed per run
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ import pytest
 
 from hps.gpu.lookup import cuda_available
 
-HAVE_CUDA = cuda_available()
+with warnings.catch_warnings():  # CuPy's import-time notices are not test failures
+    warnings.simplefilter("ignore")
+    HAVE_CUDA = cuda_available()
 _HERE = Path(__file__).parent
 
 

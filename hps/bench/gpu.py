@@ -1,0 +1,390 @@
+"""GPU tier benchmarks (`python -m hps.bench.gpu`; needs CuPy and a CUDA device).
+
+Beside each measured thing, in the same process, on the same rows:
+
+- throughput: batches of `batch` uniform keys, 100% hits, from a cache of `slots` slots
+  (filled with `slots` random keys; the keys that stayed resident are queried): the
+  dynamic cache, the static table holding the same keys, a dense gather of the same rows
+  from a plain [slots, dim] table (a float4 RawKernel, cuda/rows.cu), and
+  `torch.index_select` on that table. Device time only (CUDA events around the queued
+  launches), median of `repeats` runs after warm-up, key batches rotated.
+- latency: `GpuEmbeddingTable.lookup` of 2,000 device keys, all hits, end to end: wall
+  clock around the call and CUDA events around it on the caller's stream; p50 and p99.
+- mixed: 90% hits, the misses served from a host NumPy store (searchsorted; the stand-in
+  of the in-process tier): lookups/s and keys/s, misses synchronous (hit_rate_threshold
+  above 1) and asynchronous (HugeCTR's default 0.9 semantics).
+
+`bench_gpu()` returns the rows (dicts); `--sweep` also times other kernel launch shapes
+(lanes per key, keys in flight per group, grid cap) of both modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hps.gpu import kernels
+from hps.gpu.cache import EmbeddingCache
+from hps.gpu.static_table import StaticEmbeddingTable
+
+# HugeCTR's figures on the same H100 beside the same gather (issue 3): G keys/s
+HUGECTR_STATIC = {16: 3.79, 64: 2.93, 128: 2.06}
+HUGECTR_DYNAMIC = {16: 0.89, 64: 0.82, 128: 0.72}
+
+_CHUNK = 1 << 20
+
+
+def _event_ms(cp: Any, fn: Callable[[int], None], repeats: int, warmup: int = 3,
+              inner: int = 1) -> float:
+    """Median device milliseconds of `inner` calls of fn (events on the current stream)."""
+    for i in range(warmup):
+        fn(i)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(repeats):
+        start.record()
+        for j in range(inner):
+            fn(i * inner + j)
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / inner)
+    return statistics.median(times)
+
+
+def _variants(dim: int, sweep: bool, default: tuple[int, int]) -> list[tuple[int, int, int]]:
+    if not sweep:
+        return [(default[0], default[1], 16)]
+    groups = (2, 4, 8) if dim <= 32 else (4, 8)
+    unrolls = (1, 2, 4) if dim <= 32 else (1, 2)
+    return [(g, u, w) for g in groups for u in unrolls for w in (16, 0)]
+
+
+def bench_throughput(dim: int, slots: int = 1 << 24, batch: int = 1 << 20, repeats: int = 20,
+                     sweep: bool = False, device_id: int = 0, seed: int = 0
+                     ) -> list[dict[str, Any]]:
+    """Rows for one width: float4 gather, index_select, dynamic and static (G keys/s)."""
+    import cupy as cp
+
+    rows: list[dict[str, Any]] = []
+    with cp.cuda.Device(device_id):
+        cp.random.seed(seed)
+        table = cp.random.random_sample((slots, dim), dtype=cp.float32)
+        keys_all = cp.unique(cp.random.randint(-(2**62), 2**62, size=slots, dtype=cp.int64))
+        n_keys = int(keys_all.size)
+        cache = EmbeddingCache(slots, dim, device_id)
+        for i in range(0, n_keys, _CHUNK):
+            cache.insert(keys_all[i:i + _CHUNK], table[i:i + _CHUNK])
+        resident = cp.ones(n_keys, dtype=cp.bool_)
+        out = cp.empty((_CHUNK, dim), dtype=cp.float32)
+        for i in range(0, n_keys, _CHUNK):
+            part = keys_all[i:i + _CHUNK]
+            m = cache.query_misses(part, out[: part.size])
+            resident[i + m.positions] = False
+        resident_idx = cp.flatnonzero(resident)
+        idx = [resident_idx[cp.random.randint(0, resident_idx.size, batch)] for _ in range(4)]
+        qkeys = [keys_all[i] for i in idx]
+        out = cp.empty((batch, dim), dtype=cp.float32)
+        stream = cp.cuda.get_current_stream()
+        ws = cache.workspace()
+        ws.reserve(batch)
+        zero = np.float32(0)
+        base = {"bench": "throughput", "dim": dim, "slots": cache.num_slots, "batch": batch,
+                "resident": int(resident_idx.size)}
+
+        # baselines: the same rows from a plain table
+        gather = kernels.function("rows.cu", "dense_gather", device_id, DIM=dim)
+        threads = batch * (dim // 4)
+
+        def dense(i: int) -> None:
+            gather((-(-threads // 256),), (256,), (idx[i % 4], np.int64(batch), table, out))
+
+        dense(0)
+        np.testing.assert_array_equal(out[:1000].get(), table[idx[0][:1000]].get())
+        t_dense = _event_ms(cp, dense, repeats)
+        rows.append({**base, "mode": "float4 gather", "gkeys_s": batch / t_dense / 1e6,
+                     "ms": t_dense})
+        try:
+            import torch
+
+            tt, to = torch.from_dlpack(table), torch.from_dlpack(out)
+            ti = [torch.from_dlpack(i) for i in idx]
+
+            def index_select(i: int) -> None:
+                torch.index_select(tt, 0, ti[i % 4], out=to)
+
+            t_torch = _event_ms(cp, index_select, repeats)
+            rows.append({**base, "mode": "torch.index_select",
+                         "gkeys_s": batch / t_torch / 1e6, "ms": t_torch})
+        except ImportError:
+            t_torch = float("nan")
+
+        def time_table(t: EmbeddingCache | StaticEmbeddingTable, mode: str) -> None:
+            default = (t._group, t._unroll)
+            best = None
+            for g, u, w in _variants(dim, sweep, default):
+                t.set_launch(g, u, w)
+                out.fill(np.nan)
+                m = t.query_misses(qkeys[0], out, 0.0, ws)
+                assert m.count == 0, f"{mode}: {m.count} misses in an all-hit batch"
+                np.testing.assert_array_equal(out[:2000].get(), table[idx[0][:2000]].get())
+
+                def run(i: int) -> None:
+                    with t._lock:
+                        t.enqueue_query(qkeys[i % 4], batch, out, zero, ws, stream)
+
+                ms = _event_ms(cp, run, repeats)
+                row = {**base, "mode": mode, "group": g, "unroll": u, "waves": w,
+                       "gkeys_s": batch / ms / 1e6, "ms": ms,
+                       "vs_float4": t_dense / ms, "vs_torch": t_torch / ms,
+                       "hugectr": (HUGECTR_STATIC if mode == "static" else HUGECTR_DYNAMIC
+                                   ).get(dim)}
+                if sweep:
+                    rows.append({**row, "mode": f"{mode} (sweep)"})
+                if best is None or ms < best["ms"]:
+                    best = row
+            t.set_launch(*default)
+            if sweep:
+                assert best is not None
+                rows.append({**best, "mode": f"{mode} (best)"})
+            # the shipped default shape, timed again after the sweep
+            def run_default(i: int) -> None:
+                with t._lock:
+                    t.enqueue_query(qkeys[i % 4], batch, out, zero, ws, stream)
+
+            ms = _event_ms(cp, run_default, repeats)
+            rows.append({**base, "mode": mode, "group": default[0], "unroll": default[1],
+                         "waves": 16, "gkeys_s": batch / ms / 1e6, "ms": ms,
+                         "vs_float4": t_dense / ms, "vs_torch": t_torch / ms,
+                         "hugectr": (HUGECTR_STATIC if mode == "static" else HUGECTR_DYNAMIC
+                                     ).get(dim)})
+
+        time_table(cache, "dynamic")
+        cache.close()
+        del cache
+        static = StaticEmbeddingTable(int(resident_idx.size), dim, device_id)
+        for i in range(0, int(resident_idx.size), _CHUNK):
+            sel = resident_idx[i:i + _CHUNK]
+            static.build(keys_all[sel], table[sel])
+        ws = static.workspace()
+        ws.reserve(batch)
+        time_table(static, "static")
+        static.close()
+    return rows
+
+
+class _HostStore:
+    """Sorted keys + rows; fetch by searchsorted (the in-process tier's stand-in)."""
+
+    def __init__(self, keys: np.ndarray, rows: np.ndarray) -> None:
+        self.keys, self.rows = keys, rows
+
+    def fetch(self, keys: np.ndarray) -> np.ndarray:
+        at = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+        out = self.rows[at]
+        out[self.keys[at] != keys] = 0.0
+        return out
+
+
+def _model(dim: int, **extra: Any) -> Any:
+    from hps.config import ModelConfig
+
+    fields: dict[str, Any] = {
+        "model": "bench", "sparse_files": ["/bench"], "embedding_vecsize_per_table": [dim],
+        "maxnum_catfeature_query_per_table_per_sample": [1 << 20],
+        "default_value_for_each_table": [0.0], "deployed_device_list": [0],
+        "gpucacheper": 1.0,
+    }
+    fields.update(extra)
+    return ModelConfig(**fields)
+
+
+def bench_latency(dim: int = 16, n: int = 2000, iters: int = 2000, device_id: int = 0,
+                  seed: int = 0) -> list[dict[str, Any]]:
+    """p50/p99 of GpuEmbeddingTable.lookup of n device keys, all hits (and variants)."""
+    import cupy as cp
+
+    from hps.gpu.lookup import GpuEmbeddingTable
+
+    rng = np.random.default_rng(seed)
+    total = 1 << 20
+    keys = np.unique(rng.integers(0, 2**62, total + 1000))[:total]
+    store = _HostStore(keys, rng.random((keys.size, dim), dtype=np.float32))
+    rows: list[dict[str, Any]] = []
+    with cp.cuda.Device(device_id):
+        for label, extra, dedupe in (
+            ("GpuEmbeddingTable.lookup", {}, False),
+            ("lookup, dedupe on", {}, True),
+            ("lookup, static", {"embedding_cache_type": "static"}, False),
+        ):
+            table = GpuEmbeddingTable(_model(dim, **extra), 0, total, device_id, store.fetch,
+                                      dedupe=dedupe)
+            half = total // 2
+            table.warm_up((store.keys[i:i + 100_000], store.rows[i:i + 100_000])
+                          for i in range(0, half if table.mode == "dynamic" else total, 100_000))
+            held = table._table.dump(0, table._table.num_sets)
+            batches = [held[cp.random.randint(0, held.size, n)] for _ in range(64)]
+            out = cp.empty((n, dim), dtype=cp.float32)
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            wall, dev = [], []
+            before = table.stats()["misses"]
+            for i in range(iters + 200):
+                b = batches[i % 64]
+                e0.record()
+                t0 = time.perf_counter()
+                table.lookup(b, out)
+                t1 = time.perf_counter()
+                e1.record()
+                e1.synchronize()
+                if i >= 200:
+                    wall.append((t1 - t0) * 1e6)
+                    dev.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3)
+            misses = table.stats()["misses"] - before
+            np.testing.assert_array_equal(out.get(), store.fetch(batches[(iters + 199) % 64].get()))
+            rows.append({"bench": "latency", "dim": dim, "batch": n, "mode": label,
+                         "p50_us": statistics.median(wall),
+                         "p99_us": float(np.percentile(wall, 99)),
+                         "events_p50_us": statistics.median(dev), "misses": misses})
+            if label == "GpuEmbeddingTable.lookup":
+                cache = table._table
+                ws = cache.workspace()
+                zero = np.float32(0)
+                wall = []
+                for i in range(iters + 200):
+                    t0 = time.perf_counter()
+                    cache.query_checked(batches[i % 64], out, zero, ws)
+                    if i >= 200:
+                        wall.append((time.perf_counter() - t0) * 1e6)
+                rows.append({"bench": "latency", "dim": dim, "batch": n,
+                             "mode": "bare cache query", "p50_us": statistics.median(wall),
+                             "p99_us": float(np.percentile(wall, 99))})
+            table.close()
+    return rows
+
+
+def bench_mixed(dim: int = 16, batches: tuple[int, ...] = (2000, 100_000), iters: int = 30,
+                device_id: int = 0, seed: int = 0) -> list[dict[str, Any]]:
+    """90% hits, misses from a host NumPy store: sync and async miss handling."""
+    import cupy as cp
+
+    from hps.gpu.lookup import GpuEmbeddingTable
+
+    rng = np.random.default_rng(seed)
+    total = 4 << 20
+    keys = np.unique(rng.integers(0, 2**62, total + 1000))[:total]
+    rng.shuffle(keys)
+    hot_keys, cold_keys = keys[: 1 << 20], keys[1 << 20:]
+    order = np.argsort(keys)
+    store = _HostStore(keys[order], rng.random((keys.size, dim), dtype=np.float32))
+    rows: list[dict[str, Any]] = []
+    with cp.cuda.Device(device_id):
+        for label, threshold in (("90% hits, misses sync", 1.01),
+                                 ("90% hits, misses async", 0.5)):
+            table = GpuEmbeddingTable(_model(dim, hit_rate_threshold=threshold), 0, 2 << 20,
+                                      device_id, store.fetch)
+            hot_rows = store.fetch(hot_keys)
+            table.warm_up((hot_keys[i:i + 200_000], hot_rows[i:i + 200_000])
+                          for i in range(0, hot_keys.size, 200_000))
+            hot = table._table.dump(0, table._table.num_sets).get()
+            cold_at = 0
+            for n in batches:
+                n_cold = n // 10
+                plan = []
+                for _ in range(iters + 3):
+                    k = np.r_[rng.choice(hot, n - n_cold), cold_keys[cold_at:cold_at + n_cold]]
+                    cold_at += n_cold
+                    rng.shuffle(k)
+                    plan.append(cp.asarray(k))
+                out = cp.empty((n, dim), dtype=cp.float32)
+                s0 = table.stats()
+                times = []
+                for i, k in enumerate(plan):
+                    t0 = time.perf_counter()
+                    table.lookup(k, out)
+                    cp.cuda.get_current_stream().synchronize()
+                    if i >= 3:
+                        times.append(time.perf_counter() - t0)
+                s1 = table.stats()
+                looked = (s1["hits"] - s0["hits"]) + (s1["misses"] - s0["misses"])
+                t = statistics.median(times)
+                rows.append({"bench": "mixed", "dim": dim, "batch": n, "mode": label,
+                             "hit_rate": (s1["hits"] - s0["hits"]) / looked,
+                             "p50_us": t * 1e6, "gkeys_s": n / t / 1e9})
+            table.close()
+    return rows
+
+
+def bench_gpu(dims: tuple[int, ...] = (16, 64, 128), slots: int = 1 << 24,
+              batch: int = 1 << 20, sweep: bool = False, device_id: int = 0,
+              repeats: int = 20) -> list[dict[str, Any]]:
+    """Every GPU benchmark; a list of row dicts (see the module docstring)."""
+    import cupy as cp
+
+    rows: list[dict[str, Any]] = []
+    for dim in dims:
+        rows += bench_throughput(dim, slots, batch, repeats, sweep, device_id)
+        cp.get_default_memory_pool().free_all_blocks()
+    rows += bench_latency(16, device_id=device_id)
+    rows += bench_mixed(16, device_id=device_id)
+    return rows
+
+
+_COLUMNS = ("bench", "dim", "mode", "group", "unroll", "waves", "gkeys_s", "vs_float4",
+            "vs_torch", "hugectr", "hit_rate", "p50_us", "p99_us", "events_p50_us")
+
+
+def format_rows(rows: list[dict[str, Any]], columns: tuple[str, ...] = _COLUMNS) -> str:
+    """A plain-text table of the rows."""
+    cols = [c for c in columns if any(c in r for r in rows)]
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+        return str(v)
+
+    table = [cols] + [[cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
+    return "\n".join("  ".join(v.rjust(w) for v, w in zip(line, widths, strict=True))
+                     for line in table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dims", default="16,64,128")
+    parser.add_argument("--slots", type=int, default=1 << 24)
+    parser.add_argument("--batch", type=int, default=1 << 20)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--sweep", action="store_true", help="also time other launch shapes")
+    parser.add_argument("--only", choices=("throughput", "latency", "mixed"))
+    parser.add_argument("--device", type=int, default=0)
+    args = parser.parse_args()
+    import cupy as cp
+
+    dims = tuple(int(d) for d in args.dims.split(","))
+    if args.only == "throughput":
+        rows = []
+        for dim in dims:
+            rows += bench_throughput(dim, args.slots, args.batch, args.repeats, args.sweep,
+                                     args.device)
+            cp.get_default_memory_pool().free_all_blocks()
+    elif args.only == "latency":
+        rows = bench_latency(16, device_id=args.device)
+    elif args.only == "mixed":
+        rows = bench_mixed(16, device_id=args.device)
+    else:
+        rows = bench_gpu(dims, args.slots, args.batch, args.sweep, args.device, args.repeats)
+    sweep_rows = [r for r in rows if "(sweep)" in str(r.get("mode"))]
+    if sweep_rows:
+        print(format_rows(sweep_rows))
+        print()
+    print(format_rows([r for r in rows if "(sweep)" not in str(r.get("mode"))]))
+
+
+if __name__ == "__main__":
+    main()

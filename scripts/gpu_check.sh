@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with CUDA and CuPy (the device machine): installs nothing
+# from the network (wheels carried in .whl/ are installed to a temp dir if present), runs
+# tests/gpu, then the GPU benchmark, and prints a short table last.
+#
+#   bash scripts/gpu_check.sh [benchmark options, e.g. --sweep or --only latency]
+#   GPU_CHECK_TESTS=0 bash scripts/gpu_check.sh    # benchmark only
+#   GPU_CHECK_BENCH=0 bash scripts/gpu_check.sh    # tests only
+# Logs go to $OUT (or /tmp/hps-gpu-check): pytest.log, bench.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs="${OUT:-/tmp/hps-gpu-check}"
+mkdir -p "$logs"
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/hps-site .whl/*.whl || exit 1
+  export PYTHONPATH="/tmp/hps-site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+export PYTHONUNBUFFERED=1
+python3 - <<'PY' || exit 1
+import cupy, numpy, pydantic, yaml
+props = cupy.cuda.runtime.getDeviceProperties(0)
+print(f"device: {props['name'].decode()}, {props['multiProcessorCount']} SMs, "
+      f"CuPy {cupy.__version__}, CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}, "
+      f"NumPy {numpy.__version__}")
+PY
+
+status=0
+if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" python3 -m pytest tests/gpu -q -p no:cacheprovider \
+    --durations=8 2>&1 | tee "$logs/pytest.log"
+  status=${PIPESTATUS[0]}
+fi
+if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
+  python3 -m hps.bench.gpu "$@" 2>&1 | tee "$logs/bench.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
+  echo "tests/gpu: $(tail -n 1 "$logs/pytest.log")"
+fi
+exit "$status"
