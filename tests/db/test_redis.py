@@ -25,7 +25,14 @@ from hps.config import VolatileDBConfig
 from hps.db.partition import partition_of
 from hps.db.redis import RedisTier, _pack_fields, meta_hash, value_hash
 from hps.errors import TierError, TierSetupError, TierUnavailableError, UnknownTableError
-from tests.redis_servers import RedisClusterProcs, RedisServer, eventually, free_port
+from tests.redis_servers import (
+    RedisBinaryMissing,
+    RedisClusterProcs,
+    RedisServer,
+    eventually,
+    free_port,
+    redis_binary,
+)
 
 DIM = 8
 
@@ -283,6 +290,13 @@ def test_standalone_is_detected(redis_standalone: RedisServer,
     tier = make_tier(f"{redis_standalone.address},127.0.0.1:1")
     assert tier.cluster is False
     assert tier.nodes() == [redis_standalone.address]
+
+
+def test_missing_redis_server_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the fixtures raise this (a test error, never a skip) where redis-server is missing
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(RedisBinaryMissing, match="apt-get install redis-server"):
+        redis_binary("redis-server")
 
 
 def test_bad_address_is_a_setup_error() -> None:
