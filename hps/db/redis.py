@@ -179,6 +179,27 @@ def _parse_counts(values: Sequence[bytes]) -> np.ndarray:
     return out
 
 
+def _eviction_scores(
+    keys: np.ndarray, metadata: Sequence[bytes], policy: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(score per key, stale metadata keys) of one partition, from its HGETALL of `t`.
+
+    Lower scores go first: the access count (evict_least_used) or the time
+    (evict_oldest); keys without metadata score 0. Stale: keys with metadata but no row.
+    """
+    meta_keys = _parse_keys(metadata[0::2])
+    values = metadata[1::2]
+    if meta_keys.size != len(values) or not values:  # none, or fields that are not keys
+        return np.zeros(keys.size, dtype=np.int64), np.empty(0, dtype=np.int64)
+    meta_score = _parse_counts(values) if policy == "evict_least_used" else _parse_times(values)
+    sorter = np.argsort(meta_keys, kind="stable")
+    meta_keys, meta_score = meta_keys[sorter], meta_score[sorter]
+    at = np.minimum(np.searchsorted(meta_keys, keys), meta_keys.size - 1)
+    score = np.where(meta_keys[at] == keys, meta_score[at], 0)
+    stale = meta_keys[~np.isin(meta_keys, keys)]
+    return score, stale
+
+
 # -- keys grouped by partition --------------------------------------------------------------
 
 
@@ -1168,30 +1189,18 @@ class RedisTier(Tier):
                     rng = np.random.default_rng()
                     victims[p] = keys[rng.choice(keys.size, size=excess, replace=False)]
                 continue
-            flat = metadata.get(p, [])
-            meta_keys = _parse_keys(flat[0::2])
-            values = flat[1::2]
-            if meta_keys.size != len(values):  # fields that are not 8-byte keys: ignore all
-                meta_keys, values = np.empty(0, dtype=np.int64), []
-            score_of = _parse_counts(values) if policy == "evict_least_used" \
-                else _parse_times(values)
-            sorter = np.argsort(meta_keys, kind="stable")
-            meta_sorted = meta_keys[sorter]
-            at = np.minimum(np.searchsorted(meta_sorted, keys), max(meta_sorted.size - 1, 0))
-            has = meta_sorted.size > 0
-            matched = (meta_sorted[at] == keys) if has else np.zeros(keys.size, dtype=bool)
-            score = np.where(matched, score_of[sorter][at] if has else 0, 0)
+            score, stale = _eviction_scores(keys, metadata.get(p, []), policy)
             if excess > 0:
                 victims[p] = keys[np.argsort(score, kind="stable")[:excess]]
-            stale = meta_keys[~np.isin(meta_keys, keys)]
             if stale.size:
                 orphans[p] = stale
 
         if not victims and not orphans:
             return
-        delete_v = {p: np.sort(k) for p, k in victims.items()}
-        delete_t = {p: np.concatenate([victims.get(p, np.empty(0, np.int64)), orphans.get(p,
-                    np.empty(0, np.int64))]) for p in set(victims) | set(orphans)}
+        none = np.empty(0, dtype=np.int64)
+        delete_v = victims
+        delete_t = {p: np.concatenate([victims.get(p, none), orphans.get(p, none)])
+                    for p in set(victims) | set(orphans)}
 
         def prune(topology: _Topology) -> list[_Cmd]:
             node_of = topology.node_of(layout)
