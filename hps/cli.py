@@ -273,6 +273,26 @@ def bench_tiers(
     _print_bench(rows)
 
 
+@bench_app.command("redis")
+def bench_redis_cmd(
+    address: Optional[str] = typer.Option(
+        None, help="A running Redis or cluster seeds (default: start a standalone server "
+                   "and a 3-master cluster on loopback for the run)."),
+    keys: int = typer.Option(1_000_000, help="Keys loaded."),
+    dim: int = typer.Option(64, help="Vector width."),
+    batch: int = typer.Option(16_384, help="Keys per fetch."),
+    repeats: int = typer.Option(30, help="Timed batches per side."),
+) -> None:
+    """Redis tier fetch vs a raw redis-py pipelined HMGET over prepared byte keys."""
+    from hps.bench.redis import bench_redis, bench_redis_both
+
+    if address:
+        rows = [bench_redis(address, keys, dim, batch, repeats=repeats)]
+    else:
+        rows = bench_redis_both(keys, dim, batch, repeats)
+    _print_bench(rows)
+
+
 def _print_bench(rows: list[dict[str, Any]]) -> None:
     table = Table(title="hps bench")
     columns: list[str] = []
