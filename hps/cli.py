@@ -294,14 +294,17 @@ def bench_redis_cmd(
 
 
 def _print_bench(rows: list[dict[str, Any]]) -> None:
+    """One column per run, one row per measure: ratios stay readable in a terminal."""
     table = Table(title="hps bench")
-    columns: list[str] = []
+    table.add_column("measure")
+    for i, row in enumerate(rows):
+        table.add_column(str(row.get("tier") or row.get("name") or f"run {i + 1}"),
+                         justify="right", overflow="fold")
+    measures: list[str] = []
     for row in rows:
-        columns += [k for k in row if k not in columns]
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*[_fmt(row.get(c)) for c in columns])
+        measures += [k for k in row if k not in measures and k not in ("tier", "name")]
+    for measure in measures:
+        table.add_row(measure, *[_fmt(row.get(measure)) for row in rows])
     console.print(table)
 
 
