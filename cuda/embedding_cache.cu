@@ -17,18 +17,23 @@
 // queries are harmless to each other.
 #include "hps_common.cuh"
 
+#ifndef STAMP_SHIFT
+#define STAMP_SHIFT 0
+#endif
 #define HPS_RANK_BITS 20
 #define HPS_RANK_MAX ((1LL << HPS_RANK_BITS) - 1)
 
 // Hits: the row is copied to out[pos] and the slot stamped with `tick` (the query's tick
-// shifted left by HPS_RANK_BITS).
-// Misses: out[pos] is filled with default_value, (pos, key) appended to the miss lists.
+// shifted left by HPS_RANK_BITS); with STAMP_SHIFT s > 0, only hits whose
+// hps_mix(key ^ tick) has its low s bits zero are stamped (sampled LRU: 1 in 2^s).
+// Misses: out[pos] gets default_value and (pos, key) is appended to the miss lists.
+// ctl/host_count: see hps_finish_query.
 extern "C" __global__ void cache_query(
     const hps_key* __restrict__ keys, const long long n,
     const hps_key* __restrict__ slot_keys, u64* __restrict__ stamps,
     const float4* __restrict__ vecs, const u32 num_sets, const int* __restrict__ flags,
-    float* __restrict__ out, const int out_vec4,
-    int* __restrict__ miss_count, int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys,
+    float* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
+    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys,
     const u64 tick, const float default_value) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
@@ -74,15 +79,20 @@ extern "C" __global__ void cache_query(
                 float* orow = out + pos[u] * DIM;
                 if (slot[u] >= 0) {
                     hps_store_out(orow, gl, r[u], vec4);
-                    if (gl == 0 && slot[u] != special_slot) stamps[slot[u]] = tick;
+                    bool stamp = gl == 0 && slot[u] != special_slot;
+#if STAMP_SHIFT > 0
+                    stamp = stamp && (hps_mix((u64)key[u] ^ tick) & ((1ULL << STAMP_SHIFT) - 1)) == 0;
+#endif
+                    if (stamp) stamps[slot[u]] = tick;
                 } else {
                     hps_fill_out(orow, gl, default_value, vec4);
                 }
             }
-            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, miss_count,
+            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
                               miss_pos, miss_keys);
         }
     }
+    hps_finish_query(ctl, host_count);
 }
 
 // codes[i] = set(keys[i]) << 32 | i, for a sort that groups an insert batch by set while

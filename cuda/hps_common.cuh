@@ -8,6 +8,7 @@
 //   GROUP      lanes that serve one key (a power of two, 1..32)
 //   SET_SIZE   slots per set (dynamic cache) or per bucket (static table); multiple of GROUP
 //   UNROLL     keys a lane group serves per loop round (more loads in flight)
+//   HINTS      1: streaming cache hints on row reads and output writes
 #pragma once
 
 typedef long long hps_key;
@@ -29,6 +30,9 @@ typedef unsigned int u32;
 #endif
 #ifndef UNROLL
 #define UNROLL 1
+#endif
+#ifndef HINTS
+#define HINTS 0  // 1: rows read and output rows written with evict-first (streaming) hints
 #endif
 
 #define ROW4 ((DIM + 3) / 4)                    // float4 per stored row (rows padded to 16 B)
@@ -93,7 +97,11 @@ __device__ __forceinline__ void hps_load_row(const float4* __restrict__ row, int
 #pragma unroll
     for (int v = 0; v < VPL; ++v) {
         const int c = gl + v * GROUP;
+#if HINTS
+        if (c < ROW4) r[v] = __ldcs(row + c);
+#else
         if (c < ROW4) r[v] = row[c];
+#endif
     }
 }
 
@@ -105,7 +113,11 @@ __device__ __forceinline__ void hps_store_out(float* out_row, int gl, const floa
 #pragma unroll
         for (int v = 0; v < VPL; ++v) {
             const int c = gl + v * GROUP;
+#if HINTS
+            if (c < ROW4) __stcs(o + c, r[v]);
+#else
             if (c < ROW4) o[c] = r[v];
+#endif
         }
     } else {
 #pragma unroll
@@ -158,7 +170,7 @@ __device__ __forceinline__ void hps_copy_in(float4* __restrict__ dst, const floa
 }
 
 // Appends (position, key) of the misses of one warp round to the miss lists with one
-// atomic per warp. Every lane of the warp must call it; `miss` is read on group leaders.
+// atomic per warp on ctl[0]. Every lane of the warp must call it.
 __device__ __forceinline__ void hps_record_misses(bool leader_miss, long long pos, hps_key key,
                                                   int lane, int* __restrict__ miss_count,
                                                   int* __restrict__ miss_pos,
@@ -172,6 +184,24 @@ __device__ __forceinline__ void hps_record_misses(bool leader_miss, long long po
         const int off = base + __popc(ballot & ((1u << lane) - 1u));
         miss_pos[off] = (int)pos;
         miss_keys[off] = key;
+    }
+}
+
+// The end of every query kernel: the last block to finish publishes the miss count to
+// `host_count` (mapped pinned host memory) and resets ctl = {miss count, blocks done} for
+// the workspace's next query, so a query needs no memset and no copy of its own.
+__device__ __forceinline__ void hps_finish_query(int* ctl, int* host_count) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const u32 done = atomicAdd(reinterpret_cast<u32*>(ctl + 1), 1u);
+        if (done == gridDim.x - 1) {
+            __threadfence();
+            const int count = atomicExch(ctl, 0);
+            ctl[1] = 0;
+            *reinterpret_cast<volatile int*>(host_count) = count;
+            __threadfence_system();
+        }
     }
 }
 

@@ -86,7 +86,7 @@ __device__ __forceinline__ long long static_probe(const hps_key* __restrict__ sl
 extern "C" __global__ void static_query(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
     const float4* __restrict__ vecs, const u32 num_buckets, const int* __restrict__ flags,
-    float* __restrict__ out, const int out_vec4, int* __restrict__ miss_count,
+    float* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
@@ -145,10 +145,11 @@ extern "C" __global__ void static_query(
                 if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
                 else hps_fill_out(orow, gl, default_value, vec4);
             }
-            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, miss_count,
+            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
                               miss_pos, miss_keys);
         }
     }
+    hps_finish_query(ctl, host_count);
 }
 
 // Overwrites the rows of present keys (refresh); absent keys are skipped.

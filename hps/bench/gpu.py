@@ -56,12 +56,14 @@ def _event_ms(cp: Any, fn: Callable[[int], None], repeats: int, warmup: int = 3,
     return statistics.median(times)
 
 
-def _variants(dim: int, sweep: bool, default: tuple[int, int]) -> list[tuple[int, int, int]]:
+def _variants(dim: int, sweep: bool, default: tuple[int, int]
+              ) -> list[tuple[int, int, int, int]]:
+    """(group, unroll, waves, hints) launch shapes to time."""
     if not sweep:
-        return [(default[0], default[1], 16)]
-    groups = (2, 4, 8) if dim <= 32 else (4, 8)
-    unrolls = (1, 2, 4) if dim <= 32 else (1, 2)
-    return [(g, u, w) for g in groups for u in unrolls for w in (16, 0)]
+        return [(default[0], default[1], 0, 0)]
+    shapes = [(2, 2), (4, 2), (4, 4), (8, 2)] if dim <= 32 else [(4, 1), (8, 1), (8, 2)]
+    out = [(g, u, 0, 0) for g, u in shapes]
+    return out + [(default[0], default[1], 16, 0), (default[0], default[1], 0, 1)]
 
 
 def bench_throughput(dim: int, slots: int = 1 << 24, batch: int = 1 << 20, repeats: int = 20,
@@ -92,7 +94,6 @@ def bench_throughput(dim: int, slots: int = 1 << 24, batch: int = 1 << 20, repea
         stream = cp.cuda.get_current_stream()
         ws = cache.workspace()
         ws.reserve(batch)
-        zero = np.float32(0)
         base = {"bench": "throughput", "dim": dim, "slots": cache.num_slots, "batch": batch,
                 "resident": int(resident_idx.size)}
 
@@ -123,47 +124,41 @@ def bench_throughput(dim: int, slots: int = 1 << 24, batch: int = 1 << 20, repea
         except ImportError:
             t_torch = float("nan")
 
+        def timed(t: EmbeddingCache | StaticEmbeddingTable, mode: str, **shape: Any
+                  ) -> dict[str, Any]:
+            out.fill(np.nan)
+            m = t.query_misses(qkeys[0], out, 0.0, ws)
+            assert m.count == 0, f"{mode}: {m.count} misses in an all-hit batch"
+            np.testing.assert_array_equal(out[:2000].get(), table[idx[0][:2000]].get())
+
+            def run(i: int) -> None:
+                with t._lock:
+                    t.enqueue_query(qkeys[i % 4], batch, out, 0.0, ws, stream.ptr)
+
+            ms = _event_ms(cp, run, repeats)
+            return {**base, "mode": mode, **shape, "gkeys_s": batch / ms / 1e6, "ms": ms,
+                    "vs_float4": t_dense / ms, "vs_torch": t_torch / ms,
+                    "hugectr": (HUGECTR_STATIC if mode.startswith("static") else HUGECTR_DYNAMIC
+                                ).get(dim)}
+
         def time_table(t: EmbeddingCache | StaticEmbeddingTable, mode: str) -> None:
             default = (t._group, t._unroll)
-            best = None
-            for g, u, w in _variants(dim, sweep, default):
-                t.set_launch(g, u, w)
-                out.fill(np.nan)
-                m = t.query_misses(qkeys[0], out, 0.0, ws)
-                assert m.count == 0, f"{mode}: {m.count} misses in an all-hit batch"
-                np.testing.assert_array_equal(out[:2000].get(), table[idx[0][:2000]].get())
-
-                def run(i: int) -> None:
-                    with t._lock:
-                        t.enqueue_query(qkeys[i % 4], batch, out, zero, ws, stream)
-
-                ms = _event_ms(cp, run, repeats)
-                row = {**base, "mode": mode, "group": g, "unroll": u, "waves": w,
-                       "gkeys_s": batch / ms / 1e6, "ms": ms,
-                       "vs_float4": t_dense / ms, "vs_torch": t_torch / ms,
-                       "hugectr": (HUGECTR_STATIC if mode == "static" else HUGECTR_DYNAMIC
-                                   ).get(dim)}
-                if sweep:
-                    rows.append({**row, "mode": f"{mode} (sweep)"})
-                if best is None or ms < best["ms"]:
-                    best = row
-            t.set_launch(*default)
             if sweep:
-                assert best is not None
-                rows.append({**best, "mode": f"{mode} (best)"})
-            # the shipped default shape, timed again after the sweep
-            def run_default(i: int) -> None:
-                with t._lock:
-                    t.enqueue_query(qkeys[i % 4], batch, out, zero, ws, stream)
+                for g, u, w, h in _variants(dim, sweep, default):
+                    t.set_launch(g, u, w, h)
+                    rows.append(timed(t, f"{mode} (sweep)", group=g, unroll=u, waves=w,
+                                      hints=h))
+                t.set_launch(*default)
+            rows.append(timed(t, mode, group=default[0], unroll=default[1]))
+            if isinstance(t, EmbeddingCache):
+                exact = t.lru_sample_shift
+                for shift in (1, 2, 3) + ((8,) if sweep else ()):
+                    t.set_lru_sample_shift(shift)
+                    rows.append(timed(t, f"dynamic, LRU 1/{2**shift}", group=default[0],
+                                      unroll=default[1]))
+                t.set_lru_sample_shift(exact)
 
-            ms = _event_ms(cp, run_default, repeats)
-            rows.append({**base, "mode": mode, "group": default[0], "unroll": default[1],
-                         "waves": 16, "gkeys_s": batch / ms / 1e6, "ms": ms,
-                         "vs_float4": t_dense / ms, "vs_torch": t_torch / ms,
-                         "hugectr": (HUGECTR_STATIC if mode == "static" else HUGECTR_DYNAMIC
-                                     ).get(dim)})
-
-        time_table(cache, "dynamic")
+        time_table(cache, "dynamic, exact LRU")
         cache.close()
         del cache
         static = StaticEmbeddingTable(int(resident_idx.size), dim, device_id)
@@ -252,11 +247,10 @@ def bench_latency(dim: int = 16, n: int = 2000, iters: int = 2000, device_id: in
             if label == "GpuEmbeddingTable.lookup":
                 cache = table._table
                 ws = cache.workspace()
-                zero = np.float32(0)
                 wall = []
                 for i in range(iters + 200):
                     t0 = time.perf_counter()
-                    cache.query_checked(batches[i % 64], out, zero, ws)
+                    cache.query_checked(batches[i % 64], out, 0.0, ws)
                     if i >= 200:
                         wall.append((time.perf_counter() - t0) * 1e6)
                 rows.append({"bench": "latency", "dim": dim, "batch": n,
@@ -333,7 +327,7 @@ def bench_gpu(dims: tuple[int, ...] = (16, 64, 128), slots: int = 1 << 24,
     return rows
 
 
-_COLUMNS = ("bench", "dim", "mode", "group", "unroll", "waves", "gkeys_s", "vs_float4",
+_COLUMNS = ("bench", "dim", "mode", "group", "unroll", "waves", "hints", "gkeys_s", "vs_float4",
             "vs_torch", "hugectr", "hit_rate", "p50_us", "p99_us", "events_p50_us")
 
 

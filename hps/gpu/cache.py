@@ -35,7 +35,9 @@ this.
 
 from __future__ import annotations
 
+import ctypes
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,7 +52,7 @@ from hps.gpu import kernels
 EMPTY_KEY = 2**63 - 1
 SET_SIZE = 8
 BLOCK = 256
-_D2H = 2  # cudaMemcpyDeviceToHost
+_MAPPED_PINNED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
 MAX_BATCH = 2**31 - 1  # miss positions are int32
 # A stamp is tick << RANK_BITS | rank: the rank of a key among the keys of its set in one
 # insert batch (0 for query hits), so a batch that overflows a set evicts its own earliest
@@ -59,13 +61,13 @@ RANK_BITS = 20
 
 
 def default_group(dim: int) -> int:
-    """Lanes that serve one key: enough to cover the row with few float4 per lane."""
+    """Lanes that serve one key (measured on an H100, hps/bench/gpu.py --sweep)."""
     return 4 if dim <= 32 else 8
 
 
-def default_unroll(dim: int) -> int:
-    """Keys a lane group has in flight at once."""
-    return 2 if dim <= 64 else 1
+def default_unroll(dim: int, static: bool = False) -> int:
+    """Keys a lane group has in flight at once (measured likewise)."""
+    return 4 if dim <= 32 and not static else 2
 
 
 def row_floats(dim: int) -> int:
@@ -83,7 +85,9 @@ class Misses:
 
 
 class QueryWorkspace:
-    """Reusable buffers of one thread's queries: miss lists, miss counter, pinned host copy.
+    """Reusable buffers of one thread's queries: miss lists, the kernels' counters
+    (ctl: miss count, blocks done; reset by each query kernel itself) and the miss
+    count's landing place in mapped pinned host memory.
 
     One per thread (they are reused by every query of that thread). `release(stream)`
     marks that work still queued on `stream` reads the miss lists; the next query waits
@@ -92,20 +96,26 @@ class QueryWorkspace:
 
     def __init__(self, cupy: Any, device_id: int) -> None:
         self._cp = cupy
+        rt = cupy.cuda.runtime
         self.device_id = device_id
         with cupy.cuda.Device(device_id):
-            self.counter = cupy.zeros(1, dtype=np.int32)
-            self._pinned = cupy.cuda.alloc_pinned_memory(4)
-            self.host_count = np.frombuffer(self._pinned, dtype=np.int32, count=1)
+            self.ctl = cupy.zeros(2, dtype=np.int32)
+            cupy.cuda.get_current_stream().synchronize()
             self.event = cupy.cuda.Event(block=False, disable_timing=True)
             self._released = cupy.cuda.Event(block=False, disable_timing=True)
-        self.counter_ptr = int(self.counter.data.ptr)
-        self.host_ptr = int(self.host_count.ctypes.data)
+            # mapped pinned memory: with unified addressing the kernel writes it directly
+            self.host_ptr = int(rt.hostAlloc(8, _MAPPED_PINNED))
+        weakref.finalize(self, rt.freeHost, self.host_ptr).atexit = False
+        self.host_count = np.ctypeslib.as_array((ctypes.c_int32 * 2).from_address(self.host_ptr))
+        self.host_count[:] = 0
+        self.ctl_ptr = int(self.ctl.data.ptr)
         self.event_ptr = int(self.event.ptr)
         self._pending = False
         self.capacity = 0
         self.positions: Any = None
         self.keys: Any = None
+        self.positions_ptr = 0
+        self.keys_ptr = 0
         self._none: Misses | None = None
 
     def reserve(self, n: int) -> None:
@@ -116,6 +126,8 @@ class QueryWorkspace:
             cap = max(n, 2 * self.capacity, 1024)
             self.positions = self._cp.empty(cap, dtype=np.int32)
             self.keys = self._cp.empty(cap, dtype=np.int64)
+            self.positions_ptr = int(self.positions.data.ptr)
+            self.keys_ptr = int(self.keys.data.ptr)
             self.capacity = cap
             self._none = None
 
@@ -148,6 +160,7 @@ class DeviceTable:
     _kind = "table"
     _source = ""
     _query_kernel = ""
+    _query_signature = ""
     _dump_kernel = ""
 
     def __init__(self, dim: int, device_id: int, num_sets: int, *, group: int, unroll: int,
@@ -161,7 +174,7 @@ class DeviceTable:
         self._row = row_floats(self.dim)
         self._group = group
         self._unroll = unroll
-        self._waves = 16
+        self._waves = 0
         self._lock = threading.RLock()
         self._tls = threading.local()
         self._tick = 0
@@ -179,8 +192,8 @@ class DeviceTable:
                 f"device_id {self.device_id} does not exist: this machine has {count} CUDA "
                 f"device(s)"
             )
-        self._defines = {"DIM": self.dim, "GROUP": group, "SET_SIZE": SET_SIZE, "UNROLL": unroll}
-        self._a_sets = np.uint32(self.num_sets)
+        self._defines = {"DIM": self.dim, "GROUP": group, "SET_SIZE": SET_SIZE, "UNROLL": unroll,
+                         "HINTS": 0}
         with self._device:
             self._stream = cp.cuda.Stream(non_blocking=True)
             self._check_room(self._memory_bytes())
@@ -193,6 +206,10 @@ class DeviceTable:
                 self._flags.fill(0)
             self._stream.synchronize()
         self._fn: dict[str, Any] = {}
+        self._launcher: kernels.Launch | None = None
+        self._keys_ptr = int(self._keys.data.ptr)
+        self._vecs_ptr = int(self._vecs.data.ptr)
+        self._flags_ptr = int(self._flags.data.ptr)
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -221,16 +238,19 @@ class DeviceTable:
             ) from None
         return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
 
-    def set_launch(self, group: int, unroll: int, waves: int = 16) -> None:
+    def set_launch(self, group: int, unroll: int, waves: int = 0, hints: int = 0) -> None:
         """Kernel launch shape: lanes per key (a power of two dividing SET_SIZE), keys
-        per lane group in flight, and the grid cap in blocks per SM (0: no cap). The
-        layout is unchanged; this is for tuning (hps/bench/gpu.py)."""
+        per lane group in flight, the grid cap in blocks per SM (0: no cap), streaming
+        cache hints (1) or not (0). The layout is unchanged; this is for tuning
+        (hps/bench/gpu.py)."""
         if group not in (1, 2, 4, 8) or SET_SIZE % group or unroll not in (1, 2, 4):
             raise LookupInputError(f"unsupported launch shape group={group} unroll={unroll}")
         with self._lock:
             self._group, self._unroll, self._waves = group, unroll, waves
-            self._defines = {**self._defines, "GROUP": group, "UNROLL": unroll}
+            self._defines = {**self._defines, "GROUP": group, "UNROLL": unroll,
+                             "HINTS": hints}
             self._fn = {}
+            self._launcher = None
 
     def _kernel(self, name: str) -> Any:
         fn = self._fn.get(name)
@@ -379,8 +399,11 @@ class DeviceTable:
         return ws
 
     def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
-                    default: np.float32) -> tuple[Any, ...]:
+                    default: float) -> tuple[float, ...]:
         raise NotImplementedError
+
+    def _out_vec4(self, out: Any) -> int:
+        return int(self.dim % 4 == 0 and out.data.ptr % 16 == 0)
 
     def query_misses(self, keys: Any, out: Any, default_value: float = 0.0,
                      workspace: QueryWorkspace | None = None) -> Misses:
@@ -394,24 +417,22 @@ class DeviceTable:
         self._check_out(out, int(keys.shape[0]))
         ws = workspace if workspace is not None else self.workspace()
         with self._device:
-            return self.query_checked(keys, out, np.float32(default_value), ws)
+            return self.query_checked(keys, out, float(default_value), ws)
 
-    def query_checked(self, keys: Any, out: Any, default_value: np.float32,
+    def query_checked(self, keys: Any, out: Any, default_value: float,
                       ws: QueryWorkspace) -> Misses:
         """query_misses for arguments already checked, with this table's device current."""
         n = int(keys.shape[0])
         if n == 0:
             return ws.no_misses()
         rt = self._cp.cuda.runtime
-        stream = self._cp.cuda.get_current_stream()
-        sptr = stream.ptr
+        sptr = self._cp.cuda.get_current_stream().ptr
         ws.reserve(n)
         ws.wait_released(sptr)
         with self._lock:
             self._check_open()
             self._wait_for_writes(sptr)
-            self.enqueue_query(keys, n, out, default_value, ws, stream)
-            rt.memcpyAsync(ws.host_ptr, ws.counter_ptr, 4, _D2H, sptr)
+            self.enqueue_query(keys, n, out, default_value, ws, sptr)
             rt.eventRecord(ws.event_ptr, sptr)
             self._inflight.add(ws.event_ptr)
         try:
@@ -424,16 +445,17 @@ class DeviceTable:
             return ws.no_misses()
         return Misses(ws.positions[:count], ws.keys[:count], count)
 
-    def enqueue_query(self, keys: Any, n: int, out: Any, default_value: np.float32,
-                      ws: QueryWorkspace, stream: Any) -> None:
-        """Queues the miss-counter reset and the query kernel on `stream`, nothing else
-        (the benchmark times this). Call with the lock held and the device current."""
-        self._cp.cuda.runtime.memsetAsync(ws.counter_ptr, 0, 4, stream.ptr)
+    def enqueue_query(self, keys: Any, n: int, out: Any, default_value: float,
+                      ws: QueryWorkspace, stream_ptr: int) -> None:
+        """Queues the query kernel on the stream, nothing else (the benchmark times
+        this). Call with the lock held and the device current."""
+        launch = self._launcher
+        if launch is None:
+            launch = kernels.Launch(self._kernel(self._query_kernel), self._query_signature)
+            self._launcher = launch
         threads = -(-n // (self._unroll * (32 // self._group))) * 32
-        self._kernel(self._query_kernel)(
-            (kernels.grid(self.device_id, threads, BLOCK, self._waves),), (BLOCK,),
-            self._query_args(keys, n, out, ws, default_value), stream=stream,
-        )
+        launch(kernels.grid(self.device_id, threads, BLOCK, self._waves), BLOCK, stream_ptr,
+               *self._query_args(keys, n, out, ws, default_value))
 
     def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
         """(miss_positions, miss_count): positions (cupy int32, in no particular order) of
@@ -517,10 +539,12 @@ class EmbeddingCache(DeviceTable):
     _kind = "embedding cache"
     _source = "embedding_cache.cu"
     _query_kernel = "cache_query"
+    _query_signature = "ptr i64 ptr ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr u64 f32"
     _dump_kernel = "cache_dump"
 
     def __init__(self, capacity_slots: int, dim: int, device_id: int = 0, *,
-                 group: int | None = None, unroll: int | None = None) -> None:
+                 lru_sample_shift: int = 0, group: int | None = None,
+                 unroll: int | None = None) -> None:
         if capacity_slots < 1:
             raise LookupInputError(f"capacity_slots must be positive, got {capacity_slots}")
         if dim < 1:
@@ -528,14 +552,29 @@ class EmbeddingCache(DeviceTable):
         num_sets = -(-int(capacity_slots) // SET_SIZE)
         if num_sets >= 2**32:
             raise LookupInputError(f"capacity_slots {capacity_slots} is too large")
+        if not 0 <= lru_sample_shift <= 8:
+            raise LookupInputError(f"lru_sample_shift must be in [0, 8], got {lru_sample_shift}")
+        self.lru_sample_shift = int(lru_sample_shift)
         super().__init__(dim, device_id, num_sets,
                          group=group or default_group(dim), unroll=unroll or default_unroll(dim),
                          special_flags=2)
+        self._defines["STAMP_SHIFT"] = self.lru_sample_shift
         with self._device:
             self._stamps = self._alloc((self.num_slots,), np.uint64)
             with self._stream:
                 self._stamps.fill(0)
             self._stream.synchronize()
+        self._stamps_ptr = int(self._stamps.data.ptr)
+
+    def set_lru_sample_shift(self, shift: int) -> None:
+        """Stamp 1 in 2**shift hits from now on (0: every hit, exact LRU)."""
+        if not 0 <= shift <= 8:
+            raise LookupInputError(f"lru_sample_shift must be in [0, 8], got {shift}")
+        with self._lock:
+            self.lru_sample_shift = int(shift)
+            self._defines = {**self._defines, "STAMP_SHIFT": self.lru_sample_shift}
+            self._fn = {}
+            self._launcher = None
 
     @staticmethod
     def memory_required(capacity_slots: int, dim: int) -> int:
@@ -554,10 +593,11 @@ class EmbeddingCache(DeviceTable):
         self._stamps = None
 
     def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
-                    default: np.float32) -> tuple[Any, ...]:
-        return (keys, np.int64(n), self._keys, self._stamps, self._vecs, self._a_sets,
-                self._flags, out, self._vec4(out), ws.counter, ws.positions, ws.keys,
-                self._next_tick(), default)
+                    default: float) -> tuple[float, ...]:
+        self._tick += 1
+        return (keys.data.ptr, n, self._keys_ptr, self._stamps_ptr, self._vecs_ptr,
+                self.num_sets, self._flags_ptr, out.data.ptr, self._out_vec4(out), ws.ctl_ptr,
+                ws.host_ptr, ws.positions_ptr, ws.keys_ptr, self._tick << RANK_BITS, default)
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),

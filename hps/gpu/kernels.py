@@ -12,11 +12,14 @@ source checkout, in the repository's top-level `cuda/` folder.
 
 from __future__ import annotations
 
+import ctypes
 import re
 import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from hps.errors import DeviceError, MissingExtraError
 
@@ -105,3 +108,45 @@ def grid(device_id: int, threads: int, block: int = 256, waves: int = 16) -> int
     the rest); waves 0: no cap."""
     need = max(1, -(-threads // block))
     return min(need, multiprocessors(device_id) * waves) if waves else need
+
+
+_CTYPES = {"ptr": ctypes.c_uint64, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
+           "u32": ctypes.c_uint32, "i32": ctypes.c_int32, "f32": ctypes.c_float}
+_NUMPY = {"ptr": "uint64", "i64": "int64", "u64": "uint64", "u32": "uint32", "i32": "int32",
+          "f32": "float32"}
+
+
+class Launch:
+    """One kernel launched through cuLaunchKernel with a reusable parameter block.
+
+    `signature` names the kernel's parameter types in order ("ptr i64 u32 f32 ..."); a
+    call takes plain ints (device pointers too) and floats. This spends about a
+    microsecond of Python per launch where a CuPy call converts every argument; the
+    query path launches once per lookup. Not thread-safe: callers hold a lock.
+    """
+
+    def __init__(self, fn: Any, signature: str) -> None:
+        cupy = cupy_module()
+        self._cp = cupy
+        types = signature.split()
+        self._values = [_CTYPES[t]() for t in types]
+        self._ptrs = (ctypes.c_void_p * len(self._values))(
+            *(ctypes.addressof(v) for v in self._values))
+        self._params = ctypes.addressof(self._ptrs)
+        self._fn = fn
+        self._numpy = [getattr(np, _NUMPY[t]) for t in types]
+        try:
+            self._fptr: int | None = int(getattr(fn, "kernel", fn).ptr)
+        except AttributeError:  # a CuPy without the kernel handle: convert per call
+            self._fptr = None
+        self._launch = cupy.cuda.driver.launchKernel
+
+    def __call__(self, grid: int, block: int, stream_ptr: int, *args: float) -> None:
+        if self._fptr is None:
+            converted = tuple(t(a) for t, a in zip(self._numpy, args, strict=True))
+            self._fn((grid,), (block,), converted,
+                     stream=self._cp.cuda.ExternalStream(stream_ptr))
+            return
+        for value, arg in zip(self._values, args, strict=True):
+            value.value = arg
+        self._launch(self._fptr, grid, 1, 1, block, 1, 1, 0, stream_ptr, self._params, 0)

@@ -38,7 +38,7 @@ import numpy as np
 
 from hps.errors import DeviceError, KeyTypeError, OutputBufferError
 from hps.gpu import kernels
-from hps.gpu.cache import MAX_BATCH, SET_SIZE, EmbeddingCache, _is_cupy
+from hps.gpu.cache import MAX_BATCH, SET_SIZE, EmbeddingCache
 from hps.gpu.static_table import StaticEmbeddingTable
 
 if TYPE_CHECKING:
@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("hps.gpu")
 
 _H2D = 1  # cudaMemcpyHostToDevice
+# Stamp 1 in 2**shift cache hits for the LRU order (0: every hit, exact LRU); see
+# EmbeddingCache. The stamp write is most of the cost of a hit at small widths.
+DEFAULT_LRU_SAMPLE_SHIFT = 0
 _BACKGROUND_QUEUE = 64  # pending background inserts; more are dropped (counted)
 
 
@@ -124,8 +127,8 @@ class GpuEmbeddingTable:
     """
 
     def __init__(self, model: ModelConfig, table_id: int, num_keys: int, device_id: int,
-                 fetch_host: Callable[[np.ndarray], np.ndarray], *, dedupe: bool = False
-                 ) -> None:
+                 fetch_host: Callable[[np.ndarray], np.ndarray], *, dedupe: bool = False,
+                 lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT) -> None:
         self._cp = kernels.cupy_module()
         if not cuda_available():
             raise DeviceError("no CUDA device is available for the GPU embedding cache")
@@ -133,7 +136,6 @@ class GpuEmbeddingTable:
         self.table_id = int(table_id)
         self.dim = int(model.embedding_vecsize_per_table[table_id])
         self.default_value = float(model.default_value_for_each_table[table_id])
-        self._default32 = np.float32(self.default_value)
         self.hit_rate_threshold = float(model.hit_rate_threshold)
         self.refresh_fraction = float(model.cache_refresh_percentage_per_iteration)
         self.device_id = int(device_id)
@@ -145,7 +147,8 @@ class GpuEmbeddingTable:
             self._table = StaticEmbeddingTable(max(int(num_keys), 1), self.dim, self.device_id)
         else:
             slots = max(1, math.ceil(model.gpucacheper * int(num_keys)))
-            self._table = EmbeddingCache(slots, self.dim, self.device_id)
+            self._table = EmbeddingCache(slots, self.dim, self.device_id,
+                                         lru_sample_shift=lru_sample_shift)
         self.capacity = int(self._table.capacity)
         self._device = self._cp.cuda.Device(self.device_id)
         self._tls = threading.local()
@@ -194,7 +197,8 @@ class GpuEmbeddingTable:
     # -- lookups --------------------------------------------------------------------------
 
     def _check(self, keys: Any, out: Any) -> int:
-        if not (isinstance(keys, np.ndarray) or _is_cupy(keys)):
+        device_array = self._cp.ndarray
+        if not isinstance(keys, (np.ndarray, device_array)):
             raise KeyTypeError(f"keys must be a NumPy or CuPy array, got {type(keys).__name__}")
         if keys.dtype != np.int64 or keys.ndim != 1:
             raise KeyTypeError(
@@ -203,7 +207,7 @@ class GpuEmbeddingTable:
         n = int(keys.shape[0])
         if n > MAX_BATCH:
             raise KeyTypeError(f"at most {MAX_BATCH} keys per lookup, got {n}")
-        if not (isinstance(out, np.ndarray) or _is_cupy(out)):
+        if not isinstance(out, (np.ndarray, device_array)):
             raise OutputBufferError(
                 f"out must be a NumPy or CuPy array, got {type(out).__name__}"
             )
@@ -217,7 +221,7 @@ class GpuEmbeddingTable:
         if isinstance(out, np.ndarray) and not out.flags.writeable:
             raise OutputBufferError("out is read-only")
         for name, array in (("keys", keys), ("out", out)):
-            if _is_cupy(array) and array.device.id != self.device_id:
+            if isinstance(array, device_array) and array.device.id != self.device_id:
                 raise DeviceError(
                     f"{name} are on device {array.device.id} but this table is on device "
                     f"{self.device_id}"
@@ -276,7 +280,7 @@ class GpuEmbeddingTable:
 
     def _lookup_unique(self, keys: Any, out: Any, n_requested: int) -> None:
         ws = self._table.workspace()
-        misses = self._table.query_checked(keys, out, self._default32, ws)
+        misses = self._table.query_checked(keys, out, self.default_value, ws)
         n = int(keys.shape[0])
         if misses.count == 0:
             self._count(n_requested, n, 0)

@@ -7,8 +7,9 @@ holds, way for way. tests/gpu compares the two on random operation sequences.
 
 Semantics modelled (see hps/gpu/cache.py):
 - every non-empty `query` and `insert` call takes the next tick; a hit stamps its slot
-  with tick << RANK_BITS, an insert with tick << RANK_BITS | (rank of the key among the
-  batch's keys of its set);
+  with tick << RANK_BITS (with lru_sample_shift s > 0: only hits whose
+  mix(key ^ (tick << RANK_BITS)) has its low s bits zero), an insert with
+  tick << RANK_BITS | (rank of the key among the batch's keys of its set);
 - insert: the keys of one batch that fall in one set are inserted in batch order; a held
   key is overwritten in place; else the first free way is taken; else the way with the
   smallest stamp (the lowest way on ties) is evicted;
@@ -51,7 +52,8 @@ def set_of(keys: np.ndarray, num_sets: int) -> np.ndarray:
 class ReferenceCache:
     """The NumPy twin of EmbeddingCache(capacity_slots, dim)."""
 
-    def __init__(self, capacity_slots: int, dim: int) -> None:
+    def __init__(self, capacity_slots: int, dim: int, lru_sample_shift: int = 0) -> None:
+        self.lru_sample_shift = int(lru_sample_shift)
         self.num_sets = -(-int(capacity_slots) // SET_SIZE)
         self.dim = int(dim)
         self.keys = np.full((self.num_sets, SET_SIZE), EMPTY_KEY, dtype=np.int64)
@@ -77,7 +79,12 @@ class ReferenceCache:
         self.tick += 1
         sets, ways, found = self._find(keys)
         out[found] = self.rows[sets[found], ways[found]]
-        self.stamps[sets[found], ways[found]] = self.tick << RANK_BITS
+        stamp = found
+        if self.lru_sample_shift:
+            tick = np.uint64(self.tick << RANK_BITS)
+            sample = mix((keys.view(np.uint64) ^ tick).view(np.int64))
+            stamp = found & ((sample & np.uint64((1 << self.lru_sample_shift) - 1)) == 0)
+        self.stamps[sets[stamp], ways[stamp]] = self.tick << RANK_BITS
         if self.special:
             is_special = keys == EMPTY_KEY
             out[is_special] = self.special_row

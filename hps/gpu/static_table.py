@@ -47,6 +47,7 @@ class StaticEmbeddingTable(DeviceTable):
     _kind = "static table"
     _source = "static_table.cu"
     _query_kernel = "static_query"
+    _query_signature = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32"
     _dump_kernel = "static_dump"
 
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *,
@@ -64,8 +65,8 @@ class StaticEmbeddingTable(DeviceTable):
         if num_buckets >= 2**32:
             raise LookupInputError(f"num_keys {num_keys} is too large")
         super().__init__(dim, device_id, num_buckets,
-                         group=group or default_group(dim), unroll=unroll or default_unroll(dim),
-                         special_flags=3)
+                         group=group or default_group(dim),
+                         unroll=unroll or default_unroll(dim, static=True), special_flags=3)
 
     @staticmethod
     def memory_required(num_keys: int, dim: int,
@@ -82,9 +83,10 @@ class StaticEmbeddingTable(DeviceTable):
         return self.num_keys
 
     def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
-                    default: np.float32) -> tuple[Any, ...]:
-        return (keys, np.int64(n), self._keys, self._vecs, self._a_sets, self._flags, out,
-                self._vec4(out), ws.counter, ws.positions, ws.keys, default)
+                    default: float) -> tuple[float, ...]:
+        return (keys.data.ptr, n, self._keys_ptr, self._vecs_ptr, self.num_sets,
+                self._flags_ptr, out.data.ptr, self._out_vec4(out), ws.ctl_ptr, ws.host_ptr,
+                ws.positions_ptr, ws.keys_ptr, default)
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),

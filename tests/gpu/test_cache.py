@@ -38,12 +38,15 @@ def _query_both(cp: Any, cache: EmbeddingCache, model: ReferenceCache, keys: np.
     assert sorted(positions.get().tolist()) == np.flatnonzero(missed).tolist()
 
 
-@pytest.mark.parametrize("dim,group,unroll", [(16, 4, 1), (5, 8, 2), (64, 8, 1), (128, 4, 2)])
+@pytest.mark.parametrize("dim,group,unroll,shift", [
+    (16, 4, 1, 0), (16, 4, 4, 0), (16, 2, 2, 2), (5, 8, 2, 0), (64, 8, 1, 1), (128, 4, 2, 0)])
 def test_matches_numpy_model_on_random_operations(cp: Any, rng: np.random.Generator, seed: int,
-                                                  dim: int, group: int, unroll: int) -> None:
+                                                  dim: int, group: int, unroll: int,
+                                                  shift: int) -> None:
     num_sets = 23
-    cache = EmbeddingCache(num_sets * SET_SIZE, dim, 0, group=group, unroll=unroll)
-    model = ReferenceCache(num_sets * SET_SIZE, dim)
+    cache = EmbeddingCache(num_sets * SET_SIZE, dim, 0, group=group, unroll=unroll,
+                           lru_sample_shift=shift)
+    model = ReferenceCache(num_sets * SET_SIZE, dim, lru_sample_shift=shift)
     # a universe twice the capacity: sets overflow and evict; negative keys, the sentinel
     universe = np.r_[rng.integers(-(2**63), 2**63 - 1, 2 * num_sets * SET_SIZE, dtype=np.int64),
                      EMPTY_KEY, 0, -1].astype(np.int64)
@@ -136,7 +139,7 @@ def test_unaligned_and_odd_width_outputs(cp: Any, rng: np.random.Generator) -> N
 
 def test_query_follows_the_callers_stream(cp: Any) -> None:
     dim = 32
-    with EmbeddingCache(1 << 14, dim) as cache:
+    with EmbeddingCache(1 << 16, dim) as cache:  # roomy: no set overflows
         keys = cp.arange(10_000, dtype=cp.int64) * 3
         cache.insert(keys, cp.ones((10_000, dim), dtype=cp.float32))
         stream = cp.cuda.Stream(non_blocking=True)
