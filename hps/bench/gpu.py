@@ -53,7 +53,7 @@ def _event_ms(cp: Any, fn: Callable[[int], None], repeats: int, warmup: int = 3,
         stop.record()
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop) / inner)
-    return statistics.median(times)
+    return float(statistics.median(times))
 
 
 def _variants(dim: int, sweep: bool, default: tuple[int, int]
@@ -111,9 +111,11 @@ def bench_throughput(dim: int, slots: int = 1 << 24, batch: int = 1 << 20, repea
                      "ms": t_dense})
         try:
             import torch
+            import torch.utils.dlpack
 
-            tt, to = torch.from_dlpack(table), torch.from_dlpack(out)
-            ti = [torch.from_dlpack(i) for i in idx]
+            from_dlpack = torch.utils.dlpack.from_dlpack
+            tt, to = from_dlpack(table), from_dlpack(out)
+            ti = [from_dlpack(i) for i in idx]
 
             def index_select(i: int) -> None:
                 torch.index_select(tt, 0, ti[i % 4], out=to)
@@ -149,16 +151,19 @@ def bench_throughput(dim: int, slots: int = 1 << 24, batch: int = 1 << 20, repea
                     rows.append(timed(t, f"{mode} (sweep)", group=g, unroll=u, waves=w,
                                       hints=h))
                 t.set_launch(*default)
-            rows.append(timed(t, mode, group=default[0], unroll=default[1]))
             if isinstance(t, EmbeddingCache):
-                exact = t.lru_sample_shift
-                for shift in (1, 2, 3) + ((8,) if sweep else ()):
+                shipped = t.lru_sample_shift
+                for shift in sorted({shipped, 0, 2} | ({3, 8} if sweep else set())):
                     t.set_lru_sample_shift(shift)
-                    rows.append(timed(t, f"dynamic, LRU 1/{2**shift}", group=default[0],
+                    label = "exact LRU" if shift == 0 else f"LRU 1/{2**shift}"
+                    label += " (default)" if shift == shipped else ""
+                    rows.append(timed(t, f"{mode}, {label}", group=default[0],
                                       unroll=default[1]))
-                t.set_lru_sample_shift(exact)
+                t.set_lru_sample_shift(shipped)
+            else:
+                rows.append(timed(t, mode, group=default[0], unroll=default[1]))
 
-        time_table(cache, "dynamic, exact LRU")
+        time_table(cache, "dynamic")
         cache.close()
         del cache
         static = StaticEmbeddingTable(int(resident_idx.size), dim, device_id)

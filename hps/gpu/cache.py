@@ -27,6 +27,10 @@ synchronize is ever used. All methods are thread-safe.
 Least-recently-used order is kept with a 64-bit stamp per slot: every query and every
 insert call takes the next tick; a hit stamps its slot with `tick << RANK_BITS`, an insert
 with `tick << RANK_BITS | r` where r is the key's rank among the batch's keys of its set.
+By default one hit in two is stamped (`lru_sample_shift=1`, chosen by a hash of key and
+tick): the stamp write is a read-modify-write of a memory sector per hit, the largest cost
+of a hit at small widths, and sampling halves it while keeping recency close to exact.
+`lru_sample_shift=0` stamps every hit (exact LRU).
 An insert of a key that is not held takes the first free way of its set, else evicts the
 way with the smallest stamp (the lowest way on ties). Keys of one insert batch that map to
 one set are inserted in batch order. `hps/gpu/reference.py` is a NumPy model of exactly
@@ -58,16 +62,51 @@ MAX_BATCH = 2**31 - 1  # miss positions are int32
 # insert batch (0 for query hits), so a batch that overflows a set evicts its own earliest
 # keys rather than its latest. 44 bits of ticks outlast any server (5 years at 100k/s).
 RANK_BITS = 20
+# Stamp 1 in 2**shift hits (sampled LRU). The stamp is a partial-sector write per hit, the
+# largest cost of a hit at small widths (H100, dim 16, 1M uniform hits: exact 5.6 G keys/s,
+# 1/2 6.7, 1/4 7.5, never 8.2); one hit in two keeps the recency order close to exact.
+DEFAULT_LRU_SAMPLE_SHIFT = 1
+
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S33 = np.uint64(33)
+_S32 = np.uint64(32)
+
+
+def mix(keys: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finalizer of int64 keys, as uint64 (hps_mix in the kernels)."""
+    k = np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64).copy()
+    with np.errstate(over="ignore"):
+        k ^= k >> _S33
+        k *= _M1
+        k ^= k >> _S33
+        k *= _M2
+        k ^= k >> _S33
+    return k
+
+
+def set_of(keys: np.ndarray, num_sets: int) -> np.ndarray:
+    """The set (or static bucket) of each key among num_sets (hps_set_of in the kernels)."""
+    return ((mix(keys) >> _S32) * np.uint64(num_sets) >> _S32).astype(np.int64)
+
+
+def set_codes(keys: np.ndarray, num_sets: int) -> np.ndarray:
+    """Sorted set << 32 | position codes of host keys: the insert kernel's input order,
+    computed on the host (no device sort) when the keys come from the host anyway."""
+    codes = set_of(keys, num_sets).view(np.uint64) << _S32
+    codes |= np.arange(keys.size, dtype=np.uint64)
+    codes.sort()
+    return codes
 
 
 def default_group(dim: int) -> int:
     """Lanes that serve one key (measured on an H100, hps/bench/gpu.py --sweep)."""
-    return 4 if dim <= 32 else 8
+    return 2 if dim <= 32 else 8
 
 
-def default_unroll(dim: int, static: bool = False) -> int:
+def default_unroll(dim: int) -> int:
     """Keys a lane group has in flight at once (measured likewise)."""
-    return 4 if dim <= 32 and not static else 2
+    return 2
 
 
 def row_floats(dim: int) -> int:
@@ -543,7 +582,7 @@ class EmbeddingCache(DeviceTable):
     _dump_kernel = "cache_dump"
 
     def __init__(self, capacity_slots: int, dim: int, device_id: int = 0, *,
-                 lru_sample_shift: int = 0, group: int | None = None,
+                 lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT, group: int | None = None,
                  unroll: int | None = None) -> None:
         if capacity_slots < 1:
             raise LookupInputError(f"capacity_slots must be positive, got {capacity_slots}")
@@ -605,25 +644,43 @@ class EmbeddingCache(DeviceTable):
 
     def insert(self, keys: Any, vectors: Any) -> None:
         """Inserts (or overwrites) keys with their rows, evicting least recently used keys
-        of full sets. Repeated keys: the last row wins."""
+        of full sets. Repeated keys: the last row wins. Host keys are ordered by set on
+        the host; device keys by a device sort."""
+        if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
+            host = keys.reshape(-1).astype(np.int64, copy=False)
+            vectors = self._device_rows(vectors, host.size)
+            if host.size:
+                codes = set_codes(host, self.num_sets)
+                with self._device:
+                    self.insert_by_set(self._cp.asarray(host), vectors,
+                                       self._cp.asarray(codes))
+            return
         keys = self._device_keys(keys)
         n = int(keys.shape[0])
         vectors = self._device_rows(vectors, n)
         if n == 0:
             return
         cp = self._cp
-        with self._writing(keys, vectors):
-            tick = self._next_tick()
+        with self._device:
             codes = cp.empty(n, dtype=np.uint64)
             self._kernel("cache_set_codes")(
                 (kernels.grid(self.device_id, n, BLOCK),), (BLOCK,),
                 (keys, np.int64(n), np.uint32(self.num_sets), codes),
             )
             codes.sort()
+            self.insert_by_set(keys, vectors, codes)
+
+    def insert_by_set(self, keys: Any, vectors: Any, codes: Any) -> None:
+        """insert() for checked device arrays whose set codes are known: `codes` (uint64
+        [n], on the device) is `set_codes(keys)` sorted (see set_codes). On the caller's
+        stream order; the device current."""
+        n = int(keys.shape[0])
+        with self._writing(keys, vectors, codes):
             self._kernel("cache_insert")(
                 (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
                 (codes, np.int64(n), keys, vectors, self._vec4(vectors), self._keys,
-                 self._stamps, self._vecs, np.uint32(self.num_sets), self._flags, tick),
+                 self._stamps, self._vecs, np.uint32(self.num_sets), self._flags,
+                 self._next_tick()),
             )
 
     def update(self, keys: Any, vectors: Any) -> int:

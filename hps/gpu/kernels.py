@@ -110,8 +110,11 @@ def grid(device_id: int, threads: int, block: int = 256, waves: int = 16) -> int
     return min(need, multiprocessors(device_id) * waves) if waves else need
 
 
-_CTYPES = {"ptr": ctypes.c_uint64, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
-           "u32": ctypes.c_uint32, "i32": ctypes.c_int32, "f32": ctypes.c_float}
+_Scalar = ctypes.c_uint64 | ctypes.c_int64 | ctypes.c_uint32 | ctypes.c_int32 | ctypes.c_float
+_CTYPES: dict[str, type[_Scalar]] = {
+    "ptr": ctypes.c_uint64, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
+    "u32": ctypes.c_uint32, "i32": ctypes.c_int32, "f32": ctypes.c_float,
+}
 _NUMPY = {"ptr": "uint64", "i64": "int64", "u64": "uint64", "u32": "uint32", "i32": "int32",
           "f32": "float32"}
 

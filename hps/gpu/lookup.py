@@ -38,7 +38,13 @@ import numpy as np
 
 from hps.errors import DeviceError, KeyTypeError, OutputBufferError
 from hps.gpu import kernels
-from hps.gpu.cache import MAX_BATCH, SET_SIZE, EmbeddingCache
+from hps.gpu.cache import (
+    DEFAULT_LRU_SAMPLE_SHIFT,
+    MAX_BATCH,
+    SET_SIZE,
+    EmbeddingCache,
+    set_codes,
+)
 from hps.gpu.static_table import StaticEmbeddingTable
 
 if TYPE_CHECKING:
@@ -47,9 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("hps.gpu")
 
 _H2D = 1  # cudaMemcpyHostToDevice
-# Stamp 1 in 2**shift cache hits for the LRU order (0: every hit, exact LRU); see
-# EmbeddingCache. The stamp write is most of the cost of a hit at small widths.
-DEFAULT_LRU_SAMPLE_SHIFT = 0
 _BACKGROUND_QUEUE = 64  # pending background inserts; more are dropped (counted)
 
 
@@ -69,8 +72,8 @@ def _align(n: int) -> int:
 
 class _Staging:
     """One thread's buffers for moving fetched rows to the device in one copy:
-    [unique keys int64 | their positions' inverse int32 | rows float32], pinned on the
-    host and mirrored on the device."""
+    [unique keys int64 | their set codes uint64 | the misses' index into them int32 |
+    rows float32], pinned on the host and mirrored on the device."""
 
     def __init__(self, cupy: Any) -> None:
         self._cp = cupy
@@ -82,14 +85,16 @@ class _Staging:
         self._has_copy = False
         self._has_use = False
 
-    def load(self, keys: np.ndarray, inverse: np.ndarray, rows: np.ndarray, stream: Any
-             ) -> tuple[Any, Any, Any]:
-        """Copies the three arrays to the device with one H2D copy on `stream`; returns
-        their device views."""
+    def load(self, keys: np.ndarray, codes: np.ndarray | None, inverse: np.ndarray,
+             rows: np.ndarray, stream: Any) -> tuple[Any, Any, Any, Any]:
+        """Copies the arrays to the device with one H2D copy on `stream`; returns their
+        device views (codes: None when not given)."""
         cp = self._cp
         u, m, dim = keys.size, inverse.size, rows.shape[1]
-        off_inv = _align(u * 8)
-        off_rows = _align(off_inv + m * 4)
+        n_codes = u if codes is not None else 0
+        off_codes = _align(u * 8)
+        off_inv = off_codes + _align(n_codes * 8)
+        off_rows = off_inv + _align(m * 4)
         total = off_rows + u * dim * 4
         if self._has_copy:
             self.copied.synchronize()  # the pinned buffer is free again
@@ -101,7 +106,9 @@ class _Staging:
             self.device = cp.empty(self.nbytes, dtype=np.uint8)
             self._has_use = False
         host = np.frombuffer(self.host, dtype=np.uint8, count=total)
-        host[:off_inv].view(np.int64)[:u] = keys
+        host[:off_codes].view(np.int64)[:u] = keys
+        if codes is not None:
+            host[off_codes:off_inv].view(np.uint64)[:u] = codes
         host[off_inv:off_rows].view(np.int32)[:m] = inverse
         host[off_rows:total].view(np.float32).reshape(u, dim)[:] = rows
         if self._has_use:  # earlier kernels on another stream may still read the buffer
@@ -111,7 +118,8 @@ class _Staging:
         self.copied.record(stream)
         self._has_copy = True
         d = self.device
-        return (d[: u * 8].view(np.int64), d[off_inv: off_inv + m * 4].view(np.int32),
+        d_codes = d[off_codes: off_codes + u * 8].view(np.uint64) if codes is not None else None
+        return (d[: u * 8].view(np.int64), d_codes, d[off_inv: off_inv + m * 4].view(np.int32),
                 d[off_rows:total].view(np.float32).reshape(u, dim))
 
     def mark_used(self, stream: Any) -> None:
@@ -295,8 +303,10 @@ class GpuEmbeddingTable:
         rows = self._fetch(unique)
         stream = self._cp.cuda.get_current_stream()
         staging = self._staging()
-        d_keys, d_inverse, d_rows = staging.load(unique, inverse.astype(np.int32, copy=False),
-                                                 rows, stream)
+        cache = self._table if isinstance(self._table, EmbeddingCache) else None
+        codes = set_codes(unique, cache.num_sets) if cache is not None else None
+        d_keys, d_codes, d_inverse, d_rows = staging.load(
+            unique, codes, inverse.astype(np.int32, copy=False), rows, stream)
         kernels.function("rows.cu", "scatter_rows", self.device_id, DIM=self.dim)(
             (kernels.grid(self.device_id, misses.count * self.dim),), (256,),
             (misses.positions, d_inverse, np.int64(misses.count), d_rows, out),
@@ -305,8 +315,8 @@ class GpuEmbeddingTable:
         staging.mark_used(stream)
         with self._stats_lock:
             self._counts["sync_fetches"] += int(unique.size)
-        if isinstance(self._table, EmbeddingCache):
-            self._table.insert(d_keys, d_rows)
+        if cache is not None:
+            cache.insert_by_set(d_keys, d_rows, d_codes)
 
     def _fetch(self, keys: np.ndarray) -> np.ndarray:
         rows = np.ascontiguousarray(self._fetch_host(keys), dtype=np.float32)

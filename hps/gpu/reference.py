@@ -24,30 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hps.gpu.cache import EMPTY_KEY, RANK_BITS, SET_SIZE
+from hps.gpu.cache import EMPTY_KEY, RANK_BITS, SET_SIZE, mix, set_of
 
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
-_S33 = np.uint64(33)
-_S32 = np.uint64(32)
-
-
-def mix(keys: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 64-bit finalizer of int64 keys, as uint64 (hps_mix in the kernels)."""
-    k = np.ascontiguousarray(keys, dtype=np.int64).view(np.uint64).copy()
-    with np.errstate(over="ignore"):
-        k ^= k >> _S33
-        k *= _M1
-        k ^= k >> _S33
-        k *= _M2
-        k ^= k >> _S33
-    return k
-
-
-def set_of(keys: np.ndarray, num_sets: int) -> np.ndarray:
-    """The set (or static bucket) of each key among num_sets (hps_set_of in the kernels)."""
-    return ((mix(keys) >> _S32) * np.uint64(num_sets) >> _S32).astype(np.int64)
-
+__all__ = ["ReferenceCache", "mix", "set_of"]
 
 class ReferenceCache:
     """The NumPy twin of EmbeddingCache(capacity_slots, dim)."""

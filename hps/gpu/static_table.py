@@ -65,8 +65,8 @@ class StaticEmbeddingTable(DeviceTable):
         if num_buckets >= 2**32:
             raise LookupInputError(f"num_keys {num_keys} is too large")
         super().__init__(dim, device_id, num_buckets,
-                         group=group or default_group(dim),
-                         unroll=unroll or default_unroll(dim, static=True), special_flags=3)
+                         group=group or default_group(dim), unroll=unroll or default_unroll(dim),
+                         special_flags=3)
 
     @staticmethod
     def memory_required(num_keys: int, dim: int,

@@ -137,21 +137,26 @@ def test_unaligned_and_odd_width_outputs(cp: Any, rng: np.random.Generator) -> N
             assert float(base[0].get()) == 0.0  # nothing written before the view
 
 
-def test_query_follows_the_callers_stream(cp: Any) -> None:
+def test_query_follows_the_callers_stream(cp: Any, rng: np.random.Generator) -> None:
     dim = 32
-    with EmbeddingCache(1 << 16, dim) as cache:  # roomy: no set overflows
-        keys = cp.arange(10_000, dtype=cp.int64) * 3
-        cache.insert(keys, cp.ones((10_000, dim), dtype=cp.float32))
+    keys = rng.choice(2**40, 10_000, replace=False).astype(np.int64)
+    rows = rng.standard_normal((keys.size, dim)).astype(np.float32)
+    model = ReferenceCache(1 << 14, dim)
+    model.insert(keys, rows)
+    expected, missed = model.query(keys)
+    with EmbeddingCache(1 << 14, dim) as cache:
+        cache.insert(cp.asarray(keys), cp.asarray(rows))  # on the cache's own stream
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
             # keys written by work queued on the caller's stream just before the query
-            q = cp.empty(10_000, dtype=cp.int64)
-            cp.multiply(cp.arange(10_000, dtype=cp.int64), 3, out=q)
-            out = cp.empty((10_000, dim), dtype=cp.float32)
+            q = cp.empty(keys.size, dtype=cp.int64)
+            cp.add(cp.asarray(keys) - 7, 7, out=q)
+            out = cp.empty((keys.size, dim), dtype=cp.float32)
             _, count = cache.query(q, out)
-            total = float(out.sum())
+            got = out.get()
         stream.synchronize()
-        assert count == 0 and total == 10_000 * dim
+    assert count == int(missed.sum())
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_argument_errors_change_nothing(cp: Any) -> None:

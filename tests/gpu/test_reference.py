@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hps.gpu.cache import EMPTY_KEY, RANK_BITS, SET_SIZE
+from hps.gpu.cache import EMPTY_KEY, RANK_BITS, SET_SIZE, set_codes
 from hps.gpu.reference import ReferenceCache, mix, set_of
 
 
@@ -127,3 +127,12 @@ def test_insert_batch_larger_than_a_set_keeps_the_last(rng: np.random.Generator)
     assert held.size == SET_SIZE
     # the batch's first keys were evicted by its later ones (equal stamps, lowest way first)
     assert set(held.tolist()) == set(keys[3:].tolist())
+
+
+def test_set_codes_order_keys_by_set_then_position(rng: np.random.Generator) -> None:
+    keys = rng.integers(-(2**63), 2**63 - 1, 1000, dtype=np.int64)
+    codes = set_codes(keys, 37)
+    sets, positions = (codes >> np.uint64(32)).astype(np.int64), (codes & np.uint64(2**32 - 1))
+    assert sorted(positions.tolist()) == list(range(1000))
+    np.testing.assert_array_equal(sets, set_of(keys[positions.astype(np.int64)], 37))
+    assert (np.diff(codes) > 0).all()
