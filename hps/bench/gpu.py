@@ -312,7 +312,7 @@ def bench_mixed(dim: int = 16, batches: tuple[int, ...] = (2000, 100_000), iters
                 t = statistics.median(times)
                 rows.append({"bench": "mixed", "dim": dim, "batch": n, "mode": label,
                              "hit_rate": (s1["hits"] - s0["hits"]) / looked,
-                             "p50_us": t * 1e6, "gkeys_s": n / t / 1e9})
+                             "p50_us": t * 1e6, "mkeys_s": n / t / 1e6})
             table.close()
     return rows
 
@@ -332,8 +332,9 @@ def bench_gpu(dims: tuple[int, ...] = (16, 64, 128), slots: int = 1 << 24,
     return rows
 
 
-_COLUMNS = ("bench", "dim", "mode", "group", "unroll", "waves", "hints", "gkeys_s", "vs_float4",
-            "vs_torch", "hugectr", "hit_rate", "p50_us", "p99_us", "events_p50_us")
+_COLUMNS = ("bench", "dim", "batch", "mode", "group", "unroll", "waves", "hints", "gkeys_s",
+            "mkeys_s", "vs_float4", "vs_torch", "hugectr", "hit_rate", "p50_us", "p99_us",
+            "events_p50_us")
 
 
 def format_rows(rows: list[dict[str, Any]], columns: tuple[str, ...] = _COLUMNS) -> str:
@@ -351,6 +352,45 @@ def format_rows(rows: list[dict[str, Any]], columns: tuple[str, ...] = _COLUMNS)
     widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
     return "\n".join("  ".join(v.rjust(w) for v, w in zip(line, widths, strict=True))
                      for line in table)
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 3's acceptance figures, read off the rows: (target, measured, met)."""
+    out: list[dict[str, Any]] = []
+
+    def find(bench: str, dim: int, mode_start: str) -> dict[str, Any] | None:
+        for r in rows:
+            if r["bench"] == bench and r.get("dim") == dim and str(r["mode"]).startswith(
+                    mode_start) and "(sweep)" not in str(r["mode"]):
+                if mode_start != "dynamic" or "(default)" in str(r["mode"]):
+                    return r
+        return None
+
+    def add(target: str, value: float | None, ok: bool | None) -> None:
+        out.append({"target": target, "measured": value,
+                    "met": "n/a" if ok is None else ("yes" if ok else "NO")})
+
+    for dim, floor in ((16, None), (64, 0.6), (128, 0.7)):
+        dyn, sta = find("throughput", dim, "dynamic"), find("throughput", dim, "static")
+        if dyn is None or sta is None:
+            continue
+        if floor is None:
+            add(f"dim {dim} dynamic >= 6 G keys/s", dyn["gkeys_s"], dyn["gkeys_s"] >= 6.0)
+        else:
+            add(f"dim {dim} dynamic >= {floor} x float4 gather", dyn["vs_float4"],
+                dyn["vs_float4"] >= floor)
+        add(f"dim {dim} static >= dynamic (G keys/s)", sta["gkeys_s"],
+            sta["gkeys_s"] >= dyn["gkeys_s"])
+        add(f"dim {dim} static >= HugeCTR static {HUGECTR_STATIC[dim]}", sta["gkeys_s"],
+            sta["gkeys_s"] >= HUGECTR_STATIC[dim])
+    lat = find("latency", 16, "GpuEmbeddingTable.lookup")
+    if lat is not None:
+        add("lookup 2000 device keys, all hits: p50 < 30 us", lat["p50_us"],
+            lat["p50_us"] < 30.0)
+    for r in rows:
+        if r["bench"] == "mixed":
+            add(f"{r['mode']}, batch {r['batch']}: M keys/s", r["mkeys_s"], None)
+    return out
 
 
 def main() -> None:
@@ -383,6 +423,10 @@ def main() -> None:
         print(format_rows(sweep_rows))
         print()
     print(format_rows([r for r in rows if "(sweep)" not in str(r.get("mode"))]))
+    summary = targets(rows)
+    if summary:
+        print()
+        print(format_rows(summary, ("target", "measured", "met")))
 
 
 if __name__ == "__main__":

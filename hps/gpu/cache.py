@@ -211,6 +211,7 @@ class DeviceTable:
         self.num_sets = int(num_sets)
         self.num_slots = self.num_sets * SET_SIZE
         self._row = row_floats(self.dim)
+        self._dim4 = self.dim % 4 == 0  # rows may use float4 stores where 16-byte aligned
         self._group = group
         self._unroll = unroll
         self._waves = 0
@@ -441,8 +442,7 @@ class DeviceTable:
                     default: float) -> tuple[float, ...]:
         raise NotImplementedError
 
-    def _out_vec4(self, out: Any) -> int:
-        return int(self.dim % 4 == 0 and out.data.ptr % 16 == 0)
+
 
     def query_misses(self, keys: Any, out: Any, default_value: float = 0.0,
                      workspace: QueryWorkspace | None = None) -> Misses:
@@ -634,9 +634,11 @@ class EmbeddingCache(DeviceTable):
     def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
                     default: float) -> tuple[float, ...]:
         self._tick += 1
+        out_ptr = out.data.ptr
         return (keys.data.ptr, n, self._keys_ptr, self._stamps_ptr, self._vecs_ptr,
-                self.num_sets, self._flags_ptr, out.data.ptr, self._out_vec4(out), ws.ctl_ptr,
-                ws.host_ptr, ws.positions_ptr, ws.keys_ptr, self._tick << RANK_BITS, default)
+                self.num_sets, self._flags_ptr, out_ptr, self._dim4 and out_ptr % 16 == 0,
+                ws.ctl_ptr, ws.host_ptr, ws.positions_ptr, ws.keys_ptr,
+                self._tick << RANK_BITS, default)
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),

@@ -54,6 +54,12 @@ log = logging.getLogger("hps.gpu")
 
 _H2D = 1  # cudaMemcpyHostToDevice
 _BACKGROUND_QUEUE = 64  # pending background inserts; more are dropped (counted)
+_COUNTERS = ("lookups", "keys", "hits", "misses", "sync_fetches", "async_inserts",
+             "dropped_inserts", "refreshed", "background_errors")
+
+
+_INT64 = np.dtype(np.int64)
+_FLOAT32 = np.dtype(np.float32)
 
 
 def cuda_available() -> bool:
@@ -159,12 +165,11 @@ class GpuEmbeddingTable:
                                          lru_sample_shift=lru_sample_shift)
         self.capacity = int(self._table.capacity)
         self._device = self._cp.cuda.Device(self.device_id)
+        self._several_devices = self._cp.cuda.runtime.getDeviceCount() > 1
         self._tls = threading.local()
         self._stats_lock = threading.Lock()
+        self._all_counts: list[dict[str, int]] = []
         self._refresh_lock = threading.Lock()
-        self._counts = {"lookups": 0, "keys": 0, "hits": 0, "misses": 0,
-                        "sync_fetches": 0, "async_inserts": 0, "dropped_inserts": 0,
-                        "refreshed": 0, "background_errors": 0}
         self._closing = threading.Event()
         self._pending: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=_BACKGROUND_QUEUE)
         self._worker: threading.Thread | None = None
@@ -206,34 +211,38 @@ class GpuEmbeddingTable:
 
     def _check(self, keys: Any, out: Any) -> int:
         device_array = self._cp.ndarray
-        if not isinstance(keys, (np.ndarray, device_array)):
+        keys_on_device = isinstance(keys, device_array)
+        if not (keys_on_device or isinstance(keys, np.ndarray)):
             raise KeyTypeError(f"keys must be a NumPy or CuPy array, got {type(keys).__name__}")
-        if keys.dtype != np.int64 or keys.ndim != 1:
+        if keys.dtype != _INT64 or keys.ndim != 1:
             raise KeyTypeError(
                 f"keys must be 1-D int64, got {keys.ndim}-D {keys.dtype.name}"
             )
         n = int(keys.shape[0])
         if n > MAX_BATCH:
             raise KeyTypeError(f"at most {MAX_BATCH} keys per lookup, got {n}")
-        if not isinstance(out, (np.ndarray, device_array)):
+        out_on_device = isinstance(out, device_array)
+        if not (out_on_device or isinstance(out, np.ndarray)):
             raise OutputBufferError(
                 f"out must be a NumPy or CuPy array, got {type(out).__name__}"
             )
-        if out.dtype != np.float32 or tuple(out.shape) != (n, self.dim):
+        if out.dtype != _FLOAT32 or out.shape != (n, self.dim):
             raise OutputBufferError(
                 f"out must be float32 [{n}, {self.dim}], got {out.dtype.name} "
                 f"{list(out.shape)}"
             )
         if not out.flags.c_contiguous:
             raise OutputBufferError("out must be C-contiguous")
-        if isinstance(out, np.ndarray) and not out.flags.writeable:
+        if not out_on_device and not out.flags.writeable:
             raise OutputBufferError("out is read-only")
-        for name, array in (("keys", keys), ("out", out)):
-            if isinstance(array, device_array) and array.device.id != self.device_id:
-                raise DeviceError(
-                    f"{name} are on device {array.device.id} but this table is on device "
-                    f"{self.device_id}"
-                )
+        if self._several_devices:
+            for name, array, on_device in (("keys", keys, keys_on_device),
+                                           ("out", out, out_on_device)):
+                if on_device and array.device.id != self.device_id:
+                    raise DeviceError(
+                        f"{name} are on device {array.device.id} but this table is on "
+                        f"device {self.device_id}"
+                    )
         return n
 
     def lookup(self, keys: Any, out: Any) -> None:
@@ -247,18 +256,25 @@ class GpuEmbeddingTable:
         n = self._check(keys, out)
         if n == 0:
             return
+        if self._cp.cuda.runtime.getDevice() == self.device_id:
+            self._lookup_here(keys, out, n)
+        else:
+            with self._device:
+                self._lookup_here(keys, out, n)
+
+    def _lookup_here(self, keys: Any, out: Any, n: int) -> None:
+        """lookup() with this table's device current."""
         cp = self._cp
-        with self._device:
-            if isinstance(keys, np.ndarray):
-                dkeys = cp.asarray(keys)
-            else:
-                dkeys = keys if keys.flags.c_contiguous else cp.ascontiguousarray(keys)
-            if isinstance(out, np.ndarray):
-                dout = self._host_out_buffer(n)
-                self._lookup_device(dkeys, dout)
-                dout.get(out=out)
-            else:
-                self._lookup_device(dkeys, out)
+        if isinstance(keys, np.ndarray):
+            dkeys = cp.asarray(keys)
+        else:
+            dkeys = keys if keys.flags.c_contiguous else cp.ascontiguousarray(keys)
+        if isinstance(out, np.ndarray):
+            dout = self._host_out_buffer(n)
+            self._lookup_device(dkeys, dout)
+            dout.get(out=out)
+        else:
+            self._lookup_device(dkeys, out)
 
     def _host_out_buffer(self, n: int) -> Any:
         buf = getattr(self._tls, "out", None)
@@ -313,8 +329,7 @@ class GpuEmbeddingTable:
         )
         ws.release(stream)
         staging.mark_used(stream)
-        with self._stats_lock:
-            self._counts["sync_fetches"] += int(unique.size)
+        self._counts()["sync_fetches"] += int(unique.size)
         if cache is not None:
             cache.insert_by_set(d_keys, d_rows, d_codes)
 
@@ -327,13 +342,22 @@ class GpuEmbeddingTable:
             )
         return rows
 
+    def _counts(self) -> dict[str, int]:
+        """This thread's counters (summed by stats(); no lock on the lookup path)."""
+        counts: dict[str, int] | None = getattr(self._tls, "counts", None)
+        if counts is None:
+            counts = dict.fromkeys(_COUNTERS, 0)
+            self._tls.counts = counts
+            with self._stats_lock:
+                self._all_counts.append(counts)
+        return counts
+
     def _count(self, requested: int, hits: int, misses: int) -> None:
-        with self._stats_lock:
-            c = self._counts
-            c["lookups"] += 1
-            c["keys"] += requested
-            c["hits"] += hits
-            c["misses"] += misses
+        c = self._counts()
+        c["lookups"] += 1
+        c["keys"] += requested
+        c["hits"] += hits
+        c["misses"] += misses
 
     # -- background inserts and refresh -------------------------------------------------
 
@@ -341,27 +365,37 @@ class GpuEmbeddingTable:
         try:
             self._pending.put_nowait(keys)
         except queue.Full:
-            with self._stats_lock:
-                self._counts["dropped_inserts"] += int(keys.size)
+            self._counts()["dropped_inserts"] += int(keys.size)
 
     def _background_inserts(self) -> None:
+        """Fetches and inserts the keys of asynchronous misses; what queued up while it
+        worked is merged into one fetch and one insert."""
         while True:
-            keys = self._pending.get()
-            if keys is None:
+            batch = [self._pending.get()]
+            while True:
+                try:
+                    batch.append(self._pending.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(keys is None for keys in batch)
+            parts = [keys for keys in batch if keys is not None]
+            if parts:
+                self._insert_fetched(np.unique(np.concatenate(parts)))
+            if stop:
                 return
-            try:
-                rows = self._fetch(keys)
-                with self._device:
-                    self._table.insert(keys, rows)  # type: ignore[union-attr]
-                with self._stats_lock:
-                    self._counts["async_inserts"] += int(keys.size)
-            except Exception:
-                if self._closing.is_set():
-                    return
-                log.exception("background insert into the GPU cache of %s table %d failed",
-                              self.model_name, self.table_id)
-                with self._stats_lock:
-                    self._counts["background_errors"] += 1
+
+    def _insert_fetched(self, keys: np.ndarray) -> None:
+        try:
+            rows = self._fetch(keys)
+            with self._device:
+                self._table.insert(keys, rows)  # type: ignore[union-attr]
+            self._counts()["async_inserts"] += int(keys.size)
+        except Exception:
+            if self._closing.is_set():
+                return
+            log.exception("background insert into the GPU cache of %s table %d failed",
+                          self.model_name, self.table_id)
+            self._counts()["background_errors"] += 1
 
     def refresh(self) -> int:
         """Re-reads the vectors of the cached keys through fetch_host and overwrites them
@@ -380,8 +414,7 @@ class GpuEmbeddingTable:
                 if keys.size == 0:
                     continue
                 total += table.update(keys, self._fetch(keys.get()))
-        with self._stats_lock:
-            self._counts["refreshed"] += total
+        self._counts()["refreshed"] += total
         return total
 
     def _refresh_loop(self, interval: float, delay: float) -> None:
@@ -400,8 +433,11 @@ class GpuEmbeddingTable:
 
     def stats(self) -> dict[str, Any]:
         """mode, capacity, size (keys held), hits, misses, hit_rate, memory_bytes, …"""
+        counts = dict.fromkeys(_COUNTERS, 0)
         with self._stats_lock:
-            counts = dict(self._counts)
+            for part in self._all_counts:
+                for k in _COUNTERS:
+                    counts[k] += part[k]
         looked = counts["hits"] + counts["misses"]
         return {
             "mode": self.mode,

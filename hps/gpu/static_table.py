@@ -84,9 +84,10 @@ class StaticEmbeddingTable(DeviceTable):
 
     def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
                     default: float) -> tuple[float, ...]:
+        out_ptr = out.data.ptr
         return (keys.data.ptr, n, self._keys_ptr, self._vecs_ptr, self.num_sets,
-                self._flags_ptr, out.data.ptr, self._out_vec4(out), ws.ctl_ptr, ws.host_ptr,
-                ws.positions_ptr, ws.keys_ptr, default)
+                self._flags_ptr, out_ptr, self._dim4 and out_ptr % 16 == 0, ws.ctl_ptr,
+                ws.host_ptr, ws.positions_ptr, ws.keys_ptr, default)
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),
