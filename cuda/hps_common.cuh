@@ -199,8 +199,7 @@ __device__ __forceinline__ void hps_finish_query(int* ctl, int* host_count) {
             __threadfence();
             const int count = atomicExch(ctl, 0);
             ctl[1] = 0;
-            *reinterpret_cast<volatile int*>(host_count) = count;
-            __threadfence_system();
+            *reinterpret_cast<volatile int*>(host_count) = count;  // flushed at kernel end
         }
     }
 }

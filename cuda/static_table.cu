@@ -63,20 +63,34 @@ extern "C" __global__ void static_build(
     }
 }
 
-// Probes from bucket b on; returns the slot of key or -1 (group-cooperative).
+#ifndef PROBE_WINDOW
+#define PROBE_WINDOW 1
+#endif
+
+// Probes from bucket b on, PROBE_WINDOW buckets at a time (their loads in flight together);
+// returns the slot of key or -1 (group-cooperative). A key never lies past a bucket that
+// has an empty slot, so a window that shows one ends the search.
 __device__ __forceinline__ long long static_probe(const hps_key* __restrict__ slot_keys,
                                                   u32 num_buckets, u32 b, hps_key key, int gl,
                                                   u32 gmask) {
-    for (u32 p = 0; p < num_buckets; ++p) {
-        hps_key k[KPL];
-        hps_load_set_keys(slot_keys + (u64)b * SET_SIZE, gl, k);
-        const int way = __reduce_max_sync(gmask, hps_match(k, key, gl));
-        if (way >= 0) return (long long)b * SET_SIZE + way;
-        bool empty = false;
+    for (u32 p = 0; p < num_buckets; p += PROBE_WINDOW) {
+        hps_key k[PROBE_WINDOW][KPL];
+        u32 at[PROBE_WINDOW];
 #pragma unroll
-        for (int q = 0; q < KPL; ++q) empty |= k[q] == HPS_EMPTY_KEY;
-        if (__any_sync(gmask, empty)) return -1;
-        b = b + 1 == num_buckets ? 0 : b + 1;
+        for (int w = 0; w < PROBE_WINDOW; ++w) {
+            at[w] = (b + w) % num_buckets;
+            hps_load_set_keys(slot_keys + (u64)at[w] * SET_SIZE, gl, k[w]);
+        }
+#pragma unroll
+        for (int w = 0; w < PROBE_WINDOW; ++w) {
+            const int way = __reduce_max_sync(gmask, hps_match(k[w], key, gl));
+            if (way >= 0) return (long long)at[w] * SET_SIZE + way;
+            bool empty = false;
+#pragma unroll
+            for (int q = 0; q < KPL; ++q) empty |= k[w][q] == HPS_EMPTY_KEY;
+            if (__any_sync(gmask, empty)) return -1;
+        }
+        b = (b + PROBE_WINDOW) % num_buckets;
     }
     return -1;
 }
@@ -108,13 +122,24 @@ extern "C" __global__ void static_query(
             key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
             bucket[u] = hps_set_of(key[u], num_buckets);
         }
-        // first bucket of every key at once (loads in flight together); the rare longer
-        // probes continue one key at a time
+        long long slot[UNROLL];
+#if PROBE_WINDOW > 1
+        // small batches (latency): windows of buckets per step, one key at a time
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            slot[u] = -1;
+            if (key[u] != HPS_EMPTY_KEY)
+                slot[u] = static_probe(slot_keys, num_buckets, bucket[u], key[u], gl, gmask);
+            else if (pos[u] < n && special_present)
+                slot[u] = special_slot;
+        }
+#else
+        // large batches (throughput): the first bucket of every key at once (loads in
+        // flight together); the rarer longer probes continue one key at a time
         hps_key k[UNROLL][KPL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
             if (key[u] != HPS_EMPTY_KEY) hps_load_set_keys(slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
-        long long slot[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             slot[u] = -1;
@@ -133,6 +158,7 @@ extern "C" __global__ void static_query(
                 slot[u] = special_slot;
             }
         }
+#endif
         float4 r[UNROLL][VPL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)

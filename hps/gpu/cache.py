@@ -488,13 +488,18 @@ class DeviceTable:
                       ws: QueryWorkspace, stream_ptr: int) -> None:
         """Queues the query kernel on the stream, nothing else (the benchmark times
         this). Call with the lock held and the device current."""
+        launch, unroll = self._query_launch(n)
+        threads = -(-n // (unroll * (32 // self._group))) * 32
+        launch(kernels.grid(self.device_id, threads, BLOCK, self._waves), BLOCK, stream_ptr,
+               *self._query_args(keys, n, out, ws, default_value))
+
+    def _query_launch(self, n: int) -> tuple[kernels.Launch, int]:
+        """The query kernel for a batch of n keys and its keys per lane group."""
         launch = self._launcher
         if launch is None:
             launch = kernels.Launch(self._kernel(self._query_kernel), self._query_signature)
             self._launcher = launch
-        threads = -(-n // (self._unroll * (32 // self._group))) * 32
-        launch(kernels.grid(self.device_id, threads, BLOCK, self._waves), BLOCK, stream_ptr,
-               *self._query_args(keys, n, out, ws, default_value))
+        return launch, self._unroll
 
     def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
         """(miss_positions, miss_count): positions (cupy int32, in no particular order) of

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hps.gpu.cache import EMPTY_KEY
-from hps.gpu.static_table import StaticEmbeddingTable, TableFullError
+from hps.gpu.static_table import SMALL_BATCH, StaticEmbeddingTable, TableFullError
 
 pytestmark = pytest.mark.gpu
 
@@ -39,6 +39,19 @@ def test_holds_every_key_built(cp: Any, rng: np.random.Generator, seed: int, dim
             got[~missed], np.stack([expected[k] for k in query[~missed].tolist()]))
         np.testing.assert_array_equal(np.sort(table.dump(0, table.num_sets).get()),
                                       np.sort(keys))
+
+
+def test_large_batches_take_the_throughput_kernel(cp: Any, rng: np.random.Generator) -> None:
+    n, dim = SMALL_BATCH + 5000, 4
+    keys = rng.choice(2**50, n, replace=False).astype(np.int64)
+    rows = rng.standard_normal((n, dim)).astype(np.float32)
+    with StaticEmbeddingTable(n, dim) as table:
+        table.build(keys, rows)
+        query = np.r_[keys, 2**55 + np.arange(7)].astype(np.int64)
+        out = cp.empty((query.size, dim), dtype=np.float32)
+        positions, count = table.query(cp.asarray(query), out, default_value=-1.0)
+        assert count == 7 and sorted(positions.get().tolist()) == list(range(n, n + 7))
+        np.testing.assert_array_equal(out.get()[:n], rows)
 
 
 def test_update_rewrites_rows_in_place(cp: Any, rng: np.random.Generator) -> None:
