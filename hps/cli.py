@@ -13,6 +13,7 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -74,7 +75,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
     raise typer.Exit(code=2)
 
 
@@ -129,6 +130,7 @@ def demo(
 
 
 _DEFAULT_MAX_BODY = 16 << 20
+_DEFAULT_LOOKUP_THREADS = 2
 
 
 @app.command()
@@ -142,6 +144,9 @@ def serve(
         help="Bearer token every route but /healthz and /readyz requires."),
     max_body_bytes: int = typer.Option(
         _DEFAULT_MAX_BODY, help="Largest request body accepted (413 above)."),
+    lookup_threads: int = typer.Option(
+        _DEFAULT_LOOKUP_THREADS, min=1,
+        help="Threads lookups run on (never on the event loop)."),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log",
                                     help="Log every request."),
 ) -> None:
@@ -151,16 +156,18 @@ def serve(
     turns 200 when every model is loaded, and a working curl line is printed then.
     """
     _serve(config, host=host, port=port, token=token or None,
-           max_body_bytes=max_body_bytes, access_log=access_log)
+           max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
+           access_log=access_log)
 
 
 def _serve(config: Path, *, host: str, port: int, token: str | None, max_body_bytes: int,
-           access_log: bool) -> None:
+           access_log: bool, lookup_threads: int = 0) -> None:
     try:
         from hps.http import serve as run_server
 
         run_server(str(config), host=host, port=port, token=token,
                    max_body_bytes=max_body_bytes, access_log=access_log,
+                   lookup_threads=lookup_threads or _DEFAULT_LOOKUP_THREADS,
                    echo=_echo_plain)
     except HPSError as exc:
         _fail(exc)
@@ -203,7 +210,8 @@ def _print_models(models: list[dict[str, Any]]) -> None:
 @app.command()
 def lookup(
     config: Path = typer.Argument(..., help="ps.json or YAML config."),
-    keys: list[int] = typer.Argument(..., help="Keys to look up."),
+    keys: list[int] = typer.Argument(
+        ..., help="Keys to look up; put -- before them when one is negative."),
     model: str = typer.Option(..., "--model", "-m", help="Model name."),
     table: str = typer.Option("0", "--table", "-t", help="Table index or name."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -241,7 +249,7 @@ def inspect(
     try:
         report = inspect_folder(folder, width)
     except HPSError as exc:
-        err_console.print(f"[bold red]invalid:[/] {exc}")
+        err_console.print(f"[bold red]invalid:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
     table = Table(title=f"sparse model {folder}")
     table.add_column("property")
@@ -267,9 +275,11 @@ def bench_tiers(
 
     rows = []
     console.print(f"table of {keys:,} keys, width {dim}, batches of {batch:,} uniform keys")
-    for fn in (bench_hash_map, bench_rocksdb, bench_bulk_load):
+    for fn in (bench_hash_map, bench_rocksdb):
         console.print(f"running {fn.__name__} …")
         rows.append(fn(num_keys=keys, dim=dim, batch=batch))
+    console.print("running bench_bulk_load …")
+    rows.append(bench_bulk_load(num_keys=keys, dim=dim))
     _print_bench(rows)
 
 
@@ -291,6 +301,30 @@ def bench_redis_cmd(
     else:
         rows = bench_redis_both(keys, dim, batch, repeats)
     _print_bench(rows)
+
+
+@bench_app.command("gpu")
+def bench_gpu_cmd(
+    dims: str = typer.Option("16,64,128", help="Vector widths, comma-separated."),
+    slots: int = typer.Option(1 << 24, help="Cache slots."),
+    batch: int = typer.Option(1 << 20, help="Keys per lookup."),
+    repeats: int = typer.Option(20, help="Timed runs per measure."),
+    device: int = typer.Option(0, help="CUDA device id."),
+) -> None:
+    """GPU cache (dynamic, static) beside a dense float4 gather and torch.index_select."""
+    from hps.gpu.lookup import cuda_available
+
+    if not cuda_available():
+        _fail(RuntimeError("hps bench gpu needs a CUDA device and CuPy: pip install 'hps[gpu]'"))
+    from hps.bench.gpu import bench_gpu, format_rows, targets
+
+    rows = bench_gpu(tuple(int(d) for d in dims.split(",")), slots, batch, False, device,
+                     repeats)
+    console.print(format_rows(rows), markup=False, highlight=False)
+    summary = targets(rows)
+    if summary:
+        console.print(format_rows(summary, ("target", "measured", "met")), markup=False,
+                      highlight=False)
 
 
 def _print_bench(rows: list[dict[str, Any]]) -> None:

@@ -40,13 +40,13 @@ def test_load_then_lookup(two_tables: dict[str, Any]) -> None:
     assert loaded.returncode == 0, loaded.stderr
     assert "hps_et.m.sparse_embedding0" in loaded.stdout and "3,000" in loaded.stdout
     keys, vectors = two_tables["tables"][1]
-    result = hps("lookup", str(config), "--model", "m", "--table", "1", "--json",
+    result = hps("lookup", str(config), "--model", "m", "--table", "1", "--json", "--",
                  str(keys[0]), str(keys[5]), "12345678901234")
     assert result.returncode == 0, result.stderr
     got = np.array(json.loads(result.stdout)["vectors"], np.float32)
     np.testing.assert_array_equal(got[:2], vectors[[0, 5]])
     assert np.all(got[2] == 0.5)
-    pretty = hps("lookup", str(config), "-m", "m", "-t", "sparse_embedding1", str(keys[0]))
+    pretty = hps("lookup", str(config), "-m", "m", "-t", "sparse_embedding1", "--", str(keys[0]))
     assert pretty.returncode == 0 and f"{keys[0]}:" in pretty.stdout
 
 
