@@ -19,13 +19,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hps.errors import HPSError
-from hps.http.errors import ApiError, error_body, kind_of, status_of
+from hps.http.errors import ApiError
+from hps.http.lookup import LOOKUP_PATH, LookupFastPath
 from hps.http.metrics import Metrics, MetricsMiddleware
 from hps.http.routes import build_router
-from hps.http.state import DEFAULT_MAX_BODY_BYTES, ServiceState
+from hps.http.state import DEFAULT_LOOKUP_THREADS, DEFAULT_MAX_BODY_BYTES, ServiceState
 from hps.server import HierarchicalParameterServer
 
 log = logging.getLogger("hps.http")
@@ -47,6 +49,7 @@ def create_app(
     token: str | None = None,
     host: str = "127.0.0.1",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    lookup_threads: int = DEFAULT_LOOKUP_THREADS,
     on_ready: Callable[[], None] | None = None,
 ) -> FastAPI:
     """A FastAPI app that serves `server`.
@@ -58,25 +61,36 @@ def create_app(
     `token`: when set, every route but `/healthz`, `/readyz` and the docs needs
     `Authorization: Bearer <token>`. `host`: the address the server binds to; without a
     token, admin routes (reload) answer 403 unless it is a loopback address.
-    `max_body_bytes`: bodies larger than this are refused with 413.
+    `max_body_bytes`: bodies larger than this are refused with 413. `lookup_threads`:
+    size of the thread pool lookups run on (the event loop never runs one).
     """
     if token is not None and not token:
         raise ValueError("token must be a non-empty string or None")
+    if lookup_threads < 1:
+        raise ValueError("lookup_threads must be at least 1")
     state = ServiceState(server=server, metrics=Metrics(server), token=token, host=host,
-                         max_body_bytes=max_body_bytes, on_ready=on_ready)
+                         max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
+                         on_ready=on_ready)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.start_loading()
-        yield
+        try:
+            yield
+        finally:
+            state.executor.shutdown(wait=True, cancel_futures=True)
 
     app = FastAPI(title="hps", summary="Hierarchical parameter server for recommender "
                   "embeddings", description=DESCRIPTION, version=_version(),
                   lifespan=lifespan)
     app.state.hps = state
-    app.include_router(build_router(state))
+    router = build_router(state)
+    lookup_route = next(r for r in router.routes
+                        if isinstance(r, APIRoute) and r.path == LOOKUP_PATH)
+    app.include_router(router)
     _add_error_handlers(app, state)
-    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    app.add_middleware(LookupFastPath, state=state, route=lookup_route)  # inner
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # outer: sees every answer
     return app
 
 
@@ -86,25 +100,15 @@ def _version() -> str:
     return __version__
 
 
-def _answer(state: ServiceState, status: int, kind: str, message: str,
-            headers: dict[str, str] | None = None) -> JSONResponse:
-    state.metrics.errors.labels(kind, str(status)).inc()
-    return JSONResponse(error_body(kind, message), status_code=status, headers=headers)
-
-
 def _add_error_handlers(app: FastAPI, state: ServiceState) -> None:
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
-        status = status_of(exc)
-        if status >= 500:
-            log.warning("%s %s: %s", request.method, request.url.path, exc)
-        headers = exc.headers if isinstance(exc, ApiError) else None
-        return _answer(state, status, kind_of(exc), str(exc), headers)
+        return state.error_response(request, exc)
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         kind = _HTTP_KINDS.get(exc.status_code, "http_error")
-        return _answer(state, exc.status_code, kind, str(exc.detail),
-                       dict(exc.headers) if exc.headers else None)
+        return state.answer(exc.status_code, kind, str(exc.detail),
+                            dict(exc.headers) if exc.headers else None)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -112,16 +116,12 @@ def _add_error_handlers(app: FastAPI, state: ServiceState) -> None:
         for err in exc.errors()[:3]:
             where = ".".join(str(p) for p in err.get("loc", ())) or "request"
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
-        return _answer(state, 422, "bad_request", "; ".join(parts) or "invalid request")
-
-    async def on_bug(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
-        return _answer(state, 500, "internal", f"internal error: {type(exc).__name__}")
+        return state.answer(422, "bad_request", "; ".join(parts) or "invalid request")
 
     handlers: list[tuple[Any, Any]] = [
         (ApiError, on_error), (HPSError, on_error),
         (StarletteHTTPException, on_http), (RequestValidationError, on_validation),
-        (Exception, on_bug),
+        (Exception, on_error),
     ]
     for cls, handler in handlers:
         app.add_exception_handler(cls, handler)

@@ -1,42 +1,32 @@
-"""The routes: lookups (binary and JSON), model listing, reload, health, metrics.
+"""The routes: model listing, reload, health, metrics, and the lookup route's declaration.
 
-Lookups run in starlette's threadpool: the server's lookup path is NumPy and tier I/O
-and must not block the event loop. Keys and vectors cross HTTP as whole arrays
-(`np.frombuffer` in, a memoryview of the float32 rows out; JSON through pydantic-core
-and `.tolist()`), never key by key.
+The lookup route itself lives in `lookup.py` (its hot path answers before FastAPI's
+router); it is declared here so that OpenAPI describes it, with both body forms.
+Model listing and reload call the tiers and load files, so they run in the threadpool.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from hps.config import ModelConfig
 from hps.errors import ConfigError
-from hps.http.errors import BadBody, BadJSON, BodyTooLarge, Forbidden, UnsupportedMediaType
-from hps.http.errors import Unauthorized as UnauthorizedError
+from hps.http.errors import Forbidden
+from hps.http.lookup import LOOKUP_PATH, respond
 from hps.http.schemas import (
     ERROR_RESPONSES,
     JSON,
-    KEYS_HEADER,
     LOOKUP_REQUEST_OPENAPI,
     LOOKUP_RESPONSES,
-    MODEL_HEADER,
-    OCTET_STREAM,
-    TABLE_HEADER,
-    WIDTH_HEADER,
     ErrorBody,
     Health,
-    LookupRequest,
     ModelInfo,
     ModelList,
     Readiness,
@@ -44,122 +34,10 @@ from hps.http.schemas import (
     ReloadResponse,
 )
 from hps.http.state import ServiceState
-from hps.server import HierarchicalParameterServer, LoadedTable
-
-
-def _optional(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:  # pragma: no cover - depends on the environment
-        return None
-
-
-#: orjson writes float32 arrays directly, several times faster than json + tolist()
-orjson = _optional("orjson")
-
-LOOKUP_PATH = "/v1/models/{model}/tables/{table}/lookup"
+from hps.server import HierarchicalParameterServer
 
 _bearer = HTTPBearer(auto_error=False, description="The server's token (--token / HPS_TOKEN).")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-
-
-# -- bodies -------------------------------------------------------------------------------
-
-def media_type_of(request: Request) -> str:
-    """The body's media type, lower-case, without parameters; 415 unless one we read."""
-    raw = request.headers.get("content-type", "")
-    media = raw.split(";", 1)[0].strip().lower()
-    if media not in (OCTET_STREAM, JSON):
-        got = f"{raw!r}" if raw else "no Content-Type"
-        raise UnsupportedMediaType(
-            f"lookup bodies are {OCTET_STREAM} (little-endian int64 keys) or {JSON} "
-            f'({{"keys": [...]}}); got {got}')
-    return media
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) one larger than `limit` before reading it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"body of {int(declared):,} bytes exceeds the limit of {limit:,}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"body exceeds the limit of {limit:,} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:3]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{where}: {err['msg']}")
-    more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
-    return "; ".join(parts) + more
-
-
-def parse_json_keys(body: bytes) -> np.ndarray:
-    """int64 keys of a JSON body `{"keys": [...]}`; BadJSON naming what was wrong."""
-    try:
-        request = LookupRequest.model_validate_json(body)
-    except ValidationError as exc:
-        if any(e["type"] == "json_invalid" for e in exc.errors()):
-            raise BadJSON(f"body is not valid JSON: {_validation_message(exc)}") from None
-        raise BadJSON(
-            'expected {"keys": [int64, ...]}: ' + _validation_message(exc)) from None
-    return np.array(request.keys, dtype=np.int64)
-
-
-def parse_binary_keys(body: bytes) -> np.ndarray:
-    """int64 keys of a binary body (little-endian, 8 bytes each; no copy)."""
-    if len(body) % 8:
-        raise BadBody(
-            f"binary body of {len(body)} bytes is not a whole number of keys: expected "
-            "little-endian int64 keys, 8 bytes each")
-    return np.frombuffer(body, dtype="<i8")
-
-
-def encode_json(payload: dict[str, Any], vectors: np.ndarray) -> bytes:
-    """`payload` with "vectors" added, as JSON bytes; non-finite values become null."""
-    if orjson is not None:
-        return bytes(orjson.dumps({**payload, "vectors": np.ascontiguousarray(vectors)},
-                                  option=orjson.OPT_SERIALIZE_NUMPY))
-    return encode_json_stdlib(payload, vectors)
-
-
-def encode_json_stdlib(payload: dict[str, Any], vectors: np.ndarray) -> bytes:
-    """`encode_json` without orjson: `.tolist()` and the json module."""
-    finite = np.isfinite(vectors)
-    if finite.all():
-        rows = vectors.tolist()
-    else:  # JSON has no NaN/inf: write null, as orjson does
-        cells = vectors.astype(object)
-        cells[~finite] = None
-        rows = cells.tolist()
-    return json.dumps({**payload, "vectors": rows}, separators=(",", ":")).encode()
-
-
-# -- lookups ------------------------------------------------------------------------------
-
-def lookup_binary(server: HierarchicalParameterServer, model: str, table: LoadedTable,
-                  body: bytes) -> tuple[memoryview, int, int]:
-    """(raw little-endian float32 rows, key count, width) of a binary body."""
-    keys = parse_binary_keys(body)
-    vectors = np.ascontiguousarray(server.lookup(model, table.index, keys), dtype="<f4")
-    return vectors.reshape(-1).data.cast("B"), keys.size, vectors.shape[1]
-
-
-def lookup_json(server: HierarchicalParameterServer, model: str, table: LoadedTable,
-                body: bytes) -> bytes:
-    """The JSON answer to a JSON body."""
-    keys = parse_json_keys(body)
-    vectors = server.lookup(model, table.index, keys)
-    payload = {"model": model, "table": table.name, "width": int(vectors.shape[1]),
-               "count": int(keys.size)}
-    return encode_json(payload, vectors)
 
 
 # -- model info ---------------------------------------------------------------------------
@@ -186,25 +64,19 @@ def model_infos(server: HierarchicalParameterServer) -> list[dict[str, Any]]:
 def build_router(state: ServiceState) -> APIRouter:
     """All routes of one app, bound to its state."""
 
-    async def require_token(credentials: Credentials) -> None:
-        if state.token is None:
-            return
-        if credentials is None or not state.token_matches(credentials.credentials):
-            raise UnauthorizedError(
-                "this server needs 'Authorization: Bearer <token>' (its --token / HPS_TOKEN)"
-                if credentials is None else "wrong token",
-                headers={"WWW-Authenticate": "Bearer"})
+    async def require_token(request: Request, credentials: Credentials) -> None:
+        # `credentials` only documents the scheme in OpenAPI; the check reads the header
+        state.check_token(request.headers.get("authorization"))
 
-    async def require_admin(credentials: Credentials) -> None:
+    async def require_admin(request: Request, credentials: Credentials) -> None:
         if state.token is None and not state.admin_open:
             raise Forbidden(
                 f"admin routes are refused on a server bound to {state.host} without a "
                 "token: start it with --token (or HPS_TOKEN), or bind it to 127.0.0.1")
-        await require_token(credentials)
+        state.check_token(request.headers.get("authorization"))
 
     protected = [Depends(require_token)] if state.token is not None else []
     router = APIRouter()
-    limit = state.max_body_bytes
     server = state.server
 
     @router.get("/healthz", response_model=Health, tags=["health"],
@@ -268,17 +140,7 @@ def build_router(state: ServiceState) -> APIRouter:
         little-endian float32 rows (`X-HPS-Keys` × `X-HPS-Width` floats). JSON: send
         `{"keys": [...]}`; the answer is `{"vectors": [[...]], ...}`.
         """
-        media = media_type_of(request)
-        loaded_table = state.model(model).table(table)
-        body = await read_body(request, limit)
-        if media == OCTET_STREAM:
-            data, count, width = await run_in_threadpool(
-                lookup_binary, server, model, loaded_table, body)
-            return Response(data, media_type=OCTET_STREAM, headers={
-                KEYS_HEADER: str(count), WIDTH_HEADER: str(width),
-                MODEL_HEADER: model, TABLE_HEADER: loaded_table.name})
-        payload = await run_in_threadpool(lookup_json, server, model, loaded_table, body)
-        return Response(payload, media_type=JSON)
+        return await respond(state, request, model, table)
 
     @router.post("/v1/models/{model}/reload", response_model=ReloadResponse,
                  dependencies=[*protected, Depends(require_admin)], tags=["admin"],

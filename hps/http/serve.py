@@ -18,7 +18,7 @@ import uvicorn
 
 from hps.config import PSConfig
 from hps.http.app import create_app
-from hps.http.state import DEFAULT_MAX_BODY_BYTES, is_loopback
+from hps.http.state import DEFAULT_LOOKUP_THREADS, DEFAULT_MAX_BODY_BYTES, is_loopback
 from hps.server import HierarchicalParameterServer
 
 log = logging.getLogger("hps.http")
@@ -64,6 +64,7 @@ def serve(
     port: int = 8000,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    lookup_threads: int = DEFAULT_LOOKUP_THREADS,
     access_log: bool = False,
     log_level: str = "info",
     echo: Callable[[str], None] = print,
@@ -89,13 +90,13 @@ def serve(
         threading.Thread(target=announce, name="hps-announce", daemon=True).start()
 
     app = create_app(server, token=token, host=host, max_body_bytes=max_body_bytes,
-                     on_ready=on_ready)
+                     lookup_threads=lookup_threads, on_ready=on_ready)
     if token is None and not is_loopback(host):
         log.warning("serving on %s without a token: reads are open to the network, admin "
                     "routes (reload) are refused", host)
     uv = uvicorn.Server(uvicorn.Config(
         app, host=host, port=port, access_log=access_log, log_level=log_level,
-        lifespan="on", timeout_graceful_shutdown=5))
+        lifespan="on", ws="none", timeout_graceful_shutdown=5))
     echo(f"hps: serving on {base_url(host, port)} (models load in the background; "
          "GET /readyz turns 200 when they are in, docs at /docs)")
     try:
@@ -127,14 +128,18 @@ class ServerThread:
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", **config: Any) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only then
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.bind((host, 0))
         self.port = int(self.sock.getsockname()[1])
         self.url = base_url(host, self.port)
         config.setdefault("log_level", "warning")
         config.setdefault("access_log", False)
-        self.server = uvicorn.Server(uvicorn.Config(app, lifespan="on", **config))
+        config.setdefault("ws", "none")  # no websockets: nothing to import, nothing to warn
+        config.setdefault("lifespan", "on")
+        self.server = uvicorn.Server(uvicorn.Config(app, **config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="hps-uvicorn", daemon=True)
 

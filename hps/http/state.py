@@ -14,21 +14,29 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from starlette.responses import JSONResponse
+
 from hps.config import ModelConfig
 from hps.errors import HPSError, UnknownModelError
-from hps.http.errors import ModelNotReady
+from hps.http.errors import ApiError, ModelNotReady, Unauthorized, error_body, kind_of, status_of
 from hps.http.metrics import Metrics
 
 if TYPE_CHECKING:
+    from starlette.requests import Request
+
     from hps.server import HierarchicalParameterServer, LoadedModel
 
 log = logging.getLogger("hps.http")
 
 #: default limit of a request body: 16 MiB (2 M binary keys)
 DEFAULT_MAX_BODY_BYTES = 16 << 20
+#: default size of the lookup thread pool: enough to overlap network tiers' round trips,
+#: few enough that in-process lookups do not fight over the GIL
+DEFAULT_LOOKUP_THREADS = 2
 
 
 def is_loopback(host: str) -> bool:
@@ -50,9 +58,14 @@ class ServiceState:
     token: str | None
     host: str
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    lookup_threads: int = DEFAULT_LOOKUP_THREADS
     on_ready: Callable[[], None] | None = None
     failed: dict[str, str] = field(default_factory=dict)
     loader: threading.Thread | None = None
+    executor: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.executor = ThreadPoolExecutor(self.lookup_threads, thread_name_prefix="hps-lookup")
 
     # -- auth ---------------------------------------------------------------------------
 
@@ -61,9 +74,38 @@ class ServiceState:
         """Admin routes are open without a token only on a loopback-bound server."""
         return self.token is None and is_loopback(self.host)
 
-    def token_matches(self, given: str) -> bool:
-        assert self.token is not None
-        return hmac.compare_digest(given.encode(), self.token.encode())
+    def check_token(self, authorization: str | None) -> None:
+        """Unauthorized unless no token is set or `authorization` is 'Bearer <token>'."""
+        if self.token is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise Unauthorized(
+                "this server needs 'Authorization: Bearer <token>' (its --token / HPS_TOKEN)",
+                headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+            raise Unauthorized("wrong token", headers={"WWW-Authenticate": "Bearer"})
+
+    # -- errors -------------------------------------------------------------------------
+
+    def error_response(self, request: Request, exc: Exception) -> JSONResponse:
+        """The JSON answer to an error (counted by kind in the metrics)."""
+        status = status_of(exc)
+        kind = kind_of(exc)
+        if kind == "internal":
+            log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+            message = f"internal error: {type(exc).__name__}"
+        else:
+            if status >= 500:
+                log.warning("%s %s: %s", request.method, request.url.path, exc)
+            message = str(exc)
+        headers = exc.headers if isinstance(exc, ApiError) else None
+        return self.answer(status, kind, message, headers)
+
+    def answer(self, status: int, kind: str, message: str,
+               headers: dict[str, str] | None = None) -> JSONResponse:
+        self.metrics.errors.labels(kind, str(status)).inc()
+        return JSONResponse(error_body(kind, message), status_code=status, headers=headers)
 
     # -- models -------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from hps.http import routes
+from hps.http import lookup as routes
 from tests.http.conftest import DIMS, MAX_KEYS, MODEL, TABLE_NAMES, Live
 
 

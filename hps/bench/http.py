@@ -1,0 +1,343 @@
+"""Benchmark of the HTTP lookup service beside the same keys fetched straight from Redis.
+
+`bench_http()` builds one table (`num_keys` keys, width `dim`) and serves it two ways:
+
+- HTTP: `hps serve` in a subprocess (its own process and GIL, as in production), the
+  table in the in-process hash map tier; clients POST `batch` keys per request to the
+  binary endpoint (little-endian int64 in, float32 rows out) and, separately, to the JSON
+  endpoint (`{"keys": [...]}` in, `{"vectors": [[...]]}` out);
+- direct Redis: the same rows in a local `redis-server` started by the bench, in
+  HugeCTR's layout (`hps_et{<table>/p<N>}v` hashes, written by the Redis tier); the client
+  sends a redis-py pipeline of one `HMGET` per partition hash, over byte fields prepared
+  (converted and grouped by partition) outside the timing, and decodes the replies into
+  float32 rows in key order.
+
+The same client process runs `clients` threads, each with its own keep-alive connection,
+each sending the same pre-drawn uniform random batches, closed loop (next request when the
+answer is in). Every answer is decoded to a float32 [batch, dim] array: binary with
+`np.frombuffer`, JSON with `json.loads`, Redis with `b"".join` + `np.frombuffer` + one
+scatter. Answers of all three are checked against the table before timing.
+
+The three paths take turns for `rounds` rounds of `seconds` each, after `warmup`
+seconds of each; the figures are the median over rounds of requests/s and keys/s, and
+p50/p99 of the per-request latencies of all rounds. `python -m hps.bench.http` or
+`hps bench http` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MODEL = "bench"
+TABLE = "table0"
+STORAGE_NAME = f"hps_et.{MODEL}.{TABLE}"
+
+#: one client's fetch of batch i → float32 [batch, dim]
+Fetch = Callable[[int], np.ndarray]
+
+
+def _free_port() -> int:
+    from hps.bench.redis_servers import free_port
+
+    return free_port()
+
+
+@contextlib.contextmanager
+def _http_server(config: Path, port: int, lookup_threads: int, timeout: float = 300.0
+                 ) -> Iterator[str]:
+    """`hps serve config` in a subprocess; yields its URL once /readyz is 200."""
+    log = open(config.parent / "serve.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hps.cli", "serve", str(config), "--port", str(port),
+         "--lookup-threads", str(lookup_threads)],
+        stdout=log, stderr=subprocess.STDOUT)
+    url = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("hps serve exited: "
+                                   + (config.parent / "serve.log").read_text()[-2000:])
+            try:
+                conn = http.client.HTTPConnection(url, timeout=2)
+                conn.request("GET", "/readyz")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    break
+                conn.close()
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"hps serve not ready within {timeout} s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+# -- clients ------------------------------------------------------------------------------
+
+class _HTTPBinary:
+    """One keep-alive connection POSTing binary keys; answers decoded with frombuffer."""
+
+    def __init__(self, url: str, queries: list[np.ndarray], dim: int) -> None:
+        self.conn = http.client.HTTPConnection(url, timeout=60)
+        # http.client sends headers and body in two writes: without TCP_NODELAY the body
+        # waits for the server's delayed ACK (as redis-py and httpx, which set it, do not)
+        self.conn.connect()
+        self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.path = f"/v1/models/{MODEL}/tables/{TABLE}/lookup"
+        self.bodies = [q.astype("<i8").tobytes() for q in queries]
+        self.headers = {"Content-Type": "application/octet-stream"}
+        self.dim = dim
+
+    def __call__(self, i: int) -> np.ndarray:
+        self.conn.request("POST", self.path, self.bodies[i], self.headers)
+        answer = self.conn.getresponse()
+        data = answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"binary lookup answered {answer.status}: {data[:200]!r}")
+        return np.frombuffer(data, dtype="<f4").reshape(-1, self.dim)
+
+
+class _HTTPJSON(_HTTPBinary):
+    """One keep-alive connection POSTing JSON keys; answers decoded with json.loads."""
+
+    def __init__(self, url: str, queries: list[np.ndarray], dim: int) -> None:
+        super().__init__(url, queries, dim)
+        self.bodies = [json.dumps({"keys": q.tolist()}).encode() for q in queries]
+        self.headers = {"Content-Type": "application/json"}
+
+    def __call__(self, i: int) -> np.ndarray:
+        self.conn.request("POST", self.path, self.bodies[i], self.headers)
+        answer = self.conn.getresponse()
+        data = answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"JSON lookup answered {answer.status}: {data[:200]!r}")
+        return np.asarray(json.loads(data)["vectors"], dtype=np.float32)
+
+
+class _RedisHMGET:
+    """One redis-py connection: pipelined HMGET per partition hash, prepared byte fields."""
+
+    def __init__(self, address: str, queries: list[np.ndarray], dim: int,
+                 num_partitions: int) -> None:
+        import redis
+
+        from hps.db.partition import partition_of
+        from hps.db.redis import value_hash
+
+        host, port = address.rsplit(":", 1)
+        self.client = redis.Redis(host=host, port=int(port), single_connection_client=True)
+        names = [value_hash(STORAGE_NAME, p) for p in range(num_partitions)]
+        self.dim = dim
+        self.prepared: list[tuple[list[tuple[str, list[bytes]]], np.ndarray]] = []
+        for q in queries:
+            parts = partition_of(q, num_partitions)
+            order = np.argsort(parts, kind="stable")  # rows arrive grouped by partition
+            grouped = q[order].astype("<i8").view("V8").tolist()
+            counts = np.bincount(parts, minlength=num_partitions)
+            commands, start = [], 0
+            for p, n in enumerate(counts.tolist()):
+                if n:
+                    commands.append((names[p], grouped[start:start + n]))
+                start += n
+            self.prepared.append((commands, order))
+
+    def __call__(self, i: int) -> np.ndarray:
+        commands, order = self.prepared[i]
+        pipe = self.client.pipeline(transaction=False)
+        for name, fields in commands:
+            pipe.execute_command("HMGET", name, *fields)
+        replies = pipe.execute()
+        rows = np.frombuffer(b"".join(v for r in replies for v in r), dtype="<f4")
+        out = np.empty((order.size, self.dim), dtype=np.float32)
+        out[order] = rows.reshape(-1, self.dim)
+        return out
+
+
+# -- the closed-loop driver ---------------------------------------------------------------
+
+def _drive(fetches: list[Fetch], num_queries: int, warmup: float, seconds: float
+           ) -> tuple[int, list[float]]:
+    """Each fetch in its own thread, closed loop; (requests done in the window, latencies)."""
+    start_at = time.perf_counter() + warmup
+    stop_at = start_at + seconds
+    latencies: list[list[float]] = [[] for _ in fetches]
+    errors: list[BaseException] = []
+
+    def client(c: int) -> None:
+        i = c * 7919
+        mine = latencies[c]
+        try:
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop_at:
+                    return
+                fetches[c](i % num_queries)
+                t1 = time.perf_counter()
+                if t0 >= start_at and t1 <= stop_at:
+                    mine.append(t1 - t0)
+                i += 1
+        except BaseException as exc:  # reported after the join
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(len(fetches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    flat = [x for lat in latencies for x in lat]
+    return len(flat), flat
+
+
+def _figures(name: str, batch: int, seconds: float, rounds: list[tuple[int, list[float]]]
+             ) -> dict[str, Any]:
+    rates = [n / seconds for n, _ in rounds]
+    latencies = np.array([x for _, lat in rounds for x in lat]) * 1e3
+    req_s = statistics.median(rates)
+    return {
+        "path": name,
+        "requests_per_s": req_s,
+        "keys_per_s": req_s * batch,
+        "p50_ms": float(np.percentile(latencies, 50)) if latencies.size else float("nan"),
+        "p99_ms": float(np.percentile(latencies, 99)) if latencies.size else float("nan"),
+    }
+
+
+# -- the benchmark ------------------------------------------------------------------------
+
+def bench_http(
+    num_keys: int = 1_000_000,
+    dim: int = 64,
+    batch: int = 1024,
+    clients: int = 8,
+    *,
+    seconds: float = 5.0,
+    warmup: float = 1.0,
+    rounds: int = 3,
+    num_queries: int = 512,
+    num_partitions: int = 16,
+    lookup_threads: int = 2,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """HTTP binary and JSON lookups vs direct Redis HMGET; returns the figures as a dict.
+
+    Keys: `rows` (one dict per path: requests/s, keys/s, p50/p99 ms), the binary
+    endpoint's keys/s over the direct-Redis path's (`binary_vs_redis`), the setup, and
+    the machine's CPU count.
+    """
+    from hps.bench.redis_servers import RedisServer
+    from hps.bench.tiers import make_table
+    from hps.config import VolatileDBConfig
+    from hps.db.redis import RedisTier
+    from hps.io.sparse_model import write_sparse_model
+
+    keys, vectors = make_table(num_keys, dim, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    picks = [rng.integers(0, num_keys, batch) for _ in range(num_queries)]
+    queries = [keys[p] for p in picks]
+    tmp = Path(tempfile.mkdtemp(prefix="hps-bench-http-"))
+    try:
+        write_sparse_model(tmp / TABLE, keys, vectors)
+        config = {
+            "supportlonglong": True,
+            "models": [{
+                "model": MODEL, "sparse_files": [TABLE], "embedding_table_names": [TABLE],
+                "embedding_vecsize_per_table": [dim],
+                "maxnum_catfeature_query_per_table_per_sample": [batch],
+                "default_value_for_each_table": [0.0], "deployed_device_list": [0],
+                "max_batch_size": 1, "gpucache": False,
+            }],
+            "volatile_db": {"type": "hash_map", "num_partitions": num_partitions},
+        }
+        (tmp / "ps.json").write_text(json.dumps(config))
+        started = time.perf_counter()
+        with RedisServer(tmp / "redis") as redis_server, \
+                _http_server(tmp / "ps.json", _free_port(), lookup_threads) as url:
+            tier = RedisTier(VolatileDBConfig(
+                type="redis_cluster", address=redis_server.address,
+                num_partitions=num_partitions, socket_timeout=30.0))
+            tier.create_table(STORAGE_NAME, dim)
+            step = 1 << 17
+            for a in range(0, num_keys, step):
+                tier.insert(STORAGE_NAME, keys[a:a + step], vectors[a:a + step])
+            tier.close()
+            setup_s = time.perf_counter() - started
+
+            makers: dict[str, Callable[[], Fetch]] = {
+                "http binary": lambda: _HTTPBinary(url, queries, dim),
+                "http json": lambda: _HTTPJSON(url, queries, dim),
+                "redis hmget (direct)": lambda: _RedisHMGET(
+                    redis_server.address, queries, dim, num_partitions),
+            }
+            fetches = {name: [make() for _ in range(clients)] for name, make in makers.items()}
+            for name, per_client in fetches.items():  # same answers, checked before timing
+                for i in (0, 1):
+                    if not np.array_equal(per_client[0](i), vectors[picks[i]]):
+                        raise AssertionError(f"{name} answered wrong vectors")
+            results: dict[str, list[tuple[int, list[float]]]] = {n: [] for n in fetches}
+            for _ in range(rounds):
+                for name, per_client in fetches.items():
+                    results[name].append(_drive(per_client, num_queries, warmup, seconds))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    rows = [_figures(name, batch, seconds, r) for name, r in results.items()]
+    by_path = {r["path"]: r for r in rows}
+    return {
+        "rows": rows,
+        "binary_vs_redis": by_path["http binary"]["keys_per_s"]
+        / by_path["redis hmget (direct)"]["keys_per_s"],
+        "json_vs_redis": by_path["http json"]["keys_per_s"]
+        / by_path["redis hmget (direct)"]["keys_per_s"],
+        "num_keys": num_keys, "dim": dim, "batch": batch, "clients": clients,
+        "seconds": seconds, "rounds": rounds, "cpus": os.cpu_count(),
+        "lookup_threads": lookup_threads,
+        "setup_s": setup_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lookup-threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    result = bench_http(args.keys, args.dim, args.batch, args.clients,
+                        seconds=args.seconds, rounds=args.rounds,
+                        lookup_threads=args.lookup_threads)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

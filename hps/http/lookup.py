@@ -1,0 +1,210 @@
+"""The lookup route, `POST /v1/models/{model}/tables/{table}/lookup`: the hot path.
+
+Bodies: little-endian int64 keys (`application/octet-stream`) → raw little-endian float32
+rows with `X-HPS-Keys`/`X-HPS-Width` headers; or JSON `{"keys": [...]}` → JSON
+`{"vectors": [[...]], ...}`. Keys and vectors cross as whole arrays (`np.frombuffer` in,
+a memoryview of the rows out; JSON through pydantic-core and orjson or `.tolist()`),
+never key by key.
+
+The lookup itself runs on the app's lookup thread pool (`ServiceState.executor`), never
+on the event loop. Measured on 2 cores, a dedicated `ThreadPoolExecutor` reached through
+`loop.run_in_executor` costs about a third of anyio's `to_thread` (starlette's
+`run_in_threadpool`) per call under concurrency, which on this route is a large share of
+the whole request.
+
+`LookupFastPath` is a plain ASGI middleware that answers this route before FastAPI's
+router, dependency solving and request models: the route is still declared to FastAPI
+(`routes.py`) so that OpenAPI describes it, and that declaration answers through the same
+`respond` if the fast path is ever bypassed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from hps.http.errors import BadBody, BadJSON, BodyTooLarge, UnsupportedMediaType
+from hps.http.schemas import (
+    JSON,
+    KEYS_HEADER,
+    MODEL_HEADER,
+    OCTET_STREAM,
+    TABLE_HEADER,
+    WIDTH_HEADER,
+    LookupRequest,
+)
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from hps.http.state import ServiceState
+    from hps.server import HierarchicalParameterServer, LoadedTable
+
+LOOKUP_PATH = "/v1/models/{model}/tables/{table}/lookup"
+_LOOKUP_RE = re.compile(r"^/v1/models/(?P<model>[^/]+)/tables/(?P<table>[^/]+)/lookup$")
+
+
+def _optional(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+
+
+#: orjson writes float32 arrays directly, several times faster than json + tolist()
+orjson = _optional("orjson")
+
+
+# -- bodies -------------------------------------------------------------------------------
+
+def media_type_of(request: Request) -> str:
+    """The body's media type, lower-case, without parameters; 415 unless one we read."""
+    raw = request.headers.get("content-type", "")
+    media = raw.split(";", 1)[0].strip().lower()
+    if media not in (OCTET_STREAM, JSON):
+        got = f"{raw!r}" if raw else "no Content-Type"
+        raise UnsupportedMediaType(
+            f"lookup bodies are {OCTET_STREAM} (little-endian int64 keys) or {JSON} "
+            f'({{"keys": [...]}}); got {got}')
+    return media
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, refusing (413) one larger than `limit` before reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"body of {int(declared):,} bytes exceeds the limit of {limit:,}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body exceeds the limit of {limit:,} bytes")
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """The first few errors of a pydantic validation, one line."""
+    parts = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{where}: {err['msg']}")
+    more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+    return "; ".join(parts) + more
+
+
+def parse_json_keys(body: bytes) -> np.ndarray:
+    """int64 keys of a JSON body `{"keys": [...]}`; BadJSON naming what was wrong."""
+    try:
+        request = LookupRequest.model_validate_json(body)
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise BadJSON(f"body is not valid JSON: {validation_message(exc)}") from None
+        raise BadJSON('expected {"keys": [int64, ...]}: ' + validation_message(exc)) from None
+    return np.array(request.keys, dtype=np.int64)
+
+
+def parse_binary_keys(body: bytes) -> np.ndarray:
+    """int64 keys of a binary body (little-endian, 8 bytes each; no copy)."""
+    if len(body) % 8:
+        raise BadBody(
+            f"binary body of {len(body)} bytes is not a whole number of keys: expected "
+            "little-endian int64 keys, 8 bytes each")
+    return np.frombuffer(body, dtype="<i8")
+
+
+def encode_json(payload: dict[str, Any], vectors: np.ndarray) -> bytes:
+    """`payload` with "vectors" added, as JSON bytes; non-finite values become null."""
+    if orjson is not None:
+        return bytes(orjson.dumps({**payload, "vectors": np.ascontiguousarray(vectors)},
+                                  option=orjson.OPT_SERIALIZE_NUMPY))
+    return encode_json_stdlib(payload, vectors)
+
+
+def encode_json_stdlib(payload: dict[str, Any], vectors: np.ndarray) -> bytes:
+    """`encode_json` without orjson: `.tolist()` and the json module."""
+    finite = np.isfinite(vectors)
+    if finite.all():
+        rows = vectors.tolist()
+    else:  # JSON has no NaN/inf: write null, as orjson does
+        cells = vectors.astype(object)
+        cells[~finite] = None
+        rows = cells.tolist()
+    return json.dumps({**payload, "vectors": rows}, separators=(",", ":")).encode()
+
+
+# -- the lookups (run on the lookup thread pool) ------------------------------------------
+
+def lookup_binary(server: HierarchicalParameterServer, model: str, table: LoadedTable,
+                  body: bytes) -> tuple[memoryview, int, int]:
+    """(raw little-endian float32 rows, key count, width) of a binary body."""
+    keys = parse_binary_keys(body)
+    vectors = np.ascontiguousarray(server.lookup(model, table.index, keys), dtype="<f4")
+    return vectors.reshape(-1).data.cast("B"), keys.size, vectors.shape[1]
+
+
+def lookup_json(server: HierarchicalParameterServer, model: str, table: LoadedTable,
+                body: bytes) -> bytes:
+    """The JSON answer to a JSON body."""
+    keys = parse_json_keys(body)
+    vectors = server.lookup(model, table.index, keys)
+    payload = {"model": model, "table": table.name, "width": int(vectors.shape[1]),
+               "count": int(keys.size)}
+    return encode_json(payload, vectors)
+
+
+async def respond(state: ServiceState, request: Request, model: str, table: str) -> Response:
+    """The answer to one lookup request; raises ApiError / HPSError for bad input."""
+    state.check_token(request.headers.get("authorization"))
+    media = media_type_of(request)
+    loaded_table = state.model(model).table(table)
+    body = await read_body(request, state.max_body_bytes)
+    loop = asyncio.get_running_loop()
+    if media == OCTET_STREAM:
+        data, count, width = await loop.run_in_executor(
+            state.executor, lookup_binary, state.server, model, loaded_table, body)
+        return Response(data, media_type=OCTET_STREAM, headers={
+            KEYS_HEADER: str(count), WIDTH_HEADER: str(width),
+            MODEL_HEADER: model, TABLE_HEADER: loaded_table.name})
+    payload = await loop.run_in_executor(
+        state.executor, lookup_json, state.server, model, loaded_table, body)
+    return Response(payload, media_type=JSON)
+
+
+class LookupFastPath:
+    """Answers `POST …/lookup` before FastAPI's router; passes everything else on."""
+
+    def __init__(self, app: ASGIApp, state: ServiceState, route: Any) -> None:
+        self.app = app
+        self.state = state
+        self.route = route  # what MetricsMiddleware labels the request with
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        match = _LOOKUP_RE.match(path)
+        if match is None:
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = self.route
+        request = Request(scope, receive)
+        try:  # ASGI paths come percent-decoded: the groups are the names as sent
+            response = await respond(self.state, request, match["model"], match["table"])
+        except Exception as exc:
+            response = self.state.error_response(request, exc)
+        await response(scope, receive, send)
+
