@@ -171,7 +171,7 @@ class _RedisHMGET:
         commands, order = self.prepared[i]
         pipe = self.client.pipeline(transaction=False)
         for name, fields in commands:
-            pipe.execute_command("HMGET", name, *fields)
+            pipe.execute_command("HMGET", name, *fields)  # type: ignore[no-untyped-call]
         replies = pipe.execute()
         rows = np.frombuffer(b"".join(v for r in replies for v in r), dtype="<f4")
         out = np.empty((order.size, self.dim), dtype=np.float32)
@@ -280,9 +280,9 @@ def bench_http(
         started = time.perf_counter()
         with RedisServer(tmp / "redis") as redis_server, \
                 _http_server(tmp / "ps.json", _free_port(), lookup_threads) as url:
-            tier = RedisTier(VolatileDBConfig(
-                type="redis_cluster", address=redis_server.address,
-                num_partitions=num_partitions, socket_timeout=30.0))
+            tier = RedisTier(VolatileDBConfig.model_validate({
+                "type": "redis_cluster", "address": redis_server.address,
+                "num_partitions": num_partitions, "socket_timeout": 30.0}))
             tier.create_table(STORAGE_NAME, dim)
             step = 1 << 17
             for a in range(0, num_keys, step):

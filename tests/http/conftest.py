@@ -61,7 +61,7 @@ def write_model(folder: Path, seed: int = 11, sizes: tuple[int, int] = (3000, 20
     """Two tables (widths 8 and 64) as HugeCTR sparse model folders, plus their config."""
     rng = np.random.default_rng(seed)
     files = []
-    for name, n, dim in zip(TABLE_NAMES, sizes, DIMS):
+    for name, n, dim in zip(TABLE_NAMES, sizes, DIMS, strict=True):
         keys, vectors = make_table(rng, n, dim)
         write_table(folder / name, keys, vectors)
         files.append(str(folder / name))
@@ -73,7 +73,7 @@ def write_model(folder: Path, seed: int = 11, sizes: tuple[int, int] = (3000, 20
     }
     keys = [np.fromfile(folder / t / "key", dtype="<i8") for t in TABLE_NAMES]
     vectors = [np.fromfile(folder / t / "emb_vector", dtype="<f4").reshape(-1, d)
-               for t, d in zip(TABLE_NAMES, DIMS)]
+               for t, d in zip(TABLE_NAMES, DIMS, strict=True)]
     return ModelFiles(folder, config, keys, vectors)
 
 
