@@ -297,9 +297,11 @@ def native(tmp_path_factory: pytest.TempPathFactory, compose: dict[str, Any], mo
            ) -> Iterator[NativeRoot]:
     work = tmp_path_factory.mktemp("deploy")
     svc = services(compose)
-    cluster_seeds = ",".join(
-        f"{s['networks']['default']['ipv4_address']}:{s['command'][s['command'].index('--port') + 1]}"
-        for s in (svc["redis-1"], svc["redis-2"], svc["redis-3"]))
+    seeds = []
+    for node in (svc["redis-1"], svc["redis-2"], svc["redis-3"]):
+        port = node["command"][node["command"].index("--port") + 1]
+        seeds.append(f"{node['networks']['default']['ipv4_address']}:{port}")
+    cluster_seeds = ",".join(seeds)
     with RedisServer(work / "redis") as redis_server, \
             RedisClusterProcs(work / "cluster", masters=3) as cluster:
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

@@ -1,0 +1,144 @@
+"""`hps serve` and `hps demo --serve` as a user runs them: a process, a port, a curl line."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from hps.bench.redis_servers import free_port
+from tests.http.conftest import MODEL, ModelFiles
+
+
+class Process:
+    """A CLI process whose output lines are collected by a thread."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=env, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def wait_for(self, text: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                line = ""
+            if line:
+                self.seen.append(line)
+                if text in line:
+                    return line
+            if self.proc.poll() is not None and self.lines.empty():
+                raise AssertionError(f"exited {self.proc.returncode}:\n{''.join(self.seen)}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} within {timeout} s:\n{''.join(self.seen)}")
+
+    def interrupt(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(timeout=20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+
+
+@pytest.fixture
+def cli_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "HPS_TOKEN"}
+    env["COLUMNS"] = "80"  # a narrow terminal must not wrap the curl line
+    return env
+
+
+def _run_curl(line: str, env: dict[str, str]) -> dict[str, object]:
+    """Run the printed curl line as a shell would (only $HPS_TOKEN is expanded)."""
+    assert shutil.which("curl"), "curl is needed to run the printed line"
+    argv = [a.replace("$HPS_TOKEN", env.get("HPS_TOKEN", "")) for a in shlex.split(line.strip())]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert isinstance(answer, dict) and "error" not in answer, answer
+    return answer
+
+
+@pytest.fixture
+def config_file(tmp_path: Path, model_files: ModelFiles) -> Iterator[Path]:
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(model_files.config))
+    yield path
+
+
+def test_serve_prints_a_working_curl_line(config_file: Path, model_files: ModelFiles,
+                                          cli_env: dict[str, str]) -> None:
+    port = free_port()
+    env = {**cli_env, "HPS_TOKEN": "tok-123"}
+    proc = Process([sys.executable, "-m", "hps.cli", "serve", str(config_file),
+                    "--port", str(port)], env)
+    try:
+        proc.wait_for(f"http://127.0.0.1:{port}")
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        line = proc.wait_for("curl ")
+        assert "tok-123" not in line  # the token is referenced, never printed
+        answer = _run_curl(line, env)
+        assert answer["model"] == MODEL and answer["table"] == "users"
+        np.testing.assert_array_equal(np.asarray(answer["vectors"], np.float32),
+                                      model_files.vectors[0][:3])
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
+    finally:
+        assert proc.interrupt() in (0, 130)  # 130: the conventional exit after Ctrl-C
+
+
+def test_serve_fails_clearly_on_a_bad_config(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    bad = tmp_path / "ps.json"
+    bad.write_text('{"models": []}')
+    done = subprocess.run([sys.executable, "-m", "hps.cli", "serve", str(bad), "--port",
+                           str(free_port())], capture_output=True, text=True, env=cli_env,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "models" in done.stdout + done.stderr
+
+
+def test_demo_serves_with_serve_and_ends_without(tmp_path: Path,
+                                                 cli_env: dict[str, str]) -> None:
+    port = free_port()
+    proc = Process([sys.executable, "-m", "hps.cli", "demo", "--scale", "0.01", "--folder",
+                    str(tmp_path / "demo"), "--serve", "--port", str(port)], cli_env)
+    try:
+        line = proc.wait_for("curl ", timeout=90)
+        answer = _run_curl(line, cli_env)
+        assert answer["model"] == "demo" and answer["width"] == 16
+        keys = np.fromfile(tmp_path / "demo" / "user_item" / "key", "<i8")[:3]
+        vectors = np.fromfile(tmp_path / "demo" / "user_item" / "emb_vector", "<f4")
+        np.testing.assert_array_equal(np.asarray(answer["vectors"], np.float32),
+                                      vectors.reshape(-1, 16)[:3])
+        assert f'"keys": [{", ".join(map(str, keys))}]' in line
+    finally:
+        assert proc.interrupt() in (0, 130)  # 130: the conventional exit after Ctrl-C
+    done = subprocess.run([sys.executable, "-m", "hps.cli", "demo", "--scale", "0.01",
+                           "--folder", str(tmp_path / "again")], capture_output=True,
+                          text=True, env=cli_env, timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "hps demo --serve" in done.stdout  # ends, and says how to serve
