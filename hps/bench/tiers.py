@@ -7,17 +7,21 @@
 - `bench_bulk_load`: `RocksDBTier.load` (SST ingestion) vs plain WriteBatch inserts.
 
 Each returns a dict of figures: keys/s of ours and of the baseline, their ratio, and the
-peak RSS of the process. Timings are medians of `repeats` runs after `warmup` runs; the
-baseline runs in the same process on the same keys. Run `python -m hps.bench.tiers` for a
-table (`--keys`, `--dim`, `--batch`, `--only`).
+peak RSS of the process. Timings are medians of `repeats` runs after `warmup` runs; ours
+and the baseline take turns on the same keys in the same process (`_interleaved_medians`),
+so load from other processes on the machine hits both alike. Run
+`python -m hps.bench.tiers` for a table (`--keys`, `--dim`, `--batch`, `--only`).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import resource
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,15 +36,24 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _median_seconds(fn: Callable[[int], object], repeats: int, warmup: int) -> float:
-    for i in range(warmup):
-        fn(i)
-    times = []
-    for i in range(repeats):
-        start = time.perf_counter()
-        fn(warmup + i)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _interleaved_medians(
+    fns: dict[str, Callable[[int], object]], repeats: int, warmup: int
+) -> dict[str, float]:
+    """Median seconds of each function, run in turns on the same inputs.
+
+    Turn i runs every function on input i, starting with a different one each turn, so
+    drifting machine load and the caches warmed by whoever ran first hit all alike.
+    """
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(warmup + repeats):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            fns[name](i)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def make_table(num_keys: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -94,8 +107,8 @@ def bench_hash_map(
     baseline(0)
     assert found.all() and np.array_equal(got, out)
 
-    ours_s = _median_seconds(ours, repeats, warmup)
-    base_s = _median_seconds(baseline, repeats, warmup)
+    medians = _interleaved_medians({"ours": ours, "baseline": baseline}, repeats, warmup)
+    ours_s, base_s = medians["ours"], medians["baseline"]
     raw = num_keys * (8 + 4 * dim)
     result = {
         "tier": "hash_map",
@@ -114,6 +127,132 @@ def bench_hash_map(
     }
     tier.close()
     return result
+
+
+def _rocksdb_tier(path: str, num_threads: int = 16) -> Any:
+    from hps.config import PersistentDBConfig
+    from hps.db.rocksdb import RocksDBTier
+
+    config = PersistentDBConfig.model_validate(
+        {"type": "rocks_db", "path": path, "num_threads": num_threads}
+    )
+    return RocksDBTier(config)
+
+
+def bench_rocksdb(
+    num_keys: int = 10_000_000, dim: int = 64, batch: int = 16384, repeats: int = 30,
+    warmup: int = 3, path: str | None = None,
+) -> dict[str, Any]:
+    """RocksDBTier.fetch vs a raw rocksdict `multi_get` of prepared byte keys, same DB.
+
+    Loads a fresh store under `path` (a temporary directory by default, removed after).
+    The raw baseline runs twice: with RocksDB's default read options, and with the read
+    options the tier uses (checksums not verified), so the ratio is not an options effect.
+    """
+    import rocksdict
+
+    from hps.db.rocksdb import key_bytes
+
+    work = tempfile.mkdtemp(prefix="hps-bench-rocksdb-", dir=path)
+    try:
+        keys, vectors = make_table(num_keys, dim)
+        tier = _rocksdb_tier(work)
+        tier.create_table(TABLE, dim)
+        start = time.perf_counter()
+        tier.load(TABLE, _chunks(keys, vectors, 1 << 18))
+        load_s = time.perf_counter() - start
+        del vectors
+        gc.collect()
+        queries = _query_batches(keys, batch, warmup + repeats, seed=2)
+        prepared = [key_bytes(q) for q in queries]
+        raw = tier.raw_table(TABLE)
+        same_options = rocksdict.ReadOptions()
+        same_options.set_verify_checksums(False)
+
+        got, found = tier.fetch(TABLE, queries[0])
+        values = raw.get(prepared[0])
+        assert found.all() and got.tobytes() == b"".join(values)
+
+        medians = _interleaved_medians(
+            {
+                "ours": lambda i: tier.fetch(TABLE, queries[i]),
+                "baseline": lambda i: raw.get(prepared[i]),
+                "same_options": lambda i: raw.get(prepared[i], read_opt=same_options),
+            },
+            repeats,
+            warmup,
+        )
+        ours_s, base_s, same_s = medians["ours"], medians["baseline"], medians["same_options"]
+        result = {
+            "tier": "rocksdb",
+            "num_keys": num_keys,
+            "dim": dim,
+            "batch": batch,
+            "ours_keys_per_s": batch / ours_s,
+            "baseline": "rocksdict multi_get, prepared byte keys",
+            "baseline_keys_per_s": batch / base_s,
+            "ratio": base_s / ours_s,
+            "baseline_same_options_keys_per_s": batch / same_s,
+            "ratio_same_options": same_s / ours_s,
+            "ours_batch_ms": ours_s * 1e3,
+            "baseline_batch_ms": base_s * 1e3,
+            "load_keys_per_s": num_keys / load_s,
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
+        tier.close()
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def bench_bulk_load(
+    num_keys: int = 10_000_000, dim: int = 64, chunk_keys: int = 1 << 18,
+    path: str | None = None,
+) -> dict[str, Any]:
+    """RocksDBTier.load (sorted SST files, ingested, then compacted) vs WriteBatch inserts.
+
+    The baseline is the generic `Tier.load`: one WriteBatch `insert` per chunk, WAL on,
+    as HugeCTR loaded RocksDB. Each runs on its own fresh store.
+    """
+    from hps.db.base import Tier
+
+    keys, vectors = make_table(num_keys, dim)
+    rng = np.random.default_rng(3)
+    order = rng.permutation(num_keys)  # files come in no particular key order
+    keys, vectors = keys[order], vectors[order]
+    del order
+    work = tempfile.mkdtemp(prefix="hps-bench-load-", dir=path)
+    try:
+        timings = {}
+        for name, loader in (("ours", None), ("baseline", Tier.load)):
+            store = os.path.join(work, name)
+            tier = _rocksdb_tier(store)
+            tier.create_table(TABLE, dim)
+            start = time.perf_counter()
+            if loader is None:
+                tier.load(TABLE, _chunks(keys, vectors, chunk_keys))
+            else:
+                loader(tier, TABLE, _chunks(keys, vectors, chunk_keys))
+                tier.raw_table(TABLE).flush(True)  # durable in table files, like ours
+            timings[name] = time.perf_counter() - start
+            assert tier.fetch(TABLE, keys[:1000])[1].all()
+            tier.close()
+            shutil.rmtree(store, ignore_errors=True)
+        return {
+            "tier": "rocksdb_bulk_load",
+            "num_keys": num_keys,
+            "dim": dim,
+            "batch": chunk_keys,
+            "ours_keys_per_s": num_keys / timings["ours"],
+            "baseline": "Tier.load: a WriteBatch insert per chunk",
+            "baseline_keys_per_s": num_keys / timings["baseline"],
+            "ratio": timings["baseline"] / timings["ours"],
+            "ours_seconds": timings["ours"],
+            "baseline_seconds": timings["baseline"],
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:
@@ -149,7 +288,11 @@ def main(argv: list[str] | None = None) -> None:
         _print_table(results[-1:])
 
 
-BENCHES: dict[str, Callable[..., dict[str, Any]]] = {"hash_map": bench_hash_map}
+BENCHES: dict[str, Callable[..., dict[str, Any]]] = {
+    "hash_map": bench_hash_map,
+    "rocksdb": bench_rocksdb,
+    "bulk_load": bench_bulk_load,
+}
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,439 @@
+"""The RocksDB persistent tier, through rocksdict.
+
+Layout (HugeCTR's, so a database HugeCTR filled is served as it is):
+
+    column family `hps_et.<model>.<table>`   one per table
+        key     the raw 8-byte little-endian int64
+        value   the raw float32 bytes of the row (4 × dim bytes)
+    column family `hps_meta`                 small JSON per table (source, sizes, load
+                                             time), so a reopened store knows what it holds
+
+RocksDB orders keys bytewise, i.e. by the least significant byte first; "bytewise order"
+below means that order (the numeric order of the byte-swapped keys).
+
+Fetch deduplicates the keys, sorts them in bytewise order (neighbouring keys share blocks)
+and reads them with `multi_get` in slices of `max_batch_size`, spread over a small thread
+pool (rocksdict releases the GIL while RocksDB reads). Keys become byte strings through a
+NumPy `V8` view and rows come back through one `b"".join` and `np.frombuffer`; the only
+per-key work left is inside rocksdict's C extension (rocksdict has no bulk put either:
+writes call it once per key, driven by `map`, never by a Python loop).
+
+Bulk load writes each chunk, sorted and deduplicated, to an SST file, ingests it (no WAL,
+no memtable), and compacts the table into one sorted run at the end, so reads touch one
+file per key. Loads are durable when `load` returns (ingested files and the manifest are
+synced). Values are stored uncompressed (float rows do not compress) and every table
+file carries a bloom filter, so keys that are absent cost no data-block read.
+
+Thread safety: RocksDB is thread-safe; the tier's own state (the column-family handles)
+changes under a lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import rocksdict
+
+from hps.config import PersistentDBConfig
+from hps.db.base import Tier, as_keys, as_vectors
+from hps.errors import (
+    ConfigError,
+    LookupInputError,
+    TierError,
+    TierSetupError,
+    UnknownTableError,
+)
+
+META_CF = "hps_meta"
+DEFAULT_CF = "default"
+#: RocksDB block cache shared by all tables of one store
+DEFAULT_BLOCK_CACHE_BYTES = 256 << 20
+#: keys per multi_get call handed to one worker thread
+_MIN_SLICE = 2048
+_INGEST_PREFIX = "hps_ingest_"
+
+
+def _consume(iterator: Iterator[Any]) -> None:
+    """Run an iterator (a `map` of rocksdict calls) to its end at C speed."""
+    collections.deque(iterator, maxlen=0)
+
+
+def bytewise_order(keys: np.ndarray) -> np.ndarray:
+    """Permutation that sorts int64 keys as RocksDB orders their little-endian bytes."""
+    swapped = keys.astype("<i8").byteswap().view(np.uint64)
+    return np.argsort(swapped, kind="stable")
+
+
+def key_bytes(keys: np.ndarray) -> list[bytes]:
+    """The raw 8-byte little-endian strings of int64 keys (a `V8` view: no NUL stripping)."""
+    raw: list[bytes] = np.ascontiguousarray(keys, dtype="<i8").view("V8").tolist()
+    return raw
+
+
+def row_bytes(vectors: np.ndarray) -> list[bytes]:
+    """The raw float32 bytes of each row."""
+    rows = np.ascontiguousarray(vectors, dtype="<f4")
+    raw: list[bytes] = rows.view(f"V{rows.shape[1] * 4}").reshape(-1).tolist()
+    return raw
+
+
+def _distinct_sorted(keys: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keys in bytewise order without repeats (the last occurrence wins), with their rows."""
+    order = bytewise_order(keys)
+    keys = keys[order]
+    last = np.empty(keys.size, bool)
+    if keys.size:
+        last[-1] = True
+        np.not_equal(keys[1:], keys[:-1], out=last[:-1])
+    keep = order[last]
+    return keys[last], vectors[keep]
+
+
+class RocksDBTier(Tier):
+    """The persistent tier (`persistent_db.type` "rocks_db").
+
+    `RocksDBTier(config: PersistentDBConfig, *, block_cache_bytes=256 MiB,
+    compact_after_load=True)`; reads `path`, `num_threads`, `read_only`, `max_batch_size`.
+    Opening creates the store if missing (unless read-only) and finds its column families.
+    Raises TierSetupError when the store cannot be opened (locked by another process,
+    missing while read-only, not a RocksDB directory).
+    """
+
+    name = "rocksdb"
+
+    def __init__(
+        self,
+        config: PersistentDBConfig | None = None,
+        *,
+        block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
+        compact_after_load: bool = True,
+    ) -> None:
+        super().__init__()
+        self.config = config if config is not None else PersistentDBConfig.model_validate({})
+        self.path = str(self.config.path)
+        self.read_only = bool(self.config.read_only)
+        self.max_batch_size = int(self.config.max_batch_size)
+        self.compact_after_load = compact_after_load
+        self._lock = threading.Lock()
+        self._options = self._make_options(block_cache_bytes)
+        self._read_options = rocksdict.ReadOptions()
+        self._read_options.set_verify_checksums(False)
+        self._db = self._open()
+        self._cfs: dict[str, Any] = {}
+        self._handles: dict[str, Any] = {}
+        # exact counts, each with the write generation it was taken at
+        self._sizes: dict[str, tuple[int, int]] = {}
+        self._generations: dict[str, int] = {}
+        workers = max(1, min(int(self.config.num_threads), os.cpu_count() or 1))
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hps-rocksdb")
+        self._workers = workers
+        self._meta = self._column_family(META_CF, create=not self.read_only)
+        for cf_name in self.stored_tables():
+            dim = self._stored_dim(cf_name)
+            if dim is not None:
+                self._dims[cf_name] = dim
+
+    # -- opening ------------------------------------------------------------------------
+
+    def _make_options(self, block_cache_bytes: int) -> Any:
+        opt = rocksdict.Options(raw_mode=True)
+        opt.create_if_missing(not self.read_only)
+        opt.create_missing_column_families(not self.read_only)
+        opt.increase_parallelism(max(2, int(self.config.num_threads)))
+        opt.set_max_subcompactions(max(1, min(int(self.config.num_threads), os.cpu_count() or 1)))
+        opt.set_compression_type(rocksdict.DBCompressionType.none())
+        # Reads map the table files: no pread call and no copy per block (half the time
+        # of a random read where the files sit in the page cache).
+        opt.set_allow_mmap_reads(True)
+        table = rocksdict.BlockBasedOptions()
+        table.set_bloom_filter(10, False)
+        table.set_block_cache(rocksdict.Cache(block_cache_bytes))
+        opt.set_block_based_table_factory(table)
+        return opt
+
+    def _open(self) -> Any:
+        where = f"RocksDB at {self.path!r}"
+        if self.read_only and not os.path.isdir(self.path):
+            raise TierSetupError(
+                f"{where} does not exist; persistent_db.read_only needs an existing store"
+            )
+        try:
+            families = {n: self._options for n in self._list_cfs() if n != DEFAULT_CF}
+            self._families = set(families)
+            if self.read_only:
+                return rocksdict.Rdict(
+                    self.path,
+                    self._options,
+                    column_families=families,
+                    access_type=rocksdict.AccessType.read_only(False),
+                )
+            return rocksdict.Rdict(self.path, self._options, column_families=families)
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
+            hint = ""
+            if "lock" in str(exc).lower():
+                hint = " (another process has it open read-write; open it read-only instead)"
+            raise TierSetupError(f"cannot open {where}: {exc}{hint}") from exc
+
+    def _list_cfs(self) -> list[str]:
+        if not os.path.exists(os.path.join(self.path, "CURRENT")):
+            return []
+        names: list[str] = rocksdict.Rdict.list_cf(self.path, self._options)
+        return names
+
+    def stored_tables(self) -> list[str]:
+        """Names of the tables the store holds (its column families, less `hps_meta`)."""
+        with self._lock:
+            return sorted(n for n in self._families if n not in (DEFAULT_CF, META_CF))
+
+    def _column_family(self, name: str, create: bool) -> Any:
+        with self._lock:
+            cf = self._cfs.get(name)
+            if cf is not None:
+                return cf
+            try:
+                cf = self._db.get_column_family(name)
+            except Exception:
+                if not create:
+                    return None
+                cf = self._db.create_column_family(name, self._options)
+                self._families.add(name)
+            self._cfs[name] = cf
+            self._handles[name] = self._db.get_column_family_handle(name)
+            return cf
+
+    def _stored_dim(self, table: str) -> int | None:
+        """Width of the rows a stored table holds, from its first value (None if empty)."""
+        cf = self._column_family(table, create=False)
+        if cf is None:
+            return None
+        it = cf.iter(self._read_options)
+        it.seek_to_first()
+        if not it.valid():
+            return None
+        size = len(it.value())
+        del it
+        return size // 4 if size % 4 == 0 and size else None
+
+    # -- tables -------------------------------------------------------------------------
+
+    def create_table(self, table: str, dim: int) -> None:
+        """Make `table` known with rows of width `dim`; creates its column family if missing.
+
+        Keeps existing contents. Read-only: raises TierSetupError if the store lacks it.
+        """
+        dim = int(dim)
+        if dim < 1:
+            raise ConfigError(f"table {table!r}: width must be positive, got {dim}")
+        if self._column_family(table, create=not self.read_only) is None:
+            raise TierSetupError(
+                f"RocksDB at {self.path!r} is open read-only and has no table {table!r} "
+                f"(it holds: {', '.join(self.stored_tables()) or 'nothing'})"
+            )
+        super().create_table(table, dim)
+
+    def drop_table(self, table: str) -> None:
+        """Delete `table`'s column family and its metadata."""
+        self._writable("drop", table)
+        with self._lock:
+            self._cfs.pop(table, None)
+            self._handles.pop(table, None)
+            self._sizes.pop(table, None)
+            self._generations[table] = self._generations.get(table, 0) + 1
+            if table in self._families:
+                self._db.drop_column_family(table)
+                self._families.discard(table)
+        self._meta.delete(table.encode())
+        super().drop_table(table)
+
+    def _cf(self, table: str) -> Any:
+        self.dim(table)  # UnknownTableError for tables never created
+        cf = self._cfs.get(table)
+        if cf is None:
+            raise UnknownTableError(f"rocksdb tier has no table {table!r}")
+        return cf
+
+    def raw_table(self, table: str) -> Any:
+        """The rocksdict handle of `table`'s column family (for tools and benchmarks)."""
+        return self._cf(table)
+
+    def _writable(self, what: str, table: str) -> None:
+        if self.read_only:
+            raise TierSetupError(
+                f"cannot {what} {table!r}: RocksDB at {self.path!r} is open read-only "
+                "(persistent_db.read_only is true)"
+            )
+
+    # -- data ---------------------------------------------------------------------------
+
+    def fetch(self, table: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Vectors (float32[n, dim], zero rows where absent) and found (bool[n]).
+
+        Raises TierError if a stored value is not `dim` float32 values wide.
+        """
+        cf = self._cf(table)
+        dim = self.dim(table)
+        k = as_keys(keys)
+        swapped = k.byteswap().view(np.uint64)
+        unique_swapped, inverse = np.unique(swapped, return_inverse=True)
+        wanted = key_bytes(unique_swapped.byteswap().view(np.int64))
+        values = self._multi_get(cf, wanted)
+        missing = values.count(None)
+        joined = b"".join(filter(None, values))
+        present = len(values) - missing
+        if len(joined) != present * dim * 4:
+            raise TierError(
+                f"rocksdb table {table!r} holds values that are not {dim} float32 wide "
+                f"({len(joined)} bytes for {present} keys): the store was written with "
+                "another embedding_vecsize"
+            )
+        rows = np.frombuffer(joined, np.float32).reshape(present, dim)
+        if missing:
+            found_unique = np.fromiter(map(bool, values), bool, len(values))
+            full = np.zeros((len(values), dim), np.float32)
+            full[found_unique] = rows
+            return full[inverse], found_unique[inverse]
+        return rows[inverse], np.ones(k.size, bool)
+
+    def _multi_get(self, cf: Any, wanted: list[bytes]) -> list[bytes | None]:
+        """multi_get in slices of max_batch_size, spread over the worker threads."""
+        n = len(wanted)
+        per_worker = -(-n // self._workers)
+        step = min(self.max_batch_size, max(_MIN_SLICE, per_worker))
+        if n <= step:
+            values: list[bytes | None] = cf.get(wanted, read_opt=self._read_options)
+            return values
+        slices = [wanted[i : i + step] for i in range(0, n, step)]
+        parts = self._pool.map(lambda s: cf.get(s, read_opt=self._read_options), slices)
+        return list(itertools.chain.from_iterable(parts))
+
+    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Write rows through one WriteBatch (atomic); the last of duplicate keys wins."""
+        self._writable("insert into", table)
+        cf = self._cf(table)
+        k, v = self._check_rows(table, keys, vectors)
+        if not k.size:
+            return
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        handle = self._handles[table]
+        _consume(map(batch.put, key_bytes(k), row_bytes(v), itertools.repeat(handle)))
+        del cf
+        self._db.write(batch)
+        self._changed(table)
+
+    def _check_rows(
+        self, table: str, keys: np.ndarray, vectors: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        dim = self.dim(table)
+        k = as_keys(keys)
+        v = np.asarray(vectors, dtype=np.float32)
+        if v.size != k.size * dim:
+            raise LookupInputError(
+                f"{k.size} keys need {k.size} × {dim} float32 values, got array of shape "
+                f"{v.shape}"
+            )
+        return k, as_vectors(v, dim)
+
+    def remove(self, table: str, keys: np.ndarray) -> int:
+        """Delete `keys`; returns how many distinct keys were present."""
+        self._writable("remove from", table)
+        cf = self._cf(table)
+        k = as_keys(keys)
+        wanted = key_bytes(np.unique(k))
+        present = list(itertools.compress(wanted, self._multi_get(cf, wanted)))
+        if present:
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            _consume(map(batch.delete, present, itertools.repeat(self._handles[table])))
+            self._db.write(batch)
+            self._changed(table)
+        return len(present)
+
+    def size(self, table: str) -> int:
+        """Exact number of keys. O(n): iterates the keys unless unchanged since last count."""
+        cf = self._cf(table)
+        generation = self._generations.get(table, 0)
+        known = self._sizes.get(table)
+        if known is not None and known[0] == generation:
+            return known[1]
+        options = rocksdict.ReadOptions()
+        options.set_verify_checksums(False)
+        counted = collections.deque(enumerate(cf.keys(read_opt=options), 1), maxlen=1)
+        count = counted[0][0] if counted else 0
+        self._sizes[table] = (generation, count)
+        return count
+
+    def _changed(self, table: str) -> None:
+        """Note a completed write: counts taken before it are stale."""
+        with self._lock:
+            self._generations[table] = self._generations.get(table, 0) + 1
+
+    def load(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
+        """Bulk-load `(keys, vectors)` chunks through SST files; returns keys written.
+
+        Each chunk is sorted, deduplicated (last wins) and ingested in order, so a later
+        chunk overrides an earlier one. Compacts the table at the end (one sorted run).
+        Durable on return.
+        """
+        self._writable("load", table)
+        cf = self._cf(table)
+        total = 0
+        ingest = rocksdict.IngestExternalFileOptions()
+        ingest.set_move_files(True)
+        # Inside the store: same file system, so ingestion links the file, never copies.
+        with tempfile.TemporaryDirectory(dir=self.path, prefix=_INGEST_PREFIX) as work:
+            for i, (keys, vectors) in enumerate(chunks):
+                k, v = self._check_rows(table, keys, vectors)
+                total += k.size
+                if not k.size:
+                    continue
+                k, v = _distinct_sorted(k, v)
+                path = os.path.join(work, f"{i:08d}.sst")
+                writer = rocksdict.SstFileWriter(self._options)
+                writer.open(path)
+                _consume(map(writer.__setitem__, key_bytes(k), row_bytes(v)))
+                writer.finish()
+                cf.ingest_external_file([path], ingest)
+                self._changed(table)
+        if self.compact_after_load and total:
+            cf.compact_range(None, None)
+        return total
+
+    # -- metadata -----------------------------------------------------------------------
+
+    def metadata(self, table: str) -> dict[str, Any] | None:
+        """The JSON record stored for `table` by `set_metadata`, or None."""
+        if self._meta is None:
+            return None
+        raw = self._meta.get(table.encode())
+        if raw is None:
+            return None
+        record: dict[str, Any] = json.loads(raw)
+        return record
+
+    def set_metadata(self, table: str, record: dict[str, Any]) -> None:
+        """Store a small JSON-serializable record for `table` (durable: synced WAL)."""
+        self._writable("set metadata of", table)
+        options = rocksdict.WriteOptions()
+        options.sync = True
+        self._meta.put(table.encode(), json.dumps(record, sort_keys=True).encode(), options)
+
+    def close(self) -> None:
+        """Flush and close the store; further calls are undefined."""
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            self._cfs.clear()
+            self._handles.clear()
+            self._meta = None
+            if self._db is not None:
+                if not self.read_only:
+                    self._db.flush(True)
+                self._db.close()
+                self._db = None

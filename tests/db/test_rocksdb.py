@@ -1,0 +1,358 @@
+"""The RocksDB tier on real stores in temporary directories."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import rocksdict
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hps.config import PersistentDBConfig
+from hps.db.rocksdb import META_CF, RocksDBTier, key_bytes
+from hps.errors import LookupInputError, TierError, TierSetupError, UnknownTableError
+
+T = "hps_et.model.table0"
+
+
+def config(path: Path, **kw: Any) -> PersistentDBConfig:
+    return PersistentDBConfig.model_validate({"type": "rocks_db", "path": str(path), **kw})
+
+
+def vectors_of(keys: np.ndarray, dim: int, salt: float = 0.0) -> np.ndarray:
+    k = np.asarray(keys, dtype=np.float64)[:, None]
+    return (k + salt + np.arange(dim) / dim).astype(np.float32)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "rocks"
+
+
+@pytest.fixture
+def tier(store: Path) -> Iterator[RocksDBTier]:
+    t = RocksDBTier(config(store))
+    t.create_table(T, 4)
+    yield t
+    t.close()
+
+
+def reopen(tier: RocksDBTier, **kw: Any) -> RocksDBTier:
+    path = Path(tier.path)
+    tier.close()
+    gc.collect()
+    return RocksDBTier(config(path, **kw))
+
+
+def test_key_bytes_keep_trailing_zero_bytes() -> None:
+    keys = np.array([0, 1, 256, -1, 2**63 - 1, -(2**63)], dtype=np.int64)
+    raw = key_bytes(keys)
+    assert all(type(b) is bytes and len(b) == 8 for b in raw)
+    assert raw == [struct.pack("<q", int(k)) for k in keys]
+
+
+def test_round_trip_and_missing(tier: RocksDBTier) -> None:
+    keys = np.array([5, -3, 2**63 - 1, -(2**63), 0, 256], dtype=np.int64)
+    tier.insert(T, keys, vectors_of(keys, 4))
+    query = np.array([0, 7, 5, -(2**63), 1, 2**63 - 1, -3, 256])
+    got, found = tier.fetch(T, query)
+    assert got.dtype == np.float32 and got.shape == (8, 4) and found.dtype == bool
+    assert found.tolist() == [True, False, True, True, False, True, True, True]
+    assert np.array_equal(got[found], vectors_of(query[found], 4))
+    assert not got[~found].any()
+    assert tier.size(T) == 6
+
+
+def test_all_missing_and_empty(tier: RocksDBTier) -> None:
+    got, found = tier.fetch(T, np.array([1, 2, 3]))
+    assert not found.any() and not got.any() and got.shape == (3, 4)
+    got, found = tier.fetch(T, np.array([], dtype=np.int64))
+    assert got.shape == (0, 4) and found.shape == (0,)
+    tier.insert(T, np.array([], dtype=np.int64), np.zeros((0, 4)))
+    assert tier.size(T) == 0
+
+
+def test_duplicates_in_fetch_are_answered_alike(tier: RocksDBTier) -> None:
+    tier.insert(T, np.array([1, 2]), vectors_of(np.array([1, 2]), 4))
+    got, found = tier.fetch(T, np.array([2, 1, 2, 9, 2, 9]))
+    assert found.tolist() == [True, True, True, False, True, False]
+    assert np.array_equal(got[[0, 2, 4]], vectors_of(np.array([2, 2, 2]), 4))
+    assert np.array_equal(got[1], vectors_of(np.array([1]), 4)[0])
+
+
+def test_duplicates_in_insert_last_one_wins(tier: RocksDBTier) -> None:
+    keys = np.array([4, 5, 4, 4, 6, 5])
+    vecs = np.arange(24, dtype=np.float32).reshape(6, 4)
+    tier.insert(T, keys, vecs)
+    got, found = tier.fetch(T, np.array([4, 5, 6]))
+    assert found.all() and np.array_equal(got, vecs[[3, 5, 4]])
+    assert tier.size(T) == 3
+
+
+def test_remove(tier: RocksDBTier) -> None:
+    keys = np.arange(1000)
+    tier.insert(T, keys, vectors_of(keys, 4))
+    assert tier.size(T) == 1000
+    assert tier.remove(T, np.array([3, 3, 5, 2000, -1, 999])) == 3
+    assert tier.size(T) == 997
+    found = tier.fetch(T, keys)[1]
+    assert not found[[3, 5, 999]].any() and found.sum() == 997
+    assert tier.remove(T, np.array([3])) == 0
+
+
+def test_many_keys_over_several_multi_gets(store: Path) -> None:
+    tier = RocksDBTier(config(store, max_batch_size=100, num_threads=4))
+    tier.create_table(T, 3)
+    keys = np.random.default_rng(1).integers(-(2**62), 2**62, 5000)
+    tier.insert(T, keys, vectors_of(keys, 3))
+    query = np.concatenate([keys[::-1], keys[:100] + 1])
+    got, found = tier.fetch(T, query)
+    present = np.isin(query, keys)
+    assert np.array_equal(found, present)
+    assert np.array_equal(got[found], vectors_of(query[found], 3))
+    tier.close()
+
+
+def test_bad_inputs(tier: RocksDBTier) -> None:
+    with pytest.raises(LookupInputError, match="3 keys need 3 × 4"):
+        tier.insert(T, np.array([1, 2, 3]), np.ones((2, 4)))
+    with pytest.raises(UnknownTableError, match="no table"):
+        tier.fetch("hps_et.model.nope", np.array([1]))
+
+
+def test_wrong_width_is_reported(tier: RocksDBTier) -> None:
+    tier.insert(T, np.array([1]), np.ones((1, 4)))
+    tier = reopen(tier)
+    tier.create_table(T, 8)  # keeps the 4-wide contents
+    with pytest.raises(TierError, match="not 8 float32 wide"):
+        tier.fetch(T, np.array([1]))
+    tier.close()
+
+
+# -- persistence and layout ------------------------------------------------------------
+
+
+def test_reopen_keeps_tables_widths_and_metadata(tier: RocksDBTier) -> None:
+    keys = np.arange(-50, 50)
+    tier.create_table("hps_et.model.empty", 2)
+    tier.insert(T, keys, vectors_of(keys, 4))
+    tier.set_metadata(T, {"uri": "s3://bucket/t0", "num_keys": 100})
+    tier = reopen(tier)
+    assert tier.stored_tables() == ["hps_et.model.empty", T]
+    assert tier.tables() == [T]  # the empty one's width is unknown until created
+    assert tier.dim(T) == 4
+    assert tier.metadata(T) == {"uri": "s3://bucket/t0", "num_keys": 100}
+    assert tier.metadata("hps_et.model.empty") is None
+    got, found = tier.fetch(T, keys)
+    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+    assert tier.size(T) == 100
+    tier.close()
+
+
+def test_layout_is_hugectrs(tier: RocksDBTier) -> None:
+    keys = np.array([1, 256, -2])
+    vecs = vectors_of(keys, 4)
+    tier.insert(T, keys, vecs)
+    tier.set_metadata(T, {"a": 1})
+    path = tier.path
+    tier.close()
+    gc.collect()
+    options = rocksdict.Options(raw_mode=True)
+    assert set(rocksdict.Rdict.list_cf(path, options)) == {"default", T, META_CF}
+    db = rocksdict.Rdict(path, options, column_families={T: options, META_CF: options})
+    cf = db.get_column_family(T)
+    stored = dict(cf.items())
+    assert stored == {struct.pack("<q", int(k)): v.tobytes() for k, v in zip(keys, vecs,
+                                                                            strict=True)}
+    assert db.get_column_family(META_CF)[T.encode()] == b'{"a": 1}'
+    del cf
+    db.close()
+
+
+def test_serves_a_store_written_in_hugectr_layout(store: Path) -> None:
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    db = rocksdict.Rdict(str(store), options)
+    cf = db.create_column_family(T, options)
+    for k in (7, 8, 2**40):
+        cf[struct.pack("<q", k)] = struct.pack("<3f", k, k + 0.5, -k)
+    del cf
+    db.close()
+    gc.collect()
+    tier = RocksDBTier(config(store))
+    assert tier.tables() == [T] and tier.dim(T) == 3
+    got, found = tier.fetch(T, np.array([8, 9, 2**40]))
+    assert found.tolist() == [True, False, True]
+    assert got[0].tolist() == [8.0, 8.5, -8.0]
+    tier.close()
+
+
+def test_drop_table(tier: RocksDBTier) -> None:
+    tier.insert(T, np.array([1]), np.ones((1, 4)))
+    tier.set_metadata(T, {"a": 1})
+    tier.drop_table(T)
+    assert T not in tier.stored_tables() and tier.metadata(T) is None
+    with pytest.raises(UnknownTableError):
+        tier.fetch(T, np.array([1]))
+    tier.create_table(T, 4)
+    assert tier.size(T) == 0 and not tier.fetch(T, np.array([1]))[1].any()
+
+
+def test_second_writer_is_refused(tier: RocksDBTier) -> None:
+    with pytest.raises(TierSetupError, match="cannot open RocksDB"):
+        RocksDBTier(config(Path(tier.path)))
+
+
+# -- read-only -------------------------------------------------------------------------
+
+
+def test_read_only(tier: RocksDBTier) -> None:
+    tier.insert(T, np.array([1, 2]), np.ones((2, 4)))
+    tier.set_metadata(T, {"a": 1})
+    ro = reopen(tier, read_only=True)
+    assert ro.read_only
+    assert ro.fetch(T, np.array([1, 3]))[1].tolist() == [True, False]
+    assert ro.metadata(T) == {"a": 1} and ro.size(T) == 2
+    ro.create_table(T, 4)  # an existing table is fine
+    writes = [
+        lambda: ro.insert(T, np.array([5]), np.ones((1, 4))),
+        lambda: ro.remove(T, np.array([1])),
+        lambda: ro.load(T, [(np.array([5]), np.ones((1, 4)))]),
+        lambda: ro.drop_table(T),
+        lambda: ro.set_metadata(T, {}),
+    ]
+    for write in writes:
+        with pytest.raises(TierSetupError, match="open read-only"):
+            write()
+    with pytest.raises(TierSetupError, match="read-only and has no table"):
+        ro.create_table("hps_et.model.other", 4)
+    assert ro.fetch(T, np.array([1, 2]))[1].all()
+    ro.close()
+
+
+def test_read_only_needs_an_existing_store(store: Path) -> None:
+    with pytest.raises(TierSetupError, match="does not exist"):
+        RocksDBTier(config(store, read_only=True))
+
+
+# -- bulk load -------------------------------------------------------------------------
+
+
+def test_load(tier: RocksDBTier) -> None:
+    rng = np.random.default_rng(4)
+    keys = rng.permutation(np.arange(-3000, 3000))
+    chunks = [(c, vectors_of(c, 4)) for c in np.array_split(keys, 5)]
+    assert tier.load(T, chunks) == 6000
+    assert tier.size(T) == 6000
+    got, found = tier.fetch(T, keys)
+    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+    assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
+
+
+def test_load_duplicates_last_wins_and_keeps_other_rows(tier: RocksDBTier) -> None:
+    tier.insert(T, np.array([100, 1]), vectors_of(np.array([100, 1]), 4, salt=0.25))
+    chunks = [
+        (np.array([1, 2, 1, 3]), np.arange(16, dtype=np.float32).reshape(4, 4)),
+        (np.array([3, 4]), np.full((2, 4), 7.0, np.float32)),
+        (np.array([], dtype=np.int64), np.zeros((0, 4), np.float32)),
+    ]
+    assert tier.load(T, chunks) == 6
+    got, found = tier.fetch(T, np.array([1, 2, 3, 4, 100]))
+    assert found.all()
+    assert got[0].tolist() == [8, 9, 10, 11]  # last of the chunk
+    assert got[2].tolist() == [7, 7, 7, 7]  # the later chunk overrides
+    assert np.array_equal(got[4], vectors_of(np.array([100]), 4, salt=0.25)[0])
+    assert tier.size(T) == 5
+
+
+def test_load_is_durable(tier: RocksDBTier) -> None:
+    keys = np.arange(2000)
+    tier.load(T, [(keys, vectors_of(keys, 4))])
+    tier = reopen(tier)
+    got, found = tier.fetch(T, keys)
+    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+    tier.close()
+
+
+# -- threads ---------------------------------------------------------------------------
+
+
+def test_threads_insert_and_fetch(store: Path) -> None:
+    tier = RocksDBTier(config(store, num_threads=4, max_batch_size=500))
+    tier.create_table(T, 4)
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        try:
+            for c in np.array_split(np.arange(w * 5000, (w + 1) * 5000), 10):
+                tier.insert(T, c, vectors_of(c, 4))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    def reader(r: int) -> None:
+        try:
+            rng = np.random.default_rng(r)
+            for _ in range(20):
+                q = rng.integers(0, 15_000, 2000)
+                got, found = tier.fetch(T, q)
+                assert np.array_equal(got[found], vectors_of(q[found], 4))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+    threads += [threading.Thread(target=reader, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert tier.size(T) == 15_000
+    tier.close()
+
+
+# -- a dict model ----------------------------------------------------------------------
+
+key_values = st.one_of(st.integers(-40, 40), st.sampled_from([-(2**63), 2**63 - 1, 256]))
+ops = st.lists(
+    st.tuples(st.sampled_from(["insert", "remove", "load"]), st.lists(key_values, max_size=40)),
+    max_size=12,
+)
+_names = itertools.count()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sequence=ops)
+def test_answers_like_a_dict(tier: RocksDBTier, sequence: list[tuple[str, list[int]]]) -> None:
+    table = f"hps_et.model.prop{next(_names)}"
+    tier.create_table(table, 2)
+    model: dict[int, np.ndarray] = {}
+    for step, (op, key_list) in enumerate(sequence):
+        keys = np.array(key_list, dtype=np.int64)
+        vecs = vectors_of(keys, 2, salt=step)
+        if op == "insert":
+            tier.insert(table, keys, vecs)
+            model.update(zip(key_list, vecs, strict=True))
+        elif op == "load":
+            half = len(key_list) // 2
+            tier.load(table, [(keys[:half], vecs[:half]), (keys[half:], vecs[half:])])
+            model.update(zip(key_list, vecs, strict=True))
+        else:
+            assert tier.remove(table, keys) == len(set(key_list) & model.keys())
+            for k in key_list:
+                model.pop(k, None)
+        probe = np.array(key_list + [41, -41], dtype=np.int64)
+        got, found = tier.fetch(table, probe)
+        assert found.tolist() == [k in model for k in probe.tolist()]
+        for i, k in enumerate(probe.tolist()):
+            assert np.array_equal(got[i], model.get(k, np.zeros(2, np.float32)))
+        assert tier.size(table) == len(model)
+    tier.drop_table(table)
