@@ -18,11 +18,12 @@ NumPy `V8` view and rows come back through one `b"".join` and `np.frombuffer`; t
 per-key work left is inside rocksdict's C extension (rocksdict has no bulk put either:
 writes call it once per key, driven by `map`, never by a Python loop).
 
-Bulk load writes each chunk, sorted and deduplicated, to an SST file, ingests it (no WAL,
-no memtable), and compacts the table into one sorted run at the end, so reads touch one
-file per key. Loads are durable when `load` returns (ingested files and the manifest are
-synced). Values are stored uncompressed (float rows do not compress) and every table
-file carries a bloom filter, so keys that are absent cost no data-block read.
+Bulk load spills the rows to a file, sorts all keys at once, and writes non-overlapping
+SST files in key order that RocksDB ingests into its bottom level (no WAL, no memtable,
+no compaction): one sorted run, so a read touches one file. Loads are durable when `load`
+returns. Values are stored uncompressed (float rows do not compress), table files are
+read through mmap, and every table file carries a bloom filter, so keys that are absent
+cost no data-block read.
 
 Thread safety: RocksDB is thread-safe; the tier's own state (the column-family handles)
 changes under a lock.
@@ -60,6 +61,8 @@ DEFAULT_BLOCK_CACHE_BYTES = 256 << 20
 #: keys per multi_get call handed to one worker thread
 _MIN_SLICE = 2048
 _INGEST_PREFIX = "hps_ingest_"
+#: values per SST file written by a bulk load
+_SST_BYTES = 64 << 20
 
 
 def _consume(iterator: Iterator[Any]) -> None:
@@ -86,23 +89,79 @@ def row_bytes(vectors: np.ndarray) -> list[bytes]:
     return raw
 
 
-def _distinct_sorted(keys: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Keys in bytewise order without repeats (the last occurrence wins), with their rows."""
-    order = bytewise_order(keys)
-    keys = keys[order]
-    last = np.empty(keys.size, bool)
-    if keys.size:
+def _memory_budget() -> int:
+    """Half the memory available now (Linux), else 1 GiB: the bytes of one load run."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return max(256 << 20, int(line.split()[1]) * 1024 // 2)
+    except OSError:
+        pass
+    return 1 << 30
+
+
+class _Run:
+    """Rows of a bulk load spilled to a file, keys in memory, until written as SSTs."""
+
+    def __init__(self, work: str, dim: int) -> None:
+        self.work = work
+        self.dim = dim
+        self.rows = 0
+        self._keys: list[np.ndarray] = []
+        self._spill_path = os.path.join(work, "rows.f32")
+        self._spill = open(self._spill_path, "wb")  # noqa: SIM115 - closed in write_sst
+
+    def add(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        if keys.size:
+            self._keys.append(keys.copy())
+            vectors.tofile(self._spill)
+            self.rows += keys.size
+
+    def write_sst(self, options: Any, run: int) -> list[str]:
+        """Write the run as SST files in bytewise key order, repeats dropped (last wins).
+
+        Returns their paths, in key order and not overlapping; starts an empty run.
+        """
+        self._spill.close()
+        keys = np.concatenate(self._keys)
+        order = bytewise_order(keys)
+        keys = keys[order]
+        last = np.empty(keys.size, bool)
         last[-1] = True
         np.not_equal(keys[1:], keys[:-1], out=last[:-1])
-    keep = order[last]
-    return keys[last], vectors[keep]
+        positions = order[last]
+        keys = keys[last]
+        rows = np.memmap(self._spill_path, np.float32, "r", shape=(self.rows, self.dim))
+        per_file = max(1024, _SST_BYTES // (4 * self.dim))
+        paths: list[str] = []
+        for start in range(0, keys.size, per_file):
+            stop = start + per_file
+            path = os.path.join(self.work, f"run{run:04d}-{len(paths):06d}.sst")
+            writer = rocksdict.SstFileWriter(options)
+            writer.open(path)
+            values = row_bytes(rows[positions[start:stop]])
+            _consume(map(writer.__setitem__, key_bytes(keys[start:stop]), values))
+            writer.finish()
+            paths.append(path)
+        del rows
+        self._keys = []
+        self.rows = 0
+        self._spill = open(self._spill_path, "wb")  # noqa: SIM115
+        return paths
+
+    def close(self) -> None:
+        self._spill.close()
 
 
 class RocksDBTier(Tier):
     """The persistent tier (`persistent_db.type` "rocks_db").
 
     `RocksDBTier(config: PersistentDBConfig, *, block_cache_bytes=256 MiB,
-    compact_after_load=True)`; reads `path`, `num_threads`, `read_only`, `max_batch_size`.
+    compact_after_load=True, load_run_bytes=None)`; reads `path`, `num_threads`,
+    `read_only`, `max_batch_size`. `load_run_bytes` bounds the rows `load` sorts at once
+    (None: half the available memory); `compact_after_load` compacts a load of several
+    runs into one.
     Opening creates the store if missing (unless read-only) and finds its column families.
     Raises TierSetupError when the store cannot be opened (locked by another process,
     missing while read-only, not a RocksDB directory).
@@ -116,6 +175,7 @@ class RocksDBTier(Tier):
         *,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         compact_after_load: bool = True,
+        load_run_bytes: int | None = None,
     ) -> None:
         super().__init__()
         self.config = config if config is not None else PersistentDBConfig.model_validate({})
@@ -123,6 +183,7 @@ class RocksDBTier(Tier):
         self.read_only = bool(self.config.read_only)
         self.max_batch_size = int(self.config.max_batch_size)
         self.compact_after_load = compact_after_load
+        self.load_run_bytes = load_run_bytes
         self._lock = threading.Lock()
         self._options = self._make_options(block_cache_bytes)
         self._read_options = rocksdict.ReadOptions()
@@ -376,35 +437,45 @@ class RocksDBTier(Tier):
             self._generations[table] = self._generations.get(table, 0) + 1
 
     def load(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
-        """Bulk-load `(keys, vectors)` chunks through SST files; returns keys written.
+        """Bulk-load `(keys, vectors)` chunks; returns the keys read (repeats included).
 
-        Each chunk is sorted, deduplicated (last wins) and ingested in order, so a later
-        chunk overrides an earlier one. Compacts the table at the end (one sorted run).
-        Durable on return.
+        The rows are spilled to a file in the store while their keys collect in memory;
+        then the whole run is sorted in bytewise order, repeats dropped (the last wins),
+        and written as non-overlapping SST files that RocksDB ingests into its bottom
+        level: one sorted run, nothing to compact, no WAL, no memtable. A table larger
+        than the run budget (half the available memory by default) becomes several runs,
+        ingested in order (a later chunk still wins) and compacted at the end. Durable
+        on return (ingestion syncs the files and the manifest).
         """
         self._writable("load", table)
         cf = self._cf(table)
+        dim = self.dim(table)
+        run_rows = max(1, (self.load_run_bytes or _memory_budget()) // (4 * dim))
         total = 0
-        ingest = rocksdict.IngestExternalFileOptions()
-        ingest.set_move_files(True)
-        # Inside the store: same file system, so ingestion links the file, never copies.
+        runs = 0
+        # Inside the store: same file system, so ingestion links the files, never copies.
         with tempfile.TemporaryDirectory(dir=self.path, prefix=_INGEST_PREFIX) as work:
-            for i, (keys, vectors) in enumerate(chunks):
+            run = _Run(work, dim)
+            for keys, vectors in chunks:
                 k, v = self._check_rows(table, keys, vectors)
                 total += k.size
-                if not k.size:
-                    continue
-                k, v = _distinct_sorted(k, v)
-                path = os.path.join(work, f"{i:08d}.sst")
-                writer = rocksdict.SstFileWriter(self._options)
-                writer.open(path)
-                _consume(map(writer.__setitem__, key_bytes(k), row_bytes(v)))
-                writer.finish()
-                cf.ingest_external_file([path], ingest)
-                self._changed(table)
-        if self.compact_after_load and total:
+                run.add(k, v)
+                if run.rows >= run_rows:
+                    self._ingest(cf, table, run.write_sst(self._options, runs))
+                    runs += 1
+            if run.rows:
+                self._ingest(cf, table, run.write_sst(self._options, runs))
+                runs += 1
+            run.close()
+        if runs > 1 and self.compact_after_load:
             cf.compact_range(None, None)
         return total
+
+    def _ingest(self, cf: Any, table: str, paths: list[str]) -> None:
+        options = rocksdict.IngestExternalFileOptions()
+        options.set_move_files(True)
+        cf.ingest_external_file(paths, options)
+        self._changed(table)
 
     # -- metadata -----------------------------------------------------------------------
 

@@ -274,6 +274,29 @@ def test_load_duplicates_last_wins_and_keeps_other_rows(tier: RocksDBTier) -> No
     assert tier.size(T) == 5
 
 
+def test_load_makes_one_sorted_run(tier: RocksDBTier) -> None:
+    keys = np.random.default_rng(5).permutation(20_000)
+    tier.load(T, [(c, vectors_of(c, 4)) for c in np.array_split(keys, 4)])
+    files = tier.raw_table(T).live_files()
+    assert files and {f["level"] for f in files} == {6}  # ingested at the bottom level
+
+
+def test_load_in_several_runs(store: Path) -> None:
+    tier = RocksDBTier(config(store), load_run_bytes=16 * 1000)  # 1000 rows of 4 floats
+    tier.create_table(T, 4)
+    keys = np.random.default_rng(6).permutation(np.arange(-2500, 2500))
+    chunks = [(c, vectors_of(c, 4)) for c in np.array_split(keys, 7)]
+    chunks.append((keys[:10], vectors_of(keys[:10], 4, salt=0.5)))  # a later run wins
+    assert tier.load(T, chunks) == 5010
+    got, found = tier.fetch(T, keys)
+    assert found.all()
+    assert np.array_equal(got[:10], vectors_of(keys[:10], 4, salt=0.5))
+    assert np.array_equal(got[10:], vectors_of(keys[10:], 4))
+    assert tier.size(T) == 5000
+    assert {f["level"] for f in tier.raw_table(T).live_files()} == {6}  # compacted
+    tier.close()
+
+
 def test_load_is_durable(tier: RocksDBTier) -> None:
     keys = np.arange(2000)
     tier.load(T, [(keys, vectors_of(keys, 4))])
