@@ -327,6 +327,31 @@ def bench_gpu_cmd(
                       highlight=False)
 
 
+@bench_app.command("http")
+def bench_http_cmd(
+    keys: int = typer.Option(1_000_000, help="Keys in the served table."),
+    dim: int = typer.Option(64, help="Vector width."),
+    batch: int = typer.Option(1024, help="Keys per request."),
+    clients: int = typer.Option(8, help="Concurrent clients (threads, one connection each)."),
+    seconds: float = typer.Option(5.0, help="Timed seconds per path and round."),
+    rounds: int = typer.Option(3, help="Rounds; the paths take turns in each."),
+    lookup_threads: int = typer.Option(2, help="The server's --lookup-threads."),
+) -> None:
+    """HTTP lookups (binary, JSON) vs the same keys fetched straight from Redis (HMGET)."""
+    from hps.bench.http import bench_http
+
+    console.print(f"table of {keys:,} keys, width {dim}; {clients} clients, {batch:,} keys "
+                  f"per request; {rounds} rounds of {seconds:g} s per path …")
+    result = bench_http(keys, dim, batch, clients, seconds=seconds, rounds=rounds,
+                        lookup_threads=lookup_threads)
+    _print_bench([{"name": r["path"], "requests/s": r["requests_per_s"],
+                   "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"]}
+                  for r in result["rows"]])
+    console.print(f"binary endpoint / direct Redis (keys/s): {result['binary_vs_redis']:.2f}×;"
+                  f" JSON endpoint / direct Redis: {result['json_vs_redis']:.2f}× "
+                  f"({result['cpus']} CPUs)")
+
+
 def _print_bench(rows: list[dict[str, Any]]) -> None:
     """One column per run, one row per measure: ratios stay readable in a terminal."""
     table = Table(title="hps bench")

@@ -24,13 +24,15 @@ import asyncio
 import importlib
 import json
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from hps.errors import BatchTooLargeError
 from hps.http.errors import BadBody, BadJSON, BodyTooLarge, UnsupportedMediaType
 from hps.http.schemas import (
     JSON,
@@ -49,6 +51,10 @@ if TYPE_CHECKING:
     from hps.server import HierarchicalParameterServer, LoadedTable
 
 LOOKUP_PATH = "/v1/models/{model}/tables/{table}/lookup"
+#: the request headers the lookup reads (ASGI gives names in lower case)
+_READ_HEADERS = frozenset({b"content-type", b"content-length", b"authorization"})
+_KEYS, _WIDTH = KEYS_HEADER.lower().encode(), WIDTH_HEADER.lower().encode()
+_MODEL, _TABLE = MODEL_HEADER.lower().encode(), TABLE_HEADER.lower().encode()
 _LOOKUP_RE = re.compile(r"^/v1/models/(?P<model>[^/]+)/tables/(?P<table>[^/]+)/lookup$")
 
 
@@ -65,9 +71,9 @@ orjson = _optional("orjson")
 
 # -- bodies -------------------------------------------------------------------------------
 
-def media_type_of(request: Request) -> str:
+def media_type_of(headers: Mapping[str, str]) -> str:
     """The body's media type, lower-case, without parameters; 415 unless one we read."""
-    raw = request.headers.get("content-type", "")
+    raw = headers.get("content-type", "")
     media = raw.split(";", 1)[0].strip().lower()
     if media not in (OCTET_STREAM, JSON):
         got = f"{raw!r}" if raw else "no Content-Type"
@@ -77,19 +83,24 @@ def media_type_of(request: Request) -> str:
     return media
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) -> bytes:
     """The whole body, refusing (413) one larger than `limit` before reading it all."""
-    declared = request.headers.get("content-length")
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"body of {int(declared):,} bytes exceeds the limit of {limit:,}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge(f"body exceeds the limit of {limit:,} bytes")
         chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -162,22 +173,50 @@ def lookup_json(server: HierarchicalParameterServer, model: str, table: LoadedTa
     return encode_json(payload, vectors)
 
 
-async def respond(state: ServiceState, request: Request, model: str, table: str) -> Response:
-    """The answer to one lookup request; raises ApiError / HPSError for bad input."""
-    state.check_token(request.headers.get("authorization"))
-    media = media_type_of(request)
+def _refuse_early(headers: Mapping[str, str], table: LoadedTable) -> None:
+    """BatchTooLargeError before reading a binary body that declares too many keys."""
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) // 8 > table.max_keys:
+        raise BatchTooLargeError(
+            f"{int(declared) // 8} keys exceed the limit of {table.max_keys} for table "
+            f"{table.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)")
+
+
+async def answer(state: ServiceState, headers: Mapping[str, str], receive: Receive,
+                 model: str, table: str) -> tuple[list[tuple[bytes, bytes]], bytes | memoryview]:
+    """The answer to one lookup: (response headers, body); raises for bad input.
+
+    `headers` are the request's, with lower-case names; `receive` is the ASGI receive
+    channel the body is read from.
+    """
+    state.check_token(headers.get("authorization"))
+    media = media_type_of(headers)
     loaded_table = state.model(model).table(table)
-    body = await read_body(request, state.max_body_bytes)
+    if media == OCTET_STREAM:
+        _refuse_early(headers, loaded_table)
+    body = await read_body(headers, receive, state.max_body_bytes)
     loop = asyncio.get_running_loop()
     if media == OCTET_STREAM:
         data, count, width = await loop.run_in_executor(
             state.executor, lookup_binary, state.server, model, loaded_table, body)
-        return Response(data, media_type=OCTET_STREAM, headers={
-            KEYS_HEADER: str(count), WIDTH_HEADER: str(width),
-            MODEL_HEADER: model, TABLE_HEADER: loaded_table.name})
+        return [
+            (b"content-type", OCTET_STREAM.encode()),
+            (b"content-length", str(len(data)).encode()),
+            (_KEYS, str(count).encode()), (_WIDTH, str(width).encode()),
+            (_MODEL, model.encode()), (_TABLE, loaded_table.name.encode()),
+        ], data
     payload = await loop.run_in_executor(
         state.executor, lookup_json, state.server, model, loaded_table, body)
-    return Response(payload, media_type=JSON)
+    return [(b"content-type", JSON.encode()),
+            (b"content-length", str(len(payload)).encode())], payload
+
+
+async def respond(state: ServiceState, request: Request, model: str, table: str) -> Response:
+    """`answer` as a starlette Response (for the route as FastAPI declares it)."""
+    headers, body = await answer(state, request.headers, request.receive, model, table)
+    response = Response(body)
+    response.raw_headers = headers
+    return response
 
 
 class LookupFastPath:
@@ -201,10 +240,16 @@ class LookupFastPath:
             await self.app(scope, receive, send)
             return
         scope["route"] = self.route
-        request = Request(scope, receive)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+                   if k in _READ_HEADERS}
         try:  # ASGI paths come percent-decoded: the groups are the names as sent
-            response = await respond(self.state, request, match["model"], match["table"])
+            out, body = await answer(self.state, headers, receive, match["model"],
+                                     match["table"])
+        except ClientDisconnect:
+            return  # nobody to answer
         except Exception as exc:
-            response = self.state.error_response(request, exc)
-        await response(scope, receive, send)
-
+            response = self.state.error_response(Request(scope), exc)
+            await response(scope, receive, send)
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": out})
+        await send({"type": "http.response.body", "body": body})
