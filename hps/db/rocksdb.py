@@ -118,10 +118,11 @@ class _Run:
             vectors.tofile(self._spill)
             self.rows += keys.size
 
-    def write_sst(self, options: Any, run: int) -> list[str]:
+    def write_sst(self, options: Any, run: int) -> tuple[list[str], int]:
         """Write the run as SST files in bytewise key order, repeats dropped (last wins).
 
-        Returns their paths, in key order and not overlapping; starts an empty run.
+        Returns their paths (in key order, not overlapping) and the number of distinct
+        keys; starts an empty run.
         """
         self._spill.close()
         keys = np.concatenate(self._keys)
@@ -148,7 +149,7 @@ class _Run:
         self._keys = []
         self.rows = 0
         self._spill = open(self._spill_path, "wb")  # noqa: SIM115
-        return paths
+        return paths, int(keys.size)
 
     def close(self) -> None:
         self._spill.close()
@@ -451,8 +452,11 @@ class RocksDBTier(Tier):
         cf = self._cf(table)
         dim = self.dim(table)
         run_rows = max(1, (self.load_run_bytes or _memory_budget()) // (4 * dim))
+        start_generation = self._generations.get(table, 0)
+        was_empty = self._is_empty(cf)
         total = 0
         runs = 0
+        distinct = 0
         # Inside the store: same file system, so ingestion links the files, never copies.
         with tempfile.TemporaryDirectory(dir=self.path, prefix=_INGEST_PREFIX) as work:
             run = _Run(work, dim)
@@ -461,21 +465,34 @@ class RocksDBTier(Tier):
                 total += k.size
                 run.add(k, v)
                 if run.rows >= run_rows:
-                    self._ingest(cf, table, run.write_sst(self._options, runs))
+                    distinct = self._ingest(cf, table, *run.write_sst(self._options, runs))
                     runs += 1
             if run.rows:
-                self._ingest(cf, table, run.write_sst(self._options, runs))
+                distinct = self._ingest(cf, table, *run.write_sst(self._options, runs))
                 runs += 1
             run.close()
         if runs > 1 and self.compact_after_load:
             cf.compact_range(None, None)
+        with self._lock:
+            generation = self._generations.get(table, 0)
+            if was_empty and runs <= 1 and generation == start_generation + runs:
+                # One run into an empty table, no other writer meanwhile: count known.
+                self._sizes[table] = (generation, distinct)
         return total
 
-    def _ingest(self, cf: Any, table: str, paths: list[str]) -> None:
+    def _ingest(self, cf: Any, table: str, paths: list[str], distinct: int) -> int:
         options = rocksdict.IngestExternalFileOptions()
         options.set_move_files(True)
         cf.ingest_external_file(paths, options)
         self._changed(table)
+        return distinct
+
+    def _is_empty(self, cf: Any) -> bool:
+        it = cf.iter(self._read_options)
+        it.seek_to_first()
+        empty = not it.valid()
+        del it
+        return empty
 
     # -- metadata -----------------------------------------------------------------------
 

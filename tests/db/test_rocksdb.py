@@ -256,6 +256,9 @@ def test_load(tier: RocksDBTier) -> None:
     got, found = tier.fetch(T, keys)
     assert found.all() and np.array_equal(got, vectors_of(keys, 4))
     assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
+    tier = reopen(tier)
+    assert tier.size(T) == 6000  # counted again, by iterating
+    tier.close()
 
 
 def test_load_duplicates_last_wins_and_keeps_other_rows(tier: RocksDBTier) -> None:
@@ -352,7 +355,9 @@ ops = st.lists(
 _names = itertools.count()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(sequence=ops)
 def test_answers_like_a_dict(tier: RocksDBTier, sequence: list[tuple[str, list[int]]]) -> None:
     table = f"hps_et.model.prop{next(_names)}"
