@@ -10,6 +10,7 @@ from __future__ import annotations
 try:
     import fastapi  # noqa: F401
     import prometheus_client  # noqa: F401
+    import uvicorn  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
     from hps.errors import MissingExtraError
 

@@ -93,11 +93,12 @@ def build_router(state: ServiceState) -> APIRouter:
         ready = state.ready()
         status = "ready" if ready else ("failed" if state.failed else "loading")
         body: dict[str, Any] = {"status": status, "loaded": loaded,
-                                "loading": state.pending(), "failed": dict(state.failed)}
+                                "loading": state.pending(), "failed": sorted(state.failed)}
         if not ready:
             body["error"] = {"kind": "not_ready", "message":
                              f"models not served yet: {', '.join(state.pending()) or '-'}"
-                             + (f"; failed: {', '.join(state.failed)}" if state.failed else "")}
+                             + (f"; failed: {', '.join(state.failed)} (why: GET /v1/models)"
+                                if state.failed else "")}
         return Response(json.dumps(body).encode(), status_code=200 if ready else 503,
                         media_type=JSON)
 

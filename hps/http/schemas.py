@@ -110,7 +110,8 @@ class Readiness(BaseModel):
     status: str = Field(description="'ready' or 'loading' or 'failed'.")
     loaded: list[str]
     loading: list[str]
-    failed: dict[str, str]
+    failed: list[str] = Field(description="Models whose load failed (the errors are in "
+                              "GET /v1/models, which the token protects).")
 
 
 def _error_response(description: str) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def test_ready_after_background_load(model_files: ModelFiles) -> None:
             release.set()
             wait_until(lambda: client.get("/readyz").status_code == 200)
             assert client.get("/readyz").json() == {
-                "status": "ready", "loaded": [MODEL], "loading": [], "failed": {}}
+                "status": "ready", "loaded": [MODEL], "loading": [], "failed": []}
             assert announced.wait(5)
             keys = model_files.keys[0][:4]
             got = client.post(f"/v1/models/{MODEL}/tables/0/lookup",
@@ -72,7 +72,9 @@ def test_failed_load_keeps_readyz_503(tmp_path: Path, model_files: ModelFiles) -
             wait_until(lambda: client.get("/readyz").json()["status"] == "failed")
             ready = client.get("/readyz")
             assert ready.status_code == 503
-            assert "missing" in ready.json()["failed"][MODEL]
+            assert ready.json()["failed"] == [MODEL]
+            assert "missing" not in ready.text  # no paths on an open route
+            assert "missing" in client.get("/v1/models").json()["failed"][MODEL]
             assert client.get("/healthz").status_code == 200
             answer = client.post(f"/v1/models/{MODEL}/tables/0/lookup", json={"keys": [1]})
             assert answer.status_code == 503
