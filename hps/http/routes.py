@@ -152,7 +152,9 @@ def build_router(state: ServiceState) -> APIRouter:
                             404: {"model": ErrorBody, "description": "Unknown model or "
                                   "missing files."},
                             422: {"model": ErrorBody, "description": "Bad sparse_files, or "
-                                  "the files are not a valid model."}})
+                                  "the files are not a valid model."},
+                            502: {"model": ErrorBody, "description": "The model's source "
+                                  "(S3, HDFS) could not be read."}})
     async def reload(model: str, body: ReloadRequest | None = None) -> dict[str, Any]:
         """Re-read the model's sparse files and swap the new version in atomically.
 
