@@ -36,6 +36,15 @@ def peak_rss_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def current_rss_bytes() -> int | None:
+    """Resident set size of this process now (Linux /proc), or None where unknown."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _interleaved_medians(
     fns: dict[str, Callable[[int], object]], repeats: int, warmup: int
 ) -> dict[str, float]:
@@ -89,9 +98,13 @@ def bench_hash_map(
     keys, vectors = make_table(num_keys, dim)
     tier = HashMapTier(VolatileDBConfig.model_validate({}))
     tier.create_table(TABLE, dim)
+    gc.collect()
+    rss_before = current_rss_bytes()
     start = time.perf_counter()
     tier.load(TABLE, _chunks(keys, vectors, 1 << 18))
     load_s = time.perf_counter() - start
+    gc.collect()
+    rss_after = current_rss_bytes()
     queries = _query_batches(keys, batch, warmup + repeats, seed=1)
     out = np.empty((batch, dim), np.float32)
 
@@ -123,6 +136,9 @@ def bench_hash_map(
         "baseline_batch_ms": base_s * 1e3,
         "load_keys_per_s": num_keys / load_s,
         "memory_over_raw": tier.memory_bytes(TABLE) / raw,
+        "rss_growth_over_raw": (
+            (rss_after - rss_before) / raw if rss_before is not None and rss_after else None
+        ),
         "peak_rss_bytes": peak_rss_bytes(),
     }
     tier.close()

@@ -96,7 +96,12 @@ class _Table:
         self.tombstones = 0
 
     def nbytes(self) -> int:
-        """Bytes of memory the arrays occupy: all of the slots, the written rows."""
+        """Bytes of memory the arrays occupy: all of the slots, the written rows.
+
+        The row arrays reserve twice the rows they hold, but pages never written are not
+        backed by memory (the benchmark checks this against the process RSS), so they
+        are not counted; rows freed by removals are, until the arrays shrink.
+        """
         row_bytes = self.keys.itemsize + self.vectors.itemsize * self.dim
         if self.stats is not None:
             row_bytes += self.stats.itemsize
@@ -398,11 +403,13 @@ class HashMapTier(Tier):
             return
         live_mixed = mix(t.keys[: t.size])
         parts = partition_of_mixed(live_mixed, self.num_partitions)
-        order = np.argsort(parts, kind="stable")
-        starts = np.concatenate([[0], np.cumsum(t.partition_sizes)])
+        # Rows of the overflowing partitions only, grouped by partition.
+        rows_over = np.flatnonzero(np.isin(parts, over))
+        rows_over = rows_over[np.argsort(parts[rows_over], kind="stable")]
+        starts = np.concatenate([[0], np.cumsum(t.partition_sizes[over])])
         victims = []
-        for p in over:
-            members = order[starts[p] : starts[p + 1]]
+        for i in range(over.size):
+            members = rows_over[starts[i] : starts[i + 1]]
             excess = members.size - self.prune_target
             victims.append(members[self._victims(t, members, excess)])
         rows = np.sort(np.concatenate(victims))
