@@ -324,6 +324,31 @@ def test_threads_insert_fetch_remove() -> None:
     assert np.array_equal(got[found], vectors_of(keys[found], 8))
 
 
+def test_concurrent_fetches_count_every_hit() -> None:
+    tier = HashMapTier(config(num_partitions=1, overflow_margin=100,
+                              overflow_policy="evict_least_used",
+                              overflow_resolution_target=0.5))
+    tier.create_table(T, 2)
+    keys = np.arange(100)
+    tier.insert(T, keys, vectors_of(keys, 2))
+    hot, warm = keys[:40], keys[40:60]
+
+    def fetcher() -> None:
+        for _ in range(25):
+            tier.fetch(T, hot)
+            tier.fetch(T, warm[:1])
+
+    threads = [threading.Thread(target=fetcher) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    tier.fetch(T, np.repeat(warm, 99))  # 99 hits each: still fewer than the hot keys' 100
+    tier.insert(T, np.array([1000]), vectors_of(np.array([1000]), 2))
+    assert tier.size(T) == 50
+    assert tier.fetch(T, hot)[1].all()  # 100 hits each, none lost between threads
+
+
 # -- a dict model ----------------------------------------------------------------------
 
 key_values = st.one_of(st.integers(-40, 40), st.sampled_from([-(2**63), 2**63 - 1, 2**40]))
