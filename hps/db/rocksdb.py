@@ -35,6 +35,7 @@ import collections
 import itertools
 import json
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
@@ -190,6 +191,8 @@ class RocksDBTier(Tier):
         self._read_options = rocksdict.ReadOptions()
         self._read_options.set_verify_checksums(False)
         self._db = self._open()
+        if not self.read_only:
+            self._remove_stale_loads()
         self._cfs: dict[str, Any] = {}
         self._handles: dict[str, Any] = {}
         # exact counts, each with the write generation it was taken at
@@ -244,6 +247,12 @@ class RocksDBTier(Tier):
             if "lock" in str(exc).lower():
                 hint = " (another process has it open read-write; open it read-only instead)"
             raise TierSetupError(f"cannot open {where}: {exc}{hint}") from exc
+
+    def _remove_stale_loads(self) -> None:
+        """Delete spill and SST files that a load cut short (a crash) left in the store."""
+        for entry in os.scandir(self.path):
+            if entry.name.startswith(_INGEST_PREFIX) and entry.is_dir():
+                shutil.rmtree(entry.path, ignore_errors=True)
 
     def _list_cfs(self) -> list[str]:
         if not os.path.exists(os.path.join(self.path, "CURRENT")):

@@ -300,6 +300,15 @@ def test_load_in_several_runs(store: Path) -> None:
     tier.close()
 
 
+def test_files_of_a_cut_short_load_are_removed_on_open(tier: RocksDBTier) -> None:
+    stale = Path(tier.path) / "hps_ingest_crashed"
+    stale.mkdir()
+    (stale / "rows.f32").write_bytes(b"0" * 64)
+    tier = reopen(tier)
+    assert not stale.exists()
+    tier.close()
+
+
 def test_load_is_durable(tier: RocksDBTier) -> None:
     keys = np.arange(2000)
     tier.load(T, [(keys, vectors_of(keys, 4))])
