@@ -234,7 +234,7 @@ def lookup(
         print(json.dumps({"keys": keys, "vectors": vectors.tolist()}))
         return
     np.set_printoptions(precision=4, suppress=True, linewidth=120)
-    for key, row in zip(keys, vectors):
+    for key, row in zip(keys, vectors, strict=True):
         console.print(f"[bold]{key}[/]: {np.array2string(row, threshold=16)}")
 
 

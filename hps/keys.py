@@ -102,7 +102,7 @@ class _Tensor:
         if self.strides is None:
             return True
         expected = self.dtype.itemsize
-        for dim, stride in zip(reversed(self.shape), reversed(self.strides)):
+        for dim, stride in zip(reversed(self.shape), reversed(self.strides), strict=True):
             if dim != 1 and stride != expected:
                 return False
             expected *= dim

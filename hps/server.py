@@ -28,8 +28,8 @@ from hps.errors import (
     UnknownModelError,
     UnknownTableError,
 )
-from hps.keys import as_key_array, as_output_array, is_device_array
 from hps.io.sparse_model import DEFAULT_CHUNK_BYTES
+from hps.keys import as_key_array, as_output_array, is_device_array
 from hps.loader import LoadProgress, TableSource, load_table, open_readers
 
 log = logging.getLogger("hps")
@@ -113,12 +113,13 @@ def _make_volatile(config: PSConfig) -> Tier | None:
     return HashMapTier(db)
 
 
-def _make_persistent(config: PSConfig) -> Tier | None:
+def _make_persistent(config: PSConfig, chunk_bytes: int) -> Tier | None:
     if not config.persistent_db.enabled:
         return None
     from hps.db.rocksdb import RocksDBTier
 
-    return RocksDBTier(config.persistent_db)
+    # a bulk-load run of four chunks keeps a load's memory at a few chunks
+    return RocksDBTier(config.persistent_db, load_run_bytes=4 * chunk_bytes)
 
 
 class HierarchicalParameterServer:
@@ -142,7 +143,8 @@ class HierarchicalParameterServer:
         self.drop_grace_seconds = drop_grace_seconds
         self._pending_drops: list[threading.Timer] = []
         self.volatile = _make_volatile(self.config)
-        self.persistent = _make_persistent(self.config)
+        self.persistent = _make_persistent(self.config, chunk_bytes)
+
         self._models: dict[str, LoadedModel] = {}
         self._load_lock = threading.Lock()
         self._gpu_ok = self._check_gpu()
@@ -277,7 +279,7 @@ class HierarchicalParameterServer:
         from hps.gpu.lookup import GpuEmbeddingTable
 
         cfg = loaded.config
-        for table, reader in zip(loaded.tables, readers):
+        for table, reader in zip(loaded.tables, readers, strict=True):
             for device in cfg.deployed_device_list:
                 gpu = GpuEmbeddingTable(
                     cfg, table.index, reader.num_keys, device,
@@ -327,7 +329,8 @@ class HierarchicalParameterServer:
             self._check_device(loaded, device_id)
         if is_device_array(array):
             array = array.get()
-        gpu = t.gpu.get(device_id if device_id is not None else loaded.config.deployed_device_list[0])
+        device = device_id if device_id is not None else loaded.config.deployed_device_list[0]
+        gpu = t.gpu.get(device)
         if gpu is not None:
             out = np.empty((array.size, t.dim), np.float32)
             gpu.lookup(array, out)

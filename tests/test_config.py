@@ -26,12 +26,14 @@ def test_hugectr_defaults() -> None:
     assert c.supportlonglong is True
     assert m.embedding_table_names == ["sparse_embedding0", "sparse_embedding1"]
     assert m.default_value_for_each_table == [0.0, 0.0]
-    assert (m.max_batch_size, m.hit_rate_threshold, m.gpucache, m.gpucacheper) == (64, 0.9, True, 0.2)
+    assert (m.max_batch_size, m.hit_rate_threshold) == (64, 0.9)
+    assert (m.gpucache, m.gpucacheper) == (True, 0.2)
     assert m.cache_refresh_percentage_per_iteration == 0 and m.embedding_cache_type == "dynamic"
     assert m.max_keys_per_lookup(1) == 64 * 3
     # an absent volatile_db block is the in-process hash map; persistent is off
     assert c.volatile_db.type == "hash_map" and c.volatile_db.num_partitions == 16
-    assert c.volatile_db.overflow_resolution_target == 0.8 and c.volatile_db.initial_cache_rate == 1.0
+    assert c.volatile_db.overflow_resolution_target == 0.8
+    assert c.volatile_db.initial_cache_rate == 1.0
     assert c.persistent_db.type == "disabled"
 
 
@@ -83,7 +85,8 @@ def test_bad_values_name_the_key_path(change: dict, needle: str) -> None:
 def test_missing_required_key() -> None:
     raw = minimal()
     del raw["models"][0]["maxnum_catfeature_query_per_table_per_sample"]
-    with pytest.raises(ConfigError, match=r"models\[0\].maxnum_catfeature_query_per_table_per_sample: required"):
+    needle = r"models\[0\].maxnum_catfeature_query_per_table_per_sample: required"
+    with pytest.raises(ConfigError, match=needle):
         load_config(raw)
 
 

@@ -149,8 +149,8 @@ def test_malformed_model_changes_nothing(two_tables: dict[str, Any]) -> None:
     config["models"][0]["embedding_vecsize_per_table"] = [8, 32]  # table 1 is really 16 wide
     with pytest.raises(ModelFileError, match="width 32"):
         HPS(config)
-    from hps.db.rocksdb import RocksDBTier
     from hps.config import PersistentDBConfig
+    from hps.db.rocksdb import RocksDBTier
 
     db = RocksDBTier(PersistentDBConfig(type="rocks_db", path=config["persistent_db"]["path"]))
     try:

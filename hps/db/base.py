@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from hps.errors import UnknownTableError
+from hps.errors import LookupInputError, UnknownTableError
 
 TABLE_PREFIX = "hps_et"
 
@@ -33,6 +33,20 @@ def as_keys(keys: np.ndarray) -> np.ndarray:
 def as_vectors(vectors: np.ndarray, dim: int) -> np.ndarray:
     """View vectors as contiguous float32 rows of width `dim`."""
     return np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, dim)
+
+
+def as_rows(keys: np.ndarray, vectors: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and vectors of an insert as int64[n] and float32[n, dim].
+
+    Raises LookupInputError when the vectors do not hold n × dim values.
+    """
+    k = as_keys(keys)
+    v = np.asarray(vectors, dtype=np.float32)
+    if v.size != k.size * dim:
+        raise LookupInputError(
+            f"{k.size} keys need {k.size} × {dim} float32 values, got array of shape {v.shape}"
+        )
+    return k, as_vectors(v, dim)
 
 
 class Tier(ABC):
@@ -104,5 +118,5 @@ class Tier(ABC):
         """Bytes of process memory the table takes here (0 for out-of-process tiers)."""
         return 0
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: in-process tiers hold nothing to release
         """Release connections, files and memory. Further calls are undefined."""

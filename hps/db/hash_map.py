@@ -46,9 +46,9 @@ from contextlib import contextmanager
 import numpy as np
 
 from hps.config import UNBOUNDED, VolatileDBConfig
-from hps.db.base import Tier, as_keys, as_vectors
+from hps.db.base import Tier, as_keys, as_rows
 from hps.db.partition import mix, partition_of_mixed
-from hps.errors import ConfigError, LookupInputError
+from hps.errors import ConfigError
 
 EMPTY = -1
 TOMBSTONE = -2
@@ -404,7 +404,7 @@ class HashMapTier(Tier):
         Raises LookupInputError when keys and vectors disagree in count or width.
         """
         t = self._table(table)
-        k, v = _distinct_last(*_check_rows(k_in=keys, v_in=vectors, dim=t.dim))
+        k, v = _distinct_last(*as_rows(keys, vectors, t.dim))
         if not k.size:
             return
         mixed = mix(k)
@@ -505,17 +505,6 @@ class HashMapTier(Tier):
         with self._tables_lock:
             self._tables.clear()
             self._dims.clear()
-
-
-def _check_rows(k_in: np.ndarray, v_in: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    keys = as_keys(k_in)
-    vectors = np.asarray(v_in, dtype=np.float32)
-    if vectors.size != keys.size * dim:
-        raise LookupInputError(
-            f"{keys.size} keys need {keys.size} × {dim} float32 values, got array of shape "
-            f"{vectors.shape}"
-        )
-    return keys, as_vectors(vectors, dim)
 
 
 def _distinct_last(keys: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

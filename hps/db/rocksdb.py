@@ -46,10 +46,9 @@ import numpy as np
 import rocksdict
 
 from hps.config import PersistentDBConfig
-from hps.db.base import Tier, as_keys, as_vectors
+from hps.db.base import Tier, as_keys, as_rows
 from hps.errors import (
     ConfigError,
-    LookupInputError,
     TierError,
     TierSetupError,
     UnknownTableError,
@@ -64,6 +63,8 @@ _MIN_SLICE = 2048
 _INGEST_PREFIX = "hps_ingest_"
 #: values per SST file written by a bulk load
 _SST_BYTES = 64 << 20
+#: vector bytes sorted per bulk-load run (a few load chunks: memory stays bounded)
+DEFAULT_LOAD_RUN_BYTES = 256 << 20
 
 
 def _consume(iterator: Iterator[Any]) -> None:
@@ -90,24 +91,13 @@ def row_bytes(vectors: np.ndarray) -> list[bytes]:
     return raw
 
 
-def _memory_budget() -> int:
-    """Half the memory available now (Linux), else 1 GiB: the bytes of one load run."""
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return max(256 << 20, int(line.split()[1]) * 1024 // 2)
-    except OSError:
-        pass
-    return 1 << 30
-
-
 class _Run:
     """Rows of a bulk load spilled to a file, keys in memory, until written as SSTs."""
 
-    def __init__(self, work: str, dim: int) -> None:
+    def __init__(self, work: str, dim: int, sst_bytes: int) -> None:
         self.work = work
         self.dim = dim
+        self.sst_bytes = sst_bytes
         self.rows = 0
         self._keys: list[np.ndarray] = []
         self._spill_path = os.path.join(work, "rows.f32")
@@ -135,7 +125,7 @@ class _Run:
         positions = order[last]
         keys = keys[last]
         rows = np.memmap(self._spill_path, np.float32, "r", shape=(self.rows, self.dim))
-        per_file = max(1024, _SST_BYTES // (4 * self.dim))
+        per_file = max(1024, self.sst_bytes // (4 * self.dim))
         paths: list[str] = []
         for start in range(0, keys.size, per_file):
             stop = start + per_file
@@ -161,9 +151,10 @@ class RocksDBTier(Tier):
 
     `RocksDBTier(config: PersistentDBConfig, *, block_cache_bytes=256 MiB,
     compact_after_load=True, load_run_bytes=None)`; reads `path`, `num_threads`,
-    `read_only`, `max_batch_size`. `load_run_bytes` bounds the rows `load` sorts at once
-    (None: half the available memory); `compact_after_load` compacts a load of several
-    runs into one.
+    `read_only`, `max_batch_size`. `load_run_bytes` bounds the vector bytes `load` sorts
+    at once (default: four 64 MiB load chunks), so a load's memory stays a few chunks
+    whatever the table size; a larger table becomes several runs, which
+    `compact_after_load` compacts into one.
     Opening creates the store if missing (unless read-only) and finds its column families.
     Raises TierSetupError when the store cannot be opened (locked by another process,
     missing while read-only, not a RocksDB directory).
@@ -177,7 +168,7 @@ class RocksDBTier(Tier):
         *,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         compact_after_load: bool = True,
-        load_run_bytes: int | None = None,
+        load_run_bytes: int = DEFAULT_LOAD_RUN_BYTES,
     ) -> None:
         super().__init__()
         self.config = config if config is not None else PersistentDBConfig.model_validate({})
@@ -390,7 +381,7 @@ class RocksDBTier(Tier):
         """Write rows through one WriteBatch (atomic); the last of duplicate keys wins."""
         self._writable("insert into", table)
         cf = self._cf(table)
-        k, v = self._check_rows(table, keys, vectors)
+        k, v = as_rows(keys, vectors, self.dim(table))
         if not k.size:
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
@@ -399,19 +390,6 @@ class RocksDBTier(Tier):
         del cf
         self._db.write(batch)
         self._changed(table)
-
-    def _check_rows(
-        self, table: str, keys: np.ndarray, vectors: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        dim = self.dim(table)
-        k = as_keys(keys)
-        v = np.asarray(vectors, dtype=np.float32)
-        if v.size != k.size * dim:
-            raise LookupInputError(
-                f"{k.size} keys need {k.size} × {dim} float32 values, got array of shape "
-                f"{v.shape}"
-            )
-        return k, as_vectors(v, dim)
 
     def remove(self, table: str, keys: np.ndarray) -> int:
         """Delete `keys`; returns how many distinct keys were present."""
@@ -460,7 +438,9 @@ class RocksDBTier(Tier):
         self._writable("load", table)
         cf = self._cf(table)
         dim = self.dim(table)
-        run_rows = max(1, (self.load_run_bytes or _memory_budget()) // (4 * dim))
+        run_rows = max(1, self.load_run_bytes // (4 * dim))
+        # SST files are written a slice at a time: a slice is at most a quarter of a run
+        sst_bytes = min(_SST_BYTES, max(1, self.load_run_bytes // 4))
         start_generation = self._generations.get(table, 0)
         was_empty = self._is_empty(cf)
         total = 0
@@ -468,18 +448,20 @@ class RocksDBTier(Tier):
         distinct = 0
         # Inside the store: same file system, so ingestion links the files, never copies.
         with tempfile.TemporaryDirectory(dir=self.path, prefix=_INGEST_PREFIX) as work:
-            run = _Run(work, dim)
-            for keys, vectors in chunks:
-                k, v = self._check_rows(table, keys, vectors)
-                total += k.size
-                run.add(k, v)
-                if run.rows >= run_rows:
+            run = _Run(work, dim, sst_bytes)
+            try:
+                for keys, vectors in chunks:
+                    k, v = as_rows(keys, vectors, self.dim(table))
+                    total += k.size
+                    run.add(k, v)
+                    if run.rows >= run_rows:
+                        distinct = self._ingest(cf, table, *run.write_sst(self._options, runs))
+                        runs += 1
+                if run.rows:
                     distinct = self._ingest(cf, table, *run.write_sst(self._options, runs))
                     runs += 1
-            if run.rows:
-                distinct = self._ingest(cf, table, *run.write_sst(self._options, runs))
-                runs += 1
-            run.close()
+            finally:
+                run.close()
         if runs > 1 and self.compact_after_load:
             cf.compact_range(None, None)
         with self._lock:
