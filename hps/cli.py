@@ -336,6 +336,8 @@ def bench_http_cmd(
     seconds: float = typer.Option(5.0, help="Timed seconds per path and round."),
     rounds: int = typer.Option(3, help="Rounds; the paths take turns in each."),
     lookup_threads: int = typer.Option(2, help="The server's --lookup-threads."),
+    pin: bool = typer.Option(True, "--pin/--no-pin",
+                             help="Servers on one half of the CPUs, clients on the other."),
 ) -> None:
     """HTTP lookups (binary, JSON) vs the same keys fetched straight from Redis (HMGET)."""
     from hps.bench.http import bench_http
@@ -343,13 +345,13 @@ def bench_http_cmd(
     console.print(f"table of {keys:,} keys, width {dim}; {clients} clients, {batch:,} keys "
                   f"per request; {rounds} rounds of {seconds:g} s per path …")
     result = bench_http(keys, dim, batch, clients, seconds=seconds, rounds=rounds,
-                        lookup_threads=lookup_threads)
+                        lookup_threads=lookup_threads, pin=pin)
     _print_bench([{"name": r["path"], "requests/s": r["requests_per_s"],
                    "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"]}
                   for r in result["rows"]])
     console.print(f"binary endpoint / direct Redis (keys/s): {result['binary_vs_redis']:.2f}×;"
                   f" JSON endpoint / direct Redis: {result['json_vs_redis']:.2f}× "
-                  f"({result['cpus']} CPUs)")
+                  f"({result['cpus']} CPUs; pinned: {result['pinned']})")
 
 
 def _print_bench(rows: list[dict[str, Any]]) -> None:

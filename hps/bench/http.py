@@ -61,14 +61,15 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _http_server(config: Path, port: int, lookup_threads: int, timeout: float = 300.0
-                 ) -> Iterator[str]:
-    """`hps serve config` in a subprocess; yields its URL once /readyz is 200."""
+def _http_server(config: Path, port: int, lookup_threads: int, cpus: set[int] | None,
+                 timeout: float = 300.0) -> Iterator[str]:
+    """`hps serve config` in a subprocess (on `cpus`); yields its URL once /readyz is 200."""
     log = open(config.parent / "serve.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "hps.cli", "serve", str(config), "--port", str(port),
          "--lookup-threads", str(lookup_threads)],
         stdout=log, stderr=subprocess.STDOUT)
+    _pin(proc.pid, cpus)
     url = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -97,6 +98,22 @@ def _http_server(config: Path, port: int, lookup_threads: int, timeout: float = 
             proc.kill()
             proc.wait()
         log.close()
+
+
+def _pin(pid: int, cpus: set[int] | None) -> None:
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(pid, cpus)
+
+
+def _split_cpus() -> tuple[set[int], set[int]] | None:
+    """(server CPUs, client CPUs): the servers on one half, the clients on the other."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    half = len(cpus) // 2
+    return set(cpus[half:]), set(cpus[:half])
 
 
 # -- clients ------------------------------------------------------------------------------
@@ -261,13 +278,16 @@ def bench_http(
     num_queries: int = 512,
     num_partitions: int = 16,
     lookup_threads: int = 2,
+    pin: bool = True,
     seed: int = 0,
 ) -> dict[str, Any]:
     """HTTP binary and JSON lookups vs direct Redis HMGET; returns the figures as a dict.
 
     Keys: `rows` (one dict per path: requests/s, keys/s, p50/p99 ms), the binary
     endpoint's keys/s over the direct-Redis path's (`binary_vs_redis`), the setup, and
-    the machine's CPU count.
+    the machine's CPU count. `pin`: the servers (hps serve, redis-server) run on one half
+    of the CPUs and this process (the clients) on the other, as when clients and servers
+    are different machines; the split is restored at the end.
     """
     from hps.bench.redis_servers import RedisServer
     from hps.bench.tiers import make_table
@@ -280,6 +300,9 @@ def bench_http(
     picks = [rng.integers(0, num_keys, batch) for _ in range(num_queries)]
     queries = [keys[p] for p in picks]
     tmp = Path(tempfile.mkdtemp(prefix="hps-bench-http-"))
+    split = _split_cpus() if pin else None
+    server_cpus, client_cpus = split if split else (None, None)
+    own_cpus = os.sched_getaffinity(0) if split else None
     try:
         write_sparse_model(tmp / TABLE, keys, vectors)
         config = {
@@ -296,7 +319,11 @@ def bench_http(
         (tmp / "ps.json").write_text(json.dumps(config))
         started = time.perf_counter()
         with RedisServer(tmp / "redis") as redis_server, \
-                _http_server(tmp / "ps.json", _free_port(), lookup_threads) as url:
+                _http_server(tmp / "ps.json", _free_port(), lookup_threads,
+                             server_cpus) as url:
+            assert redis_server.proc is not None
+            _pin(redis_server.proc.pid, server_cpus)
+            _pin(0, client_cpus)
             tier = RedisTier(VolatileDBConfig.model_validate({
                 "type": "redis_cluster", "address": redis_server.address,
                 "num_partitions": num_partitions, "socket_timeout": 30.0}))
@@ -327,6 +354,7 @@ def bench_http(
                         client.start_round()
                     results[name].append(_drive(per_client, num_queries, warmup, seconds))
     finally:
+        _pin(0, own_cpus)
         shutil.rmtree(tmp, ignore_errors=True)
 
     rows = [_figures(name, batch, seconds, r) for name, r in results.items()]
@@ -345,6 +373,8 @@ def bench_http(
         "num_keys": num_keys, "dim": dim, "batch": batch, "clients": clients,
         "seconds": seconds, "rounds": rounds, "cpus": os.cpu_count(),
         "lookup_threads": lookup_threads,
+        "pinned": f"servers on CPUs {sorted(server_cpus)}, clients on {sorted(client_cpus)}"
+        if server_cpus and client_cpus else "no",
         "setup_s": setup_s,
     }
 
@@ -358,10 +388,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--lookup-threads", type=int, default=2)
+    parser.add_argument("--no-pin", action="store_true")
     args = parser.parse_args(argv)
     result = bench_http(args.keys, args.dim, args.batch, args.clients,
                         seconds=args.seconds, rounds=args.rounds,
-                        lookup_threads=args.lookup_threads)
+                        lookup_threads=args.lookup_threads, pin=not args.no_pin)
     print(json.dumps(result, indent=2))
 
 
