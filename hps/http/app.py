@@ -11,6 +11,7 @@ stopped, and once `app.state.hps.loader` is done).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -33,6 +34,12 @@ from hps.server import HierarchicalParameterServer
 log = logging.getLogger("hps.http")
 
 _HTTP_KINDS = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
+# FastAPI ≥ 0.16x checks its native OpenTelemetry providers on every request (tens of µs
+# on the lookup route); the service exports Prometheus metrics of its own instead.
+_NO_OTEL: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 DESCRIPTION = """\
 Vectors of recommender embedding tables by key, from the hierarchical parameter server.
@@ -82,7 +89,7 @@ def create_app(
 
     app = FastAPI(title="hps", summary="Hierarchical parameter server for recommender "
                   "embeddings", description=DESCRIPTION, version=_version(),
-                  lifespan=lifespan)
+                  lifespan=lifespan, **_NO_OTEL)
     app.state.hps = state
     router = build_router(state)
     lookup_route = next(r for r in router.routes
