@@ -74,12 +74,21 @@ def cli_env() -> dict[str, str]:
 
 
 def _run_curl(line: str, env: dict[str, str]) -> dict[str, object]:
-    """Run the printed curl line as a shell would (only $HPS_TOKEN is expanded)."""
-    assert shutil.which("curl"), "curl is needed to run the printed line"
+    """Run the printed curl line as a shell would (only $HPS_TOKEN is expanded).
+
+    Without a curl binary the line is parsed (-H, -d, the URL) and sent with httpx.
+    """
     argv = [a.replace("$HPS_TOKEN", env.get("HPS_TOKEN", "")) for a in shlex.split(line.strip())]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
-    assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout)
+    assert argv[0] == "curl"
+    if shutil.which("curl"):
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=30)
+        assert done.returncode == 0, done.stderr
+        text = done.stdout
+    else:
+        headers = dict(argv[i + 1].split(": ", 1) for i, a in enumerate(argv) if a == "-H")
+        body = argv[argv.index("-d") + 1]
+        text = httpx.post(argv[-1], content=body, headers=headers, timeout=30).text
+    answer = json.loads(text)
     assert isinstance(answer, dict) and "error" not in answer, answer
     return answer
 
