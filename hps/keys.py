@@ -147,18 +147,18 @@ def _read_capsule(capsule: Any, what: str) -> _Tensor:
     )
 
 
+def _interface(t: _Tensor) -> dict[str, Any]:
+    """The array-interface dict (v3) of a DLTensor, shared by NumPy's and CUDA's."""
+    return {"data": (t.ptr, t.read_only), "shape": t.shape, "typestr": t.dtype.str,
+            "strides": t.strides, "version": 3}
+
+
 class _HostView:
     """Exposes a host DLTensor through NumPy's array interface and keeps its owner alive."""
 
     def __init__(self, t: _Tensor) -> None:
         self._owner = t.owner
-        self.__array_interface__ = {
-            "data": (t.ptr, t.read_only),
-            "shape": t.shape,
-            "typestr": t.dtype.str,
-            "strides": t.strides,
-            "version": 3,
-        }
+        self.__array_interface__ = _interface(t)
 
 
 class _DeviceView:
@@ -166,14 +166,8 @@ class _DeviceView:
 
     def __init__(self, t: _Tensor) -> None:
         self._owner = t.owner
-        self.__cuda_array_interface__ = {
-            "data": (t.ptr, t.read_only),
-            "shape": t.shape,
-            "typestr": t.dtype.str,
-            "strides": t.strides,
-            "version": 3,
-            "stream": None,  # the producer's stream is ordered by the caller (HugeCTR contract)
-        }
+        # stream None: the producer's stream is ordered by the caller (HugeCTR contract)
+        self.__cuda_array_interface__ = {**_interface(t), "stream": None}
 
 
 def _cupy() -> Any:

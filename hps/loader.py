@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig
-from hps.db.base import Tier, table_name
+from hps.db.base import Tier
 from hps.io.sparse_model import DEFAULT_CHUNK_BYTES, KEY_FILE, VECTOR_FILE, SparseModelReader
 from hps.io.uri import LocalSource, SourceOptions, open_source
 
@@ -97,24 +97,21 @@ def load_table(
     """
     started = time.perf_counter()
     dim = reader.vec_size
-    print_ = fingerprint(reader)
-    source = TableSource(reader.info.uri, reader.num_keys, dim, reader.info.total_bytes, print_)
+    mark = fingerprint(reader)
+    source = TableSource(reader.info.uri, reader.num_keys, dim, reader.info.total_bytes, mark)
     for tier in (volatile, persistent):
         if tier is not None:
             tier.create_table(name, dim)
 
     reuse = False
-    if persistent is not None and print_:
-        stored = getattr(persistent, "metadata", lambda _t: None)(name)
-        reuse = bool(stored) and stored.get("fingerprint") == print_
-    if persistent is not None and getattr(persistent, "read_only", False):
-        reuse = True  # a read-only store serves what it holds
+    if persistent is not None:
+        stored = persistent.metadata(name) if mark else None
+        # a read-only store serves what it holds
+        reuse = persistent.read_only or (stored is not None
+                                         and stored.get("fingerprint") == mark)
     # Without a persistent tier the volatile tier is the only copy: it takes everything.
     rate = initial_cache_rate if persistent is not None else 1.0
-    if volatile is None or rate <= 0.0:
-        write_volatile = False
-    else:
-        write_volatile = True
+    write_volatile = volatile is not None and rate > 0.0
 
     row_bytes = 8 + 4 * dim
 
@@ -131,9 +128,8 @@ def load_table(
         persistent.drop_table(name)
         persistent.create_table(name, dim)
         persistent.load(name, chunks())
-        set_meta = getattr(persistent, "set_metadata", None)
-        if set_meta is not None:
-            set_meta(name, {k: v for k, v in source.as_dict().items() if k != "reused"})
+        persistent.set_metadata(
+            name, {k: v for k, v in source.as_dict().items() if k != "reused"})
     elif write_volatile:
         for _ in chunks():
             pass
@@ -144,6 +140,3 @@ def load_table(
              source.load_seconds, " (persistent tier already held it)" if reuse else "")
     return source
 
-
-def storage_names(model: ModelConfig) -> list[str]:
-    return [table_name(model.model, t) for t in model.embedding_table_names]

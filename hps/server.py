@@ -267,7 +267,7 @@ class HierarchicalParameterServer:
 
     def _drop_tables(self, names: Sequence[str]) -> None:
         for tier in (self.volatile, self.persistent):
-            if tier is None or getattr(tier, "read_only", False):
+            if tier is None or tier.read_only:
                 continue
             for name in names:
                 try:
@@ -358,10 +358,7 @@ class HierarchicalParameterServer:
         host_keys = array.get() if is_device_array(array) else array
         vectors = self._fetch_host(t, host_keys)
         if is_device_array(target):
-            import cupy
-
-            target.set(vectors) if hasattr(target, "set") else cupy.copyto(
-                target, cupy.asarray(vectors))
+            target.set(vectors)
         else:
             np.copyto(target, vectors)
         return int(array.size)
@@ -400,9 +397,8 @@ class HierarchicalParameterServer:
     def _cache_missed(self, name: str, keys: np.ndarray, rows: np.ndarray) -> None:
         if not keys.size:
             return
-        insert = getattr(self.volatile, "insert_async", None) or self.volatile.insert  # type: ignore[union-attr]
         try:
-            insert(name, keys, rows)
+            self.volatile.insert_async(name, keys, rows)  # type: ignore[union-attr]
         except TierUnavailableError:
             pass  # the next lookup of these keys reaches the persistent tier again
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,8 @@ class Tier(ABC):
 
     #: short name used in logs and metric labels ("hash_map", "redis", "rocksdb")
     name: str = "tier"
+    #: a read-only tier serves what it holds; loads and drops leave it alone
+    read_only: bool = False
 
     def __init__(self) -> None:
         self._dims: dict[str, int] = {}
@@ -113,6 +116,19 @@ class Tier(ABC):
             self.insert(table, keys, vectors)
             total += len(keys)
         return total
+
+    def insert_async(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> bool:
+        """Insert without making the caller wait where the tier can (network tiers queue
+        the write); returns False when the write was dropped. Here: a plain insert."""
+        self.insert(table, keys, vectors)
+        return True
+
+    def metadata(self, table: str) -> dict[str, Any] | None:
+        """The load record stored with `table` (source, fingerprint), None if none."""
+        return None
+
+    def set_metadata(self, table: str, record: dict[str, Any]) -> None:  # noqa: B027
+        """Store a load record with `table`; tiers that cannot keep one ignore it."""
 
     def memory_bytes(self, table: str) -> int:
         """Bytes of process memory the table takes here (0 for out-of-process tiers)."""

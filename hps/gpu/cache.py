@@ -201,6 +201,7 @@ class DeviceTable:
     _query_kernel = ""
     _query_signature = ""
     _dump_kernel = ""
+    _update_kernel = ""
 
     def __init__(self, dim: int, device_id: int, num_sets: int, *, group: int, unroll: int,
                  special_flags: int) -> None:
@@ -516,6 +517,24 @@ class DeviceTable:
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         raise NotImplementedError
 
+    def update(self, keys: Any, vectors: Any) -> int:
+        """Overwrites the rows of the keys held (others are skipped); a cache's LRU order
+        is left as it was. Returns how many keys were held. Keys should be unique."""
+        keys = self._device_keys(keys)
+        n = int(keys.shape[0])
+        vectors = self._device_rows(vectors, n)
+        if n == 0:
+            return 0
+        cp = self._cp
+        with self._writing(keys, vectors):
+            updated = cp.zeros(1, dtype=np.int32)
+            self._kernel(self._update_kernel)(
+                (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
+                (keys, np.int64(n), vectors, self._vec4(vectors), self._keys, self._vecs,
+                 np.uint32(self.num_sets), self._flags, updated),
+            )
+        return int(updated.get(stream=self._stream)[0])
+
     def dump(self, start_set: int, stop_set: int) -> Any:
         """Keys held in sets (buckets) [start_set, stop_set), as a cupy int64 array in no
         particular order. Ordered after every write before it."""
@@ -585,6 +604,7 @@ class EmbeddingCache(DeviceTable):
     _query_kernel = "cache_query"
     _query_signature = "ptr i64 ptr ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr u64 f32"
     _dump_kernel = "cache_dump"
+    _update_kernel = "cache_update"
 
     def __init__(self, capacity_slots: int, dim: int, device_id: int = 0, *,
                  lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT, group: int | None = None,
@@ -690,23 +710,6 @@ class EmbeddingCache(DeviceTable):
                  self._next_tick()),
             )
 
-    def update(self, keys: Any, vectors: Any) -> int:
-        """Overwrites the rows of the keys held (others are skipped); LRU order is left
-        as it was. Returns how many keys were held. Keys should be unique."""
-        keys = self._device_keys(keys)
-        n = int(keys.shape[0])
-        vectors = self._device_rows(vectors, n)
-        if n == 0:
-            return 0
-        cp = self._cp
-        with self._writing(keys, vectors):
-            updated = cp.zeros(1, dtype=np.int32)
-            self._kernel("cache_update")(
-                (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
-                (keys, np.int64(n), vectors, self._vec4(vectors), self._keys, self._vecs,
-                 np.uint32(self.num_sets), self._flags, updated),
-            )
-        return int(updated.get(stream=self._stream)[0])
 
     def remove(self, keys: Any) -> None:
         """Frees the slots of the keys held; others are ignored."""

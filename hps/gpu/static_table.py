@@ -54,6 +54,7 @@ class StaticEmbeddingTable(DeviceTable):
     _query_kernel = "static_query"
     _query_signature = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32"
     _dump_kernel = "static_dump"
+    _update_kernel = "static_update"
 
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *,
                  load_factor: float = DEFAULT_LOAD_FACTOR, group: int | None = None,
@@ -135,20 +136,3 @@ class StaticEmbeddingTable(DeviceTable):
             )
         return held
 
-    def update(self, keys: Any, vectors: Any) -> int:
-        """Overwrites the rows of the keys held (others are skipped). Returns how many
-        keys were held. Keys should be unique."""
-        keys = self._device_keys(keys)
-        n = int(keys.shape[0])
-        vectors = self._device_rows(vectors, n)
-        if n == 0:
-            return 0
-        cp = self._cp
-        with self._writing(keys, vectors):
-            updated = cp.zeros(1, dtype=np.int32)
-            self._kernel("static_update")(
-                (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
-                (keys, np.int64(n), vectors, self._vec4(vectors), self._keys, self._vecs,
-                 np.uint32(self.num_sets), self._flags, updated),
-            )
-        return int(updated.get(stream=self._stream)[0])
