@@ -38,7 +38,7 @@ from hps.errors import (
     SourceNotFoundError,
     SourceUnreachableError,
 )
-from hps.io.uri import SUPPORTED_FORMS, RemoteSource, SourceOptions
+from hps.io.source import SUPPORTED_FORMS, RemoteSource, SourceOptions
 
 if TYPE_CHECKING:
     from hdfs_native import Client

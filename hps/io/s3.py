@@ -42,7 +42,7 @@ from hps.errors import (
     SourceNotFoundError,
     SourceUnreachableError,
 )
-from hps.io.uri import SUPPORTED_FORMS, RemoteSource, SourceOptions, s3_endpoint
+from hps.io.source import SUPPORTED_FORMS, RemoteSource, SourceOptions, s3_endpoint
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
