@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs and runs it: Python packages (the package itself with
-# its 'test' extra, PyTorch's CPU build for the DLPack tests) and redis-server (apt-get)
-# where it is missing. The Redis, S3 (moto) and HTTP (uvicorn) servers the tests talk to
-# are started by the tests' fixtures on loopback ports. GPU tests (tests/gpu) need CUDA
-# and run on a GPU machine through scripts/gpu_check.sh instead.
+# Installs what the test suite needs and runs it. Everything Python goes into a virtual
+# environment of the project's own (HPS_VENV, default .venv), never into the machine's
+# site-packages: the package with its 'test' extra, PyTorch's CPU build for the DLPack
+# tests, all within constraints.txt (versions known to work together). redis-server comes
+# from apt-get where it is missing. The Redis, S3 (moto), Kafka (librdkafka's mock
+# cluster) and HTTP (uvicorn) servers the tests talk to are started by the tests' own
+# fixtures on loopback ports. GPU tests (tests/gpu) need CUDA and run on a GPU machine
+# through scripts/gpu_check.sh instead. Arguments are passed to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,14 +20,23 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   $sudo service redis-server stop >/dev/null 2>&1 || true
 fi
 
-echo "== installing Python packages"
+venv="${HPS_VENV:-.venv}"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "== creating the virtual environment $venv"
+  python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+
+echo "== installing Python packages into $venv (constraints.txt)"
 log=$(mktemp)
-if ! python3 -m pip install -q --disable-pip-version-check "torch==2.13.0" -e ".[test]" >"$log" 2>&1; then
+trap 'rm -f "$log"' EXIT
+if ! "$py" -m pip install -q --disable-pip-version-check -c constraints.txt \
+    "torch==2.13.0" -e ".[test]" >"$log" 2>&1; then
   cat "$log" >&2
   exit 1
 fi
-python3 -c "import hps, rocksdict, redis, torch, moto, fastapi" \
+"$py" -c "import hps, rocksdict, redis, torch, moto, fastapi" \
   || { echo "missing test dependencies after install" >&2; exit 1; }
 
 echo "== running tests"
-exec python3 -m pytest tests --ignore=tests/gpu "$@"
+"$py" -m pytest tests --ignore=tests/gpu "$@"
