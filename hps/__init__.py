@@ -35,6 +35,17 @@ from hps.errors import (
     UnknownModelError,
     UnknownTableError,
 )
+from hps.hugectr_config import (
+    DatabaseOverflowPolicy_t,
+    DatabaseType_t,
+    EmbeddingCacheType_t,
+    InferenceParams,
+    ParameterServerConfig,
+    PersistentDatabaseParams,
+    UpdateSourceParams,
+    UpdateSourceType_t,
+    VolatileDatabaseParams,
+)
 from hps.io.sparse_model import SparseModelReader, write_sparse_model
 from hps.server import HierarchicalParameterServer
 
@@ -44,9 +55,13 @@ __all__ = [
     "HPS",
     "BatchTooLargeError",
     "ConfigError",
+    "DatabaseOverflowPolicy_t",
+    "DatabaseType_t",
     "DeviceError",
+    "EmbeddingCacheType_t",
     "HPSError",
     "HierarchicalParameterServer",
+    "InferenceParams",
     "KeyTypeError",
     "LookupInputError",
     "MissingExtraError",
@@ -54,7 +69,9 @@ __all__ = [
     "ModelFileError",
     "OutputBufferError",
     "PSConfig",
+    "ParameterServerConfig",
     "PersistentDBConfig",
+    "PersistentDatabaseParams",
     "SourceAccessError",
     "SourceError",
     "SourceNotFoundError",
@@ -66,7 +83,10 @@ __all__ = [
     "UnknownConfigKeyWarning",
     "UnknownModelError",
     "UnknownTableError",
+    "UpdateSourceParams",
+    "UpdateSourceType_t",
     "VolatileDBConfig",
+    "VolatileDatabaseParams",
     "__version__",
     "load_config",
     "write_sparse_model",

@@ -2,21 +2,30 @@
 
 Code written for `hugectr.inference.HPS` runs unchanged apart from the import:
 
-    from hps import HPS
-    hps = HPS("ps.json")                                  # or a dict of the same JSON
+    from hps.inference import HPS
+    hps = HPS("ps.json")              # or a ParameterServerConfig, a dict of the JSON, a PSConfig
     vectors = hps.lookup(keys, "model", 0)                # NumPy float32 [n, dim]
     hps.lookup_fromdlpack(key_capsule, out_capsule, "model", 1)
+
+The argument names are HugeCTR's (`ps_config` / `hps_json_config_file`, `h_keys`,
+`out_tensor`), so calls that name them run unchanged too.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hps.config import PSConfig
+from hps.errors import ConfigError
+from hps.hugectr_config import as_ps_config
 from hps.loader import LoadProgress
 from hps.server import HierarchicalParameterServer
+
+if TYPE_CHECKING:
+    from hps.hugectr_config import ParameterServerConfig
 
 
 class HPS:
@@ -24,30 +33,39 @@ class HPS:
 
     def __init__(
         self,
-        config: str | dict[str, Any] | PSConfig,
+        ps_config: str | os.PathLike[str] | dict[str, Any] | PSConfig | ParameterServerConfig
+        | None = None,
         *,
+        hps_json_config_file: str | os.PathLike[str] | None = None,
         progress: LoadProgress | None = None,
     ) -> None:
+        if (ps_config is None) == (hps_json_config_file is None):
+            raise ConfigError("HPS() takes one config: ps_config (a ParameterServerConfig, "
+                              "PSConfig, dict or path) or hps_json_config_file (a path)")
+        config = as_ps_config(ps_config if ps_config is not None else hps_json_config_file)
         self.server = HierarchicalParameterServer(config, progress=progress)
 
-    def lookup(self, keys: Any, model_name: str, table_id: int | str, device_id: int = 0
+    def lookup(self, h_keys: Any, model_name: str, table_id: int | str, device_id: int = 0
                ) -> np.ndarray:
-        """Vectors of `keys` (any integer array, any shape) as float32 [n, dim] on the host.
+        """Vectors of `h_keys` as float32 [n, dim] on the host.
 
-        n is the number of key elements. Raises UnknownModelError, UnknownTableError,
+        `h_keys`: any integer array of any shape (n is its number of elements), or a list
+        of Python or NumPy integers. Raises UnknownModelError, UnknownTableError,
         KeyTypeError or BatchTooLargeError for bad input.
         """
-        return self.server.lookup(model_name, table_id, keys, device_id=device_id)
+        if isinstance(h_keys, (list, tuple)) and not h_keys:
+            h_keys = np.empty(0, np.int64)  # NumPy would read [] as float64
+        return self.server.lookup(model_name, table_id, h_keys, device_id=device_id)
 
-    def lookup_fromdlpack(self, keys: Any, vectors: Any, model_name: str,
+    def lookup_fromdlpack(self, keys: Any, out_tensor: Any, model_name: str,
                           table_id: int | str, device_id: int = 0) -> None:
-        """Write the vectors of `keys` into `vectors` in place.
+        """Write the vectors of `keys` into `out_tensor` in place.
 
         Both may be DLPack capsules (they are not consumed), `__dlpack__` objects
-        (PyTorch, CuPy, NumPy) or arrays, on the host or a CUDA device. `vectors` must
+        (PyTorch, CuPy, NumPy) or arrays, on the host or a CUDA device. `out_tensor` must
         be float32, C-contiguous, with at least n × dim elements.
         """
-        self.server.lookup_into(model_name, table_id, keys, vectors, device_id=device_id)
+        self.server.lookup_into(model_name, table_id, keys, out_tensor, device_id=device_id)
 
     def refresh(self, model_name: str | None = None) -> int:
         """Re-read GPU-cached vectors from the databases; returns keys refreshed."""

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -266,12 +267,21 @@ def _check_keys(raw: dict[str, Any]) -> None:
                 _warn_unknown(m, ModelConfig, f"models[{i}].")
 
 
-def _format_errors(exc: ValidationError) -> str:
+#: names an error's location; the default spells it as a ps.json key path
+PathNamer = Callable[[tuple[Any, ...]], str]
+
+
+def _json_path(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _format_errors(exc: ValidationError, name_path: PathNamer = _json_path) -> str:
     lines = []
     for err in exc.errors():
-        path = ""
-        for part in err["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        path = name_path(tuple(err["loc"]))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             msg = "required key is missing"
@@ -281,15 +291,20 @@ def _format_errors(exc: ValidationError) -> str:
     return "invalid ps config:\n  " + "\n  ".join(lines)
 
 
-def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike[str] | None = None) -> PSConfig:
-    """Validate a dict of ps.json contents. Relative local paths resolve from `base_dir`."""
+def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike[str] | None = None, *,
+                 name_path: PathNamer = _json_path) -> PSConfig:
+    """Validate a dict of ps.json contents. Relative local paths resolve from `base_dir`.
+
+    `name_path` spells the location of a bad value in the ConfigError (the default is the
+    ps.json key path; the HugeCTR config objects name their own attributes instead).
+    """
     if not isinstance(raw, dict):
         raise ConfigError(f"a ps config must be a mapping, got {type(raw).__name__}")
     _check_keys(raw)
     try:
         config = PSConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc)) from None
+        raise ConfigError(_format_errors(exc, name_path)) from None
     if base_dir is not None:
         _resolve_paths(config, Path(base_dir))
     return config
@@ -336,3 +351,16 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any] | PSConfig) -> P
                 f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
             ) from None
     return parse_config(raw, base_dir=path.parent)
+
+
+def config_to_json(config: PSConfig, *, defaults: bool = False) -> dict[str, Any]:
+    """The ps.json contents equivalent to `config` (`parse_config` of it gives it back).
+
+    Without `defaults`, keys equal to their default are left out, except each database
+    block's `type`: a `volatile_db` block without one would mean "disabled" (HugeCTR).
+    """
+    raw = config.model_dump(mode="json", exclude_defaults=not defaults)
+    for section in ("volatile_db", "persistent_db", "update_source"):
+        if section in raw:
+            raw[section] = {"type": getattr(config, section).type, **raw[section]}
+    return raw

@@ -128,12 +128,12 @@ def test_bad_input_raises_and_changes_nothing(two_tables: dict[str, Any]) -> Non
             (UnknownTableError, "has no table 2", dict(table_id=2)),
             (UnknownTableError, "has no table 'x'", dict(table_id="x")),
             (KeyTypeError, "must be integers", dict(keys=keys[:10].astype(np.float64))),
-            (OutputBufferError, "float32", dict(vectors=np.zeros((10, 8), np.float64))),
-            (OutputBufferError, "are needed", dict(vectors=np.zeros((9, 8), np.float32))),
+            (OutputBufferError, "float32", dict(out_tensor=np.zeros((10, 8), np.float64))),
+            (OutputBufferError, "are needed", dict(out_tensor=np.zeros((9, 8), np.float32))),
             (LookupInputError, "deployed_device_list", dict(device_id=3)),
         ]
         for error, match, change in cases:
-            args = dict(keys=keys[:10], vectors=out, model_name="m", table_id=0)
+            args = dict(keys=keys[:10], out_tensor=out, model_name="m", table_id=0)
             args.update(change)
             with pytest.raises(error, match=match):
                 hps.lookup_fromdlpack(**args)

@@ -1,0 +1,651 @@
+"""HugeCTR's Python configuration objects (`hugectr.inference`), as front ends of PSConfig.
+
+Code that built its HPS configuration as Python objects runs with the import changed:
+
+    from hps.inference import HPS, InferenceParams, ParameterServerConfig
+    ps_config = ParameterServerConfig(
+        emb_table_name={"m": ["t0", "t1"]}, embedding_vec_size={"m": [1, 16]},
+        max_feature_num_per_sample_per_emb_table={"m": [2, 26]},
+        inference_params_array=[InferenceParams(model_name="m", max_batchsize=64, ...)])
+    hps = HPS(ps_config)
+
+The classes keep HugeCTR's keyword names, positional order and defaults (REFERENCE.md
+§14); the enums keep its member names (both `DatabaseType_t.redis_cluster`, as pybind
+exported them, and `DatabaseType_t.RedisCluster`). `ParameterServerConfig.to_config()`
+is the PSConfig (ps.json) it stands for and `ParameterServerConfig.from_config(...)` goes
+the other way; converting back and forth gives the same PSConfig.
+
+- Options that have no effect in `hps` (`use_cuda_graph`, `use_mixed_precision`,
+  `network_file`, the shared-memory hash map's sizes, ...) are accepted; when given a
+  value other than HugeCTR's default they are logged once per process as ignored.
+- Options that contradict each other raise ConfigError when the ParameterServerConfig is
+  built (as HugeCTR's constructor threw on inconsistent maps): a model missing from a
+  map, per-table lists of InferenceParams that differ from the maps, one model with
+  64-bit keys beside one without, a database block on an InferenceParams that differs
+  from the ParameterServerConfig's (HugeCTR silently overwrote it), `use_static_table`
+  with a non-static `embedding_cache_type`, a `device_id` outside `deployed_devices`.
+- ps.json keys HugeCTR's objects have no argument for (`s3_endpoint`, the Redis timeouts,
+  ...) go in the keyword-only `hps_options` dict of the matching object.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel
+
+from hps.config import UNBOUNDED, PSConfig, config_to_json, load_config, parse_config
+from hps.errors import ConfigError
+
+log = logging.getLogger("hps")
+
+#: HugeCTR's "no limit" for overflow_margin (size_t max); ps.json's is UNBOUNDED
+SIZE_MAX = 2**64 - 1
+
+
+class DatabaseType_t(str, Enum):  # noqa: N801 - HugeCTR's name
+    """Database backends; the values are ps.json's `type` strings."""
+
+    disabled = "disabled"
+    hash_map = "hash_map"
+    parallel_hash_map = "parallel_hash_map"
+    multi_process_hash_map = "multi_process_hash_map"
+    redis_cluster = "redis_cluster"
+    rocks_db = "rocks_db"
+    Disabled = "disabled"
+    HashMap = "hash_map"
+    ParallelHashMap = "parallel_hash_map"
+    MultiProcessHashMap = "multi_process_hash_map"
+    RedisCluster = "redis_cluster"
+    RocksDB = "rocks_db"
+
+
+class DatabaseOverflowPolicy_t(str, Enum):  # noqa: N801
+    """What a full volatile-database partition evicts."""
+
+    evict_random = "evict_random"
+    evict_least_used = "evict_least_used"
+    evict_oldest = "evict_oldest"
+    EvictRandom = "evict_random"
+    EvictLeastUsed = "evict_least_used"
+    EvictOldest = "evict_oldest"
+
+
+class UpdateSourceType_t(str, Enum):  # noqa: N801
+    """Where online updates come from."""
+
+    null = "null"
+    kafka_message_queue = "kafka_message_queue"
+    Null = "null"
+    KafkaMessageQueue = "kafka_message_queue"
+
+
+class EmbeddingCacheType_t(str, Enum):  # noqa: N801
+    """The GPU cache's kind (`stochastic` is HugeCTR's and is refused by the config)."""
+
+    Dynamic = "dynamic"
+    UVM = "uvm"
+    Static = "static"
+    Stochastic = "stochastic"
+    dynamic = "dynamic"
+    uvm = "uvm"
+    static = "static"
+    stochastic = "stochastic"
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def _enum(cls: type[E], value: Any, where: str) -> E:
+    """`value` as a member of `cls`: a member, its ps.json string, or its name."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        if value in cls.__members__:
+            return cls.__members__[value]
+        try:
+            return cls(value)
+        except ValueError:
+            pass
+    names = ", ".join(sorted({m.name for m in cls}))
+    raise ConfigError(f"{where}: expected a {cls.__name__} ({names}), got {value!r}")
+
+
+def _plain(value: Any) -> Any:
+    """A value as ps.json holds it (enum members become their strings)."""
+    return value.value if isinstance(value, Enum) else value
+
+
+class _Params:
+    """What every HugeCTR config object shares: defaults, ignored options, JSON mapping."""
+
+    #: attribute → ps.json key, for the attributes that have one
+    _JSON: ClassVar[dict[str, str]] = {}
+    #: attributes `hps` accepts and does nothing with
+    _IGNORED: ClassVar[tuple[str, ...]] = ()
+
+    hps_options: dict[str, Any]
+
+    @classmethod
+    def _default(cls, name: str) -> Any:
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.name == name:
+                return f.default_factory() if callable(f.default_factory) else f.default
+        raise AttributeError(name)
+
+    def _given_ignored(self) -> dict[str, Any]:
+        """Ignored options set to something other than HugeCTR's default."""
+        return {f"{type(self).__name__}.{name}": getattr(self, name) for name in self._IGNORED
+                if getattr(self, name) != self._default(name)}
+
+    def _section_json(self, where: str) -> dict[str, Any]:
+        raw = {key: _plain(getattr(self, attr)) for attr, key in self._JSON.items()}
+        _merge_options(raw, self.hps_options, where, self._JSON)
+        return raw
+
+    @classmethod
+    def _kwargs_from(cls, section: BaseModel) -> dict[str, Any]:
+        raw = section.model_dump(mode="json")
+        kwargs = {attr: raw[key] for attr, key in cls._JSON.items()}
+        kwargs["hps_options"] = _extras(section, cls._JSON.values())
+        return kwargs
+
+
+def _merge_options(raw: dict[str, Any], options: Mapping[str, Any], where: str,
+                   mapping: Mapping[str, str]) -> None:
+    """Add `hps_options` to ps.json contents; a key HugeCTR has an argument for is refused."""
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"{where}.hps_options must be a dict of ps.json keys")
+    by_key = {key: attr for attr, key in mapping.items()}
+    for key in options:
+        if key in raw:
+            raise ConfigError(
+                f"{where}.hps_options[{key!r}] contradicts the argument "
+                f"{by_key.get(key, key)!r}: set it there instead"
+            )
+    raw.update(options)
+
+
+def _extras(section: BaseModel, mapped: Iterable[str]) -> dict[str, Any]:
+    """Fields of a typed config section outside the mapping that differ from the default."""
+    skip = set(mapped)
+    dumped = section.model_dump(mode="json")
+    return {name: dumped[name] for name, info in type(section).model_fields.items()
+            if name not in skip
+            and getattr(section, name) != info.get_default(call_default_factory=True)}
+
+
+def _default_partitions() -> int:
+    return min(16, os.cpu_count() or 1)
+
+
+@dataclass
+class VolatileDatabaseParams(_Params):
+    """`volatile_db`: the in-process hash map or Redis (Cluster)."""
+
+    type: DatabaseType_t = DatabaseType_t.parallel_hash_map
+    address: str = "127.0.0.1:7000"
+    user_name: str = "default"
+    password: str = ""
+    num_partitions: int = field(default_factory=_default_partitions)
+    allocation_rate: int = 256 << 20
+    shared_memory_size: int = 16 << 30
+    shared_memory_name: str = "hctr_mp_hash_map_database"
+    shared_memory_auto_remove: bool = True
+    num_node_connections: int = 5
+    max_batch_size: int = 65536
+    enable_tls: bool = False
+    tls_ca_certificate: str = "cacertbundle.crt"
+    tls_client_certificate: str = "client_cert.pem"
+    tls_client_key: str = "client_key.pem"
+    tls_server_name_identification: str = "redis.localhost"
+    overflow_margin: int = SIZE_MAX
+    overflow_policy: DatabaseOverflowPolicy_t = DatabaseOverflowPolicy_t.evict_random
+    overflow_resolution_target: float = 0.8
+    initialize_after_startup: bool = True
+    initial_cache_rate: float = 1.0
+    cache_missed_embeddings: bool = False
+    update_filters: list[str] = field(default_factory=lambda: ["^hps_.+$"])
+    hps_options: dict[str, Any] = field(default_factory=dict, kw_only=True)
+
+    _JSON: ClassVar[dict[str, str]] = {name: name for name in (
+        "type", "address", "user_name", "password", "num_partitions", "num_node_connections",
+        "max_batch_size", "enable_tls", "tls_ca_certificate", "tls_client_certificate",
+        "tls_client_key", "tls_server_name_identification", "overflow_margin",
+        "overflow_policy", "overflow_resolution_target", "initial_cache_rate",
+        "cache_missed_embeddings", "update_filters")}
+    _IGNORED: ClassVar[tuple[str, ...]] = (
+        "allocation_rate", "shared_memory_size", "shared_memory_name",
+        "shared_memory_auto_remove", "initialize_after_startup")
+
+    def __post_init__(self) -> None:
+        self.type = _enum(DatabaseType_t, self.type, "VolatileDatabaseParams.type")
+        if self.type is DatabaseType_t.multi_process_hash_map:
+            raise ConfigError(
+                "VolatileDatabaseParams.type: the multi-process (shared memory) hash map is "
+                "not served by hps; use parallel_hash_map (in-process) or redis_cluster"
+            )
+        self.overflow_policy = _enum(DatabaseOverflowPolicy_t, self.overflow_policy,
+                                     "VolatileDatabaseParams.overflow_policy")
+
+    def to_json(self) -> dict[str, Any]:
+        """The `volatile_db` block of ps.json."""
+        raw = self._section_json("VolatileDatabaseParams")
+        if isinstance(self.overflow_margin, int) and self.overflow_margin >= UNBOUNDED:
+            raw["overflow_margin"] = UNBOUNDED
+        return raw
+
+    @classmethod
+    def from_section(cls, section: BaseModel) -> VolatileDatabaseParams:
+        kwargs = cls._kwargs_from(section)
+        if kwargs["overflow_margin"] >= UNBOUNDED:
+            kwargs["overflow_margin"] = SIZE_MAX
+        return cls(**kwargs)
+
+
+@dataclass
+class PersistentDatabaseParams(_Params):
+    """`persistent_db`: RocksDB (HugeCTR calls its type argument `backend`)."""
+
+    backend: DatabaseType_t = DatabaseType_t.disabled
+    path: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "rocksdb"))
+    num_threads: int = 16
+    read_only: bool = False
+    max_batch_size: int = 65536
+    initialize_after_startup: bool = True
+    update_filters: list[str] = field(default_factory=lambda: ["^hps_.+$"])
+    hps_options: dict[str, Any] = field(default_factory=dict, kw_only=True)
+
+    _JSON: ClassVar[dict[str, str]] = {
+        "backend": "type", "path": "path", "num_threads": "num_threads",
+        "read_only": "read_only", "max_batch_size": "max_batch_size",
+        "update_filters": "update_filters"}
+    _IGNORED: ClassVar[tuple[str, ...]] = ("initialize_after_startup",)
+
+    def __post_init__(self) -> None:
+        self.backend = _enum(DatabaseType_t, self.backend, "PersistentDatabaseParams.backend")
+
+    def to_json(self) -> dict[str, Any]:
+        """The `persistent_db` block of ps.json."""
+        return self._section_json("PersistentDatabaseParams")
+
+    @classmethod
+    def from_section(cls, section: BaseModel) -> PersistentDatabaseParams:
+        return cls(**cls._kwargs_from(section))
+
+
+@dataclass
+class UpdateSourceParams(_Params):
+    """`update_source`: where online updates come from."""
+
+    type: UpdateSourceType_t = UpdateSourceType_t.null
+    brokers: str = "127.0.0.1:9092"
+    metadata_refresh_interval_ms: int = 30_000
+    receive_buffer_size: int = 256 * 1024
+    poll_timeout_ms: int = 500
+    max_batch_size: int = 8192
+    failure_backoff_ms: int = 50
+    max_commit_interval: int = 32
+    hps_options: dict[str, Any] = field(default_factory=dict, kw_only=True)
+
+    _JSON: ClassVar[dict[str, str]] = {name: name for name in (
+        "type", "brokers", "receive_buffer_size", "poll_timeout_ms", "max_batch_size",
+        "failure_backoff_ms", "max_commit_interval")}
+    _IGNORED: ClassVar[tuple[str, ...]] = ("metadata_refresh_interval_ms",)
+
+    def __post_init__(self) -> None:
+        self.type = _enum(UpdateSourceType_t, self.type, "UpdateSourceParams.type")
+
+    def to_json(self) -> dict[str, Any]:
+        """The `update_source` block of ps.json."""
+        return self._section_json("UpdateSourceParams")
+
+    @classmethod
+    def from_section(cls, section: BaseModel) -> UpdateSourceParams:
+        return cls(**cls._kwargs_from(section))
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+#: the default of InferenceParams' arguments that HugeCTR gives no default (pybind lets
+#: required arguments follow defaulted ones; Python does not)
+REQUIRED: Any = _Required()
+
+#: InferenceParams' per-table lists → (ParameterServerConfig map, ps.json key)
+_TABLE_LISTS = {
+    "embedding_table_names": ("emb_table_name", "embedding_table_names"),
+    "embedding_vecsize_per_table": ("embedding_vec_size", "embedding_vecsize_per_table"),
+    "maxnum_catfeature_query_per_table_per_sample": (
+        "max_feature_num_per_sample_per_emb_table",
+        "maxnum_catfeature_query_per_table_per_sample"),
+}
+_DATABASES = ("volatile_db", "persistent_db", "update_source")
+
+
+@dataclass
+class InferenceParams(_Params):
+    """One model: HugeCTR's `InferenceParams`, in its argument order with its defaults.
+
+    `model_name`, `max_batchsize`, `hit_rate_threshold`, `dense_model_file`,
+    `sparse_model_files`, `use_gpu_embedding_cache`, `cache_size_percentage` and
+    `i64_input_key` are required (TypeError when missing), as in HugeCTR.
+    """
+
+    model_name: str = REQUIRED
+    max_batchsize: int = REQUIRED
+    hit_rate_threshold: float = REQUIRED
+    dense_model_file: str = REQUIRED
+    sparse_model_files: list[str] = REQUIRED
+    device_id: int = 0
+    use_gpu_embedding_cache: bool = REQUIRED
+    cache_size_percentage: float = REQUIRED
+    i64_input_key: bool = REQUIRED
+    use_mixed_precision: bool = False
+    scaler: float = 1.0
+    use_algorithm_search: bool = True
+    use_cuda_graph: bool = True
+    number_of_worker_buffers_in_pool: int = 2
+    number_of_refresh_buffers_in_pool: int = 1
+    thread_pool_size: int = 16
+    cache_refresh_percentage_per_iteration: float = 0.0
+    deployed_devices: list[int] = field(default_factory=lambda: [0])
+    default_value_for_each_table: list[float] = field(default_factory=lambda: [0.0])
+    volatile_db: VolatileDatabaseParams = field(default_factory=VolatileDatabaseParams)
+    persistent_db: PersistentDatabaseParams = field(default_factory=PersistentDatabaseParams)
+    update_source: UpdateSourceParams = field(default_factory=UpdateSourceParams)
+    maxnum_des_feature_per_sample: int = 26
+    refresh_delay: float = 0.0
+    refresh_interval: float = 0.0
+    maxnum_catfeature_query_per_table_per_sample: list[int] = field(
+        default_factory=lambda: [26])
+    embedding_vecsize_per_table: list[int] = field(default_factory=lambda: [128])
+    embedding_table_names: list[str] = field(default_factory=lambda: [""])
+    network_file: str = ""
+    label_dim: int = 1
+    slot_num: int = 10
+    non_trainable_params_file: str = ""
+    use_static_table: bool = False
+    embedding_cache_type: EmbeddingCacheType_t = EmbeddingCacheType_t.Dynamic
+    use_context_stream: bool = True
+    fuse_embedding_table: bool = False
+    use_hctr_cache_implementation: bool = True
+    init_ec: bool = True
+    enable_pagelock: bool = False
+    fp8_quant: bool = False
+    hps_options: dict[str, Any] = field(default_factory=dict, kw_only=True)
+
+    _JSON: ClassVar[dict[str, str]] = {
+        "model_name": "model",
+        "max_batchsize": "max_batch_size",
+        "hit_rate_threshold": "hit_rate_threshold",
+        "dense_model_file": "dense_file",
+        "sparse_model_files": "sparse_files",
+        "use_gpu_embedding_cache": "gpucache",
+        "cache_size_percentage": "gpucacheper",
+        "number_of_worker_buffers_in_pool": "num_of_worker_buffer_in_pool",
+        "number_of_refresh_buffers_in_pool": "num_of_refresher_buffer_in_pool",
+        **{name: name for name in (
+            "thread_pool_size", "cache_refresh_percentage_per_iteration",
+            "default_value_for_each_table", "maxnum_des_feature_per_sample", "refresh_delay",
+            "refresh_interval", "label_dim", "slot_num", "use_static_table",
+            "embedding_cache_type", "use_context_stream", "init_ec", "enable_pagelock",
+            "fp8_quant")},
+        "deployed_devices": "deployed_device_list",
+    }
+    # HugeCTR's ParameterServerConfig forced fuse_embedding_table off; device_id was
+    # overwritten by each of deployed_devices in turn
+    _IGNORED: ClassVar[tuple[str, ...]] = (
+        "use_mixed_precision", "scaler", "use_algorithm_search", "use_cuda_graph",
+        "network_file", "non_trainable_params_file", "use_hctr_cache_implementation",
+        "fuse_embedding_table")
+
+    def __post_init__(self) -> None:
+        missing = [f.name for f in fields(self) if getattr(self, f.name) is REQUIRED]
+        if missing:
+            raise TypeError("InferenceParams() missing required argument(s): "
+                            + ", ".join(repr(n) for n in missing))
+        self.embedding_cache_type = _enum(
+            EmbeddingCacheType_t, self.embedding_cache_type,
+            f"InferenceParams({self.model_name!r}).embedding_cache_type")
+
+    def _where(self, index: int) -> str:
+        return f"inference_params_array[{index}] (model {self.model_name!r})"
+
+    def _check(self, index: int, maps: dict[str, Mapping[str, Any]],
+               databases: dict[str, _Params]) -> None:
+        """Raise ConfigError where this model's options contradict each other or the maps."""
+        where = self._where(index)
+        for attr, (map_name, _) in _TABLE_LISTS.items():
+            mine = getattr(self, attr)
+            theirs = maps[map_name][self.model_name]
+            if isinstance(theirs, (list, tuple)) and isinstance(self.sparse_model_files, list) \
+                    and len(theirs) != len(self.sparse_model_files):
+                raise ConfigError(
+                    f"ParameterServerConfig.{map_name}[{self.model_name!r}] has {len(theirs)} "
+                    f"entries but {where} has {len(self.sparse_model_files)} "
+                    "sparse_model_files: one entry per table expected")
+            if mine != self._default(attr) and list(mine) != list(theirs):
+                raise ConfigError(f"{where}: {attr}={mine!r} contradicts "
+                                  f"ParameterServerConfig.{map_name}[{self.model_name!r}]="
+                                  f"{list(theirs)!r}")
+        for name in _DATABASES:
+            mine = getattr(self, name)
+            if mine != self._default(name) and mine != databases[name]:
+                raise ConfigError(
+                    f"{where}: its {name} differs from ParameterServerConfig.{name}; the "
+                    f"ParameterServerConfig's applies to every model (HugeCTR overwrote the "
+                    f"model's silently): set it there")
+        if self.use_static_table and self.embedding_cache_type not in (
+                EmbeddingCacheType_t.Dynamic, EmbeddingCacheType_t.Static):
+            raise ConfigError(f"{where}: use_static_table=True contradicts "
+                              f"embedding_cache_type={self.embedding_cache_type.name}")
+        devices = self.deployed_devices
+        if self.device_id != 0 and isinstance(devices, list) and self.device_id not in devices:
+            raise ConfigError(f"{where}: device_id={self.device_id} is not one of "
+                              f"deployed_devices={devices}")
+
+    def _model_json(self, index: int, maps: dict[str, Mapping[str, Any]]) -> dict[str, Any]:
+        raw = {key: _plain(getattr(self, attr)) for attr, key in self._JSON.items()}
+        for map_name, key in _TABLE_LISTS.values():
+            raw[key] = list(maps[map_name][self.model_name])
+        defaults, tables = raw["default_value_for_each_table"], raw["sparse_files"]
+        if isinstance(defaults, list) and isinstance(tables, list) and len(defaults) == 1:
+            raw["default_value_for_each_table"] = defaults * len(tables)  # HugeCTR broadcast
+        _merge_options(raw, self.hps_options, self._where(index), self._JSON)
+        return raw
+
+
+# ps.json key → how the error of a ParameterServerConfig names it
+_MODEL_ATTR = {key: attr for attr, key in InferenceParams._JSON.items()}
+_TABLE_MAP = {key: map_name for map_name, key in _TABLE_LISTS.values()}
+_SECTION_ATTR = {
+    "volatile_db": {k: a for a, k in VolatileDatabaseParams._JSON.items()},
+    "persistent_db": {k: a for a, k in PersistentDatabaseParams._JSON.items()},
+    "update_source": {k: a for a, k in UpdateSourceParams._JSON.items()},
+}
+
+
+@dataclass
+class ParameterServerConfig(_Params):
+    """HugeCTR's `ParameterServerConfig`: per-model maps of table names, widths and keys
+    per sample, the models' InferenceParams, and the databases every model shares.
+
+    Validated when built: contradictions and bad values raise ConfigError naming the
+    argument; see the module docstring.
+    """
+
+    emb_table_name: dict[str, list[str]]
+    embedding_vec_size: dict[str, list[int]]
+    max_feature_num_per_sample_per_emb_table: dict[str, list[int]]
+    inference_params_array: list[InferenceParams]
+    volatile_db: VolatileDatabaseParams = field(default_factory=VolatileDatabaseParams)
+    persistent_db: PersistentDatabaseParams = field(default_factory=PersistentDatabaseParams)
+    update_source: UpdateSourceParams = field(default_factory=UpdateSourceParams)
+    hps_options: dict[str, Any] = field(default_factory=dict, kw_only=True)
+
+    _JSON: ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        self._validated()
+
+    # -- to ps.json -----------------------------------------------------------------------
+
+    def _maps(self) -> dict[str, Mapping[str, Any]]:
+        maps = {name: getattr(self, name) for name, _ in _TABLE_LISTS.values()}
+        for name, value in maps.items():
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"ParameterServerConfig.{name} must be a dict "
+                                  f"{{model name: [one entry per table]}}, got "
+                                  f"{type(value).__name__}")
+        return maps
+
+    def _params(self) -> list[InferenceParams]:
+        params = self.inference_params_array
+        if not isinstance(params, (list, tuple)) or not all(
+                isinstance(p, InferenceParams) for p in params):
+            raise ConfigError("ParameterServerConfig.inference_params_array must be a list "
+                              "of InferenceParams")
+        return list(params)
+
+    def _check(self, params: list[InferenceParams], maps: dict[str, Mapping[str, Any]]
+               ) -> None:
+        names = [p.model_name for p in params]
+        for map_name, value in maps.items():
+            missing = [n for n in names if n not in value]
+            extra = sorted(str(k) for k in value if k not in names)
+            if missing or extra:
+                raise ConfigError(
+                    f"ParameterServerConfig.{map_name} must have one entry per model of "
+                    f"inference_params_array; missing: {missing or 'none'}, "
+                    f"not a model: {extra or 'none'}")
+        databases = {name: getattr(self, name) for name in _DATABASES}
+        for index, p in enumerate(params):
+            p._check(index, maps, databases)
+        if len({bool(p.i64_input_key) for p in params}) > 1:
+            raise ConfigError("inference_params_array: i64_input_key differs between models; "
+                              "one server reads one key type (ps.json's supportlonglong)")
+
+    def to_json(self) -> dict[str, Any]:
+        """The ps.json contents this configuration stands for (not yet validated)."""
+        params, maps = self._params(), self._maps()
+        self._check(params, maps)
+        raw: dict[str, Any] = {
+            "supportlonglong": bool(params[0].i64_input_key) if params else True,
+            "models": [p._model_json(i, maps) for i, p in enumerate(params)],
+            "volatile_db": self.volatile_db.to_json(),
+            "persistent_db": self.persistent_db.to_json(),
+            "update_source": self.update_source.to_json(),
+        }
+        _merge_options(raw, self.hps_options, "ParameterServerConfig", {})
+        return raw
+
+    def _error_path(self, loc: tuple[Any, ...]) -> str:
+        """A ps.json error location, spelled as the HugeCTR argument it came from."""
+        if not loc:
+            return "ParameterServerConfig"
+        head, rest = loc[0], loc[1:]
+        if head == "models" and rest and isinstance(rest[0], int):
+            index = rest[0]
+            p = self.inference_params_array[index]
+            if len(rest) == 1:
+                return p._where(index)
+            key, tail = rest[1], "".join(f"[{part}]" for part in rest[2:])
+            if key in _TABLE_MAP:
+                return f"ParameterServerConfig.{_TABLE_MAP[key]}[{p.model_name!r}]{tail}"
+            return f"{p._where(index)}.{_MODEL_ATTR.get(key, key)}{tail}"
+        if head in _SECTION_ATTR and rest:
+            return f"{head}.{_SECTION_ATTR[head].get(rest[0], rest[0])}"
+        if head == "supportlonglong":
+            return "inference_params_array[*].i64_input_key"
+        return ".".join(str(part) for part in loc)
+
+    def _validated(self) -> PSConfig:
+        return parse_config(self.to_json(), name_path=self._error_path)
+
+    def to_config(self) -> PSConfig:
+        """The PSConfig this stands for; logs HugeCTR options it ignores (once each).
+
+        Raises ConfigError for contradicting options and bad values.
+        """
+        config = self._validated()
+        _report_ignored(self._given_ignored())
+        return config
+
+    def _given_ignored(self) -> dict[str, Any]:
+        given: dict[str, Any] = {}
+        for part in (*self._params(), self.volatile_db, self.persistent_db, self.update_source):
+            given.update(part._given_ignored())
+        return given
+
+    # -- from ps.json ---------------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, source: str | os.PathLike[str] | dict[str, Any] | PSConfig
+                    ) -> ParameterServerConfig:
+        """The HugeCTR objects equivalent to a PSConfig, ps.json/YAML path or dict."""
+        config = load_config(source)
+        volatile = VolatileDatabaseParams.from_section(config.volatile_db)
+        persistent = PersistentDatabaseParams.from_section(config.persistent_db)
+        updates = UpdateSourceParams.from_section(config.update_source)
+        maps: dict[str, dict[str, list[Any]]] = {name: {} for name, _ in _TABLE_LISTS.values()}
+        mapped = [*InferenceParams._JSON.values(), *(key for _, key in _TABLE_LISTS.values())]
+        params = []
+        for model in config.models:
+            raw = model.model_dump(mode="json")
+            kwargs = {attr: raw[key] for attr, key in InferenceParams._JSON.items()}
+            for attr, (map_name, key) in _TABLE_LISTS.items():
+                kwargs[attr] = maps[map_name][model.model] = list(raw[key])
+            # HugeCTR's ParameterServerConfig gave every model its own database blocks
+            params.append(InferenceParams(
+                **kwargs, i64_input_key=config.supportlonglong, volatile_db=volatile,
+                persistent_db=persistent, update_source=updates,
+                hps_options=_extras(model, mapped)))
+        return cls(
+            emb_table_name=maps["emb_table_name"],
+            embedding_vec_size=maps["embedding_vec_size"],
+            max_feature_num_per_sample_per_emb_table=maps[
+                "max_feature_num_per_sample_per_emb_table"],
+            inference_params_array=params,
+            volatile_db=volatile,
+            persistent_db=persistent,
+            update_source=updates,
+            hps_options=_extras(config, ("supportlonglong", "models", *_DATABASES)),
+        )
+
+
+# -- reporting ignored options ------------------------------------------------------------
+
+_reported: set[str] = set()
+_reported_lock = threading.Lock()
+
+
+def _report_ignored(given: dict[str, Any]) -> None:
+    """Log the ignored options not logged before in this process, in one warning."""
+    with _reported_lock:
+        fresh = {name: value for name, value in given.items() if name not in _reported}
+        _reported.update(fresh)
+    if fresh:
+        listed = ", ".join(f"{name}={value!r}" for name, value in fresh.items())
+        log.warning("hps ignores these HugeCTR options (they have no effect here): %s", listed)
+
+
+def as_ps_config(source: Any) -> PSConfig:
+    """A PSConfig from a ParameterServerConfig, a PSConfig, a dict, or a ps.json/YAML path."""
+    if isinstance(source, ParameterServerConfig):
+        return source.to_config()
+    return load_config(source)
+
+
+def dump_json(source: Any, *, defaults: bool = False) -> dict[str, Any]:
+    """The ps.json equivalent to any config source (see `as_ps_config`)."""
+    return config_to_json(as_ps_config(source), defaults=defaults)
