@@ -9,8 +9,8 @@ A table is a handful of flat arrays, never a per-key Python object:
     stats    uint32[row_capacity]     fetch-hit counts (evict_least_used) or access stamps
                                       (evict_oldest); only held while the margin is bounded
 
-A key's home slot is the top bits of `mix(key)` (the same mixer that picks its partition,
-computed once per batch); collisions probe linearly. Every operation runs over whole
+A key's home slot is the top bits of `rrxmrrxmsx_0(key)` (the same mixer that picks its
+partition, computed once per batch); collisions probe linearly. Every operation runs over whole
 batches: each probe round moves the keys still unresolved one slot on, and once few are
 left a round looks at a window of slots per key, so a batch takes a handful of rounds.
 Removal leaves a tombstone in the slot and moves the last rows into the freed rows, so the
@@ -47,7 +47,7 @@ import numpy as np
 
 from hps.config import UNBOUNDED, VolatileDBConfig
 from hps.db.base import Tier, as_keys, as_rows
-from hps.db.partition import mix, partition_of_mixed
+from hps.db.partition import partition_of_mixed, rrxmrrxmsx_0
 from hps.errors import ConfigError
 
 EMPTY = -1
@@ -243,7 +243,7 @@ class _Table:
         capacity = max(MIN_SLOTS, _next_pow2(int(np.ceil((self.size + extra) / REBUILD_LOAD))))
         self._set_slots(capacity)
         if self.size:
-            self.claim(mix(self.keys[: self.size]), np.arange(self.size))
+            self.claim(rrxmrrxmsx_0(self.keys[: self.size]), np.arange(self.size))
 
     # -- rows ---------------------------------------------------------------------------
 
@@ -288,7 +288,7 @@ class _Table:
         movers = np.arange(new_size, self.size)[keep_tail]
         if movers.size:
             mover_keys = self.keys[movers]
-            _, mover_slots = self.find(mover_keys, mix(mover_keys))
+            _, mover_slots = self.find(mover_keys, rrxmrrxmsx_0(mover_keys))
             self.keys[holes] = mover_keys
             self.vectors[holes] = self.vectors[movers]
             if self.stats is not None:
@@ -373,7 +373,7 @@ class HashMapTier(Tier):
         """Vectors (float32[n, dim], zero rows where not found) and found (bool[n])."""
         t = self._table(table)
         k = as_keys(keys)
-        mixed = mix(k)
+        mixed = rrxmrrxmsx_0(k)
         out = np.empty((k.size, t.dim), np.float32)
         with t.lock.read():
             rows, _ = t.find(k, mixed)
@@ -407,7 +407,7 @@ class HashMapTier(Tier):
         k, v = _distinct_last(*as_rows(keys, vectors, t.dim))
         if not k.size:
             return
-        mixed = mix(k)
+        mixed = rrxmrrxmsx_0(k)
         with t.lock.write():
             rows, _ = t.find(k, mixed)
             old = rows >= 0
@@ -446,7 +446,7 @@ class HashMapTier(Tier):
         over = np.flatnonzero(t.partition_sizes > self.overflow_margin)
         if not over.size:
             return
-        live_mixed = mix(t.keys[: t.size])
+        live_mixed = rrxmrrxmsx_0(t.keys[: t.size])
         parts = partition_of_mixed(live_mixed, self.num_partitions)
         # Rows of the overflowing partitions only, grouped by partition.
         rows_over = np.flatnonzero(np.isin(parts, over))
@@ -477,7 +477,7 @@ class HashMapTier(Tier):
         k = np.unique(as_keys(keys))
         if not k.size:
             return 0
-        mixed = mix(k)
+        mixed = rrxmrrxmsx_0(k)
         with t.lock.write():
             rows, slot_pos = t.find(k, mixed)
             hit = np.flatnonzero(rows >= 0)

@@ -15,7 +15,7 @@ _M1 = np.uint64(0xA24BAED4963EE407)
 _M2 = np.uint64(0x9FB21C651E98DF25)
 
 
-def mix(keys: np.ndarray) -> np.ndarray:
+def rrxmrrxmsx_0(keys: np.ndarray) -> np.ndarray:
     """rrxmrrxmsx_0 of each key, read as uint64 (int64 -1 is 2**64-1).
 
     Takes any integer array; returns a new uint64 array of the same length (1-D).
@@ -47,11 +47,11 @@ def _xor_rotations(x: np.ndarray, r1: int, r2: int, a: np.ndarray, b: np.ndarray
 
 def partition_of(keys: np.ndarray, num_partitions: int) -> np.ndarray:
     """Partition index (int64, in [0, num_partitions)) of each key."""
-    return partition_of_mixed(mix(keys), num_partitions)
+    return partition_of_mixed(rrxmrrxmsx_0(keys), num_partitions)
 
 
 def partition_of_mixed(mixed: np.ndarray, num_partitions: int) -> np.ndarray:
-    """Partition index of keys whose `mix` is already computed (saves hashing twice)."""
+    """Partition index of keys whose `rrxmrrxmsx_0` is already computed (saves hashing twice)."""
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be at least 1, got {num_partitions}")
     p = np.uint64(num_partitions)
