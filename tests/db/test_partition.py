@@ -52,7 +52,8 @@ def test_rrxmrrxmsx_0_leaves_input_alone_and_takes_narrow_ints() -> None:
     keys = np.array([3, 4, 5], dtype=np.int64)
     rrxmrrxmsx_0(keys)
     assert keys.tolist() == [3, 4, 5]
-    assert rrxmrrxmsx_0(np.array([3, 4, 5], dtype=np.uint32)).tolist() == rrxmrrxmsx_0(keys).tolist()
+    unsigned = np.array([3, 4, 5], dtype=np.uint32)
+    assert rrxmrrxmsx_0(unsigned).tolist() == rrxmrrxmsx_0(keys).tolist()
     narrow = np.array([-1], dtype=np.int32)
     assert rrxmrrxmsx_0(narrow).tolist() == [reference_rrxmrrxmsx_0(-1)]
 
