@@ -23,7 +23,8 @@ import redis
 
 from hps.config import VolatileDBConfig
 from hps.db.partition import partition_of
-from hps.db.redis import RedisTier, _pack_fields, meta_hash, value_hash
+from hps.db.redis import RedisTier, meta_hash, value_hash
+from hps.db.redis.layout import pack_fields
 from hps.errors import TierError, TierSetupError, TierUnavailableError, UnknownTableError
 from tests.redis_servers import (
     RedisBinaryMissing,
@@ -118,7 +119,7 @@ def test_key_conversion_is_raw_little_endian() -> None:
     as_bytes = keys.astype("<i8").view("V8").tolist()
     assert all(type(b) is bytes and len(b) == 8 for b in as_bytes)
     assert as_bytes == [key_field(k) for k in keys.tolist()]
-    packed = _pack_fields(keys).tobytes()
+    packed = pack_fields(keys).tobytes()
     assert packed == b"".join(b"$8\r\n" + b + b"\r\n" for b in as_bytes)
 
 
