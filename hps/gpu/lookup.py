@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hps.background import BackgroundWorker, PeriodicTask
 from hps.errors import DeviceError, KeyTypeError, OutputBufferError
 from hps.gpu import kernels
 from hps.gpu.cache import (
@@ -171,20 +171,15 @@ class GpuEmbeddingTable:
         self._all_counts: list[dict[str, int]] = []
         self._refresh_lock = threading.Lock()
         self._closing = threading.Event()
-        self._pending: queue.Queue[np.ndarray | None] = queue.Queue(maxsize=_BACKGROUND_QUEUE)
-        self._worker: threading.Thread | None = None
-        if self.mode == "dynamic":
-            self._worker = threading.Thread(
-                target=self._background_inserts, daemon=True,
-                name=f"hps-gpu-insert-{self.model_name}-{table_id}-{device_id}")
-            self._worker.start()
-        self._refresher: threading.Thread | None = None
+        self._inserts: BackgroundWorker[np.ndarray] = BackgroundWorker(
+            f"hps-gpu-insert-{self.model_name}-{table_id}-{device_id}", _BACKGROUND_QUEUE,
+            self._background_inserts, max_batch=_BACKGROUND_QUEUE, log=log)
+        self._refresher: PeriodicTask | None = None
         if model.refresh_interval > 0:
-            self._refresher = threading.Thread(
-                target=self._refresh_loop, args=(float(model.refresh_interval),
-                                                 float(model.refresh_delay)),
-                daemon=True, name=f"hps-gpu-refresh-{self.model_name}-{table_id}-{device_id}")
-            self._refresher.start()
+            self._refresher = PeriodicTask(
+                f"hps-gpu-refresh-{self.model_name}-{table_id}-{device_id}",
+                float(model.refresh_interval), self.refresh,
+                delay=float(model.refresh_delay), log=log)
 
     # -- loading --------------------------------------------------------------------------
 
@@ -362,27 +357,13 @@ class GpuEmbeddingTable:
     # -- background inserts and refresh -------------------------------------------------
 
     def _submit(self, keys: np.ndarray) -> None:
-        try:
-            self._pending.put_nowait(keys)
-        except queue.Full:
+        if not self._inserts.submit(keys):
             self._counts()["dropped_inserts"] += int(keys.size)
 
-    def _background_inserts(self) -> None:
+    def _background_inserts(self, batch: list[np.ndarray]) -> None:
         """Fetches and inserts the keys of asynchronous misses; what queued up while it
         worked is merged into one fetch and one insert."""
-        while True:
-            batch = [self._pending.get()]
-            while True:
-                try:
-                    batch.append(self._pending.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(keys is None for keys in batch)
-            parts = [keys for keys in batch if keys is not None]
-            if parts:
-                self._insert_fetched(np.unique(np.concatenate(parts)))
-            if stop:
-                return
+        self._insert_fetched(np.unique(np.concatenate(batch)))
 
     def _insert_fetched(self, keys: np.ndarray) -> None:
         try:
@@ -417,18 +398,6 @@ class GpuEmbeddingTable:
         self._counts()["refreshed"] += total
         return total
 
-    def _refresh_loop(self, interval: float, delay: float) -> None:
-        if self._closing.wait(delay):
-            return
-        while not self._closing.wait(interval):
-            try:
-                self.refresh()
-            except Exception:
-                if self._closing.is_set():
-                    return
-                log.exception("refresh of the GPU cache of %s table %d failed",
-                              self.model_name, self.table_id)
-
     # -- state ----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -456,16 +425,10 @@ class GpuEmbeddingTable:
         if self._closing.is_set():
             return
         self._closing.set()
-        if self._worker is not None:
-            while True:  # pending inserts are dropped: the cache is going away
-                try:
-                    self._pending.get_nowait()
-                except queue.Empty:
-                    break
-            self._pending.put(None)
-            self._worker.join(timeout=30)
+        self._inserts.discard()  # pending inserts are dropped: the cache is going away
+        self._inserts.close(timeout=30)
         if self._refresher is not None:
-            self._refresher.join(timeout=30)
+            self._refresher.close(timeout=30)
         self._table.close()
 
     def __enter__(self) -> GpuEmbeddingTable:

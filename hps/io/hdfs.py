@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlencode, urljoin, urlparse
 
+from hps.backoff import Backoff
 from hps.errors import (
     MissingExtraError,
     SourceAccessError,
@@ -252,26 +253,29 @@ class WebHdfsSource(RemoteSource):
     def _request(self, name: str, url: str) -> bytes:
         """GET `url` (following redirects) with retries; the body, or a SourceError."""
         opts = self.options
-        connect_failures = transient_failures = 0
+        # a refused connection is retried soon and few times (a dead host is reported
+        # fast); a 5xx or a broken response with longer waits
+        connect_waits = Backoff(0.1, 1.0, jitter=0.0, attempts=opts.connect_attempts).delays()
+        transient_waits = Backoff(0.1, 5.0, jitter=0.0, attempts=opts.max_attempts).delays()
         while True:
             try:
                 return self._get(name, url)
             except _Unreachable as exc:
-                connect_failures += 1
-                if connect_failures >= opts.connect_attempts:
+                delay = next(connect_waits, None)
+                if delay is None:
                     raise SourceUnreachableError(
                         f"{self.describe(name)}: cannot connect to WebHDFS at {exc.args[0]} "
-                        f"after {connect_failures} attempt(s): {exc.args[1]}"
+                        f"after {opts.connect_attempts} attempt(s): {exc.args[1]}"
                     ) from None
-                time.sleep(0.1 * connect_failures)
+                time.sleep(delay)
             except _Transient as exc:
-                transient_failures += 1
-                if transient_failures >= opts.max_attempts:
+                delay = next(transient_waits, None)
+                if delay is None:
                     raise SourceError(
-                        f"{self.describe(name)}: WebHDFS failed {transient_failures} times, "
+                        f"{self.describe(name)}: WebHDFS failed {opts.max_attempts} times, "
                         f"last: {exc}"
                     ) from None
-                time.sleep(min(0.1 * 2 ** (transient_failures - 1), 5.0))
+                time.sleep(delay)
 
     def _connection(self, url: str) -> http.client.HTTPConnection:
         parsed = urlparse(url)
