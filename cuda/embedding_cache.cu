@@ -3,7 +3,7 @@
 // Layout (one cache, `num_sets` sets of SET_SIZE slots, slot s = set * SET_SIZE + way):
 //   slot_keys  int64 [num_sets * SET_SIZE]          HPS_EMPTY_KEY where free; a set's keys are
 //                                                  contiguous (SET_SIZE 8 = 64 B = two sectors)
-//   stamps     uint64 [num_sets * SET_SIZE]         tick << HPS_RANK_BITS | rank of the slot's
+//   stamps     uint64 [num_sets * SET_SIZE]         tick << RANK_BITS | rank of the slot's
 //                                                  last query hit (rank 0) or insert
 //   vecs       float4 [(num_sets * SET_SIZE + 1) * ROW4]   rows padded to 16 B; the last row is
 //                                                  the special slot of the key HPS_EMPTY_KEY
@@ -13,19 +13,18 @@
 // reduction, then copies the row with float4 loads spread over its lanes.
 //
 // Mutating kernels (insert, update, remove) and queries never run at the same time:
-// hps/gpu/cache.py orders them with CUDA events. Queries only write stamps, so concurrent
+// hps/gpu/device_table.py orders them with CUDA events. Queries only write stamps, so concurrent
 // queries are harmless to each other.
 #include "hps_common.cuh"
 
 #ifndef STAMP_SHIFT
-#define STAMP_SHIFT 0
+#error "STAMP_SHIFT must be passed by hps/gpu/kernels.py"
 #endif
-#define HPS_RANK_BITS 20
-#define HPS_RANK_MAX ((1LL << HPS_RANK_BITS) - 1)
+#define HPS_RANK_MAX ((1LL << RANK_BITS) - 1)
 
 // Hits: the row is copied to out[pos] and the slot stamped with `tick` (the query's tick
-// shifted left by HPS_RANK_BITS); with STAMP_SHIFT s > 0, only hits whose
-// hps_mix(key ^ tick) has its low s bits zero are stamped (sampled LRU: 1 in 2^s).
+// shifted left by RANK_BITS); with STAMP_SHIFT s > 0, only hits whose
+// hps_murmur3_fmix64(key ^ tick) has its low s bits zero are stamped (sampled LRU: 1 in 2^s).
 // Misses: out[pos] gets default_value and (pos, key) is appended to the miss lists.
 // ctl/host_count: see hps_finish_query.
 extern "C" __global__ void cache_query(
@@ -81,7 +80,7 @@ extern "C" __global__ void cache_query(
                     hps_store_out(orow, gl, r[u], vec4);
                     bool stamp = gl == 0 && slot[u] != special_slot;
 #if STAMP_SHIFT > 0
-                    stamp = stamp && (hps_mix((u64)key[u] ^ tick) & ((1ULL << STAMP_SHIFT) - 1)) == 0;
+                    stamp = stamp && (hps_murmur3_fmix64((u64)key[u] ^ tick) & ((1ULL << STAMP_SHIFT) - 1)) == 0;
 #endif
                     if (stamp) stamps[slot[u]] = tick;
                 } else {
@@ -109,7 +108,7 @@ extern "C" __global__ void cache_set_codes(const hps_key* __restrict__ keys, con
 // and no lock is needed. Per key: a present key is overwritten in place; else the first
 // empty way is taken; else the way with the smallest stamp (the lowest way on ties) is
 // evicted. The r-th key of a set in the batch is stamped tick | r (`tick` comes shifted
-// left by HPS_RANK_BITS), so a batch that overflows a set evicts its own earliest keys.
+// left by RANK_BITS), so a batch that overflows a set evicts its own earliest keys.
 extern "C" __global__ void cache_insert(
     const u64* __restrict__ codes, const long long n, const hps_key* __restrict__ keys,
     const float* __restrict__ src, const int src_vec4,

@@ -2,38 +2,30 @@
 // hash, lane groups, and row copies with 16-byte accesses.
 //
 // hps/gpu/kernels.py pastes this header into each .cu source before compiling it with
-// NVRTC (so CuPy's on-disk kernel cache sees header changes) and passes the compile-time
-// constants as -D options:
+// NVRTC (so CuPy's on-disk kernel cache sees header changes) and passes every compile-time
+// constant as a -D option (no source defines its own; a missing one is an #error):
 //   DIM        vector width in floats
 //   GROUP      lanes that serve one key (a power of two, 1..32)
 //   SET_SIZE   slots per set (dynamic cache) or per bucket (static table); multiple of GROUP
 //   UNROLL     keys a lane group serves per loop round (more loads in flight)
 //   HINTS      1: streaming cache hints on row reads and output writes
+//   EMPTY_KEY  the key of a free slot (2^63 - 1)
+//   RANK_BITS  low bits of an LRU stamp that hold the key's rank in its insert batch
+// and, for one source each, STAMP_SHIFT (embedding_cache.cu), PROBE_WINDOW (static_table.cu).
 #pragma once
 
 typedef long long hps_key;
 typedef unsigned long long u64;
 typedef unsigned int u32;
 
+#if !defined(DIM) || !defined(GROUP) || !defined(SET_SIZE) || !defined(UNROLL) || \
+    !defined(HINTS) || !defined(EMPTY_KEY) || !defined(RANK_BITS)
+#error "compile through hps/gpu/kernels.py: it passes DIM, GROUP, SET_SIZE, UNROLL, HINTS, EMPTY_KEY, RANK_BITS"
+#endif
+
 // Empty slots hold this key. The key itself is still servable: it lives in one extra
 // "special" slot (index num_slots) flagged present or not, outside every set.
-#define HPS_EMPTY_KEY 0x7fffffffffffffffLL
-
-#ifndef DIM
-#error "DIM must be defined (-DDIM=...)"
-#endif
-#ifndef GROUP
-#define GROUP 4
-#endif
-#ifndef SET_SIZE
-#define SET_SIZE 8
-#endif
-#ifndef UNROLL
-#define UNROLL 1
-#endif
-#ifndef HINTS
-#define HINTS 0  // 1: rows read and output rows written with evict-first (streaming) hints
-#endif
+#define HPS_EMPTY_KEY ((hps_key)EMPTY_KEY)
 
 #define ROW4 ((DIM + 3) / 4)                    // float4 per stored row (rows padded to 16 B)
 #define VPL ((ROW4 + GROUP - 1) / GROUP)        // float4 per lane of a group
@@ -44,8 +36,9 @@ typedef unsigned int u32;
 #error "SET_SIZE must be a multiple of GROUP"
 #endif
 
-// MurmurHash3's 64-bit finalizer; hps/gpu/reference.py mirrors it bit for bit.
-__device__ __forceinline__ u64 hps_mix(u64 k) {
+// MurmurHash3's 64-bit finalizer (fmix64); murmur3_fmix64 in hps/gpu/cache.py mirrors it
+// bit for bit.
+__device__ __forceinline__ u64 hps_murmur3_fmix64(u64 k) {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdULL;
     k ^= k >> 33;
@@ -56,7 +49,7 @@ __device__ __forceinline__ u64 hps_mix(u64 k) {
 
 // Set (bucket) of a key among n: the high 32 bits of the hash scaled to [0, n), no modulo.
 __device__ __forceinline__ u32 hps_set_of(hps_key key, u32 n) {
-    return (u32)(((hps_mix((u64)key) >> 32) * (u64)n) >> 32);
+    return (u32)(((hps_murmur3_fmix64((u64)key) >> 32) * (u64)n) >> 32);
 }
 
 __device__ __forceinline__ u32 hps_group_mask(int lane) {

@@ -64,7 +64,7 @@ extern "C" __global__ void static_build(
 }
 
 #ifndef PROBE_WINDOW
-#define PROBE_WINDOW 1
+#error "PROBE_WINDOW must be passed by hps/gpu/kernels.py"
 #endif
 
 // Probes from bucket b on, PROBE_WINDOW buckets at a time (their loads in flight together);

@@ -233,7 +233,7 @@ class DeviceTable:
                 f"device_id {self.device_id} does not exist: this machine has {count} CUDA "
                 f"device(s)"
             )
-        self._defines = {"DIM": self.dim, "GROUP": group, "SET_SIZE": SET_SIZE, "UNROLL": unroll,
+        self._defines = {"DIM": self.dim, "GROUP": group, "UNROLL": unroll,
                          "HINTS": 0}
         with self._device:
             self._stream = cp.cuda.Stream(non_blocking=True)

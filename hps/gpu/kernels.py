@@ -1,10 +1,16 @@
 """The one loader of the CUDA sources in `cuda/`: compiled by CuPy (NVRTC) into RawModules.
 
 Each source is compiled once per (device, compile-time constants) and kept for the life
-of the process; CuPy's on-disk kernel cache spares the compile on later runs. The
-constants are passed as -D options (DIM, GROUP, SET_SIZE, UNROLL; see
-cuda/hps_common.cuh). `#include "hps_common.cuh"` lines are replaced by the header's
-text before compiling, so CuPy's cache (keyed by source text) sees header changes too.
+of the process; CuPy's on-disk kernel cache spares the compile on later runs.
+`#include "hps_common.cuh"` lines are replaced by the header's text before compiling, so
+CuPy's cache (keyed by source text) sees header changes too.
+
+Every compile-time constant reaches the kernels from here, as a -D option; the .cu files
+define none of them (they stop with #error when one is missing), so Python and CUDA
+cannot disagree:
+- the slot layout, the same for every table: SET_SIZE, EMPTY_KEY, RANK_BITS (below);
+- per table, from its caller: DIM, and the launch shape GROUP, UNROLL, HINTS,
+  STAMP_SHIFT, PROBE_WINDOW (defaults below for the kernels that do not set them).
 
 Sources are found in the installed package (`hps/cuda/`, shipped in the wheel) or, in a
 source checkout, in the repository's top-level `cuda/` folder.
@@ -22,6 +28,18 @@ from typing import Any
 import numpy as np
 
 from hps.errors import DeviceError, MissingExtraError
+
+# The slot layout shared by the Python side and every kernel.
+SET_SIZE = 8  # slots per set (dynamic cache) or bucket (static table): 64 B of keys
+EMPTY_KEY = 2**63 - 1  # key of a free slot; that key itself lives in a special slot
+# A stamp is tick << RANK_BITS | rank: the rank of a key among the keys of its set in one
+# insert batch (0 for query hits), so a batch that overflows a set evicts its own earliest
+# keys rather than its latest. 44 bits of ticks outlast any server (5 years at 100k/s).
+RANK_BITS = 20
+_LAYOUT = {"SET_SIZE": SET_SIZE, "EMPTY_KEY": EMPTY_KEY, "RANK_BITS": RANK_BITS}
+# Launch-shape constants of kernels that do not choose them: rows.cu (no lane groups),
+# the static table's large-batch query (one bucket per probe step), a table's exact LRU.
+_TUNING_DEFAULTS = {"GROUP": 4, "UNROLL": 1, "HINTS": 0, "STAMP_SHIFT": 0, "PROBE_WINDOW": 1}
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 _lock = threading.Lock()
@@ -70,6 +88,17 @@ def _source_text(name: str) -> str:
     return expand(name)
 
 
+def compile_options(defines: dict[str, int]) -> tuple[str, ...]:
+    """The -D options of a compile: the layout constants, the caller's `defines` (DIM and
+    launch shape) and the tuning defaults for what the caller left out. Raises
+    DeviceError when a caller tries to change the layout."""
+    fixed = _LAYOUT.keys() & defines.keys()
+    if fixed:
+        raise DeviceError(f"{sorted(fixed)} are fixed by hps/gpu/kernels.py, not per kernel")
+    merged = {**_TUNING_DEFAULTS, **defines, **_LAYOUT}
+    return tuple(f"-D{k}={int(v)}" for k, v in sorted(merged.items()))
+
+
 def module(source: str, device_id: int, **defines: int) -> Any:
     """The RawModule of `cuda/<source>` for a device and -D constants (compiled once)."""
     key = (source, device_id, tuple(sorted(defines.items())))
@@ -80,7 +109,7 @@ def module(source: str, device_id: int, **defines: int) -> Any:
     with _lock:
         mod = _modules.get(key)
         if mod is None:
-            options = tuple(f"-D{k}={int(v)}" for k, v in sorted(defines.items()))
+            options = compile_options(defines)
             with cupy.cuda.Device(device_id):
                 mod = cupy.RawModule(code=_source_text(source), options=options)
                 mod.compile()
