@@ -10,17 +10,24 @@ deleter. The capsule's DLTensor is parsed with ctypes and viewed in place.
 Keys of any shape count as their flattened elements; integer keys are widened to int64.
 Outputs must be float32, C-contiguous, writable, with at least n × dim elements; their
 shape is otherwise free (HugeCTR's tests pass `(1, n × dim)`).
+
+This is the one place keys and outputs are checked. `as_key_array` and `as_output_array`
+take what a user passes; `key_view`, `output_view` and `device_output_view` check arrays
+already in the form the GPU tier (hps/gpu/) works on, int64 [n] keys and float32 [n, dim]
+outputs as NumPy or CuPy arrays, and the GPU modules call them instead of checking
+arguments themselves.
 """
 
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hps.errors import DeviceError, KeyTypeError, OutputBufferError
+from hps.errors import BatchTooLargeError, DeviceError, KeyTypeError, OutputBufferError
 
 # -- DLPack structures (dlpack.h v0.8 / v1.0) ---------------------------------------------
 
@@ -29,6 +36,8 @@ _HOST_DEVICES = (_CPU, _CUDA_HOST)
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 8: "metal",
                  10: "rocm", 13: "cuda_managed", 14: "oneapi"}
 _READ_ONLY_FLAG = 1
+_INT64 = np.dtype(np.int64)
+_FLOAT32 = np.dtype(np.float32)
 
 
 class _DLDevice(ctypes.Structure):
@@ -261,16 +270,94 @@ def as_output_array(out: Any, n: int, dim: int) -> Any:
     read-only buffer.
     """
     array = _to_array(out, "output")
-    dtype = np.dtype(array.dtype)
-    if dtype != np.float32:
-        raise OutputBufferError(f"output must be float32, got dtype {dtype.name}")
+    _require_float32(array, "output")
     if array.size < n * dim:
         raise OutputBufferError(
             f"output holds {array.size} floats but {n} keys × width {dim} = {n * dim} "
             "are needed"
         )
-    if not array.flags.c_contiguous:
-        raise OutputBufferError("output must be C-contiguous (a dense row-major buffer)")
-    if isinstance(array, np.ndarray) and not array.flags.writeable:
-        raise OutputBufferError("output is read-only")
+    _require_dense_writable(array, "output")
     return array.reshape(-1)[: n * dim].reshape(n, dim)
+
+
+def _require_float32(array: Any, what: str) -> None:
+    if array.dtype != _FLOAT32:
+        raise OutputBufferError(f"{what} must be float32, got dtype {array.dtype.name}")
+
+
+def _require_dense_writable(array: Any, what: str) -> None:
+    if not array.flags.c_contiguous:
+        raise OutputBufferError(f"{what} must be C-contiguous (a dense row-major buffer)")
+    if isinstance(array, np.ndarray) and not array.flags.writeable:
+        raise OutputBufferError(f"{what} is read-only")
+
+
+# -- arrays already in the GPU tier's form ------------------------------------------------
+
+# Most keys one call may carry: the GPU kernels number a batch's positions with int32.
+MAX_KEYS_PER_CALL = 2**31 - 1
+
+
+def _is_cupy_array(obj: Any) -> bool:
+    cupy = sys.modules.get("cupy")  # a CuPy array means CuPy is imported already
+    return cupy is not None and isinstance(obj, cupy.ndarray)
+
+
+def key_view(keys: Any, device_id: int | None = None) -> Any:
+    """`keys` as the GPU tier takes them: a 1-D int64 NumPy or CuPy array of at most
+    MAX_KEYS_PER_CALL keys, a CuPy array on device `device_id` (not checked when None).
+
+    Returns `keys`, or a C-contiguous copy of a strided view (on the same device). No
+    widening: input of other integer widths goes through `as_key_array` first. Raises
+    KeyTypeError (not such an array), BatchTooLargeError (too many keys) or DeviceError
+    (keys on another device).
+    """
+    on_device = not isinstance(keys, np.ndarray)
+    if on_device and not _is_cupy_array(keys):
+        raise KeyTypeError(f"keys must be a NumPy or CuPy array, got {type(keys).__name__}")
+    if keys.dtype != _INT64:
+        raise KeyTypeError(f"keys must be int64, got dtype {keys.dtype.name}")
+    if keys.ndim != 1:
+        raise KeyTypeError(f"keys must be 1-D, got shape {tuple(keys.shape)}")
+    if keys.shape[0] > MAX_KEYS_PER_CALL:
+        raise BatchTooLargeError(
+            f"at most {MAX_KEYS_PER_CALL} keys per call, got {keys.shape[0]}"
+        )
+    if on_device and device_id is not None and keys.device.id != device_id:
+        raise DeviceError(
+            f"keys are on device {keys.device.id} but the GPU table is on device {device_id}"
+        )
+    if keys.flags.c_contiguous:
+        return keys
+    if on_device:
+        with keys.device:
+            return keys.copy()
+    return np.ascontiguousarray(keys)
+
+
+def output_view(out: Any, n: int, dim: int, device_id: int | None = None) -> Any:
+    """`out` as the GPU tier writes it: float32 [n, dim], C-contiguous, a writable NumPy
+    array or a CuPy array on device `device_id` (not checked when None). Returns `out`.
+    Raises OutputBufferError, or DeviceError for an array on another device.
+    """
+    on_device = not isinstance(out, np.ndarray)
+    if on_device and not _is_cupy_array(out):
+        raise OutputBufferError(f"out must be a NumPy or CuPy array, got {type(out).__name__}")
+    _require_float32(out, "out")
+    if out.shape != (n, dim):
+        raise OutputBufferError(f"out must have shape [{n}, {dim}], got {list(out.shape)}")
+    _require_dense_writable(out, "out")
+    if on_device and device_id is not None and out.device.id != device_id:
+        raise DeviceError(
+            f"out is on device {out.device.id} but the GPU table is on device {device_id}"
+        )
+    return out
+
+
+def device_output_view(out: Any, n: int, dim: int, device_id: int) -> Any:
+    """output_view for a kernel's own output: only a CuPy array on `device_id` will do."""
+    if not _is_cupy_array(out):
+        raise OutputBufferError(
+            f"out must be a CuPy array on device {device_id}, got {type(out).__name__}"
+        )
+    return output_view(out, n, dim, device_id)

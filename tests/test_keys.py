@@ -6,7 +6,7 @@ import torch
 from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from hps.errors import KeyTypeError, OutputBufferError
-from hps.keys import as_key_array, as_output_array
+from hps.keys import as_key_array, as_output_array, device_output_view, key_view, output_view
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.int16, np.uint64])
@@ -85,3 +85,48 @@ def test_read_only_output() -> None:
     out.flags.writeable = False
     with pytest.raises(OutputBufferError, match="read-only"):
         as_output_array(out, 2, 4)
+
+
+# -- arrays already in the GPU tier's form (key_view, output_view) --------------------------
+
+
+def test_key_view_takes_1d_int64_as_is_and_makes_strided_keys_contiguous() -> None:
+    keys = np.arange(5, dtype=np.int64)
+    assert key_view(keys) is keys
+    strided = np.arange(10, dtype=np.int64)[::2]
+    view = key_view(strided)
+    assert view.flags.c_contiguous and view.tolist() == [0, 2, 4, 6, 8]
+
+
+@pytest.mark.parametrize(
+    ("keys", "match"),
+    [
+        (np.arange(3, dtype=np.int32), "must be int64, got dtype int32"),
+        (np.zeros((3, 1), np.int64), r"must be 1-D, got shape \(3, 1\)"),
+        ([1, 2, 3], "NumPy or CuPy array, got list"),
+    ],
+)
+def test_key_view_rejects_other_keys(keys: object, match: str) -> None:
+    with pytest.raises(KeyTypeError, match=match):
+        key_view(keys)
+
+
+def test_output_view_checks_dtype_shape_layout_and_writability() -> None:
+    out = np.zeros((3, 4), np.float32)
+    assert output_view(out, 3, 4) is out
+    with pytest.raises(OutputBufferError, match="float32"):
+        output_view(np.zeros((3, 4), np.float64), 3, 4)
+    with pytest.raises(OutputBufferError, match=r"shape \[3, 4\], got \[3, 5\]"):
+        output_view(np.zeros((3, 5), np.float32), 3, 4)
+    with pytest.raises(OutputBufferError, match="C-contiguous"):
+        output_view(np.zeros((4, 3), np.float32).T, 3, 4)
+    out.flags.writeable = False
+    with pytest.raises(OutputBufferError, match="read-only"):
+        output_view(out, 3, 4)
+    with pytest.raises(OutputBufferError, match="NumPy or CuPy array, got list"):
+        output_view([[0.0] * 4] * 3, 3, 4)
+
+
+def test_device_output_view_wants_a_cupy_array() -> None:
+    with pytest.raises(OutputBufferError, match="CuPy array on device 0, got ndarray"):
+        device_output_view(np.zeros((3, 4), np.float32), 3, 4, 0)

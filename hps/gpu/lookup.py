@@ -36,16 +36,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hps.background import BackgroundWorker, PeriodicTask
-from hps.errors import DeviceError, KeyTypeError, OutputBufferError
+from hps.errors import DeviceError
 from hps.gpu import kernels
 from hps.gpu.cache import (
     DEFAULT_LRU_SAMPLE_SHIFT,
-    MAX_BATCH,
     SET_SIZE,
     EmbeddingCache,
+    cache_mode,
+    open_device_table,
     set_codes,
+    warm_up,
 )
 from hps.gpu.static_table import StaticEmbeddingTable
+from hps.keys import key_view, output_view
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig
@@ -56,10 +59,6 @@ _H2D = 1  # cudaMemcpyHostToDevice
 _BACKGROUND_QUEUE = 64  # pending background inserts; more are dropped (counted)
 _COUNTERS = ("lookups", "keys", "hits", "misses", "sync_fetches", "async_inserts",
              "dropped_inserts", "refreshed", "background_errors")
-
-
-_INT64 = np.dtype(np.int64)
-_FLOAT32 = np.dtype(np.float32)
 
 
 def cuda_available() -> bool:
@@ -153,16 +152,12 @@ class GpuEmbeddingTable:
         self.hit_rate_threshold = float(model.hit_rate_threshold)
         self.refresh_fraction = float(model.cache_refresh_percentage_per_iteration)
         self.device_id = int(device_id)
-        self.mode = "static" if model.cache_type == "static" else "dynamic"
+        self.mode = cache_mode(model)
         self.dedupe = dedupe
         self._fetch_host = fetch_host
-        self._table: EmbeddingCache | StaticEmbeddingTable
-        if self.mode == "static":
-            self._table = StaticEmbeddingTable(max(int(num_keys), 1), self.dim, self.device_id)
-        else:
-            slots = max(1, math.ceil(model.gpucacheper * int(num_keys)))
-            self._table = EmbeddingCache(slots, self.dim, self.device_id,
-                                         lru_sample_shift=lru_sample_shift)
+        self._table: EmbeddingCache | StaticEmbeddingTable = open_device_table(
+            model, self.mode, num_keys, self.dim, self.device_id,
+            lru_sample_shift=lru_sample_shift)
         self.capacity = int(self._table.capacity)
         self._device = self._cp.cuda.Device(self.device_id)
         self._several_devices = self._cp.cuda.runtime.getDeviceCount() > 1
@@ -186,59 +181,10 @@ class GpuEmbeddingTable:
     def warm_up(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
         """Inserts (keys int64 [n], vectors float32 [n, dim]) chunks in order until the
         cache holds `capacity` keys' worth, the last chunk included (cut to fit); the
-        static table takes every chunk. Returns the keys inserted."""
-        inserted = 0
-        if isinstance(self._table, StaticEmbeddingTable):
-            for keys, vectors in chunks:
-                self._table.build(keys, vectors)
-                inserted += int(keys.shape[0])
-            return inserted
-        for keys, vectors in chunks:
-            room = self.capacity - inserted
-            if room <= 0:
-                break
-            keys, vectors = keys[:room], vectors[:room]
-            self._table.insert(keys, vectors)
-            inserted += int(keys.shape[0])
-        return inserted
+        static table takes every chunk. Returns the keys inserted (see cache.warm_up)."""
+        return warm_up(self._table, chunks)
 
     # -- lookups --------------------------------------------------------------------------
-
-    def _check(self, keys: Any, out: Any) -> int:
-        device_array = self._cp.ndarray
-        keys_on_device = isinstance(keys, device_array)
-        if not (keys_on_device or isinstance(keys, np.ndarray)):
-            raise KeyTypeError(f"keys must be a NumPy or CuPy array, got {type(keys).__name__}")
-        if keys.dtype != _INT64 or keys.ndim != 1:
-            raise KeyTypeError(
-                f"keys must be 1-D int64, got {keys.ndim}-D {keys.dtype.name}"
-            )
-        n = int(keys.shape[0])
-        if n > MAX_BATCH:
-            raise KeyTypeError(f"at most {MAX_BATCH} keys per lookup, got {n}")
-        out_on_device = isinstance(out, device_array)
-        if not (out_on_device or isinstance(out, np.ndarray)):
-            raise OutputBufferError(
-                f"out must be a NumPy or CuPy array, got {type(out).__name__}"
-            )
-        if out.dtype != _FLOAT32 or out.shape != (n, self.dim):
-            raise OutputBufferError(
-                f"out must be float32 [{n}, {self.dim}], got {out.dtype.name} "
-                f"{list(out.shape)}"
-            )
-        if not out.flags.c_contiguous:
-            raise OutputBufferError("out must be C-contiguous")
-        if not out_on_device and not out.flags.writeable:
-            raise OutputBufferError("out is read-only")
-        if self._several_devices:
-            for name, array, on_device in (("keys", keys, keys_on_device),
-                                           ("out", out, out_on_device)):
-                if on_device and array.device.id != self.device_id:
-                    raise DeviceError(
-                        f"{name} are on device {array.device.id} but this table is on "
-                        f"device {self.device_id}"
-                    )
-        return n
 
     def lookup(self, keys: Any, out: Any) -> None:
         """Writes the vectors of `keys` into `out` in place.
@@ -246,9 +192,14 @@ class GpuEmbeddingTable:
         keys: int64 [n], CuPy on this table's device or NumPy; out: float32 [n, dim],
         C-contiguous, CuPy on this device or NumPy. Device work runs on CuPy's current
         stream; `out` is complete in that stream's order (host `out`: on return).
-        Raises KeyTypeError, OutputBufferError or DeviceError for bad arguments.
+        Raises KeyTypeError, BatchTooLargeError, OutputBufferError or DeviceError for bad
+        arguments (checked by hps/keys.py).
         """
-        n = self._check(keys, out)
+        # with one device there is no other device to be on: the check's cost is spared
+        device = self.device_id if self._several_devices else None
+        keys = key_view(keys, device)
+        n = int(keys.shape[0])
+        output_view(out, n, self.dim, device)
         if n == 0:
             return
         if self._cp.cuda.runtime.getDevice() == self.device_id:
@@ -260,10 +211,7 @@ class GpuEmbeddingTable:
     def _lookup_here(self, keys: Any, out: Any, n: int) -> None:
         """lookup() with this table's device current."""
         cp = self._cp
-        if isinstance(keys, np.ndarray):
-            dkeys = cp.asarray(keys)
-        else:
-            dkeys = keys if keys.flags.c_contiguous else cp.ascontiguousarray(keys)
+        dkeys = cp.asarray(keys) if isinstance(keys, np.ndarray) else keys  # contiguous
         if isinstance(out, np.ndarray):
             dout = self._host_out_buffer(n)
             self._lookup_device(dkeys, dout)

@@ -8,7 +8,7 @@ holds, way for way. tests/gpu compares the two on random operation sequences.
 Semantics modelled (see hps/gpu/cache.py):
 - every non-empty `query` and `insert` call takes the next tick; a hit stamps its slot
   with tick << RANK_BITS (with lru_sample_shift s > 0: only hits whose
-  mix(key ^ (tick << RANK_BITS)) has its low s bits zero), an insert with
+  murmur3_fmix64(key ^ (tick << RANK_BITS)) has its low s bits zero), an insert with
   tick << RANK_BITS | (rank of the key among the batch's keys of its set);
 - insert: the keys of one batch that fall in one set are inserted in batch order; a held
   key is overwritten in place; else the first free way is taken; else the way with the
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hps.gpu.cache import EMPTY_KEY, RANK_BITS, SET_SIZE, mix, set_of
+from hps.gpu.cache import EMPTY_KEY, RANK_BITS, SET_SIZE, murmur3_fmix64, set_of
 
-__all__ = ["ReferenceCache", "mix", "set_of"]
+__all__ = ["ReferenceCache", "murmur3_fmix64", "set_of"]
 
 class ReferenceCache:
     """The NumPy twin of EmbeddingCache(capacity_slots, dim)."""
@@ -61,7 +61,7 @@ class ReferenceCache:
         stamp = found
         if self.lru_sample_shift:
             tick = np.uint64(self.tick << RANK_BITS)
-            sample = mix((keys.view(np.uint64) ^ tick).view(np.int64))
+            sample = murmur3_fmix64((keys.view(np.uint64) ^ tick).view(np.int64))
             stamp = found & ((sample & np.uint64((1 << self.lru_sample_shift) - 1)) == 0)
         self.stamps[sets[stamp], ways[stamp]] = self.tick << RANK_BITS
         if self.special:

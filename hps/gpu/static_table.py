@@ -7,7 +7,7 @@ one row read per hit). `build(keys, vectors)` adds keys, chunk by chunk; after t
 table is only read (`query`), or its rows rewritten in place by a refresh (`update`).
 Nothing is evicted: more than `num_keys` keys raise an error.
 
-Queries share the dynamic cache's contract and streams (see hps/gpu/cache.py): hits
+Queries share the dynamic cache's contract and streams (see hps/gpu/device_table.py): hits
 written into the caller's rows, misses compacted on the device, one host wait for the
 miss count. Kernels: cuda/static_table.cu.
 """
@@ -20,15 +20,15 @@ import numpy as np
 
 from hps.errors import LookupInputError
 from hps.gpu import kernels
-from hps.gpu.cache import (
+from hps.gpu.device_table import (
     BLOCK,
-    SET_SIZE,
     DeviceTable,
     QueryWorkspace,
     default_group,
     default_unroll,
     row_floats,
 )
+from hps.gpu.kernels import SET_SIZE
 
 DEFAULT_LOAD_FACTOR = 0.8
 # Batches up to this many keys probe 4 buckets per step: the batch waits for its longest

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from hps.gpu.cache import EMPTY_KEY, RANK_BITS, SET_SIZE, set_codes
-from hps.gpu.reference import ReferenceCache, mix, set_of
+from hps.gpu.reference import ReferenceCache, murmur3_fmix64, set_of
 
 
 class NaiveCache:
@@ -72,7 +72,7 @@ class NaiveCache:
                     slot[:] = [EMPTY_KEY, 0, None]
 
 
-def test_mix_matches_murmur3_finalizer() -> None:
+def test_murmur3_fmix64_matches_the_published_finalizer() -> None:
     def fmix64(k: int) -> int:
         m = 2**64 - 1
         k ^= k >> 33
@@ -82,7 +82,7 @@ def test_mix_matches_murmur3_finalizer() -> None:
         return k ^ (k >> 33)
 
     keys = np.array([0, 1, -1, 2**63 - 1, -(2**63), 123456789012345], dtype=np.int64)
-    assert mix(keys).tolist() == [fmix64(int(k) & (2**64 - 1)) for k in keys]
+    assert murmur3_fmix64(keys).tolist() == [fmix64(int(k) & (2**64 - 1)) for k in keys]
     sets = set_of(keys, 1000)
     assert ((sets >= 0) & (sets < 1000)).all()
 
