@@ -188,8 +188,8 @@ class EmbeddingCache(DeviceTable):
         """Inserts (or overwrites) keys with their rows, evicting least recently used keys
         of full sets. Repeated keys: the last row wins. Host keys are ordered by set on
         the host; device keys by a device sort."""
-        if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu":
-            host = keys.reshape(-1).astype(np.int64, copy=False)
+        if isinstance(keys, np.ndarray):
+            host = self._host_keys(keys)
             vectors = self._device_rows(vectors, host.size)
             if host.size:
                 codes = set_codes(host, self.num_sets)

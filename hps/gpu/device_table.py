@@ -248,11 +248,17 @@ class DeviceTable:
         if self._closed:
             raise DeviceError(f"the {self._kind} on device {self.device_id} is closed")
 
+    @staticmethod
+    def _host_keys(keys: np.ndarray) -> np.ndarray:
+        """Host keys of any integer width and shape, widened and flattened to int64 [n]
+        (checked by hps/keys.py)."""
+        return key_view(as_key_array(keys))  # type: ignore[no-any-return]
+
     def _device_keys(self, keys: Any) -> Any:
-        """int64 1-D keys on this device, checked by hps/keys.py (host arrays of any
-        integer width and shape are widened, flattened and copied over)."""
+        """int64 1-D keys on this device, checked by hps/keys.py (host arrays: see
+        _host_keys, then copied over)."""
         if isinstance(keys, np.ndarray):
-            host = key_view(as_key_array(keys))
+            host = self._host_keys(keys)
             with self._device:
                 return self._cp.asarray(host)
         return key_view(keys, self.device_id)
