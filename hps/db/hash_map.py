@@ -42,6 +42,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -494,6 +495,16 @@ class HashMapTier(Tier):
         t = self._table(table)
         with t.lock.read():
             return t.nbytes()
+
+    def stats(self) -> dict[str, Any]:
+        """The contract's health and counters, plus the keys and bytes all tables hold."""
+        with self._tables_lock:
+            tables = list(self._tables.values())
+        memory = 0
+        for t in tables:
+            with t.lock.read():
+                memory += t.nbytes()
+        return {**super().stats(), "keys": sum(t.size for t in tables), "memory_bytes": memory}
 
     def partition_sizes(self, table: str) -> np.ndarray:
         """Entries per partition (int64[num_partitions]), a copy."""

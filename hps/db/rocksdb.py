@@ -65,6 +65,8 @@ _INGEST_PREFIX = "hps_ingest_"
 _SST_BYTES = 64 << 20
 #: vector bytes sorted per bulk-load run (a few load chunks: memory stays bounded)
 DEFAULT_LOAD_RUN_BYTES = 256 << 20
+#: RocksDB property: keys a column family holds, estimated from its metadata
+_ESTIMATED_KEYS = "rocksdb.estimate-num-keys"
 
 
 def _consume(iterator: Iterator[Any]) -> None:
@@ -484,6 +486,14 @@ class RocksDBTier(Tier):
         empty = not it.valid()
         del it
         return empty
+
+    def stats(self) -> dict[str, Any]:
+        """The contract's health and counters, plus RocksDB's estimate of the keys its
+        tables hold (`estimated_keys`: from SST and memtable metadata, no scan)."""
+        with self._lock:
+            families = [cf for name, cf in self._cfs.items() if name in self._dims]
+        estimated = sum(int(cf.property_int_value(_ESTIMATED_KEYS) or 0) for cf in families)
+        return {**super().stats(), "estimated_keys": estimated}
 
     # -- metadata -----------------------------------------------------------------------
 

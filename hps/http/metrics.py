@@ -5,8 +5,9 @@ Three sources feed `GET /metrics`:
   middleware): requests and latency per route template, method and status code;
 - errors by kind, counted where an error becomes a JSON answer;
 - the server's own counters, read at scrape time by `ServerCollector` from each table's
-  `TableStats` (lookups, keys, hits per tier, defaults, tier failures), so the lookup
-  path itself never touches a metric object;
+  `TableStats` (lookups, keys, hits per tier, defaults, tier failures) and from each
+  tier's `Tier.stats()` (available, failures and dropped writes by kind, figures such as
+  keys held), so the lookup path itself never touches a metric object;
 - load progress, written by `MetricsProgress` (a `LoadProgress`) while models load.
 
 Labels are route templates (`/v1/models/{model}/tables/{table}/lookup`), never raw paths,
@@ -41,9 +42,14 @@ _TABLE_COUNTERS = {
     "lookups": ("hps_lookups", "Lookups served, per table."),
     "keys": ("hps_lookup_keys", "Keys looked up, per table."),
     "defaults": ("hps_default_keys", "Keys found in no tier (answered with the default)."),
-    "tier_failures": ("hps_tier_failures", "Volatile tier failures the lookup path fell "
-                                           "through (Redis down, timeouts)."),
 }
+#: one family, two label sets: {model,table} counts the lookups of a table that fell
+#: through a failing volatile tier (TableStats); {tier,kind} counts the tier's own failed
+#: calls by kind (Tier.stats()["failures"]: connection, timeout, rejected, ...)
+_TIER_FAILURES = ("hps_tier_failures",
+                  "Tier failures: per model and table, lookups that fell through a failing "
+                  "volatile tier (Redis down, timeouts); per tier and kind, the tier's "
+                  "failed calls.")
 _TIER_HITS = {"volatile": "volatile_hits", "persistent": "persistent_hits"}
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 
@@ -127,6 +133,7 @@ class ServerCollector(Collector):
         hits = CounterMetricFamily(
             "hps_tier_hits", "Keys served by each database tier, per table.",
             labels=[*labels, "tier"])
+        failures = CounterMetricFamily(*_TIER_FAILURES)
         gpu = GaugeMetricFamily(
             "hps_gpu_cache", "GPU embedding cache figures, per table and device.",
             labels=[*labels, "device", "stat"])
@@ -135,15 +142,51 @@ class ServerCollector(Collector):
                 stats = table.stats.as_dict()
                 for key, family in counters.items():
                     family.add_metric([name, table.name], stats.get(key, 0))
+                failures.add_sample(failures.name + "_total",
+                                    {"model": name, "table": table.name},
+                                    stats.get("tier_failures", 0))
                 for tier, key in _TIER_HITS.items():
                     hits.add_metric([name, table.name, tier], stats.get(key, 0))
                 for device, cache in table.gpu.items():
-                    for stat, value in cache.stats().items():
-                        if isinstance(value, (int, float)) and not isinstance(value, bool):
-                            gpu.add_metric([name, table.name, str(device), stat], value)
+                    for stat, value in _numbers(cache.stats()):
+                        gpu.add_metric([name, table.name, str(device), stat], value)
         yield from counters.values()
         yield hits
         yield gpu
+        yield from _tier_metrics(self.server.tiers.stats(), failures)
+
+
+def _tier_metrics(tiers: dict[str, dict[str, Any]], failures: CounterMetricFamily
+                  ) -> Iterator[Any]:
+    """Each tier's `Tier.stats()` as metrics: the failures by kind join `failures`."""
+    available = GaugeMetricFamily(
+        "hps_tier_available", "1 while the tier answers calls, 0 while it is down.",
+        labels=["tier"])
+    dropped = CounterMetricFamily(
+        "hps_tier_dropped", "Keys of background writes a tier dropped (queue full, tier down).",
+        labels=["tier", "kind"])
+    figures = GaugeMetricFamily(
+        "hps_tier_stats", "Figures of each tier (tables, keys, memory bytes, outages, ...).",
+        labels=["tier", "stat"])
+    for tier, stats in sorted(tiers.items()):
+        available.add_metric([tier], 1.0 if stats["available"] else 0.0)
+        for kind, count in sorted(stats["failures"].items()):
+            failures.add_sample(failures.name + "_total", {"tier": tier, "kind": kind}, count)
+        for kind, count in sorted(stats["dropped"].items()):
+            dropped.add_metric([tier, kind], count)
+        for stat, value in _numbers(stats):
+            figures.add_metric([tier, stat], value)
+    yield failures
+    yield available
+    yield dropped
+    yield figures
+
+
+def _numbers(stats: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    """The entries of a stats dict that are plain numbers (no flags, lists or dicts)."""
+    for key, value in stats.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield key, value
 
 
 class MetricsMiddleware:

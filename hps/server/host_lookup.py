@@ -1,0 +1,84 @@
+"""The host half of the lookup path: volatile tier → persistent tier → default value.
+
+Lookups of tables without a GPU cache take this path whole; a GPU cache takes it for the
+keys it missed, through a `TableFetch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hps.db import Tiers
+from hps.errors import TierUnavailableError
+from hps.server.models import LoadedTable
+
+
+class HostLookup:
+    """Vectors of host keys from the tiers, counted in each table's `TableStats`.
+
+    Never fails on a volatile tier outage: its keys fall through to the persistent tier
+    and the failure is counted (`TableStats.tier_failures`). With
+    `cache_missed_embeddings`, vectors found only in the persistent tier are written to
+    the volatile tier in the background.
+    """
+
+    def __init__(self, tiers: Tiers, *, cache_missed_embeddings: bool) -> None:
+        self.tiers = tiers
+        self.cache_missed = cache_missed_embeddings and tiers.volatile is not None
+
+    def fetch(self, table: LoadedTable, keys: np.ndarray) -> np.ndarray:
+        """Vectors of `keys` (host int64[n]) as a new float32 [n, table.dim] array."""
+        n = keys.size
+        name = table.storage_name
+        volatile, persistent = self.tiers.volatile, self.tiers.persistent
+        vectors: np.ndarray | None = None
+        found = np.zeros(n, dtype=bool)
+        if volatile is not None and n:
+            try:
+                vectors, found = volatile.fetch(name, keys)
+            except TierUnavailableError:
+                table.stats.add_tier_failure()
+        if vectors is None:
+            vectors = np.zeros((n, table.dim), dtype=np.float32)
+        volatile_hits = int(np.count_nonzero(found))
+        persistent_hits = 0
+        if volatile_hits < n and persistent is not None:
+            missing = np.flatnonzero(~found)
+            unique, inverse = np.unique(keys[missing], return_inverse=True)
+            rows, present = persistent.fetch(name, unique)
+            vectors[missing] = rows[inverse]
+            found[missing] = present[inverse]
+            persistent_hits = int(np.count_nonzero(present[inverse]))
+            if self.cache_missed:
+                self._cache_missed(name, unique[present], rows[present])
+        defaults = n - volatile_hits - persistent_hits
+        if defaults:
+            vectors[~found] = table.default_value
+        table.stats.add(n, volatile_hits, persistent_hits, defaults)
+        return vectors
+
+    def for_table(self, table: LoadedTable) -> TableFetch:
+        """This path for one table, as a GPU cache calls it for its misses."""
+        return TableFetch(self, table)
+
+    def _cache_missed(self, name: str, keys: np.ndarray, rows: np.ndarray) -> None:
+        if not keys.size:
+            return
+        try:
+            self.tiers.volatile.insert_async(name, keys, rows)  # type: ignore[union-attr]
+        except TierUnavailableError:
+            pass  # the next lookup of these keys reaches the persistent tier again
+
+
+@dataclass(frozen=True)
+class TableFetch:
+    """The host lookup path of one table: `fetch(keys) -> vectors`, for a GPU cache's
+    misses (host int64[n] in, float32 [n, dim] out)."""
+
+    host: HostLookup
+    table: LoadedTable
+
+    def __call__(self, keys: np.ndarray) -> np.ndarray:
+        return self.host.fetch(self.table, keys)

@@ -1,0 +1,103 @@
+"""A loaded model and its tables, as the lookup path sees them, with their counters."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hps.config import ModelConfig
+from hps.errors import BatchTooLargeError, LookupInputError, UnknownTableError
+from hps.keys import as_key_array
+from hps.loader import TableSource
+
+
+@dataclass
+class TableStats:
+    """Counters of one table's lookups, read by metrics and `GET /v1/models`."""
+
+    lookups: int = 0
+    keys: int = 0
+    volatile_hits: int = 0
+    persistent_hits: int = 0
+    defaults: int = 0
+    tier_failures: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, keys: int, volatile: int, persistent: int, defaults: int) -> None:
+        with self.lock:
+            self.lookups += 1
+            self.keys += keys
+            self.volatile_hits += volatile
+            self.persistent_hits += persistent
+            self.defaults += defaults
+
+    def add_tier_failure(self) -> None:
+        """Count a lookup that fell through a volatile tier that could not answer."""
+        with self.lock:
+            self.tier_failures += 1
+
+    def as_dict(self) -> dict[str, int]:
+        with self.lock:
+            return {k: v for k, v in self.__dict__.items() if k != "lock"}
+
+
+@dataclass
+class LoadedTable:
+    """One table of a loaded model, as the lookup path needs it."""
+
+    index: int
+    name: str  # as in the config, e.g. "sparse_embedding0"
+    storage_name: str  # hps_et.<model>.<table>
+    dim: int
+    default_value: float
+    max_keys: int
+    source: TableSource
+    stats: TableStats = field(default_factory=TableStats)
+    gpu: dict[int, Any] = field(default_factory=dict)  # device id → GpuEmbeddingTable
+
+    def checked_keys(self, keys: Any) -> Any:
+        """`keys` as a 1-D int64 view (host or device, see `keys.as_key_array`).
+
+        Raises KeyTypeError for keys that are no integers and BatchTooLargeError for
+        more than `max_keys` of them.
+        """
+        array = as_key_array(keys)
+        if array.size > self.max_keys:
+            raise BatchTooLargeError(
+                f"{array.size} keys exceed the limit of {self.max_keys} for table "
+                f"{self.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)"
+            )
+        return array
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    tables: list[LoadedTable]
+
+    def table(self, table: int | str) -> LoadedTable:
+        """A table by index or by name."""
+        if isinstance(table, (int, np.integer)) and not isinstance(table, bool):
+            if 0 <= table < len(self.tables):
+                return self.tables[int(table)]
+        elif isinstance(table, str):
+            for t in self.tables:
+                if t.name == table:
+                    return t
+            if table.isdigit() and int(table) < len(self.tables):
+                return self.tables[int(table)]
+        names = ", ".join(f"{t.index}={t.name}" for t in self.tables)
+        raise UnknownTableError(
+            f"model {self.config.model!r} has no table {table!r} (tables: {names})"
+        )
+
+    def check_device(self, device_id: int) -> None:
+        """Raise LookupInputError unless the model is deployed on `device_id`."""
+        if device_id not in self.config.deployed_device_list:
+            raise LookupInputError(
+                f"device_id {device_id} is not in deployed_device_list "
+                f"{self.config.deployed_device_list} of model {self.config.model!r}"
+            )

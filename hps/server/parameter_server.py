@@ -1,0 +1,175 @@
+"""HierarchicalParameterServer: the tiers, the loaded models, and the lookup entry points.
+
+Lookup path (DESIGN.md): keys → GPU cache (when there is one) → volatile tier →
+persistent tier → the table's default value. The parts live beside this file:
+`registry.py` (versioned loads and swaps), `host_lookup.py` (the tiers, top down),
+`gpu_caches.py` (GPU caches); the tiers themselves come from `db.open_tiers`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hps.config import ModelConfig, PSConfig, load_config
+from hps.db import Tiers, open_tiers
+from hps.db.base import Tier
+from hps.io.sparse_model import DEFAULT_CHUNK_BYTES
+from hps.keys import as_output_array, is_device_array
+from hps.loader import LoadProgress
+from hps.server.gpu_caches import GpuCaches
+from hps.server.host_lookup import HostLookup
+from hps.server.models import LoadedModel
+from hps.server.registry import ModelRegistry
+
+
+class HierarchicalParameterServer:
+    """Holds the tiers and the loaded models, and serves lookups.
+
+    Thread-safe: lookups may run from many threads, also while a model loads.
+    """
+
+    def __init__(
+        self,
+        config: PSConfig | dict[str, Any] | str,
+        *,
+        load: bool = True,
+        progress: LoadProgress | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        drop_grace_seconds: float = 2.0,
+    ) -> None:
+        self.config = load_config(config)
+        self.chunk_bytes = chunk_bytes
+        # a replaced version's tables outlive the swap by this long, for lookups in flight
+        self.drop_grace_seconds = drop_grace_seconds
+        self.tiers: Tiers = open_tiers(self.config, load_chunk_bytes=chunk_bytes)
+        self._host = HostLookup(
+            self.tiers, cache_missed_embeddings=self.config.volatile_db.cache_missed_embeddings)
+        self._gpu = GpuCaches(self.config, self._host)
+        self._registry = ModelRegistry(self.config, self.tiers, self._gpu,
+                                       chunk_bytes=chunk_bytes,
+                                       drop_grace_seconds=drop_grace_seconds)
+        if load:
+            for model in self.config.models:
+                self.load_model(model, progress=progress)
+
+    @property
+    def volatile(self) -> Tier | None:
+        """The volatile tier (hash map or Redis), None when disabled."""
+        return self.tiers.volatile
+
+    @property
+    def persistent(self) -> Tier | None:
+        """The persistent tier (RocksDB), None when disabled."""
+        return self.tiers.persistent
+
+    # -- models ---------------------------------------------------------------------------
+
+    @property
+    def models(self) -> dict[str, LoadedModel]:
+        """Loaded models by name (a snapshot)."""
+        return self._registry.models
+
+    def model(self, name: str) -> LoadedModel:
+        """The served version of model `name`; raises UnknownModelError if none."""
+        return self._registry.model(name)
+
+    def load_model(self, model: ModelConfig, progress: LoadProgress | None = None) -> LoadedModel:
+        """Load (or reload) `model`; it becomes visible to lookups only when complete.
+
+        A reload of a served model writes the new version beside the old one (staging
+        storage names) and swaps it in with one assignment; a load that fails leaves the
+        old version serving and removes what it wrote.
+        """
+        return self._registry.load(model, progress=progress)
+
+    def reload_model(self, name: str, sparse_files: Sequence[str] | None = None,
+                     progress: LoadProgress | None = None) -> LoadedModel:
+        """Re-read a served model, optionally from new files (a new version)."""
+        return self._registry.reload(name, sparse_files, progress=progress)
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def lookup(self, model: str, table: int | str, keys: Any, device_id: int | None = None
+               ) -> np.ndarray:
+        """Vectors of `keys` as a new float32 [n, dim] host array."""
+        loaded = self.model(model)
+        t = loaded.table(table)
+        array = t.checked_keys(keys)
+        if device_id is not None:
+            loaded.check_device(device_id)
+        if is_device_array(array):
+            array = array.get()
+        device = device_id if device_id is not None else loaded.config.deployed_device_list[0]
+        gpu = t.gpu.get(device)
+        if gpu is not None:
+            out = np.empty((array.size, t.dim), np.float32)
+            gpu.lookup(array, out)
+            return out
+        return self._host.fetch(t, array)
+
+    def lookup_into(self, model: str, table: int | str, keys: Any, out: Any,
+                    device_id: int = 0) -> int:
+        """Write the vectors of `keys` into `out` in place; returns the number of keys.
+
+        `keys` and `out` may be host or CUDA arrays, DLPack capsules or `__dlpack__`
+        objects. Raises an HPSError subclass, writing nothing, for bad input.
+        """
+        loaded = self.model(model)
+        t = loaded.table(table)
+        loaded.check_device(device_id)
+        array = t.checked_keys(keys)
+        target = as_output_array(out, array.size, t.dim)
+        if array.size == 0:
+            return 0
+        gpu = t.gpu.get(device_id)
+        if gpu is not None:
+            gpu.lookup(array, target)
+            return int(array.size)
+        host_keys = array.get() if is_device_array(array) else array
+        vectors = self._host.fetch(t, host_keys)
+        if is_device_array(target):
+            target.set(vectors)
+        else:
+            np.copyto(target, vectors)
+        return int(array.size)
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    def refresh(self, model: str | None = None) -> int:
+        """Re-read the GPU-cached vectors of one or all models from the databases."""
+        models = [self.model(model)] if model else list(self.models.values())
+        return self._gpu.refresh(models)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Models, tables, widths, sources, tier sizes and counters (for CLI and HTTP)."""
+        out = []
+        for name, loaded in sorted(self.models.items()):
+            tables = []
+            for t in loaded.tables:
+                info: dict[str, Any] = {
+                    "index": t.index, "name": t.name, "storage_name": t.storage_name,
+                    "dim": t.dim, "default_value": t.default_value, "max_keys": t.max_keys,
+                    "source": t.source.as_dict(), "stats": t.stats.as_dict(), "tiers": {},
+                }
+                for tier, keys in self.tiers.sizes(t.storage_name).items():
+                    info["tiers"][tier] = ({"keys": keys} if keys is not None
+                                           else {"keys": None, "error": "unavailable"})
+                if t.gpu:
+                    info["gpu"] = {str(d): g.stats() for d, g in t.gpu.items()}
+                tables.append(info)
+            out.append({"model": name, "tables": tables})
+        return out
+
+    def close(self) -> None:
+        """Stop background work and close every tier."""
+        self._registry.close()
+        self.tiers.close()
+
+    def __enter__(self) -> HierarchicalParameterServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
