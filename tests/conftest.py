@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+
+from tests.redis_servers import RedisServer
 
 
 def write_table(folder: Path, keys: np.ndarray, vectors: np.ndarray) -> Path:
@@ -57,3 +60,11 @@ def two_tables(tmp_path: Path, rng: np.random.Generator) -> dict[str, Any]:
         "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocks")},
     }
     return {"config": config, "tables": [(k0, v0), (k1, v1)], "dir": tmp_path}
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A standalone server of the test's own, for tests that kill, pause or restart it."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-own")).start()
+    yield server
+    server.close()

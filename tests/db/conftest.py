@@ -3,8 +3,9 @@
 `redis_standalone` (one server) and `redis_cluster` (3 masters, no replicas) live for the
 whole session; `redis_cluster_replicas` (3 masters with a replica each, for the failover
 tests) is made only when a test asks for it. Each runs in its own temporary folder and is
-torn down at the end. A missing `redis-server` fails these fixtures (it is never a skip):
-scripts/test.sh installs it, and CI always has it.
+torn down at the end. `redis_server`, a server of a test's own to kill or restart, lives in
+tests/conftest.py, where the HTTP tests reach it too. A missing `redis-server` fails these
+fixtures (it is never a skip): scripts/test.sh installs it, and CI always has it.
 """
 
 from __future__ import annotations
@@ -39,11 +40,3 @@ def redis_cluster_replicas(
     ).start()
     yield cluster
     cluster.close()
-
-
-@pytest.fixture
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A standalone server of the test's own, for tests that kill, pause or restart it."""
-    server = RedisServer(tmp_path_factory.mktemp("redis-own")).start()
-    yield server
-    server.close()

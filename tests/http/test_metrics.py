@@ -1,10 +1,16 @@
-"""GET /metrics moves as lookups, errors and loads happen."""
+"""GET /metrics moves as lookups, errors, loads and tier failures happen."""
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 
-from tests.http.conftest import MODEL, TABLE_NAMES, Live
+import numpy as np
+import pytest
+
+from tests.http.conftest import MODEL, TABLE_NAMES, Live, ModelFiles, start, wait_until
+from tests.redis_servers import RedisServer
 
 LOOKUP_ROUTE = "/v1/models/{model}/tables/{table}/lookup"
 
@@ -52,3 +58,43 @@ def test_load_progress_and_unmatched_routes(live: Live) -> None:
     text = live.client.get("/metrics").text
     assert "/no/such" not in text  # raw paths never become labels
     assert 'route="unmatched"' in text
+
+
+@pytest.fixture
+def live_over_redis(model_files: ModelFiles, redis_server: RedisServer,
+                    tmp_path: Path) -> Iterator[Live]:
+    """The model served from a Redis of the test's own over RocksDB."""
+    config = {**model_files.config,
+              "volatile_db": {"type": "redis", "address": redis_server.address,
+                              "reconnect_backoff": 0.05, "reconnect_backoff_max": 0.2},
+              "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocks")}}
+    yield from start(replace(model_files, config=config))
+
+
+def test_redis_failure_reaches_metrics(live_over_redis: Live, redis_server: RedisServer
+                                       ) -> None:
+    live = live_over_redis
+    table = TABLE_NAMES[0]
+    keys = live.model.keys[0][:50]
+    per_table = {"model": MODEL, "table": table}
+    assert live.lookup_binary(table, keys).status_code == 200
+    assert live.metric("hps_tier_available", tier="redis") == 1.0
+    assert live.metric("hps_tier_available", tier="rocksdb") == 1.0
+    assert live.metric("hps_tier_failures_total", tier="redis", kind="connection") == 0.0
+    assert live.metric("hps_tier_failures_total", **per_table) == 0.0
+
+    redis_server.kill()
+    answer = live.lookup_binary(table, keys)  # falls through to RocksDB
+    assert answer.status_code == 200
+    got = np.frombuffer(answer.content, dtype="<f4").reshape(len(keys), -1)
+    np.testing.assert_array_equal(got, live.model.expected(0, keys))
+
+    assert live.metric("hps_tier_failures_total", tier="redis", kind="connection") >= 1
+    assert live.metric("hps_tier_failures_total", **per_table) == 1.0
+    assert live.metric("hps_tier_available", tier="redis") == 0.0
+    assert live.metric("hps_tier_available", tier="rocksdb") == 1.0
+    assert live.metric("hps_tier_hits_total", tier="persistent", **per_table) == len(keys)
+
+    redis_server.start()
+    wait_until(lambda: live.metric("hps_tier_available", tier="redis") == 1.0)
+    assert live.metric("hps_tier_stats", tier="redis", stat="episodes") == 1.0
