@@ -381,6 +381,27 @@ def bench_gpu_cmd(
                       highlight=False)
 
 
+@bench_app.command("torch")
+def bench_torch_cmd(
+    device: str = typer.Option("cpu", help="cpu or cuda (the GPU cache serves the table)."),
+    keys: int = typer.Option(2000, help="Keys per lookup."),
+    dim: int = typer.Option(16, help="Vector width."),
+    table_keys: int = typer.Option(100_000, help="Keys in the table."),
+    rounds: int = typer.Option(30, help="Rounds; the measures take turns in each."),
+    calls: int = typer.Option(100, help="Calls per measure and round."),
+) -> None:
+    """hps.torch.LookupLayer (eager, custom op, compiled) vs lookup_fromdlpack."""
+    if device not in ("cpu", "cuda"):
+        _fail(ValueError(f"--device must be cpu or cuda, got {device!r}"))
+    from hps.bench.torch_layer import bench_torch_layer, format_rows
+
+    try:
+        rows = bench_torch_layer(keys, dim, table_keys, device, rounds, calls)
+    except (HPSError, ImportError) as exc:
+        _fail(exc)
+    console.print(format_rows(rows, device, keys, dim), markup=False, highlight=False)
+
+
 @bench_app.command("http")
 def bench_http_cmd(
     keys: int = typer.Option(1_000_000, help="Keys in the served table."),
