@@ -1,4 +1,5 @@
-"""The in-process hash map tier: contract, overflow policies, memory bound, threads."""
+"""The in-process hash map tier beyond the Tier contract (tests/db/test_tier_contract.py):
+its width check, slot-array rebuilds, overflow policies, memory bound, threads."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from hps.config import VolatileDBConfig
 from hps.db.hash_map import HashMapTier
 from hps.db.partition import partition_of
-from hps.errors import ConfigError, LookupInputError, UnknownTableError
+from hps.errors import ConfigError
+from tests.db.rows import vectors_of
 
 T = "hps_et.model.table0"
 
@@ -22,72 +22,11 @@ def config(**kw: Any) -> VolatileDBConfig:
     return VolatileDBConfig.model_validate(kw)
 
 
-def vectors_of(keys: np.ndarray, dim: int, salt: float = 0.0) -> np.ndarray:
-    """A vector that can be told from its key: row i is key + salt + [0, 1/dim, ...]."""
-    k = np.asarray(keys, dtype=np.float64)[:, None]
-    return (k + salt + np.arange(dim) / dim).astype(np.float32)
-
-
 @pytest.fixture
 def tier() -> HashMapTier:
     t = HashMapTier(config())
     t.create_table(T, 4)
     return t
-
-
-def test_round_trip_and_missing(tier: HashMapTier) -> None:
-    keys = np.array([5, -3, 2**63 - 1, -(2**63), 0], dtype=np.int64)
-    tier.insert(T, keys, vectors_of(keys, 4))
-    query = np.array([0, 7, 5, -(2**63), 8, 2**63 - 1, -3])
-    got, found = tier.fetch(T, query)
-    assert got.dtype == np.float32 and got.shape == (7, 4) and found.dtype == bool
-    assert found.tolist() == [True, False, True, True, False, True, True]
-    assert np.array_equal(got[found], vectors_of(query[found], 4))
-    assert not got[~found].any()
-    assert tier.size(T) == 5
-
-
-def test_duplicates_in_fetch_are_answered_alike(tier: HashMapTier) -> None:
-    tier.insert(T, np.array([1, 2]), vectors_of(np.array([1, 2]), 4))
-    got, found = tier.fetch(T, np.array([2, 1, 2, 9, 2, 9]))
-    assert found.tolist() == [True, True, True, False, True, False]
-    assert np.array_equal(got[0], got[2]) and np.array_equal(got[0], got[4])
-
-
-def test_duplicates_in_insert_last_one_wins(tier: HashMapTier) -> None:
-    keys = np.array([4, 5, 4, 4, 6, 5])
-    vecs = np.arange(24, dtype=np.float32).reshape(6, 4)
-    tier.insert(T, keys, vecs)
-    got, found = tier.fetch(T, np.array([4, 5, 6]))
-    assert found.all()
-    assert np.array_equal(got, vecs[[3, 5, 4]])
-    assert tier.size(T) == 3
-
-
-def test_overwrite_keeps_size(tier: HashMapTier) -> None:
-    keys = np.arange(100)
-    tier.insert(T, keys, vectors_of(keys, 4))
-    tier.insert(T, keys[::2], vectors_of(keys[::2], 4, salt=0.5))
-    got, _ = tier.fetch(T, keys)
-    assert tier.size(T) == 100
-    assert np.array_equal(got[::2], vectors_of(keys[::2], 4, salt=0.5))
-    assert np.array_equal(got[1::2], vectors_of(keys[1::2], 4))
-
-
-def test_remove(tier: HashMapTier) -> None:
-    keys = np.arange(1000)
-    tier.insert(T, keys, vectors_of(keys, 4))
-    assert tier.remove(T, np.array([3, 3, 5, 2000, -1, 999])) == 3
-    assert tier.size(T) == 997
-    got, found = tier.fetch(T, keys)
-    gone = np.isin(keys, [3, 5, 999])
-    assert not found[gone].any() and found[~gone].all()
-    assert np.array_equal(got[~gone], vectors_of(keys[~gone], 4))
-    assert tier.remove(T, np.array([], dtype=np.int64)) == 0
-    # removed keys come back cleanly
-    tier.insert(T, np.array([5]), vectors_of(np.array([5]), 4, salt=9))
-    got, found = tier.fetch(T, np.array([5]))
-    assert found[0] and np.array_equal(got[0], vectors_of(np.array([5]), 4, salt=9)[0])
 
 
 def test_remove_everything_then_refill(tier: HashMapTier) -> None:
@@ -113,39 +52,10 @@ def test_many_keys_through_rebuilds(tier: HashMapTier) -> None:
     assert np.array_equal(got[: keys.size], vectors_of(keys, 4))
 
 
-def test_empty_batches(tier: HashMapTier) -> None:
-    tier.insert(T, np.array([], dtype=np.int64), np.zeros((0, 4), np.float32))
-    got, found = tier.fetch(T, np.array([], dtype=np.int64))
-    assert got.shape == (0, 4) and found.shape == (0,)
-
-
-def test_keys_of_other_int_types(tier: HashMapTier) -> None:
-    tier.insert(T, np.array([1, 2], dtype=np.uint32), np.ones((2, 4)))
-    assert tier.fetch(T, np.array([2, 3], dtype=np.int32))[1].tolist() == [True, False]
-
-
-def test_bad_inputs(tier: HashMapTier) -> None:
-    with pytest.raises(LookupInputError, match="3 keys need 3 × 4"):
-        tier.insert(T, np.array([1, 2, 3]), np.ones((2, 4)))
-    with pytest.raises(UnknownTableError, match="no table"):
-        tier.fetch("hps_et.model.nope", np.array([1]))
+def test_create_table_with_another_width_is_refused(tier: HashMapTier) -> None:
     with pytest.raises(ConfigError, match="width 4, not 8"):
         tier.create_table(T, 8)
-    assert tier.size(T) == 0
-
-
-def test_tables_are_separate_and_drop(tier: HashMapTier) -> None:
-    other = "hps_et.model.table1"
-    tier.create_table(other, 2)
-    tier.insert(T, np.array([1]), np.ones((1, 4)))
-    tier.insert(other, np.array([1, 2]), np.full((2, 2), 3.0))
-    tier.create_table(T, 4)  # keeps contents
-    assert tier.size(T) == 1 and tier.size(other) == 2
-    assert tier.tables() == [T, other]
-    tier.drop_table(other)
-    assert tier.tables() == [T]
-    with pytest.raises(UnknownTableError):
-        tier.size(other)
+    assert tier.size(T) == 0 and tier.dim(T) == 4
 
 
 # -- overflow --------------------------------------------------------------------------
@@ -347,37 +257,3 @@ def test_concurrent_fetches_count_every_hit() -> None:
     tier.insert(T, np.array([1000]), vectors_of(np.array([1000]), 2))
     assert tier.size(T) == 50
     assert tier.fetch(T, hot)[1].all()  # 100 hits each, none lost between threads
-
-
-# -- a dict model ----------------------------------------------------------------------
-
-key_values = st.one_of(st.integers(-40, 40), st.sampled_from([-(2**63), 2**63 - 1, 2**40]))
-ops = st.lists(
-    st.tuples(st.sampled_from(["insert", "remove", "fetch"]),
-              st.lists(key_values, max_size=60)),
-    max_size=25,
-)
-
-
-@settings(max_examples=150, deadline=None)
-@given(ops)
-def test_answers_like_a_dict(sequence: list[tuple[str, list[int]]]) -> None:
-    tier = HashMapTier(config())
-    tier.create_table(T, 3)
-    model: dict[int, np.ndarray] = {}
-    for step, (op, key_list) in enumerate(sequence):
-        keys = np.array(key_list, dtype=np.int64)
-        if op == "insert":
-            vecs = vectors_of(keys, 3, salt=step)
-            tier.insert(T, keys, vecs)
-            model.update(zip(key_list, vecs, strict=True))
-        elif op == "remove":
-            assert tier.remove(T, keys) == len(set(key_list) & model.keys())
-            for k in key_list:
-                model.pop(k, None)
-        got, found = tier.fetch(T, keys)
-        assert found.tolist() == [k in model for k in key_list]
-        for i, k in enumerate(key_list):
-            expected = model.get(k, np.zeros(3, np.float32))
-            assert np.array_equal(got[i], expected)
-        assert tier.size(T) == len(model)

@@ -25,7 +25,7 @@ from hps.config import VolatileDBConfig
 from hps.db.partition import partition_of
 from hps.db.redis import RedisTier, meta_hash, value_hash
 from hps.db.redis.layout import pack_fields
-from hps.errors import TierError, TierSetupError, TierUnavailableError, UnknownTableError
+from hps.errors import TierError, TierSetupError, TierUnavailableError
 from tests.redis_servers import (
     RedisBinaryMissing,
     RedisClusterProcs,
@@ -185,47 +185,19 @@ def test_metadata_formats(redis_standalone: RedisServer,
         assert len(times) == keys.size
 
 
-# -- contract ---------------------------------------------------------------------------
+# -- tables and batches (the Tier contract itself: tests/db/test_tier_contract.py) ---------
 
 
-def test_fetch_duplicates_missing_and_empty(servers: Servers,
-                                            make_tier: Callable[..., RedisTier]) -> None:
-    tier = make_tier(servers.address)
-    table = new_table(tier)
-    keys = some_keys(100, seed=3)
-    rows = rows_for(keys, seed=3)
-    tier.insert(table, keys, rows)
-    query = np.array([keys[5], 77, keys[5], keys[0], 77], dtype=np.int64)
-    vectors, found = tier.fetch(table, query)
-    assert found.tolist() == [True, False, True, True, False]
-    np.testing.assert_array_equal(vectors[[0, 2, 3]], rows[[5, 5, 0]])
-    assert not vectors[[1, 4]].any()
-    empty, none = tier.fetch(table, np.empty(0, dtype=np.int64))
-    assert empty.shape == (0, DIM) and none.shape == (0,)
-    # uint32 / int32 keys are widened
-    small = np.array([7, 8], dtype=np.uint32)
-    tier.insert(table, small, rows[:2])
-    vectors, found = tier.fetch(table, small.astype(np.int32))
-    assert found.all() and np.array_equal(vectors, rows[:2])
-
-
-def test_size_remove_drop(servers: Servers, make_tier: Callable[..., RedisTier]) -> None:
+def test_drop_unlinks_every_hash(servers: Servers, make_tier: Callable[..., RedisTier]) -> None:
+    # evict_oldest keeps metadata hashes too: drop must remove both kinds
     tier = make_tier(servers.address, overflow_policy="evict_oldest")
     table = new_table(tier)
     keys = some_keys(500, seed=4)
     tier.insert(table, keys, rows_for(keys))
-    assert tier.size(table) == 500
-    assert tier.remove(table, np.concatenate([keys[:100], keys[:10], [1, 2]])) == 100
-    assert tier.size(table) == 400
-    assert not tier.fetch(table, keys[:100])[1].any()
-    assert tier.fetch(table, keys[100:])[1].all()
     tier.drop_table(table)
-    assert table not in tier.tables()
     with raw_client(servers) as client:
         left = [client.exists(value_hash(table, p), meta_hash(table, p)) for p in range(16)]
     assert sum(left) == 0
-    with pytest.raises(UnknownTableError):
-        tier.fetch(table, keys)
 
 
 def test_rows_of_another_width_are_an_error(redis_standalone: RedisServer,

@@ -1,9 +1,10 @@
-"""The RocksDB tier on real stores in temporary directories."""
+"""The RocksDB tier beyond the Tier contract (tests/db/test_tier_contract.py), on real
+stores in temporary directories: key bytes, HugeCTR layout, persistence, read-only,
+bulk loads through SST ingestion, threads."""
 
 from __future__ import annotations
 
 import gc
-import itertools
 import os
 import struct
 import threading
@@ -14,23 +15,17 @@ from typing import Any
 import numpy as np
 import pytest
 import rocksdict
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from hps.config import PersistentDBConfig
 from hps.db.rocksdb import META_CF, RocksDBTier, key_bytes
-from hps.errors import LookupInputError, TierError, TierSetupError, UnknownTableError
+from hps.errors import TierError, TierSetupError
+from tests.db.rows import vectors_of
 
 T = "hps_et.model.table0"
 
 
 def config(path: Path, **kw: Any) -> PersistentDBConfig:
     return PersistentDBConfig.model_validate({"type": "rocks_db", "path": str(path), **kw})
-
-
-def vectors_of(keys: np.ndarray, dim: int, salt: float = 0.0) -> np.ndarray:
-    k = np.asarray(keys, dtype=np.float64)[:, None]
-    return (k + salt + np.arange(dim) / dim).astype(np.float32)
 
 
 @pytest.fixture
@@ -60,55 +55,6 @@ def test_key_bytes_keep_trailing_zero_bytes() -> None:
     assert raw == [struct.pack("<q", int(k)) for k in keys]
 
 
-def test_round_trip_and_missing(tier: RocksDBTier) -> None:
-    keys = np.array([5, -3, 2**63 - 1, -(2**63), 0, 256], dtype=np.int64)
-    tier.insert(T, keys, vectors_of(keys, 4))
-    query = np.array([0, 7, 5, -(2**63), 1, 2**63 - 1, -3, 256])
-    got, found = tier.fetch(T, query)
-    assert got.dtype == np.float32 and got.shape == (8, 4) and found.dtype == bool
-    assert found.tolist() == [True, False, True, True, False, True, True, True]
-    assert np.array_equal(got[found], vectors_of(query[found], 4))
-    assert not got[~found].any()
-    assert tier.size(T) == 6
-
-
-def test_all_missing_and_empty(tier: RocksDBTier) -> None:
-    got, found = tier.fetch(T, np.array([1, 2, 3]))
-    assert not found.any() and not got.any() and got.shape == (3, 4)
-    got, found = tier.fetch(T, np.array([], dtype=np.int64))
-    assert got.shape == (0, 4) and found.shape == (0,)
-    tier.insert(T, np.array([], dtype=np.int64), np.zeros((0, 4)))
-    assert tier.size(T) == 0
-
-
-def test_duplicates_in_fetch_are_answered_alike(tier: RocksDBTier) -> None:
-    tier.insert(T, np.array([1, 2]), vectors_of(np.array([1, 2]), 4))
-    got, found = tier.fetch(T, np.array([2, 1, 2, 9, 2, 9]))
-    assert found.tolist() == [True, True, True, False, True, False]
-    assert np.array_equal(got[[0, 2, 4]], vectors_of(np.array([2, 2, 2]), 4))
-    assert np.array_equal(got[1], vectors_of(np.array([1]), 4)[0])
-
-
-def test_duplicates_in_insert_last_one_wins(tier: RocksDBTier) -> None:
-    keys = np.array([4, 5, 4, 4, 6, 5])
-    vecs = np.arange(24, dtype=np.float32).reshape(6, 4)
-    tier.insert(T, keys, vecs)
-    got, found = tier.fetch(T, np.array([4, 5, 6]))
-    assert found.all() and np.array_equal(got, vecs[[3, 5, 4]])
-    assert tier.size(T) == 3
-
-
-def test_remove(tier: RocksDBTier) -> None:
-    keys = np.arange(1000)
-    tier.insert(T, keys, vectors_of(keys, 4))
-    assert tier.size(T) == 1000
-    assert tier.remove(T, np.array([3, 3, 5, 2000, -1, 999])) == 3
-    assert tier.size(T) == 997
-    found = tier.fetch(T, keys)[1]
-    assert not found[[3, 5, 999]].any() and found.sum() == 997
-    assert tier.remove(T, np.array([3])) == 0
-
-
 def test_many_keys_over_several_multi_gets(store: Path) -> None:
     tier = RocksDBTier(config(store, max_batch_size=100, num_threads=4))
     tier.create_table(T, 3)
@@ -120,13 +66,6 @@ def test_many_keys_over_several_multi_gets(store: Path) -> None:
     assert np.array_equal(found, present)
     assert np.array_equal(got[found], vectors_of(query[found], 3))
     tier.close()
-
-
-def test_bad_inputs(tier: RocksDBTier) -> None:
-    with pytest.raises(LookupInputError, match="3 keys need 3 × 4"):
-        tier.insert(T, np.array([1, 2, 3]), np.ones((2, 4)))
-    with pytest.raises(UnknownTableError, match="no table"):
-        tier.fetch("hps_et.model.nope", np.array([1]))
 
 
 def test_wrong_width_is_reported(tier: RocksDBTier) -> None:
@@ -196,15 +135,14 @@ def test_serves_a_store_written_in_hugectr_layout(store: Path) -> None:
     tier.close()
 
 
-def test_drop_table(tier: RocksDBTier) -> None:
+def test_drop_table_removes_column_family_and_metadata(tier: RocksDBTier) -> None:
     tier.insert(T, np.array([1]), np.ones((1, 4)))
     tier.set_metadata(T, {"a": 1})
     tier.drop_table(T)
     assert T not in tier.stored_tables() and tier.metadata(T) is None
-    with pytest.raises(UnknownTableError):
-        tier.fetch(T, np.array([1]))
-    tier.create_table(T, 4)
-    assert tier.size(T) == 0 and not tier.fetch(T, np.array([1]))[1].any()
+    tier = reopen(tier)
+    assert T not in tier.stored_tables()
+    tier.close()
 
 
 def test_second_writer_is_refused(tier: RocksDBTier) -> None:
@@ -247,34 +185,13 @@ def test_read_only_needs_an_existing_store(store: Path) -> None:
 # -- bulk load -------------------------------------------------------------------------
 
 
-def test_load(tier: RocksDBTier) -> None:
-    rng = np.random.default_rng(4)
-    keys = rng.permutation(np.arange(-3000, 3000))
-    chunks = [(c, vectors_of(c, 4)) for c in np.array_split(keys, 5)]
-    assert tier.load(T, chunks) == 6000
-    assert tier.size(T) == 6000
-    got, found = tier.fetch(T, keys)
-    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+def test_load_leaves_no_files_and_is_counted_on_reopen(tier: RocksDBTier) -> None:
+    keys = np.random.default_rng(4).permutation(np.arange(-3000, 3000))
+    assert tier.load(T, [(c, vectors_of(c, 4)) for c in np.array_split(keys, 5)]) == 6000
     assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
     tier = reopen(tier)
     assert tier.size(T) == 6000  # counted again, by iterating
     tier.close()
-
-
-def test_load_duplicates_last_wins_and_keeps_other_rows(tier: RocksDBTier) -> None:
-    tier.insert(T, np.array([100, 1]), vectors_of(np.array([100, 1]), 4, salt=0.25))
-    chunks = [
-        (np.array([1, 2, 1, 3]), np.arange(16, dtype=np.float32).reshape(4, 4)),
-        (np.array([3, 4]), np.full((2, 4), 7.0, np.float32)),
-        (np.array([], dtype=np.int64), np.zeros((0, 4), np.float32)),
-    ]
-    assert tier.load(T, chunks) == 6
-    got, found = tier.fetch(T, np.array([1, 2, 3, 4, 100]))
-    assert found.all()
-    assert got[0].tolist() == [8, 9, 10, 11]  # last of the chunk
-    assert got[2].tolist() == [7, 7, 7, 7]  # the later chunk overrides
-    assert np.array_equal(got[4], vectors_of(np.array([100]), 4, salt=0.25)[0])
-    assert tier.size(T) == 5
 
 
 def test_load_makes_one_sorted_run(tier: RocksDBTier) -> None:
@@ -352,44 +269,3 @@ def test_threads_insert_and_fetch(store: Path) -> None:
     assert not errors, errors[0]
     assert tier.size(T) == 15_000
     tier.close()
-
-
-# -- a dict model ----------------------------------------------------------------------
-
-key_values = st.one_of(st.integers(-40, 40), st.sampled_from([-(2**63), 2**63 - 1, 256]))
-ops = st.lists(
-    st.tuples(st.sampled_from(["insert", "remove", "load"]), st.lists(key_values, max_size=40)),
-    max_size=12,
-)
-_names = itertools.count()
-
-
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(sequence=ops)
-def test_answers_like_a_dict(tier: RocksDBTier, sequence: list[tuple[str, list[int]]]) -> None:
-    table = f"hps_et.model.prop{next(_names)}"
-    tier.create_table(table, 2)
-    model: dict[int, np.ndarray] = {}
-    for step, (op, key_list) in enumerate(sequence):
-        keys = np.array(key_list, dtype=np.int64)
-        vecs = vectors_of(keys, 2, salt=step)
-        if op == "insert":
-            tier.insert(table, keys, vecs)
-            model.update(zip(key_list, vecs, strict=True))
-        elif op == "load":
-            half = len(key_list) // 2
-            tier.load(table, [(keys[:half], vecs[:half]), (keys[half:], vecs[half:])])
-            model.update(zip(key_list, vecs, strict=True))
-        else:
-            assert tier.remove(table, keys) == len(set(key_list) & model.keys())
-            for k in key_list:
-                model.pop(k, None)
-        probe = np.array(key_list + [41, -41], dtype=np.int64)
-        got, found = tier.fetch(table, probe)
-        assert found.tolist() == [k in model for k in probe.tolist()]
-        for i, k in enumerate(probe.tolist()):
-            assert np.array_equal(got[i], model.get(k, np.zeros(2, np.float32)))
-        assert tier.size(table) == len(model)
-    tier.drop_table(table)

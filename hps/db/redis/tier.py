@@ -22,7 +22,7 @@ import numpy as np
 
 from hps.background import BackgroundWorker
 from hps.config import UNBOUNDED, VolatileDBConfig
-from hps.db.base import Tier, as_keys, as_vectors
+from hps.db.base import Tier, as_keys, as_rows
 from hps.db.redis.connection import HAVE_REDIS, Cmd, RedisClient, Topology
 from hps.db.redis.layout import (
     FIELD_WIDTH,
@@ -37,7 +37,7 @@ from hps.db.redis.layout import (
     parse_keys,
     table_layout,
 )
-from hps.errors import LookupInputError, MissingExtraError, TierError, TierUnavailableError
+from hps.errors import MissingExtraError, TierError, TierUnavailableError
 
 log = logging.getLogger("hps.db.redis")
 
@@ -162,6 +162,7 @@ class RedisTier(Tier):
 
     def size(self, table: str) -> int:
         """Keys `table` holds now (HLEN of every partition, summed)."""
+        self.dim(table)  # UnknownTableError for tables never created
         layout = self._table_layout(table)
         total = np.zeros(1, dtype=np.int64)
 
@@ -184,13 +185,7 @@ class RedisTier(Tier):
 
         Raises TierUnavailableError when Redis cannot answer; nothing is retried.
         """
-        dim = self.dim(table)
-        keys = as_keys(keys)
-        vectors = as_vectors(vectors, dim)
-        if keys.size != vectors.shape[0]:
-            raise LookupInputError(
-                f"insert into {table!r}: {keys.size} keys but {vectors.shape[0]} rows"
-            )
+        keys, vectors = as_rows(keys, vectors, self.dim(table))
         if keys.size == 0:
             return
         self._client.check()
@@ -385,9 +380,8 @@ class RedisTier(Tier):
         in `dropped["insert"]`, in keys) when the queue is full or the breaker is open.
         Takes copies, so the caller may reuse its buffers.
         """
-        dim = self.dim(table)
-        keys = np.array(as_keys(keys), copy=True)
-        vectors = np.array(as_vectors(vectors, dim), copy=True)
+        keys, vectors = as_rows(keys, vectors, self.dim(table))
+        keys, vectors = keys.copy(), vectors.copy()  # the caller may reuse its buffers
         if keys.size == 0:
             return True
         if self._client.breaker.is_open or not self._inserter.submit((table, keys, vectors)):
