@@ -293,6 +293,17 @@ def test_load_duplicates_last_wins_and_keeps_other_rows(tier: Tier, table: str) 
     assert tier.size(table) == 5
 
 
+# -- health ----------------------------------------------------------------------------
+
+
+def test_stats_of_a_healthy_tier(tier: Tier, table: str) -> None:
+    tier.insert(table, np.arange(10), vectors_of(np.arange(10), DIM))
+    tier.fetch(table, np.arange(20))
+    stats = tier.stats()
+    assert stats["available"] is True
+    assert stats["failures"] == {} and stats["dropped"] == {}
+
+
 # -- close ------------------------------------------------------------------------------
 
 
