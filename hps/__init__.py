@@ -34,6 +34,7 @@ from hps.errors import (
     TierUnavailableError,
     UnknownModelError,
     UnknownTableError,
+    UnsupportedFormatError,
 )
 from hps.hugectr_config import (
     DatabaseOverflowPolicy_t,
@@ -46,7 +47,7 @@ from hps.hugectr_config import (
     UpdateSourceType_t,
     VolatileDatabaseParams,
 )
-from hps.io.sparse_model import SparseModelReader, write_sparse_model
+from hps.io.formats.sparse_folder import SparseModelReader, write_sparse_model
 from hps.server import HierarchicalParameterServer
 
 __version__ = "0.1.0"
@@ -83,6 +84,7 @@ __all__ = [
     "UnknownConfigKeyWarning",
     "UnknownModelError",
     "UnknownTableError",
+    "UnsupportedFormatError",
     "UpdateSourceParams",
     "UpdateSourceType_t",
     "VolatileDBConfig",

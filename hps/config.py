@@ -12,6 +12,7 @@ The same objects can be built in Python:
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hps.errors import ConfigError
+from hps.io.formats.spec import TableSpec
 
 UNBOUNDED = 2**63 - 1
 
@@ -120,10 +122,15 @@ class UpdateSourceConfig(_Section):
 
 
 class ModelConfig(_Section):
-    """One model: its tables, their widths and sources, and the lookup limits."""
+    """One model: its tables, their widths and sources, and the lookup limits.
+
+    A `sparse_files` entry is a path or URI (HugeCTR's form; the format comes from the
+    suffix or the folder's contents), or an object `{"path": …, "format": …, options}`
+    (see hps.io.formats.spec.TableSpec): Parquet, NumPy and safetensors files as well.
+    """
 
     model: str = Field(pattern=r"^[A-Za-z0-9_-]{1,120}$")
-    sparse_files: list[str] = Field(min_length=1)
+    sparse_files: list[str | TableSpec] = Field(min_length=1)
     dense_file: str = ""
     embedding_table_names: list[str] = Field(default_factory=list)
     embedding_vecsize_per_table: list[int]
@@ -149,6 +156,24 @@ class ModelConfig(_Section):
     maxnum_des_feature_per_sample: int = Field(26, ge=0)
     label_dim: int = 1
     slot_num: int = 0
+
+    @field_validator("sparse_files", mode="before")
+    @classmethod
+    def _table_specs(cls, value: Any) -> Any:
+        # objects become TableSpecs here, so a bad one gets TableSpec's own message rather
+        # than one per member of the str | TableSpec union; unknown keys were warned about
+        if not isinstance(value, list):
+            return value
+        specs = []
+        for i, entry in enumerate(value):
+            if isinstance(entry, dict):
+                known = {k: v for k, v in entry.items() if k in TableSpec.field_names()}
+                try:
+                    entry = TableSpec(**known)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"sparse_files[{i}]: {exc}") from None
+            specs.append(entry)
+        return specs
 
     @model_validator(mode="after")
     def _per_table_lists(self) -> ModelConfig:
@@ -187,6 +212,10 @@ class ModelConfig(_Section):
     @property
     def num_tables(self) -> int:
         return len(self.sparse_files)
+
+    def table_spec(self, table_id: int) -> TableSpec:
+        """Table `table_id`'s sparse_files entry as a TableSpec (strings take defaults)."""
+        return TableSpec.of(self.sparse_files[table_id])
 
     def max_keys_per_lookup(self, table_id: int) -> int:
         """max_batch_size × maxnum_catfeature_query_per_table_per_sample[table_id]."""
@@ -243,7 +272,11 @@ _SECTIONS: dict[str, type[BaseModel]] = {
 
 
 def _warn_unknown(raw: dict[str, Any], known: type[BaseModel], path: str) -> None:
-    fields = set(known.model_fields)
+    _warn_unknown_names(raw, tuple(known.model_fields), path)
+
+
+def _warn_unknown_names(raw: dict[str, Any], known: tuple[str, ...], path: str) -> None:
+    fields = set(known)
     for key in raw:
         if key not in fields:
             near = difflib.get_close_matches(str(key), fields, n=1)
@@ -251,7 +284,7 @@ def _warn_unknown(raw: dict[str, Any], known: type[BaseModel], path: str) -> Non
             warnings.warn(
                 f"unknown config key '{path}{key}' is ignored{hint}",
                 UnknownConfigKeyWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
 
 
@@ -265,6 +298,12 @@ def _check_keys(raw: dict[str, Any]) -> None:
         for i, m in enumerate(models):
             if isinstance(m, dict):
                 _warn_unknown(m, ModelConfig, f"models[{i}].")
+                files = m.get("sparse_files")
+                for j, entry in enumerate(files if isinstance(files, list) else []):
+                    if isinstance(entry, dict):
+                        _warn_unknown_names(
+                            entry, TableSpec.field_names(), f"models[{i}].sparse_files[{j}]."
+                        )
 
 
 #: names an error's location; the default spells it as a ps.json key path
@@ -311,9 +350,13 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike[str] | None = 
 
 
 def _resolve_paths(config: PSConfig, base: Path) -> None:
+    def resolve(path: str) -> str:
+        return str(base / path) if "://" not in path and not os.path.isabs(path) else path
+
     for m in config.models:
         m.__dict__["sparse_files"] = [
-            str(base / f) if "://" not in f and not os.path.isabs(f) else f for f in m.sparse_files
+            resolve(f) if isinstance(f, str) else dataclasses.replace(f, path=resolve(f.path))
+            for f in m.sparse_files
         ]
     db = config.persistent_db
     if db.enabled and not os.path.isabs(db.path):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hps.api import HPS
-from hps.io.sparse_model import SparseModelReader, write_sparse_model
+from hps.io.formats.sparse_folder import SparseModelReader, write_sparse_model
 from hps.loader import LoadProgress
 
 MODEL = "demo"

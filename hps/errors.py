@@ -14,7 +14,8 @@ on `TierUnavailableError`, and metrics are labelled by `kind`.
     │   ├── KeyTypeError            keys are not an integer array
     │   ├── BatchTooLargeError      more keys than max_batch_size × maxnum_catfeature…
     │   └── OutputBufferError       output of wrong dtype, size, layout or device
-    ├── ModelFileError              a sparse model folder is missing, truncated or inconsistent
+    ├── ModelFileError              model files are missing, truncated, corrupt or inconsistent
+    │   └── UnsupportedFormatError  a format hps does not read (pickled PyTorch, a lone .npy)
     ├── SourceError                 a model URI cannot be read
     │   ├── SourceNotFoundError     the object or file does not exist
     │   ├── SourceAccessError       credentials missing or access denied
@@ -96,9 +97,19 @@ class OutputBufferError(LookupInputError):
 
 
 class ModelFileError(HPSError, ValueError):
-    """A sparse model folder is missing files, truncated, or inconsistent with the config."""
+    """Model files are missing, truncated, corrupt, or inconsistent with the config.
+
+    The message names the file and what is wrong; a load that raises it writes nothing
+    that stays behind.
+    """
 
     kind = "model_file"
+
+
+class UnsupportedFormatError(ModelFileError):
+    """Files in a format hps does not read; the message says what to save them as."""
+
+    kind = "unsupported_format"
 
 
 class SourceError(HPSError, OSError):

@@ -2,15 +2,17 @@
 
 One read pass per table feeds both database tiers: every chunk goes wholly into the
 persistent tier and `initial_cache_rate` of it into the volatile tier. A load validates
-every table's files before it writes anything, so a malformed model changes nothing.
-The GPU cache is warmed afterwards from a second, short read of the files.
+every table's files before it writes anything (each format's reader checks its headers
+when it opens), so a malformed model changes nothing; what only the rows can show (a
+corrupt page, a key out of range) fails mid-read, and the server drops what was written.
+The GPU cache is warmed afterwards from a second, short read of the files. Files of any
+format come through the ModelReader contract (hps.io.formats); nothing here knows one.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,8 +21,8 @@ import numpy as np
 
 from hps.config import ModelConfig, PSConfig
 from hps.db.base import Tier
-from hps.io.sparse_model import DEFAULT_CHUNK_BYTES, KEY_FILE, VECTOR_FILE, SparseModelReader
-from hps.io.uri import LocalSource, SourceOptions, open_source
+from hps.io.formats import DEFAULT_CHUNK_BYTES, ModelReader, ReadOptions, open_model
+from hps.io.source import SourceOptions
 
 log = logging.getLogger("hps.loader")
 
@@ -55,27 +57,21 @@ class TableSource:
         return dict(self.__dict__)
 
 
-def fingerprint(reader: SparseModelReader) -> str:
-    """Identity of the files' contents as far as cheaply known (size, and mtime locally)."""
-    info = reader.info
-    parts = [info.uri, str(info.key_bytes), str(info.vector_bytes)]
-    if isinstance(reader.source, LocalSource):
-        for name in (KEY_FILE, VECTOR_FILE):
-            parts.append(str(os.stat(os.path.join(reader.source.path, name)).st_mtime_ns))
-    else:
-        return ""  # remote sources are always re-read
-    return "|".join(parts)
-
-
 def open_readers(config: PSConfig, model: ModelConfig, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-                 ) -> list[SparseModelReader]:
+                 ) -> list[ModelReader]:
     """Open and validate every table's files; raises before anything is written."""
     options = SourceOptions(s3_endpoint=getattr(config, "s3_endpoint", None))
-    return [
-        SparseModelReader(open_source(uri, options), model.embedding_vecsize_per_table[i],
-                          chunk_bytes=chunk_bytes)
-        for i, uri in enumerate(model.sparse_files)
-    ]
+    readers: list[ModelReader] = []
+    try:
+        for i in range(model.num_tables):
+            read = ReadOptions(model.embedding_vecsize_per_table[i],
+                               uint32_keys=not config.supportlonglong, chunk_bytes=chunk_bytes)
+            readers.append(open_model(model.table_spec(i), read, options))
+    except BaseException:
+        for reader in readers:
+            reader.close()
+        raise
+    return readers
 
 
 def _volatile_rows(n: int, rate: float) -> int:
@@ -84,7 +80,7 @@ def _volatile_rows(n: int, rate: float) -> int:
 
 def load_table(
     name: str,
-    reader: SparseModelReader,
+    reader: ModelReader,
     volatile: Tier | None,
     persistent: Tier | None,
     initial_cache_rate: float,
@@ -97,8 +93,8 @@ def load_table(
     """
     started = time.perf_counter()
     dim = reader.vec_size
-    mark = fingerprint(reader)
-    source = TableSource(reader.info.uri, reader.num_keys, dim, reader.info.total_bytes, mark)
+    mark = reader.fingerprint()
+    source = TableSource(reader.uri, reader.num_keys, dim, reader.num_bytes, mark)
     for tier in (volatile, persistent):
         if tier is not None:
             tier.create_table(name, dim)
@@ -113,17 +109,18 @@ def load_table(
     rate = initial_cache_rate if persistent is not None else 1.0
     write_volatile = volatile is not None and rate > 0.0
 
-    row_bytes = 8 + 4 * dim
+    # progress counts file bytes, which compressed formats do not spend evenly per row
+    bytes_per_row = reader.num_bytes / max(1, reader.num_keys)
 
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for keys, vectors in reader.chunks():
             if write_volatile:
                 m = _volatile_rows(len(keys), rate)
                 volatile.insert(name, keys[:m], vectors[:m])  # type: ignore[union-attr]
-            progress.advance(len(keys), len(keys) * row_bytes)
+            progress.advance(len(keys), int(len(keys) * bytes_per_row))
             yield keys, vectors
 
-    progress.start_table(name, reader.num_keys, reader.info.total_bytes)
+    progress.start_table(name, reader.num_keys, reader.num_bytes)
     if persistent is not None and not reuse:
         persistent.drop_table(name)
         persistent.create_table(name, dim)

@@ -293,7 +293,7 @@ def bench_http(
     from hps.bench.tiers import make_table
     from hps.config import VolatileDBConfig
     from hps.db.redis import RedisTier
-    from hps.io.sparse_model import write_sparse_model
+    from hps.io.formats.sparse_folder import write_sparse_model
 
     keys, vectors = make_table(num_keys, dim, seed=seed)
     rng = np.random.default_rng(seed + 1)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from hps.bench.tiers import _interleaved_medians
-from hps.io.sparse_model import write_sparse_model
+from hps.io.formats.sparse_folder import write_sparse_model
 
 MODEL = "bench"
 

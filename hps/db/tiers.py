@@ -14,7 +14,7 @@ from typing import Any
 from hps.config import PersistentDBConfig, PSConfig, VolatileDBConfig
 from hps.db.base import Tier
 from hps.errors import TierUnavailableError
-from hps.io.sparse_model import DEFAULT_CHUNK_BYTES
+from hps.io.formats import DEFAULT_CHUNK_BYTES
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import uvicorn
 
 from hps.config import PSConfig
@@ -45,10 +46,11 @@ def curl_line(server: HierarchicalParameterServer, url: str, token: bool) -> str
         table = loaded.tables[0]
         table_name = table.name
         try:  # real keys from the model's files, so the answer shows real vectors
-            from hps.io.sparse_model import SparseModelReader
+            from hps.io.formats import open_model
 
-            reader = SparseModelReader(table.source.uri, table.dim)
-            keys = reader.read_keys(0, min(3, reader.num_keys)).tolist()
+            with open_model(loaded.config.table_spec(0)) as reader:
+                first, _ = next(reader.chunks(3), (np.zeros(0, np.int64), None))
+            keys = first.tolist() or keys
         except Exception as exc:  # the line still works: unknown keys get the default
             log.debug("no sample keys for the curl line: %s", exc)
     auth = ' -H "Authorization: Bearer $HPS_TOKEN"' if token else ""

@@ -169,6 +169,10 @@ class HdfsSource(RemoteSource):
             raise SourceError(f"{self.describe(name)} is a directory, not a file")
         return int(status.length)
 
+    def names(self) -> list[str]:
+        statuses = self._call("", lambda: list(self.client.list_status(self.location.path)))
+        return sorted(posixpath.basename(s.path) for s in statuses if not s.isdir)
+
     def _read_range(self, name: str, offset: int, length: int) -> bytes:
         # One reader per range: readers are not shared between the pool's threads (their
         # thread safety is not documented); opening one costs one getBlockLocations RPC.
@@ -244,6 +248,17 @@ class WebHdfsSource(RemoteSource):
         if kind == "DIRECTORY":
             raise SourceError(f"{self.describe(name)} is a directory, not a file")
         return length
+
+    def names(self) -> list[str]:
+        body = self._request("", self._url("", "LISTSTATUS"))
+        try:
+            statuses = json.loads(body)["FileStatuses"]["FileStatus"]
+            return sorted(s["pathSuffix"] for s in statuses if s.get("type") == "FILE")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SourceError(
+                f"{self.uri}: LISTSTATUS answered something that is not WebHDFS "
+                f"FileStatuses JSON ({exc})"
+            ) from None
 
     def _read_range(self, name: str, offset: int, length: int) -> bytes:
         return self._request(name, self._url(name, "OPEN", offset=offset, length=length))

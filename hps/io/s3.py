@@ -220,6 +220,19 @@ class S3Source(RemoteSource):
             self._etags[name] = head["ETag"]
         return int(head["ContentLength"])
 
+    def names(self) -> list[str]:
+        prefix = self.location.key("")
+        found: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=prefix, Delimiter="/"
+            )
+            for page in pages:
+                found += [obj["Key"][len(prefix) :] for obj in page.get("Contents", ())]
+        except Exception as exc:
+            raise self._error("", exc) from exc
+        return sorted(n for n in found if n)
+
     def _read_range(self, name: str, offset: int, length: int) -> bytes:
         from botocore.exceptions import (
             IncompleteReadError,

@@ -49,6 +49,14 @@ class ModelSource(ABC):
             return False
         return True
 
+    def names(self) -> list[str]:
+        """Names of the files directly in the folder, sorted; SourceError if it cannot list.
+
+        Only folders of part files (a Parquet dataset) need this; sources that cannot
+        list say so here.
+        """
+        raise SourceError(f"{self.uri}: this source cannot list its files")
+
     def describe(self, name: str) -> str:
         """The URI of one file, for messages."""
         return f"{self.uri.rstrip('/')}/{name}"

@@ -77,6 +77,17 @@ class LocalSource(ModelSource):
         except OSError as exc:
             raise SourceError(f"cannot read {self._file(name)!r}: {exc.strerror}") from exc
 
+    def names(self) -> list[str]:
+        try:
+            with os.scandir(self.path) as entries:
+                return sorted(e.name for e in entries if e.is_file())
+        except FileNotFoundError:
+            raise SourceNotFoundError(f"model folder {self.path!r} does not exist") from None
+        except NotADirectoryError:
+            raise SourceError(f"{self.path!r} is a file, not a folder") from None
+        except OSError as exc:
+            raise SourceError(f"cannot list {self.path!r}: {exc.strerror}") from exc
+
     def read(self, name: str, offset: int, length: int) -> bytes:
         try:
             with open(self._file(name), "rb") as f:

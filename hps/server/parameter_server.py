@@ -16,7 +16,7 @@ import numpy as np
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.db import Tiers, open_tiers
 from hps.db.base import Tier
-from hps.io.sparse_model import DEFAULT_CHUNK_BYTES
+from hps.io.formats import DEFAULT_CHUNK_BYTES
 from hps.keys import as_output_array, is_device_array
 from hps.loader import LoadProgress
 from hps.server.gpu_caches import GpuCaches

@@ -83,9 +83,13 @@ class ModelRegistry:
                 loaded = LoadedModel(model, tables)
                 self.gpu.attach(loaded, readers)
             except BaseException:
-                if old is not None:  # the staging tables of a failed reload go away
-                    self._drop_tables(written)
+                # what a failed load wrote goes away: a reload's staging tables, or the
+                # tables of a first load that never became visible
+                self._drop_tables(written)
                 raise
+            finally:
+                for reader in readers:
+                    reader.close()
             self._models = {**self._models, model.model: loaded}
             if old is not None:
                 self._retire(old, keep=set(names))
