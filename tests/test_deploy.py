@@ -44,6 +44,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
 HPS_SERVICES = ["hps", "hps-redis", "hps-cluster", "hps-s3", "hps-gpu"]
+#: the images of hps itself (the others stand in for images users pull: compose.check.yml)
+HPS_DOCKERFILES = [DEPLOY / "Dockerfile.cpu", DEPLOY / "Dockerfile.gpu"]
+CHECK_OVERRIDE = DEPLOY / "compose.check.yml"
 #: what runs natively: every hps service but the GPU one (no GPU here)
 NATIVE_SERVICES = ["hps", "hps-redis", "hps-cluster", "hps-s3"]
 #: container paths → folders of the native root
@@ -144,8 +147,26 @@ def test_dockerfiles_copy_what_exists() -> None:
                 *sources, _ = line.split()[1:]
                 for source in sources:
                     assert (ROOT / source).exists(), f"{dockerfile.name}: COPY {source}"
+        assert text.startswith("#"), f"{dockerfile.name} starts without saying what it is"
+    for dockerfile in HPS_DOCKERFILES:
+        text = dockerfile.read_text()
         assert image_entrypoint(dockerfile) == ["hps"]
         assert "/readyz" in text
+        # the base image is a build argument (the compose check builds on a local base)
+        assert re.search(r"^ARG BASE_IMAGE=\S+$", text, re.M), dockerfile.name
+        assert re.findall(r"^FROM (\S+)", text, re.M)[-1] == "${BASE_IMAGE}", dockerfile.name
+        assert "USER hps" in text
+
+
+def test_check_override_swaps_images_only(compose: dict[str, Any]) -> None:
+    """compose.check.yml (scripts/compose_check.sh) replaces pulled images by built ones."""
+    override = yaml.safe_load(CHECK_OVERRIDE.read_text())
+    check = (ROOT / "scripts" / "compose_check.sh").read_text()
+    svc = services(compose)
+    for name, s in override["services"].items():
+        assert name in svc, f"compose.check.yml overrides unknown service {name}"
+        assert s["image"].startswith("localhost/"), name
+        assert s["image"] in check, f"compose_check.sh does not build {s['image']}"
 
 
 def _parse(argv: list[str]) -> Any:
@@ -173,7 +194,7 @@ def test_commands_parse_against_the_cli(compose: dict[str, Any]) -> None:
                 assert config.parts[1] == "configs", name
                 assert (ROOT / "configs" / config.name).is_file(), f"{name}: {config}"
     assert checked == 1 + len(HPS_SERVICES)
-    for dockerfile in DEPLOY.glob("Dockerfile.*"):
+    for dockerfile in HPS_DOCKERFILES:
         (cmd,) = [x for x in dockerfile.read_text().splitlines() if x.startswith("CMD")]
         _parse(json.loads(cmd.removeprefix("CMD")))
     with pytest.raises(Exception, match="No such option"):

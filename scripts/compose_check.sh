@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# The compose deployment, run for real with Podman (takes minutes; not part of the test
+# command). From the repository root:  bash scripts/compose_check.sh
+#
+# 1. Set-up (scripts/podman_setup.sh): Podman from Debian's packages and a local Debian
+#    base image; a virtual environment (HPS_COMPOSE_VENV, default .compose-venv) with
+#    podman-compose and NumPy, within constraints.txt.
+# 2. Builds the images once each (Podman's layer cache makes later runs quick): hps:cpu on
+#    the base image given as the BASE_IMAGE build argument (HPS_BASE_IMAGE, default the
+#    local Debian base), and Redis from Debian's packages in place of the official image
+#    (deploy/compose.check.yml swaps it in). Reports each image's size and checks the
+#    hps image's hygiene: non-root user, a health check on /readyz, no compiler, no pip.
+# 3. The demo profile, then the Redis profile, through docker-compose.yml with
+#    podman-compose: waits for each service's own health check, looks keys up through
+#    the published ports (a token set) and compares every vector with the model's files
+#    bit for bit (scripts/compose_probe.py); kills the Redis container while lookups run
+#    and sees them keep answering from RocksDB, starts it again and sees the Redis tier
+#    serve again.
+# 4. Tears everything down: no container, volume, network or image of its own is left
+#    (Podman's build cache stays, unless HPS_CHECK_PRUNE=1), and says so.
+#
+# Environment: HPS_BASE_IMAGE, HPS_COMPOSE_VENV, DEMO_SCALE (default 0.1: 100,000 keys),
+# HPS_KEEP_IMAGES=1 keeps the built images. Exit status 0 when every step passed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+project=hps-check
+base="${HPS_BASE_IMAGE:-localhost/debian:bookworm}"
+venv="${HPS_COMPOSE_VENV:-.compose-venv}"
+export DEMO_SCALE="${DEMO_SCALE:-0.1}"
+work=$(mktemp -d)
+started=$SECONDS
+
+step() { printf '\n== [%4ds] %s\n' "$((SECONDS - started))" "$*"; }
+say() { printf '   %s\n' "$*"; }
+fail() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
+
+# -- 1. set-up ----------------------------------------------------------------------------
+step "set-up: podman, base image $base, $venv"
+HPS_BASE_IMAGE="$base" bash scripts/podman_setup.sh | sed 's/^/   /'
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install -q --disable-pip-version-check -c constraints.txt \
+  podman-compose numpy >"$work/pip.log" 2>&1 || { cat "$work/pip.log"; exit 1; }
+py="$venv/bin/python"
+say "$("$venv/bin/podman-compose" version 2>/dev/null | tail -1)"
+
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+HPS_PORT=$(free_port); HPS_REDIS_PORT=$(free_port)
+export HPS_PORT HPS_REDIS_PORT
+HPS_TOKEN=$("$py" -c 'import secrets; print(secrets.token_urlsafe(24))')
+export HPS_TOKEN
+
+compose() {
+  "$venv/bin/podman-compose" --in-pod false -p "$project" \
+    -f deploy/docker-compose.yml -f deploy/compose.check.yml \
+    --profile redis "$@" >>"$work/compose.log" 2>&1 \
+    || { tail -40 "$work/compose.log" >&2; fail "podman-compose $*"; }
+}
+container() {  # the container of a compose service
+  podman ps -a --filter "label=io.podman.compose.project=$project" \
+    --filter "label=com.docker.compose.service=$1" --format '{{.Names}}' | head -1
+}
+images=(localhost/hps:cpu localhost/hps-redis:debian)
+
+teardown() {
+  status=$?
+  trap - EXIT
+  step "tear-down"
+  for svc in hps hps-redis; do  # the servers' logs, for a failed run
+    name=$(container "$svc")
+    if [ "$status" -ne 0 ] && [ -n "$name" ]; then
+      echo "-- last lines of $svc" >&2; podman logs --tail 30 "$name" >&2 || true
+    fi
+  done
+  "$venv/bin/podman-compose" --in-pod false -p "$project" -f deploy/docker-compose.yml \
+    -f deploy/compose.check.yml --profile redis down -v >>"$work/compose.log" 2>&1 || true
+  if [ "${HPS_KEEP_IMAGES:-0}" != 1 ]; then
+    podman rmi -f "${images[@]}" >/dev/null 2>&1 || true
+  fi
+  [ "${HPS_CHECK_PRUNE:-0}" = 1 ] && podman image prune -f >/dev/null
+  left_c=$(podman ps -a --filter "label=io.podman.compose.project=$project" -q | wc -l)
+  left_v=$(podman volume ls --filter "label=io.podman.compose.project=$project" -q | wc -l)
+  left_n=$(podman network ls --format '{{.Name}}' | grep -c "^${project}_" || true)
+  left_i=0
+  for image in "${images[@]}"; do podman image exists "$image" && left_i=$((left_i + 1)); done
+  cache=$(podman images -a --format '{{.Repository}}' | grep -c '<none>' || true)
+  say "left behind: $left_c containers, $left_v volumes, $left_n networks, $left_i images" \
+      "(build cache: $cache untagged layers)"
+  rm -rf "$work"
+  if [ "$status" -eq 0 ] && [ $((left_c + left_v + left_n)) -ne 0 ]; then
+    echo "FAIL: the tear-down left containers, volumes or networks" >&2
+    status=1
+  fi
+  [ "$status" -eq 0 ] && step "compose check passed" || step "compose check FAILED"
+  exit "$status"
+}
+trap teardown EXIT
+
+# -- 2. images ----------------------------------------------------------------------------
+build() {  # build IMAGE DOCKERFILE: one build, in docker format (keeps HEALTHCHECK)
+  local t0=$SECONDS
+  # the host's CA bundle: pip and apt inside the build trust what the host trusts
+  podman build --format docker --layers -v /etc/ssl/certs:/etc/ssl/certs:ro \
+    --build-arg BASE_IMAGE="$base" -f "$2" -t "$1" . >"$work/build.log" 2>&1 \
+    || { tail -40 "$work/build.log" >&2; fail "building $1"; }
+  local size
+  size=$(podman image inspect "$1" --format '{{.Size}}')
+  say "$1: $((size / 1000000)) MB ($(( SECONDS - t0 )) s to build, base $base)"
+}
+step "images"
+build localhost/hps:cpu deploy/Dockerfile.cpu
+build localhost/hps-redis:debian deploy/Dockerfile.redis
+size=$(podman image inspect localhost/hps:cpu --format '{{.Size}}')
+[ "$size" -le 400000000 ] || say "note: hps:cpu is over the 400 MB target"
+
+step "image hygiene (hps:cpu)"
+user=$(podman run --rm --no-healthcheck --entrypoint id localhost/hps:cpu -u)
+[ "$user" != 0 ] || fail "hps:cpu runs as root"
+say "runs as uid $user ($(podman image inspect localhost/hps:cpu --format '{{.Config.User}}'))"
+health=$(podman image inspect localhost/hps:cpu --format '{{json .Config.Healthcheck.Test}}')
+case "$health" in *"/readyz"*) say "health check: $health" ;; *) fail "no /readyz health check: $health" ;; esac
+tools=$(podman run --rm --no-healthcheck --entrypoint sh localhost/hps:cpu -c \
+  'for t in gcc cc c++ g++ make ld as pip pip3; do command -v $t; done;
+   python -m pip --version 2>/dev/null; ls -d /usr/include/python3* 2>/dev/null; true')
+[ -z "$tools" ] || fail "build tools in the final image: $tools"
+say "no compiler, linker, make, pip or Python headers in the image"
+
+# -- 3. demo and Redis profiles -----------------------------------------------------------
+wait_exited() {  # the one-shot service ran to completion with status 0
+  local name code
+  name=$(container "$1")
+  code=$(podman wait "$name")
+  [ "$code" = 0 ] || { podman logs --tail 30 "$name" >&2; fail "$1 exited with $code"; }
+  say "$1 completed"
+}
+wait_healthy() {  # the service's own health check passes (podman runs it on demand here)
+  local name t0=$SECONDS
+  name=$(container "$1")
+  until podman healthcheck run "$name" >/dev/null 2>&1; do
+    [ "$(podman inspect "$name" --format '{{.State.Running}}')" = true ] \
+      || { podman logs --tail 30 "$name" >&2; fail "$1 stopped"; }
+    [ $((SECONDS - t0)) -lt 300 ] || fail "$1 not healthy after 300 s"
+    sleep 1
+  done
+  say "$1 healthy after $((SECONDS - t0)) s"
+}
+probe() { "$py" scripts/compose_probe.py "$@" | sed 's/^/   /'; return "${PIPESTATUS[0]}"; }
+
+step "demo profile: model-init, hps (DEMO_SCALE=$DEMO_SCALE)"
+compose up -d model-init
+wait_exited model-init
+models=$(podman volume inspect "${project}_models" --format '{{.Mountpoint}}')/demo
+compose up -d --no-deps hps
+wait_healthy hps
+probe exact "http://127.0.0.1:$HPS_PORT" "$models" --tier volatile
+
+step "redis profile: redis, hps-redis"
+compose up -d --no-deps redis
+wait_healthy redis
+compose up -d --no-deps hps-redis
+wait_healthy hps-redis
+url="http://127.0.0.1:$HPS_REDIS_PORT"
+probe exact "$url" "$models" --tier volatile
+
+step "Redis killed while lookups run"
+redis=$(container redis)
+probe steady "$url" "$models" --seconds 12 &
+steady=$!
+sleep 3
+podman kill "$redis" >/dev/null
+say "killed $redis"
+wait "$steady" || fail "lookups failed while Redis was killed"
+probe exact "$url" "$models" --tier persistent
+
+step "Redis started again"
+podman start "$redis" >>"$work/compose.log" 2>&1
+wait_healthy redis
+probe recover "$url" "$models" --within 90

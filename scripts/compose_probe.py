@@ -1,0 +1,205 @@
+"""Lookups through a published port, checked against the model's files (compose_check.sh).
+
+    python scripts/compose_probe.py exact URL MODEL_DIR [--keys N] [--tier volatile|persistent]
+    python scripts/compose_probe.py steady URL MODEL_DIR --seconds S
+    python scripts/compose_probe.py recover URL MODEL_DIR [--within S]
+    python scripts/compose_probe.py replicas URL MODEL_DIR --replicas a,b
+
+Every lookup is a binary `POST /v1/models/demo/tables/<table>/lookup` of random keys of
+the model's files (MODEL_DIR/<table>/key, emb_vector, as `hps demo` writes them) on both
+tables, and every answer must equal the files' rows bit for bit. With a token set
+(HPS_TOKEN), it is sent. Exit status 0 when every check holds, 1 otherwise (the reason
+is printed).
+
+- `exact`: one round; with --tier, the table counters of `GET /v1/models/demo` must show
+  that every key of the round was served by that tier (the Redis tier, or RocksDB).
+- `steady`: rounds without pause for S seconds (the check kills Redis meanwhile): every
+  answer exact, none refused; prints the rounds and the slowest one.
+- `recover`: repeats the same keys until the volatile tier serves all of them again
+  (rows fetched from RocksDB while Redis was down are written back to it).
+- `replicas`: rounds through a load balancer until each named replica (the
+  X-HPS-Replica header the balancer adds) has answered exactly.
+
+Standard library and NumPy only (no hps import: it checks the served containers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+MODEL = "demo"
+TABLES = {"user_item": 16, "item_category": 64}
+TIER_COUNTERS = {"volatile": "volatile_hits", "persistent": "persistent_hits"}
+
+
+class ProbeFailure(Exception):
+    """A check that did not hold."""
+
+
+def read_table(model_dir: Path, table: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys int64[n], vectors float32[n, dim]) of one sparse model folder."""
+    keys = np.fromfile(model_dir / table / "key", "<i8")
+    vectors = np.fromfile(model_dir / table / "emb_vector", "<f4").reshape(-1, dim)
+    if keys.size != vectors.shape[0]:
+        raise ProbeFailure(f"{model_dir / table}: {keys.size} keys, {vectors.shape[0]} rows")
+    return keys, vectors
+
+
+def request(url: str, data: bytes | None = None) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of a GET (or a binary POST when `data` is given); raises unless 200."""
+    headers = {"Content-Type": "application/octet-stream"} if data is not None else {}
+    token = os.environ.get("HPS_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as answer:
+            return answer.read(), dict(answer.headers)
+    except urllib.error.HTTPError as exc:
+        raise ProbeFailure(f"{url}: {exc.code} {exc.read()[:300]!r}") from None
+    except OSError as exc:
+        raise ProbeFailure(f"{url}: {exc}") from None
+
+
+class Probe:
+    """The model's files and the service's URL; one round = one lookup per table."""
+
+    def __init__(self, url: str, model_dir: Path, keys: int) -> None:
+        self.url = url.rstrip("/")
+        self.files = {t: read_table(model_dir, t, d) for t, d in TABLES.items()}
+        self.count = keys
+        self.rng = np.random.default_rng()
+
+    def draw(self) -> dict[str, np.ndarray]:
+        """Rows to look up: random, with repeats, per table."""
+        return {t: self.rng.integers(0, keys.size, self.count)
+                for t, (keys, _) in self.files.items()}
+
+    def round(self, rows: dict[str, np.ndarray]) -> set[str]:
+        """Look up the keys of `rows`; raises unless every vector is exact.
+
+        Returns the replicas that answered (the X-HPS-Replica header), if any.
+        """
+        replicas = set()
+        for table, picked in rows.items():
+            keys, vectors = self.files[table]
+            body, headers = request(f"{self.url}/v1/models/{MODEL}/tables/{table}/lookup",
+                                    keys[picked].astype("<i8").tobytes())
+            got = np.frombuffer(body, "<f4").reshape(picked.size, -1)
+            if not np.array_equal(got, vectors[picked]):
+                wrong = int((got != vectors[picked]).any(axis=1).sum())
+                raise ProbeFailure(f"{table}: {wrong} of {picked.size} vectors differ "
+                                   f"from the model's files ({self.url})")
+            replica = headers.get("X-HPS-Replica") or headers.get("x-hps-replica")
+            if replica:
+                replicas.add(replica)
+        return replicas
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per table: the lookup counters of `GET /v1/models/demo`."""
+        body, _ = request(f"{self.url}/v1/models/{MODEL}")
+        return {t["name"]: t["stats"] for t in json.loads(body)["tables"]}
+
+
+def served_by(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]],
+              tier: str) -> tuple[int, int]:
+    """(keys the tier served, keys looked up) between two counter readings."""
+    name = TIER_COUNTERS[tier]
+    hits = sum(after[t][name] - before[t][name] for t in TABLES)
+    keys = sum(after[t]["keys"] - before[t]["keys"] for t in TABLES)
+    return hits, keys
+
+
+def exact(probe: Probe, tier: str | None) -> str:
+    before = probe.counters() if tier else None
+    probe.round(probe.draw())
+    if tier is None or before is None:
+        return f"{2 * probe.count} keys, every vector exact"
+    hits, keys = served_by(before, probe.counters(), tier)
+    if hits != keys:
+        raise ProbeFailure(f"the {tier} tier served {hits} of {keys} keys")
+    return f"{keys} keys, every vector exact, all {keys} served by the {tier} tier"
+
+
+def steady(probe: Probe, seconds: float) -> str:
+    rounds, slowest = 0, 0.0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.perf_counter()
+        probe.round(probe.draw())
+        slowest = max(slowest, time.perf_counter() - started)
+        rounds += 1
+    return (f"{rounds} rounds in {seconds:.0f} s ({2 * rounds * probe.count} keys), every "
+            f"vector exact, none refused; slowest round {slowest * 1000:.0f} ms")
+
+
+def recover(probe: Probe, within: float) -> str:
+    rows = probe.draw()
+    deadline = time.monotonic() + within
+    attempts = 0
+    while True:
+        before = probe.counters()
+        probe.round(rows)
+        attempts += 1
+        hits, keys = served_by(before, probe.counters(), "volatile")
+        if hits == keys:
+            return (f"the volatile tier serves all {keys} keys again "
+                    f"(round {attempts}), every vector exact")
+        if time.monotonic() > deadline:
+            raise ProbeFailure(f"after {within:.0f} s the volatile tier serves {hits} of "
+                               f"{keys} keys")
+        time.sleep(0.5)
+
+
+def replicas(probe: Probe, names: set[str], within: float) -> str:
+    seen: set[str] = set()
+    rounds = 0
+    deadline = time.monotonic() + within
+    while not names <= seen:
+        seen |= probe.round(probe.draw())
+        rounds += 1
+        if time.monotonic() > deadline:
+            raise ProbeFailure(f"replicas {sorted(names - seen)} never answered "
+                               f"(answered: {sorted(seen)})")
+    return f"replicas {', '.join(sorted(seen))} answered exactly ({rounds} rounds)"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=["exact", "steady", "recover", "replicas"])
+    parser.add_argument("url")
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("--keys", type=int, default=500, help="keys per table and round")
+    parser.add_argument("--tier", choices=sorted(TIER_COUNTERS))
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--within", type=float, default=30.0)
+    parser.add_argument("--replicas", default="")
+    args = parser.parse_args(argv)
+    try:
+        probe = Probe(args.url, args.model_dir, args.keys)
+        if args.mode == "exact":
+            report = exact(probe, args.tier)
+        elif args.mode == "steady":
+            report = steady(probe, args.seconds)
+        elif args.mode == "recover":
+            report = recover(probe, args.within)
+        else:
+            report = replicas(probe, set(filter(None, args.replicas.split(","))), args.within)
+    except ProbeFailure as exc:
+        print(f"FAIL {args.mode} {args.url}: {exc}", flush=True)
+        return 1
+    print(f"ok   {args.mode} {args.url}: {report}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
