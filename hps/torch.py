@@ -9,9 +9,10 @@
   layer without a graph break. Outside compilation the layer calls the op's
   implementation directly: the dispatcher would add its own cost to every call and does
   nothing for a tensor that needs no autograd.
-- Layers built from the same config share one server: a file path by its real path,
-  any other config object by its identity. The registry is thread-safe and lookups may
-  run from many threads (the server is), `torch.jit.fork` included.
+- Layers built from the same config share one server (hps/registry.py: a file path by
+  its real path, any other config object by its identity), also with hps.tensorflow's
+  layers. Building layers and looking up from many threads is safe, `torch.jit.fork`
+  included.
 - The output is allocated on the keys' device; keys on a CUDA device are looked up on
   that device (it must be in the model's `deployed_device_list`), host keys on the
   model's first deployed device.
@@ -22,12 +23,10 @@
 from __future__ import annotations
 
 import os
-import threading
-from dataclasses import dataclass
 from typing import Any
 
-from hps.api import HPS
 from hps.errors import ConfigError, MissingExtraError, UnknownTableError
+from hps.registry import servers
 
 try:
     import torch
@@ -35,64 +34,15 @@ except ImportError:
     raise MissingExtraError("torch", "torch", "hps.torch.LookupLayer") from None
 
 
-@dataclass
-class _Entry:
-    server: HPS
-    source: Any  # held so that an object's id stays its own while the entry lives
-
-
-class _Registry:
-    """One HPS per config source, shared by every layer built from that source."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._handles: dict[tuple[str, Any], int] = {}
-        self._entries: dict[int, _Entry] = {}
-
-    @staticmethod
-    def _key(source: Any) -> tuple[str, Any]:
-        if isinstance(source, (str, os.PathLike)):
-            return ("file", os.path.realpath(os.fspath(source)))
-        return ("object", id(source))
-
-    def acquire(self, source: Any) -> int:
-        """The handle of the server for `source`, started on first use."""
-        key = self._key(source)
-        with self._lock:  # held while a server starts: a second layer waits, not duplicates
-            handle = self._handles.get(key)
-            if handle is None:
-                handle = len(self._entries) + 1
-                while handle in self._entries:
-                    handle += 1
-                self._entries[handle] = _Entry(HPS(source), source)
-                self._handles[key] = handle
-            return handle
-
-    def server(self, handle: int) -> HPS:
-        try:
-            return self._entries[handle].server
-        except KeyError:
-            raise ConfigError(f"hps server handle {handle} is closed") from None
-
-    def close_all(self) -> None:
-        with self._lock:
-            entries, self._entries, self._handles = self._entries, {}, {}
-        for entry in entries.values():
-            entry.server.close()
-
-
-_registry = _Registry()
-
-
 def close_servers() -> None:
     """Close every server the layers started; layers built before fail afterwards."""
-    _registry.close_all()
+    servers.close_all()
 
 
 def _lookup(keys: torch.Tensor, handle: int, model_name: str, table_id: int,
             emb_vec_size: int, device_id: int) -> torch.Tensor:
     out = torch.empty((*keys.shape, emb_vec_size), dtype=torch.float32, device=keys.device)
-    _registry.server(handle).lookup_fromdlpack(keys, out, model_name, table_id, device_id)
+    servers.server(handle).lookup_fromdlpack(keys, out, model_name, table_id, device_id)
     return out
 
 
@@ -122,8 +72,8 @@ class LookupLayer(torch.nn.Module):
     def __init__(self, ps_config_file_or_object: str | os.PathLike[str] | Any,
                  model_name: str, table_id: int, emb_vec_size: int) -> None:
         super().__init__()
-        self._handle = _registry.acquire(ps_config_file_or_object)
-        loaded = _registry.server(self._handle).server.model(model_name)
+        self._handle = servers.acquire(ps_config_file_or_object)
+        loaded = servers.server(self._handle).server.model(model_name)
         table = loaded.table(table_id)
         if isinstance(table_id, str):
             raise UnknownTableError(f"table_id must be the table's index, got {table_id!r} "

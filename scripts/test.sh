@@ -35,7 +35,7 @@ if ! "$py" -m pip install -q --disable-pip-version-check -c constraints.txt \
   cat "$log" >&2
   exit 1
 fi
-"$py" -c "import hps, rocksdict, redis, torch, moto, fastapi" \
+"$py" -c "import hps, rocksdict, redis, torch, moto, fastapi, tensorflow" \
   || { echo "missing test dependencies after install" >&2; exit 1; }
 
 echo "== running tests"

@@ -17,7 +17,8 @@ import torch
 
 from hps import ConfigError, KeyTypeError, UnknownModelError, UnknownTableError
 from hps.bench.torch_layer import bench_torch_layer
-from hps.torch import LookupLayer, _registry, close_servers
+from hps.registry import servers
+from hps.torch import LookupLayer, close_servers
 from tests.hugectr_flows import MODEL, Model, ps_config, write_model
 
 
@@ -152,7 +153,7 @@ def test_concurrent_layers_and_lookups(model: Model, config_file: Path,
     for t in threads:
         t.join()
     assert not errors and len({layer._handle for layer in layers}) == 1
-    assert len(_registry._entries) == 1
+    assert len(servers) == 1
     batches = [_keys(model, rng, 16)[1] for _ in range(24)]
     expected = [model.vectors_of(1, b.reshape(-1).numpy()).reshape(16, 26, 16) for b in batches]
     results: dict[int, np.ndarray] = {}

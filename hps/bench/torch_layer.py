@@ -56,7 +56,8 @@ def bench_torch_layer(keys: int = 2000, dim: int = 16, table_keys: int = 100_000
     """Rows of {name, us_per_call, over_baseline_us, vs_baseline} (see the module doc)."""
     import torch
 
-    from hps.torch import LookupLayer, _registry, close_servers, lookup
+    from hps.registry import servers
+    from hps.torch import LookupLayer, close_servers, lookup
 
     rng = np.random.default_rng(seed)
     file_keys = rng.choice(np.int64(2**62), size=table_keys, replace=False)
@@ -66,7 +67,7 @@ def bench_torch_layer(keys: int = 2000, dim: int = 16, table_keys: int = 100_000
                            rng.standard_normal((table_keys, dim), dtype=np.float32))
         try:
             layer = LookupLayer(_config(folder, dim, device), MODEL, 0, dim)
-            server = _registry.server(layer._handle)
+            server = servers.server(layer._handle)
             batches = [torch.as_tensor(file_keys[rng.integers(0, table_keys, keys)],
                                        device=device) for _ in range(8)]
             out = torch.empty((keys, dim), dtype=torch.float32, device=device)
