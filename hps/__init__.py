@@ -17,6 +17,7 @@ from hps.config import (
 )
 from hps.errors import (
     BatchTooLargeError,
+    BindError,
     ConfigError,
     DeviceError,
     HPSError,
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 __all__ = [
     "HPS",
     "BatchTooLargeError",
+    "BindError",
     "ConfigError",
     "DatabaseOverflowPolicy_t",
     "DatabaseType_t",

@@ -1,11 +1,16 @@
-"""The `hps` command: demo, load, lookup, inspect, bench (and serve, with the server extra)."""
+"""The `hps` command: demo, load, lookup, inspect, bench (and serve, with the server extra).
+
+Output is made for an 80-column terminal: help in click's plain layout, tables with few
+columns and human labels, error messages on one line. Log records and Python warnings
+share one format (rich's log handler on stderr).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
-import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,12 +30,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from hps.errors import HPSError
+from hps.errors import BindError, HPSError
 from hps.loader import LoadProgress
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+#: -h beside --help
+_HELP = {"help_option_names": ["-h", "--help"]}
+# rich_markup_mode=None: click's plain help (no metavar column, wraps at the terminal)
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  context_settings=_HELP,
                   help="Hierarchical parameter server for recommender embeddings.")
-bench_app = typer.Typer(help="Benchmarks: each tier beside its baseline, same run.")
+bench_app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings=_HELP,
+                        help="Benchmarks: each tier beside its baseline, same run.")
 app.add_typer(bench_app, name="bench")
 config_app = typer.Typer(help="Configuration: ps.json, YAML, HugeCTR's Python objects.",
                          no_args_is_help=True)
@@ -75,22 +85,42 @@ def _setup_logging(verbose: bool) -> None:
         level=logging.INFO if verbose else logging.WARNING, format="%(message)s",
         handlers=[RichHandler(console=err_console, show_path=False)], force=True,
     )
+    warnings.showwarning = _log_warning
 
 
-def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(str(exc))}")
-    raise typer.Exit(code=2)
+def _log_warning(message: Warning | str, category: type[Warning], filename: str,
+                 lineno: int, file: Any = None, line: str | None = None) -> None:
+    """Python warnings as log records, in the log's one format (not warnings' own)."""
+    logging.getLogger("py.warnings").warning("%s: %s", category.__name__, message)
+
+
+def _fail(exc: Exception, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+    raise typer.Exit(code=code)
+
+
+def _version(show: bool) -> None:
+    if show:
+        from hps import __version__
+
+        console.print(f"hps {__version__} (distribution hps-server)", highlight=False)
+        raise typer.Exit()
 
 
 @app.callback()
-def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress.")) -> None:
+def _main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
     _setup_logging(verbose)
 
 
 @app.command()
 def demo(
-    folder: Optional[Path] = typer.Option(
-        None, help="Where to write the demo model (default: a temporary folder)."),
+    folder: Path = typer.Option(
+        Path("models/demo"), help="Where to write the demo model; configs/demo.json reads "
+        "models/demo of the repository."),
     scale: float = typer.Option(1.0, help="Model size relative to the default ~1M keys."),
     serve_after: bool = typer.Option(
         False, "--serve/--no-serve",
@@ -98,38 +128,43 @@ def demo(
     host: str = typer.Option("127.0.0.1", help="With --serve: address to bind."),
     port: int = typer.Option(8000, help="With --serve: port."),
 ) -> None:
-    """Write a synthetic HugeCTR model, load it into the embedded tiers, check lookups.
+    """Write a demo model, load it, check every looked-up vector.
 
-    With --serve the model is then served over HTTP (as `hps serve` does); without it the
-    demo ends after the checks.
+    The model (HugeCTR's format: tables user_item, width 16, and item_category, width
+    64; keys 17, 42 and -3 are in both) and its ps.json go to --folder, by default
+    models/demo, which configs/demo.json serves: `hps serve configs/demo.json`. With
+    --serve the demo model is then served over HTTP; without it the demo ends.
     """
     from hps.demo import TABLES, run_demo
 
-    total = sum(int(c * scale) for _, c, _ in TABLES)
-    with tempfile.TemporaryDirectory(prefix="hps-demo-") as tmp:
-        where = folder or Path(tmp)
-        console.print(f"Writing a {total:,}-key model (widths 16 and 64) to {where} …")
+    if serve_after:  # before minutes of demo, not after
         try:
-            with _progress() as bars:
-                report = run_demo(where, progress=BarProgress(bars), scale=scale)
+            import hps.http  # noqa: F401
         except HPSError as exc:
             _fail(exc)
-        table = Table(title="hps demo: embedded tiers (hash map over RocksDB)")
-        table.add_column("measure")
-        table.add_column("value", justify="right")
-        for name, value in report.rows():
-            table.add_row(name, value)
-        console.print(table)
-        if not report.ok:
-            err_console.print("[bold red]demo check FAILED[/]")
-            raise typer.Exit(code=1)
-        console.print("[green]all looked-up vectors match the model files[/]")
-        if not serve_after:
-            console.print("Serve it over HTTP: [bold]hps demo --serve[/] "
-                          "(or [bold]hps serve <folder>/ps.json[/] with --folder)")
-            return
-        _serve(where / "ps.json", host=host, port=port, token=None,
-               max_body_bytes=_DEFAULT_MAX_BODY, access_log=False)
+    total = sum(int(c * scale) for _, c, _ in TABLES)
+    console.print(f"Writing a {total:,}-key model (widths 16 and 64) to {folder} …")
+    try:
+        with _progress() as bars:
+            report = run_demo(folder, progress=BarProgress(bars), scale=scale)
+    except HPSError as exc:
+        _fail(exc)
+    table = Table(title="hps demo: embedded tiers (hash map over RocksDB)")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for name, value in report.rows():
+        table.add_row(name, value)
+    console.print(table)
+    if not report.ok:
+        err_console.print("[bold red]demo check FAILED[/]")
+        raise typer.Exit(code=1)
+    console.print("[green]all looked-up vectors match the model files[/]")
+    if not serve_after:
+        console.print(f"Serve it over HTTP: [bold]hps serve {folder / 'ps.json'}[/] "
+                      "(or [bold]hps demo --serve[/])", soft_wrap=True)
+        return
+    _serve(folder / "ps.json", host=host, port=port, token=None,
+           max_body_bytes=_DEFAULT_MAX_BODY, access_log=False)
 
 
 _DEFAULT_MAX_BODY = 16 << 20
@@ -153,9 +188,10 @@ def serve(
     access_log: bool = typer.Option(False, "--access-log/--no-access-log",
                                     help="Log every request."),
 ) -> None:
-    """Serve lookups over HTTP: binary and JSON, model info, health, Prometheus metrics.
+    """Serve lookups over HTTP, model info, health, Prometheus metrics.
 
-    Binds at once and loads the models in the background: /healthz answers now, /readyz
+    Lookups: binary and JSON on /v1. Binds at once and loads the models in the
+    background: /healthz answers now, /readyz
     turns 200 when every model is loaded, and a working curl line is printed then.
     """
     _serve(config, host=host, port=port, token=token or None,
@@ -172,6 +208,8 @@ def _serve(config: Path, *, host: str, port: int, token: str | None, max_body_by
                    max_body_bytes=max_body_bytes, access_log=access_log,
                    lookup_threads=lookup_threads or _DEFAULT_LOOKUP_THREADS,
                    echo=_echo_plain)
+    except BindError as exc:  # one line, exit 1, before anything says "serving"
+        _fail(exc, code=1)
     except HPSError as exc:
         _fail(exc)
 
@@ -183,7 +221,7 @@ def _echo_plain(text: str) -> None:
 
 @app.command()
 def load(config: Path = typer.Argument(..., help="ps.json or YAML config.")) -> None:
-    """Load every model of a config into its tiers (RocksDB keeps it on disk)."""
+    """Load every model of a config into its tiers (RocksDB keeps them)."""
     from hps.server import HierarchicalParameterServer
 
     try:
@@ -195,19 +233,35 @@ def load(config: Path = typer.Argument(..., help="ps.json or YAML config.")) -> 
         _print_models(server.describe())
 
 
+#: what users call the tiers (tier.name is the config's spelling)
+_TIER_LABELS = {"hash_map": "in-process", "rocksdb": "RocksDB", "redis": "Redis"}
+
+
 def _print_models(models: list[dict[str, Any]]) -> None:
-    table = Table(title="loaded models")
-    for col in ("model", "table", "storage name", "keys", "width", "tiers", "source", "load"):
-        table.add_column(col)
+    """One row per table, keys held per tier; sources listed below (80 columns)."""
+    tiers = list(dict.fromkeys(k for m in models for t in m["tables"] for k in t["tiers"]))
+    table = Table(title="loaded models", caption="keys: in the model's files; "
+                  + ", ".join(_TIER_LABELS.get(t, t) for t in tiers) + ": keys the tier holds")
+    table.add_column("model")
+    table.add_column("table")
+    table.add_column("width", justify="right")
+    table.add_column("keys", justify="right")
+    for tier in tiers:
+        table.add_column(_TIER_LABELS.get(tier, tier), justify="right")
+    table.add_column("load", justify="right")
+    sources = []
     for m in models:
         for t in m["tables"]:
             src = t["source"]
-            tiers = ", ".join(f"{k}: {v['keys']:,}" if v.get("keys") is not None else
-                              f"{k}: unavailable" for k, v in t["tiers"].items())
-            load_note = "reused" if src["reused"] else f"{src['load_seconds']:.2f}s"
-            table.add_row(m["model"], f"{t['index']} {t['name']}", t["storage_name"],
-                          f"{src['num_keys']:,}", str(t["dim"]), tiers, src["uri"], load_note)
+            held = [t["tiers"].get(tier, {}) for tier in tiers]
+            table.add_row(m["model"] if t["index"] == 0 else "", t["name"], str(t["dim"]),
+                          f"{src['num_keys']:,}",
+                          *[f"{h['keys']:,}" if h.get("keys") is not None else "unavailable"
+                            for h in held],
+                          "reused" if src["reused"] else f"{src['load_seconds']:.2f} s")
+            sources.append(f"{m['model']} / {t['name']} ({t['storage_name']}): {src['uri']}")
     console.print(table)
+    console.print("sources:\n  " + "\n  ".join(sources), highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -218,6 +272,9 @@ def lookup(
     model: str = typer.Option(..., "--model", "-m", help="Model name."),
     table: str = typer.Option("0", "--table", "-t", help="Table index or name."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    read_only: bool = typer.Option(
+        False, "--read-only", help="Open RocksDB read-only: works while a server has it "
+        "open, and reads what that server loaded."),
 ) -> None:
     """Look up keys and print their vectors."""
     from hps.config import load_config
@@ -228,6 +285,8 @@ def lookup(
         if cfg.persistent_db.enabled:
             # RocksDB holds every table: no need to fill the in-process tier for a few keys
             cfg.volatile_db.__dict__["initial_cache_rate"] = 0.0
+            if read_only:
+                cfg.persistent_db.__dict__["read_only"] = True
         with HierarchicalParameterServer(cfg) as server:
             table_id: int | str = int(table) if table.isdigit() else table
             vectors = server.lookup(model, table_id, np.asarray(keys, dtype=np.int64))
@@ -236,7 +295,7 @@ def lookup(
     if as_json:
         print(json.dumps({"keys": keys, "vectors": vectors.tolist()}))
         return
-    np.set_printoptions(precision=4, suppress=True, linewidth=120)
+    np.set_printoptions(precision=4, suppress=True, linewidth=78)
     for key, row in zip(keys, vectors, strict=True):
         console.print(f"[bold]{key}[/]: {np.array2string(row, threshold=16)}")
 
@@ -246,7 +305,7 @@ def inspect(
     folder: str = typer.Argument(..., help="Sparse model folder (path or URI)."),
     width: Optional[int] = typer.Option(None, help="Vector width (inferred if omitted)."),
 ) -> None:
-    """Describe a sparse model folder: keys, width, size, key range, validity."""
+    """Describe a sparse model folder: keys, width, sizes, validity."""
     from hps.io.inspect import inspect_folder
 
     try:
@@ -369,7 +428,8 @@ def bench_gpu_cmd(
     from hps.gpu.lookup import cuda_available
 
     if not cuda_available():
-        _fail(RuntimeError("hps bench gpu needs a CUDA device and CuPy: pip install 'hps[gpu]'"))
+        _fail(RuntimeError("hps bench gpu needs a CUDA device and CuPy: "
+                           "pip install 'hps-server[gpu]'"))
     from hps.bench.gpu import bench_gpu, format_rows, targets
 
     rows = bench_gpu(tuple(int(d) for d in dims.split(",")), slots, batch, False, device,
@@ -429,24 +489,43 @@ def bench_http_cmd(
                   f"({result['cpus']} CPUs; pinned: {result['pinned']})")
 
 
-def _print_bench(rows: list[dict[str, Any]]) -> None:
+#: human labels of the measures the benchmarks return (others: underscores to spaces)
+_MEASURE_LABELS = {
+    "num_keys": "keys in the table", "dim": "width", "batch": "keys per batch",
+    "ours_keys_per_s": "ours, keys/s", "baseline_keys_per_s": "baseline, keys/s",
+    "ratio": "ours / baseline", "ours_batch_ms": "ours, ms per batch",
+    "baseline_batch_ms": "baseline, ms per batch", "load_keys_per_s": "load, keys/s",
+    "memory_over_raw": "memory / raw bytes", "rss_growth_over_raw": "RSS growth / raw",
+    "peak_rss_bytes": "peak RSS", "baseline_same_options_keys_per_s":
+    "baseline (our options), keys/s", "ratio_same_options": "ours / baseline (our options)",
+    "ours_seconds": "ours, s", "baseline_seconds": "baseline, s", "nodes": "Redis nodes",
+}
+_RUN_LABELS = {"hash_map": "in-process", "rocksdb": "RocksDB",
+               "rocksdb_bulk_load": "RocksDB load", "redis": "Redis",
+               "redis cluster": "Redis Cluster"}
+
+
+def _print_bench(rows: list[dict[str, Any]], title: str = "hps bench") -> None:
     """One column per run, one row per measure: ratios stay readable in a terminal."""
-    table = Table(title="hps bench")
-    table.add_column("measure")
+    table = Table(title=title)
+    table.add_column("measure", no_wrap=True)
     for i, row in enumerate(rows):
-        table.add_column(str(row.get("tier") or row.get("name") or f"run {i + 1}"),
-                         justify="right", overflow="fold")
+        name = str(row.get("tier") or row.get("name") or f"run {i + 1}")
+        table.add_column(_RUN_LABELS.get(name, name), justify="right", overflow="fold")
     measures: list[str] = []
     for row in rows:
         measures += [k for k in row if k not in measures and k not in ("tier", "name")]
     for measure in measures:
-        table.add_row(measure, *[_fmt(row.get(measure)) for row in rows])
+        label = _MEASURE_LABELS.get(measure, measure.replace("_per_s", "/s").replace("_", " "))
+        table.add_row(label, *[_fmt(row.get(measure), measure) for row in rows])
     console.print(table)
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: Any, measure: str = "") -> str:
     if value is None:
         return ""
+    if measure.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{value / (1 << 20):,.0f} MiB"
     if isinstance(value, float):
         return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
     if isinstance(value, int):

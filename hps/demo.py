@@ -24,6 +24,8 @@ from hps.loader import LoadProgress
 MODEL = "demo"
 TABLES = (("user_item", 600_000, 16), ("item_category", 400_000, 64))
 BATCH = 16_384
+#: keys every demo table holds, first in its files: the README's examples use them
+EXAMPLE_KEYS = (17, 42, -3)
 
 
 def write_model(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
@@ -31,9 +33,12 @@ def write_model(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
     rng = np.random.default_rng(seed)
     files, dims = [], []
     for name, count, dim in TABLES:
-        n = max(1, int(count * scale))
+        n = max(len(EXAMPLE_KEYS), int(count * scale))
         # sparse, signed 64-bit keys, as hashed categorical features are
         keys = rng.choice(np.int64(2**62), size=n, replace=False) - np.int64(2**61)
+        keys = np.concatenate([EXAMPLE_KEYS, np.setdiff1d(keys, EXAMPLE_KEYS,
+                                                          assume_unique=True)])[:n]
+        rng.shuffle(keys[len(EXAMPLE_KEYS):])
         vectors = rng.standard_normal((n, dim), dtype=np.float32)
         write_sparse_model(folder / name, keys, vectors)
         files.append(name)

@@ -23,7 +23,8 @@ on `TierUnavailableError`, and metrics are labelled by `kind`.
     ├── TierError                   a database tier failed
     │   ├── TierUnavailableError    network/timeout: fall through to the next tier, retry later
     │   └── TierSetupError          wrong address, password, TLS files: fails at start
-    └── DeviceError                 no CUDA device, too little device memory, wrong device
+    ├── DeviceError                 no CUDA device, too little device memory, wrong device
+    └── BindError                   the HTTP server cannot bind its address (port in use)
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class MissingExtraError(HPSError, ImportError):
 
     def __init__(self, package: str, extra: str, purpose: str) -> None:
         super().__init__(
-            f"{purpose} needs the '{package}' package: pip install 'hps[{extra}]'"
+            f"{purpose} needs the '{package}' package: pip install 'hps-server[{extra}]'"
         )
         self.package = package
         self.extra = extra
@@ -158,3 +159,9 @@ class DeviceError(HPSError, RuntimeError):
     """No usable CUDA device, too little device memory, or data on the wrong device."""
 
     kind = "device"
+
+
+class BindError(HPSError, OSError):
+    """The HTTP server cannot listen on its address: the port is taken, or not allowed."""
+
+    kind = "bind"

@@ -184,7 +184,7 @@ def _cupy() -> Any:
         import cupy
     except ImportError:
         raise DeviceError(
-            "the array is on a CUDA device but CuPy is not installed: pip install 'hps[gpu]'"
+            "the array is on a CUDA device but CuPy is not installed: pip install 'hps-server[gpu]'"
         ) from None
     return cupy
 

@@ -10,12 +10,15 @@ from typing import Any
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def hps(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+
+def hps(*args: str, cwd: Path | None = None, columns: int = 200,
+        pythonpath: str = str(ROOT)) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "hps.cli", *args], capture_output=True, text=True, cwd=cwd,
-        timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(cwd or "/tmp"),
-                          "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        timeout=300, env={"COLUMNS": str(columns), "PATH": "/usr/bin:/bin",
+                          "HOME": str(cwd or "/tmp"), "PYTHONPATH": pythonpath},
     )
 
 
@@ -75,3 +78,60 @@ def test_bench_runs_small(tmp_path: Path) -> None:
     result = hps("bench", "--keys", "50000", "--batch", "4096", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "searchsorted" in result.stdout.lower() and "multi_get" in result.stdout.lower()
+
+
+def test_version_and_short_help() -> None:
+    import hps as package
+
+    version = hps("--version")
+    assert version.returncode == 0 and version.stdout.strip() == (
+        f"hps {package.__version__} (distribution hps-server)")
+    for argv in (["-h"], ["demo", "-h"], ["serve", "-h"], ["bench", "http", "-h"]):
+        shown = hps(*argv, columns=80)
+        assert shown.returncode == 0, shown.stderr
+        assert "Usage:" in shown.stdout and "<bool>" not in shown.stdout
+        assert max(len(line) for line in shown.stdout.splitlines()) <= 80
+
+
+def test_tables_fit_80_columns_with_human_labels(two_tables: dict[str, Any]) -> None:
+    config = write_config(two_tables)
+    loaded = hps("load", str(config), columns=80)
+    assert loaded.returncode == 0, loaded.stderr
+    lines = loaded.stdout.splitlines()
+    boxed = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert boxed and max(len(line) for line in boxed) <= 80  # sources: whole paths below
+    assert "…" not in loaded.stdout  # nothing cut
+    row = next(line for line in boxed if "sparse_embedding0" in line)
+    assert "3,000" in row and "in-process" in loaded.stdout and "RocksDB" in loaded.stdout
+    assert f"{two_tables['dir'] / 't0'}" in loaded.stdout  # the source, whole
+    bench = hps("bench", "--keys", "20000", "--batch", "1000", columns=80,
+                cwd=two_tables["dir"])
+    assert bench.returncode == 0, bench.stderr
+    assert max(len(line) for line in bench.stdout.splitlines()) <= 80
+    for label in ("ours, keys/s", "baseline, keys/s", "ours / baseline", "peak RSS"):
+        assert label in bench.stdout
+    assert "keys_per_s" not in bench.stdout
+
+
+def test_warnings_are_log_records(two_tables: dict[str, Any]) -> None:
+    config = two_tables["config"]
+    config["models"][0]["gpucachepr"] = 0.5  # a misspelt key: UnknownConfigKeyWarning
+    path = write_config(two_tables)
+    loaded = hps("load", str(path), columns=200)
+    assert loaded.returncode == 0, loaded.stderr
+    line = next(x for x in loaded.stderr.splitlines() if "UnknownConfigKeyWarning" in x)
+    assert "WARNING" in line and "gpucacheper" in line
+    assert "warnings.warn" not in loaded.stderr  # not Python's own warning format
+
+
+def test_demo_serve_checks_the_server_extra_first(tmp_path: Path) -> None:
+    # a fastapi that cannot be imported stands for an install without the server extra
+    shadow = tmp_path / "shadow" / "fastapi"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ImportError(\"No module named 'fastapi'\", name='fastapi')\n")
+    done = hps("demo", "--serve", "--scale", "0.01", "--folder", str(tmp_path / "demo"),
+               pythonpath=f"{tmp_path / 'shadow'}:{ROOT}")
+    assert done.returncode == 2
+    assert "pip install 'hps-server[server]'" in done.stderr
+    assert not (tmp_path / "demo").exists()  # nothing written: it stopped before the demo

@@ -233,10 +233,12 @@ class RocksDBTier(Tier):
                 )
             return rocksdict.Rdict(self.path, self._options, column_families=families)
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
-            hint = ""
             if "lock" in str(exc).lower():
-                hint = " (another process has it open read-write; open it read-only instead)"
-            raise TierSetupError(f"cannot open {where}: {exc}{hint}") from exc
+                raise TierSetupError(
+                    f"cannot open {where}: another process (a running `hps serve`?) has it "
+                    "open for writing. Read it meanwhile with `hps lookup --read-only`, or "
+                    "set persistent_db.read_only: true in the config") from exc
+            raise TierSetupError(f"cannot open {where}: {exc}") from exc
 
     def _remove_stale_loads(self) -> None:
         """Delete spill and SST files that a load cut short (a crash) left in the store."""

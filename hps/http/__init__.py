@@ -2,7 +2,7 @@
 
 `create_app(server, token=..., host=...)` builds the app; `serve(config, ...)` runs it
 with uvicorn (what `hps serve` does). Needs the `server` extra:
-`pip install 'hps[server]'`.
+`pip install 'hps-server[server]'`.
 """
 
 from __future__ import annotations

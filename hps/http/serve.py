@@ -2,10 +2,12 @@
 
 `serve` binds first and loads the models in the background: `/healthz` answers at once,
 `/readyz` turns 200 when every model is in, and then a `curl` line that works is printed.
+A port that is taken is a `BindError` before anything is opened or announced.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -18,6 +20,7 @@ import numpy as np
 import uvicorn
 
 from hps.config import PSConfig
+from hps.errors import BindError
 from hps.http.app import create_app
 from hps.http.state import DEFAULT_LOOKUP_THREADS, DEFAULT_MAX_BODY_BYTES, is_loopback
 from hps.server import HierarchicalParameterServer
@@ -34,6 +37,35 @@ def base_url(host: str, port: int) -> str:
     if ":" in host:
         host = f"[{host.strip('[]')}]"
     return f"http://{host}:{port}"
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` (port 0: any free port), not yet listening.
+
+    Raises BindError naming the address and what to do when the port is taken or the
+    address cannot be bound.
+    """
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise BindError(f"cannot serve on {host!r}: not an address of this machine "
+                        f"({exc.strerror})") from None
+    family, _, _, _, address = infos[0]
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only then
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        where = base_url(host, port).removeprefix("http://")
+        if exc.errno == errno.EADDRINUSE:
+            raise BindError(f"cannot serve on {where}: port {port} is in use (another "
+                            "hps serve?); pick another with --port") from None
+        raise BindError(f"cannot serve on {where}: {exc.strerror}") from None
+    return sock
 
 
 def curl_line(server: HierarchicalParameterServer, url: str, token: bool) -> str:
@@ -73,11 +105,18 @@ def serve(
 ) -> None:
     """Serve every model of `config` over HTTP until interrupted (SIGINT/SIGTERM).
 
-    The tiers are set up first (a bad config or an unreachable Redis fails here, before
-    binding); models then load in the background.
+    The address is bound first (BindError if the port is taken), then the tiers are set
+    up (a bad config or an unreachable Redis fails here, before anything is served);
+    models then load in the background. uvicorn logs through `logging` (the caller's
+    handlers and format).
     """
-    server = HierarchicalParameterServer(
-        str(config) if isinstance(config, Path) else config, load=False)
+    sock = bind_socket(host, port)
+    try:
+        server = HierarchicalParameterServer(
+            str(config) if isinstance(config, Path) else config, load=False)
+    except BaseException:
+        sock.close()
+        raise
     uv: uvicorn.Server | None = None
 
     def announce() -> None:
@@ -85,7 +124,7 @@ def serve(
             time.sleep(0.05)
         if uv is None or not uv.started:
             return
-        url = base_url(host, bound_port(uv) or port)
+        url = base_url(host, int(sock.getsockname()[1]))
         echo(f"hps: every model is loaded; try:\n  {curl_line(server, url, token is not None)}")
 
     def on_ready() -> None:
@@ -97,13 +136,14 @@ def serve(
         log.warning("serving on %s without a token: reads are open to the network, admin "
                     "routes (reload) are refused", host)
     uv = uvicorn.Server(uvicorn.Config(
-        app, host=host, port=port, access_log=access_log, log_level=log_level,
+        app, access_log=access_log, log_level=log_level, log_config=None,
         lifespan="on", ws="none", timeout_graceful_shutdown=5))
-    echo(f"hps: serving on {base_url(host, port)} (models load in the background; "
-         "GET /readyz turns 200 when they are in, docs at /docs)")
+    echo(f"hps: serving on {base_url(host, int(sock.getsockname()[1]))} (models load in the "
+         "background; GET /readyz turns 200 when they are in, docs at /docs)")
     try:
-        uv.run()
+        uv.run(sockets=[sock])
     finally:
+        sock.close()
         _close(app.state.hps.loader, server)
 
 
@@ -115,14 +155,6 @@ def _close(loader: threading.Thread | None, server: HierarchicalParameterServer)
     server.close()
 
 
-def bound_port(uv: uvicorn.Server) -> int | None:
-    """The port a started uvicorn server listens on (useful with port 0)."""
-    for srv in getattr(uv, "servers", []):
-        for sock in srv.sockets:
-            return int(sock.getsockname()[1])
-    return None
-
-
 class ServerThread:
     """uvicorn serving `app` from a thread on a loopback socket bound up front.
 
@@ -130,11 +162,7 @@ class ServerThread:
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", **config: Any) -> None:
-        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only then
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.sock.bind((host, 0))
+        self.sock = bind_socket(host, 0)
         self.port = int(self.sock.getsockname()[1])
         self.url = base_url(host, self.port)
         config.setdefault("log_level", "warning")

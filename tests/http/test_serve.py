@@ -8,6 +8,7 @@ import queue
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,9 +27,9 @@ from tests.http.conftest import MODEL, ModelFiles
 class Process:
     """A CLI process whose output lines are collected by a thread."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path | None = None) -> None:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=env, text=True)
+                                     env=env, text=True, cwd=cwd)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -66,10 +67,14 @@ class Process:
                 self.proc.stdout.close()
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture
 def cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "HPS_TOKEN"}
     env["COLUMNS"] = "80"  # a narrow terminal must not wrap the curl line
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's hps, from any working directory
     return env
 
 
@@ -151,3 +156,59 @@ def test_demo_serves_with_serve_and_ends_without(tmp_path: Path,
                           text=True, env=cli_env, timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "hps demo --serve" in done.stdout  # ends, and says how to serve
+
+
+def test_a_taken_port_is_one_line_and_exit_1(config_file: Path,
+                                              cli_env: dict[str, str]) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        done = subprocess.run([sys.executable, "-m", "hps.cli", "serve", str(config_file),
+                               "--port", str(port)], capture_output=True, text=True,
+                              env=cli_env, timeout=60)
+    finally:
+        taken.close()
+    assert done.returncode == 1
+    assert "serving" not in done.stdout + done.stderr
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"port {port} is in use" in done.stderr and "--port" in done.stderr
+
+
+def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
+                                                  cli_env: dict[str, str]) -> None:
+    """README: `hps demo` then `hps serve configs/demo.json`, keys 17, 42, -3 hit; and
+    `hps lookup` on the served RocksDB says how to read it, and reads it read-only."""
+    clone = tmp_path / "clone"
+    (clone / "configs").mkdir(parents=True)
+    shutil.copy(ROOT / "configs" / "demo.json", clone / "configs" / "demo.json")
+    demo = subprocess.run([sys.executable, "-m", "hps.cli", "demo", "--scale", "0.01"],
+                          capture_output=True, text=True, env=cli_env, cwd=clone, timeout=120)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    folder = clone / "models" / "demo"
+    assert (folder / "user_item" / "key").is_file()
+    port = free_port()
+    proc = Process([sys.executable, "-m", "hps.cli", "serve", "configs/demo.json", "--port",
+                    str(port)], cli_env, cwd=clone)
+    try:
+        proc.wait_for("curl ", timeout=90)
+        url = f"http://127.0.0.1:{port}/v1/models/demo/tables"
+        for table, dim in (("user_item", 16), ("item_category", 64)):
+            answer = httpx.post(f"{url}/{table}/lookup", json={"keys": [17, 42, -3]}).json()
+            rows = np.fromfile(folder / table / "emb_vector", "<f4").reshape(-1, dim)
+            assert np.fromfile(folder / table / "key", "<i8")[:3].tolist() == [17, 42, -3]
+            np.testing.assert_array_equal(np.asarray(answer["vectors"], np.float32), rows[:3])
+        lookup = [sys.executable, "-m", "hps.cli", "lookup", "configs/demo.json", "-m", "demo",
+                  "-t", "item_category", "--json", "--", "17", "42", "-3"]
+        locked = subprocess.run(lookup, capture_output=True, text=True, env=cli_env,
+                                cwd=clone, timeout=60)
+        assert locked.returncode == 2 and "--read-only" in locked.stderr, locked.stderr
+        read = subprocess.run([*lookup[:5], "--read-only", *lookup[5:]], capture_output=True,
+                              text=True, env=cli_env, cwd=clone, timeout=60)
+        assert read.returncode == 0, read.stderr
+        rows = np.fromfile(folder / "item_category" / "emb_vector", "<f4").reshape(-1, 64)
+        np.testing.assert_array_equal(np.asarray(json.loads(read.stdout)["vectors"],
+                                                 np.float32), rows[:3])
+    finally:
+        assert proc.interrupt() in (0, 130)
