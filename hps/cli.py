@@ -188,9 +188,10 @@ def serve(
     access_log: bool = typer.Option(False, "--access-log/--no-access-log",
                                     help="Log every request."),
 ) -> None:
-    """Serve lookups over HTTP, model info, health, Prometheus metrics.
+    """Serve lookups over HTTP (/v1 and KServe v2), metrics, health.
 
-    Lookups: binary and JSON on /v1. Binds at once and loads the models in the
+    Lookups: binary and JSON on /v1, and the KServe v2 / Triton protocol on /v2 (inputs
+    KEYS, NUMKEYS; output OUTPUT0). Binds at once and loads the models in the
     background: /healthz answers now, /readyz
     turns 200 when every model is loaded, and a working curl line is printed then.
     """

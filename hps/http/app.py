@@ -24,10 +24,12 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hps.errors import HPSError
-from hps.http.errors import ApiError
-from hps.http.lookup import LOOKUP_PATH, LookupFastPath
+from hps.http.errors import ApiError, ErrorBody, error_body, v2_error_body
+from hps.http.fastpath import FastPath, FastRoute
+from hps.http.kserve import build_v2_router, infer_fast_route
+from hps.http.lookup import LOOKUP_PATH, LOOKUP_RE, handle_lookup
 from hps.http.metrics import Metrics, MetricsMiddleware
-from hps.http.routes import build_router
+from hps.http.routes import build_router, token_guard
 from hps.http.state import DEFAULT_LOOKUP_THREADS, DEFAULT_MAX_BODY_BYTES, ServiceState
 from hps.server import HierarchicalParameterServer
 
@@ -94,9 +96,13 @@ def create_app(
     router = build_router(state)
     lookup_route = next(r for r in router.routes
                         if isinstance(r, APIRoute) and r.path == LOOKUP_PATH)
+    v2_router = build_v2_router(state, token_guard(state))
     app.include_router(router)
+    app.include_router(v2_router)
     _add_error_handlers(app, state)
-    app.add_middleware(LookupFastPath, state=state, route=lookup_route)  # inner
+    fast_routes = [FastRoute(LOOKUP_RE, lookup_route, handle_lookup, _v1_error),
+                   infer_fast_route(v2_router.routes, state)]
+    app.add_middleware(FastPath, state=state, routes=fast_routes)  # inner
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # outer: sees every answer
     return app
 
@@ -107,15 +113,25 @@ def _version() -> str:
     return __version__
 
 
+def _v1_error(state: ServiceState, request: Request, exc: Exception) -> JSONResponse:
+    return state.error_response(request, exc)
+
+
+def _body_for(request: Request) -> ErrorBody:
+    """The error body of the protocol a path belongs to: KServe v2's under /v2."""
+    path = request.scope.get("path", "")
+    return v2_error_body if path == "/v2" or path.startswith("/v2/") else error_body
+
+
 def _add_error_handlers(app: FastAPI, state: ServiceState) -> None:
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
-        return state.error_response(request, exc)
+        return state.error_response(request, exc, _body_for(request))
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         kind = _HTTP_KINDS.get(exc.status_code, "http_error")
         return state.answer(exc.status_code, kind, str(exc.detail),
-                            dict(exc.headers) if exc.headers else None)
+                            dict(exc.headers) if exc.headers else None, _body_for(request))
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -123,7 +139,8 @@ def _add_error_handlers(app: FastAPI, state: ServiceState) -> None:
         for err in exc.errors()[:3]:
             where = ".".join(str(p) for p in err.get("loc", ())) or "request"
             parts.append(f"{where}: {err.get('msg', 'invalid')}")
-        return state.answer(422, "bad_request", "; ".join(parts) or "invalid request")
+        return state.answer(422, "bad_request", "; ".join(parts) or "invalid request",
+                            body=_body_for(request))
 
     handlers: list[tuple[Any, Any]] = [
         (ApiError, on_error), (HPSError, on_error),

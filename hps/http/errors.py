@@ -19,9 +19,13 @@ valid request asked (a model still loading, a reload whose source failed, a bug)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hps import errors as hps_errors
+
+#: an error body from (kind, message): each protocol has its own
+ErrorBody = Callable[[str, str], dict[str, Any]]
 
 
 class ApiError(Exception):
@@ -119,4 +123,10 @@ def kind_of(exc: Exception) -> str:
 
 
 def error_body(kind: str, message: str) -> dict[str, Any]:
+    """The /v1 error body: `{"error": {"kind": …, "message": …}}`."""
     return {"error": {"kind": kind, "message": message}}
+
+
+def v2_error_body(kind: str, message: str) -> dict[str, Any]:
+    """The KServe v2 error body: `{"error": message}` (the protocol's form)."""
+    return {"error": message}

@@ -12,10 +12,8 @@ on the event loop. Measured on 2 cores, a dedicated `ThreadPoolExecutor` reached
 `run_in_threadpool`) per call under concurrency, which on this route is a large share of
 the whole request.
 
-`LookupFastPath` is a plain ASGI middleware that answers this route before FastAPI's
-router, dependency solving and request models: the route is still declared to FastAPI
-(`routes.py`) so that OpenAPI describes it, and that declaration answers through the same
-`respond` if the fast path is ever bypassed.
+`handle_lookup` is the route's `fastpath.Handler`: `FastPath` calls it before FastAPI's
+router; the route's FastAPI declaration (`routes.py`) calls it through `fastpath.respond`.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
+from starlette.requests import ClientDisconnect
 
 from hps.errors import BatchTooLargeError
 from hps.http.errors import BadBody, BadJSON, BodyTooLarge, UnsupportedMediaType
@@ -45,17 +42,16 @@ from hps.http.schemas import (
 )
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Receive, Scope, Send
+    from starlette.types import Receive
 
+    from hps.http.fastpath import Answer
     from hps.http.state import ServiceState
     from hps.server import HierarchicalParameterServer, LoadedTable
 
 LOOKUP_PATH = "/v1/models/{model}/tables/{table}/lookup"
-#: the request headers the lookup reads (ASGI gives names in lower case)
-_READ_HEADERS = frozenset({b"content-type", b"content-length", b"authorization"})
 _KEYS, _WIDTH = KEYS_HEADER.lower().encode(), WIDTH_HEADER.lower().encode()
 _MODEL, _TABLE = MODEL_HEADER.lower().encode(), TABLE_HEADER.lower().encode()
-_LOOKUP_RE = re.compile(r"^/v1/models/(?P<model>[^/]+)/tables/(?P<table>[^/]+)/lookup$")
+LOOKUP_RE = re.compile(r"^/v1/models/(?P<model>[^/]+)/tables/(?P<table>[^/]+)/lookup$")
 
 
 def _optional(name: str) -> Any:
@@ -133,24 +129,28 @@ def parse_binary_keys(body: bytes) -> np.ndarray:
     return np.frombuffer(body, dtype="<i8")
 
 
-def encode_json(payload: dict[str, Any], vectors: np.ndarray) -> bytes:
-    """`payload` with "vectors" added, as JSON bytes; non-finite values become null."""
+def encode_json(payload: dict[str, Any]) -> bytes:
+    """`payload` as JSON bytes; NumPy arrays in it (C-contiguous) become (nested) lists,
+    their non-finite values null."""
     if orjson is not None:
-        return bytes(orjson.dumps({**payload, "vectors": np.ascontiguousarray(vectors)},
-                                  option=orjson.OPT_SERIALIZE_NUMPY))
-    return encode_json_stdlib(payload, vectors)
+        return bytes(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
+    return encode_json_stdlib(payload)
 
 
-def encode_json_stdlib(payload: dict[str, Any], vectors: np.ndarray) -> bytes:
+def encode_json_stdlib(payload: dict[str, Any]) -> bytes:
     """`encode_json` without orjson: `.tolist()` and the json module."""
-    finite = np.isfinite(vectors)
+    return json.dumps(payload, separators=(",", ":"), default=_array_cells).encode()
+
+
+def _array_cells(value: Any) -> Any:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+    finite = np.isfinite(value)
     if finite.all():
-        rows = vectors.tolist()
-    else:  # JSON has no NaN/inf: write null, as orjson does
-        cells = vectors.astype(object)
-        cells[~finite] = None
-        rows = cells.tolist()
-    return json.dumps({**payload, "vectors": rows}, separators=(",", ":")).encode()
+        return value.tolist()
+    cells = value.astype(object)  # JSON has no NaN/inf: write null, as orjson does
+    cells[~finite] = None
+    return cells.tolist()
 
 
 # -- the lookups (run on the lookup thread pool) ------------------------------------------
@@ -168,9 +168,8 @@ def lookup_json(server: HierarchicalParameterServer, model: str, table: LoadedTa
     """The JSON answer to a JSON body."""
     keys = parse_json_keys(body)
     vectors = server.lookup(model, table.index, keys)
-    payload = {"model": model, "table": table.name, "width": int(vectors.shape[1]),
-               "count": int(keys.size)}
-    return encode_json(payload, vectors)
+    return encode_json({"model": model, "table": table.name, "width": int(vectors.shape[1]),
+                        "count": int(keys.size), "vectors": np.ascontiguousarray(vectors)})
 
 
 def _refuse_early(headers: Mapping[str, str], table: LoadedTable) -> None:
@@ -182,13 +181,14 @@ def _refuse_early(headers: Mapping[str, str], table: LoadedTable) -> None:
             f"{table.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)")
 
 
-async def answer(state: ServiceState, headers: Mapping[str, str], receive: Receive,
-                 model: str, table: str) -> tuple[list[tuple[bytes, bytes]], bytes | memoryview]:
-    """The answer to one lookup: (response headers, body); raises for bad input.
+async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive: Receive,
+                        params: dict[str, str | None]) -> Answer:
+    """The answer to one lookup: (response headers, body parts); raises for bad input.
 
     `headers` are the request's, with lower-case names; `receive` is the ASGI receive
-    channel the body is read from.
+    channel the body is read from; `params` holds the path's `model` and `table`.
     """
+    model, table = params["model"] or "", params["table"] or ""
     state.check_token(headers.get("authorization"))
     media = media_type_of(headers)
     loaded_table = state.model(model).table(table)
@@ -204,52 +204,8 @@ async def answer(state: ServiceState, headers: Mapping[str, str], receive: Recei
             (b"content-length", str(len(data)).encode()),
             (_KEYS, str(count).encode()), (_WIDTH, str(width).encode()),
             (_MODEL, model.encode()), (_TABLE, loaded_table.name.encode()),
-        ], data
+        ], (data,)
     payload = await loop.run_in_executor(
         state.executor, lookup_json, state.server, model, loaded_table, body)
     return [(b"content-type", JSON.encode()),
-            (b"content-length", str(len(payload)).encode())], payload
-
-
-async def respond(state: ServiceState, request: Request, model: str, table: str) -> Response:
-    """`answer` as a starlette Response (for the route as FastAPI declares it)."""
-    headers, body = await answer(state, request.headers, request.receive, model, table)
-    response = Response(body)
-    response.raw_headers = headers
-    return response
-
-
-class LookupFastPath:
-    """Answers `POST …/lookup` before FastAPI's router; passes everything else on."""
-
-    def __init__(self, app: ASGIApp, state: ServiceState, route: Any) -> None:
-        self.app = app
-        self.state = state
-        self.route = route  # what MetricsMiddleware labels the request with
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):
-            path = path[len(root):]
-        match = _LOOKUP_RE.match(path)
-        if match is None:
-            await self.app(scope, receive, send)
-            return
-        scope["route"] = self.route
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
-                   if k in _READ_HEADERS}
-        try:  # ASGI paths come percent-decoded: the groups are the names as sent
-            out, body = await answer(self.state, headers, receive, match["model"],
-                                     match["table"])
-        except ClientDisconnect:
-            return  # nobody to answer
-        except Exception as exc:
-            response = self.state.error_response(Request(scope), exc)
-            await response(scope, receive, send)
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": out})
-        await send({"type": "http.response.body", "body": body})
+            (b"content-length", str(len(payload)).encode())], (payload,)

@@ -19,7 +19,8 @@ from starlette.concurrency import run_in_threadpool
 from hps.config import ModelConfig
 from hps.errors import ConfigError
 from hps.http.errors import Forbidden
-from hps.http.lookup import LOOKUP_PATH, respond
+from hps.http.fastpath import respond
+from hps.http.lookup import LOOKUP_PATH, handle_lookup
 from hps.http.schemas import (
     ERROR_RESPONSES,
     JSON,
@@ -61,12 +62,18 @@ def model_infos(server: HierarchicalParameterServer) -> list[dict[str, Any]]:
 
 # -- the router ---------------------------------------------------------------------------
 
-def build_router(state: ServiceState) -> APIRouter:
-    """All routes of one app, bound to its state."""
+def token_guard(state: ServiceState) -> list[Any]:
+    """The dependencies of a route the token protects (none when no token is set)."""
 
     async def require_token(request: Request, credentials: Credentials) -> None:
         # `credentials` only documents the scheme in OpenAPI; the check reads the header
         state.check_token(request.headers.get("authorization"))
+
+    return [Depends(require_token)] if state.token is not None else []
+
+
+def build_router(state: ServiceState) -> APIRouter:
+    """All routes of one app, bound to its state (the v2 protocol's: `kserve.py`)."""
 
     async def require_admin(request: Request, credentials: Credentials) -> None:
         if state.token is None and not state.admin_open:
@@ -75,7 +82,7 @@ def build_router(state: ServiceState) -> APIRouter:
                 "token: start it with --token (or HPS_TOKEN), or bind it to 127.0.0.1")
         state.check_token(request.headers.get("authorization"))
 
-    protected = [Depends(require_token)] if state.token is not None else []
+    protected = token_guard(state)
     router = APIRouter()
     server = state.server
 
@@ -141,7 +148,7 @@ def build_router(state: ServiceState) -> APIRouter:
         little-endian float32 rows (`X-HPS-Keys` × `X-HPS-Width` floats). JSON: send
         `{"keys": [...]}`; the answer is `{"vectors": [[...]], ...}`.
         """
-        return await respond(state, request, model, table)
+        return await respond(handle_lookup, state, request, {"model": model, "table": table})
 
     @router.post("/v1/models/{model}/reload", response_model=ReloadResponse,
                  dependencies=[*protected, Depends(require_admin)], tags=["admin"],

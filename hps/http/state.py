@@ -22,7 +22,15 @@ from starlette.responses import JSONResponse
 
 from hps.config import ModelConfig
 from hps.errors import HPSError, UnknownModelError
-from hps.http.errors import ApiError, ModelNotReady, Unauthorized, error_body, kind_of, status_of
+from hps.http.errors import (
+    ApiError,
+    ErrorBody,
+    ModelNotReady,
+    Unauthorized,
+    error_body,
+    kind_of,
+    status_of,
+)
 from hps.http.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -88,8 +96,10 @@ class ServiceState:
 
     # -- errors -------------------------------------------------------------------------
 
-    def error_response(self, request: Request, exc: Exception) -> JSONResponse:
-        """The JSON answer to an error (counted by kind in the metrics)."""
+    def error_response(self, request: Request, exc: Exception,
+                       body: ErrorBody = error_body) -> JSONResponse:
+        """The JSON answer to an error (counted by kind in the metrics); `body` makes the
+        protocol's error body from (kind, message)."""
         status = status_of(exc)
         kind = kind_of(exc)
         if kind == "internal":
@@ -100,12 +110,13 @@ class ServiceState:
                 log.warning("%s %s: %s", request.method, request.url.path, exc)
             message = str(exc)
         headers = exc.headers if isinstance(exc, ApiError) else None
-        return self.answer(status, kind, message, headers)
+        return self.answer(status, kind, message, headers, body)
 
     def answer(self, status: int, kind: str, message: str,
-               headers: dict[str, str] | None = None) -> JSONResponse:
+               headers: dict[str, str] | None = None,
+               body: ErrorBody = error_body) -> JSONResponse:
         self.metrics.errors.labels(kind, str(status)).inc()
-        return JSONResponse(error_body(kind, message), status_code=status, headers=headers)
+        return JSONResponse(body(kind, message), status_code=status, headers=headers)
 
     # -- models -------------------------------------------------------------------------
 

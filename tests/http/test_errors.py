@@ -63,7 +63,7 @@ CASES: list[tuple[str, str, dict[str, Any], int, str, str]] = [
      413, "batch_too_large", str(MAX_KEYS)),
     ("too many JSON keys", LOOKUP, {"json": {"keys": [0] * (MAX_KEYS + 1)}},
      413, "batch_too_large", str(MAX_KEYS)),
-    ("unknown route", "/v2/lookup", {"json": {}}, 404, "not_found", "Not Found"),
+    ("unknown route", "/v3/lookup", {"json": {}}, 404, "not_found", "Not Found"),
 ]
 
 

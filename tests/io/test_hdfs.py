@@ -201,7 +201,7 @@ def test_open_source_dispatch() -> None:
 
 def test_missing_hdfs_native_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "hdfs_native", None)
-    with pytest.raises(MissingExtraError, match=r"hps\[hdfs\]") as info:
+    with pytest.raises(MissingExtraError, match=r"hps-server\[hdfs\]") as info:
         open_source("hdfs://nn:8020/m/t0")
     assert info.value.extra == "hdfs"
     with open_source("webhdfs://nn:9870/m/t0") as web:  # needs nothing beyond the stdlib

@@ -92,7 +92,7 @@ def test_location_key_joins_prefix() -> None:
 
 def test_missing_boto3_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "boto3", None)
-    with pytest.raises(MissingExtraError, match=r"hps\[s3\]") as info:
+    with pytest.raises(MissingExtraError, match=r"hps-server\[s3\]") as info:
         open_source("s3://bkt/prefix/table0")
     assert info.value.extra == "s3"
 

@@ -1,0 +1,104 @@
+"""`FastPath`: a plain ASGI middleware that answers the lookup routes before FastAPI.
+
+The hot routes (`POST /v1/…/lookup`, `POST /v2/models/{model}/infer`) skip FastAPI's
+router, dependency solving and request models: each is a `FastRoute` whose handler
+reads the body from the ASGI channel and returns (headers, body parts). The routes are
+still declared to FastAPI (`routes.py`, `kserve.py`) so that OpenAPI describes them and
+metrics label them; a declaration answers through the same handler if the fast path is
+ever bypassed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from hps.http.state import ServiceState
+
+#: what a handler answers: the response headers and the body, in one or more parts
+Answer = tuple[list[tuple[bytes, bytes]], Sequence[bytes | memoryview]]
+Handler = Callable[["ServiceState", Mapping[str, str], "Receive", dict[str, str | None]],
+                   Awaitable[Answer]]
+ErrorAnswer = Callable[["ServiceState", Request, Exception], Response]
+
+#: the request headers the handlers read (ASGI gives names in lower case)
+READ_HEADERS = frozenset({b"content-type", b"content-length", b"authorization",
+                          b"content-encoding", b"inference-header-content-length"})
+
+
+@dataclass(frozen=True)
+class FastRoute:
+    """One POST route answered by the fast path."""
+
+    pattern: re.Pattern[str]  # matched against the path; its groups go to the handler
+    route: Any  # the route as FastAPI declares it: what metrics label the request with
+    handle: Handler
+    on_error: ErrorAnswer  # the protocol's error answer
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """The request headers the handlers read, names in lower case."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+            if k in READ_HEADERS}
+
+
+async def send_answer(send: Send, headers: list[tuple[bytes, bytes]],
+                      parts: Sequence[bytes | memoryview]) -> None:
+    """A 200 answer; the body parts go out as they are (no join of large buffers)."""
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    last = len(parts) - 1
+    for i, part in enumerate(parts):
+        await send({"type": "http.response.body", "body": part, "more_body": i < last})
+
+
+class FastPath:
+    """Answers the `FastRoute`s before FastAPI's router; passes everything else on."""
+
+    def __init__(self, app: ASGIApp, state: ServiceState, routes: Sequence[FastRoute]) -> None:
+        self.app = app
+        self.state = state
+        self.routes = tuple(routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        for route in self.routes:
+            match = route.pattern.match(path)
+            if match is not None:
+                break
+        else:
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = route.route
+        try:  # ASGI paths come percent-decoded: the groups are the names as sent
+            headers, parts = await route.handle(self.state, request_headers(scope), receive,
+                                                match.groupdict())
+        except ClientDisconnect:
+            return  # nobody to answer
+        except Exception as exc:
+            response = route.on_error(self.state, Request(scope), exc)
+            await response(scope, receive, send)
+            return
+        await send_answer(send, headers, parts)
+
+
+async def respond(handle: Handler, state: ServiceState, request: Request,
+                  params: dict[str, str | None]) -> Response:
+    """A handler's answer as a starlette Response (for a route as FastAPI declares it)."""
+    headers, parts = await handle(state, request.headers, request.receive, params)
+    response = Response(b"".join(parts))
+    response.raw_headers = headers
+    return response
