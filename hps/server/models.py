@@ -12,6 +12,7 @@ from hps.config import ModelConfig
 from hps.errors import BatchTooLargeError, LookupInputError, UnknownTableError
 from hps.keys import as_key_array
 from hps.loader import TableSource
+from hps.server.versions import VersionRefs
 
 
 @dataclass
@@ -73,10 +74,14 @@ class LoadedTable:
         return array
 
 
-@dataclass
+@dataclass(eq=False)
 class LoadedModel:
+    """One version of a served model: its config, its tables, and the lookups holding it
+    (`refs`: its tables are dropped only when the last one is done)."""
+
     config: ModelConfig
     tables: list[LoadedTable]
+    refs: VersionRefs = field(default_factory=VersionRefs, repr=False)
 
     def table(self, table: int | str) -> LoadedTable:
         """A table by index or by name."""

@@ -16,6 +16,7 @@ import numpy as np
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.db import Tiers, open_tiers
 from hps.db.base import Tier
+from hps.errors import UnknownModelError
 from hps.io.formats import DEFAULT_CHUNK_BYTES
 from hps.keys import as_output_array, is_device_array
 from hps.loader import LoadProgress
@@ -38,22 +39,22 @@ class HierarchicalParameterServer:
         load: bool = True,
         progress: LoadProgress | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        drop_grace_seconds: float = 2.0,
     ) -> None:
         self.config = load_config(config)
         self.chunk_bytes = chunk_bytes
-        # a replaced version's tables outlive the swap by this long, for lookups in flight
-        self.drop_grace_seconds = drop_grace_seconds
         self.tiers: Tiers = open_tiers(self.config, load_chunk_bytes=chunk_bytes)
         self._host = HostLookup(
             self.tiers, cache_missed_embeddings=self.config.volatile_db.cache_missed_embeddings)
         self._gpu = GpuCaches(self.config, self._host)
         self._registry = ModelRegistry(self.config, self.tiers, self._gpu,
-                                       chunk_bytes=chunk_bytes,
-                                       drop_grace_seconds=drop_grace_seconds)
+                                       chunk_bytes=chunk_bytes)
         if load:
-            for model in self.config.models:
-                self.load_model(model, progress=progress)
+            try:
+                for model in self.config.models:
+                    self.load_model(model, progress=progress)
+            except BaseException:
+                self.close()  # a server that failed to start holds no files or sockets
+                raise
 
     @property
     def volatile(self) -> Tier | None:
@@ -66,6 +67,12 @@ class HierarchicalParameterServer:
         return self.tiers.persistent
 
     # -- models ---------------------------------------------------------------------------
+
+    @property
+    def registry(self) -> ModelRegistry:
+        """The versions served: `acquire(model)` holds one (`refs.release()` ends it),
+        `retiring` counts replaced versions whose tables are not dropped yet."""
+        return self._registry
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -81,7 +88,8 @@ class HierarchicalParameterServer:
 
         A reload of a served model writes the new version beside the old one (staging
         storage names) and swaps it in with one assignment; a load that fails leaves the
-        old version serving and removes what it wrote.
+        old version serving and removes what it wrote. The old version's tables are
+        dropped when the last lookup reading them is done.
         """
         return self._registry.load(model, progress=progress)
 
@@ -90,25 +98,38 @@ class HierarchicalParameterServer:
         """Re-read a served model, optionally from new files (a new version)."""
         return self._registry.reload(name, sparse_files, progress=progress)
 
+    def unload_model(self, name: str) -> None:
+        """Stop serving model `name`; its tables are dropped once no lookup reads them."""
+        self._registry.unload(name)
+
+    def wait_retired(self, timeout: float | None = None) -> bool:
+        """Wait until the tables of every replaced version are dropped (their last
+        lookups are done); False if `timeout` seconds passed first."""
+        return self._registry.wait_retired(timeout)
+
     # -- lookups --------------------------------------------------------------------------
 
     def lookup(self, model: str, table: int | str, keys: Any, device_id: int | None = None
                ) -> np.ndarray:
         """Vectors of `keys` as a new float32 [n, dim] host array."""
-        loaded = self.model(model)
-        t = loaded.table(table)
-        array = t.checked_keys(keys)
-        if device_id is not None:
-            loaded.check_device(device_id)
-        if is_device_array(array):
-            array = array.get()
-        device = device_id if device_id is not None else loaded.config.deployed_device_list[0]
-        gpu = t.gpu.get(device)
-        if gpu is not None:
-            out = np.empty((array.size, t.dim), np.float32)
-            gpu.lookup(array, out)
-            return out
-        return self._host.fetch(t, array)
+        loaded = self._registry.acquire(model)
+        try:
+            t = loaded.table(table)
+            array = t.checked_keys(keys)
+            if device_id is not None:
+                loaded.check_device(device_id)
+            if is_device_array(array):
+                array = array.get()
+            device = (device_id if device_id is not None
+                      else loaded.config.deployed_device_list[0])
+            gpu = t.gpu.get(device)
+            if gpu is not None:
+                out = np.empty((array.size, t.dim), np.float32)
+                gpu.lookup(array, out)
+                return out
+            return self._host.fetch(t, array)
+        finally:
+            loaded.refs.release()
 
     def lookup_into(self, model: str, table: int | str, keys: Any, out: Any,
                     device_id: int = 0) -> int:
@@ -117,51 +138,69 @@ class HierarchicalParameterServer:
         `keys` and `out` may be host or CUDA arrays, DLPack capsules or `__dlpack__`
         objects. Raises an HPSError subclass, writing nothing, for bad input.
         """
-        loaded = self.model(model)
-        t = loaded.table(table)
-        loaded.check_device(device_id)
-        array = t.checked_keys(keys)
-        target = as_output_array(out, array.size, t.dim)
-        if array.size == 0:
-            return 0
-        gpu = t.gpu.get(device_id)
-        if gpu is not None:
-            gpu.lookup(array, target)
+        loaded = self._registry.acquire(model)
+        try:
+            t = loaded.table(table)
+            loaded.check_device(device_id)
+            array = t.checked_keys(keys)
+            target = as_output_array(out, array.size, t.dim)
+            if array.size == 0:
+                return 0
+            gpu = t.gpu.get(device_id)
+            if gpu is not None:
+                gpu.lookup(array, target)
+                return int(array.size)
+            host_keys = array.get() if is_device_array(array) else array
+            vectors = self._host.fetch(t, host_keys)
+            if is_device_array(target):
+                target.set(vectors)
+            else:
+                np.copyto(target, vectors)
             return int(array.size)
-        host_keys = array.get() if is_device_array(array) else array
-        vectors = self._host.fetch(t, host_keys)
-        if is_device_array(target):
-            target.set(vectors)
-        else:
-            np.copyto(target, vectors)
-        return int(array.size)
+        finally:
+            loaded.refs.release()
 
     # -- maintenance ----------------------------------------------------------------------
 
     def refresh(self, model: str | None = None) -> int:
         """Re-read the GPU-cached vectors of one or all models from the databases."""
-        models = [self.model(model)] if model else list(self.models.values())
-        return self._gpu.refresh(models)
+        names = [model] if model else sorted(self.models)
+        held = [self._registry.acquire(name) for name in names]
+        try:
+            return self._gpu.refresh(held)
+        finally:
+            for loaded in held:
+                loaded.refs.release()
 
     def describe(self) -> list[dict[str, Any]]:
         """Models, tables, widths, sources, tier sizes and counters (for CLI and HTTP)."""
         out = []
-        for name, loaded in sorted(self.models.items()):
-            tables = []
-            for t in loaded.tables:
-                info: dict[str, Any] = {
-                    "index": t.index, "name": t.name, "storage_name": t.storage_name,
-                    "dim": t.dim, "default_value": t.default_value, "max_keys": t.max_keys,
-                    "source": t.source.as_dict(), "stats": t.stats.as_dict(), "tiers": {},
-                }
-                for tier, keys in self.tiers.sizes(t.storage_name).items():
-                    info["tiers"][tier] = ({"keys": keys} if keys is not None
-                                           else {"keys": None, "error": "unavailable"})
-                if t.gpu:
-                    info["gpu"] = {str(d): g.stats() for d, g in t.gpu.items()}
-                tables.append(info)
-            out.append({"model": name, "tables": tables})
+        for name in sorted(self.models):
+            try:
+                loaded = self._registry.acquire(name)
+            except UnknownModelError:
+                continue  # unloaded meanwhile
+            try:
+                out.append(self._describe(name, loaded))
+            finally:
+                loaded.refs.release()
         return out
+
+    def _describe(self, name: str, loaded: LoadedModel) -> dict[str, Any]:
+        tables = []
+        for t in loaded.tables:
+            info: dict[str, Any] = {
+                "index": t.index, "name": t.name, "storage_name": t.storage_name,
+                "dim": t.dim, "default_value": t.default_value, "max_keys": t.max_keys,
+                "source": t.source.as_dict(), "stats": t.stats.as_dict(), "tiers": {},
+            }
+            for tier, keys in self.tiers.sizes(t.storage_name).items():
+                info["tiers"][tier] = ({"keys": keys} if keys is not None
+                                       else {"keys": None, "error": "unavailable"})
+            if t.gpu:
+                info["gpu"] = {str(d): g.stats() for d, g in t.gpu.items()}
+            tables.append(info)
+        return {"model": name, "tables": tables}
 
     def close(self) -> None:
         """Stop background work and close every tier."""

@@ -1,10 +1,14 @@
-"""The loaded models by name: versioned loads, one-assignment swaps, delayed retirement.
+"""The loaded models by name: versioned loads, one-assignment swaps, retirement.
 
 A model becomes visible to lookups only once every one of its tables is loaded: the
 registry maps names to fully built `LoadedModel` objects and is swapped in one
 assignment, so no lookup ever sees a half-loaded model. A reload writes the new version
-under staging storage names beside the served one; the replaced version's tables are
-dropped a grace period after the swap, once lookups in flight have finished.
+under staging storage names beside the served one (`hps_et.<model>.<table>~next`, then
+back to HugeCTR's name at the next reload). Lookups hold the version they read
+(`acquire`, `VersionRefs`); the replaced version takes no new lookups and its tables are
+dropped when the last lookup holding it is done: at once in the reloading thread when
+none is, else on a background worker. Never on a timer. A reload that needs a storage
+name still held by a retiring version waits for that version's last lookup.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from hps.background import BackgroundWorker
 from hps.config import ModelConfig, PSConfig
 from hps.db import Tiers
 from hps.db.base import table_name
@@ -26,24 +32,38 @@ log = logging.getLogger("hps")
 
 #: storage-name suffix of the version being loaded beside a served one
 STAGING_SUFFIX = "~next"
+#: seconds between the warnings of a reload kept waiting by a lookup still in flight
+_WAIT_WARN_SECONDS = 10.0
+
+
+@dataclass(eq=False)
+class _Retirement:
+    """A replaced version whose tables are still to be dropped."""
+
+    model: LoadedModel
+    names: list[str]  # its storage names the new version does not use
+    claimed: bool = False  # a thread is dropping it
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class ModelRegistry:
     """Loads models into `tiers` (and GPU caches) and holds the versions served.
 
-    Thread-safe: loads are serialised; reads of `models` and `model()` never wait.
+    Thread-safe: loads are serialised; `acquire` and `model()` never wait for a load.
     """
 
     def __init__(self, config: PSConfig, tiers: Tiers, gpu: GpuCaches, *,
-                 chunk_bytes: int, drop_grace_seconds: float) -> None:
+                 chunk_bytes: int) -> None:
         self.config = config
         self.tiers = tiers
         self.gpu = gpu
         self.chunk_bytes = chunk_bytes
-        self.drop_grace_seconds = drop_grace_seconds
         self._models: dict[str, LoadedModel] = {}
         self._load_lock = threading.Lock()
-        self._pending_drops: list[threading.Timer] = []
+        self._retiring: list[_Retirement] = []
+        self._retiring_lock = threading.Lock()
+        self._dropper: BackgroundWorker[_Retirement] = BackgroundWorker(
+            "hps-version-drop", 1024, self._drop_each, log=log)
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -51,7 +71,10 @@ class ModelRegistry:
         return dict(self._models)
 
     def model(self, name: str) -> LoadedModel:
-        """The served version of model `name`; raises UnknownModelError if none."""
+        """The served version of model `name`; raises UnknownModelError if none.
+
+        The version is not held: a lookup that reads its tables uses `acquire`.
+        """
         try:
             return self._models[name]
         except KeyError:
@@ -60,31 +83,59 @@ class ModelRegistry:
                 f"no model named {name!r} is loaded (loaded: {loaded})"
             ) from None
 
+    def acquire(self, name: str) -> LoadedModel:
+        """The served version of `name`, held until `loaded.refs.release()`.
+
+        Its tables stay in the tiers while it is held, even when a reload replaces it
+        meanwhile. Raises UnknownModelError if no version of `name` is served.
+        """
+        while True:
+            loaded = self.model(name)
+            if loaded.refs.acquire():
+                return loaded
+            # retired between the read and the acquire: the next read sees its successor
+
+    @property
+    def retiring(self) -> int:
+        """Replaced versions whose tables are not dropped yet."""
+        with self._retiring_lock:
+            return len(self._retiring)
+
+    def wait_retired(self, timeout: float | None = None) -> bool:
+        """Wait until every replaced version is dropped; False if `timeout` passed first."""
+        with self._retiring_lock:
+            pending = [r.done for r in self._retiring]
+        return all(done.wait(timeout) for done in pending)
+
     def load(self, model: ModelConfig, progress: LoadProgress | None = None) -> LoadedModel:
         """Load (or reload) `model`; it becomes visible to lookups only when complete.
 
         A reload of a served model writes the new version beside the old one (staging
         storage names) and swaps it in with one assignment; a load that fails leaves the
-        old version serving and removes what it wrote.
+        old version serving and removes what it wrote (a failed first load too).
         """
         progress = progress or LoadProgress()
         with self._load_lock:
             readers = open_readers(self.config, model, self.chunk_bytes)  # validates first
             old = self._models.get(model.model)
             names = [_storage_name(model, i, old) for i in range(model.num_tables)]
+            self._wait_dropped(names)
             if old is None:  # a staging version left behind by an earlier process
                 self._drop_leftover_staging(names)
+            else:  # rows a failed drop (Redis down) left under these names are stale
+                self._drop_tables(names, tiers=[self.tiers.volatile])
             written: list[str] = []
+            loaded = LoadedModel(model, [])
             try:
-                tables = []
                 for i, reader in enumerate(readers):
                     written.append(names[i])
-                    tables.append(self._load_table(model, i, names[i], reader, progress))
-                loaded = LoadedModel(model, tables)
+                    loaded.tables.append(
+                        self._load_table(model, i, names[i], reader, progress))
                 self.gpu.attach(loaded, readers)
             except BaseException:
                 # what a failed load wrote goes away: a reload's staging tables, or the
                 # tables of a first load that never became visible
+                self.gpu.close(loaded)
                 self._drop_tables(written)
                 raise
             finally:
@@ -94,6 +145,16 @@ class ModelRegistry:
             if old is not None:
                 self._retire(old, keep=set(names))
             return loaded
+
+    def unload(self, name: str) -> None:
+        """Stop serving model `name`; its tables are dropped once no lookup holds it.
+
+        Raises UnknownModelError if it is not served.
+        """
+        with self._load_lock:
+            old = self.model(name)
+            self._models = {k: v for k, v in self._models.items() if k != name}
+            self._retire(old, keep=set())
 
     def reload(self, name: str, sparse_files: Sequence[str] | None = None,
                progress: LoadProgress | None = None) -> LoadedModel:
@@ -108,12 +169,13 @@ class ModelRegistry:
         return self.load(current.model_copy(update=update), progress=progress)
 
     def close(self) -> None:
-        """Finish pending retirements now, close every GPU cache, forget every model."""
-        for timer in self._pending_drops:
-            timer.cancel()
-            if not timer.finished.is_set():
-                timer.function(*timer.args)
-        self._pending_drops = []
+        """Drop every replaced version now (lookups must be over), close every GPU
+        cache, forget every model. The tables of the served versions stay in the tiers."""
+        self._dropper.close(timeout=30.0)
+        with self._retiring_lock:
+            left = list(self._retiring)
+        for retirement in left:
+            self._drop_version(retirement)
         for loaded in self._models.values():
             self.gpu.close(loaded)
         self._models = {}
@@ -141,22 +203,51 @@ class ModelRegistry:
         stored = persistent.tables()
         self._drop_tables([n + STAGING_SUFFIX for n in names if n + STAGING_SUFFIX in stored])
 
+    def _wait_dropped(self, names: Sequence[str]) -> None:
+        """Wait until no retiring version holds any of `names` (its last lookup ends)."""
+        wanted = set(names)
+        with self._retiring_lock:
+            blocking = [r for r in self._retiring if wanted.intersection(r.names)]
+        for retirement in blocking:
+            while not retirement.done.wait(_WAIT_WARN_SECONDS):
+                log.warning("reload of %r waits for %d lookup(s) still reading its previous "
+                            "version", retirement.model.config.model,
+                            retirement.model.refs.in_flight)
+
     def _retire(self, old: LoadedModel, keep: set[str]) -> None:
-        """Drop a replaced version's tables once lookups in flight have finished."""
-        names = [t.storage_name for t in old.tables if t.storage_name not in keep]
-        timer = threading.Timer(self.drop_grace_seconds, self._close_and_drop, (old, names))
-        timer.daemon = True
-        self._pending_drops.append(timer)
-        timer.start()
+        """Drop a replaced version's tables once no lookup holds it (at once if none)."""
+        retirement = _Retirement(old, [t.storage_name for t in old.tables
+                                       if t.storage_name not in keep])
+        with self._retiring_lock:
+            self._retiring.append(retirement)
+        if old.refs.retire(lambda: self._drop_later(retirement)):
+            self._drop_version(retirement)
 
-    def _close_and_drop(self, old: LoadedModel, names: list[str]) -> None:
-        with self._load_lock:
-            self.gpu.close(old)
-            self._drop_tables(names)
+    def _drop_later(self, retirement: _Retirement) -> None:
+        # runs in the thread of the version's last lookup: hand the drop to the worker
+        if not self._dropper.submit(retirement):
+            self._drop_version(retirement)  # closing (or 1,024 drops queued): drop here
 
-    def _drop_tables(self, names: Sequence[str]) -> None:
-        for tier in self.tiers:
-            if tier.read_only:
+    def _drop_each(self, batch: list[_Retirement]) -> None:
+        for retirement in batch:
+            self._drop_version(retirement)
+
+    def _drop_version(self, retirement: _Retirement) -> None:
+        with self._retiring_lock:
+            if retirement.claimed:
+                return  # another thread drops it (close raced the worker)
+            retirement.claimed = True
+        try:
+            self.gpu.close(retirement.model)
+            self._drop_tables(retirement.names)
+        finally:
+            with self._retiring_lock:  # only now may a load write these names again
+                self._retiring.remove(retirement)
+            retirement.done.set()
+
+    def _drop_tables(self, names: Sequence[str], tiers: Sequence[Any] | None = None) -> None:
+        for tier in self.tiers if tiers is None else tiers:
+            if tier is None or tier.read_only:
                 continue
             for name in names:
                 try:
