@@ -81,3 +81,24 @@ def test_bad_reload_body(live_own: Live) -> None:
     answer = live_own.client.post(f"/v1/models/{MODEL}/reload", json={"sparse": []})
     assert answer.status_code == 422
     assert answer.json()["error"]["kind"] == "bad_request"
+
+
+def test_reloads_back_to_back_keep_the_model_served(live_own: Live, tmp_path: Path) -> None:
+    """Issue 14 (HIGH): two reloads within the old 2 s drop timer deleted the tables being
+    served (every lookup 404 while /readyz said 200). Versions are now dropped when no
+    lookup holds them, so any number of reloads in a row keep serving the latest."""
+    versions = [write_model(tmp_path / f"v{i}", seed=20 + i) for i in range(3)]
+    for round_ in range(6):
+        v = versions[round_ % 3]
+        files = [str(v.dir / t) for t in TABLE_NAMES]
+        answer = live_own.client.post(f"/v1/models/{MODEL}/reload",
+                                      json={"sparse_files": files})
+        assert answer.status_code == 200, answer.text
+        for table in (0, 1):
+            keys = v.keys[table][:50]
+            np.testing.assert_array_equal(_vectors(live_own, table, keys),
+                                          v.vectors[table][:50])
+    assert live_own.client.get("/readyz").status_code == 200
+    assert live_own.server.wait_retired(timeout=30)
+    served = sorted(t.storage_name for t in live_own.server.model(MODEL).tables)
+    assert sorted(live_own.server.volatile.tables()) == served
