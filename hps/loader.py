@@ -120,6 +120,8 @@ def load_table(
             progress.advance(len(keys), int(len(keys) * bytes_per_row))
             yield keys, vectors
 
+    if write_volatile:
+        volatile.reserve(name, _volatile_rows(reader.num_keys, rate))  # type: ignore[union-attr]
     progress.start_table(name, reader.num_keys, reader.num_bytes)
     if persistent is not None and not reuse:
         persistent.drop_table(name)

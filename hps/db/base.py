@@ -117,6 +117,10 @@ class Tier(ABC):
             total += len(keys)
         return total
 
+    def reserve(self, table: str, num_keys: int) -> None:  # noqa: B027 - a hint
+        """Prepare room for `num_keys` keys in all ahead of a load of that many; a hint
+        that in-process tiers use to allocate once. Here: nothing."""
+
     def insert_async(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> bool:
         """Insert without making the caller wait where the tier can (network tiers queue
         the write); returns False when the write was dropped. Here: a plain insert."""

@@ -1,25 +1,26 @@
-"""The in-process volatile tier: one open-addressing hash table per table, in NumPy.
+"""The in-process volatile tier: one open-addressing hash table per table, compiled.
 
 A table is a handful of flat arrays, never a per-key Python object:
 
     slots    int32[capacity]          row of each slot, or EMPTY (-1) / TOMBSTONE (-2);
-                                      capacity is a power of two, load kept <= 1/2
+                                      rows + tombstones stay <= MAX_LOAD of the capacity
     keys     int64[row_capacity]      key of each row; rows [0, size) are live and dense
     vectors  float32[row_capacity, dim]
     stats    uint32[row_capacity]     fetch-hit counts (evict_least_used) or access stamps
-                                      (evict_oldest); only held while the margin is bounded
+                                      (evict_oldest); empty unless the margin is bounded
 
-A key's home slot is the top bits of `rrxmrrxmsx_0(key)` (the same mixer that picks its
-partition, computed once per batch); collisions probe linearly. Every operation runs over whole
-batches: each probe round moves the keys still unresolved one slot on, and once few are
-left a round looks at a window of slots per key, so a batch takes a handful of rounds.
-Removal leaves a tombstone in the slot and moves the last rows into the freed rows, so the
-row store stays dense; tombstones go when the slot array is rebuilt.
+A key's home slot is `rrxmrrxmsx_0(key) % capacity` (the mixer that picks its partition);
+collisions probe linearly. The loops over keys (probe, fetch, insert, remove, rebuild) are
+numba kernels in `hps.db.hash_map_kernels` that release the GIL, compiled or loaded from
+numba's on-disk cache when this module is first imported, never inside a lookup. Removal
+leaves a tombstone in the slot and moves the last row into the freed row, so the row store
+stays dense; tombstones go when the slot array is rebuilt.
 
-Memory: row arrays are allocated for twice the rows they must hold, but `np.empty` pages
-stay untouched, hence not resident, until rows are written; so a table occupies its raw
-key + vector bytes plus 4 bytes per slot (about 11-21 bytes per key), and growing copies
-each row about once. `memory_bytes` counts exactly that. HugeCTR's hash map took ~10×.
+Memory: row arrays are allocated for twice the rows they must hold (or exactly the rows a
+load announced through `reserve`), but `np.empty` pages stay untouched, hence not
+resident, until rows are written; so a table occupies its raw key + vector bytes plus
+4 bytes per slot (about 6-8 bytes per key), and growing copies each row about once.
+`memory_bytes` counts exactly that. HugeCTR's hash map took ~10×.
 
 Overflow: `overflow_margin` bounds the entries of each partition (`partition_of(key,
 num_partitions)`). When an insert takes a partition past it, that partition is pruned to
@@ -28,89 +29,108 @@ num_partitions)`). When an insert takes a partition past it, that partition is p
 (`evict_oldest`: insert/overwrite time, also fetch time when `refresh_time_after_fetch`,
 as in HugeCTR).
 
-Thread safety: one readers-writer lock per table around the array work; hashing and
-input checks run outside it. Fetches share the lock, so they run in parallel (NumPy
-releases the GIL for the gathers; two threads fetch ~1.6× faster than one on 2 cores);
-inserts and removals take it alone. The per-row stats that fetches update have a small
-lock of their own.
+Thread safety: one readers-writer lock per table around the kernels; input checks run
+outside it. Fetches share the lock and the kernels release the GIL, so fetches from
+several threads run in parallel, and a fetch of many keys is split over the machine's
+cores; inserts and removals take the lock alone. The per-row stats that fetches update
+have a small lock of their own.
 
 Limits: at most 2**31 - 1 rows per table (int32 slots).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from hps.config import UNBOUNDED, VolatileDBConfig
+from hps.db import hash_map_kernels as kernels
 from hps.db.base import Tier, as_keys, as_rows
-from hps.db.partition import partition_of_mixed, rrxmrrxmsx_0
-from hps.errors import ConfigError
+from hps.errors import ConfigError, LookupInputError
 
-EMPTY = -1
-TOMBSTONE = -2
+EMPTY = kernels.EMPTY
+TOMBSTONE = kernels.TOMBSTONE
 
-#: a slot array is rebuilt larger once live + tombstones exceed this share of it...
-MAX_LOAD = 0.5
-#: ...and is rebuilt to the smallest power of two that keeps the load under this one
-REBUILD_LOAD = 0.375
+#: a slot array is rebuilt larger once live + tombstones would pass this share of it...
+MAX_LOAD = 0.7
+#: ...and is rebuilt to the size that puts the load at this share
+REBUILD_LOAD = 0.5
+#: the load of a slot array sized by `reserve` for a whole table (a load knows its size)
+RESERVE_LOAD = 0.65
 MIN_SLOTS = 16
 MIN_ROWS = 16
-#: once this few keys are left unresolved, each probe round looks at WINDOW slots per key
-SMALL = 64
-WINDOW = 32
+#: a fetch of at least this many keys per core is split over the cores
+PARALLEL_KEYS = 1 << 15
 
 _U32_MAX = np.iinfo(np.uint32).max
 #: least-used counts are halved when one passes this (each op adds < 2**28 between checks)
 _COUNT_LIMIT = 1 << 31
 _COUNT_CHECK_EVERY = 4096
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
+_NO_ROWS = np.empty(0, np.int64)
+_NO_STATS = np.empty(0, np.uint32)
 
 
 class _ReadWriteLock:
-    """Many readers or one writer; a waiting writer holds off new readers."""
+    """Many readers or one writer; a waiting writer holds off new readers.
+
+    `acquire_read`/`release_read` are plain calls (no context manager) because a one-key
+    fetch takes them on its path.
+    """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._readers = 0
         self._writing = False
         self._writers_waiting = 0
 
-    @contextmanager
-    def read(self) -> Iterator[None]:
-        with self._cond:
+    def acquire_read(self) -> None:
+        with self._mutex:
             while self._writing or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
 
-    @contextmanager
-    def write(self) -> Iterator[None]:
-        with self._cond:
+    def release_read(self) -> None:
+        with self._mutex:
+            self._readers -= 1
+            if not self._readers and self._writers_waiting:
+                self._cond.notify_all()
+
+    def acquire_write(self) -> None:
+        with self._mutex:
             self._writers_waiting += 1
             while self._writing or self._readers:
                 self._cond.wait()
             self._writers_waiting -= 1
             self._writing = True
+
+    def release_write(self) -> None:
+        with self._mutex:
+            self._writing = False
+            self._cond.notify_all()
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        self.acquire_read()
         try:
             yield
         finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
+            self.release_read()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        self.acquire_write()
+        try:
+            yield
+        finally:
+            self.release_write()
 
 
 class _Table:
@@ -122,136 +142,60 @@ class _Table:
         self.stamped = policy == "evict_oldest"
         self.lock = _ReadWriteLock()
         self.stats_lock = threading.Lock()  # fetches (readers) update stats and the clock
-        self.size = 0
-        self.tombstones = 0
+        self.state = np.zeros(2, np.int64)  # rows in use, tombstones (the kernels keep it)
         self.clock = 0  # ops seen; stamps of evict_oldest
         self.keys = np.zeros(MIN_ROWS, np.int64)
         self.vectors = np.zeros((MIN_ROWS, dim), np.float32)
-        self.stats: np.ndarray | None = None
-        if policy in ("evict_oldest", "evict_least_used"):
-            self.stats = np.zeros(MIN_ROWS, np.uint32)
+        self.has_stats = policy in ("evict_oldest", "evict_least_used")
+        self.stats = np.zeros(MIN_ROWS, np.uint32) if self.has_stats else _NO_STATS
         self.written = 0  # rows ever written to the current row arrays (their resident part)
         self.partition_sizes = np.zeros(num_partitions, np.int64)
         self._set_slots(MIN_SLOTS)
 
+    @property
+    def size(self) -> int:
+        return int(self.state[0])
+
     def _set_slots(self, capacity: int) -> None:
         self.slots = np.full(capacity, EMPTY, np.int32)
-        self.mask = capacity - 1
-        self.shift = np.uint64(64 - (capacity.bit_length() - 1))
-        self.tombstones = 0
+        # one slot always stays EMPTY: it ends every probe
+        self.max_used = min(capacity - 1, int(capacity * MAX_LOAD))
+        self.state[1] = 0
 
     def nbytes(self) -> int:
         """Bytes of memory the arrays occupy: all of the slots, the written rows.
 
-        The row arrays reserve twice the rows they hold, but pages never written are not
-        backed by memory (the benchmark checks this against the process RSS), so they
-        are not counted; rows freed by removals are, until the arrays shrink.
+        The row arrays may reserve more rows than they hold, but pages never written are
+        not backed by memory (the benchmark checks this against the process RSS), so
+        they are not counted; rows freed by removals are, until the arrays shrink.
         """
         row_bytes = self.keys.itemsize + self.vectors.itemsize * self.dim
-        if self.stats is not None:
+        if self.has_stats:
             row_bytes += self.stats.itemsize
         rows = max(self.written, MIN_ROWS)
         return self.slots.nbytes + self.partition_sizes.nbytes + rows * row_bytes
 
-    # -- probing ------------------------------------------------------------------------
+    # -- sizing -------------------------------------------------------------------------
 
-    def home(self, mixed: np.ndarray) -> np.ndarray:
-        return (mixed >> self.shift).astype(np.intp)
-
-    def find(self, keys: np.ndarray, mixed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of `keys` (intp, -1 where absent) and the slots holding them."""
-        pos = self.home(mixed)
-        first = np.take(self.slots, pos)
-        rows = first.astype(np.intp)
-        # A negative row clips to row 0; the `rows >= 0` test discards what it reads.
-        hit = np.take(self.keys, rows, mode="clip") == keys
-        hit &= rows >= 0
-        open_ = first != EMPTY
-        open_ &= ~hit
-        rows[~hit] = -1
-        pending = np.flatnonzero(open_)
-        while pending.size > SMALL:
-            pending = self._find_next(keys, pos, rows, pending)
-        step = 1
-        while pending.size:
-            pending = self._find_window(keys, pos, rows, pending, step)
-            step += WINDOW
-        return rows, pos
-
-    def _find_next(
-        self, keys: np.ndarray, pos: np.ndarray, rows: np.ndarray, pending: np.ndarray
-    ) -> np.ndarray:
-        """Move each pending key one slot on; returns those still open."""
-        p = pos[pending]
-        p += 1
-        p &= self.mask
-        pos[pending] = p
-        cand = np.take(self.slots, p)
-        r = cand.astype(np.intp)
-        match = np.take(self.keys, r, mode="clip") == keys[pending]
-        match &= cand >= 0
-        rows[pending[match]] = r[match]
-        match |= cand == EMPTY
-        still: np.ndarray = pending[~match]
-        return still
-
-    def _find_window(
-        self, keys: np.ndarray, pos: np.ndarray, rows: np.ndarray, pending: np.ndarray,
-        step: int,
-    ) -> np.ndarray:
-        """Look at WINDOW slots from `pos + step` on for each pending key (few keys left).
-
-        Returns the keys still open; writes the row and slot of each key found.
-        """
-        window = pos[pending, None] + np.arange(step, step + WINDOW)
-        window &= self.mask
-        cand = np.take(self.slots, window)
-        match = np.take(self.keys, cand, mode="clip") == keys[pending, None]
-        match &= cand >= 0
-        stop = match | (cand == EMPTY)
-        first = stop.argmax(axis=1)
-        done = stop[np.arange(pending.size), first]
-        d = np.flatnonzero(done)
-        fd = first[d]
-        found = match[d, fd]
-        idx = pending[d][found]
-        rows[idx] = cand[d, fd][found]
-        pos[idx] = window[d, fd][found]
-        still: np.ndarray = pending[~done]
-        return still
-
-    def claim(self, mixed: np.ndarray, rows: np.ndarray) -> None:
-        """Give each of `rows` a slot; their keys are distinct and absent from the table."""
-        slots = self.slots
-        pos = self.home(mixed)
-        ids = rows.astype(np.int32)
-        pending = np.arange(ids.size)
-        while pending.size:
-            p = pos[pending]
-            current = slots[p]
-            free = current < 0
-            fi = pending[free]
-            fp = p[free]
-            slots[fp] = ids[fi]  # colliding writers: one of them lands, the rest probe on
-            won = slots[fp] == ids[fi]
-            self.tombstones -= int(np.count_nonzero(current[free][won] == TOMBSTONE))
-            pending = np.concatenate([pending[~free], fi[~won]])
-            pos[pending] += 1
-            pos[pending] &= self.mask
-
-    def rebuild(self, extra: int) -> None:
-        """New slot array sized for size + extra keys, without tombstones."""
-        capacity = max(MIN_SLOTS, _next_pow2(int(np.ceil((self.size + extra) / REBUILD_LOAD))))
+    def rebuild(self, extra: int, load: float = REBUILD_LOAD) -> None:
+        """New slot array for size + extra keys at `load`, without tombstones."""
+        capacity = max(MIN_SLOTS, math.ceil((self.size + extra) / load) + 1)
         self._set_slots(capacity)
-        if self.size:
-            self.claim(rrxmrrxmsx_0(self.keys[: self.size]), np.arange(self.size))
+        kernels.place_rows(self.slots, self.keys, self.size)
 
-    # -- rows ---------------------------------------------------------------------------
+    def grow(self, extra: int) -> None:
+        """Room for `extra` more keys than the table holds: rows, slots, or both."""
+        if self.size + 1 > self.keys.size:
+            self._move_rows(max(2 * (self.size + extra), MIN_ROWS))
+        if self.size + int(self.state[1]) + 1 > self.max_used:
+            self.rebuild(extra)
 
-    def reserve_rows(self, n: int) -> None:
-        """Make room for `n` rows: a new array of 2n rows, of which only n are written."""
-        if n > self.keys.size:
-            self._move_rows(max(2 * n, MIN_ROWS))
+    def reserve(self, total: int) -> None:
+        """Rows and slots for `total` keys in all, allocated once (a load's size)."""
+        if total > self.keys.size:
+            self._move_rows(total)
+        if math.ceil(total / MAX_LOAD) + 1 > self.slots.size:
+            self.rebuild(total - self.size, RESERVE_LOAD)
 
     def trim_rows(self) -> None:
         """Move to arrays of 2 × size rows after a large removal (frees the old pages)."""
@@ -266,36 +210,14 @@ class _Table:
         vectors = np.empty((capacity, self.dim), np.float32)
         vectors[:n] = self.vectors[:n]
         self.keys, self.vectors = keys, vectors
-        if self.stats is not None:
+        if self.has_stats:
             stats = np.empty(capacity, np.uint32)
             stats[:n] = self.stats[:n]
             self.stats = stats
         self.written = n
 
-    def delete(self, rows: np.ndarray, slot_pos: np.ndarray, mixed: np.ndarray) -> None:
-        """Delete live `rows` (distinct) whose slots are `slot_pos`; keeps rows dense."""
-        if not rows.size:
-            return
-        num_parts = self.partition_sizes.size
-        self.partition_sizes -= np.bincount(
-            partition_of_mixed(mixed, num_parts), minlength=num_parts
-        )
-        self.slots[slot_pos] = TOMBSTONE
-        self.tombstones += rows.size
-        new_size = self.size - rows.size
-        holes = rows[rows < new_size]
-        keep_tail = np.ones(rows.size, bool)
-        keep_tail[rows[rows >= new_size] - new_size] = False
-        movers = np.arange(new_size, self.size)[keep_tail]
-        if movers.size:
-            mover_keys = self.keys[movers]
-            _, mover_slots = self.find(mover_keys, rrxmrrxmsx_0(mover_keys))
-            self.keys[holes] = mover_keys
-            self.vectors[holes] = self.vectors[movers]
-            if self.stats is not None:
-                self.stats[holes] = self.stats[movers]
-            self.slots[mover_slots] = holes.astype(np.int32)
-        self.size = new_size
+    def shrink(self) -> None:
+        """Give memory back after removals left the table much smaller than its arrays."""
         if self.size < self.keys.size // 8 and self.keys.size > 8 * MIN_ROWS:
             self.trim_rows()
         if self.slots.size > MIN_SLOTS and self.size < self.slots.size * REBUILD_LOAD / 8:
@@ -304,7 +226,7 @@ class _Table:
     def tick(self) -> int:
         """Advance the op clock; renumbers stamps before they would pass uint32."""
         self.clock += 1
-        if self.clock >= _U32_MAX and self.stamped and self.stats is not None:
+        if self.clock >= _U32_MAX and self.stamped:
             _, ranks = np.unique(self.stats[: self.size], return_inverse=True)
             self.stats[: self.size] = ranks
             self.clock = int(ranks.max(initial=0)) + 1
@@ -332,6 +254,8 @@ class HashMapTier(Tier):
         self._rng = np.random.default_rng(seed)
         self._tables: dict[str, _Table] = {}
         self._tables_lock = threading.Lock()
+        self._workers = max(1, os.cpu_count() or 1)
+        self._pool: ThreadPoolExecutor | None = None
 
     # -- tables -------------------------------------------------------------------------
 
@@ -372,96 +296,137 @@ class HashMapTier(Tier):
 
     def fetch(self, table: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectors (float32[n, dim], zero rows where not found) and found (bool[n])."""
-        t = self._table(table)
+        t = self._tables.get(table) or self._table(table)
         k = as_keys(keys)
-        mixed = rrxmrrxmsx_0(k)
         out = np.empty((k.size, t.dim), np.float32)
-        with t.lock.read():
-            rows, _ = t.find(k, mixed)
-            # Absent keys (-1) clip to row 0 and are zeroed below.
-            np.take(t.vectors, rows, axis=0, out=out, mode="clip")
-            found = rows >= 0
-            if t.stats is not None:
-                with t.stats_lock:
-                    self._note_fetch(t, rows[found])
-        missing = np.flatnonzero(~found)
-        if missing.size:
-            out[missing] = 0.0
+        found = np.empty(k.size, np.bool_)
+        self._fetch(t, k, out, found)
         return out, found
 
-    def _note_fetch(self, t: _Table, hit_rows: np.ndarray) -> None:
-        assert t.stats is not None
+    def fetch_into(self, table: str, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Write the vectors of `keys` (int64[n]) into `out` (float32[n, dim], C-contiguous,
+        writable, e.g. a pinned staging buffer); rows of absent keys become zeros.
+
+        Returns found (bool[n]). Raises LookupInputError for an `out` of the wrong dtype,
+        shape or layout (nothing is written then).
+        """
+        t = self._tables.get(table) or self._table(table)
+        k = as_keys(keys)
+        if (not isinstance(out, np.ndarray) or out.dtype != np.float32
+                or out.shape != (k.size, t.dim) or not out.flags.c_contiguous
+                or not out.flags.writeable):
+            raise LookupInputError(
+                f"fetch_into needs a writable C-contiguous float32 array of shape "
+                f"({k.size}, {t.dim}), got {type(out).__name__} "
+                f"{getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}"
+            )
+        found = np.empty(k.size, np.bool_)
+        self._fetch(t, k, out, found)
+        return found
+
+    def _fetch(self, t: _Table, keys: np.ndarray, out: np.ndarray, found: np.ndarray) -> None:
+        rows = np.empty(keys.size, np.int64) if t.has_stats else _NO_ROWS
+        t.lock.acquire_read()
+        try:
+            parts = min(self._workers, keys.size // PARALLEL_KEYS)
+            if parts > 1:
+                self._fetch_parallel(t, keys, out, found, rows, parts)
+            else:
+                kernels.fetch(t.slots, t.keys, t.vectors, keys, out, found, rows)
+            if t.has_stats:
+                with t.stats_lock:
+                    self._note_fetch(t, rows)
+        finally:
+            t.lock.release_read()
+
+    def _fetch_parallel(self, t: _Table, keys: np.ndarray, out: np.ndarray,
+                        found: np.ndarray, rows: np.ndarray, parts: int) -> None:
+        """One slice of the keys per core; this thread takes the last slice."""
+        bounds = np.linspace(0, keys.size, parts + 1).astype(np.int64)
+        if self._pool is None:
+            with self._tables_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._workers - 1,
+                                                    thread_name_prefix="hps-hash-map")
+        slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+        def run(s: slice) -> None:
+            kernels.fetch(t.slots, t.keys, t.vectors, keys[s], out[s], found[s],
+                          rows[s] if rows.size else _NO_ROWS)
+
+        futures = [self._pool.submit(run, s) for s in slices[:-1]]
+        run(slices[-1])
+        for future in futures:
+            future.result()
+
+    def _note_fetch(self, t: _Table, rows: np.ndarray) -> None:
         clock = t.tick()
         if self.overflow_policy == "evict_least_used":
-            np.add.at(t.stats, hit_rows, np.uint32(1))
+            kernels.count_hits(t.stats, rows)
             if clock % _COUNT_CHECK_EVERY == 0 and t.stats[: t.size].max(initial=0) > _COUNT_LIMIT:
                 t.stats[: t.size] >>= 1
         elif self.refresh_time_after_fetch:
-            t.stats[hit_rows] = clock
+            kernels.stamp_rows(t.stats, rows, np.uint32(clock))
 
     def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
         """Insert or overwrite rows; the last of duplicate keys wins. Prunes on overflow.
 
         Raises LookupInputError when keys and vectors disagree in count or width.
         """
-        t = self._table(table)
-        k, v = _distinct_last(*as_rows(keys, vectors, t.dim))
+        t = self._tables.get(table) or self._table(table)
+        k, v = as_rows(keys, vectors, t.dim)
         if not k.size:
             return
-        mixed = rrxmrrxmsx_0(k)
-        with t.lock.write():
-            rows, _ = t.find(k, mixed)
-            old = rows >= 0
-            stamp = t.tick() if t.stats is not None else 0
-            if old.any():
-                t.vectors[rows[old]] = v[old]
-                if t.stats is not None and self.overflow_policy == "evict_oldest":
-                    t.stats[rows[old]] = stamp
-            new = np.flatnonzero(~old)
-            if new.size:
-                self._append(t, k[new], v[new], mixed[new], stamp)
-                if self._bounded:
-                    self._prune(t)
+        t.lock.acquire_write()
+        try:
+            stamp = t.tick() if t.has_stats else 0
+            oldest = self.overflow_policy == "evict_oldest"
+            before = t.size
+            done = 0
+            while True:
+                done = kernels.insert(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
+                                      t.state, k, v, done, t.max_used,
+                                      stamp if oldest else 0, stamp if oldest else -1)
+                if done == k.size:
+                    break
+                t.grow(k.size - done)
+            t.written = max(t.written, t.size)
+            if self._bounded and t.size > before:
+                self._prune(t)
+        finally:
+            t.lock.release_write()
 
-    def _append(
-        self, t: _Table, keys: np.ndarray, vectors: np.ndarray, mixed: np.ndarray, stamp: int
-    ) -> None:
-        start, stop = t.size, t.size + keys.size
-        t.reserve_rows(stop)
-        t.written = max(t.written, stop)
-        t.keys[start:stop] = keys
-        t.vectors[start:stop] = vectors
-        if t.stats is not None:
-            t.stats[start:stop] = stamp if self.overflow_policy == "evict_oldest" else 0
-        num_parts = t.partition_sizes.size
-        t.partition_sizes += np.bincount(partition_of_mixed(mixed, num_parts), minlength=num_parts)
-        if stop + t.tombstones > MAX_LOAD * t.slots.size:
-            t.size = stop
-            t.rebuild(0)
-        else:
-            t.claim(mixed, np.arange(start, stop))
-            t.size = stop
+    def reserve(self, table: str, num_keys: int) -> None:
+        """Allocate rows and slots for `num_keys` keys in all, ahead of a load of that many
+        (one allocation instead of growing by doubling). A hint: never shrinks."""
+        t = self._tables.get(table) or self._table(table)
+        t.lock.acquire_write()
+        try:
+            t.reserve(int(num_keys))
+        finally:
+            t.lock.release_write()
 
     def _prune(self, t: _Table) -> None:
         """Prune every partition past the margin down to the resolution target."""
         over = np.flatnonzero(t.partition_sizes > self.overflow_margin)
         if not over.size:
             return
-        live_mixed = rrxmrrxmsx_0(t.keys[: t.size])
-        parts = partition_of_mixed(live_mixed, self.num_partitions)
+        parts = np.empty(t.size, np.int64)
+        kernels.partitions(t.keys, t.size, self.num_partitions, parts)
         # Rows of the overflowing partitions only, grouped by partition.
         rows_over = np.flatnonzero(np.isin(parts, over))
         rows_over = rows_over[np.argsort(parts[rows_over], kind="stable")]
         starts = np.concatenate([[0], np.cumsum(t.partition_sizes[over])])
         victims = []
-        for i in range(over.size):
+        for i in range(over.size):  # a loop over partitions, not keys
             members = rows_over[starts[i] : starts[i + 1]]
             excess = members.size - self.prune_target
             victims.append(members[self._victims(t, members, excess)])
-        rows = np.sort(np.concatenate(victims))
-        mixed = live_mixed[rows]
-        _, slot_pos = t.find(t.keys[rows], mixed)
-        t.delete(rows, slot_pos, mixed)
+        # by key: removing a row moves another into its place
+        victim_keys = t.keys[np.concatenate(victims)]
+        kernels.remove(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes, t.state,
+                       victim_keys)
+        t.shrink()
 
     def _victims(self, t: _Table, members: np.ndarray, excess: int) -> np.ndarray:
         """Positions in `members` of the `excess` rows the policy evicts."""
@@ -469,23 +434,22 @@ class HashMapTier(Tier):
             return np.arange(members.size)
         if self.overflow_policy == "evict_random":
             return self._rng.choice(members.size, excess, replace=False)
-        assert t.stats is not None
         return np.argpartition(t.stats[members], excess - 1)[:excess]
 
     def remove(self, table: str, keys: np.ndarray) -> int:
         """Delete `keys`; returns how many distinct keys were present."""
-        t = self._table(table)
-        k = np.unique(as_keys(keys))
+        t = self._tables.get(table) or self._table(table)
+        k = as_keys(keys)
         if not k.size:
             return 0
-        mixed = rrxmrrxmsx_0(k)
-        with t.lock.write():
-            rows, slot_pos = t.find(k, mixed)
-            hit = np.flatnonzero(rows >= 0)
-            order = np.argsort(rows[hit])
-            hit = hit[order]
-            t.delete(rows[hit], slot_pos[hit], mixed[hit])
-        return int(hit.size)
+        t.lock.acquire_write()
+        try:
+            removed = kernels.remove(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
+                                     t.state, k)
+            t.shrink()
+        finally:
+            t.lock.release_write()
+        return int(removed)
 
     def size(self, table: str) -> int:
         return self._table(table).size
@@ -516,18 +480,7 @@ class HashMapTier(Tier):
         with self._tables_lock:
             self._tables.clear()
             self._dims.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
-
-def _distinct_last(keys: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Keys without repeats, each with the vector of its last occurrence."""
-    if keys.size < 2:
-        return keys, vectors
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    last = np.empty(keys.size, bool)
-    last[-1] = True
-    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=last[:-1])
-    if last.all():
-        return keys, vectors
-    keep = order[last]
-    return keys[keep], vectors[keep]

@@ -8,11 +8,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hps.config import VolatileDBConfig
 from hps.db.hash_map import HashMapTier
 from hps.db.partition import partition_of
-from hps.errors import ConfigError
+from hps.errors import ConfigError, LookupInputError
+from tests.db.numpy_hash_map import NumpyHashMap
 from tests.db.rows import vectors_of
 
 T = "hps_et.model.table0"
@@ -257,3 +260,126 @@ def test_concurrent_fetches_count_every_hit() -> None:
     tier.insert(T, np.array([1000]), vectors_of(np.array([1000]), 2))
     assert tier.size(T) == 50
     assert tier.fetch(T, hot)[1].all()  # 100 hits each, none lost between threads
+
+
+# -- the former NumPy path -------------------------------------------------------------
+
+wide_keys = st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-300, 300))
+batches = st.lists(
+    st.tuples(st.sampled_from(["insert", "remove", "fetch"]),
+              st.lists(wide_keys, max_size=400),
+              st.integers(1, 2000)),
+    max_size=30,
+)
+
+
+def assert_same_answers(tier: HashMapTier, reference: NumpyHashMap, keys: np.ndarray) -> None:
+    got, found = tier.fetch(T, keys)
+    want, want_found = reference.fetch(keys)
+    assert np.array_equal(found, want_found)
+    assert np.array_equal(got, want)
+    assert tier.size(T) == reference.size
+
+
+@settings(max_examples=120, deadline=None)
+@given(batches)
+def test_compiled_tier_answers_like_the_numpy_path(
+    sequence: list[tuple[str, list[int], int]],
+) -> None:
+    """Random batches (repeats, extremes, dense small ranges that collide), then a wide
+    batch of consecutive keys: every answer, count and size agrees with the NumPy path."""
+    tier = HashMapTier(config(num_partitions=8))
+    tier.create_table(T, 5)
+    reference = NumpyHashMap(5)
+    for step, (op, key_list, run) in enumerate(sequence):
+        # each batch also carries a run of consecutive keys: many collisions, many rebuilds
+        keys = np.concatenate([np.array(key_list, np.int64),
+                               np.arange(step * 500, step * 500 + run, dtype=np.int64)])
+        if op == "insert":
+            vecs = vectors_of(keys, 5, salt=step)
+            tier.insert(T, keys, vecs)
+            reference.insert(keys, vecs)
+        elif op == "remove":
+            assert tier.remove(T, keys) == reference.remove(keys)
+        assert_same_answers(tier, reference, keys)
+    live = reference.keys[: reference.size]
+    assert_same_answers(tier, reference, np.concatenate([live, live + 1]))
+    assert np.array_equal(tier.partition_sizes(T),
+                          np.bincount(partition_of(live, 8), minlength=8))
+
+
+def test_compiled_tier_like_the_numpy_path_at_scale() -> None:
+    """A million random keys in uneven chunks, removals, re-inserts; fetches of keys held
+    and never held, split over the cores, agree with the NumPy path row for row."""
+    rng = np.random.default_rng()
+    tier = HashMapTier(config())
+    tier.create_table(T, 3)
+    reference = NumpyHashMap(3)
+    keys = rng.integers(-(2**63), 2**63 - 1, 1_000_000, dtype=np.int64)
+    for chunk in np.array_split(keys, 9):
+        vecs = rng.standard_normal((chunk.size, 3), dtype=np.float32)
+        tier.insert(T, chunk, vecs)
+        reference.insert(chunk, vecs)
+    gone = keys[rng.integers(0, keys.size, 200_000)]
+    assert tier.remove(T, gone) == reference.remove(gone)
+    back = gone[:50_000]
+    vecs = rng.standard_normal((back.size, 3), dtype=np.float32)
+    tier.insert(T, back, vecs)
+    reference.insert(back, vecs)
+    query = np.concatenate([keys, rng.integers(-(2**63), 2**63 - 1, 100_000, dtype=np.int64)])
+    assert_same_answers(tier, reference, rng.permutation(query))
+
+
+# -- the compiled path's own promises --------------------------------------------------
+
+
+def test_fetch_into_a_callers_buffer(tier: HashMapTier) -> None:
+    keys = np.array([3, 8, 5])
+    tier.insert(T, keys, vectors_of(keys, 4))
+    out = np.full((4, 4), 7.0, np.float32)
+    found = tier.fetch_into(T, np.array([5, 9, 3, 5]), out)
+    assert found.tolist() == [True, False, True, True]
+    assert np.array_equal(out[[0, 2, 3]], vectors_of(np.array([5, 3, 5]), 4))
+    assert not out[1].any()
+    for bad in (np.zeros((4, 4), np.float64), np.zeros((3, 4), np.float32),
+                np.zeros((4, 8), np.float32)[:, ::2], np.zeros((4, 4), np.float32).T.copy().T):
+        before = bad.copy()
+        with pytest.raises(LookupInputError, match="fetch_into needs"):
+            tier.fetch_into(T, np.array([5, 9, 3, 5]), bad)
+        assert np.array_equal(bad, before)
+
+
+def test_read_only_and_strided_keys(tier: HashMapTier) -> None:
+    keys = np.arange(10, dtype=np.int64)
+    tier.insert(T, np.frombuffer(keys.tobytes(), np.int64), vectors_of(keys, 4))
+    got, found = tier.fetch(T, np.frombuffer(keys[::-1].tobytes(), np.int64))
+    assert found.all() and np.array_equal(got, vectors_of(keys[::-1], 4))
+    got, found = tier.fetch(T, keys[::3])
+    assert found.all() and np.array_equal(got, vectors_of(keys[::3], 4))
+
+
+def test_reserve_allocates_once_and_keeps_contents(tier: HashMapTier) -> None:
+    tier.insert(T, np.array([1, 2]), vectors_of(np.array([1, 2]), 4))
+    tier.reserve(T, 100_000)
+    keys = np.arange(3, 100_000)
+    tier.insert(T, keys, vectors_of(keys, 4))
+    assert tier.size(T) == 99_999
+    got, found = tier.fetch(T, np.arange(1, 100_000))
+    assert found.all() and np.array_equal(got, vectors_of(np.arange(1, 100_000), 4))
+    # slots sized for the announced load: under 1.1 × raw for 4-wide rows (24 bytes)
+    assert tier.memory_bytes(T) <= 1.35 * 99_999 * 24
+
+
+def test_kernels_release_the_gil_and_never_compile_in_a_lookup() -> None:
+    """Each kernel was compiled for its declared signatures at import, without the GIL;
+    a call with other types raises instead of compiling on the lookup path."""
+    from hps.db import hash_map_kernels as kernels
+
+    for name in ("fetch", "insert", "remove", "place_rows", "partitions", "count_hits",
+                 "stamp_rows"):
+        dispatcher = getattr(kernels, name)
+        assert dispatcher.targetoptions["nogil"] is True, name
+        assert len(dispatcher.signatures) == 1, name
+        assert not dispatcher._can_compile, name
+    with pytest.raises(TypeError):
+        kernels.place_rows(np.full(16, -1, np.int64), np.zeros(4, np.int64), 4)

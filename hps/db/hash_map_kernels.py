@@ -1,0 +1,243 @@
+"""The compiled loops of the in-process hash map (`hps.db.hash_map`): probe, fetch, insert,
+remove, rebuild. numba, GIL released; compiled (or loaded from numba's cache) when this
+module is imported, for the exact argument types below, never inside a lookup.
+
+A table is flat arrays (see `hps.db.hash_map`): `slots` int32[capacity] (a row, or EMPTY /
+TOMBSTONE), `row_keys` int64[row capacity], `vectors` float32[row capacity, dim], `stats`
+uint32[row capacity] (or empty when no overflow policy needs them), `partition_sizes`
+int64[num_partitions], and `state` int64[2] = (rows in use, tombstones). Rows [0, size)
+are live and dense.
+
+A key's home slot is `rrxmrrxmsx_0(key) % capacity` (the capacity need not be a power of
+two, so a table can be sized to its load); collisions probe linearly, wrapping. The
+callers keep at least one slot EMPTY, which ends every probe.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hps.compiled import array, inlined, kernel, types
+
+EMPTY = -1
+TOMBSTONE = -2
+
+_M1 = np.uint64(0xA24BAED4963EE407)
+_M2 = np.uint64(0x9FB21C651E98DF25)
+_U64 = np.uint64
+
+# argument types: tables are writable; keys and vectors handed in may be read-only views
+_SLOTS = array(np.int32)
+_ROW_KEYS = array(np.int64)
+_VECTORS = array(np.float32, 2)
+_STATS = array(np.uint32)
+_COUNTS = array(np.int64)
+_KEYS_IN = array(np.int64, readonly=True)
+_VECTORS_IN = array(np.float32, 2, readonly=True)
+_ROWS = array(np.int64)
+_FOUND = array(np.bool_)
+_I64 = types.int64
+A = np.ndarray  # annotations only: numba compiles for the signatures given
+
+
+@inlined
+def _ror(x: np.uint64, r: int) -> np.uint64:
+    return (x >> _U64(r)) | (x << _U64(64 - r))
+
+
+@inlined
+def mix(key: int) -> np.uint64:
+    """rrxmrrxmsx_0 of `key` read as uint64 (as `hps.db.partition.rrxmrrxmsx_0`)."""
+    x = _U64(key)
+    x ^= _ror(x, 25) ^ _ror(x, 50)
+    x *= _M1
+    x ^= _ror(x, 24) ^ _ror(x, 49)
+    x *= _M2
+    return x ^ (x >> _U64(28))
+
+
+@inlined
+def _partition(h: np.uint64, num_partitions: int) -> int:
+    # as hps.db.partition.partition_of_mixed: a mask for powers of two, else the remainder
+    if num_partitions & (num_partitions - 1) == 0:
+        return int(np.int64(h & _U64(num_partitions - 1)))
+    return int(np.int64(h % _U64(num_partitions)))
+
+
+@inlined
+def _find(slots: A, row_keys: A, key: int, h: np.uint64) -> tuple[int, int]:
+    """(row of `key` or -1, the slot holding it or the EMPTY slot that ended the probe)."""
+    capacity = slots.size
+    p = int(np.int64(h % _U64(capacity)))
+    while True:
+        s = slots[p]
+        if s == EMPTY:
+            return -1, p
+        if s >= 0 and row_keys[s] == key:
+            return int(s), p
+        p += 1
+        if p == capacity:
+            p = 0
+
+
+@kernel([types.int64(_SLOTS, _ROW_KEYS, _VECTORS, _KEYS_IN, _VECTORS, _FOUND, _ROWS)])
+def fetch(slots: A, row_keys: A, vectors: A, keys: A, out: A, found: A, rows: A) -> int:
+    """out[i] = the row of keys[i] (zeros when absent), found[i], and rows[i] (the row or
+    -1) when `rows` is not empty. Returns the number of keys found."""
+    dim = vectors.shape[1]
+    track = rows.size != 0
+    hits = 0
+    for i in range(keys.size):
+        key = keys[i]
+        r, _ = _find(slots, row_keys, key, mix(key))
+        if r >= 0:
+            for j in range(dim):
+                out[i, j] = vectors[r, j]
+            found[i] = True
+            hits += 1
+        else:
+            for j in range(dim):
+                out[i, j] = 0.0
+            found[i] = False
+        if track:
+            rows[i] = r
+    return hits
+
+
+@kernel([types.int64(_SLOTS, _ROW_KEYS, _VECTORS, _STATS, _COUNTS, _COUNTS, _KEYS_IN,
+                     _VECTORS_IN, _I64, _I64, _I64, _I64)])
+def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, state: A,
+           keys: A, new_vectors: A, start: int, max_used: int, new_stat: int,
+           overwrite_stat: int) -> int:
+    """Insert or overwrite keys[start:] in order (a repeated key: the last one wins).
+
+    A new key takes the first tombstone or the EMPTY slot its probe meets and row `size`;
+    its stat is `new_stat`; an overwritten row's stat becomes `overwrite_stat` unless that
+    is negative. Stops before a key that would need a row beyond the row arrays or take
+    rows + tombstones past `max_used` (the caller grows the table and calls again).
+    Returns the index of the first key not inserted (keys.size when all were).
+    """
+    size = state[0]
+    tombstones = state[1]
+    num_partitions = partition_sizes.size
+    has_stats = stats.size != 0
+    dim = vectors.shape[1]
+    capacity = slots.size
+    i = start
+    while i < keys.size:
+        key = keys[i]
+        h = mix(key)
+        p = int(np.int64(h % _U64(capacity)))
+        free = -1
+        row = -1
+        while True:
+            s = slots[p]
+            if s == EMPTY:
+                break
+            if s == TOMBSTONE:
+                if free < 0:
+                    free = p
+            elif row_keys[s] == key:
+                row = int(s)
+                break
+            p += 1
+            if p == capacity:
+                p = 0
+        if row >= 0:
+            if has_stats and overwrite_stat >= 0:
+                stats[row] = overwrite_stat
+        else:
+            if size >= row_keys.size or (free < 0 and size + tombstones >= max_used):
+                break
+            if free >= 0:
+                p = free
+                tombstones -= 1
+            row = size
+            slots[p] = row
+            row_keys[row] = key
+            if has_stats:
+                stats[row] = new_stat
+            partition_sizes[_partition(h, num_partitions)] += 1
+            size += 1
+        for j in range(dim):
+            vectors[row, j] = new_vectors[i, j]
+        i += 1
+    state[0] = size
+    state[1] = tombstones
+    return i
+
+
+@kernel([types.int64(_SLOTS, _ROW_KEYS, _VECTORS, _STATS, _COUNTS, _COUNTS, _KEYS_IN)])
+def remove(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, state: A,
+           keys: A) -> int:
+    """Delete keys (repeats and absent keys are skipped); returns how many were deleted.
+
+    The key's slot becomes a tombstone and the last live row moves into its row, so rows
+    stay dense.
+    """
+    size = state[0]
+    tombstones = state[1]
+    num_partitions = partition_sizes.size
+    has_stats = stats.size != 0
+    dim = vectors.shape[1]
+    removed = 0
+    for i in range(keys.size):
+        key = keys[i]
+        h = mix(key)
+        row, p = _find(slots, row_keys, key, h)
+        if row < 0:
+            continue
+        slots[p] = TOMBSTONE
+        tombstones += 1
+        partition_sizes[_partition(h, num_partitions)] -= 1
+        last = size - 1
+        if row != last:
+            moved = row_keys[last]
+            _, q = _find(slots, row_keys, moved, mix(moved))
+            slots[q] = row
+            row_keys[row] = moved
+            for j in range(dim):
+                vectors[row, j] = vectors[last, j]
+            if has_stats:
+                stats[row] = stats[last]
+        size -= 1
+        removed += 1
+    state[0] = size
+    state[1] = tombstones
+    return removed
+
+
+@kernel([types.void(_SLOTS, _ROW_KEYS, _I64)])
+def place_rows(slots: A, row_keys: A, size: int) -> None:
+    """Give rows [0, size) a slot each in an all-EMPTY `slots` (their keys are distinct)."""
+    capacity = slots.size
+    for r in range(size):
+        p = int(np.int64(mix(row_keys[r]) % _U64(capacity)))
+        while slots[p] != EMPTY:
+            p += 1
+            if p == capacity:
+                p = 0
+        slots[p] = r
+
+
+@kernel([types.void(_ROW_KEYS, _I64, _I64, _COUNTS)])
+def partitions(row_keys: A, size: int, num_partitions: int, out: A) -> None:
+    """out[r] = the partition of row r's key, for rows [0, size)."""
+    for r in range(size):
+        out[r] = _partition(mix(row_keys[r]), num_partitions)
+
+
+@kernel([types.void(_STATS, _ROWS)])
+def count_hits(stats: A, rows: A) -> None:
+    """stats[r] += 1 for each row r >= 0 in `rows` (a repeated row counts each time)."""
+    for r in rows:
+        if r >= 0:
+            stats[r] += np.uint32(1)
+
+
+@kernel([types.void(_STATS, _ROWS, types.uint32)])
+def stamp_rows(stats: A, rows: A, stamp: np.uint32) -> None:
+    """stats[r] = stamp for each row r >= 0 in `rows`."""
+    for r in rows:
+        if r >= 0:
+            stats[r] = stamp
