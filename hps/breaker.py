@@ -56,10 +56,11 @@ class CircuitBreaker:
     def is_open(self) -> bool:
         return self._open
 
-    def count(self, kind: str) -> None:
-        """Count a failure that does not mean the tier is down (a saturated pool…)."""
+    def count(self, kind: str, n: int = 1) -> None:
+        """Count `n` failures that do not mean the tier is down (a saturated pool, bad
+        rows…)."""
         with self._lock:
-            self._failures[kind] = self._failures.get(kind, 0) + 1
+            self._failures[kind] = self._failures.get(kind, 0) + int(n)
 
     def check(self) -> None:
         """Raise TierUnavailableError, without network, while the breaker is open."""

@@ -7,6 +7,11 @@ when it opens), so a malformed model changes nothing; what only the rows can sho
 corrupt page, a key out of range) fails mid-read, and the server drops what was written.
 The GPU cache is warmed afterwards from a second, short read of the files. Files of any
 format come through the ModelReader contract (hps.io.formats); nothing here knows one.
+
+The volatile tier is a cache over the persistent one: when it cannot take a table (Redis
+down, full or read-only), the load goes on without it and says so in the table's source
+record (`volatile_error`); the server fills it later (`fill_volatile`). Without a
+persistent tier the volatile tier holds the only copy, and its failure fails the load.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import numpy as np
 
 from hps.config import ModelConfig, PSConfig
 from hps.db.base import Tier
+from hps.errors import TierError
 from hps.io.formats import DEFAULT_CHUNK_BYTES, ModelReader, ReadOptions, open_model
 from hps.io.source import SourceOptions
 
@@ -52,21 +58,29 @@ class TableSource:
     loaded_at: float = field(default_factory=time.time)
     load_seconds: float = 0.0
     reused: bool = False
+    #: why the volatile tier did not take this load ("" when it did)
+    volatile_error: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
 
 
+def open_reader(config: PSConfig, model: ModelConfig, index: int,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> ModelReader:
+    """Open and validate the files of table `index` of `model`."""
+    options = SourceOptions(s3_endpoint=getattr(config, "s3_endpoint", None))
+    read = ReadOptions(model.embedding_vecsize_per_table[index],
+                       uint32_keys=not config.supportlonglong, chunk_bytes=chunk_bytes)
+    return open_model(model.table_spec(index), read, options)
+
+
 def open_readers(config: PSConfig, model: ModelConfig, chunk_bytes: int = DEFAULT_CHUNK_BYTES
                  ) -> list[ModelReader]:
     """Open and validate every table's files; raises before anything is written."""
-    options = SourceOptions(s3_endpoint=getattr(config, "s3_endpoint", None))
     readers: list[ModelReader] = []
     try:
         for i in range(model.num_tables):
-            read = ReadOptions(model.embedding_vecsize_per_table[i],
-                               uint32_keys=not config.supportlonglong, chunk_bytes=chunk_bytes)
-            readers.append(open_model(model.table_spec(i), read, options))
+            readers.append(open_reader(config, model, i, chunk_bytes))
     except BaseException:
         for reader in readers:
             reader.close()
@@ -76,6 +90,18 @@ def open_readers(config: PSConfig, model: ModelConfig, chunk_bytes: int = DEFAUL
 
 def _volatile_rows(n: int, rate: float) -> int:
     return n if rate >= 1.0 else int(math.ceil(n * rate))
+
+
+def fill_volatile(name: str, reader: ModelReader, volatile: Tier, rate: float) -> int:
+    """Write the `rate` share of every chunk of a table into the volatile tier, as a load
+    does (for a fill after the load, when the tier could not take it then); returns the
+    keys written. Raises TierError when the tier cannot take them."""
+    written = 0
+    for keys, vectors in reader.chunks():
+        m = _volatile_rows(len(keys), rate)
+        volatile.insert(name, keys[:m], vectors[:m])
+        written += m
+    return written
 
 
 def load_table(
@@ -89,7 +115,9 @@ def load_table(
     """Write one table into the tiers; returns its source record.
 
     The persistent tier is skipped when it already holds these exact files (same
-    fingerprint), which makes restarting a server over a filled RocksDB fast.
+    fingerprint), which makes restarting a server over a filled RocksDB fast. A volatile
+    tier that fails (TierError) while a persistent tier takes the table is left out of
+    the rest of the load: `volatile_error` of the record says why.
     """
     started = time.perf_counter()
     dim = reader.vec_size
@@ -114,9 +142,19 @@ def load_table(
 
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for keys, vectors in reader.chunks():
-            if write_volatile:
+            if write_volatile and not source.volatile_error:
                 m = _volatile_rows(len(keys), rate)
-                volatile.insert(name, keys[:m], vectors[:m])  # type: ignore[union-attr]
+                try:
+                    volatile.insert(name, keys[:m], vectors[:m])  # type: ignore[union-attr]
+                except TierError as exc:
+                    if persistent is None:
+                        raise TierError(
+                            f"the {volatile.name} tier holds the only copy of {name} "  # type: ignore[union-attr]
+                            f"(no persistent_db) and cannot take it: {exc}") from exc
+                    source.volatile_error = str(exc)
+                    log.warning("%s: the %s tier cannot take it now (%s); loading on "
+                                "without it, it is filled once it can",
+                                name, volatile.name, exc)  # type: ignore[union-attr]
             progress.advance(len(keys), int(len(keys) * bytes_per_row))
             yield keys, vectors
 
@@ -127,8 +165,8 @@ def load_table(
         persistent.drop_table(name)
         persistent.create_table(name, dim)
         persistent.load(name, chunks())
-        persistent.set_metadata(
-            name, {k: v for k, v in source.as_dict().items() if k != "reused"})
+        persistent.set_metadata(name, {k: v for k, v in source.as_dict().items()
+                                       if k not in ("reused", "volatile_error")})
     elif write_volatile:
         for _ in chunks():
             pass
@@ -138,4 +176,3 @@ def load_table(
     log.info("loaded %s: %d keys, width %d, %.2fs%s", name, reader.num_keys, dim,
              source.load_seconds, " (persistent tier already held it)" if reuse else "")
     return source
-

@@ -34,6 +34,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -47,12 +48,15 @@ import rocksdict
 
 from hps.config import PersistentDBConfig
 from hps.db.base import Tier, as_keys, as_rows
+from hps.db.rows import decode_rows
 from hps.errors import (
     ConfigError,
-    TierError,
     TierSetupError,
     UnknownTableError,
 )
+from hps.throttled_log import ThrottledLog
+
+log = logging.getLogger("hps.db.rocksdb")
 
 META_CF = "hps_meta"
 DEFAULT_CF = "default"
@@ -177,6 +181,8 @@ class RocksDBTier(Tier):
         self.max_batch_size = int(self.config.max_batch_size)
         self.load_run_bytes = load_run_bytes
         self._lock = threading.Lock()
+        self._failures: dict[str, int] = {}
+        self._bad_log = ThrottledLog(log)
         self._options = self._make_options(block_cache_bytes)
         self._read_options = rocksdict.ReadOptions()
         self._read_options.set_verify_checksums(False)
@@ -340,7 +346,9 @@ class RocksDBTier(Tier):
     def fetch(self, table: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectors (float32[n, dim], zero rows where absent) and found (bool[n]).
 
-        Raises TierError if a stored value is not `dim` float32 values wide.
+        A stored value that is not `dim` float32 wide (a store written with another
+        embedding_vecsize) answers "not found" for its key, is counted in `stats()`'s
+        failures ("bad_row") and logged once per minute.
         """
         cf = self._cf(table)
         dim = self.dim(table)
@@ -349,22 +357,22 @@ class RocksDBTier(Tier):
         unique_swapped, inverse = np.unique(swapped, return_inverse=True)
         wanted = key_bytes(unique_swapped.byteswap().view(np.int64))
         values = self._multi_get(cf, wanted)
-        missing = values.count(None)
-        joined = b"".join(filter(None, values))
-        present = len(values) - missing
-        if len(joined) != present * dim * 4:
-            raise TierError(
-                f"rocksdb table {table!r} holds values that are not {dim} float32 wide "
-                f"({len(joined)} bytes for {present} keys): the store was written with "
-                "another embedding_vecsize"
-            )
-        rows = np.frombuffer(joined, np.float32).reshape(present, dim)
-        if missing:
-            found_unique = np.fromiter(map(bool, values), bool, len(values))
+        rows, good, bad = decode_rows(values, dim)
+        if bad:
+            self._count_bad_rows(table, dim, bad)
+        if rows.shape[0] < len(values):
             full = np.zeros((len(values), dim), np.float32)
-            full[found_unique] = rows
-            return full[inverse], found_unique[inverse]
+            full[good] = rows
+            return full[inverse], good[inverse]
         return rows[inverse], np.ones(k.size, bool)
+
+    def _count_bad_rows(self, table: str, dim: int, bad: int) -> None:
+        with self._lock:
+            self._failures["bad_row"] = self._failures.get("bad_row", 0) + bad
+        self._bad_log.warning(
+            "bad_row", "rocksdb table %r holds %d value(s) that are not %d float32 wide "
+            "(written with another embedding_vecsize?); their keys get the default value",
+            table, bad, dim)
 
     def _multi_get(self, cf: Any, wanted: list[bytes]) -> list[bytes | None]:
         """multi_get in slices of max_batch_size, spread over the worker threads."""
@@ -495,7 +503,9 @@ class RocksDBTier(Tier):
         with self._lock:
             families = [cf for name, cf in self._cfs.items() if name in self._dims]
         estimated = sum(int(cf.property_int_value(_ESTIMATED_KEYS) or 0) for cf in families)
-        return {**super().stats(), "estimated_keys": estimated}
+        with self._lock:
+            failures = dict(self._failures)
+        return {**super().stats(), "failures": failures, "estimated_keys": estimated}
 
     # -- metadata -----------------------------------------------------------------------
 

@@ -154,6 +154,14 @@ class ServerCollector(Collector):
         yield hits
         yield gpu
         yield from _tier_metrics(self.server.tiers.stats(), failures)
+        pending = GaugeMetricFamily(
+            "hps_tier_tables_pending", "Tables a load could not write to the tier (down, "
+            "full or read-only then), filled in the background.", labels=["tier"])
+        degraded = self.server.degraded()
+        for tier in self.server.tiers:
+            pending.add_metric([tier.name], len(
+                degraded.get(tier.name, {}).get("tables_pending", [])))
+        yield pending
 
 
 def _tier_metrics(tiers: dict[str, dict[str, Any]], failures: CounterMetricFamily

@@ -100,7 +100,8 @@ def build_router(state: ServiceState) -> APIRouter:
         ready = state.ready()
         status = "ready" if ready else ("failed" if state.failed else "loading")
         body: dict[str, Any] = {"status": status, "loaded": loaded,
-                                "loading": state.pending(), "failed": sorted(state.failed)}
+                                "loading": state.pending(), "failed": sorted(state.failed),
+                                "degraded": server.degraded()}
         if not ready:
             body["error"] = {"kind": "not_ready", "message":
                              f"models not served yet: {', '.join(state.pending()) or '-'}"

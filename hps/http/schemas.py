@@ -112,6 +112,11 @@ class Readiness(BaseModel):
     loading: list[str]
     failed: list[str] = Field(description="Models whose load failed (the errors are in "
                               "GET /v1/models, which the token protects).")
+    degraded: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Tiers not serving as configured, by tier name: `available` (false "
+        "while down) and `tables_pending` (tables a load could not write to it, filled in "
+        "the background). Lookups are still answered whole (from the next tier).")
 
 
 def _error_response(description: str) -> dict[str, Any]:

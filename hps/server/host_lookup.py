@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hps.db import Tiers
-from hps.errors import TierUnavailableError
+from hps.errors import TierError
 from hps.server.models import LoadedTable
 
 
@@ -19,7 +19,8 @@ class HostLookup:
     """Vectors of host keys from the tiers, counted in each table's `TableStats`.
 
     Never fails on a volatile tier outage: its keys fall through to the persistent tier
-    and the failure is counted (`TableStats.tier_failures`). With
+    and the failure is counted (`TableStats.tier_failures`). Tables a load left out of
+    the volatile tier (`volatile_ready` False) skip it until they are filled. With
     `cache_missed_embeddings`, vectors found only in the persistent tier are written to
     the volatile tier in the background.
     """
@@ -35,10 +36,10 @@ class HostLookup:
         volatile, persistent = self.tiers.volatile, self.tiers.persistent
         vectors: np.ndarray | None = None
         found = np.zeros(n, dtype=bool)
-        if volatile is not None and n:
+        if volatile is not None and n and table.volatile_ready:
             try:
                 vectors, found = volatile.fetch(name, keys)
-            except TierUnavailableError:
+            except TierError:  # down, or its data unreadable: the next tier answers
                 table.stats.add_tier_failure()
         if vectors is None:
             vectors = np.zeros((n, table.dim), dtype=np.float32)
@@ -51,7 +52,7 @@ class HostLookup:
             vectors[missing] = rows[inverse]
             found[missing] = present[inverse]
             persistent_hits = int(np.count_nonzero(present[inverse]))
-            if self.cache_missed:
+            if self.cache_missed and table.volatile_ready:
                 self._cache_missed(name, unique[present], rows[present])
         defaults = n - volatile_hits - persistent_hits
         if defaults:
@@ -68,7 +69,7 @@ class HostLookup:
             return
         try:
             self.tiers.volatile.insert_async(name, keys, rows)  # type: ignore[union-attr]
-        except TierUnavailableError:
+        except TierError:
             pass  # the next lookup of these keys reaches the persistent tier again
 
 

@@ -58,6 +58,9 @@ class LoadedTable:
     source: TableSource
     stats: TableStats = field(default_factory=TableStats)
     gpu: dict[int, Any] = field(default_factory=dict)  # device id → GpuEmbeddingTable
+    #: lookups read the volatile tier for this table; False while a load left it out
+    #: (Redis down, full or read-only then) until the background fill is done
+    volatile_ready: bool = True
 
     def checked_keys(self, keys: Any) -> Any:
         """`keys` as a 1-D int64 view (host or device, see `keys.as_key_array`).

@@ -172,6 +172,20 @@ class HierarchicalParameterServer:
             for loaded in held:
                 loaded.refs.release()
 
+    def degraded(self) -> dict[str, dict[str, Any]]:
+        """The tiers that do not serve as configured now, by tier name: down
+        (`available` False), or missing tables a load could not write to them
+        (`tables_pending`, filled in the background). Empty when all is well."""
+        filler = self._registry.filler
+        pending = sorted(t.storage_name for t in filler.pending()) if filler else []
+        out: dict[str, dict[str, Any]] = {}
+        for tier in self.tiers:
+            available = bool(tier.stats()["available"])
+            tables = pending if tier is self.tiers.volatile else []
+            if not available or tables:
+                out[tier.name] = {"available": available, "tables_pending": tables}
+        return out
+
     def describe(self) -> list[dict[str, Any]]:
         """Models, tables, widths, sources, tier sizes and counters (for CLI and HTTP)."""
         out = []
@@ -193,6 +207,7 @@ class HierarchicalParameterServer:
                 "index": t.index, "name": t.name, "storage_name": t.storage_name,
                 "dim": t.dim, "default_value": t.default_value, "max_keys": t.max_keys,
                 "source": t.source.as_dict(), "stats": t.stats.as_dict(), "tiers": {},
+                "volatile_ready": t.volatile_ready,
             }
             for tier, keys in self.tiers.sizes(t.storage_name).items():
                 info["tiers"][tier] = ({"keys": keys} if keys is not None

@@ -13,6 +13,7 @@ name still held by a retiring version waits for that version's last lookup.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Sequence
@@ -20,13 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hps.background import BackgroundWorker
+from hps.backoff import Backoff
 from hps.config import ModelConfig, PSConfig
 from hps.db import Tiers
 from hps.db.base import table_name
 from hps.errors import LookupInputError, TierUnavailableError, UnknownModelError
-from hps.loader import LoadProgress, load_table, open_readers
+from hps.loader import LoadProgress, load_table, open_reader, open_readers
 from hps.server.gpu_caches import GpuCaches
 from hps.server.models import LoadedModel, LoadedTable
+from hps.server.volatile_fill import VolatileFiller
 
 log = logging.getLogger("hps")
 
@@ -64,6 +67,10 @@ class ModelRegistry:
         self._retiring_lock = threading.Lock()
         self._dropper: BackgroundWorker[_Retirement] = BackgroundWorker(
             "hps-version-drop", 1024, self._drop_each, log=log)
+        db = config.volatile_db
+        self.filler = (VolatileFiller(tiers.volatile, db.initial_cache_rate, Backoff(
+            initial=db.reconnect_backoff, cap=max(db.reconnect_backoff, db.reconnect_backoff_max)))
+            if tiers.volatile is not None and tiers.persistent is not None else None)
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -144,6 +151,10 @@ class ModelRegistry:
             self._models = {**self._models, model.model: loaded}
             if old is not None:
                 self._retire(old, keep=set(names))
+            for table in loaded.tables:
+                if not table.volatile_ready and self.filler is not None:
+                    self.filler.submit(loaded, table, functools.partial(
+                        open_reader, self.config, model, table.index, self.chunk_bytes))
             return loaded
 
     def unload(self, name: str) -> None:
@@ -171,6 +182,8 @@ class ModelRegistry:
     def close(self) -> None:
         """Drop every replaced version now (lookups must be over), close every GPU
         cache, forget every model. The tables of the served versions stay in the tiers."""
+        if self.filler is not None:
+            self.filler.close()
         self._dropper.close(timeout=30.0)
         with self._retiring_lock:
             left = list(self._retiring)
@@ -194,6 +207,7 @@ class ModelRegistry:
             default_value=float(model.default_value_for_each_table[index]),
             max_keys=model.max_keys_per_lookup(index),
             source=source,
+            volatile_ready=not source.volatile_error,
         )
 
     def _drop_leftover_staging(self, names: Sequence[str]) -> None:
@@ -238,6 +252,8 @@ class ModelRegistry:
                 return  # another thread drops it (close raced the worker)
             retirement.claimed = True
         try:
+            if self.filler is not None:
+                self.filler.quiesce()  # a fill of the retired version stops writing first
             self.gpu.close(retirement.model)
             self._drop_tables(retirement.names)
         finally:

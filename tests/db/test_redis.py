@@ -25,7 +25,7 @@ from hps.config import VolatileDBConfig
 from hps.db.partition import partition_of
 from hps.db.redis import RedisTier, meta_hash, value_hash
 from hps.db.redis.layout import pack_fields
-from hps.errors import TierError, TierSetupError, TierUnavailableError
+from hps.errors import TierSetupError, TierUnavailableError
 from tests.redis_servers import (
     RedisBinaryMissing,
     RedisClusterProcs,
@@ -200,16 +200,38 @@ def test_drop_unlinks_every_hash(servers: Servers, make_tier: Callable[..., Redi
     assert sum(left) == 0
 
 
-def test_rows_of_another_width_are_an_error(redis_standalone: RedisServer,
-                                            make_tier: Callable[..., RedisTier]) -> None:
-    tier = make_tier(redis_standalone.address, num_partitions=1)
+def test_bad_rows_fall_through_counted_and_named(
+    redis_standalone: RedisServer, make_tier: Callable[..., RedisTier],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A row of another width, and a partition hash of another type (WRONGTYPE): their
+    keys answer "not found" (the next tier serves them), the other keys are served, the
+    failures are counted by kind and logged once per kind, naming the right partition."""
+    tier = make_tier(redis_standalone.address, num_partitions=4)
     table = new_table(tier, dim=4)
+    keys = some_keys(200)
+    rows = rows_for(keys, dim=4)
+    tier.insert(table, keys, rows)
+    parts = partition_of(keys, 4)
+    bad_key = keys[0]
+    wide, other = int(parts[0]), (int(parts[0]) + 1) % 4
     with redis_standalone.client() as client:
-        client.hset(value_hash(table, 0), key_field(9), np.zeros(8, "<f4").tobytes())
-    with pytest.raises(TierError, match="not 4 float32 wide"):
-        tier.fetch(table, np.array([9], dtype=np.int64))
-    # the connection was not left dirty: the next call works
-    assert tier.size(table) == 1
+        client.hset(value_hash(table, wide), key_field(bad_key), np.zeros(8, "<f4").tobytes())
+        client.delete(value_hash(table, other))
+        client.set(value_hash(table, other), b"not a hash")
+    caplog.set_level(logging.WARNING, logger="hps.db.redis")
+    for _ in range(3):
+        vectors, found = tier.fetch(table, keys)
+        expect = (keys != bad_key) & (parts != other)
+        np.testing.assert_array_equal(found, expect)
+        np.testing.assert_array_equal(vectors[expect], rows[expect])
+    failures = tier.stats()["failures"]
+    assert failures["bad_row"] == 3 and failures["wrong_type"] == 3 * int((parts == other).sum())
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 2  # once per kind, though each fetch met both
+    assert any(f"partition {value_hash(table, wide)} " in m and "bad row" in m for m in logged)
+    assert any(f"partition {value_hash(table, other)} " in m and "wrong type" in m
+               for m in logged)
 
 
 def test_batches_larger_than_max_batch_size(servers: Servers,

@@ -5,6 +5,7 @@ bulk loads through SST ingestion, threads."""
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import struct
 import threading
@@ -18,7 +19,7 @@ import rocksdict
 
 from hps.config import PersistentDBConfig
 from hps.db.rocksdb import META_CF, RocksDBTier, key_bytes
-from hps.errors import TierError, TierSetupError
+from hps.errors import TierSetupError
 from tests.db.rows import vectors_of
 
 T = "hps_et.model.table0"
@@ -68,12 +69,20 @@ def test_many_keys_over_several_multi_gets(store: Path) -> None:
     tier.close()
 
 
-def test_wrong_width_is_reported(tier: RocksDBTier) -> None:
-    tier.insert(T, np.array([1]), np.ones((1, 4)))
+def test_rows_of_another_width_fall_through(tier: RocksDBTier,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Values of another width answer "not found" (the key gets the default value), are
+    counted as failures of kind bad_row and logged once per minute."""
+    tier.insert(T, np.array([1, 2]), np.ones((2, 4)))
     tier = reopen(tier)
     tier.create_table(T, 8)  # keeps the 4-wide contents
-    with pytest.raises(TierError, match="not 8 float32 wide"):
-        tier.fetch(T, np.array([1]))
+    caplog.set_level(logging.WARNING, logger="hps.db.rocksdb")
+    for _ in range(2):
+        vectors, found = tier.fetch(T, np.array([1, 2, 1]))
+        assert not found.any() and not vectors.any()
+    assert tier.stats()["failures"] == {"bad_row": 4}
+    assert [r.getMessage() for r in caplog.records if "not 8 float32 wide" in r.getMessage()
+            ] and len(caplog.records) == 1
     tier.close()
 
 

@@ -46,7 +46,8 @@ def test_ready_after_background_load(model_files: ModelFiles) -> None:
             release.set()
             wait_until(lambda: client.get("/readyz").status_code == 200)
             assert client.get("/readyz").json() == {
-                "status": "ready", "loaded": [MODEL], "loading": [], "failed": []}
+                "status": "ready", "loaded": [MODEL], "loading": [], "failed": [],
+                "degraded": {}}
             assert announced.wait(5)
             keys = model_files.keys[0][:4]
             got = client.post(f"/v1/models/{MODEL}/tables/0/lookup",

@@ -167,6 +167,9 @@ class Cmd:
     parts: list[Any]
     on_reply: Callable[[Any], None] | None = None
     best_effort: bool = False  # a metadata write: its error reply must not fail the call
+    #: takes an error reply (WRONGTYPE, …) instead of failing the call (redirects and
+    #: a full Redis still fail it)
+    on_error: Callable[[BaseException], None] | None = None
 
 
 def failure_kind(exc: BaseException) -> str:
@@ -194,6 +197,12 @@ def is_tls_error(exc: BaseException | None) -> bool:
 
 class ClusterIncomplete(Exception):
     """CLUSTER SLOTS does not cover every slot (a failover is under way)."""
+
+
+def _is_full(exc: BaseException) -> bool:
+    """An OOM error reply: Redis at `maxmemory` refuses writes (reads still work)."""
+    oom = getattr(rex, "OutOfMemoryError", None)  # redis-py strips the "OOM" prefix
+    return (oom is not None and isinstance(exc, oom)) or str(exc).startswith("OOM")
 
 
 def _redirects() -> tuple[type[BaseException], ...]:
@@ -490,6 +499,9 @@ class RedisClient:
                             self._metadata_failed(exc)
                         elif isinstance(exc, _redirects()):
                             redirect = redirect or exc
+                        elif cmd.on_error is not None and not _is_full(exc):
+                            if redirect is None and failure is None:
+                                cmd.on_error(exc)
                         else:
                             failure = failure or exc
                         continue
@@ -504,6 +516,10 @@ class RedisClient:
                 raise TierError(
                     f"redis refused a command to user {self.config.user_name!r}: {failure}"
                 ) from failure
+            if _is_full(failure):
+                self.breaker.count("full")
+                raise TierError(f"redis is full (maxmemory reached, no eviction): {failure}"
+                                ) from failure
             raise TierError(f"redis answered an error: {failure}") from failure
         return redirect
 

@@ -37,7 +37,9 @@ from hps.db.redis.layout import (
     parse_keys,
     table_layout,
 )
+from hps.db.rows import decode_rows
 from hps.errors import MissingExtraError, TierError, TierUnavailableError
+from hps.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.db.redis")
 
@@ -78,6 +80,7 @@ class RedisTier(Tier):
         self._dropped_lock = threading.Lock()
         self._clock = clock
         self._layouts: dict[str, TableLayout] = {}
+        self._bad_log = ThrottledLog(log)  # bad rows, full Redis: once per kind per minute
         self._client = RedisClient(config, self.failures)
         self._inserter: BackgroundWorker[tuple[str, np.ndarray, np.ndarray]] = BackgroundWorker(
             "hps-redis-insert", config.async_queue_size, self._run_inserts, log=log)
@@ -98,7 +101,10 @@ class RedisTier(Tier):
         """Rows of `keys` (int64[n]) from Redis: `(float32[n, dim], bool[n] found)`.
 
         Raises TierUnavailableError when Redis cannot answer (at once while the breaker
-        is open), TierError when a stored row is not `dim` float32 wide.
+        is open). Stored rows that are not `dim` float32 wide, and partitions whose hash
+        name holds another type (WRONGTYPE), answer "not found" for their keys, so that
+        they fall through to the next tier; they are counted in `failures` ("bad_row",
+        "wrong_type", in keys) and logged once per kind per minute, naming the partition.
         """
         dim = self.dim(table)
         keys = as_keys(keys)
@@ -111,30 +117,29 @@ class RedisTier(Tier):
         grouped = group_by_partition(keys, self.config.num_partitions)
         fields = pack_fields(grouped.keys)
         layout = self._table_layout(table)
-        row_bytes = 4 * dim
         order = grouped.order
 
-        def decode(a: int, b: int) -> Callable[[Any], None]:
+        def decode(p: int, a: int, b: int) -> Callable[[Any], None]:
             def on_reply(reply: list[Any]) -> None:
-                m = b - a
-                misses = reply.count(None)
-                if misses == m:
+                rows, good, bad = decode_rows(reply, dim)
+                if bad:
+                    self._bad_data("bad_row", bad, table, layout.values[p],
+                                   f"{bad} row(s) not {dim} float32 wide")
+                if not rows.shape[0]:
                     return
-                data = b"".join(filter(None, reply)) if misses else b"".join(reply)
-                if len(data) != (m - misses) * row_bytes:
-                    raise TierError(
-                        f"redis holds rows of {table!r} that are not {dim} float32 wide "
-                        f"(partition hash {layout.values[0].decode()}…): is "
-                        "embedding_vecsize_per_table right?"
-                    )
-                rows = np.frombuffer(data, dtype="<f4").reshape(m - misses, dim)
                 at = order[a:b]
-                if misses:
-                    at = at[np.fromiter(map(bool, reply), dtype=bool, count=m)]
+                if rows.shape[0] < b - a:
+                    at = at[good]
                 vectors[at] = rows
                 found[at] = True
 
             return on_reply
+
+        def refused(p: int, a: int, b: int) -> Callable[[BaseException], None]:
+            def on_error(exc: BaseException) -> None:  # WRONGTYPE: the keys fall through
+                self._bad_data("wrong_type", b - a, table, layout.values[p], str(exc))
+
+            return on_error
 
         def build(topology: Topology) -> list[Cmd]:
             node_of = topology.node_of(layout)
@@ -142,7 +147,7 @@ class RedisTier(Tier):
                 Cmd(int(node_of[p]),
                      [head(2 + b - a, b"HMGET", layout.values[p]),
                       fields[a * FIELD_WIDTH:b * FIELD_WIDTH]],
-                     decode(a, b))
+                     decode(p, a, b), on_error=refused(p, a, b))
                 for p, a, b in grouped.chunks(self.config.max_batch_size)
             ]
 
@@ -398,6 +403,10 @@ class RedisTier(Tier):
             except TierUnavailableError as exc:
                 self._drop("insert", keys.size)
                 log.debug("redis tier: background insert skipped: %s", exc)
+            except TierError as exc:  # Redis full, a key of another type: no traceback
+                self._drop("insert", keys.size)
+                self._bad_log.warning("insert", "redis tier: background insert of %d keys "
+                                      "into %r dropped: %s", keys.size, table, exc)
 
     def _queue_touch(self, table: str, keys: np.ndarray) -> None:
         if not self._toucher.submit((table, keys)):
@@ -410,6 +419,10 @@ class RedisTier(Tier):
             except TierUnavailableError as exc:
                 self._drop("metadata", keys.size)
                 log.debug("redis tier: metadata refresh skipped: %s", exc)
+            except TierError as exc:
+                self._drop("metadata", keys.size)
+                self._bad_log.warning("metadata", "redis tier: metadata refresh of %r "
+                                      "dropped: %s", table, exc)
 
     def _touch(self, table: str, keys: np.ndarray) -> None:
         """Write the eviction metadata of fetched `keys` (their count or time)."""
@@ -425,6 +438,13 @@ class RedisTier(Tier):
                     for p, a, b in grouped.chunks(self.config.max_batch_size)]
 
         self._client.execute(build, f"metadata refresh of {table!r}")
+
+    def _bad_data(self, kind: str, keys: int, table: str, partition: bytes,
+                  what: str) -> None:
+        self._client.breaker.count(kind, keys)
+        self._bad_log.warning(
+            kind, "redis tier: %s in partition %s of %r (%s); those keys fall through to "
+            "the next tier", kind.replace("_", " "), partition.decode(), table, what)
 
     def _drop(self, kind: str, count: int) -> None:
         with self._dropped_lock:

@@ -1,0 +1,127 @@
+"""Filling the volatile tier with tables a load had to leave out of it.
+
+When Redis is down, full or read-only while a model loads, the model loads into the
+persistent tier (and the GPU caches) and serves from there; its tables are marked
+`volatile_ready = False`, so lookups do not read the volatile tier for them (it may hold
+stale rows of an earlier version under the same name). A background worker
+(`hps.background`) then tries, with the package's backoff, until the tier takes them: it
+drops what the tier holds under the table's name, writes the table's
+`initial_cache_rate` share from the model files, and only then lets lookups read it.
+Lookups never wait for any of this.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hps.background import BackgroundWorker
+from hps.backoff import Backoff
+from hps.db.base import Tier
+from hps.errors import HPSError, TierError
+from hps.io.formats import ModelReader
+from hps.loader import fill_volatile
+from hps.server.models import LoadedModel, LoadedTable
+from hps.throttled_log import ThrottledLog
+
+log = logging.getLogger("hps")
+
+
+@dataclass(eq=False)
+class _Fill:
+    model: LoadedModel
+    table: LoadedTable
+    open_reader: Callable[[], ModelReader]  # the table's files, read again for the fill
+
+
+class VolatileFiller:
+    """Fills `volatile` with the tables submitted, one at a time, retrying with `backoff`
+    until each is in, or its model version is retired, or the filler closes.
+
+    Thread safety: every method may be called from any thread.
+    """
+
+    def __init__(self, volatile: Tier, initial_cache_rate: float, backoff: Backoff) -> None:
+        self.volatile = volatile
+        self.rate = initial_cache_rate
+        self.backoff = backoff
+        self._stop = threading.Event()
+        self._fill_lock = threading.Lock()  # held while a fill writes
+        self._lock = threading.Lock()
+        self._pending: list[_Fill] = []
+        self._log = ThrottledLog(log)
+        self._worker: BackgroundWorker[_Fill] = BackgroundWorker(
+            "hps-volatile-fill", 1 << 16, self._fill_each, log=log)
+
+    def submit(self, model: LoadedModel, table: LoadedTable,
+               open_reader: Callable[[], ModelReader]) -> None:
+        """Fill `table` (of served version `model`) from `open_reader()` once the tier
+        takes it."""
+        fill = _Fill(model, table, open_reader)
+        with self._lock:
+            self._pending.append(fill)
+        if not self._worker.submit(fill):
+            self._done(fill)  # closing: the table stays served from the persistent tier
+
+    def pending(self) -> list[LoadedTable]:
+        """The tables not in the volatile tier yet."""
+        with self._lock:
+            return [f.table for f in self._pending]
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every table submitted so far is filled (or given up)."""
+        return self._worker.wait_idle(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop retrying; fills not done by then are left (the tables stay served from
+        the persistent tier)."""
+        self._stop.set()
+        self._worker.close(timeout)
+
+    def _fill_each(self, batch: list[_Fill]) -> None:
+        for fill in batch:
+            try:
+                self._fill(fill)
+            finally:
+                self._done(fill)
+
+    def _done(self, fill: _Fill) -> None:
+        with self._lock:
+            if fill in self._pending:
+                self._pending.remove(fill)
+
+    def quiesce(self) -> None:
+        """Wait for the fill under way, if any, to end. A retired version's tables are
+        dropped only after this: a fill checks for retirement before it writes."""
+        with self._fill_lock:
+            pass
+
+    def _fill(self, fill: _Fill) -> None:
+        name = fill.table.storage_name
+        delays = self.backoff.delays()
+        while not self._stop.is_set():
+            with self._fill_lock:
+                if fill.model.refs.retired:
+                    return  # replaced or unloaded meanwhile: nothing to fill
+                try:
+                    self.volatile.drop_table(name)  # stale rows of an earlier version go
+                    self.volatile.create_table(name, fill.table.dim)
+                    with fill.open_reader() as reader:
+                        keys = fill_volatile(name, reader, self.volatile, self.rate)
+                except TierError as exc:
+                    self._log.warning("fill", "%s: the %s tier still cannot take it (%s); "
+                                      "retrying in the background", name, self.volatile.name,
+                                      exc)
+                except HPSError as exc:  # the files changed or went away since the load
+                    log.warning("%s: not filled into the %s tier: %s; it is served from "
+                                "the persistent tier", name, self.volatile.name, exc)
+                    return
+                else:
+                    fill.table.volatile_ready = True
+                    log.info("%s: %d keys are in the %s tier now", name, keys,
+                             self.volatile.name)
+                    return
+            if self._stop.wait(next(delays)):
+                return
