@@ -7,20 +7,28 @@
 #    podman-compose and NumPy, within constraints.txt.
 # 2. Builds the images once each (Podman's layer cache makes later runs quick): hps:cpu on
 #    the base image given as the BASE_IMAGE build argument (HPS_BASE_IMAGE, default the
-#    local Debian base), and Redis from Debian's packages in place of the official image
-#    (deploy/compose.check.yml swaps it in). Reports each image's size and checks the
-#    hps image's hygiene: non-root user, a health check on /readyz, no compiler, no pip.
-# 3. The demo profile, then the Redis profile, through docker-compose.yml with
-#    podman-compose: waits for each service's own health check, looks keys up through
-#    the published ports (a token set) and compares every vector with the model's files
-#    bit for bit (scripts/compose_probe.py); kills the Redis container while lookups run
-#    and sees them keep answering from RocksDB, starts it again and sees the Redis tier
-#    serve again.
+#    local Debian base), and Redis, HAProxy and Prometheus from Debian's packages in place
+#    of the official images (deploy/compose.check.yml swaps them in). Reports each image's
+#    size and checks the hps image's hygiene: non-root user, a health check on /readyz,
+#    no compiler, no pip.
+# 3. Through docker-compose.yml with podman-compose, waiting for each service's own health
+#    check, looking keys up through the published ports (a token set) and comparing every
+#    vector with the model's files bit for bit (scripts/compose_probe.py):
+#    - monitoring profile: Prometheus first (Grafana cannot be had here), so it sees it all;
+#    - demo profile: model-init, hps;
+#    - Redis profile: kills the Redis container while lookups run and sees them keep
+#      answering from RocksDB, starts it again and sees the Redis tier serve again;
+#    - replicas profile: a 3-master Redis Cluster, two hps replicas, HAProxy; lookups
+#      through the balancer reach both; a new model version is published and each replica
+#      reloads it (until online updates exist), and both serve it exactly;
+#    - Prometheus scrapes every hps service; the dashboard's panels are drawn from its
+#      query_range API (scripts/plot_metrics.py → HPS_METRICS_PNG, docs/metrics.png).
 # 4. Tears everything down: no container, volume, network or image of its own is left
 #    (Podman's build cache stays, unless HPS_CHECK_PRUNE=1), and says so.
 #
 # Environment: HPS_BASE_IMAGE, HPS_COMPOSE_VENV, DEMO_SCALE (default 0.1: 100,000 keys),
-# HPS_KEEP_IMAGES=1 keeps the built images. Exit status 0 when every step passed.
+# HPS_METRICS_PNG, HPS_KEEP_IMAGES=1 keeps the built images. Exit status 0 when every
+# step passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,40 +50,46 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check -c constraints.txt \
-  podman-compose numpy >"$work/pip.log" 2>&1 || { cat "$work/pip.log"; exit 1; }
+  podman-compose numpy matplotlib >"$work/pip.log" 2>&1 || { cat "$work/pip.log"; exit 1; }
 py="$venv/bin/python"
 say "$("$venv/bin/podman-compose" version 2>/dev/null | tail -1)"
 
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-HPS_PORT=$(free_port); HPS_REDIS_PORT=$(free_port)
-export HPS_PORT HPS_REDIS_PORT
+HPS_PORT=$(free_port); HPS_REDIS_PORT=$(free_port); HPS_LB_PORT=$(free_port)
+HPS_REPLICA1_PORT=$(free_port); HPS_REPLICA2_PORT=$(free_port); PROMETHEUS_PORT=$(free_port)
+export HPS_PORT HPS_REDIS_PORT HPS_LB_PORT HPS_REPLICA1_PORT HPS_REPLICA2_PORT PROMETHEUS_PORT
 HPS_TOKEN=$("$py" -c 'import secrets; print(secrets.token_urlsafe(24))')
-export HPS_TOKEN
+export HPS_TOKEN HPS_TOKEN_FILE="$work/token"
+printf '%s' "$HPS_TOKEN" >"$HPS_TOKEN_FILE"
+chmod 644 "$HPS_TOKEN_FILE"  # Prometheus reads it as its own user
+png="${HPS_METRICS_PNG:-docs/metrics.png}"
 
+profiles=(--profile redis --profile replicas --profile monitoring)
 compose() {
   "$venv/bin/podman-compose" --in-pod false -p "$project" \
     -f deploy/docker-compose.yml -f deploy/compose.check.yml \
-    --profile redis "$@" >>"$work/compose.log" 2>&1 \
+    "${profiles[@]}" "$@" >>"$work/compose.log" 2>&1 \
     || { tail -40 "$work/compose.log" >&2; fail "podman-compose $*"; }
 }
 container() {  # the container of a compose service
   podman ps -a --filter "label=io.podman.compose.project=$project" \
     --filter "label=com.docker.compose.service=$1" --format '{{.Names}}' | head -1
 }
-images=(localhost/hps:cpu localhost/hps-redis:debian)
+images=(localhost/hps:cpu localhost/hps-redis:debian localhost/hps-haproxy:debian
+        localhost/hps-prometheus:debian)
 
 teardown() {
   status=$?
   trap - EXIT
   step "tear-down"
-  for svc in hps hps-redis; do  # the servers' logs, for a failed run
+  for svc in hps hps-redis hps-replica-1 hps-replica-2 lb prometheus; do  # for a failed run
     name=$(container "$svc")
     if [ "$status" -ne 0 ] && [ -n "$name" ]; then
       echo "-- last lines of $svc" >&2; podman logs --tail 30 "$name" >&2 || true
     fi
   done
   "$venv/bin/podman-compose" --in-pod false -p "$project" -f deploy/docker-compose.yml \
-    -f deploy/compose.check.yml --profile redis down -v >>"$work/compose.log" 2>&1 || true
+    -f deploy/compose.check.yml "${profiles[@]}" down -v >>"$work/compose.log" 2>&1 || true
   if [ "${HPS_KEEP_IMAGES:-0}" != 1 ]; then
     podman rmi -f "${images[@]}" >/dev/null 2>&1 || true
   fi
@@ -112,6 +126,8 @@ build() {  # build IMAGE DOCKERFILE: one build, in docker format (keeps HEALTHCH
 step "images"
 build localhost/hps:cpu deploy/Dockerfile.cpu
 build localhost/hps-redis:debian deploy/Dockerfile.redis
+build localhost/hps-haproxy:debian deploy/Dockerfile.haproxy
+build localhost/hps-prometheus:debian deploy/Dockerfile.prometheus
 size=$(podman image inspect localhost/hps:cpu --format '{{.Size}}')
 [ "$size" -le 400000000 ] || say "note: hps:cpu is over the 400 MB target"
 
@@ -148,6 +164,14 @@ wait_healthy() {  # the service's own health check passes (podman runs it on dem
 }
 probe() { "$py" scripts/compose_probe.py "$@" | sed 's/^/   /'; return "${PIPESTATUS[0]}"; }
 
+step "monitoring profile: prometheus (scrapes every hps service that comes up)"
+compose up -d --no-deps prometheus
+monitored=$(date +%s)
+prometheus="http://127.0.0.1:$PROMETHEUS_PORT"
+until "$py" -c "import urllib.request as u; u.urlopen('$prometheus/-/ready', timeout=2)" \
+    2>/dev/null; do sleep 1; done
+say "prometheus ready"
+
 step "demo profile: model-init, hps (DEMO_SCALE=$DEMO_SCALE)"
 compose up -d model-init
 wait_exited model-init
@@ -155,6 +179,7 @@ models=$(podman volume inspect "${project}_models" --format '{{.Mountpoint}}')/d
 compose up -d --no-deps hps
 wait_healthy hps
 probe exact "http://127.0.0.1:$HPS_PORT" "$models" --tier volatile
+probe scrapes "$prometheus" - --targets hps --within 90
 
 step "redis profile: redis, hps-redis"
 compose up -d --no-deps redis
@@ -163,6 +188,8 @@ compose up -d --no-deps hps-redis
 wait_healthy hps-redis
 url="http://127.0.0.1:$HPS_REDIS_PORT"
 probe exact "$url" "$models" --tier volatile
+# Prometheus scrapes it before the outage, so the outage shows in the metrics
+probe scrapes "$prometheus" - --targets hps,hps-redis --within 90
 
 step "Redis killed while lookups run"
 redis=$(container redis)
@@ -170,11 +197,41 @@ probe steady "$url" "$models" --seconds 12 &
 steady=$!
 sleep 3
 podman kill "$redis" >/dev/null
+marks=(--mark "Redis killed=$(date +%s)")
 say "killed $redis"
 wait "$steady" || fail "lookups failed while Redis was killed"
 probe exact "$url" "$models" --tier persistent
 
 step "Redis started again"
 podman start "$redis" >>"$work/compose.log" 2>&1
+marks+=(--mark "Redis started=$(date +%s)")
 wait_healthy redis
 probe recover "$url" "$models" --within 90
+
+step "replicas profile: 3-master Redis Cluster, two hps replicas, HAProxy"
+compose up -d --no-deps redis-1 redis-2 redis-3
+for node in redis-1 redis-2 redis-3; do wait_healthy "$node"; done
+compose up -d --no-deps redis-cluster-init
+wait_exited redis-cluster-init
+compose up -d --no-deps hps-replica-1 hps-replica-2
+wait_healthy hps-replica-1
+wait_healthy hps-replica-2
+compose up -d --no-deps lb
+marks+=(--mark "replicas up=$(date +%s)")
+lb="http://127.0.0.1:$HPS_LB_PORT"
+probe replicas "$lb" "$models" --replicas hps-replica-1,hps-replica-2 --within 60
+probe scrapes "$prometheus" - --targets hps,hps-redis,hps-replica-1,hps-replica-2 --within 90
+probe steady "$lb" "$models" --seconds 20
+
+step "a new model version, reloaded by each replica (online updates: not landed yet)"
+probe publish "$models" "$models-v2"
+marks+=(--mark "v2 reloaded=$(date +%s)")
+probe reload "http://127.0.0.1:$HPS_REPLICA1_PORT" "$models-v2" --as /models/demo-v2
+probe reload "http://127.0.0.1:$HPS_REPLICA2_PORT" "$models-v2" --as /models/demo-v2
+probe replicas "$lb" "$models-v2" --replicas hps-replica-1,hps-replica-2 --within 60
+probe steady "$lb" "$models-v2" --seconds 30
+
+step "prometheus scrapes every hps service; the dashboard's panels from query_range"
+probe scrapes "$prometheus" - --targets hps,hps-redis,hps-replica-1,hps-replica-2
+sleep 10  # one more scrape after the last lookups
+"$py" scripts/plot_metrics.py "$prometheus" --since "$monitored" "${marks[@]}" --out "$png" | sed 's/^/   /'

@@ -4,6 +4,9 @@
     python scripts/compose_probe.py steady URL MODEL_DIR --seconds S
     python scripts/compose_probe.py recover URL MODEL_DIR [--within S]
     python scripts/compose_probe.py replicas URL MODEL_DIR --replicas a,b
+    python scripts/compose_probe.py publish MODEL_DIR NEW_DIR
+    python scripts/compose_probe.py reload URL MODEL_DIR --as /models/demo-v2
+    python scripts/compose_probe.py scrapes PROMETHEUS_URL MODEL_DIR --targets a,b,c
 
 Every lookup is a binary `POST /v1/models/demo/tables/<table>/lookup` of random keys of
 the model's files (MODEL_DIR/<table>/key, emb_vector, as `hps demo` writes them) on both
@@ -19,6 +22,14 @@ is printed).
   (rows fetched from RocksDB while Redis was down are written back to it).
 - `replicas`: rounds through a load balancer until each named replica (the
   X-HPS-Replica header the balancer adds) has answered exactly.
+- `publish`: writes a new version of the model to NEW_DIR (same keys, new vectors), as
+  the online-updates source will publish updates once it exists; until then replicas
+  take a new version by `reload`.
+- `reload`: `POST /v1/models/demo/reload` of the replica at URL with the tables under
+  the container path given by --as (MODEL_DIR is the same folder seen from here), then
+  one exact round against MODEL_DIR.
+- `scrapes`: Prometheus's /api/v1/targets until every named target is up (scraped
+  without error), and no other target is there. MODEL_DIR is not read.
 
 Standard library and NumPy only (no hps import: it checks the served containers).
 """
@@ -39,6 +50,7 @@ import numpy as np
 MODEL = "demo"
 TABLES = {"user_item": 16, "item_category": 64}
 TIER_COUNTERS = {"volatile": "volatile_hits", "persistent": "persistent_hits"}
+OCTET_STREAM, JSON = "application/octet-stream", "application/json"
 
 
 class ProbeFailure(Exception):
@@ -54,9 +66,10 @@ def read_table(model_dir: Path, table: str, dim: int) -> tuple[np.ndarray, np.nd
     return keys, vectors
 
 
-def request(url: str, data: bytes | None = None) -> tuple[bytes, dict[str, str]]:
-    """(body, headers) of a GET (or a binary POST when `data` is given); raises unless 200."""
-    headers = {"Content-Type": "application/octet-stream"} if data is not None else {}
+def request(url: str, data: bytes | None = None, media: str = OCTET_STREAM
+            ) -> tuple[bytes, dict[str, str]]:
+    """(body, headers) of a GET, or of a POST of `data` as `media`; raises unless 200."""
+    headers = {"Content-Type": media} if data is not None else {}
     token = os.environ.get("HPS_TOKEN")
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -173,9 +186,46 @@ def replicas(probe: Probe, names: set[str], within: float) -> str:
     return f"replicas {', '.join(sorted(seen))} answered exactly ({rounds} rounds)"
 
 
+def publish(model_dir: Path, new_dir: Path) -> str:
+    rng = np.random.default_rng()
+    for table, dim in TABLES.items():
+        keys, _ = read_table(model_dir, table, dim)
+        (new_dir / table).mkdir(parents=True, exist_ok=True)
+        keys.astype("<i8").tofile(new_dir / table / "key")
+        rng.standard_normal((keys.size, dim), dtype=np.float32).tofile(
+            new_dir / table / "emb_vector")
+    return f"new vectors for every key of {', '.join(TABLES)} in {new_dir}"
+
+
+def reload(probe: Probe, container_dir: str) -> str:
+    files = [f"{container_dir.rstrip('/')}/{table}" for table in TABLES]
+    body, _ = request(f"{probe.url}/v1/models/{MODEL}/reload",
+                      json.dumps({"sparse_files": files}).encode(), JSON)
+    seconds = json.loads(body)["seconds"]
+    probe.round(probe.draw())
+    return f"reloaded from {container_dir} in {seconds:.1f} s, every vector exact"
+
+
+def scrapes(prometheus: str, names: set[str], within: float) -> str:
+    deadline = time.monotonic() + within
+    while True:
+        body, _ = request(f"{prometheus.rstrip('/')}/api/v1/targets?state=active")
+        targets = {t["labels"].get("instance", ""): t
+                   for t in json.loads(body)["data"]["activeTargets"]}
+        up = {name for name, t in targets.items() if t["health"] == "up"}
+        if up == names == set(targets):
+            return "every target up: " + ", ".join(
+                f"{n} ({targets[n]['lastScrapeDuration'] * 1000:.0f} ms)" for n in sorted(names))
+        if time.monotonic() > deadline:
+            state = {n: (t["health"], t.get("lastError", "")) for n, t in targets.items()}
+            raise ProbeFailure(f"expected {sorted(names)} up, targets are {state}")
+        time.sleep(1)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["exact", "steady", "recover", "replicas"])
+    parser.add_argument("mode", choices=["exact", "steady", "recover", "replicas", "publish",
+                                         "reload", "scrapes"])
     parser.add_argument("url")
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--keys", type=int, default=500, help="keys per table and round")
@@ -183,10 +233,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--within", type=float, default=30.0)
     parser.add_argument("--replicas", default="")
+    parser.add_argument("--targets", default="")
+    parser.add_argument("--as", dest="container_dir", default="")
     args = parser.parse_args(argv)
     try:
+        if args.mode == "publish":  # publish MODEL_DIR NEW_DIR
+            print(f"ok   publish: {publish(Path(args.url), args.model_dir)}", flush=True)
+            return 0
+        if args.mode == "scrapes":
+            report = scrapes(args.url, set(filter(None, args.targets.split(","))),
+                             args.within)
+            print(f"ok   scrapes {args.url}: {report}", flush=True)
+            return 0
         probe = Probe(args.url, args.model_dir, args.keys)
-        if args.mode == "exact":
+        if args.mode == "reload":
+            report = reload(probe, args.container_dir)
+        elif args.mode == "exact":
             report = exact(probe, args.tier)
         elif args.mode == "steady":
             report = steady(probe, args.seconds)

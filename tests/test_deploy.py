@@ -43,7 +43,8 @@ from tests.redis_servers import RedisClusterProcs, RedisServer, free_port
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yml"
-HPS_SERVICES = ["hps", "hps-redis", "hps-cluster", "hps-s3", "hps-gpu"]
+HPS_SERVICES = ["hps", "hps-redis", "hps-cluster", "hps-s3", "hps-gpu", "hps-replica-1",
+                "hps-replica-2"]
 #: the images of hps itself (the others stand in for images users pull: compose.check.yml)
 HPS_DOCKERFILES = [DEPLOY / "Dockerfile.cpu", DEPLOY / "Dockerfile.gpu"]
 CHECK_OVERRIDE = DEPLOY / "compose.check.yml"
@@ -96,18 +97,20 @@ def argv_of(service: dict[str, Any]) -> list[str]:
 def test_services_profiles_and_ports(compose: dict[str, Any]) -> None:
     svc = services(compose)
     expected = {"model-init", *HPS_SERVICES, "redis", "redis-1", "redis-2", "redis-3",
-                "redis-cluster-init", "minio", "s3-upload"}
+                "redis-cluster-init", "minio", "s3-upload", "lb", "prometheus", "grafana"}
     assert expected <= set(svc)
     assert svc["hps"].get("profiles") is None  # the demo starts with every profile
     profiles = {p for s in svc.values() for p in s.get("profiles", [])}
-    assert profiles == {"redis", "redis-cluster", "s3", "gpu"}
+    assert profiles == {"redis", "redis-cluster", "s3", "gpu", "replicas", "monitoring"}
     for name, s in svc.items():
         for port in s.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
         for dep in s.get("depends_on", {}):
             assert dep in svc, f"{name} depends on unknown service {dep}"
-            assert not set(svc[dep].get("profiles", [])) - set(s.get("profiles", [])), \
-                f"{name} depends on {dep}, which is in a profile {name} is not in"
+            # whenever the service is up, so is what it depends on
+            if svc[dep].get("profiles"):
+                assert s.get("profiles") and set(s["profiles"]) <= set(svc[dep]["profiles"]), \
+                    f"{name} depends on {dep}, which is not in every profile {name} is in"
     assert svc["hps-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == \
         "nvidia"
 
@@ -129,7 +132,7 @@ def test_healthchecks(compose: dict[str, Any]) -> None:
 def test_mounted_files_exist(compose: dict[str, Any]) -> None:
     named = set(compose.get("volumes", {}))
     for name, s in services(compose).items():
-        for volume in s.get("volumes", []):
+        for volume in interpolate(s.get("volumes", []), {}):
             source = volume.split(":", 1)[0]
             if source in named:
                 continue

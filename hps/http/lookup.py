@@ -22,6 +22,7 @@ import asyncio
 import importlib
 import json
 import re
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -196,9 +197,11 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
         _refuse_early(headers, loaded_table)
     body = await read_body(headers, receive, state.max_body_bytes)
     loop = asyncio.get_running_loop()
+    started = time.perf_counter()
     if media == OCTET_STREAM:
         data, count, width = await loop.run_in_executor(
             state.executor, lookup_binary, state.server, model, loaded_table, body)
+        state.metrics.observe_lookup(model, loaded_table.name, time.perf_counter() - started)
         return [
             (b"content-type", OCTET_STREAM.encode()),
             (b"content-length", str(len(data)).encode()),
@@ -207,5 +210,6 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
         ], (data,)
     payload = await loop.run_in_executor(
         state.executor, lookup_json, state.server, model, loaded_table, body)
+    state.metrics.observe_lookup(model, loaded_table.name, time.perf_counter() - started)
     return [(b"content-type", JSON.encode()),
             (b"content-length", str(len(payload)).encode())], (payload,)

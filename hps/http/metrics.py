@@ -85,7 +85,24 @@ class Metrics:
         self.model_ready = Gauge(
             "hps_model_ready", "1 when the model is loaded and served, else 0.", ["model"],
             registry=r)
+        self.model_loads = Counter(
+            "hps_model_loads", "Model loads and reloads that completed (a new version "
+            "served).", ["model"], registry=r)
+        self.lookup_latency = Histogram(
+            "hps_lookup_duration_seconds", "Time of a lookup route's lookup, from reading "
+            "its body to its vectors (queueing for a lookup thread included), per table.",
+            ["model", "table"], buckets=LATENCY_BUCKETS, registry=r)
+        # label children are cached: `.labels()` costs a lock and a dict lookup per call
+        self._lookup_children: dict[tuple[str, str], Any] = {}
         r.register(ServerCollector(server))
+
+    def observe_lookup(self, model: str, table: str, seconds: float) -> None:
+        """Count one lookup of `model`/`table` that took `seconds` in the latency histogram."""
+        child = self._lookup_children.get((model, table))
+        if child is None:  # a race here creates the same child twice: harmless
+            child = self._lookup_children[(model, table)] = \
+                self.lookup_latency.labels(model, table)
+        child.observe(seconds)
 
     def progress(self, model: str) -> MetricsProgress:
         """A LoadProgress that counts the load of `model` in these metrics."""

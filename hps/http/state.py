@@ -169,6 +169,7 @@ class ServiceState:
             raise
         self.failed.pop(name, None)
         self.metrics.model_ready.labels(name).set(1)
+        self.metrics.model_loads.labels(name).inc()
         return loaded
 
     def start_loading(self) -> None:

@@ -25,6 +25,9 @@ def test_metrics_move_with_lookups(live: Live) -> None:
                                  route=LOOKUP_ROUTE, method="POST")
     requests_before = live.metric("hps_http_requests_total", route=LOOKUP_ROUTE,
                                   method="POST", code="200")
+    table_latency_before = live.metric("hps_lookup_duration_seconds_count", **labels)
+    other_table_before = live.metric("hps_lookup_duration_seconds_count", model=MODEL,
+                                     table=TABLE_NAMES[0])
     known = live.model.keys[1][:40]
     unknown = np.setdiff1d(np.arange(-3, 0, dtype=np.int64), live.model.keys[1])
     live.lookup_binary(table, np.concatenate([known, unknown]))
@@ -40,6 +43,12 @@ def test_metrics_move_with_lookups(live: Live) -> None:
                        method="POST") == latency_before + 2
     assert live.metric("hps_http_requests_total", route=LOOKUP_ROUTE, method="POST",
                        code="200") == requests_before + 2
+    # per table: both body forms are timed, the other table's histogram does not move
+    assert live.metric("hps_lookup_duration_seconds_count", **labels) == \
+        table_latency_before + 2
+    assert live.metric("hps_lookup_duration_seconds_count", model=MODEL,
+                       table=TABLE_NAMES[0]) == other_table_before
+    assert live.metric("hps_lookup_duration_seconds_sum", **labels) > 0
 
 
 def test_metrics_count_errors_by_kind(live: Live) -> None:

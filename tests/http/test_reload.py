@@ -27,6 +27,8 @@ def _vectors(live: Live, table: int, keys: np.ndarray) -> np.ndarray:
 def test_reload_rereads_the_files(live_own: Live) -> None:
     keys = live_own.model.keys[0][:20]
     np.testing.assert_array_equal(_vectors(live_own, 0, keys), live_own.model.vectors[0][:20])
+    loads = live_own.metric("hps_model_loads_total", model=MODEL)
+    assert loads == 1.0  # the first load
     new = live_own.model.vectors[0] + 1.0
     write_table(live_own.model.dir / TABLE_NAMES[0], live_own.model.keys[0], new)
     answer = live_own.client.post(f"/v1/models/{MODEL}/reload")
@@ -36,6 +38,7 @@ def test_reload_rereads_the_files(live_own: Live) -> None:
     assert [t["name"] for t in body["tables"]] == TABLE_NAMES
     assert body["tables"][0]["source"]["uri"] == str(live_own.model.dir / TABLE_NAMES[0])
     np.testing.assert_array_equal(_vectors(live_own, 0, keys), new[:20])
+    assert live_own.metric("hps_model_loads_total", model=MODEL) == loads + 1
 
 
 def test_reload_from_new_uris(live_own: Live, tmp_path: Path) -> None:
@@ -60,9 +63,11 @@ def test_reload_from_new_uris(live_own: Live, tmp_path: Path) -> None:
 def test_failed_reload_keeps_the_old_version(live_own: Live, files: list[str], status: int,
                                              kind: str) -> None:
     keys = live_own.model.keys[1][:7]
+    loads = live_own.metric("hps_model_loads_total", model=MODEL)
     answer = live_own.client.post(f"/v1/models/{MODEL}/reload", json={"sparse_files": files})
     assert answer.status_code == status, answer.text
     assert answer.json()["error"]["kind"] == kind
+    assert live_own.metric("hps_model_loads_total", model=MODEL) == loads  # no new version
     np.testing.assert_array_equal(_vectors(live_own, 1, keys), live_own.model.vectors[1][:7])
     assert live_own.client.get("/readyz").status_code == 200
 

@@ -1,0 +1,107 @@
+"""The panels of the hps dashboard: titles, units and PromQL, in one place.
+
+scripts/grafana_dashboard.py builds the Grafana dashboard from them (with Grafana's own
+Python SDK); scripts/plot_metrics.py draws the same panels from Prometheus's query_range
+API with matplotlib. Metric names are those of `GET /metrics` (README, "Metrics").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: `$__rate_interval` is Grafana's; plot_metrics.py puts a fixed window in its place
+RATE = "$__rate_interval"
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str  # Grafana's legend format: {{label}} is the label's value
+
+
+@dataclass(frozen=True)
+class Panel:
+    row: str
+    title: str
+    description: str
+    unit: str  # Grafana's unit id: "short", "s", "percentunit", ...
+    queries: tuple[Query, ...]
+
+
+def _quantile(q: float, metric: str, by: str) -> str:
+    return f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket[{RATE}])))"
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("Lookups", "Lookup rate per table",
+          "Keys looked up per second, per model and table (all replicas).", "short", (
+              Query(f"sum by (model, table) (rate(hps_lookup_keys_total[{RATE}]))",
+                    "{{model}}/{{table}} keys/s"),
+          )),
+    Panel("Lookups", "Lookup latency per table",
+          "Percentiles of the lookup routes' lookups, per model and table.", "s", (
+              Query(_quantile(0.5, "hps_lookup_duration_seconds", "model, table"),
+                    "p50 {{model}}/{{table}}"),
+              Query(_quantile(0.99, "hps_lookup_duration_seconds", "model, table"),
+                    "p99 {{model}}/{{table}}"),
+          )),
+    Panel("Lookups", "Lookup rate per replica",
+          "Keys looked up per second by each hps service.", "short", (
+              Query(f"sum by (instance) (rate(hps_lookup_keys_total[{RATE}]))",
+                    "{{instance}}"),
+          )),
+    Panel("Lookups", "HTTP latency p99 per route",
+          "99th percentile of every route's answer time.", "s", (
+              Query(_quantile(0.99, "hps_http_request_duration_seconds", "route"),
+                    "{{route}}"),
+          )),
+    Panel("Tiers", "Hit rate per tier",
+          "Share of the looked-up keys each database tier served; 'default' is the "
+          "share found in no tier.", "percentunit", (
+              Query(f"sum by (tier) (rate(hps_tier_hits_total[{RATE}])) / ignoring(tier) "
+                    f"group_left sum(rate(hps_lookup_keys_total[{RATE}]))", "{{tier}}"),
+              Query(f"sum(rate(hps_default_keys_total[{RATE}])) / "
+                    f"sum(rate(hps_lookup_keys_total[{RATE}]))", "default"),
+          )),
+    Panel("Tiers", "GPU cache hit rate per device",
+          "Hits over queries of each GPU embedding cache, per table and device.",
+          "percentunit", (
+              Query(f'sum by (model, table, device) (rate(hps_gpu_cache{{stat="hits"}}[{RATE}]))'
+                    f" / sum by (model, table, device) "
+                    f'(rate(hps_gpu_cache{{stat=~"hits|misses"}}[{RATE}]))',
+                    "{{model}}/{{table}} GPU {{device}}"),
+          )),
+    Panel("Tiers", "Tier failures",
+          "Failed calls of each tier by kind, and lookups that fell through a failing "
+          "volatile tier to the next one.", "short", (
+              Query(f'sum by (tier, kind) (rate(hps_tier_failures_total{{tier!=""}}[{RATE}]))',
+                    "{{tier}} {{kind}}/s"),
+              Query(f'sum(rate(hps_tier_failures_total{{table!=""}}[{RATE}]))',
+                    "lookups fallen through/s"),
+          )),
+    Panel("Tiers", "Tier available",
+          "1 while a tier answers, 0 while it is down, per hps service.", "short", (
+              Query("hps_tier_available", "{{instance}} {{tier}}"),
+          )),
+    Panel("Models", "Loads and reloads",
+          "Model versions that became served, and loads that failed.", "short", (
+              Query(f"sum by (model) (increase(hps_model_loads_total[{RATE}]))",
+                    "{{model}} loaded"),
+              Query(f"sum by (model, kind) (increase(hps_load_failures_total[{RATE}]))",
+                    "{{model}} failed ({{kind}})"),
+          )),
+    Panel("Models", "Load rate",
+          "Keys written to the tiers per second by loads and reloads.", "short", (
+              Query(f"sum by (instance) (rate(hps_load_keys_total[{RATE}]))", "{{instance}}"),
+          )),
+    Panel("Models", "Model ready",
+          "1 when the model is loaded and served by the hps service.", "short", (
+              Query("hps_model_ready", "{{instance}} {{model}}"),
+          )),
+    Panel("Models", "Update lag",
+          "Online updates: seconds between an update's publication and its application, "
+          "per table. Empty until an update source (Kafka, Redis Streams) is configured.",
+          "s", (
+              Query("max by (model, table) (hps_update_lag_seconds)", "{{model}}/{{table}}"),
+          )),
+)
