@@ -12,7 +12,7 @@ import logging
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import numpy as np
 import typer
@@ -301,27 +301,106 @@ def lookup(
         console.print(f"[bold]{key}[/]: {np.array2string(row, threshold=16)}")
 
 
-@app.command()
-def inspect(
-    folder: str = typer.Argument(..., help="Sparse model folder (path or URI)."),
-    width: Optional[int] = typer.Option(None, help="Vector width (inferred if omitted)."),
-) -> None:
-    """Describe a sparse model folder: keys, width, sizes, validity."""
-    from hps.io.inspect import inspect_folder
+# options naming how a table's files are read; shared by `inspect` and `convert`
+FormatOpt = Annotated[Optional[str], typer.Option(
+    "--format", help="sparse_folder, parquet, numpy or safetensors (default: from the "
+                     "suffix or the folder's contents).")]
+KeyColumnOpt = Annotated[Optional[str], typer.Option(help="Parquet: the key column (default key).")]
+VectorColumnOpt = Annotated[Optional[str], typer.Option(
+    help="Parquet: the vector column (default vector).")]
+TensorOpt = Annotated[Optional[str], typer.Option(
+    help="safetensors: the rows tensor (default the only 2-D one, else weight).")]
+KeysTensorOpt = Annotated[Optional[str], typer.Option(
+    help="safetensors: a 1-D keys tensor (default keys, if present).")]
+KeyOffsetOpt = Annotated[Optional[int], typer.Option(
+    help="safetensors: key of row i is i + this (default 0).")]
+WidthOpt = Annotated[Optional[int], typer.Option(
+    help="Vector width (from the files if omitted; HugeCTR folders infer it).")]
+
+
+def _table_spec(path: str, fmt: str | None, key_column: str | None,
+                vector_column: str | None, tensor: str | None, keys_tensor: str | None,
+                key_offset: int | None) -> Any:
+    from hps.errors import ConfigError
+    from hps.io.formats import TableSpec
 
     try:
-        report = inspect_folder(folder, width)
+        return TableSpec(path, fmt, key_column, vector_column,  # type: ignore[arg-type]
+                         tensor, keys_tensor, key_offset)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+@app.command()
+def inspect(
+    source: str = typer.Argument(..., help="A table's files: folder or file, path or URI."),
+    width: WidthOpt = None,
+    fmt: FormatOpt = None,
+    key_column: KeyColumnOpt = None,
+    vector_column: VectorColumnOpt = None,
+    tensor: TensorOpt = None,
+    keys_tensor: KeysTensorOpt = None,
+    key_offset: KeyOffsetOpt = None,
+) -> None:
+    """Describe a table in any format: keys, width, dtypes, size, key range, validity."""
+    from hps.io.inspect import inspect_model
+
+    try:
+        spec = _table_spec(source, fmt, key_column, vector_column, tensor, keys_tensor,
+                           key_offset)
+        report = inspect_model(spec, width)
     except HPSError as exc:
         err_console.print(f"[bold red]invalid:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
-    table = Table(title=f"sparse model {folder}")
-    table.add_column("property")
-    table.add_column("value", justify="right")
-    for name, value in report.rows():
-        table.add_row(name, value)
-    console.print(table)
+    _print_report(f"{report.format} {source}", report.rows())
     if not report.valid:
         raise typer.Exit(code=1)
+
+
+def _print_report(title: str, rows: list[tuple[str, str]]) -> None:
+    table = Table(title=title)
+    table.add_column("property")
+    table.add_column("value", justify="right", overflow="fold")
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+
+
+@app.command()
+def convert(
+    source: str = typer.Argument(..., help="The table to read: folder or file, path or URI."),
+    destination: str = typer.Argument(
+        ..., help="Local path to write: .parquet, .npz, .safetensors, else a folder."),
+    to: Optional[str] = typer.Option(
+        None, help="Format to write (default: from DESTINATION's suffix; a folder is a "
+                   "HugeCTR sparse folder unless --to numpy)."),
+    width: WidthOpt = None,
+    fmt: FormatOpt = None,
+    key_column: KeyColumnOpt = None,
+    vector_column: VectorColumnOpt = None,
+    tensor: TensorOpt = None,
+    keys_tensor: KeysTensorOpt = None,
+    key_offset: KeyOffsetOpt = None,
+) -> None:
+    """Convert a table between HugeCTR sparse folders, Parquet, NumPy and safetensors.
+
+    Streams chunk by chunk with a progress bar; rows are copied bit for bit (float16 and
+    bfloat16 widened exactly to float32). A failed conversion leaves no DESTINATION.
+    """
+    from hps.io.convert import convert as run_convert
+
+    try:
+        spec = _table_spec(source, fmt, key_column, vector_column, tensor, keys_tensor,
+                           key_offset)
+        with _progress() as bars:
+            report = run_convert(spec, destination, to, vec_size=width,
+                                 progress=BarProgress(bars))
+    except HPSError as exc:
+        _fail(exc)
+    _print_report(f"{report.format} {source} → {destination}", report.rows())
+    if report.duplicate_keys or report.non_finite_values:
+        err_console.print("[yellow]warning:[/] the table has duplicate keys or non-finite "
+                          "values (copied as they are)")
 
 
 @config_app.command("dump")

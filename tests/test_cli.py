@@ -135,3 +135,38 @@ def test_demo_serve_checks_the_server_extra_first(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "pip install 'hps-server[server]'" in done.stderr
     assert not (tmp_path / "demo").exists()  # nothing written: it stopped before the demo
+
+
+def test_convert_and_inspect_any_format(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng()
+    keys = rng.choice(10**12, 2000, replace=False).astype(np.int64)
+    rows = rng.standard_normal((2000, 8)).astype(np.float32)
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), 8)
+    pq.write_table(pa.table({"id": keys, "emb": vectors}), tmp_path / "t.parquet")
+    described = hps("inspect", str(tmp_path / "t.parquet"), "--key-column", "id",
+                    "--vector-column", "emb")
+    assert described.returncode == 0, described.stderr
+    assert "parquet" in described.stdout and "2,000" in described.stdout
+    assert f"{keys.min():,}" in described.stdout
+    converted = hps("convert", str(tmp_path / "t.parquet"), str(tmp_path / "out.safetensors"),
+                    "--key-column", "id", "--vector-column", "emb")
+    assert converted.returncode == 0, converted.stderr
+    assert "2,000 keys" in converted.stderr  # the progress bar
+    back = hps("convert", str(tmp_path / "out.safetensors"), str(tmp_path / "folder"))
+    assert back.returncode == 0, back.stderr
+    np.testing.assert_array_equal(np.fromfile(tmp_path / "folder" / "key", "<i8"), keys)
+    np.testing.assert_array_equal(
+        np.fromfile(tmp_path / "folder" / "emb_vector", "<f4").reshape(-1, 8), rows)
+    wrong = hps("inspect", str(tmp_path / "t.parquet"), "--tensor", "weight")
+    assert wrong.returncode == 1 and "tensor do(es) not apply to format 'parquet'" in wrong.stderr
+
+
+def test_pickled_pytorch_is_refused_with_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "model.pt").write_bytes(b"\x80\x04not really a pickle")
+    result = hps("convert", str(tmp_path / "model.pt"), str(tmp_path / "out.parquet"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "pickled PyTorch file" in result.stderr and "save_file(" in result.stderr
+    assert not (tmp_path / "out.parquet").exists()

@@ -56,6 +56,8 @@ def split_file(path: str) -> tuple[str, str]:
     """(folder URI, file name) of a file path or URI."""
     stripped = path.rstrip("/")
     folder, name = posixpath.split(stripped)
+    if not folder and "://" not in stripped:
+        folder = "."  # a bare file name: the current folder
     if not name or not folder:
         raise ModelFileError(f"{path!r} does not name a file in a folder")
     return folder, name

@@ -101,17 +101,21 @@ def test_truncated_file(tmp_path: Path, rng: np.random.Generator) -> None:
     assert_loads_nothing(tmp_path, path, 4, r"bad\.parquet: not a readable Parquet file")
 
 
-def test_corrupt_page_late_in_the_file(tmp_path: Path, rng: np.random.Generator) -> None:
-    keys, vectors = make_table(rng, 4000, 4)
-    path = write(tmp_path, table(keys, vectors), row_group_size=1000, compression="none",
-                 use_dictionary=False, write_page_checksum=True)
-    meta = pq.ParquetFile(path).metadata
-    column = meta.row_group(3).column(1)  # the vectors of the last row group
-    blob = bytearray(Path(path).read_bytes())
+def write_corrupt(path: Path, keys: np.ndarray, vectors: np.ndarray) -> None:
+    """Four row groups with page checksums; bytes in the last group's vectors flipped."""
+    pq.write_table(table(keys, vectors), path, row_group_size=len(keys) // 4,
+                   compression="none", use_dictionary=False, write_page_checksum=True)
+    column = pq.ParquetFile(path).metadata.row_group(3).column(1)
+    blob = bytearray(path.read_bytes())
     middle = column.data_page_offset + column.total_compressed_size // 2
     blob[middle : middle + 8] = bytes(8 * [0xFF])
-    Path(path).write_bytes(bytes(blob))
-    assert_loads_nothing(tmp_path, path, 4, r"bad\.parquet: cannot read the Parquet data")
+    path.write_bytes(bytes(blob))
+
+
+def test_corrupt_page_late_in_the_file(tmp_path: Path, rng: np.random.Generator) -> None:
+    write_corrupt(tmp_path / "bad.parquet", *make_table(rng, 4000, 4))
+    assert_loads_nothing(tmp_path, str(tmp_path / "bad.parquet"), 4,
+                         r"bad\.parquet: cannot read the Parquet data")
 
 
 def test_wrong_column_types(tmp_path: Path, rng: np.random.Generator) -> None:
