@@ -476,6 +476,32 @@ def bench_tiers(
     _print_bench(rows)
 
 
+@bench_app.command("load")
+def bench_load_cmd(
+    formats: list[str] = typer.Option(
+        ["parquet", "numpy", "safetensors"], "--format",
+        help="Format(s) to load beside the sparse folder (repeat the option)."),
+    keys: int = typer.Option(2_000_000, help="Rows in the table."),
+    dim: int = typer.Option(64, help="Vector width."),
+    rounds: int = typer.Option(3, help="Loads per format (median reported)."),
+) -> None:
+    """Load rate of each format beside a HugeCTR sparse folder of the same rows (HPS(...))."""
+    from hps.bench.load import bench_load_formats
+
+    console.print(f"{keys:,} rows of width {dim} as a sparse folder and as "
+                  f"{', '.join(formats)}; each loaded {rounds}× by HPS(config) into the hash "
+                  "map over RocksDB …")
+    try:
+        rows = bench_load_formats(formats, keys, dim, rounds)
+    except ValueError as exc:
+        _fail(exc)
+    _print_bench(rows)
+    for row in rows[1:]:
+        console.print(f"{row['name']}: {row['keys_per_s']:,.0f} keys/s, sparse folder "
+                      f"{row['sparse_folder_keys_per_s']:,.0f} keys/s: {row['ratio']:.2f}× "
+                      f"(CPU time: {row['cpu_ratio']:.2f}×)")
+
+
 @bench_app.command("redis")
 def bench_redis_cmd(
     address: Optional[str] = typer.Option(

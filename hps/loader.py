@@ -28,6 +28,7 @@ from hps.config import ModelConfig, PSConfig
 from hps.db.base import Tier
 from hps.errors import TierError
 from hps.io.formats import DEFAULT_CHUNK_BYTES, ModelReader, ReadOptions, open_model
+from hps.io.read_ahead import read_ahead
 from hps.io.source import SourceOptions
 
 log = logging.getLogger("hps.loader")
@@ -141,7 +142,7 @@ def load_table(
     bytes_per_row = reader.num_bytes / max(1, reader.num_keys)
 
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for keys, vectors in reader.chunks():
+        for keys, vectors in read_ahead(reader.chunks()):
             if write_volatile and not source.volatile_error:
                 m = _volatile_rows(len(keys), rate)
                 try:

@@ -170,3 +170,14 @@ def test_pickled_pytorch_is_refused_with_the_fix(tmp_path: Path) -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "pickled PyTorch file" in result.stderr and "save_file(" in result.stderr
     assert not (tmp_path / "out.parquet").exists()
+
+
+def test_bench_load_prints_each_format_beside_the_sparse_folder(tmp_path: Path) -> None:
+    result = hps("bench", "load", "--format", "parquet", "--format", "safetensors",
+                 "--keys", "20000", "--dim", "8", "--rounds", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for name in ("sparse_folder", "parquet", "safetensors"):
+        assert name in result.stdout
+    assert "parquet: " in result.stdout and "keys/s, sparse folder" in result.stdout
+    unknown = hps("bench", "load", "--format", "csv", "--keys", "100", cwd=tmp_path)
+    assert unknown.returncode == 2 and "unknown format(s) csv" in unknown.stderr

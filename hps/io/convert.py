@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from hps.io.formats import ReadOptions, TableSpec, open_model, open_writer
 from hps.io.inspect import InspectReport, TableStats, describe
+from hps.io.read_ahead import read_ahead
 from hps.io.source import SourceOptions
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def convert(
         if progress is not None:
             progress.start_table(reader.uri, reader.num_keys, reader.num_bytes)
         with open_writer(destination, to_format, reader.num_keys, reader.vec_size) as writer:
-            for keys, rows in reader.chunks():
+            for keys, rows in read_ahead(reader.chunks()):
                 stats.observe(keys, rows)
                 writer.write(keys, rows)
                 if progress is not None:

@@ -249,7 +249,8 @@ class ParquetWriter(ModelWriter):
             (DEFAULT_KEY_COLUMN, self._pa.int64()),
             (DEFAULT_VECTOR_COLUMN, self._pa.list_(self._pa.float32(), vec_size)),
         ])
-        self._writer = pq.ParquetWriter(self.tmp, self._schema)
+        # random floats gain nothing from a dictionary, and reading one costs time
+        self._writer = pq.ParquetWriter(self.tmp, self._schema, use_dictionary=False)
 
     def _write(self, keys: np.ndarray, rows: np.ndarray) -> None:
         pa = self._pa
