@@ -232,7 +232,8 @@ class WebHdfsSource(RemoteSource):
         query: dict[str, str | int] = {"op": op, **params}
         if self.user:
             query["user.name"] = self.user
-        path = quote(WEBHDFS_PREFIX + self.location.file(name), safe="/")
+        where = self.location.file(name) if name else self.location.path  # '' = the folder
+        path = quote(WEBHDFS_PREFIX + where, safe="/")
         return f"{self.base_url}{path}?{urlencode(query)}"
 
     def size(self, name: str) -> int:

@@ -52,7 +52,10 @@ def read_ahead(items: Iterator[T], depth: int = 1, name: str = "hps-read-ahead")
         while True:
             ok, item = ready.get()
             if not ok:
-                raise item
+                try:
+                    raise item
+                finally:  # the error's traceback holds this frame: no cycle through it
+                    del item
             if item is _DONE:
                 return
             yield item

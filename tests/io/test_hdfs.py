@@ -38,7 +38,8 @@ from hps.io.uri import SourceOptions, open_source
 
 
 class FakeWebHdfs:
-    """The WebHDFS REST subset: GETFILESTATUS, OPEN (via a datanode redirect), errors."""
+    """The WebHDFS REST subset: GETFILESTATUS, LISTSTATUS, OPEN (via a datanode redirect),
+    errors."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
@@ -114,6 +115,15 @@ class FakeWebHdfs:
                 "pathSuffix": "",
             }
             return self._send(h, 200, json.dumps({"FileStatus": status}).encode())
+        if op == "LISTSTATUS" and path in self.dirs:
+            entries = [
+                {"pathSuffix": name.rsplit("/", 1)[1], "type": kind, "length": 0}
+                for kind, names in (("FILE", self.files), ("DIRECTORY", self.dirs))
+                for name in names
+                if name.rsplit("/", 1)[0] == path and name != path
+            ]
+            body = json.dumps({"FileStatuses": {"FileStatus": entries}})
+            return self._send(h, 200, body.encode())
         if op == "OPEN" and path in self.files:
             if not datanode:  # what a NameNode does: send the client to a DataNode
                 location = f"http://127.0.0.1:{self.port}/datanode{h.path}"
@@ -252,6 +262,34 @@ def test_webhdfs_reads_the_model_in_parallel_parts(webhdfs: FakeWebHdfs) -> None
     assert all(q.get("user.name") == "alice" for _, q in webhdfs.ops())
     stats = [p for p, q in webhdfs.ops("NN ") if q["op"] == "GETFILESTATUS"]
     assert sorted(stats) == ["NN /models/m/t0/emb_vector", "NN /models/m/t0/key"]
+
+
+def test_webhdfs_parquet_folder_of_parts(webhdfs: FakeWebHdfs) -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hps.io.formats import open_model
+
+    rng = np.random.default_rng()
+    keys = rng.choice(np.int64(2**40), size=3000, replace=False)
+    vectors = rng.standard_normal((3000, 8)).astype(np.float32)
+    for i in range(3):
+        part = slice(i * 1000, (i + 1) * 1000)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(vectors[part].reshape(-1)), 8)
+        out = io.BytesIO()
+        pq.write_table(pa.table({"key": keys[part], "vector": column}), out)
+        webhdfs.put(f"/lake/items/part-{i}.parquet", out.getvalue())
+    webhdfs.put("/lake/items/_SUCCESS", b"")
+    webhdfs.put("/lake/items/sub/other.parquet", b"not a part of this table")
+    with open_model(f"webhdfs://127.0.0.1:{webhdfs.port}/lake/items") as reader:
+        assert (reader.format, reader.num_keys) == ("parquet", 3000)
+        assert [name for name, _ in reader.files] == [f"part-{i}.parquet" for i in range(3)]
+        chunks = list(reader.chunks(700))
+    np.testing.assert_array_equal(np.concatenate([k for k, _ in chunks]), keys)
+    np.testing.assert_array_equal(np.concatenate([v for _, v in chunks]), vectors)
+    assert [p for p, q in webhdfs.ops("NN ") if q["op"] == "LISTSTATUS"] == ["NN /lake/items"]
 
 
 def test_webhdfs_user_from_environment(

@@ -84,10 +84,15 @@ def detect_format(spec: TableSpec, source: ModelSource | None = None) -> str:
         )
     if source is None:  # any other suffix is part of a folder's name ("table.v2")
         return ""
+    return folder_format(source)[0]
+
+
+def folder_format(source: ModelSource) -> tuple[str, list[str]]:
+    """(format, Parquet part names) of a folder by what it holds; ModelFileError if none."""
     if source.exists("key"):
-        return "sparse_folder"
+        return "sparse_folder", []
     if source.exists("keys.npy"):
-        return "numpy"
+        return "numpy", []
     from hps.io.formats.parquet import part_names
 
     try:
@@ -95,7 +100,7 @@ def detect_format(spec: TableSpec, source: ModelSource | None = None) -> str:
     except SourceNotFoundError:
         names = []
     if part_names(names):
-        return "parquet"
+        return "parquet", part_names(names)
     raise ModelFileError(
         f"sparse model {source.uri!r} has no 'key' file, no keys.npy and no *.parquet part "
         f"files (found: {', '.join(names[:8]) or 'nothing'}): expected a HugeCTR folder "
@@ -120,22 +125,26 @@ def open_model(
     spec = TableSpec.of(entry)
     options = options or ReadOptions()
     fmt = detect_format(spec)  # from the name alone: '' for a folder (read its contents)
-    is_file = fmt == "safetensors" or (fmt != "" and SUFFIX_FORMATS.get(spec.suffix) == fmt)
-    folder, name = split_file(spec.path) if is_file else (spec.path, "")
+    folder, name = split_file(spec.path) if is_file_of(fmt, spec) else (spec.path, "")
     source = open_source(folder, source_options)
     try:
-        fmt = fmt or detect_format(spec, source)
+        parts: list[str] = []
+        if not fmt:
+            fmt, parts = folder_format(source)
         misplaced = [o for o in spec.options_set() if o not in FORMAT_OPTIONS[fmt]]
         if misplaced:
             raise ModelFileError(f"{spec.path}: {TableSpec.misplaced(misplaced, fmt)}")
-        return _open(fmt, spec, source, name, options)
+        return _open(fmt, spec, source, [name] if name else parts, options)
     except BaseException:
         source.close()
         raise
 
 
-def _open(fmt: str, spec: TableSpec, source: ModelSource, name: str, options: ReadOptions
-          ) -> ModelReader:
+def _open(fmt: str, spec: TableSpec, source: ModelSource, names: list[str],
+          options: ReadOptions) -> ModelReader:
+    """The reader of `fmt`: of file `names[0]` for file formats, else of the folder
+    (`names` then lists Parquet parts when the folder was already listed)."""
+    name = names[0] if is_file_of(fmt, spec) else ""
     if fmt == "sparse_folder":
         from hps.io.formats.sparse_folder import SparseModelReader
 
@@ -155,11 +164,16 @@ def _open(fmt: str, spec: TableSpec, source: ModelSource, name: str, options: Re
         )
     from hps.io.formats.parquet import ParquetReader, part_names
 
-    names = [name] if name else part_names(source.names())
+    names = names or part_names(source.names())
     return ParquetReader(
         source, names, options, folder=not name,
         key_column=spec.key_column, vector_column=spec.vector_column,
     )
+
+
+def is_file_of(fmt: str, spec: TableSpec) -> bool:
+    """Whether `spec` names one file of `fmt` (else a folder)."""
+    return fmt == "safetensors" or (fmt != "" and SUFFIX_FORMATS.get(spec.suffix) == fmt)
 
 
 def writer_format(path: str, fmt: str | None) -> str:

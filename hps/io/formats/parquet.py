@@ -245,16 +245,20 @@ class ParquetWriter(ModelWriter):
     def __init__(self, path: str, num_keys: int, vec_size: int) -> None:
         super().__init__(path, num_keys, vec_size)
         self._pa, pq = import_pyarrow()
-        self._schema = self._pa.schema([
-            (DEFAULT_KEY_COLUMN, self._pa.int64()),
-            (DEFAULT_VECTOR_COLUMN, self._pa.list_(self._pa.float32(), vec_size)),
+        pa = self._pa
+        # no nulls declared: readers then decode no definition levels (about twice as fast)
+        self._vector_type = pa.list_(pa.field("element", pa.float32(), nullable=False), vec_size)
+        self._schema = pa.schema([
+            pa.field(DEFAULT_KEY_COLUMN, pa.int64(), nullable=False),
+            pa.field(DEFAULT_VECTOR_COLUMN, self._vector_type, nullable=False),
         ])
         # random floats gain nothing from a dictionary, and reading one costs time
         self._writer = pq.ParquetWriter(self.tmp, self._schema, use_dictionary=False)
 
     def _write(self, keys: np.ndarray, rows: np.ndarray) -> None:
         pa = self._pa
-        vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), self.vec_size)
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)),
+                                                    type=self._vector_type)
         self._writer.write_table(pa.table([pa.array(keys), vectors], schema=self._schema))
 
     def _finish(self) -> None:
