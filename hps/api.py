@@ -45,25 +45,30 @@ class HPS:
         config = as_ps_config(ps_config if ps_config is not None else hps_json_config_file)
         self.server = HierarchicalParameterServer(config, progress=progress)
 
-    def lookup(self, h_keys: Any, model_name: str, table_id: int | str, device_id: int = 0
-               ) -> np.ndarray:
+    def lookup(self, h_keys: Any, model_name: str, table_id: int | str,
+               device_id: int | None = None) -> np.ndarray:
         """Vectors of `h_keys` as float32 [n, dim] on the host.
 
         `h_keys`: any integer array of any shape (n is its number of elements), or a list
-        of Python or NumPy integers. Raises UnknownModelError, UnknownTableError,
-        KeyTypeError or BatchTooLargeError for bad input.
+        of Python or NumPy integers. `device_id`: the GPU cache that serves them (default:
+        that of CUDA keys, else the model's first deployed device). Raises
+        UnknownModelError, UnknownTableError, KeyTypeError, BatchTooLargeError or
+        DeviceError for bad input.
         """
-        if isinstance(h_keys, (list, tuple)) and not h_keys:
-            h_keys = np.empty(0, np.int64)  # NumPy would read [] as float64
         return self.server.lookup(model_name, table_id, h_keys, device_id=device_id)
 
     def lookup_fromdlpack(self, keys: Any, out_tensor: Any, model_name: str,
-                          table_id: int | str, device_id: int = 0) -> None:
+                          table_id: int | str, device_id: int | None = None) -> None:
         """Write the vectors of `keys` into `out_tensor` in place.
 
         Both may be DLPack capsules (they are not consumed), `__dlpack__` objects
         (PyTorch, CuPy, NumPy) or arrays, on the host or a CUDA device. `out_tensor` must
-        be float32, C-contiguous, with at least n × dim elements.
+        be float32 with at least n × dim elements (C-contiguous, or strided of shape
+        (n, dim)). CUDA arrays are served by the GPU cache of their device, from any
+        thread, whatever its current device; `device_id` (default: the arrays' device,
+        else the model's first deployed device) picks the cache for host arrays. Raises
+        DeviceError for keys and output on different devices or a device the model is
+        not deployed on.
         """
         self.server.lookup_into(model_name, table_id, keys, out_tensor, device_id=device_id)
 

@@ -529,17 +529,28 @@ def bench_gpu_cmd(
     batch: int = typer.Option(1 << 20, help="Keys per lookup."),
     repeats: int = typer.Option(20, help="Timed runs per measure."),
     device: int = typer.Option(0, help="CUDA device id."),
+    profile: list[str] = typer.Option(
+        ["kernels"], help="kernels: the cache kernels beside a dense gather; public: "
+        "lookup_fromdlpack/lookup latency beside torch.index_select; hugectr: HugeCTR's "
+        "hps_profiler workload; misses: 1M-key miss batches. Repeatable."),
 ) -> None:
-    """GPU cache (dynamic, static) beside a dense float4 gather and torch.index_select."""
+    """GPU cache benchmarks, each beside its baseline measured in the same run."""
     from hps.gpu.lookup import cuda_available
 
     if not cuda_available():
         _fail(RuntimeError("hps bench gpu needs a CUDA device and CuPy: "
                            "pip install 'hps-server[gpu]'"))
-    from hps.bench.gpu import bench_gpu, format_rows, targets
+    from hps.bench.gpu import PROFILES, bench_gpu, bench_profile, format_rows, targets
 
-    rows = bench_gpu(tuple(int(d) for d in dims.split(",")), slots, batch, False, device,
-                     repeats)
+    rows = []
+    for name in profile:
+        if name not in PROFILES:
+            _fail(ValueError(f"--profile must be one of {', '.join(PROFILES)}, got {name!r}"))
+        if name == "kernels":
+            rows += bench_gpu(tuple(int(d) for d in dims.split(",")), slots, batch, False,
+                              device, repeats)
+        else:
+            rows += bench_profile(name, device)
     console.print(format_rows(rows), markup=False, highlight=False)
     summary = targets(rows)
     if summary:

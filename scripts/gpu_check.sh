@@ -29,9 +29,19 @@ PY
 
 status=0
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
+  # tests of several GPUs run where there are several (and must pass there)
+  devices="$(python3 -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')"
+  select=()
+  [ "$devices" -ge 2 ] || select=(-m "not multi_gpu")
   timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" python3 -m pytest tests/gpu -q -p no:cacheprovider \
-    --durations=8 2>&1 | tee "$logs/pytest.log"
+    ${select[@]+"${select[@]}"} -rs --durations=8 2>&1 | tee "$logs/pytest.log"
   status=${PIPESTATUS[0]}
+  # on a GPU machine every GPU test must run: none passed, or any skipped, is a failure
+  summary="$(tail -n 1 "$logs/pytest.log")"
+  if ! grep -Eq '[1-9][0-9]* passed' <<<"$summary" || grep -q 'skipped' <<<"$summary"; then
+    echo "gpu_check: GPU tests did not all run ($summary)" >&2
+    status=1
+  fi
 fi
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
   python3 -m hps.bench.gpu "$@" 2>&1 | tee "$logs/bench.log"

@@ -71,13 +71,23 @@ def test_output_view_is_written_in_place_through_capsule() -> None:
     [
         (np.zeros((2, 4), np.float64), "must be float32"),
         (np.zeros(7, np.float32), "holds 7 floats but 2 keys × width 4 = 8"),
-        (np.zeros((4, 4), np.float32)[:, :2], "C-contiguous"),
-        (torch.zeros(16)[::2], "C-contiguous"),
+        (np.zeros((4, 4), np.float32)[:, :2], r"strided output must have shape \[2, 4\]"),
+        (torch.zeros(16)[::2], r"strided output must have shape \[2, 4\], got \[8\]"),
     ],
 )
 def test_bad_outputs(out: object, match: str) -> None:
     with pytest.raises(OutputBufferError, match=match):
         as_output_array(out, 2, 4)
+
+
+def test_strided_output_of_shape_n_dim_is_written_in_place() -> None:
+    base = np.zeros((3, 10), np.float32)
+    view = as_output_array(base[:, 2:6], 3, 4)
+    view[:] = 1.0
+    assert base[:, 2:6].sum() == 12 and base.sum() == 12
+    t = torch.zeros(4, 3)
+    as_output_array(t.t(), 3, 4)[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert t.t().reshape(-1).tolist() == list(range(12))
 
 
 def test_read_only_output() -> None:

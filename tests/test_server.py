@@ -17,8 +17,8 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 from hps import (
     HPS,
     BatchTooLargeError,
+    DeviceError,
     KeyTypeError,
-    LookupInputError,
     ModelFileError,
     OutputBufferError,
     UnknownModelError,
@@ -130,7 +130,7 @@ def test_bad_input_raises_and_changes_nothing(two_tables: dict[str, Any]) -> Non
             (KeyTypeError, "must be integers", dict(keys=keys[:10].astype(np.float64))),
             (OutputBufferError, "float32", dict(out_tensor=np.zeros((10, 8), np.float64))),
             (OutputBufferError, "are needed", dict(out_tensor=np.zeros((9, 8), np.float32))),
-            (LookupInputError, "deployed_device_list", dict(device_id=3)),
+            (DeviceError, r"device_id 3 is not in deployed_device_list \[0\]", dict(device_id=3)),
         ]
         for error, match, change in cases:
             args = dict(keys=keys[:10], out_tensor=out, model_name="m", table_id=0)

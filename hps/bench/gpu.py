@@ -348,8 +348,28 @@ def bench_gpu(dims: tuple[int, ...] = (16, 64, 128), slots: int = 1 << 24,
 
 
 _COLUMNS = ("bench", "dim", "batch", "mode", "group", "unroll", "waves", "hints", "gkeys_s",
-            "mkeys_s", "vs_float4", "vs_torch", "hugectr", "hit_rate", "p50_us", "p99_us",
-            "events_p50_us")
+            "mkeys_s", "vs_float4", "vs_torch", "hugectr", "hit_rate", "mean_us", "p50_us",
+            "p99_us", "events_p50_us", "over_inner_us", "vs_floor", "vs_hugectr_mean",
+            "vs_hugectr_p99", "wrong_rows", "load_s")
+PROFILES = ("kernels", "public", "hugectr", "misses")
+
+
+def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict[str, Any]]:
+    """The rows of one profile: "public" (hps/bench/gpu_public.py), "hugectr" or "misses"
+    (hps/bench/gpu_misses.py); "kernels" is bench_gpu."""
+    if profile == "public":
+        from hps.bench.gpu_public import bench_public_latency
+
+        return bench_public_latency(device_id=device_id, **options)
+    if profile == "hugectr":
+        from hps.bench.gpu_misses import bench_hugectr_profile
+
+        return bench_hugectr_profile(device_id=device_id, **options)
+    if profile == "misses":
+        from hps.bench.gpu_misses import bench_large_misses
+
+        return bench_large_misses(device_id=device_id, **options)
+    return bench_gpu(device_id=device_id, **options)
 
 
 def format_rows(rows: list[dict[str, Any]], columns: tuple[str, ...] = _COLUMNS) -> str:
@@ -398,6 +418,19 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             sta["gkeys_s"] >= dyn["gkeys_s"])
         add(f"dim {dim} static >= HugeCTR static {HUGECTR_STATIC[dim]}", sta["gkeys_s"],
             sta["gkeys_s"] >= HUGECTR_STATIC[dim])
+    for r in rows:
+        if r["bench"] == "public latency" and str(r["mode"]).startswith(("lookup_f", "HPS.")):
+            add(f"{r['mode']}: p50 <= 1.45 x floor", r["vs_floor"], r["vs_floor"] <= 1.45)
+            add(f"{r['mode']}: <= 5 us over the inner call", r["over_inner_us"],
+                r["over_inner_us"] <= 5.0)
+        if r["bench"] == "hugectr" and "wrong_rows" in r:
+            add("hugectr profile: mean <= 100 us", r["mean_us"], r["mean_us"] <= 100.0)
+            add("hugectr profile: p99 <= 200 us", r["p99_us"], r["p99_us"] <= 200.0)
+            add("hugectr profile: every vector exact", r["wrong_rows"], r["wrong_rows"] == 0)
+        if r["bench"] == "misses":
+            add("1M uniform misses: >= 50 M keys/s", r["mkeys_s"], r["mkeys_s"] >= 50.0)
+            add("1M uniform misses: checked vectors exact", r["wrong_rows"],
+                r["wrong_rows"] == 0)
     lat = find("latency", 16, "GpuEmbeddingTable.lookup")
     if lat is not None:
         add("lookup 2000 device keys, all hits: p50 < 30 us", lat["p50_us"],
@@ -416,23 +449,37 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--sweep", action="store_true", help="also time other launch shapes")
     parser.add_argument("--only", choices=("throughput", "latency", "mixed"))
+    parser.add_argument("--profile", action="append", choices=PROFILES,
+                        help="public: the public calls' latency beside their floor; "
+                             "hugectr: HugeCTR's hps_profiler workload; misses: 1M-key "
+                             "miss batches; kernels: the cache kernels (default). Repeatable.")
+    parser.add_argument("--table-keys", type=int, default=None,
+                        help="table size of the misses profile (default 20M)")
     parser.add_argument("--device", type=int, default=0)
     args = parser.parse_args()
     import cupy as cp
 
     dims = tuple(int(d) for d in args.dims.split(","))
-    if args.only == "throughput":
-        rows = []
-        for dim in dims:
-            rows += bench_throughput(dim, args.slots, args.batch, args.repeats, args.sweep,
-                                     args.device)
-            cp.get_default_memory_pool().free_all_blocks()
-    elif args.only == "latency":
-        rows = bench_latency(16, device_id=args.device)
-    elif args.only == "mixed":
-        rows = bench_mixed(16, device_id=args.device)
-    else:
-        rows = bench_gpu(dims, args.slots, args.batch, args.sweep, args.device, args.repeats)
+    rows: list[dict[str, Any]] = []
+    for profile in args.profile or ["kernels"]:
+        if profile != "kernels":
+            options = ({"table_keys": args.table_keys}
+                       if profile == "misses" and args.table_keys else {})
+            rows += bench_profile(profile, args.device, **options)
+        elif args.only == "throughput":
+            for dim in dims:
+                rows += bench_throughput(dim, args.slots, args.batch, args.repeats,
+                                         args.sweep, args.device)
+                cp.get_default_memory_pool().free_all_blocks()
+        elif args.only == "latency":
+            rows += bench_latency(16, device_id=args.device)
+        elif args.only == "mixed":
+            rows += bench_mixed(16, device_id=args.device)
+        else:
+            rows += bench_gpu(dims, args.slots, args.batch, args.sweep, args.device,
+                              args.repeats)
+        print(format_rows(rows), flush=True)  # so far, in case a later profile fails
+        print(flush=True)
     sweep_rows = [r for r in rows if "(sweep)" in str(r.get("mode"))]
     if sweep_rows:
         print(format_rows(sweep_rows))

@@ -94,6 +94,16 @@ class Tier(ABC):
         tier cannot answer.
         """
 
+    def fetch_into(self, table: str, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Look up `keys` (int64[n]) writing the vectors into `out` (float32[n, dim],
+        C-contiguous, writable: e.g. the GPU path's pinned staging buffer); rows of keys
+        not found become zeros. Returns found (bool[n]). Tiers that can write in place
+        override this; here: fetch, then copy.
+        """
+        vectors, found = self.fetch(table, keys)
+        out[:] = vectors
+        return found
+
     @abstractmethod
     def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
         """Insert or overwrite rows; a tier with an overflow margin prunes after."""

@@ -148,7 +148,7 @@ class EmbeddingCache(DeviceTable):
             self.lru_sample_shift = int(shift)
             self._defines = {**self._defines, "STAMP_SHIFT": self.lru_sample_shift}
             self._fn = {}
-            self._launcher = None
+            self._generation += 1
 
     @staticmethod
     def memory_required(capacity_slots: int, dim: int) -> int:
@@ -166,14 +166,13 @@ class EmbeddingCache(DeviceTable):
     def _free_extra(self) -> None:
         self._stamps = None
 
-    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
-                    default: float) -> tuple[float, ...]:
-        self._tick += 1
-        out_ptr = out.data.ptr
-        return (keys.data.ptr, n, self._keys_ptr, self._stamps_ptr, self._vecs_ptr,
-                self.num_sets, self._flags_ptr, out_ptr, self._dim4 and out_ptr % 16 == 0,
-                ws.ctl_ptr, ws.host_ptr, ws.positions_ptr, ws.keys_ptr,
-                self._tick << RANK_BITS, default)
+    _query_slots = (0, 1, 7, 8, 14)
+    _tick_slot = 13
+
+    def _fixed_query_params(self, ws: QueryWorkspace) -> dict[int, float]:
+        return {2: self._keys_ptr, 3: self._stamps_ptr, 4: self._vecs_ptr, 5: self.num_sets,
+                6: self._flags_ptr, 9: ws.ctl_ptr, 10: ws.host_ptr, 11: ws.positions_ptr,
+                12: ws.keys_ptr}
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),
@@ -225,6 +224,36 @@ class EmbeddingCache(DeviceTable):
                  self._next_tick()),
             )
 
+
+    def insert_staged(self, keys_ptr: int, rows_ptr: int, codes_ptr: int, n: int,
+                      ws: QueryWorkspace, stream_ptr: int) -> None:
+        """insert_by_set on device addresses, queued on the caller's stream `stream_ptr`
+        (the device current) with a launch bound to `ws`: keys int64 [n], rows float32
+        [n, dim] and their sorted set codes uint64 [n], contiguous. Ordered after the
+        queries in flight and the writes before it; later ones wait for it."""
+        launch = ws.insert_launch
+        if launch is None or ws.generation != self._generation:
+            launch = kernels.Launch(self._kernel("cache_insert"),
+                                    "ptr i64 ptr ptr i32 ptr ptr ptr u32 ptr u64")
+            for i, v in ((5, self._keys_ptr), (6, self._stamps_ptr), (7, self._vecs_ptr),
+                         (8, self.num_sets), (9, self._flags_ptr)):
+                launch.set(i, v)
+            ws.insert_launch = launch
+        launch.set(0, codes_ptr)
+        launch.set(1, n)
+        launch.set(2, keys_ptr)
+        launch.set(3, rows_ptr)
+        launch.set(4, self._dim4 and rows_ptr % 16 == 0)
+        with self._writing_on(stream_ptr, ws):
+            self._tick += 1
+            launch.set(10, self._tick << RANK_BITS)
+            launch.go(kernels.grid(self.device_id, n * self._group, BLOCK), BLOCK, stream_ptr)
+
+    def codes_on_device(self, keys_ptr: int, n: int, codes_ptr: int, stream_ptr: int) -> None:
+        """Unsorted set codes (set << 32 | position) of n device keys, on the stream."""
+        kernels.Launch(self._kernel("cache_set_codes"), "ptr i64 u32 ptr")(
+            kernels.grid(self.device_id, n, BLOCK), BLOCK, stream_ptr, keys_ptr, n,
+            self.num_sets, codes_ptr)
 
     def remove(self, keys: Any) -> None:
         """Frees the slots of the keys held; others are ignored."""

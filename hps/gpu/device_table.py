@@ -34,7 +34,7 @@ import numpy as np
 
 from hps.errors import DeviceError, LookupInputError
 from hps.gpu import kernels
-from hps.gpu.kernels import EMPTY_KEY, SET_SIZE
+from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.keys import as_key_array, device_output_view, key_view
 
 BLOCK = 256
@@ -62,31 +62,36 @@ def row_floats(dim: int) -> int:
 
 @dataclass
 class Misses:
-    """The misses of one query: `count` positions into the batch and their keys (device)."""
+    """The misses of one query: `count` positions into the batch (device) and their keys
+    (host: the query kernel writes them straight into mapped pinned memory)."""
 
     positions: Any  # cupy int32 [count]
-    keys: Any  # cupy int64 [count]
+    keys: np.ndarray  # int64 [count], host
     count: int
 
 
 class QueryWorkspace:
-    """Reusable buffers of one thread's queries: miss lists, the kernels' counters
-    (ctl: miss count, blocks done; reset by each query kernel itself) and the miss
-    count's landing place in mapped pinned host memory.
+    """Reusable buffers of one thread's queries of one table: the miss positions (device),
+    the missed keys (mapped pinned host memory the kernel writes directly), the kernels'
+    counters (ctl: miss count, blocks done; reset by each query kernel itself), the miss
+    count's landing place (mapped pinned), the query launches bound to these buffers, and
+    the events of this thread's queries and writes.
 
-    One per thread (they are reused by every query of that thread). `release(stream)`
-    marks that work still queued on `stream` reads the miss lists; the next query waits
-    for it before it overwrites them.
+    One per thread and table (reused by every query of that thread). `release(stream)`
+    marks that work still queued on `stream` reads the miss positions; the next query
+    waits for it before it overwrites them.
     """
 
     def __init__(self, cupy: Any, device_id: int) -> None:
         self._cp = cupy
         rt = cupy.cuda.runtime
+        self._rt = rt
         self.device_id = device_id
         with cupy.cuda.Device(device_id):
             self.ctl = cupy.zeros(2, dtype=np.int32)
             cupy.cuda.get_current_stream().synchronize()
             self.event = cupy.cuda.Event(block=False, disable_timing=True)
+            self.write_done = cupy.cuda.Event(block=False, disable_timing=True)
             self._released = cupy.cuda.Event(block=False, disable_timing=True)
             # mapped pinned memory: with unified addressing the kernel writes it directly
             self.host_ptr = int(rt.hostAlloc(8, _MAPPED_PINNED))
@@ -98,39 +103,50 @@ class QueryWorkspace:
         self._pending = False
         self.capacity = 0
         self.positions: Any = None
-        self.keys: Any = None
+        self.host_keys: np.ndarray = np.empty(0, np.int64)
         self.positions_ptr = 0
         self.keys_ptr = 0
-        self._none: Misses | None = None
+        self._keys_finalizer: Any = None
+        # the query launches bound to these buffers (see DeviceTable._bind_query)
+        self.launches: list[tuple[int, kernels.Launch, int]] | None = None
+        self.generation = -1
+        self.insert_launch: kernels.Launch | None = None
+        self.scatter_launch: kernels.Launch | None = None
 
     def reserve(self, n: int) -> None:
-        if n > self.capacity:
-            if self._pending:  # queued work may still read the buffers about to be freed
-                self._released.synchronize()
-                self._pending = False
-            cap = max(n, 2 * self.capacity, 1024)
+        if n <= self.capacity:
+            return
+        if self._pending:  # queued work may still read the buffers about to be freed
+            self._released.synchronize()
+            self._pending = False
+        cap = max(n, 2 * self.capacity, 1024)
+        with self._cp.cuda.Device(self.device_id):
             self.positions = self._cp.empty(cap, dtype=np.int32)
-            self.keys = self._cp.empty(cap, dtype=np.int64)
-            self.positions_ptr = int(self.positions.data.ptr)
-            self.keys_ptr = int(self.keys.data.ptr)
-            self.capacity = cap
-            self._none = None
+            keys_ptr = int(self._rt.hostAlloc(cap * 8, _MAPPED_PINNED))
+        if self._keys_finalizer is not None:
+            self._keys_finalizer()
+        self._keys_finalizer = weakref.finalize(self, self._rt.freeHost, keys_ptr)
+        self._keys_finalizer.atexit = False
+        self.host_keys = np.ctypeslib.as_array((ctypes.c_int64 * cap).from_address(keys_ptr))
+        self.positions_ptr = int(self.positions.data.ptr)
+        self.keys_ptr = keys_ptr
+        self.capacity = cap
+        self.launches = None  # bound to the old buffers
 
-    def no_misses(self) -> Misses:
-        """The (shared, empty) result of a query that missed nothing."""
-        if self._none is None:
+    def misses(self, count: int) -> Misses:
+        """The misses of the last query (views, valid until the next one)."""
+        if count == 0:
             self.reserve(1)
-            self._none = Misses(self.positions[:0], self.keys[:0], 0)
-        return self._none
+        return Misses(self.positions[:count], self.host_keys[:count], count)
 
-    def release(self, stream: Any) -> None:
-        """Work queued on `stream` still reads the miss lists."""
-        self._released.record(stream)
+    def release(self, stream_ptr: int) -> None:
+        """Work queued on the stream still reads the miss positions."""
+        self._rt.eventRecord(self._released.ptr, stream_ptr)
         self._pending = True
 
     def wait_released(self, stream_ptr: int) -> None:
         if self._pending:
-            self._cp.cuda.runtime.streamWaitEvent(stream_ptr, self._released.ptr, 0)
+            self._rt.streamWaitEvent(stream_ptr, self._released.ptr, 0)
             self._pending = False
 
 
@@ -189,7 +205,9 @@ class DeviceTable:
                 self._flags.fill(0)
             self._stream.synchronize()
         self._fn: dict[str, Any] = {}
-        self._launcher: kernels.Launch | None = None
+        self._generation = 0  # bumped when kernels change: workspaces rebind their launches
+        self._rt = cp.cuda.runtime
+        self._sms = kernels.multiprocessors(self.device_id)
         self._keys_ptr = int(self._keys.data.ptr)
         self._vecs_ptr = int(self._vecs.data.ptr)
         self._flags_ptr = int(self._flags.data.ptr)
@@ -233,7 +251,7 @@ class DeviceTable:
             self._defines = {**self._defines, "GROUP": group, "UNROLL": unroll,
                              "HINTS": hints}
             self._fn = {}
-            self._launcher = None
+            self._generation += 1
 
     def _kernel(self, name: str) -> Any:
         fn = self._fn.get(name)
@@ -326,8 +344,9 @@ class DeviceTable:
         it. Keeps `refs` (the inputs) alive until the write is done."""
         cp = self._cp
         with self._on_table_stream():
-            for ev_ptr in self._inflight:
+            for ev_ptr in list(self._inflight):
                 cp.cuda.runtime.streamWaitEvent(self._stream.ptr, ev_ptr, 0)
+            self._wait_for_writes(self._stream.ptr)
             yield
             done = cp.cuda.Event(block=False, disable_timing=True)
             done.record(self._stream)
@@ -335,6 +354,22 @@ class DeviceTable:
             self._retire.append((done, refs))
             while self._retire and self._retire[0][0].done:
                 self._retire.popleft()
+
+    @contextmanager
+    def _writing_on(self, stream_ptr: int, ws: QueryWorkspace) -> Iterator[None]:
+        """Runs the body (a write queued on the caller's stream `stream_ptr`, the table's
+        device current) under the lock, after the queries in flight on other streams and
+        the writes before it; later queries and writes wait for it (ws.write_done)."""
+        rt = self._rt
+        with self._lock:
+            self._check_open()
+            for ev_ptr in list(self._inflight):
+                if ev_ptr != ws.event_ptr:
+                    rt.streamWaitEvent(stream_ptr, ev_ptr, 0)
+            self._wait_for_writes(stream_ptr)
+            yield
+            rt.eventRecord(ws.write_done.ptr, stream_ptr)
+            self._write_event = ws.write_done
 
     # -- queries --------------------------------------------------------------------------
 
@@ -346,11 +381,83 @@ class DeviceTable:
             self._tls.ws = ws
         return ws
 
-    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
-                    default: float) -> tuple[float, ...]:
+    # Positions of the varying query parameters in _query_signature: keys, n, out, out_vec4,
+    # default value; and the tick (-1: none).
+    _query_slots: tuple[int, int, int, int, int] = (0, 1, 0, 0, 0)
+    _tick_slot = -1
+
+    def _fixed_query_params(self, ws: QueryWorkspace) -> dict[int, float]:
+        """The query parameters that stay fixed for a workspace: position → value."""
         raise NotImplementedError
 
+    def _query_kernels(self) -> list[tuple[int, Any, int]]:
+        """(most keys, kernel, keys per lane group) of the query kernels, by batch size."""
+        return [(kernels.MAX_BATCH, self._kernel(self._query_kernel), self._unroll)]
 
+    def _bind_query(self, ws: QueryWorkspace) -> list[tuple[int, kernels.Launch, int]]:
+        launches = []
+        fixed = self._fixed_query_params(ws)
+        for limit, fn, unroll in self._query_kernels():
+            launch = kernels.Launch(fn, self._query_signature)
+            for i, v in fixed.items():
+                launch.set(i, v)
+            launches.append((limit, launch, unroll))
+        ws.launches = launches
+        ws.generation = self._generation
+        return launches
+
+    def _enqueue(self, keys_ptr: int, n: int, out_ptr: int, default: float,
+                 ws: QueryWorkspace, stream_ptr: int) -> None:
+        """Queues the query kernel (the lock held, the device current, ws reserved)."""
+        launches = ws.launches
+        if launches is None or ws.generation != self._generation:
+            launches = self._bind_query(ws)
+        chosen = launches[-1]
+        for entry in launches:
+            if n <= entry[0]:
+                chosen = entry
+                break
+        _, launch, unroll = chosen
+        k, c, o, v, d = self._query_slots
+        launch.set(k, keys_ptr)
+        launch.set(c, n)
+        launch.set(o, out_ptr)
+        launch.set(v, self._dim4 and out_ptr % 16 == 0)
+        launch.set(d, default)
+        if self._tick_slot >= 0:
+            self._tick += 1
+            launch.set(self._tick_slot, self._tick << RANK_BITS)
+        blocks = -(-(-(-n // (unroll * (32 // self._group))) * 32) // BLOCK)
+        if self._waves:
+            blocks = min(blocks, self._sms * self._waves)
+        launch.go(blocks, BLOCK, stream_ptr)
+
+    def query_ptr(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,
+                  ws: QueryWorkspace, stream_ptr: int) -> int:
+        """The query on raw pointers: keys int64 [n] and out float32 [n, dim], both
+        C-contiguous on this table's device (current), on stream `stream_ptr`. Writes the
+        rows of held keys and `default_value` into the others; returns the miss count,
+        the misses being in `ws` (ws.misses(count)) until its next query. Waits on the
+        host for the miss count only."""
+        if n == 0:
+            return 0
+        if n > ws.capacity:
+            ws.reserve(n)
+        ws.wait_released(stream_ptr)
+        rt = self._rt
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            if self._write_event is not None:
+                self._wait_for_writes(stream_ptr)
+            self._enqueue(keys_ptr, n, out_ptr, default_value, ws, stream_ptr)
+            rt.eventRecord(ws.event_ptr, stream_ptr)
+            self._inflight.add(ws.event_ptr)
+        try:
+            rt.eventSynchronize(ws.event_ptr)
+        finally:
+            self._inflight.discard(ws.event_ptr)
+        return int(ws.host_count[0])
 
     def query_misses(self, keys: Any, out: Any, default_value: float = 0.0,
                      workspace: QueryWorkspace | None = None) -> Misses:
@@ -370,44 +477,16 @@ class DeviceTable:
                       ws: QueryWorkspace) -> Misses:
         """query_misses for arguments already checked, with this table's device current."""
         n = int(keys.shape[0])
-        if n == 0:
-            return ws.no_misses()
-        rt = self._cp.cuda.runtime
-        sptr = self._cp.cuda.get_current_stream().ptr
-        ws.reserve(n)
-        ws.wait_released(sptr)
-        with self._lock:
-            self._check_open()
-            self._wait_for_writes(sptr)
-            self.enqueue_query(keys, n, out, default_value, ws, sptr)
-            rt.eventRecord(ws.event_ptr, sptr)
-            self._inflight.add(ws.event_ptr)
-        try:
-            rt.eventSynchronize(ws.event_ptr)
-        finally:
-            with self._lock:
-                self._inflight.discard(ws.event_ptr)
-        count = int(ws.host_count[0])
-        if count == 0:
-            return ws.no_misses()
-        return Misses(ws.positions[:count], ws.keys[:count], count)
+        count = self.query_ptr(int(keys.data.ptr), n, int(out.data.ptr), default_value, ws,
+                               self._cp.cuda.get_current_stream().ptr)
+        return ws.misses(count)
 
     def enqueue_query(self, keys: Any, n: int, out: Any, default_value: float,
                       ws: QueryWorkspace, stream_ptr: int) -> None:
         """Queues the query kernel on the stream, nothing else (the benchmark times
         this). Call with the lock held and the device current."""
-        launch, unroll = self._query_launch(n)
-        threads = -(-n // (unroll * (32 // self._group))) * 32
-        launch(kernels.grid(self.device_id, threads, BLOCK, self._waves), BLOCK, stream_ptr,
-               *self._query_args(keys, n, out, ws, default_value))
-
-    def _query_launch(self, n: int) -> tuple[kernels.Launch, int]:
-        """The query kernel for a batch of n keys and its keys per lane group."""
-        launch = self._launcher
-        if launch is None:
-            launch = kernels.Launch(self._kernel(self._query_kernel), self._query_signature)
-            self._launcher = launch
-        return launch, self._unroll
+        ws.reserve(n)
+        self._enqueue(int(keys.data.ptr), n, int(out.data.ptr), default_value, ws, stream_ptr)
 
     def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
         """(miss_positions, miss_count): positions (cupy int32, in no particular order) of
@@ -416,7 +495,7 @@ class DeviceTable:
         misses = self.query_misses(keys, out, default_value, ws)
         with self._device:
             positions = misses.positions.copy()
-            ws.release(self._cp.cuda.get_current_stream())
+            ws.release(self._cp.cuda.get_current_stream().ptr)
         return positions, misses.count
 
     # -- reads on the table's stream ------------------------------------------------------

@@ -41,6 +41,9 @@ _LAYOUT = {"SET_SIZE": SET_SIZE, "EMPTY_KEY": EMPTY_KEY, "RANK_BITS": RANK_BITS}
 # the static table's large-batch query (one bucket per probe step), a table's exact LRU.
 _TUNING_DEFAULTS = {"GROUP": 4, "UNROLL": 1, "HINTS": 0, "STAMP_SHIFT": 0, "PROBE_WINDOW": 1}
 
+# Most keys one launch serves: the kernels number a batch's positions with int32.
+MAX_BATCH = 2**31 - 1
+
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 _lock = threading.Lock()
 _modules: dict[tuple[Any, ...], Any] = {}
@@ -153,8 +156,12 @@ class Launch:
 
     `signature` names the kernel's parameter types in order ("ptr i64 u32 f32 ..."); a
     call takes plain ints (device pointers too) and floats. This spends about a
-    microsecond of Python per launch where a CuPy call converts every argument; the
-    query path launches once per lookup. Not thread-safe: callers hold a lock.
+    microsecond of Python per launch where a CuPy call converts every argument.
+
+    A launch can also be bound: `set(i, value)` fixes parameter i once (a table's
+    pointers, a workspace's buffers) and `go(grid, block, stream)` launches with the
+    parameters as they stand, so a call sets only what changed. Not thread-safe: one
+    Launch per thread (workspaces hold their own), or callers hold a lock.
     """
 
     def __init__(self, fn: Any, signature: str) -> None:
@@ -173,12 +180,19 @@ class Launch:
             self._fptr = None
         self._launch = cupy.cuda.driver.launchKernel
 
-    def __call__(self, grid: int, block: int, stream_ptr: int, *args: float) -> None:
+    def set(self, index: int, value: float) -> None:
+        """Fixes parameter `index` for the launches that follow."""
+        self._values[index].value = value
+
+    def go(self, grid: int, block: int, stream_ptr: int) -> None:
+        """Launches with the parameters as set."""
         if self._fptr is None:
-            converted = tuple(t(a) for t, a in zip(self._numpy, args, strict=True))
-            self._fn((grid,), (block,), converted,
-                     stream=self._cp.cuda.ExternalStream(stream_ptr))
+            args = tuple(t(v.value) for t, v in zip(self._numpy, self._values, strict=True))
+            self._fn((grid,), (block,), args, stream=self._cp.cuda.ExternalStream(stream_ptr))
             return
+        self._launch(self._fptr, grid, 1, 1, block, 1, 1, 0, stream_ptr, self._params, 0)
+
+    def __call__(self, grid: int, block: int, stream_ptr: int, *args: float) -> None:
         for value, arg in zip(self._values, args, strict=True):
             value.value = arg
-        self._launch(self._fptr, grid, 1, 1, block, 1, 1, 0, stream_ptr, self._params, 0)
+        self.go(grid, block, stream_ptr)

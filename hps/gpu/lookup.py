@@ -1,21 +1,31 @@
 """The GPU tier of one table on one device, as the server uses it.
 
     table = GpuEmbeddingTable(model_config, table_id, num_keys, device_id, fetch_host)
-    table.warm_up(chunks)      # (keys, vectors) chunks of the model file, in file order
-    table.lookup(keys, out)    # vectors of keys into out, in place
-    table.refresh()            # re-read the cached keys' vectors through fetch_host
+    table.warm_up(chunks)        # (keys, vectors) chunks of the model file, in file order
+    table.lookup(keys, out)      # NumPy/CuPy arrays: vectors of keys into out, in place
+    table.serve(key_ref, out_ref)  # the same for any producer (hps/producers.py ArrayRefs)
+    table.refresh()              # re-read the cached keys' vectors through fetch_host
     table.close()
 
-The lookup path (DESIGN.md): query the cache on the caller's stream (hits land in `out`
-directly, misses are compacted on the device; the miss count is the one host wait);
-when nothing missed, that is all. Otherwise the missed keys go to the host, are
-deduplicated, and
-- when the hit rate (1 − missed keys / keys, counting repeats) is below the model's
-  `hit_rate_threshold`, or the table is static: their vectors are fetched with
-  `fetch_host` (volatile → persistent → default), copied to the device in one copy and
-  scattered into `out` by one kernel, and (dynamic cache) inserted;
-- otherwise (HugeCTR's semantics): their rows keep the table's default value, which the
-  query already wrote, and a background thread fetches and inserts them.
+The lookup path (DESIGN.md), on the caller's stream (the stream its keys or output were
+made on, see hps/producers.py), the table's device made current for the call whatever the
+thread's current device was:
+- the query kernel writes the rows of held keys into `out` directly and the default value
+  into the others, compacts the misses' positions on the device and writes the missed
+  keys straight into mapped pinned host memory; the miss count is the one host wait;
+- when nothing missed, that is all. Otherwise, when the hit rate (1 − missed keys / keys,
+  counting repeats) is below the model's `hit_rate_threshold`, or the table is static:
+  the missed keys are deduplicated (compiled, hps/gpu/host_kernels.py), their vectors
+  fetched through the host path (volatile → persistent → default) straight into a pinned
+  staging buffer, sent back in one copy (large batches: in chunks, each sent while the
+  next is fetched), scattered into `out` by one kernel, and (dynamic cache) inserted by
+  one kernel queued on the same stream: the call does not wait for the insert; later
+  queries on any stream are ordered after it with an event;
+- otherwise (HugeCTR's semantics): their rows keep the default value the query wrote,
+  and a background thread fetches and inserts them.
+
+Keys and outputs that cannot be used in place (host arrays, keys narrower than 64 bits,
+strided arrays) go through per-thread device buffers (hps/gpu/staging.py).
 
 Modes: "dynamic" (an LRU cache of gpucacheper × num_keys slots; "uvm" is served the same
 way) or "static" (embedding_cache_type "static" or use_static_table: the whole table on
@@ -36,27 +46,32 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hps.background import BackgroundWorker, PeriodicTask
-from hps.errors import DeviceError
-from hps.gpu import kernels
+from hps.errors import DeviceError, OutputBufferError
+from hps.gpu import host_kernels, kernels
 from hps.gpu.cache import (
     DEFAULT_LRU_SAMPLE_SHIFT,
     SET_SIZE,
     EmbeddingCache,
     cache_mode,
     open_device_table,
-    set_codes,
     warm_up,
 )
+from hps.gpu.device_table import QueryWorkspace
+from hps.gpu.staging import CHUNK_BYTES, MissStaging, Scratch, device_view
 from hps.gpu.static_table import StaticEmbeddingTable
-from hps.keys import key_view, output_view
+from hps.keys import is_wide, key_ref, output_ref
+from hps.producers import ArrayRef
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig
 
 log = logging.getLogger("hps.gpu")
 
-_H2D = 1  # cudaMemcpyHostToDevice
 _BACKGROUND_QUEUE = 64  # pending background inserts; more are dropped (counted)
+# Misses up to this many are deduplicated and get their set codes on the host (compiled,
+# microseconds); larger batches skip the dedupe (the insert takes repeated keys, the
+# fetch serves them twice) and sort their set codes on the device.
+HOST_MISSES = 1 << 16
 _COUNTERS = ("lookups", "keys", "hits", "misses", "sync_fetches", "async_inserts",
              "dropped_inserts", "refreshed", "background_errors")
 
@@ -71,67 +86,6 @@ def cuda_available() -> bool:
         return False
 
 
-def _align(n: int) -> int:
-    return -(-n // 16) * 16
-
-
-class _Staging:
-    """One thread's buffers for moving fetched rows to the device in one copy:
-    [unique keys int64 | their set codes uint64 | the misses' index into them int32 |
-    rows float32], pinned on the host and mirrored on the device."""
-
-    def __init__(self, cupy: Any) -> None:
-        self._cp = cupy
-        self.nbytes = 0
-        self.host: Any = None
-        self.device: Any = None
-        self.copied = cupy.cuda.Event(block=False, disable_timing=True)  # H2D done
-        self.used = cupy.cuda.Event(block=False, disable_timing=True)  # last device read
-        self._has_copy = False
-        self._has_use = False
-
-    def load(self, keys: np.ndarray, codes: np.ndarray | None, inverse: np.ndarray,
-             rows: np.ndarray, stream: Any) -> tuple[Any, Any, Any, Any]:
-        """Copies the arrays to the device with one H2D copy on `stream`; returns their
-        device views (codes: None when not given)."""
-        cp = self._cp
-        u, m, dim = keys.size, inverse.size, rows.shape[1]
-        n_codes = u if codes is not None else 0
-        off_codes = _align(u * 8)
-        off_inv = off_codes + _align(n_codes * 8)
-        off_rows = off_inv + _align(m * 4)
-        total = off_rows + u * dim * 4
-        if self._has_copy:
-            self.copied.synchronize()  # the pinned buffer is free again
-        if total > self.nbytes:
-            if self._has_use:
-                self.used.synchronize()
-            self.nbytes = max(total, 2 * self.nbytes, 1 << 16)
-            self.host = cp.cuda.alloc_pinned_memory(self.nbytes)
-            self.device = cp.empty(self.nbytes, dtype=np.uint8)
-            self._has_use = False
-        host = np.frombuffer(self.host, dtype=np.uint8, count=total)
-        host[:off_codes].view(np.int64)[:u] = keys
-        if codes is not None:
-            host[off_codes:off_inv].view(np.uint64)[:u] = codes
-        host[off_inv:off_rows].view(np.int32)[:m] = inverse
-        host[off_rows:total].view(np.float32).reshape(u, dim)[:] = rows
-        if self._has_use:  # earlier kernels on another stream may still read the buffer
-            cp.cuda.runtime.streamWaitEvent(stream.ptr, self.used.ptr, 0)
-        cp.cuda.runtime.memcpyAsync(self.device.data.ptr, host.ctypes.data, total, _H2D,
-                                    stream.ptr)
-        self.copied.record(stream)
-        self._has_copy = True
-        d = self.device
-        d_codes = d[off_codes: off_codes + u * 8].view(np.uint64) if codes is not None else None
-        return (d[: u * 8].view(np.int64), d_codes, d[off_inv: off_inv + m * 4].view(np.int32),
-                d[off_rows:total].view(np.float32).reshape(u, dim))
-
-    def mark_used(self, stream: Any) -> None:
-        self.used.record(stream)
-        self._has_use = True
-
-
 class GpuEmbeddingTable:
     """The GPU cache (dynamic) or table (static) of one model table on one device.
 
@@ -141,7 +95,9 @@ class GpuEmbeddingTable:
 
     def __init__(self, model: ModelConfig, table_id: int, num_keys: int, device_id: int,
                  fetch_host: Callable[[np.ndarray], np.ndarray], *, dedupe: bool = False,
-                 lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT) -> None:
+                 lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT,
+                 fetch_into: Callable[[np.ndarray, np.ndarray], None] | None = None
+                 ) -> None:
         self._cp = kernels.cupy_module()
         if not cuda_available():
             raise DeviceError("no CUDA device is available for the GPU embedding cache")
@@ -155,12 +111,17 @@ class GpuEmbeddingTable:
         self.mode = cache_mode(model)
         self.dedupe = dedupe
         self._fetch_host = fetch_host
+        # writes the host path's vectors of keys into a float32 [n, dim] array in place
+        self._fetch_into = fetch_into or self._copy_fetched
         self._table: EmbeddingCache | StaticEmbeddingTable = open_device_table(
             model, self.mode, num_keys, self.dim, self.device_id,
             lru_sample_shift=lru_sample_shift)
         self.capacity = int(self._table.capacity)
         self._device = self._cp.cuda.Device(self.device_id)
-        self._several_devices = self._cp.cuda.runtime.getDeviceCount() > 1
+        self._rt = self._cp.cuda.runtime
+        self._cache = self._table if isinstance(self._table, EmbeddingCache) else None
+        self._scatter = kernels.function("rows.cu", "scatter_rows", self.device_id,
+                                         DIM=self.dim)
         self._tls = threading.local()
         self._stats_lock = threading.Lock()
         self._all_counts: list[dict[str, int]] = []
@@ -189,92 +150,186 @@ class GpuEmbeddingTable:
     def lookup(self, keys: Any, out: Any) -> None:
         """Writes the vectors of `keys` into `out` in place.
 
-        keys: int64 [n], CuPy on this table's device or NumPy; out: float32 [n, dim],
-        C-contiguous, CuPy on this device or NumPy. Device work runs on CuPy's current
+        keys: integer [n], CuPy on this table's device or NumPy; out: float32 [n, dim],
+        CuPy on this device or NumPy (strided allowed). Device work runs on CuPy's current
         stream; `out` is complete in that stream's order (host `out`: on return).
-        Raises KeyTypeError, BatchTooLargeError, OutputBufferError or DeviceError for bad
-        arguments (checked by hps/keys.py).
+        Raises KeyTypeError, OutputBufferError or DeviceError for bad arguments (checked
+        by hps/keys.py).
         """
-        # with one device there is no other device to be on: the check's cost is spared
-        device = self.device_id if self._several_devices else None
-        keys = key_view(keys, device)
-        n = int(keys.shape[0])
-        output_view(out, n, self.dim, device)
+        kref = key_ref(keys)
+        n = kref.size
+        if tuple(getattr(out, "shape", ())) != (n, self.dim):
+            raise OutputBufferError(
+                f"out must have shape [{n}, {self.dim}], got {list(getattr(out, 'shape', []))}")
+        self.serve(kref, output_ref(out, n, self.dim))
+
+    def serve(self, keys: ArrayRef, out: ArrayRef) -> None:
+        """lookup() for checked ArrayRefs (hps/keys.py key_ref, output_ref) of any producer:
+        keys on the host or this table's device, out (n × dim float32 or more) likewise.
+        Raises DeviceError for arrays on another device."""
+        n = keys.size
+        dev = self.device_id
+        if keys.device != dev and keys.device >= 0 or out.device != dev and out.device >= 0:
+            raise DeviceError(
+                f"the GPU cache is on cuda:{dev} but the keys are on {keys.where()} and the "
+                f"output on {out.where()}")
         if n == 0:
             return
-        if self._cp.cuda.runtime.getDevice() == self.device_id:
-            self._lookup_here(keys, out, n)
-        else:
-            with self._device:
-                self._lookup_here(keys, out, n)
-
-    def _lookup_here(self, keys: Any, out: Any, n: int) -> None:
-        """lookup() with this table's device current."""
-        cp = self._cp
-        dkeys = cp.asarray(keys) if isinstance(keys, np.ndarray) else keys  # contiguous
-        if isinstance(out, np.ndarray):
-            dout = self._host_out_buffer(n)
-            self._lookup_device(dkeys, dout)
-            dout.get(out=out)
-        else:
-            self._lookup_device(dkeys, out)
-
-    def _host_out_buffer(self, n: int) -> Any:
-        buf = getattr(self._tls, "out", None)
-        if buf is None or buf.shape[0] < n:
-            buf = self._cp.empty((max(n, 1024), self.dim), dtype=np.float32)
-            self._tls.out = buf
-        return buf[:n]
-
-    def _staging(self) -> _Staging:
-        st: _Staging | None = getattr(self._tls, "staging", None)
-        if st is None:
-            st = _Staging(self._cp)
-            self._tls.staging = st
-        return st
-
-    def _lookup_device(self, keys: Any, out: Any) -> None:
-        cp = self._cp
-        n = int(keys.shape[0])
-        if self.dedupe:
-            unique, inverse = cp.unique(keys, return_inverse=True)
-            if unique.size < n:
-                rows = cp.empty((unique.size, self.dim), dtype=np.float32)
-                self._lookup_unique(unique, rows, n)
-                cp.take(rows, inverse.reshape(-1), axis=0, out=out)
+        rt = self._rt
+        previous = rt.getDevice()
+        if previous != dev:
+            rt.setDevice(dev)
+        try:
+            stream = keys.stream if keys.stream is not None else out.stream
+            if stream is None:
+                stream = self._cp.cuda.get_current_stream().ptr
+            state = self._state()
+            if keys.device == dev and is_wide(keys):
+                keys_ptr = keys.ptr
+            else:
+                keys_ptr = self._keys_to_device(keys, state.scratch, stream)
+            if out.device == dev and out.contiguous:
+                self._lookup_ptr(keys_ptr, n, out.ptr, stream, state)
                 return
-        self._lookup_unique(keys, out, n)
+            scratch_out = state.scratch.device_out(n)
+            self._lookup_ptr(keys_ptr, n, int(scratch_out.data.ptr), stream, state)
+            self._out_from_scratch(scratch_out, out, stream, state.scratch)
+        finally:
+            if previous != dev:
+                rt.setDevice(previous)
 
-    def _lookup_unique(self, keys: Any, out: Any, n_requested: int) -> None:
-        ws = self._table.workspace()
-        misses = self._table.query_checked(keys, out, self.default_value, ws)
-        n = int(keys.shape[0])
-        if misses.count == 0:
-            self._count(n_requested, n, 0)
+    def _keys_to_device(self, keys: ArrayRef, scratch: Scratch, stream: int) -> int:
+        """Device address of the keys as contiguous int64 (host keys copied over, narrow
+        or strided device keys converted into scratch)."""
+        if keys.on_host:
+            return scratch.keys_to_device(keys.host_array(), stream)
+        cp = self._cp
+        dst = scratch.device_keys(keys.size)
+        src = keys.device_array().reshape(-1)
+        if src.dtype == np.uint64:
+            src = src.view(np.int64)
+        with cp.cuda.ExternalStream(stream):
+            cp.copyto(dst, src, casting="unsafe")
+        return int(dst.data.ptr)
+
+    def _out_from_scratch(self, rows: Any, out: ArrayRef, stream: int, scratch: Scratch
+                          ) -> None:
+        """Moves rows looked up into scratch to the caller's output."""
+        n = rows.shape[0]
+        if out.on_host:
+            target = out.host_array()
+            if out.contiguous:
+                target = target.reshape(-1)[: n * self.dim].reshape(n, self.dim)
+            scratch.out_to_host(int(rows.data.ptr), target, stream)
             return
-        missed_keys = misses.keys.get()
-        unique, inverse = np.unique(missed_keys, return_inverse=True)
-        self._count(n_requested, n - misses.count, misses.count)
-        hit_rate = 1.0 - misses.count / n
-        if self.mode == "dynamic" and hit_rate >= self.hit_rate_threshold:
-            self._submit(unique)  # this request keeps the default rows the query wrote
+        cp = self._cp
+        with cp.cuda.ExternalStream(stream):
+            cp.copyto(out.device_array(), rows)
+
+    def _lookup_ptr(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
+                    state: _ThreadState) -> None:
+        """The lookup on device addresses (contiguous int64 keys, float32 [n, dim] out),
+        the device current."""
+        if self.dedupe:
+            self._lookup_deduped(keys_ptr, n, out_ptr, stream, state)
             return
-        rows = self._fetch(unique)
-        stream = self._cp.cuda.get_current_stream()
-        staging = self._staging()
-        cache = self._table if isinstance(self._table, EmbeddingCache) else None
-        codes = set_codes(unique, cache.num_sets) if cache is not None else None
-        d_keys, d_codes, d_inverse, d_rows = staging.load(
-            unique, codes, inverse.astype(np.int32, copy=False), rows, stream)
-        kernels.function("rows.cu", "scatter_rows", self.device_id, DIM=self.dim)(
-            (kernels.grid(self.device_id, misses.count * self.dim),), (256,),
-            (misses.positions, d_inverse, np.int64(misses.count), d_rows, out),
-        )
+        ws = state.ws
+        misses = self._table.query_ptr(keys_ptr, n, out_ptr, self.default_value, ws, stream)
+        counts = state.counts
+        counts["lookups"] += 1
+        counts["keys"] += n
+        counts["hits"] += n - misses
+        counts["misses"] += misses
+        if misses:
+            self._serve_misses(ws, misses, n, out_ptr, stream, state)
+
+    def _lookup_deduped(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
+                        state: _ThreadState) -> None:
+        """dedupe=True: the distinct keys are looked up, then gathered into out."""
+        cp = self._cp
+        with cp.cuda.ExternalStream(stream):
+            keys = device_view(cp, keys_ptr, (n,), np.int64, None)
+            unique, inverse = cp.unique(keys, return_inverse=True)
+            rows = cp.empty((unique.size, self.dim), dtype=np.float32)
+            ws = state.ws
+            u = int(unique.size)
+            misses = self._table.query_ptr(int(unique.data.ptr), u, int(rows.data.ptr),
+                                           self.default_value, ws, stream)
+            counts = state.counts
+            counts["lookups"] += 1
+            counts["keys"] += n
+            counts["hits"] += u - misses
+            counts["misses"] += misses
+            if misses:
+                self._serve_misses(ws, misses, u, int(rows.data.ptr), stream, state)
+            out = device_view(cp, out_ptr, (n, self.dim), np.float32, None)
+            cp.take(rows, inverse.reshape(-1), axis=0, out=out)
+
+    def _serve_misses(self, ws: QueryWorkspace, m: int, n: int, out_ptr: int, stream: int,
+                      state: _ThreadState) -> None:
+        """The misses of the query just made: background or fetched, scattered, inserted."""
+        missed = ws.host_keys[:m]
+        cache = self._cache
+        if cache is not None and 1.0 - m / n >= self.hit_rate_threshold:
+            self._submit(missed.copy())  # this request keeps the default rows the query wrote
+            return
+        staging = state.staging
+        keys, codes, inverse, rows = staging.prepare(m, self.dim)
+        small = m <= HOST_MISSES
+        if small:
+            u = int(host_kernels.dedupe(missed, keys, inverse))
+            if cache is not None:
+                host_kernels.set_codes(keys[:u], cache.num_sets, codes[:u])
+        else:
+            u = m
+            keys[:] = missed
+        d_keys, d_codes, d_inverse, d_rows = staging.device_ptrs()
+        if small or u * self.dim * 4 <= CHUNK_BYTES:
+            self._fetch_into(keys[:u], rows[:u])
+            staging.send(u, stream)
+        else:
+            staging.send_index(stream)
+            step = max(1, CHUNK_BYTES // (self.dim * 4))
+            for first in range(0, u, step):
+                stop = min(u, first + step)
+                self._fetch_into(keys[first:stop], rows[first:stop])
+                staging.send_rows(first, stop, stream)
+        launch = ws.scatter_launch
+        if launch is None:
+            launch = ws.scatter_launch = kernels.Launch(self._scatter, "ptr ptr i64 ptr ptr i32")
+        vec4 = self.dim % 4 == 0 and out_ptr % 16 == 0
+        launch(kernels.grid(self.device_id, m * (self.dim // 4 if vec4 else self.dim)), 256,
+               stream, ws.positions_ptr, d_inverse if small else 0, m, d_rows, out_ptr, vec4)
         ws.release(stream)
-        staging.mark_used(stream)
-        self._counts()["sync_fetches"] += int(unique.size)
+        state.counts["sync_fetches"] += u
         if cache is not None:
-            cache.insert_by_set(d_keys, d_rows, d_codes)
+            if not small:
+                d_codes = self._device_codes(d_keys, d_codes, u, stream)
+            cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream)
+        staging.mark_used(stream)
+
+    def _device_codes(self, keys_ptr: int, codes_ptr: int, u: int, stream: int) -> int:
+        """Sorted set codes of u device keys, computed and sorted on the device."""
+        cp = self._cp
+        cache = self._cache
+        assert cache is not None
+        with cp.cuda.ExternalStream(stream):
+            codes = device_view(cp, codes_ptr, (u,), np.uint64, None)
+            cache.codes_on_device(keys_ptr, u, codes_ptr, stream)
+            codes.sort()
+        return codes_ptr
+
+    def _copy_fetched(self, keys: np.ndarray, out: np.ndarray) -> None:
+        """fetch_into through fetch_host: the rows it returns copied into `out`."""
+        out[:] = self._fetch(keys)
+
+    def _state(self) -> _ThreadState:
+        state: _ThreadState | None = getattr(self._tls, "state", None)
+        if state is None:
+            state = _ThreadState(self._table.workspace(), MissStaging(self._cp),
+                                 Scratch(self._cp, self.dim), self._counts())
+            self._tls.state = state
+        return state
 
     def _fetch(self, keys: np.ndarray) -> np.ndarray:
         rows = np.ascontiguousarray(self._fetch_host(keys), dtype=np.float32)
@@ -294,13 +349,6 @@ class GpuEmbeddingTable:
             with self._stats_lock:
                 self._all_counts.append(counts)
         return counts
-
-    def _count(self, requested: int, hits: int, misses: int) -> None:
-        c = self._counts()
-        c["lookups"] += 1
-        c["keys"] += requested
-        c["hits"] += hits
-        c["misses"] += misses
 
     # -- background inserts and refresh -------------------------------------------------
 
@@ -384,3 +432,16 @@ class GpuEmbeddingTable:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ThreadState:
+    """One thread's query workspace, staging, scratch and counters for one table."""
+
+    __slots__ = ("ws", "staging", "scratch", "counts")
+
+    def __init__(self, ws: QueryWorkspace, staging: MissStaging, scratch: Scratch,
+                 counts: dict[str, int]) -> None:
+        self.ws = ws
+        self.staging = staging
+        self.scratch = scratch
+        self.counts = counts

@@ -88,23 +88,21 @@ class StaticEmbeddingTable(DeviceTable):
     def capacity(self) -> int:
         return self.num_keys
 
-    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
-                    default: float) -> tuple[float, ...]:
-        out_ptr = out.data.ptr
-        return (keys.data.ptr, n, self._keys_ptr, self._vecs_ptr, self.num_sets,
-                self._flags_ptr, out_ptr, self._dim4 and out_ptr % 16 == 0, ws.ctl_ptr,
-                ws.host_ptr, ws.positions_ptr, ws.keys_ptr, default)
+    _query_slots = (0, 1, 6, 7, 12)
 
-    def _query_launch(self, n: int) -> tuple[kernels.Launch, int]:
-        if n > SMALL_BATCH:
-            return super()._query_launch(n)
-        launch = self._fn.get("small query launch")
-        if launch is None:
+    def _fixed_query_params(self, ws: QueryWorkspace) -> dict[int, float]:
+        return {2: self._keys_ptr, 3: self._vecs_ptr, 4: self.num_sets, 5: self._flags_ptr,
+                8: ws.ctl_ptr, 9: ws.host_ptr, 10: ws.positions_ptr, 11: ws.keys_ptr}
+
+    def _query_kernels(self) -> list[tuple[int, Any, int]]:
+        # batches up to SMALL_BATCH keys: PROBE_WINDOW buckets per probe step, one key per
+        # lane group and round
+        fn = self._fn.get("small query")
+        if fn is None:
             defines = {**self._defines, "PROBE_WINDOW": _WINDOW, "UNROLL": 1}
             fn = kernels.function(self._source, self._query_kernel, self.device_id, **defines)
-            launch = kernels.Launch(fn, self._query_signature)
-            self._fn["small query launch"] = launch
-        return launch, 1
+            self._fn["small query"] = fn
+        return [(SMALL_BATCH, fn, 1), *super()._query_kernels()]
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),

@@ -36,8 +36,9 @@ class GpuCaches:
         cfg = loaded.config
         for table, reader in zip(loaded.tables, readers, strict=True):
             for device in cfg.deployed_device_list:
+                fetch = self.host.for_table(table)
                 gpu = GpuEmbeddingTable(cfg, table.index, reader.num_keys, device,
-                                        fetch_host=self.host.for_table(table))
+                                        fetch_host=fetch, fetch_into=fetch.into)
                 pct = cfg.cache_refresh_percentage_per_iteration
                 if cfg.init_ec and (pct > 0 or cfg.cache_type == "static"):
                     gpu.warm_up(reader.chunks(chunk_keys=_warm_chunk(gpu, pct, reader)))

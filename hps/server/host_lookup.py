@@ -31,34 +31,39 @@ class HostLookup:
 
     def fetch(self, table: LoadedTable, keys: np.ndarray) -> np.ndarray:
         """Vectors of `keys` (host int64[n]) as a new float32 [n, table.dim] array."""
+        vectors = np.empty((keys.size, table.dim), dtype=np.float32)
+        self.fetch_into(table, keys, vectors)
+        return vectors
+
+    def fetch_into(self, table: LoadedTable, keys: np.ndarray, out: np.ndarray) -> None:
+        """Vectors of `keys` (host int64[n]) written into `out` (float32 [n, table.dim],
+        C-contiguous: the GPU path passes its pinned staging buffer)."""
         n = keys.size
         name = table.storage_name
         volatile, persistent = self.tiers.volatile, self.tiers.persistent
-        vectors: np.ndarray | None = None
-        found = np.zeros(n, dtype=bool)
+        found: np.ndarray | None = None
         if volatile is not None and n and table.volatile_ready:
             try:
-                vectors, found = volatile.fetch(name, keys)
+                found = volatile.fetch_into(name, keys, out)
             except TierError:  # down, or its data unreadable: the next tier answers
                 table.stats.add_tier_failure()
-        if vectors is None:
-            vectors = np.zeros((n, table.dim), dtype=np.float32)
+        if found is None:
+            found = np.zeros(n, dtype=bool)
         volatile_hits = int(np.count_nonzero(found))
         persistent_hits = 0
         if volatile_hits < n and persistent is not None:
             missing = np.flatnonzero(~found)
             unique, inverse = np.unique(keys[missing], return_inverse=True)
             rows, present = persistent.fetch(name, unique)
-            vectors[missing] = rows[inverse]
+            out[missing] = rows[inverse]
             found[missing] = present[inverse]
             persistent_hits = int(np.count_nonzero(present[inverse]))
             if self.cache_missed and table.volatile_ready:
                 self._cache_missed(name, unique[present], rows[present])
         defaults = n - volatile_hits - persistent_hits
         if defaults:
-            vectors[~found] = table.default_value
+            out[~found] = table.default_value
         table.stats.add(n, volatile_hits, persistent_hits, defaults)
-        return vectors
 
     def for_table(self, table: LoadedTable) -> TableFetch:
         """This path for one table, as a GPU cache calls it for its misses."""
@@ -83,3 +88,7 @@ class TableFetch:
 
     def __call__(self, keys: np.ndarray) -> np.ndarray:
         return self.host.fetch(self.table, keys)
+
+    def into(self, keys: np.ndarray, out: np.ndarray) -> None:
+        """The vectors of `keys` written into `out` (float32 [n, dim]) in place."""
+        self.host.fetch_into(self.table, keys, out)

@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig
-from hps.errors import BatchTooLargeError, LookupInputError, UnknownTableError
-from hps.keys import as_key_array
+from hps.errors import BatchTooLargeError, UnknownTableError
+from hps.keys import as_key_array, key_ref
 from hps.loader import TableSource
+from hps.producers import ArrayRef
 from hps.server.versions import VersionRefs
 
 
@@ -62,6 +63,17 @@ class LoadedTable:
     #: (Redis down, full or read-only then) until the background fill is done
     volatile_ready: bool = True
 
+    def checked_ref(self, keys: Any) -> ArrayRef:
+        """Where `keys` are (hps/keys.py `key_ref`), checked to be integers and at most
+        `max_keys` of them. Raises KeyTypeError or BatchTooLargeError."""
+        ref = key_ref(keys)
+        if ref.size > self.max_keys:
+            raise BatchTooLargeError(
+                f"{ref.size} keys exceed the limit of {self.max_keys} for table "
+                f"{self.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)"
+            )
+        return ref
+
     def checked_keys(self, keys: Any) -> Any:
         """`keys` as a 1-D int64 view (host or device, see `keys.as_key_array`).
 
@@ -101,11 +113,3 @@ class LoadedModel:
         raise UnknownTableError(
             f"model {self.config.model!r} has no table {table!r} (tables: {names})"
         )
-
-    def check_device(self, device_id: int) -> None:
-        """Raise LookupInputError unless the model is deployed on `device_id`."""
-        if device_id not in self.config.deployed_device_list:
-            raise LookupInputError(
-                f"device_id {device_id} is not in deployed_device_list "
-                f"{self.config.deployed_device_list} of model {self.config.model!r}"
-            )

@@ -16,10 +16,11 @@ import numpy as np
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.db import Tiers, open_tiers
 from hps.db.base import Tier
-from hps.errors import UnknownModelError
+from hps.errors import DeviceError, UnknownModelError
 from hps.io.formats import DEFAULT_CHUNK_BYTES
-from hps.keys import as_output_array, is_device_array
+from hps.keys import as_output_array, is_device_array, key_array, output_ref
 from hps.loader import LoadProgress
+from hps.producers import HOST, ArrayRef
 from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import HostLookup
 from hps.server.models import LoadedModel
@@ -111,52 +112,67 @@ class HierarchicalParameterServer:
 
     def lookup(self, model: str, table: int | str, keys: Any, device_id: int | None = None
                ) -> np.ndarray:
-        """Vectors of `keys` as a new float32 [n, dim] host array."""
-        loaded = self._registry.acquire(model)
-        try:
-            t = loaded.table(table)
-            array = t.checked_keys(keys)
-            if device_id is not None:
-                loaded.check_device(device_id)
-            if is_device_array(array):
-                array = array.get()
-            device = (device_id if device_id is not None
-                      else loaded.config.deployed_device_list[0])
-            gpu = t.gpu.get(device)
-            if gpu is not None:
-                out = np.empty((array.size, t.dim), np.float32)
-                gpu.lookup(array, out)
-                return out
-            return self._host.fetch(t, array)
-        finally:
-            loaded.refs.release()
+        """Vectors of `keys` as a new float32 [n, dim] host array.
 
-    def lookup_into(self, model: str, table: int | str, keys: Any, out: Any,
-                    device_id: int = 0) -> int:
-        """Write the vectors of `keys` into `out` in place; returns the number of keys.
-
-        `keys` and `out` may be host or CUDA arrays, DLPack capsules or `__dlpack__`
-        objects. Raises an HPSError subclass, writing nothing, for bad input.
+        With a GPU cache, the cache of the keys' device serves them (host keys: that of
+        `device_id`, default the model's first deployed device).
         """
         loaded = self._registry.acquire(model)
         try:
             t = loaded.table(table)
-            loaded.check_device(device_id)
-            array = t.checked_keys(keys)
-            target = as_output_array(out, array.size, t.dim)
-            if array.size == 0:
-                return 0
-            gpu = t.gpu.get(device_id)
+            kref = t.checked_ref(keys)
+            out = np.empty((kref.size, t.dim), np.float32)
+            if kref.size == 0:
+                return out
+            device = _serving_device(loaded, kref, None, device_id)
+            gpu = t.gpu.get(device) if t.gpu else None
             if gpu is not None:
-                gpu.lookup(array, target)
-                return int(array.size)
-            host_keys = array.get() if is_device_array(array) else array
-            vectors = self._host.fetch(t, host_keys)
+                gpu.serve(kref, output_ref(out, kref.size, t.dim))
+                return out
+            host_keys = key_array(kref)
+            if is_device_array(host_keys):
+                host_keys = host_keys.get()
+            self._host.fetch_into(t, host_keys, out)
+            return out
+        finally:
+            loaded.refs.release()
+
+    def lookup_into(self, model: str, table: int | str, keys: Any, out: Any,
+                    device_id: int | None = None) -> int:
+        """Write the vectors of `keys` into `out` in place; returns the number of keys.
+
+        `keys` and `out` may be host or CUDA arrays of any producer (torch, CuPy, NumPy,
+        DLPack capsules, `__dlpack__` objects; hps/producers.py). CUDA arrays are served
+        by the GPU cache of their device, from any thread, whatever its current device;
+        `device_id` (default: the arrays' device, else the model's first deployed device)
+        picks the cache for host arrays. Raises an HPSError subclass, writing nothing, for
+        bad input: DeviceError for keys and output on different devices, a device the
+        model is not deployed on, or a `device_id` other than the arrays' device.
+        """
+        loaded = self._registry.acquire(model)
+        try:
+            t = loaded.table(table)
+            kref = t.checked_ref(keys)
+            n = kref.size
+            oref = output_ref(out, n, t.dim)
+            device = _serving_device(loaded, kref, oref, device_id)
+            if n == 0:
+                return 0
+            gpu = t.gpu.get(device) if t.gpu else None
+            if gpu is not None:
+                gpu.serve(kref, oref)
+                return n
+            host_keys = key_array(kref)
+            if is_device_array(host_keys):
+                host_keys = host_keys.get()
+            target = as_output_array(out, n, t.dim)
             if is_device_array(target):
-                target.set(vectors)
+                target.set(self._host.fetch(t, host_keys))
+            elif target.flags.c_contiguous:
+                self._host.fetch_into(t, host_keys, target)
             else:
-                np.copyto(target, vectors)
-            return int(array.size)
+                np.copyto(target, self._host.fetch(t, host_keys))
+            return n
         finally:
             loaded.refs.release()
 
@@ -227,3 +243,29 @@ class HierarchicalParameterServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _serving_device(loaded: LoadedModel, keys: ArrayRef, out: ArrayRef | None,
+                    device_id: int | None) -> int:
+    """The device whose cache serves a lookup: that of the CUDA arrays (keys and output
+    must agree), else `device_id`, else the model's first deployed device. Raises
+    DeviceError naming both sides where they disagree or the device is not deployed."""
+    device = keys.device
+    if out is not None and out.device != HOST:
+        if device != HOST and device != out.device:
+            raise DeviceError(f"keys are on {keys.where()} but the output is on "
+                              f"{out.where()}: both must be on one device")
+        device = out.device
+    deployed = loaded.config.deployed_device_list
+    if device == HOST:
+        device = deployed[0] if device_id is None else int(device_id)
+        what = f"device_id {device}"
+    else:
+        if device_id is not None and int(device_id) != device:
+            raise DeviceError(f"the arrays are on cuda:{device} but device_id {device_id} "
+                              "was asked for")
+        what = f"the arrays' device cuda:{device}"
+    if device not in deployed:
+        raise DeviceError(f"{what} is not in deployed_device_list {deployed} of model "
+                          f"{loaded.config.model!r}")
+    return device

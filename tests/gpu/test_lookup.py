@@ -295,8 +295,10 @@ def _producers(cp: Any, torch: Any, keys: np.ndarray, n: int, dim: int
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_every_dlpack_producer_through_keys_intake(cp: Any, rng: np.random.Generator) -> None:
-    torch = pytest.importorskip("torch")
-    keys_mod = pytest.importorskip("hps.keys")
+    import torch
+
+    from hps import keys as keys_mod
+
     dim = 16
     store = _store(rng, 3000, dim, span=2**31)  # int32-representable keys
     with GpuEmbeddingTable(_model(dim, gpucacheper=1.0, hit_rate_threshold=1.5),
@@ -322,8 +324,10 @@ def _write_model(folder: Path, keys: np.ndarray, rows: np.ndarray) -> str:
 @pytest.mark.parametrize("cache_type", ["dynamic", "static"])
 def test_hps_lookup_fromdlpack(cp: Any, rng: np.random.Generator, tmp_path: Path,
                                cache_type: str) -> None:
-    torch = pytest.importorskip("torch")
-    api = pytest.importorskip("hps.api")
+    import torch
+
+    from hps import api
+
     dim, n = 16, 4000
     keys = rng.choice(2**40, n, replace=False).astype(np.int64)
     rows = rng.standard_normal((n, dim)).astype(np.float32)

@@ -1,0 +1,166 @@
+"""The public call's latency beside its floor (`hps bench gpu --profile public`).
+
+What a user pays for one lookup of `n` keys, all hits, from a static GPU table of
+`table_keys` keys (dim 64 by default), through `HPS` as a user builds it from a model
+folder: `lookup_fromdlpack` with torch tensors, CuPy arrays and DLPack capsules made by
+`torch.utils.dlpack.to_dlpack` on every call (HugeCTR's own calling style), and `lookup`
+with NumPy keys. Beside them, in the same process, taking turns round by round:
+
+- the inner call the public ones wrap: `GpuEmbeddingTable.lookup` with CuPy arrays (and
+  with NumPy keys and output, the inner call of `lookup`);
+- the floor: `torch.index_select` of the same rows from a dense torch table, then a sync.
+
+Every call is followed by a sync of the current stream (wall clock around both), so each
+measure is a complete lookup. Returns rows with p50/p99 in µs, the extra cost over the
+inner call and the ratio to the floor.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MODEL = "bench"
+
+
+def _server(folder: Path, keys: np.ndarray, rows: np.ndarray, n: int, device_id: int,
+            **model: Any) -> Any:
+    from hps import write_sparse_model
+    from hps.api import HPS
+
+    write_sparse_model(folder / "t0", keys, rows)
+    config = {
+        "supportlonglong": True,
+        "models": [{
+            "model": MODEL, "sparse_files": [str(folder / "t0")],
+            "embedding_vecsize_per_table": [rows.shape[1]],
+            "maxnum_catfeature_query_per_table_per_sample": [n],
+            "default_value_for_each_table": [0.0], "deployed_device_list": [device_id],
+            "max_batch_size": 1, "gpucache": True, "gpucacheper": 1.0,
+            "cache_refresh_percentage_per_iteration": 1.0,
+            "embedding_cache_type": "static", **model,
+        }],
+        "volatile_db": {"type": "hash_map"},
+    }
+    return HPS(config)
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float]:
+    return statistics.median(samples), float(np.percentile(samples, 99))
+
+
+def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18,
+                         rounds: int = 10, calls: int = 200, device_id: int = 0,
+                         seed: int = 0) -> list[dict[str, Any]]:
+    """p50/p99 of each public call, the inner call and the index_select floor (see the
+    module docstring); all measures take turns, `calls` each per round."""
+    import cupy as cp
+    import torch
+    import torch.utils.dlpack as tdl
+
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(2**40, table_keys, replace=False).astype(np.int64)
+    rows = rng.standard_normal((table_keys, dim)).astype(np.float32)
+    dev = torch.device("cuda", device_id)
+    with tempfile.TemporaryDirectory() as tmp, cp.cuda.Device(device_id):
+        torch.cuda.set_device(dev)
+        hps = _server(Path(tmp), keys, rows, n, device_id)
+        try:
+            gpu = hps.server.model(MODEL).tables[0].gpu[device_id]
+            picks = [rng.integers(0, table_keys, n) for _ in range(16)]
+            np_keys = [keys[p] for p in picks]
+            t_keys = [torch.as_tensor(k, device=dev) for k in np_keys]
+            c_keys = [cp.asarray(k) for k in np_keys]
+            t_idx = [torch.as_tensor(p, device=dev) for p in picks]
+            t_table = torch.as_tensor(rows, device=dev)
+            t_out = torch.empty((n, dim), dtype=torch.float32, device=dev)
+            c_out = cp.empty((n, dim), dtype=cp.float32)
+            np_out = np.empty((n, dim), dtype=np.float32)
+            stream = torch.cuda.current_stream(dev)
+            sync = stream.synchronize
+            lookup_into = hps.lookup_fromdlpack
+
+            def public_torch(i: int) -> None:
+                lookup_into(t_keys[i % 16], t_out, MODEL, 0, device_id)
+
+            def public_cupy(i: int) -> None:
+                lookup_into(c_keys[i % 16], c_out, MODEL, 0, device_id)
+
+            def public_capsules(i: int) -> None:
+                lookup_into(tdl.to_dlpack(t_keys[i % 16]), tdl.to_dlpack(t_out), MODEL, 0,
+                            device_id)
+
+            def public_host(i: int) -> None:
+                hps.lookup(np_keys[i % 16], MODEL, 0, device_id)
+
+            def inner_device(i: int) -> None:
+                gpu.lookup(c_keys[i % 16], c_out)
+
+            def inner_host(i: int) -> None:
+                gpu.lookup(np_keys[i % 16], np_out)
+
+            def floor(i: int) -> None:
+                torch.index_select(t_table, 0, t_idx[i % 16], out=t_out)
+
+            cases: list[tuple[str, str, Callable[[int], None]]] = [
+                ("floor: torch.index_select + sync", "", floor),
+                ("inner GpuEmbeddingTable.lookup (CuPy)", "", inner_device),
+                ("lookup_fromdlpack, torch tensors", "inner GpuEmbeddingTable.lookup (CuPy)",
+                 public_torch),
+                ("lookup_fromdlpack, CuPy arrays", "inner GpuEmbeddingTable.lookup (CuPy)",
+                 public_cupy),
+                ("lookup_fromdlpack, to_dlpack capsules",
+                 "inner GpuEmbeddingTable.lookup (CuPy)", public_capsules),
+                ("inner GpuEmbeddingTable.lookup (NumPy)", "", inner_host),
+                ("HPS.lookup, NumPy keys", "inner GpuEmbeddingTable.lookup (NumPy)",
+                 public_host),
+            ]
+            # exactness first: every path returns the file's rows
+            want = rows[picks[0]]
+            for label, _, fn in cases:
+                t_out.fill_(float("nan"))
+                c_out.fill(np.nan)
+                np_out.fill(np.nan)
+                fn(0)
+                sync()
+                got = {"torch": t_out.cpu().numpy(), "CuPy": c_out.get(),
+                       "NumPy": np_out}
+                if label == "HPS.lookup, NumPy keys":
+                    result = hps.lookup(np_keys[0], MODEL, 0, device_id)
+                elif "CuPy" in label:
+                    result = got["CuPy"]
+                elif "NumPy" in label:
+                    result = got["NumPy"]
+                else:
+                    result = got["torch"]
+                np.testing.assert_array_equal(result, want, err_msg=label)
+            samples: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+            clock = time.perf_counter
+            for r in range(rounds + 1):  # round 0 warms up
+                for label, _, fn in cases:
+                    out = samples[label]
+                    for i in range(calls):
+                        t0 = clock()
+                        fn(i)
+                        sync()
+                        if r:
+                            out.append((clock() - t0) * 1e6)
+        finally:
+            hps.close()
+    floor_p50 = statistics.median(samples[cases[0][0]])
+    result: list[dict[str, Any]] = []
+    for label, inner, _ in cases:
+        p50, p99 = _percentiles(samples[label])
+        row: dict[str, Any] = {"bench": "public latency", "dim": dim, "batch": n,
+                               "mode": label, "p50_us": p50, "p99_us": p99,
+                               "vs_floor": p50 / floor_p50}
+        if inner:
+            row["over_inner_us"] = p50 - statistics.median(samples[inner])
+        result.append(row)
+    return result

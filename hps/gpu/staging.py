@@ -1,0 +1,181 @@
+"""Per-thread buffers of the GPU lookup path: what moves between host and device.
+
+- `MissStaging`: the misses of one lookup on their way back to the device. One pinned host
+  buffer laid out as [keys int64 | set codes uint64 | inverse int32 | rows float32] is
+  filled on the host (dedupe, codes and the tier fetch write straight into it) and sent
+  in one host-to-device copy (large batches: the rows in a few chunks, each sent while
+  the next is fetched) into its device mirror, which the scatter and insert kernels read.
+- `Scratch`: device buffers for keys and outputs that cannot be used in place (host
+  arrays, keys narrower than 64 bits, strided arrays) and a pinned buffer for host keys.
+
+Buffers grow (doubling) and are reused by every later lookup of the thread; nothing is
+allocated per call once they are large enough. Reuse is ordered with CUDA events: the
+pinned buffer is refilled only after its last copy finished, the device buffer is
+overwritten only after the kernels that read it (on whatever stream) are done.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_H2D = 1  # cudaMemcpyHostToDevice
+_D2H = 2  # cudaMemcpyDeviceToHost
+# Large miss batches send their rows in chunks of this many bytes, each while the host
+# fetches the next (the copy engine and the host's cores work at once).
+CHUNK_BYTES = 16 << 20
+
+
+def _align(n: int) -> int:
+    return -(-n // 256) * 256
+
+
+def device_view(cupy: Any, ptr: int, shape: tuple[int, ...], dtype: Any, owner: Any) -> Any:
+    """A CuPy array over device memory at `ptr` that `owner` keeps alive (no copy)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    mem = cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), owner)
+    return cupy.ndarray(shape, dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+class MissStaging:
+    """One thread's staging of miss batches (see the module docstring)."""
+
+    def __init__(self, cupy: Any) -> None:
+        self._cp = cupy
+        self._rt = cupy.cuda.runtime
+        self.nbytes = 0
+        self.host: Any = None
+        self._host_ptr = 0
+        self._host_bytes: np.ndarray = np.empty(0, np.uint8)
+        self.device: Any = None
+        self.device_ptr = 0
+        self._copied = cupy.cuda.Event(block=False, disable_timing=True)  # last H2D done
+        self._used = cupy.cuda.Event(block=False, disable_timing=True)  # last device read
+        self._has_copy = False
+        self._has_use = False
+        self._offsets = (0, 0, 0, 0)
+        self._rows = 0
+        self._dim = 0
+
+    def prepare(self, m: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                  np.ndarray]:
+        """Host views (keys int64 [m], codes uint64 [m], inverse int32 [m], rows float32
+        [m, dim]) for a batch of up to m keys, free to write."""
+        off_codes = _align(m * 8)
+        off_inv = off_codes + _align(m * 8)
+        off_rows = off_inv + _align(m * 4)
+        total = off_rows + m * dim * 4
+        if self._has_copy:
+            self._copied.synchronize()  # the pinned buffer is free again
+            self._has_copy = False
+        if total > self.nbytes:
+            if self._has_use:
+                self._used.synchronize()
+                self._has_use = False
+            self.nbytes = max(total, 2 * self.nbytes, 1 << 16)
+            self.host = self._cp.cuda.alloc_pinned_memory(self.nbytes)
+            self._host_ptr = int(self.host.ptr)
+            self._host_bytes = np.frombuffer(self.host, dtype=np.uint8, count=self.nbytes)
+            self.device = self._cp.empty(self.nbytes, dtype=np.uint8)
+            self.device_ptr = int(self.device.data.ptr)
+        self._offsets = (0, off_codes, off_inv, off_rows)
+        self._dim = dim
+        b = self._host_bytes
+        return (b[:m * 8].view(np.int64), b[off_codes:off_codes + m * 8].view(np.uint64),
+                b[off_inv:off_inv + m * 4].view(np.int32),
+                b[off_rows:off_rows + m * dim * 4].view(np.float32).reshape(m, dim))
+
+    def device_ptrs(self) -> tuple[int, int, int, int]:
+        """Device addresses of keys, codes, inverse and rows (as laid out by prepare)."""
+        d = self.device_ptr
+        return tuple(d + o for o in self._offsets)  # type: ignore[return-value]
+
+    def send(self, u: int, stream_ptr: int) -> None:
+        """Copies keys, codes, inverse and u rows to the device, on the stream, in one
+        copy."""
+        total = self._offsets[3] + u * self._dim * 4
+        self._copy(0, total, stream_ptr)
+
+    def send_index(self, stream_ptr: int) -> None:
+        """Copies keys, codes and inverse (not the rows) to the device."""
+        self._copy(0, self._offsets[3], stream_ptr)
+
+    def send_rows(self, first: int, stop: int, stream_ptr: int) -> None:
+        """Copies rows [first, stop) to the device."""
+        row = self._dim * 4
+        self._copy(self._offsets[3] + first * row, (stop - first) * row, stream_ptr)
+
+    def _copy(self, offset: int, nbytes: int, stream_ptr: int) -> None:
+        if self._has_use:  # kernels on another stream may still read the device buffer
+            self._rt.streamWaitEvent(stream_ptr, self._used.ptr, 0)
+            self._has_use = False
+        self._rt.memcpyAsync(self.device_ptr + offset, self._host_ptr + offset, nbytes, _H2D,
+                             stream_ptr)
+        self._rt.eventRecord(self._copied.ptr, stream_ptr)
+        self._has_copy = True
+
+    def mark_used(self, stream_ptr: int) -> None:
+        """Kernels queued on the stream read the device buffer."""
+        self._rt.eventRecord(self._used.ptr, stream_ptr)
+        self._has_use = True
+
+
+class Scratch:
+    """One thread's device buffers for keys and outputs that are not usable in place, and
+    a pinned buffer for host keys on their way to the device."""
+
+    def __init__(self, cupy: Any, dim: int) -> None:
+        self._cp = cupy
+        self._rt = cupy.cuda.runtime
+        self.dim = dim
+        self._keys: Any = None
+        self._out: Any = None
+        self._pinned: Any = None
+        self._pinned_keys: np.ndarray = np.empty(0, np.int64)
+
+    def device_keys(self, n: int) -> Any:
+        """A device int64 [n] buffer."""
+        if self._keys is None or self._keys.size < n:
+            self._keys = self._cp.empty(max(n, 2 * (0 if self._keys is None else
+                                                    self._keys.size), 1024), dtype=np.int64)
+        return self._keys[:n]
+
+    def device_out(self, n: int) -> Any:
+        """A device float32 [n, dim] buffer."""
+        rows = 0 if self._out is None else self._out.shape[0]
+        if rows < n:
+            self._out = self._cp.empty((max(n, 2 * rows, 1024), self.dim), dtype=np.float32)
+        return self._out[:n]
+
+    def keys_to_device(self, keys: np.ndarray, stream_ptr: int) -> int:
+        """Copies host integer keys (any width, any layout) to the device as int64, on the
+        stream; returns the device address. The pinned buffer is reused by the next call:
+        the query that follows on the stream is waited for, so the copy is done by then."""
+        n = keys.size
+        if self._pinned_keys.size < n:
+            size = max(n, 2 * self._pinned_keys.size, 1024)
+            self._pinned = self._cp.cuda.alloc_pinned_memory(size * 8)
+            self._pinned_keys = np.frombuffer(self._pinned, dtype=np.int64, count=size)
+        staged = self._pinned_keys[:n]
+        if keys.dtype == np.uint64:
+            keys = keys.view(np.int64)
+        np.copyto(staged, keys.reshape(-1), casting="unsafe")
+        dst = self.device_keys(n)
+        ptr = int(dst.data.ptr)
+        self._rt.memcpyAsync(ptr, staged.ctypes.data, n * 8, _H2D, stream_ptr)
+        return ptr
+
+    def out_to_host(self, src_ptr: int, out: np.ndarray, stream_ptr: int) -> None:
+        """Copies the device rows at src_ptr into a host float32 [n, dim] array
+        (contiguous or strided) and waits for them."""
+        nbytes = out.shape[0] * self.dim * 4
+        if out.flags.c_contiguous:
+            self._rt.memcpyAsync(out.ctypes.data, src_ptr, nbytes, _D2H, stream_ptr)
+            self._rt.streamSynchronize(stream_ptr)
+            return
+        staged = np.empty((out.shape[0], self.dim), np.float32)
+        self._rt.memcpyAsync(staged.ctypes.data, src_ptr, nbytes, _D2H, stream_ptr)
+        self._rt.streamSynchronize(stream_ptr)
+        np.copyto(out, staged)
