@@ -138,6 +138,9 @@ def serve(
     uv = uvicorn.Server(uvicorn.Config(
         app, access_log=access_log, log_level=log_level, log_config=None,
         lifespan="on", ws="none", timeout_graceful_shutdown=5))
+    # listen before saying "serving": a client that reads the line and connects at once
+    # waits in the backlog until uvicorn accepts, instead of being refused
+    sock.listen(2048)
     echo(f"hps: serving on {base_url(host, int(sock.getsockname()[1]))} (models load in the "
          "background; GET /readyz turns 200 when they are in, docs at /docs)")
     try:
