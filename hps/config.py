@@ -105,20 +105,53 @@ class PersistentDBConfig(_Section):
 
 
 class UpdateSourceConfig(_Section):
-    """`update_source`: HugeCTR's Kafka updates. Accepted, not served by `hps`."""
+    """`update_source`: where online updates come from (hps/updates, docs/updates.md).
 
-    type: Literal["kafka_message_queue", "null"] = "null"
+    HugeCTR's keys keep HugeCTR's meaning: `type` "kafka_message_queue" reads Kafka at
+    `brokers`; `poll_timeout_ms` is how long one poll waits for messages,
+    `max_commit_interval` how many messages one round applies before it commits (so a
+    crash re-applies at most that many), `failure_backoff_ms` the first wait after a
+    failure, `metadata_refresh_interval_ms` how often new topics (streams) are looked for,
+    `max_batch_size` the rows a publisher puts in one message, `receive_buffer_size` the
+    socket receive buffer of the Kafka client.
+
+    hps extensions: `type` "redis_stream" reads Redis Streams at `address` (with
+    `user_name` / `password`); `group` is the consumer group (one per serving replica,
+    default "hps-<host name>"); `key_bytes` is the key width of a message (default 8 with
+    `supportlonglong`, else 4; 8 on a uint32 server accepts int64 keys in [0, 2**32));
+    `gpu_cache_insert` also inserts updated keys a GPU cache does not hold (default: only
+    rows it holds are overwritten); `failure_backoff_max_ms` caps the retry waits;
+    `stream_maxlen` lets a Redis publisher trim each stream to about that many entries;
+    `kafka_options` are librdkafka settings given to the Kafka consumer and producer as
+    they are (`security.protocol`, `sasl.*`, `session.timeout.ms`, ...).
+    """
+
+    type: Literal["kafka_message_queue", "redis_stream", "null"] = "null"
     brokers: str = "127.0.0.1:9092"
-    receive_buffer_size: int = 262144
-    poll_timeout_ms: int = 500
-    max_batch_size: int = 8192
-    failure_backoff_ms: int = 50
-    max_commit_interval: int = 32
+    metadata_refresh_interval_ms: int = Field(30000, ge=1)
+    receive_buffer_size: int = Field(262144, ge=1)
+    poll_timeout_ms: int = Field(500, ge=0)
+    max_batch_size: int = Field(8192, ge=1)
+    failure_backoff_ms: int = Field(50, ge=1)
+    max_commit_interval: int = Field(32, ge=1)
+    address: str = "127.0.0.1:6379"
+    user_name: str = "default"
+    password: str = ""
+    group: str | None = Field(None, min_length=1, max_length=200)
+    key_bytes: Literal[4, 8] | None = None
+    gpu_cache_insert: bool = False
+    failure_backoff_max_ms: int = Field(5000, ge=1)
+    stream_maxlen: int | None = Field(None, ge=1)
+    kafka_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     @field_validator("type", mode="before")
     @classmethod
     def _null_type(cls, value: Any) -> Any:
         return "null" if value is None else value
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "null"
 
 
 class ModelConfig(_Section):

@@ -24,7 +24,10 @@ on `TierUnavailableError`, and metrics are labelled by `kind`.
     │   ├── TierUnavailableError    network/timeout: fall through to the next tier, retry later
     │   └── TierSetupError          wrong address, password, TLS files: fails at start
     ├── DeviceError                 no CUDA device, too little device memory, wrong device
-    └── BindError                   the HTTP server cannot bind its address (port in use)
+    ├── BindError                   the HTTP server cannot bind its address (port in use)
+    └── UpdateError                 online updates (Kafka, Redis Streams) failed
+        ├── UpdateSourceUnavailableError  broker or Redis down: retried with backoff
+        └── BadUpdateError          a message or publish request that cannot be applied
 """
 
 from __future__ import annotations
@@ -165,3 +168,28 @@ class BindError(HPSError, OSError):
     """The HTTP server cannot listen on its address: the port is taken, or not allowed."""
 
     kind = "bind"
+
+
+class UpdateError(HPSError):
+    """Online updates (hps/updates) failed."""
+
+    kind = "update"
+
+
+class UpdateSourceUnavailableError(UpdateError, ConnectionError):
+    """The update source (Kafka broker, Redis) cannot be reached; retried with backoff while
+    lookups go on."""
+
+    kind = "update_source_unavailable"
+
+
+class BadUpdateError(UpdateError, ValueError):
+    """An update that cannot be applied: a malformed message (skipped and counted by the
+    consumer) or bad arrays given to a publish call. `reason` names what is wrong
+    ("magic", "value_size", "truncated", "unknown_table", "non_finite", "key_range")."""
+
+    kind = "bad_update"
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -83,8 +83,10 @@ class UpdateSourceType_t(str, Enum):  # noqa: N801
 
     null = "null"
     kafka_message_queue = "kafka_message_queue"
+    redis_stream = "redis_stream"  # hps: Redis Streams (not in HugeCTR)
     Null = "null"
     KafkaMessageQueue = "kafka_message_queue"
+    RedisStream = "redis_stream"
 
 
 class EmbeddingCacheType_t(str, Enum):  # noqa: N801
@@ -296,9 +298,9 @@ class UpdateSourceParams(_Params):
     hps_options: dict[str, Any] = field(default_factory=dict, kw_only=True)
 
     _JSON: ClassVar[dict[str, str]] = {name: name for name in (
-        "type", "brokers", "receive_buffer_size", "poll_timeout_ms", "max_batch_size",
-        "failure_backoff_ms", "max_commit_interval")}
-    _IGNORED: ClassVar[tuple[str, ...]] = ("metadata_refresh_interval_ms",)
+        "type", "brokers", "metadata_refresh_interval_ms", "receive_buffer_size",
+        "poll_timeout_ms", "max_batch_size", "failure_backoff_ms", "max_commit_interval")}
+    _IGNORED: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         self.type = _enum(UpdateSourceType_t, self.type, "UpdateSourceParams.type")

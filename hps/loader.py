@@ -93,16 +93,30 @@ def _volatile_rows(n: int, rate: float) -> int:
     return n if rate >= 1.0 else int(math.ceil(n * rate))
 
 
-def fill_volatile(name: str, reader: ModelReader, volatile: Tier, rate: float) -> int:
+def fill_volatile(name: str, reader: ModelReader, volatile: Tier, rate: float,
+                  stored: Tier | None = None) -> int:
     """Write the `rate` share of every chunk of a table into the volatile tier, as a load
     does (for a fill after the load, when the tier could not take it then); returns the
-    keys written. Raises TierError when the tier cannot take them."""
+    keys written. The rows come from `stored` (the persistent tier, which keeps the rows
+    online updates wrote since the load) where it holds them, else from the files.
+    Raises TierError when the tier cannot take them."""
     written = 0
     for keys, vectors in reader.chunks():
         m = _volatile_rows(len(keys), rate)
-        volatile.insert(name, keys[:m], vectors[:m])
+        rows = vectors[:m] if stored is None else stored_rows(stored, name, keys[:m],
+                                                               vectors[:m])
+        volatile.insert(name, keys[:m], rows)
         written += m
     return written
+
+
+def stored_rows(persistent: Tier, name: str, keys: np.ndarray, file_rows: np.ndarray
+                ) -> np.ndarray:
+    """The rows the persistent tier holds for `keys`, the file's where it holds none."""
+    stored, found = persistent.fetch(name, keys)
+    if not found.all():
+        stored[~found] = file_rows[~found]
+    return stored
 
 
 def load_table(
@@ -116,9 +130,11 @@ def load_table(
     """Write one table into the tiers; returns its source record.
 
     The persistent tier is skipped when it already holds these exact files (same
-    fingerprint), which makes restarting a server over a filled RocksDB fast. A volatile
-    tier that fails (TierError) while a persistent tier takes the table is left out of
-    the rest of the load: `volatile_error` of the record says why.
+    fingerprint), which makes restarting a server over a filled RocksDB fast; the volatile
+    tier then takes its rows from the persistent tier, which keeps the rows online updates
+    wrote since the files were loaded. A volatile tier that fails (TierError) while a
+    persistent tier takes the table is left out of the rest of the load:
+    `volatile_error` of the record says why.
     """
     started = time.perf_counter()
     dim = reader.vec_size
@@ -146,7 +162,10 @@ def load_table(
             if write_volatile and not source.volatile_error:
                 m = _volatile_rows(len(keys), rate)
                 try:
-                    volatile.insert(name, keys[:m], vectors[:m])  # type: ignore[union-attr]
+                    rows = vectors[:m]
+                    if reuse:  # the store may hold newer rows (online updates) than files
+                        rows = stored_rows(persistent, name, keys[:m], rows)  # type: ignore[arg-type]
+                    volatile.insert(name, keys[:m], rows)  # type: ignore[union-attr]
                 except TierError as exc:
                     if persistent is None:
                         raise TierError(

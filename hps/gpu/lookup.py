@@ -5,6 +5,7 @@
     table.lookup(keys, out)      # NumPy/CuPy arrays: vectors of keys into out, in place
     table.serve(key_ref, out_ref)  # the same for any producer (hps/producers.py ArrayRefs)
     table.refresh()              # re-read the cached keys' vectors through fetch_host
+    table.update(keys, rows)     # online updates: overwrite the rows held, in place
     table.close()
 
 The lookup path (DESIGN.md), on the caller's stream (the stream its keys or output were
@@ -126,6 +127,9 @@ class GpuEmbeddingTable:
         self._stats_lock = threading.Lock()
         self._all_counts: list[dict[str, int]] = []
         self._refresh_lock = threading.Lock()
+        # online updates started so far: a miss fill that fetched its rows before an
+        # update reached the tiers sees the count change and drops what it inserted
+        self._updates = 0
         self._closing = threading.Event()
         self._inserts: BackgroundWorker[np.ndarray] = BackgroundWorker(
             f"hps-gpu-insert-{self.model_name}-{table_id}-{device_id}", _BACKGROUND_QUEUE,
@@ -284,6 +288,7 @@ class GpuEmbeddingTable:
             u = m
             keys[:] = missed
         d_keys, d_codes, d_inverse, d_rows = staging.device_ptrs()
+        updates = self._updates
         if small or u * self.dim * 4 <= CHUNK_BYTES:
             self._fetch_into(keys[:u], rows[:u])
             staging.send(u, stream)
@@ -306,6 +311,8 @@ class GpuEmbeddingTable:
             if not small:
                 d_codes = self._device_codes(d_keys, d_codes, u, stream)
             cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream)
+            if self._updates != updates:  # the rows may predate an update: not kept
+                cache.remove(keys[:u].copy())
         staging.mark_used(stream)
 
     def _device_codes(self, keys_ptr: int, codes_ptr: int, u: int, stream: int) -> int:
@@ -363,9 +370,12 @@ class GpuEmbeddingTable:
 
     def _insert_fetched(self, keys: np.ndarray) -> None:
         try:
+            updates = self._updates
             rows = self._fetch(keys)
             with self._device:
                 self._table.insert(keys, rows)  # type: ignore[union-attr]
+                if self._updates != updates:  # the rows may predate an update: not kept
+                    self._table.remove(keys)  # type: ignore[union-attr]
             self._counts()["async_inserts"] += int(keys.size)
         except Exception:
             if self._closing.is_set():
@@ -393,6 +403,29 @@ class GpuEmbeddingTable:
                 total += table.update(keys, self._fetch(keys.get()))
         self._counts()["refreshed"] += total
         return total
+
+    # -- online updates -------------------------------------------------------------------
+
+    def update(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Overwrites the rows of the `keys` this table holds with `vectors`, in place;
+        keys it does not hold are skipped, LRU order is untouched. keys: unique host int64
+        [n]; vectors: host float32 [n, dim]. Called after the update reached the tiers, so
+        a later miss fetches the new row. A lookup sees each row old or new, never a mix
+        (the write is ordered after the queries in flight, later queries after it).
+        Returns the keys held."""
+        self._updates += 1
+        with self._refresh_lock, self._device:
+            return int(self._table.update(keys, vectors))
+
+    def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """`update`, and the keys not held are inserted too (evicting as a miss does);
+        a static table only updates (it holds its whole table already)."""
+        if self._cache is None:
+            self.update(keys, vectors)
+            return
+        self._updates += 1
+        with self._refresh_lock, self._device:
+            self._cache.insert(keys, vectors)
 
     # -- state ----------------------------------------------------------------------------
 

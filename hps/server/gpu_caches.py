@@ -1,15 +1,19 @@
 """GPU embedding caches of the loaded tables: attached when a model loads, warmed up from
-its files, refreshed from the tiers, closed when its version retires."""
+its files, refreshed from the tiers, updated in place by online updates, closed when its
+version retires."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
+
+import numpy as np
 
 from hps.config import PSConfig
 from hps.server.host_lookup import HostLookup
-from hps.server.models import LoadedModel
+from hps.server.models import LoadedModel, LoadedTable
 
 log = logging.getLogger("hps")
 
@@ -25,6 +29,7 @@ class GpuCaches:
     def __init__(self, config: PSConfig, host: HostLookup) -> None:
         self.host = host
         self.enabled = _gpu_wanted_and_present(config)
+        self.insert_updates = config.update_source.gpu_cache_insert
 
     def attach(self, loaded: LoadedModel, readers: Sequence[Any]) -> None:
         """Give each table of `loaded` its caches, one per deployed device, warmed up from
@@ -53,6 +58,20 @@ class GpuCaches:
                 for gpu in table.gpu.values():
                     total += int(gpu.refresh())
         return total
+
+    def writer(self, table: LoadedTable) -> Callable[[np.ndarray, np.ndarray], None] | None:
+        """How online updates reach the caches of `table` (None when it has none)."""
+        return partial(self.apply_update, table) if table.gpu else None
+
+    def apply_update(self, table: LoadedTable, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Overwrite the rows of `keys` (unique, host int64 [n]) in every cache of `table`
+        that holds them, in place; with `update_source.gpu_cache_insert` the keys a cache
+        lacks are inserted too. Called once the tiers hold the new rows."""
+        for gpu in table.gpu.values():
+            if self.insert_updates:
+                gpu.insert(keys, vectors)
+            else:
+                gpu.update(keys, vectors)
 
     @staticmethod
     def close(model: LoadedModel) -> None:

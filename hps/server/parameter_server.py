@@ -3,7 +3,8 @@
 Lookup path (DESIGN.md): keys → GPU cache (when there is one) → volatile tier →
 persistent tier → the table's default value. The parts live beside this file:
 `registry.py` (versioned loads and swaps), `host_lookup.py` (the tiers, top down),
-`gpu_caches.py` (GPU caches); the tiers themselves come from `db.open_tiers`.
+`gpu_caches.py` (GPU caches), `updates.py` (online updates from Kafka or Redis
+Streams); the tiers themselves come from `db.open_tiers`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import HostLookup
 from hps.server.models import LoadedModel
 from hps.server.registry import ModelRegistry
+from hps.server.updates import ServerUpdates
 
 
 class HierarchicalParameterServer:
@@ -49,6 +51,10 @@ class HierarchicalParameterServer:
         self._gpu = GpuCaches(self.config, self._host)
         self._registry = ModelRegistry(self.config, self.tiers, self._gpu,
                                        chunk_bytes=chunk_bytes)
+        # online updates (update_source): the consumer follows each model once it serves
+        self.updates: ServerUpdates | None = None
+        if self.config.update_source.enabled:
+            self.updates = ServerUpdates(self.config, self.tiers, self._registry, self._gpu)
         if load:
             try:
                 for model in self.config.models:
@@ -56,6 +62,8 @@ class HierarchicalParameterServer:
             except BaseException:
                 self.close()  # a server that failed to start holds no files or sockets
                 raise
+        if self.updates is not None:
+            self.updates.start()
 
     @property
     def volatile(self) -> Tier | None:
@@ -233,8 +241,15 @@ class HierarchicalParameterServer:
             tables.append(info)
         return {"model": name, "tables": tables}
 
+    def update_status(self) -> dict[str, Any] | None:
+        """The online updates' state ("running", "down", ...), rate, and per-table
+        counters and lag; None when `update_source.type` is "null"."""
+        return self.updates.status() if self.updates is not None else None
+
     def close(self) -> None:
-        """Stop background work and close every tier."""
+        """Stop the update consumer and background work, and close every tier."""
+        if self.updates is not None:
+            self.updates.close()
         self._registry.close()
         self.tiers.close()
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,22 @@ class _Retirement:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+class ReloadObserver:
+    """Told about reloads by the registry (the online updates, hps/server/updates.py, use
+    it so that an update arriving during a reload reaches the new version). This one does
+    nothing."""
+
+    def reload_started(self, model: str) -> None:
+        """A reload of served model `model` starts writing its new version."""
+
+    def reload_failed(self, model: str) -> None:
+        """That reload failed: the old version goes on serving."""
+
+    def swap(self, old: LoadedModel, new: LoadedModel, install: Callable[[], None]) -> None:
+        """Make `new` the served version in place of `old` by calling `install()`."""
+        install()
+
+
 class ModelRegistry:
     """Loads models into `tiers` (and GPU caches) and holds the versions served.
 
@@ -69,8 +85,11 @@ class ModelRegistry:
             "hps-version-drop", 1024, self._drop_each, log=log)
         db = config.volatile_db
         self.filler = (VolatileFiller(tiers.volatile, db.initial_cache_rate, Backoff(
-            initial=db.reconnect_backoff, cap=max(db.reconnect_backoff, db.reconnect_backoff_max)))
+            initial=db.reconnect_backoff, cap=max(db.reconnect_backoff, db.reconnect_backoff_max)),
+            stored=tiers.persistent)
             if tiers.volatile is not None and tiers.persistent is not None else None)
+        #: told when a reload starts, fails, and swaps (see ReloadObserver)
+        self.observer = ReloadObserver()
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -131,6 +150,7 @@ class ModelRegistry:
                 self._drop_leftover_staging(names)
             else:  # rows a failed drop (Redis down) left under these names are stale
                 self._drop_tables(names, tiers=[self.tiers.volatile])
+                self.observer.reload_started(model.model)
             written: list[str] = []
             loaded = LoadedModel(model, [])
             try:
@@ -139,16 +159,21 @@ class ModelRegistry:
                     loaded.tables.append(
                         self._load_table(model, i, names[i], reader, progress))
                 self.gpu.attach(loaded, readers)
+                if old is None:
+                    self._install(loaded)
+                else:
+                    self.observer.swap(old, loaded, lambda: self._install(loaded))
             except BaseException:
                 # what a failed load wrote goes away: a reload's staging tables, or the
                 # tables of a first load that never became visible
+                if old is not None:
+                    self.observer.reload_failed(model.model)
                 self.gpu.close(loaded)
                 self._drop_tables(written)
                 raise
             finally:
                 for reader in readers:
                     reader.close()
-            self._models = {**self._models, model.model: loaded}
             if old is not None:
                 self._retire(old, keep=set(names))
             for table in loaded.tables:
@@ -156,6 +181,10 @@ class ModelRegistry:
                     self.filler.submit(loaded, table, functools.partial(
                         open_reader, self.config, model, table.index, self.chunk_bytes))
             return loaded
+
+    def _install(self, loaded: LoadedModel) -> None:
+        """Serve `loaded` from now on (one assignment: lookups see old or new)."""
+        self._models = {**self._models, loaded.config.model: loaded}
 
     def unload(self, name: str) -> None:
         """Stop serving model `name`; its tables are dropped once no lookup holds it.

@@ -43,8 +43,12 @@ class VolatileFiller:
     Thread safety: every method may be called from any thread.
     """
 
-    def __init__(self, volatile: Tier, initial_cache_rate: float, backoff: Backoff) -> None:
+    def __init__(self, volatile: Tier, initial_cache_rate: float, backoff: Backoff, *,
+                 stored: Tier | None = None) -> None:
         self.volatile = volatile
+        # where the rows come from when it holds them (the persistent tier: it keeps the
+        # rows of online updates, which the files do not have)
+        self.stored = stored
         self.rate = initial_cache_rate
         self.backoff = backoff
         self._stop = threading.Event()
@@ -109,7 +113,8 @@ class VolatileFiller:
                     self.volatile.drop_table(name)  # stale rows of an earlier version go
                     self.volatile.create_table(name, fill.table.dim)
                     with fill.open_reader() as reader:
-                        keys = fill_volatile(name, reader, self.volatile, self.rate)
+                        keys = fill_volatile(name, reader, self.volatile, self.rate,
+                                             self.stored)
                 except TierError as exc:
                     self._log.warning("fill", "%s: the %s tier still cannot take it (%s); "
                                       "retrying in the background", name, self.volatile.name,

@@ -1,0 +1,230 @@
+"""Applying update messages to a table's tiers and GPU caches.
+
+A batch (the messages of one poll) is applied in two steps:
+
+1. `prepare`: each message is decoded (codec.py) against the table its topic names;
+   malformed messages, unknown tables, NaN/inf rows and out-of-range keys are rejected
+   here (counted in `UpdateStats`, logged with a rate limit), so they never change a row.
+   Nothing is written.
+2. `write`: per table, the rows of all its messages (the last row of a key wins, as the
+   log's order says) go to the persistent tier, then the volatile tier, then every GPU
+   cache of the table (rows it holds are overwritten in place; missing keys inserted
+   where `gpu_cache_insert` asks), in that order. A tier's `update_filters` (HugeCTR's
+   regular expressions over `hps_et.<model>.<table>`) decide whether it takes updates.
+   A `TierUnavailableError` leaves the batch to be written again (every write is an
+   overwrite, so a replay ends in the same rows).
+
+Every tier writes a row whole (a hash-map insert under its table lock, one Redis HSET
+field, a RocksDB WriteBatch, a GPU kernel ordered after the queries in flight), so a
+lookup sees a key's old row or its new one, never a mix.
+
+Reloads. While a model reloads, the keys its updates touch are noted
+(`begin_reload`); `swap` then copies their current rows from the served version to the
+new one and installs the new version under the same lock that `write` holds, so an
+update lands in the version that serves after the swap, whichever moment it came in.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hps.db import Tiers
+from hps.db.base import Tier
+from hps.errors import BadUpdateError, LookupInputError, UnknownTableError
+from hps.updates import codec
+from hps.updates.source import UpdateMessage
+from hps.updates.stats import UpdateStats
+
+#: writes rows to the GPU caches of one table: (keys int64 [n], vectors float32 [n, dim])
+CacheWrite = Callable[[np.ndarray, np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class UpdateTarget:
+    """One served table, as updates reach it.
+
+    topic          hps_et.<model>.<table>, where its updates are published
+    storage_name   where its rows are stored now (a reload alternates with a staging name)
+    write_caches   its GPU caches, None when it has none
+    """
+
+    model: str
+    table: str
+    topic: str
+    storage_name: str
+    dim: int
+    write_caches: CacheWrite | None = None
+
+
+#: the served table a topic names, None when no served model has that table
+Resolve = Callable[[str], "UpdateTarget | None"]
+
+
+@dataclass
+class TableBatch:
+    """The decoded rows of one table's messages in one poll, in log order."""
+
+    topic: str
+    dim: int
+    keys: list[np.ndarray] = field(default_factory=list)
+    vectors: list[np.ndarray] = field(default_factory=list)
+    last: UpdateMessage | None = None
+    messages: int = 0
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Keys (unique) and vectors; a key repeated in the batch keeps its last row."""
+        keys = np.concatenate(self.keys) if len(self.keys) > 1 else self.keys[0]
+        vectors = np.concatenate(self.vectors) if len(self.vectors) > 1 else self.vectors[0]
+        _, first_from_end = np.unique(keys[::-1], return_index=True)
+        if first_from_end.size == keys.size:
+            return keys, vectors
+        last = keys.size - 1 - first_from_end
+        return keys[last], vectors[last]
+
+
+class UpdateApplier:
+    """Decodes batches of update messages and writes them to the tiers and GPU caches.
+
+    Thread safety: `write`, `begin_reload`, `end_reload` and `swap` exclude each other;
+    `prepare` may run anywhere.
+    """
+
+    def __init__(self, tiers: Tiers, resolve: Resolve, stats: UpdateStats, *,
+                 key_bytes: int, uint32_keys: bool, gpu_cache_insert: bool,
+                 volatile_filters: Sequence[str] = (), persistent_filters: Sequence[str] = ()
+                 ) -> None:
+        self.tiers = tiers
+        self.resolve = resolve
+        self.stats = stats
+        self.key_bytes = key_bytes
+        self.uint32_keys = uint32_keys
+        self.gpu_cache_insert = gpu_cache_insert
+        self._filters = {
+            "volatile": [re.compile(f) for f in volatile_filters],
+            "persistent": [re.compile(f) for f in persistent_filters],
+        }
+        self._lock = threading.Lock()
+        self._journals: dict[str, dict[str, list[np.ndarray]]] = {}  # model → table → keys
+
+    # -- step 1: decode -------------------------------------------------------------------
+
+    def prepare(self, messages: Sequence[UpdateMessage]) -> list[TableBatch]:
+        """The rows of `messages` by table; rejected messages are counted and left out."""
+        batches: dict[str, TableBatch] = {}
+        for message in messages:
+            target = self.resolve(message.topic)
+            if target is None:
+                self.stats.rejected(message.topic, "unknown_table",
+                                    f"no served model has a table {message.topic!r}")
+                continue
+            try:
+                keys, vectors = codec.decode(message.payload, dim=target.dim,
+                                             key_bytes=self.key_bytes,
+                                             uint32_keys=self.uint32_keys)
+            except BadUpdateError as exc:
+                self.stats.rejected(message.topic, exc.reason,
+                                    f"{exc} (at {message.position})")
+                continue
+            batch = batches.get(message.topic)
+            if batch is None or batch.dim != target.dim:
+                batch = batches[message.topic] = TableBatch(message.topic, target.dim)
+            batch.keys.append(keys)
+            batch.vectors.append(vectors)
+            batch.last = message
+            batch.messages += 1
+        return list(batches.values())
+
+    # -- step 2: write --------------------------------------------------------------------
+
+    def write(self, batches: Sequence[TableBatch]) -> int:
+        """Write prepared batches; returns rows written. Raises TierUnavailableError when a
+        tier cannot be written (write the same batches again later)."""
+        total = 0
+        with self._lock:
+            for batch in batches:
+                target = self.resolve(batch.topic)
+                if target is None or target.dim != batch.dim:
+                    reason = "unknown_table" if target is None else "value_size"
+                    self.stats.rejected(batch.topic, reason, "the table changed while its "
+                                        "updates were decoded")
+                    continue
+                keys, vectors = batch.rows()
+                try:
+                    self._write_rows(target, keys, vectors)
+                except (UnknownTableError, LookupInputError) as exc:
+                    self.stats.rejected(batch.topic, "unknown_table", str(exc))
+                    continue
+                journal = self._journals.get(target.model)
+                if journal is not None:
+                    journal.setdefault(target.table, []).append(keys)
+                last = batch.last
+                assert last is not None
+                self.stats.applied(batch.topic, int(keys.size), batch.messages,
+                                   last.position, last.offset, last.published)
+                total += int(keys.size)
+        return total
+
+    def _write_rows(self, target: UpdateTarget, keys: np.ndarray, vectors: np.ndarray
+                    ) -> None:
+        for role in ("persistent", "volatile"):
+            tier = self._tier(role, target.topic)
+            if tier is not None:
+                tier.insert(target.storage_name, keys, vectors)
+        if target.write_caches is not None:
+            target.write_caches(keys, vectors)
+
+    def _tier(self, role: str, topic: str) -> Tier | None:
+        """The tier of `role` when it takes updates of `topic` (enabled, writable, and one
+        of its update_filters matches)."""
+        tier = self.tiers.persistent if role == "persistent" else self.tiers.volatile
+        if tier is None or tier.read_only:
+            return None
+        if not any(f.search(topic) for f in self._filters[role]):
+            return None
+        return tier
+
+    # -- reloads --------------------------------------------------------------------------
+
+    def begin_reload(self, model: str) -> None:
+        """Note the keys of `model`'s updates from now on, for `swap`."""
+        with self._lock:
+            self._journals[model] = {}
+
+    def end_reload(self, model: str) -> None:
+        """Forget the notes of a reload that will not swap (it failed)."""
+        with self._lock:
+            self._journals.pop(model, None)
+
+    def swap(self, model: str, old: Mapping[str, UpdateTarget],
+             new: Mapping[str, UpdateTarget], install: Callable[[], None]) -> None:
+        """Copy the rows updated since `begin_reload(model)` from the `old` version's
+        tables to the `new` one's (by table name), then `install()` the new version, with
+        no update written in between. Raises TierUnavailableError (nothing installed) when
+        a tier cannot be read or written."""
+        with self._lock:
+            journal = self._journals.get(model, {})
+            for table, parts in journal.items():
+                was, now = old.get(table), new.get(table)
+                if was is None or now is None or was.dim != now.dim:
+                    continue  # a table the new version lacks, or rows of another width
+                keys = np.unique(np.concatenate(parts))
+                vectors, found = self._read_back(was, keys)
+                if found.any():
+                    self._write_rows(now, keys[found], vectors[found])
+            install()
+            self._journals.pop(model, None)
+
+    def _read_back(self, target: UpdateTarget, keys: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of `keys` as updates left them in the tier that took them (the
+        persistent one first: it keeps every row)."""
+        for role in ("persistent", "volatile"):
+            tier = self._tier(role, target.topic)
+            if tier is not None:
+                return tier.fetch(target.storage_name, keys)
+        return np.zeros((keys.size, target.dim), np.float32), np.zeros(keys.size, bool)

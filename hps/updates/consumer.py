@@ -1,0 +1,134 @@
+"""The update consumer: one thread that polls a source, applies, then commits.
+
+    consumer = UpdateConsumer(source, applier, config, stats, followed)
+    consumer.start()
+    ...
+    consumer.close()
+
+Each round polls at most `max_commit_interval` messages (waiting up to
+`poll_timeout_ms`), applies them (applier.py) and only then commits them, so a crash
+between the two re-applies at most one round (at-least-once; every write is an
+overwrite, so a replay ends in the same rows). A source that cannot be reached (broker
+or Redis down) and a tier that cannot be written are retried with the package's backoff
+(`hps/backoff.py`, from `failure_backoff_ms` up to `failure_backoff_max_ms`); the state
+("running", "down") is in `UpdateStats`. Lookups never wait for any of this.
+
+The models followed are asked of `followed()` every round, so a model loaded later is
+read from then on (from its group's committed position, or the earliest message).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+from hps.backoff import Backoff
+from hps.config import UpdateSourceConfig
+from hps.errors import TierUnavailableError, UpdateSourceUnavailableError
+from hps.updates.applier import UpdateApplier
+from hps.updates.source import UpdateSource
+from hps.updates.stats import UpdateStats
+
+log = logging.getLogger("hps.updates")
+
+T = TypeVar("T")
+
+#: failures a round waits out and tries again
+_RETRIED = (UpdateSourceUnavailableError, TierUnavailableError)
+#: seconds between two backlog (lag) readings
+LAG_INTERVAL = 1.0
+
+
+class _Stopped(Exception):
+    """The consumer was closed while it waited."""
+
+
+class UpdateConsumer:
+    """Polls `source`, writes through `applier`, commits; one daemon thread."""
+
+    def __init__(self, source: UpdateSource, applier: UpdateApplier,
+                 config: UpdateSourceConfig, stats: UpdateStats,
+                 followed: Callable[[], Mapping[str, Sequence[str]]]) -> None:
+        self.source = source
+        self.applier = applier
+        self.stats = stats
+        self._followed = followed
+        self._following: dict[str, tuple[str, ...]] | None = None
+        self._max_messages = config.max_commit_interval
+        self._timeout = config.poll_timeout_ms / 1000.0
+        self._backoff = Backoff(initial=config.failure_backoff_ms / 1000.0,
+                                cap=max(config.failure_backoff_max_ms,
+                                        config.failure_backoff_ms) / 1000.0)
+        self._stop = threading.Event()
+        self._next_lag = 0.0
+        self._thread = threading.Thread(target=self._run, name="hps-updates", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Stop after the round under way (its messages stay uncommitted if it did not
+        finish) and close the source; True when the thread ended in time. Idempotent."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        stopped = not self._thread.is_alive()
+        if stopped:
+            self.source.close()
+        self.stats.set_state("stopped")
+        return stopped
+
+    # -- the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._round()
+            except _Stopped:
+                return
+            except Exception:  # noqa: BLE001 - a bug must not end the updates for good
+                log.exception("update round failed; the next one starts after a pause")
+                if self._stop.wait(self._backoff.cap):
+                    return
+
+    def _round(self) -> None:
+        self._follow()
+        messages = self._retried(
+            lambda: self.source.poll(self._max_messages, self._timeout))
+        if messages:
+            batches = self.applier.prepare(messages)
+            self._retried(lambda: self.applier.write(batches))
+            self._retried(lambda: self.source.commit(messages))
+        self._read_lag()
+
+    def _follow(self) -> None:
+        wanted = {m: tuple(tables) for m, tables in self._followed().items()}
+        if wanted != self._following:
+            self._retried(lambda: self.source.follow(wanted))
+            self._following = wanted
+
+    def _read_lag(self) -> None:
+        if not self.source.reports_backlog or time.monotonic() < self._next_lag:
+            return
+        self._next_lag = time.monotonic() + LAG_INTERVAL
+        try:
+            self.stats.lag(self.source.backlog())
+        except UpdateSourceUnavailableError:
+            pass  # the next poll finds the outage and reports it
+
+    def _retried(self, call: Callable[[], T]) -> T:
+        """`call()`, retried with backoff on outages; raises _Stopped when closed."""
+        def on_retry(exc: BaseException, delay: float) -> None:
+            self.stats.set_state("down", exc)
+
+        try:
+            result = self._backoff.retry(call, retry_on=_RETRIED, stop=self._stop,
+                                         on_retry=on_retry)
+        except _RETRIED:
+            raise _Stopped() from None  # stop was set while waiting (attempts are endless)
+        if self.stats.state != "running":
+            self.stats.set_state("running")
+        return result

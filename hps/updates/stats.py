@@ -1,0 +1,141 @@
+"""Counters and state of one update consumer, read by metrics, `/readyz` and the CLI.
+
+Per table (labelled by its topic, `hps_et.<model>.<table>`): rows and messages applied,
+messages rejected by reason, the last applied position and publish time, and the lag
+(messages not yet delivered, and how old the newest applied message is while some are).
+For the consumer: the source's state ("starting", "running", "down", "stopped"), rows
+applied per second over the last few seconds, and retries.
+
+Rejections are logged once per (table, reason) at once, then at most once a minute with
+the count since, so a stream of bad messages cannot flood the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("hps.updates")
+
+#: seconds between two log lines of the same (table, reason) of rejected messages
+REJECT_LOG_INTERVAL = 60.0
+#: seconds over which `rows_per_second` is measured
+RATE_WINDOW = 5.0
+
+
+@dataclass
+class TableUpdates:
+    """What one table (topic) received."""
+
+    rows: int = 0
+    messages: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    last_position: str | None = None
+    last_offset: int | None = None
+    last_published: float | None = None
+    lag_messages: int | None = None
+    lag_seconds: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "rejected": dict(self.rejected)}
+
+
+class UpdateStats:
+    """Thread-safe counters of one consumer (written by its thread, read by any)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.state = "starting"
+        self.state_since = time.time()
+        self.last_error: str | None = None
+        self.retries = 0
+        self._tables: dict[str, TableUpdates] = {}
+        self._applied: deque[tuple[float, int]] = deque()  # (monotonic time, rows)
+        self._lock = threading.Lock()
+        self._logged: dict[tuple[str, str], tuple[float, int]] = {}  # → (last log, count)
+
+    def _table(self, topic: str) -> TableUpdates:
+        table = self._tables.get(topic)
+        if table is None:
+            table = self._tables[topic] = TableUpdates()
+        return table
+
+    # -- written by the consumer ----------------------------------------------------------
+
+    def set_state(self, state: str, error: BaseException | None = None) -> None:
+        """Record the source's state; a change to "down" is logged once."""
+        with self._lock:
+            changed = state != self.state
+            if changed:
+                self.state, self.state_since = state, time.time()
+            if error is not None:
+                self.last_error = f"{type(error).__name__}: {error}"
+                self.retries += 1
+        if changed and state == "down":
+            log.warning("update source %s is down (%s); retrying with backoff, lookups go on",
+                        self.source, self.last_error)
+        elif changed and state == "running" and error is None:
+            log.info("update source %s is running", self.source)
+
+    def applied(self, topic: str, rows: int, messages: int, position: str,
+                offset: int | None, published: float) -> None:
+        with self._lock:
+            t = self._table(topic)
+            t.rows += rows
+            t.messages += messages
+            t.last_position, t.last_offset, t.last_published = position, offset, published
+            self._applied.append((time.monotonic(), rows))
+
+    def rejected(self, topic: str, reason: str, detail: str) -> None:
+        """Count one rejected message and log it (rate limited per table and reason)."""
+        now = time.monotonic()
+        with self._lock:
+            t = self._table(topic)
+            t.rejected[reason] = t.rejected.get(reason, 0) + 1
+            last, count = self._logged.get((topic, reason), (-REJECT_LOG_INTERVAL, 0))
+            due = now - last >= REJECT_LOG_INTERVAL
+            self._logged[(topic, reason)] = (now, 0) if due else (last, count + 1)
+        if due:
+            more = f" ({count} more since the last report)" if count else ""
+            log.warning("update message of %s skipped (%s): %s%s", topic, reason, detail, more)
+
+    def lag(self, backlog: dict[str, int]) -> None:
+        """Record each table's backlog (messages not delivered yet)."""
+        now = time.time()
+        with self._lock:
+            for topic, waiting in backlog.items():
+                t = self._table(topic)
+                t.lag_messages = int(waiting)
+                if waiting == 0:
+                    t.lag_seconds = 0.0
+                elif t.last_published is not None:
+                    t.lag_seconds = max(0.0, now - t.last_published)
+
+    # -- read by anyone -------------------------------------------------------------------
+
+    def rows_per_second(self) -> float:
+        """Rows applied per second over the last RATE_WINDOW seconds."""
+        now = time.monotonic()
+        with self._lock:
+            while self._applied and now - self._applied[0][0] > RATE_WINDOW:
+                self._applied.popleft()
+            rows = sum(r for _, r in self._applied)
+        return rows / RATE_WINDOW
+
+    def as_dict(self) -> dict[str, Any]:
+        """State, rate and per-table figures (the `updates` field of `/readyz`)."""
+        rate = self.rows_per_second()
+        with self._lock:
+            return {
+                "source": self.source,
+                "state": self.state,
+                "state_since": self.state_since,
+                "last_error": self.last_error,
+                "retries": self.retries,
+                "rows_per_second": rate,
+                "tables": {k: v.as_dict() for k, v in sorted(self._tables.items())},
+            }

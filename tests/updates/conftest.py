@@ -1,0 +1,139 @@
+"""Fixtures of the update tests: a model on disk, servers that read updates from a real
+`redis-server` (Redis Streams) or librdkafka's mock Kafka cluster, and a publisher."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hps import HierarchicalParameterServer
+from hps.config import UpdateSourceConfig
+from hps.updates import codec
+from hps.updates.source import UpdatePublisher, open_publisher
+from tests.conftest import make_table, model_config, write_table
+from tests.redis_servers import RedisServer, eventually
+
+DIM = 8
+TOPIC = "hps_et.m.sparse_embedding0"
+
+
+class Model:
+    """One table of DIM on disk, and a way to publish and wait for its updates."""
+
+    def __init__(self, folder: Path, rng: np.random.Generator, n: int = 2000) -> None:
+        self.folder = folder
+        self.keys, self.vectors = make_table(rng, n, DIM)
+        write_table(folder / "t0", self.keys, self.vectors)
+
+    def config(self, update_source: dict[str, Any], *, rocksdb: bool = True,
+               **top: Any) -> dict[str, Any]:
+        config: dict[str, Any] = {
+            "models": [model_config([str(self.folder / "t0")], [DIM])],
+            "volatile_db": {"type": "hash_map"},
+            "update_source": {"poll_timeout_ms": 100, "metadata_refresh_interval_ms": 200,
+                              "failure_backoff_ms": 20, "failure_backoff_max_ms": 200,
+                              **update_source},
+            **top,
+        }
+        if rocksdb:
+            config["persistent_db"] = {"type": "rocks_db", "path": str(self.folder / "rocks")}
+        return config
+
+
+def publish(publisher: UpdatePublisher, keys: np.ndarray, vectors: np.ndarray,
+            topic: str = TOPIC, key_bytes: int = 8) -> None:
+    publisher.publish(topic, [codec.encode(keys, vectors, key_bytes=key_bytes)])
+    publisher.flush(10.0)
+
+
+def wait_rows(server: HierarchicalParameterServer, keys: np.ndarray, vectors: np.ndarray,
+              timeout: float = 20.0) -> None:
+    """Wait until lookups of `keys` answer `vectors`."""
+    def check() -> None:
+        np.testing.assert_array_equal(server.lookup("m", 0, keys), vectors)
+
+    eventually(check, timeout, "updated rows visible to lookups")
+
+
+def wait_status(server: HierarchicalParameterServer, test: Callable[[dict[str, Any]], bool],
+                what: str, timeout: float = 20.0) -> dict[str, Any]:
+    def check() -> dict[str, Any]:
+        status = server.update_status()
+        assert status is not None and test(status), status
+        return status
+
+    return eventually(check, timeout, what)
+
+
+@pytest.fixture
+def model(tmp_path: Path, rng: np.random.Generator) -> Model:
+    return Model(tmp_path, rng)
+
+
+@pytest.fixture
+def stream_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """The Redis that carries the update streams (the tiers are in-process)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-streams")).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def redis_updates(stream_redis: RedisServer) -> dict[str, Any]:
+    return {"type": "redis_stream", "address": f"127.0.0.1:{stream_redis.port}"}
+
+
+@pytest.fixture
+def redis_publisher(redis_updates: dict[str, Any]) -> Iterator[UpdatePublisher]:
+    publisher = open_publisher(UpdateSourceConfig(**redis_updates))
+    yield publisher
+    publisher.close()
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def kafka_cluster() -> Iterator[str]:
+    """librdkafka's mock cluster (the real Kafka protocol on a loopback port): the
+    bootstrap address, read from the mock's debug log line. It lives as long as the
+    producer that made it."""
+    import confluent_kafka as ck  # the test extra installs it
+
+    handler = _Lines()
+    logger = logging.getLogger("tests.kafka-mock")
+    logger.addHandler(handler)
+    logger.propagate = False
+    holder = ck.Producer({"bootstrap.servers": "unused:9092", "test.mock.num.brokers": 1,
+                          "logger": logger, "debug": "mock"})
+
+    def address() -> str:
+        holder.poll(0.05)
+        found = [m for line in handler.lines
+                 if (m := re.search(r"bootstrap\.servers=(127\.0\.0\.1:\d+)", line))]
+        assert found, handler.lines
+        return found[0].group(1)
+
+    yield eventually(address, 10.0, "the mock Kafka cluster's address")
+    holder.flush(1.0)
+    logger.removeHandler(handler)
+
+
+@pytest.fixture
+def kafka_updates(kafka_cluster: str) -> dict[str, Any]:
+    # the mock's group coordinator waits a session timeout before it rebalances onto a
+    # topic that appeared after the subscription; a short one keeps the tests short
+    return {"type": "kafka_message_queue", "brokers": kafka_cluster,
+            "kafka_options": {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}}
