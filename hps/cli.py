@@ -30,6 +30,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from hps.admin_client import DEFAULT_URL
 from hps.errors import BindError, HPSError
 from hps.loader import LoadProgress
 
@@ -42,6 +43,10 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=N
 bench_app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings=_HELP,
                         help="Benchmarks: each tier beside its baseline, same run.")
 app.add_typer(bench_app, name="bench")
+models_app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings=_HELP,
+                         no_args_is_help=True,
+                         help="Models of a running server: list, add, remove.")
+app.add_typer(models_app, name="models")
 config_app = typer.Typer(help="Configuration: ps.json, YAML, HugeCTR's Python objects.",
                          no_args_is_help=True)
 app.add_typer(config_app, name="config")
@@ -187,6 +192,10 @@ def serve(
         help="Threads lookups run on (never on the event loop)."),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log",
                                     help="Log every request."),
+    allow_root: Optional[list[str]] = typer.Option(
+        None, "--allow-root", help="A folder or URI prefix models added at runtime (POST "
+        "/v1/models) may be read from; repeatable. Default: the folders holding the "
+        "config's model folders."),
 ) -> None:
     """Serve lookups over HTTP (/v1 and KServe v2), metrics, health.
 
@@ -197,18 +206,19 @@ def serve(
     """
     _serve(config, host=host, port=port, token=token or None,
            max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
-           access_log=access_log)
+           access_log=access_log, allow_roots=allow_root or None)
 
 
 def _serve(config: Path, *, host: str, port: int, token: str | None, max_body_bytes: int,
-           access_log: bool, lookup_threads: int = 0) -> None:
+           access_log: bool, lookup_threads: int = 0,
+           allow_roots: list[str] | None = None) -> None:
     try:
         from hps.http import serve as run_server
 
         run_server(str(config), host=host, port=port, token=token,
                    max_body_bytes=max_body_bytes, access_log=access_log,
                    lookup_threads=lookup_threads or _DEFAULT_LOOKUP_THREADS,
-                   echo=_echo_plain)
+                   echo=_echo_plain, allow_roots=allow_roots)
     except BindError as exc:  # one line, exit 1, before anything says "serving"
         _fail(exc, code=1)
     except HPSError as exc:
@@ -323,12 +333,74 @@ def _table_spec(path: str, fmt: str | None, key_column: str | None,
                 key_offset: int | None) -> Any:
     from hps.errors import ConfigError
     from hps.io.formats import TableSpec
-
     try:
         return TableSpec(path, fmt, key_column, vector_column,  # type: ignore[arg-type]
                          tensor, keys_tensor, key_offset)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+_URL = typer.Option(DEFAULT_URL, "--url", envvar="HPS_URL", show_envvar=True,
+                   help="The running server.")
+_TOKEN = typer.Option(None, "--token", envvar="HPS_TOKEN", show_envvar=True,
+                      help="The server's token.")
+
+
+@models_app.command("list")
+def models_list(url: str = _URL, token: Optional[str] = _TOKEN) -> None:
+    """List the models a running server serves, loads or failed to load."""
+    from hps.admin_client import call
+
+    try:
+        answer = call(url, "GET", "/v1/models", token)
+    except HPSError as exc:
+        _fail(exc)
+    if answer["models"]:
+        _print_models(answer["models"])
+    else:
+        console.print("no model is served")
+    for name in answer.get("loading", []):
+        console.print(f"{name}: loading", highlight=False)
+    for name, why in answer.get("failed", {}).items():
+        console.print(f"{name}: failed: {why}", highlight=False, markup=False, soft_wrap=True)
+
+
+@models_app.command("add")
+def models_add(
+    file: Path = typer.Argument(..., help="A model block, or a ps.json / YAML config."),
+    model: Optional[str] = typer.Option(None, "--model", "-m",
+                                        help="The model to add when FILE has several."),
+    url: str = _URL, token: Optional[str] = _TOKEN,
+) -> None:
+    """Add a model to a running server; the others keep serving.
+
+    Relative paths in FILE resolve from its folder; the server reads only under its
+    allowed roots (hps serve --allow-root).
+    """
+    from hps.admin_client import call, model_block
+
+    try:
+        answer = call(url, "POST", "/v1/models", token, model_block(file, model))
+    except HPSError as exc:
+        _fail(exc)
+    tables = ", ".join(t["name"] for t in answer["tables"])
+    console.print(f"added model {answer['model']} (tables {tables}) in "
+                  f"{answer['seconds']:.2f} s", highlight=False, soft_wrap=True)
+
+
+@models_app.command("remove")
+def models_remove(name: str = typer.Argument(..., help="The model to remove."),
+                  url: str = _URL, token: Optional[str] = _TOKEN) -> None:
+    """Remove a model from a running server; the others keep serving."""
+    from urllib.parse import quote
+
+    from hps.admin_client import call
+
+    try:
+        call(url, "DELETE", f"/v1/models/{quote(name, safe='')}", token)
+    except HPSError as exc:
+        _fail(exc)
+    console.print(f"removed model {name}", highlight=False)
 
 
 @app.command()
@@ -342,7 +414,10 @@ def inspect(
     keys_tensor: KeysTensorOpt = None,
     key_offset: KeyOffsetOpt = None,
 ) -> None:
-    """Describe a table in any format: keys, width, dtypes, size, key range, validity."""
+    """Describe a table in any format: keys, width, sizes, validity.
+
+    Also the dtypes and the key range.
+    """
     from hps.io.inspect import inspect_model
 
     try:
@@ -382,7 +457,7 @@ def convert(
     keys_tensor: KeysTensorOpt = None,
     key_offset: KeyOffsetOpt = None,
 ) -> None:
-    """Convert a table between HugeCTR sparse folders, Parquet, NumPy and safetensors.
+    """Convert a table between formats (sparse folder, Parquet, NumPy, safetensors).
 
     Streams chunk by chunk with a progress bar; rows are copied bit for bit (float16 and
     bfloat16 widened exactly to float32). A failed conversion leaves no DESTINATION.

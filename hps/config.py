@@ -396,6 +396,27 @@ def _resolve_paths(config: PSConfig, base: Path) -> None:
         db.__dict__["path"] = str(base / db.path)
 
 
+def parse_model_block(raw: Any) -> ModelConfig:
+    """One model block of ps.json (as `POST /v1/models` sends it), validated strictly.
+
+    Unlike a config file, where unknown keys are warned about and ignored, an unknown key
+    here is a ConfigError naming it, as is every bad value.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a model block must be a mapping, got {type(raw).__name__}")
+    fields = set(ModelConfig.model_fields)
+    unknown = [str(k) for k in raw if k not in fields]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], fields, n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        raise ConfigError(f"unknown key {unknown[0]!r} in the model block{hint}")
+    try:
+        return ModelConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc).replace("invalid ps config", "invalid model "
+                                                      "block", 1)) from None
+
+
 def load_config(source: str | os.PathLike[str] | dict[str, Any] | PSConfig) -> PSConfig:
     """A PSConfig from a ps.json / YAML path, a dict of the same contents, or a PSConfig.
 

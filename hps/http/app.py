@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,11 +24,13 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hps.errors import HPSError
+from hps.http.admin import build_admin_router
 from hps.http.errors import ApiError, ErrorBody, error_body, v2_error_body
 from hps.http.fastpath import FastPath, FastRoute
 from hps.http.kserve import build_v2_router, infer_fast_route
 from hps.http.lookup import LOOKUP_PATH, LOOKUP_RE, handle_lookup
 from hps.http.metrics import Metrics, MetricsMiddleware
+from hps.http.roots import default_roots, normalise_root
 from hps.http.routes import build_router, token_guard
 from hps.http.state import DEFAULT_LOOKUP_THREADS, DEFAULT_MAX_BODY_BYTES, ServiceState
 from hps.server import HierarchicalParameterServer
@@ -60,6 +62,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     lookup_threads: int = DEFAULT_LOOKUP_THREADS,
     on_ready: Callable[[], None] | None = None,
+    allow_roots: Sequence[str] | None = None,
 ) -> FastAPI:
     """A FastAPI app that serves `server`.
 
@@ -72,6 +75,8 @@ def create_app(
     token, admin routes (reload) answer 403 unless it is a loopback address.
     `max_body_bytes`: bodies larger than this are refused with 413. `lookup_threads`:
     size of the thread pool lookups run on (the event loop never runs one).
+    `allow_roots`: folders or URI prefixes models added over HTTP may be read from
+    (default: the folders holding the configured models' folders; see `roots.py`).
     """
     if token is not None and not token:
         raise ValueError("token must be a non-empty string or None")
@@ -79,7 +84,10 @@ def create_app(
         raise ValueError("lookup_threads must be at least 1")
     state = ServiceState(server=server, metrics=Metrics(server), token=token, host=host,
                          max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
-                         on_ready=on_ready)
+                         on_ready=on_ready,
+                         allowed_roots=[normalise_root(r) for r in (
+                             default_roots(server.config) if allow_roots is None
+                             else allow_roots)])
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,6 +107,7 @@ def create_app(
     v2_router = build_v2_router(state, token_guard(state))
     app.include_router(router)
     app.include_router(v2_router)
+    app.include_router(build_admin_router(state))
     _add_error_handlers(app, state)
     fast_routes = [FastRoute(LOOKUP_RE, lookup_route, handle_lookup, _v1_error),
                    infer_fast_route(v2_router.routes, state)]

@@ -35,7 +35,7 @@ from hps.http.schemas import (
     ReloadResponse,
 )
 from hps.http.state import ServiceState
-from hps.server import HierarchicalParameterServer
+from hps.server import HierarchicalParameterServer, LoadedModel
 
 _bearer = HTTPBearer(auto_error=False, description="The server's token (--token / HPS_TOKEN).")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
@@ -72,8 +72,8 @@ def token_guard(state: ServiceState) -> list[Any]:
     return [Depends(require_token)] if state.token is not None else []
 
 
-def build_router(state: ServiceState) -> APIRouter:
-    """All routes of one app, bound to its state (the v2 protocol's: `kserve.py`)."""
+def admin_guard(state: ServiceState) -> list[Any]:
+    """The dependencies of an admin route: the token, or without one a loopback server."""
 
     async def require_admin(request: Request, credentials: Credentials) -> None:
         if state.token is None and not state.admin_open:
@@ -82,6 +82,12 @@ def build_router(state: ServiceState) -> APIRouter:
                 "token: start it with --token (or HPS_TOKEN), or bind it to 127.0.0.1")
         state.check_token(request.headers.get("authorization"))
 
+    return [*token_guard(state), Depends(require_admin)]
+
+
+def build_router(state: ServiceState) -> APIRouter:
+    """All routes of one app, bound to its state (the v2 protocol's: `kserve.py`; adding
+    and removing models: `admin.py`)."""
     protected = token_guard(state)
     router = APIRouter()
     server = state.server
@@ -152,7 +158,7 @@ def build_router(state: ServiceState) -> APIRouter:
         return await respond(handle_lookup, state, request, {"model": model, "table": table})
 
     @router.post("/v1/models/{model}/reload", response_model=ReloadResponse,
-                 dependencies=[*protected, Depends(require_admin)], tags=["admin"],
+                 dependencies=admin_guard(state), tags=["admin"],
                  summary="Re-read a model's files (optionally from new URIs), swap atomically",
                  responses={**ERROR_RESPONSES,
                             403: {"model": ErrorBody, "description": "Admin routes need a "
@@ -173,15 +179,19 @@ def build_router(state: ServiceState) -> APIRouter:
         config = state.model_config(model)
         if body is not None and body.sparse_files is not None:
             config = _with_sources(config, body.sparse_files)
-        loaded = await run_in_threadpool(state.load, config)
-        return {
-            "model": model,
-            "seconds": sum(t.source.load_seconds for t in loaded.tables),
-            "tables": [{"index": t.index, "name": t.name, "dim": t.dim,
-                        "source": t.source.as_dict()} for t in loaded.tables],
-        }
+        return load_summary(await run_in_threadpool(state.load, config))
 
     return router
+
+
+def load_summary(loaded: LoadedModel) -> dict[str, Any]:
+    """What a load answers: the model, the seconds it took, each table's source."""
+    return {
+        "model": loaded.config.model,
+        "seconds": sum(t.source.load_seconds for t in loaded.tables),
+        "tables": [{"index": t.index, "name": t.name, "dim": t.dim,
+                    "source": t.source.as_dict()} for t in loaded.tables],
+    }
 
 
 def _with_sources(config: ModelConfig, files: list[str]) -> ModelConfig:

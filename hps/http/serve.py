@@ -12,7 +12,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,7 @@ def serve(
     access_log: bool = False,
     log_level: str = "info",
     echo: Callable[[str], None] = print,
+    allow_roots: Sequence[str] | None = None,
 ) -> None:
     """Serve every model of `config` over HTTP until interrupted (SIGINT/SIGTERM).
 
@@ -131,7 +132,8 @@ def serve(
         threading.Thread(target=announce, name="hps-announce", daemon=True).start()
 
     app = create_app(server, token=token, host=host, max_body_bytes=max_body_bytes,
-                     lookup_threads=lookup_threads, on_ready=on_ready)
+                     lookup_threads=lookup_threads, on_ready=on_ready,
+                     allow_roots=allow_roots)
     if token is None and not is_loopback(host):
         log.warning("serving on %s without a token: reads are open to the network, admin "
                     "routes (reload) are refused", host)

@@ -68,6 +68,8 @@ class ServiceState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     lookup_threads: int = DEFAULT_LOOKUP_THREADS
     on_ready: Callable[[], None] | None = None
+    #: where models added over HTTP may be read from (normalised; see roots.py)
+    allowed_roots: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     loader: threading.Thread | None = None
     executor: ThreadPoolExecutor = field(init=False)
@@ -171,6 +173,18 @@ class ServiceState:
         self.metrics.model_ready.labels(name).set(1)
         self.metrics.model_loads.labels(name).inc()
         return loaded
+
+    def add(self, model: ModelConfig) -> LoadedModel:
+        """Load a model that is not served yet (blocking); the others keep serving."""
+        loaded = self.server.add_model(model, progress=self.metrics.progress(model.model))
+        self.failed.pop(model.model, None)
+        self.metrics.model_ready.labels(model.model).set(1)
+        return loaded
+
+    def remove(self, name: str) -> None:
+        """Stop serving model `name` (blocking until it is out of the registry)."""
+        self.server.unload_model(name)
+        self.metrics.model_ready.labels(name).set(0)
 
     def start_loading(self) -> None:
         """Load every configured model not loaded yet, in a background thread."""

@@ -102,14 +102,35 @@ class HierarchicalParameterServer:
         """
         return self._registry.load(model, progress=progress)
 
+    def add_model(self, model: ModelConfig, progress: LoadProgress | None = None
+                  ) -> LoadedModel:
+        """Load a model that is not served yet and add it to `config.models`.
+
+        Raises ConfigError when a model of that name is served; a failed load serves and
+        records nothing. Other models keep serving throughout.
+        """
+        loaded = self._registry.add(model, progress=progress)
+        self._set_models([*(m for m in self.config.models if m.model != model.model), model])
+        return loaded
+
+    def _set_models(self, models: list[ModelConfig]) -> None:
+        # past validation on purpose: a server may serve no model once the last is removed
+        self.config.__dict__["models"] = models
+
     def reload_model(self, name: str, sparse_files: Sequence[str] | None = None,
                      progress: LoadProgress | None = None) -> LoadedModel:
         """Re-read a served model, optionally from new files (a new version)."""
         return self._registry.reload(name, sparse_files, progress=progress)
 
     def unload_model(self, name: str) -> None:
-        """Stop serving model `name`; its tables are dropped once no lookup reads them."""
+        """Stop serving model `name` and take it out of `config.models`.
+
+        Raises UnknownModelError when it is not served. Other models keep serving; its
+        tables leave every tier, its GPU caches close and the freed memory goes back to
+        the OS once no lookup reads it.
+        """
         self._registry.unload(name)
+        self._set_models([m for m in self.config.models if m.model != name])
 
     def wait_retired(self, timeout: float | None = None) -> bool:
         """Wait until the tables of every replaced version are dropped (their last

@@ -13,6 +13,8 @@ name still held by a retiring version waits for that version's last lookup.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import logging
 import threading
@@ -25,7 +27,7 @@ from hps.backoff import Backoff
 from hps.config import ModelConfig, PSConfig
 from hps.db import Tiers
 from hps.db.base import table_name
-from hps.errors import LookupInputError, TierUnavailableError, UnknownModelError
+from hps.errors import ConfigError, LookupInputError, TierUnavailableError, UnknownModelError
 from hps.loader import LoadProgress, load_table, open_reader, open_readers
 from hps.server.gpu_caches import GpuCaches
 from hps.server.models import LoadedModel, LoadedTable
@@ -140,47 +142,58 @@ class ModelRegistry:
         storage names) and swaps it in with one assignment; a load that fails leaves the
         old version serving and removes what it wrote (a failed first load too).
         """
-        progress = progress or LoadProgress()
         with self._load_lock:
-            readers = open_readers(self.config, model, self.chunk_bytes)  # validates first
-            old = self._models.get(model.model)
-            names = [_storage_name(model, i, old) for i in range(model.num_tables)]
-            self._wait_dropped(names)
-            if old is None:  # a staging version left behind by an earlier process
-                self._drop_leftover_staging(names)
-            else:  # rows a failed drop (Redis down) left under these names are stale
-                self._drop_tables(names, tiers=[self.tiers.volatile])
-                self.observer.reload_started(model.model)
-            written: list[str] = []
-            loaded = LoadedModel(model, [])
-            try:
-                for i, reader in enumerate(readers):
-                    written.append(names[i])
-                    loaded.tables.append(
-                        self._load_table(model, i, names[i], reader, progress))
-                self.gpu.attach(loaded, readers)
-                if old is None:
-                    self._install(loaded)
-                else:
-                    self.observer.swap(old, loaded, lambda: self._install(loaded))
-            except BaseException:
-                # what a failed load wrote goes away: a reload's staging tables, or the
-                # tables of a first load that never became visible
-                if old is not None:
-                    self.observer.reload_failed(model.model)
-                self.gpu.close(loaded)
-                self._drop_tables(written)
-                raise
-            finally:
-                for reader in readers:
-                    reader.close()
+            return self._load(model, progress or LoadProgress())
+
+    def add(self, model: ModelConfig, progress: LoadProgress | None = None) -> LoadedModel:
+        """Load a model that is not served yet; ConfigError if one of that name is."""
+        with self._load_lock:
+            if model.model in self._models:
+                raise ConfigError(f"model {model.model!r} is already served: reload it, or "
+                                  "unload it first")
+            return self._load(model, progress or LoadProgress())
+
+    def _load(self, model: ModelConfig, progress: LoadProgress) -> LoadedModel:
+        """The body of `load` and `add`; the caller holds the load lock."""
+        readers = open_readers(self.config, model, self.chunk_bytes)  # validates first
+        old = self._models.get(model.model)
+        names = [_storage_name(model, i, old) for i in range(model.num_tables)]
+        self._wait_dropped(names)
+        if old is None:  # a staging version left behind by an earlier process
+            self._drop_leftover_staging(names)
+        else:  # rows a failed drop (Redis down) left under these names are stale
+            self._drop_tables(names, tiers=[self.tiers.volatile])
+            self.observer.reload_started(model.model)
+        written: list[str] = []
+        loaded = LoadedModel(model, [])
+        try:
+            for i, reader in enumerate(readers):
+                written.append(names[i])
+                loaded.tables.append(
+                    self._load_table(model, i, names[i], reader, progress))
+            self.gpu.attach(loaded, readers)
+            if old is None:
+                self._install(loaded)
+            else:
+                self.observer.swap(old, loaded, lambda: self._install(loaded))
+        except BaseException:
+            # what a failed load wrote goes away: a reload's staging tables, or the
+            # tables of a first load that never became visible
             if old is not None:
-                self._retire(old, keep=set(names))
-            for table in loaded.tables:
-                if not table.volatile_ready and self.filler is not None:
-                    self.filler.submit(loaded, table, functools.partial(
-                        open_reader, self.config, model, table.index, self.chunk_bytes))
-            return loaded
+                self.observer.reload_failed(model.model)
+            self.gpu.close(loaded)
+            self._drop_tables(written)
+            raise
+        finally:
+            for reader in readers:
+                reader.close()
+        if old is not None:
+            self._retire(old, keep=set(names))
+        for table in loaded.tables:
+            if not table.volatile_ready and self.filler is not None:
+                self.filler.submit(loaded, table, functools.partial(
+                    open_reader, self.config, model, table.index, self.chunk_bytes))
+        return loaded
 
     def _install(self, loaded: LoadedModel) -> None:
         """Serve `loaded` from now on (one assignment: lookups see old or new)."""
@@ -289,6 +302,7 @@ class ModelRegistry:
             with self._retiring_lock:  # only now may a load write these names again
                 self._retiring.remove(retirement)
             retirement.done.set()
+        return_freed_memory()
 
     def _drop_tables(self, names: Sequence[str], tiers: Sequence[Any] | None = None) -> None:
         for tier in self.tiers if tiers is None else tiers:
@@ -309,3 +323,16 @@ def _storage_name(model: ModelConfig, index: int, old: LoadedModel | None) -> st
     current = next((t.storage_name for t in old.tables
                     if t.name == model.embedding_table_names[index]), None)
     return f"{base}{STAGING_SUFFIX}" if current == base else base
+
+
+def return_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's malloc_trim; elsewhere a no-op).
+
+    A dropped table frees its arrays, but glibc keeps freed heap memory for reuse unless
+    asked; without this the RSS of a server stays at its peak after a model is unloaded.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass

@@ -1,0 +1,93 @@
+"""Models added and removed at runtime: `POST /v1/models`, `DELETE /v1/models/{model}`.
+
+Both are admin routes (the token, or without one a loopback-bound server). A model is
+added from one model block of ps.json, with absolute paths or URIs under the server's
+allowed roots (`roots.py`); it loads while the other models keep serving and is visible
+once complete. A removed model stops serving at once; its tables leave the tiers when
+the last lookup reading them is done, and the memory goes back to the OS.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body
+from starlette.concurrency import run_in_threadpool
+
+from hps.config import parse_model_block
+from hps.errors import ConfigError
+from hps.http.errors import ApiError
+from hps.http.roots import check_sources, is_uri, source_path
+from hps.http.routes import admin_guard, load_summary
+from hps.http.schemas import ERROR_RESPONSES, ErrorBody, ReloadResponse
+from hps.http.state import ServiceState
+
+
+class ModelExists(ApiError):
+    """A model of that name is served, loading, or configured."""
+
+    status = 409
+    kind = "model_exists"
+
+
+_ADD_EXAMPLE = {
+    "model": "ranking", "sparse_files": ["/srv/models/ranking/user", "/srv/models/ranking/item"],
+    "embedding_table_names": ["user", "item"], "embedding_vecsize_per_table": [16, 64],
+    "maxnum_catfeature_query_per_table_per_sample": [1, 8], "deployed_device_list": [0],
+    "max_batch_size": 1024, "gpucache": False,
+}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+def build_admin_router(state: ServiceState) -> APIRouter:
+    """The routes that add and remove models, bound to `state`."""
+    router = APIRouter(tags=["admin"])
+    admin = admin_guard(state)
+
+    @router.post("/v1/models", status_code=201, response_model=ReloadResponse,
+                 dependencies=admin, summary="Add a model (a model block of ps.json)",
+                 responses={**ERROR_RESPONSES,
+                            403: _error("Admin routes need a token unless the server is bound "
+                                        "to loopback; or a source is outside the allowed "
+                                        "roots."),
+                            404: _error("A source does not exist."),
+                            409: _error("A model of that name is served or loading."),
+                            422: _error("Not a valid model block, or the files are not a "
+                                        "valid model.")})
+    async def add_model(block: Annotated[Any, Body(examples=[_ADD_EXAMPLE])]
+                        ) -> dict[str, Any]:
+        """Load a new model while the others keep serving; answers once it serves.
+
+        The body is one entry of ps.json's `models`; `sparse_files` are absolute paths or
+        URIs under the server's allowed roots (`hps serve --allow-root`).
+        """
+        model = parse_model_block(block)
+        relative = [source_path(f) for f in model.sparse_files
+                    if not is_uri(source_path(f)) and not os.path.isabs(source_path(f))]
+        if relative:
+            raise ConfigError(f"sparse_files must be absolute paths or URIs, got {relative}")
+        check_sources(model.sparse_files, state.allowed_roots)
+        if model.model in state.server.models or model.model in state.configured():
+            raise ModelExists(f"model {model.model!r} is already served or loading: reload "
+                              f"it (POST /v1/models/{model.model}/reload) or remove it first")
+        return load_summary(await run_in_threadpool(state.add, model))
+
+    @router.delete("/v1/models/{model}", dependencies=admin,
+                   summary="Remove a model; the others keep serving",
+                   responses={**ERROR_RESPONSES,
+                              403: _error("Admin routes need a token unless the server is "
+                                          "bound to loopback."),
+                              404: _error("Unknown model."),
+                              503: _error("The model is still loading.")})
+    async def remove_model(model: str) -> dict[str, Any]:
+        """Stop serving a model. Lookups already running finish; its tables leave the
+        tiers and its memory is returned when the last of them is done."""
+        state.model(model)  # 404, or 503 while it loads
+        await run_in_threadpool(state.remove, model)
+        return {"model": model, "removed": True}
+
+    return router
