@@ -115,6 +115,7 @@ def kafka_cluster() -> Iterator[str]:
     handler = _Lines()
     logger = logging.getLogger("tests.kafka-mock")
     logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
     logger.propagate = False
     holder = ck.Producer({"bootstrap.servers": "unused:9092", "test.mock.num.brokers": 1,
                           "logger": logger, "debug": "mock"})
