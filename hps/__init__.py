@@ -16,6 +16,7 @@ from hps.config import (
     load_config,
 )
 from hps.errors import (
+    BadUpdateError,
     BatchTooLargeError,
     BindError,
     ConfigError,
@@ -36,6 +37,8 @@ from hps.errors import (
     UnknownModelError,
     UnknownTableError,
     UnsupportedFormatError,
+    UpdateError,
+    UpdateSourceUnavailableError,
 )
 from hps.hugectr_config import (
     DatabaseOverflowPolicy_t,
@@ -55,6 +58,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HPS",
+    "BadUpdateError",
     "BatchTooLargeError",
     "BindError",
     "ConfigError",
@@ -87,7 +91,9 @@ __all__ = [
     "UnknownModelError",
     "UnknownTableError",
     "UnsupportedFormatError",
+    "UpdateError",
     "UpdateSourceParams",
+    "UpdateSourceUnavailableError",
     "UpdateSourceType_t",
     "VolatileDBConfig",
     "VolatileDatabaseParams",

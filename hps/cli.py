@@ -31,7 +31,7 @@ from rich.progress import (
 from rich.table import Table
 
 from hps.admin_client import DEFAULT_URL
-from hps.errors import BindError, HPSError
+from hps.errors import BindError, HPSError, UnknownModelError
 from hps.loader import LoadProgress
 
 #: -h beside --help
@@ -236,8 +236,9 @@ def load(config: Path = typer.Argument(..., help="ps.json or YAML config.")) -> 
     from hps.server import HierarchicalParameterServer
 
     try:
+        cfg = _without_updates(str(config))
         with _progress() as bars:
-            server = HierarchicalParameterServer(str(config), progress=BarProgress(bars))
+            server = HierarchicalParameterServer(cfg, progress=BarProgress(bars))
     except HPSError as exc:
         _fail(exc)
     with server:
@@ -288,11 +289,10 @@ def lookup(
         "open, and reads what that server loaded."),
 ) -> None:
     """Look up keys and print their vectors."""
-    from hps.config import load_config
     from hps.server import HierarchicalParameterServer
 
     try:
-        cfg = load_config(str(config))
+        cfg = _without_updates(str(config))
         if cfg.persistent_db.enabled:
             # RocksDB holds every table: no need to fill the in-process tier for a few keys
             cfg.volatile_db.__dict__["initial_cache_rate"] = 0.0
@@ -309,6 +309,64 @@ def lookup(
     np.set_printoptions(precision=4, suppress=True, linewidth=78)
     for key, row in zip(keys, vectors, strict=True):
         console.print(f"[bold]{key}[/]: {np.array2string(row, threshold=16)}")
+
+
+def _without_updates(path: str) -> Any:
+    """The config at `path` with no update source: a one-off command reads no updates (and
+    commits nothing for the serving replica's consumer group)."""
+    from hps.config import UpdateSourceConfig, load_config
+
+    return load_config(path).model_copy(update={"update_source": UpdateSourceConfig()})
+
+
+@app.command()
+def publish(
+    config: Path = typer.Argument(..., help="ps.json or YAML config with an update_source."),
+    model: str = typer.Argument(..., help="Model name."),
+    source: Optional[str] = typer.Argument(
+        None, help="A table's files (sparse model folder, or any format sparse_files "
+                   "takes). Default: each table's files from the config."),
+    table: Optional[str] = typer.Option(
+        None, "--table", "-t", help="Table name or index (needed with SOURCE, --keys)."),
+    keys: Optional[Path] = typer.Option(None, help="A .npy file of keys (with --vectors)."),
+    vectors: Optional[Path] = typer.Option(None, help="A .npy file of float32 [n, width] "
+                                                      "vectors (with --keys)."),
+) -> None:
+    """Publish rows as online updates (Kafka or Redis Streams, as update_source says).
+
+    Each message holds max_batch_size rows of one table, on topic (stream)
+    hps_et.<model>.<table>; serving replicas apply them to every tier and GPU cache.
+    """
+    from hps.config import load_config
+    from hps.updates.publish import publish_arrays, publish_table
+
+    if (keys is None) != (vectors is None):
+        _fail(ValueError("--keys and --vectors go together"))
+    if (source is not None or keys is not None) and table is None:
+        _fail(ValueError("name the table (--table) the rows belong to"))
+    try:
+        cfg = load_config(str(config))
+        if not cfg.update_source.enabled:
+            raise HPSError(f"{config}: update_source has no type (kafka_message_queue or "
+                           "redis_stream): there is nowhere to publish")
+        models = {m.model: m for m in cfg.models}
+        if model not in models:
+            raise UnknownModelError(f"the config has no model {model!r} (models: "
+                                    f"{', '.join(models)})")
+        tables = [table] if table is not None else list(models[model].embedding_table_names)
+        sent = 0
+        with _progress() as bars:
+            bar = BarProgress(bars)
+            if keys is not None and vectors is not None:
+                sent = publish_arrays(cfg, model, tables[0], np.load(keys), np.load(vectors),
+                                      progress=bar)
+            else:
+                for name in tables:
+                    sent += publish_table(cfg, model, name, source, progress=bar)
+    except (HPSError, OSError, ValueError) as exc:
+        _fail(exc)
+    console.print(f"{sent} messages published to {cfg.update_source.type} "
+                  f"({', '.join(f'hps_et.{model}.{t}' for t in tables)})")
 
 
 # options naming how a table's files are read; shared by `inspect` and `convert`
