@@ -171,6 +171,9 @@ class ServerCollector(Collector):
         yield hits
         yield gpu
         yield from _tier_metrics(self.server.tiers.stats(), failures)
+        status = self.server.update_status()
+        if status is not None:
+            yield from _update_metrics(status)
         pending = GaugeMetricFamily(
             "hps_tier_tables_pending", "Tables a load could not write to the tier (down, "
             "full or read-only then), filled in the background.", labels=["tier"])
@@ -205,6 +208,52 @@ def _tier_metrics(tiers: dict[str, dict[str, Any]], failures: CounterMetricFamil
     yield available
     yield dropped
     yield figures
+
+
+def _update_metrics(status: dict[str, Any]) -> Iterator[Any]:
+    """The online updates' counters, lag and state (`UpdateStats.as_dict()`), per table
+    (labelled by its topic, hps_et.<model>.<table>)."""
+    table = ["table"]
+    rows = CounterMetricFamily("hps_update_rows", "Rows applied by online updates.", labels=table)
+    messages = CounterMetricFamily("hps_update_messages", "Update messages applied.",
+                                   labels=table)
+    rejected = CounterMetricFamily(
+        "hps_update_rejected", "Update messages skipped, by reason (magic, value_size, "
+        "truncated, unknown_table, non_finite, key_range).", labels=[*table, "reason"])
+    lag = GaugeMetricFamily("hps_update_lag_messages",
+                            "Messages of the table not applied yet.", labels=table)
+    lag_seconds = GaugeMetricFamily(
+        "hps_update_lag_seconds", "While messages wait: age of the newest applied one; "
+        "0 when none waits.", labels=table)
+    offset = GaugeMetricFamily("hps_update_last_applied_offset",
+                               "Offset of the last applied message (Kafka).", labels=table)
+    stamp = GaugeMetricFamily("hps_update_last_applied_timestamp_seconds",
+                              "Publish time of the last applied message.", labels=table)
+    for topic, t in status["tables"].items():
+        rows.add_metric([topic], t["rows"])
+        messages.add_metric([topic], t["messages"])
+        for reason, count in sorted(t["rejected"].items()):
+            rejected.add_metric([topic, reason], count)
+        if t["lag_messages"] is not None:
+            lag.add_metric([topic], t["lag_messages"])
+        if t["lag_seconds"] is not None:
+            lag_seconds.add_metric([topic], t["lag_seconds"])
+        if t["last_offset"] is not None:
+            offset.add_metric([topic], t["last_offset"])
+        if t["last_published"] is not None:
+            stamp.add_metric([topic], t["last_published"])
+    source = [status["source"]]
+    up = GaugeMetricFamily("hps_update_source_up",
+                           "1 while the update source answers, else 0.", labels=["source"])
+    up.add_metric(source, 1.0 if status["state"] == "running" else 0.0)
+    rate = GaugeMetricFamily("hps_update_rows_per_second",
+                             "Rows applied per second over the last 5 s.", labels=["source"])
+    rate.add_metric(source, status["rows_per_second"])
+    retries = CounterMetricFamily("hps_update_retries",
+                                  "Polls, writes and commits retried after a failure.",
+                                  labels=["source"])
+    retries.add_metric(source, status["retries"])
+    yield from (rows, messages, rejected, lag, lag_seconds, offset, stamp, up, rate, retries)
 
 
 def _numbers(stats: dict[str, Any]) -> Iterator[tuple[str, float]]:

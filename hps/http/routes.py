@@ -108,6 +108,9 @@ def build_router(state: ServiceState) -> APIRouter:
         body: dict[str, Any] = {"status": status, "loaded": loaded,
                                 "loading": state.pending(), "failed": sorted(state.failed),
                                 "degraded": server.degraded()}
+        updates = _update_state(server)
+        if updates is not None:
+            body["updates"] = updates
         if not ready:
             body["error"] = {"kind": "not_ready", "message":
                              f"models not served yet: {', '.join(state.pending()) or '-'}"
@@ -203,3 +206,12 @@ def _with_sources(config: ModelConfig, files: list[str]) -> ModelConfig:
     if relative:
         raise ConfigError(f"sparse_files must be absolute paths or URIs, got {relative}")
     return config.model_copy(update={"sparse_files": list(files)})
+
+
+def _update_state(server: Any) -> dict[str, Any] | None:
+    """The update source's state for /readyz (details are in /metrics, which is guarded)."""
+    status = server.update_status()
+    if status is None:
+        return None
+    return {"source": status["source"], "state": status["state"],
+            "since": status["state_since"]}

@@ -104,6 +104,13 @@ class Health(BaseModel):
     status: str
 
 
+class UpdateSourceState(BaseModel):
+    source: str = Field(description="'kafka' or 'redis_stream'.")
+    state: str = Field(description="'starting', 'running', 'down' (retrying with backoff; "
+                       "lookups are served meanwhile) or 'stopped'.")
+    since: float = Field(description="When the state began, seconds since the epoch.")
+
+
 class Readiness(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -117,6 +124,10 @@ class Readiness(BaseModel):
         description="Tiers not serving as configured, by tier name: `available` (false "
         "while down) and `tables_pending` (tables a load could not write to it, filled in "
         "the background). Lookups are still answered whole (from the next tier).")
+    updates: UpdateSourceState | None = Field(
+        None, description="The online update source (update_source), absent without one. "
+        "Its outage does not make the server unready: lookups go on from the tiers; "
+        "counters and lag per table are in /metrics (hps_update_*).")
 
 
 def _error_response(description: str) -> dict[str, Any]:
