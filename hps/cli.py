@@ -299,8 +299,8 @@ def lookup(
             if read_only:
                 cfg.persistent_db.__dict__["read_only"] = True
         with HierarchicalParameterServer(cfg) as server:
-            table_id: int | str = int(table) if table.isdigit() else table
-            vectors = server.lookup(model, table_id, np.asarray(keys, dtype=np.int64))
+            # the server checks the keys (int64 range) and the table (name or index)
+            vectors = server.lookup(model, table, keys)
     except HPSError as exc:
         _fail(exc)
     if as_json:

@@ -104,6 +104,30 @@ class PersistentDBConfig(_Section):
         return self.type != "disabled"
 
 
+class HttpConfig(_Section):
+    """`http` (an hps extension): what `hps serve` accepts from the network.
+
+    allowed_sources      URI prefixes (or local folders) a reload or an added model may
+                         read from, beyond `hps serve --allow-root` (by default the folders
+                         holding the configured models' folders). Anything else: 403.
+    allowed_hosts        Host header values admin routes accept (names or addresses, no
+                         port). None: the loopback names and the address the server is
+                         bound to. A deployment behind a load balancer lists its service
+                         names. Guards against DNS rebinding.
+    header_timeout       seconds a client may take to send a request's headers
+    body_timeout         seconds a client may take between two parts of a request body
+    keep_alive_timeout   seconds an idle keep-alive connection stays open
+    max_connections      connections served at once; further ones are closed at once
+    """
+
+    allowed_sources: list[str] = Field(default_factory=list)
+    allowed_hosts: list[str] | None = None
+    header_timeout: float = Field(10.0, gt=0.0)
+    body_timeout: float = Field(30.0, gt=0.0)
+    keep_alive_timeout: float = Field(5.0, gt=0.0)
+    max_connections: int = Field(512, ge=1)
+
+
 class UpdateSourceConfig(_Section):
     """`update_source`: where online updates come from (hps/updates, docs/updates.md).
 
@@ -262,6 +286,12 @@ class PSConfig(_Section):
     S3-compatible store (MinIO, Ceph, LocalStack…), e.g. "http://minio:9000", used for
     every s3:// and https://…amazonaws.com URI in `sparse_files`. When absent, the
     AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL environment variables apply, else AWS itself.
+    `source_connect_timeout` and `source_read_timeout` (hps extensions, seconds) bound how
+    long a remote model source (S3, HDFS) may take to connect and to answer: a load or
+    reload naming an unreachable one fails after a few of these. `source_redirect_hosts`
+    (an hps extension) lists the hosts a WebHDFS read may be redirected to besides the
+    URI's own (its DataNodes); other redirects are refused. `http` holds what
+    `hps serve` accepts from the network (`HttpConfig`).
     """
 
     supportlonglong: bool = True
@@ -271,6 +301,10 @@ class PSConfig(_Section):
     persistent_db: PersistentDBConfig = Field(default_factory=PersistentDBConfig)
     update_source: UpdateSourceConfig = Field(default_factory=UpdateSourceConfig)
     s3_endpoint: str | None = None
+    source_connect_timeout: float = Field(3.0, gt=0.0)
+    source_read_timeout: float = Field(30.0, gt=0.0)
+    source_redirect_hosts: list[str] = Field(default_factory=list)
+    http: HttpConfig = Field(default_factory=HttpConfig)
 
     @field_validator("volatile_db", mode="before")
     @classmethod
@@ -394,6 +428,7 @@ def _resolve_paths(config: PSConfig, base: Path) -> None:
     db = config.persistent_db
     if db.enabled and not os.path.isabs(db.path):
         db.__dict__["path"] = str(base / db.path)
+    config.http.__dict__["allowed_sources"] = [resolve(s) for s in config.http.allowed_sources]
 
 
 def parse_model_block(raw: Any) -> ModelConfig:

@@ -69,7 +69,11 @@ class TableSource:
 def open_reader(config: PSConfig, model: ModelConfig, index: int,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> ModelReader:
     """Open and validate the files of table `index` of `model`."""
-    options = SourceOptions(s3_endpoint=getattr(config, "s3_endpoint", None))
+    options = SourceOptions(s3_endpoint=config.s3_endpoint,
+                            connect_timeout=config.source_connect_timeout,
+                            read_timeout=config.source_read_timeout,
+                            redirect_hosts=frozenset(
+                                h.lower() for h in config.source_redirect_hosts))
     read = ReadOptions(model.embedding_vecsize_per_table[index],
                        uint32_keys=not config.supportlonglong, chunk_bytes=chunk_bytes)
     return open_model(model.table_spec(index), read, options)

@@ -152,9 +152,31 @@ def _sequence_ref(obj: Any, what: str) -> ArrayRef:
         except (ValueError, TypeError) as exc:
             raise KeyTypeError(f"{what}: cannot read {type(obj).__name__} as an array: "
                                f"{exc}") from None
+    _check_python_ints(obj, array, what)
     if array.dtype == object:
         raise KeyTypeError(f"{what}: expected numbers, got a {type(obj).__name__} of objects")
     return _numpy_ref(array, what)
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _check_python_ints(obj: Any, array: np.ndarray, what: str) -> None:
+    """Python ints are keys only within int64. NumPy holds a list with 2**63 as uint64
+    (which would wrap), one mixing it with negatives as float64 (which would round) and
+    one beyond uint64 as objects: KeyTypeError naming the range for each."""
+    out_of_range = bool(array.dtype == np.uint64 and array.size
+                        and int(array.max()) > _INT64_MAX)
+    if not out_of_range and array.dtype.kind in "fO":
+        try:  # floats stay floats (refused by the dtype check); big ints raise here
+            np.asarray(obj, dtype=np.int64)
+        except (OverflowError, TypeError, ValueError):
+            # (an error path: a look at each value names the cause right)
+            out_of_range = all(isinstance(k, int)
+                               for k in np.ravel(np.asarray(obj, dtype=object)))
+    if out_of_range:
+        raise KeyTypeError(f"{what} must be integers within the int64 range "
+                           "[-2**63, 2**63 - 1]; one is outside it")
 
 
 # -- CuPy -------------------------------------------------------------------------------

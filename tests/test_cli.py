@@ -181,3 +181,16 @@ def test_bench_load_prints_each_format_beside_the_sparse_folder(tmp_path: Path) 
     assert "parquet: " in result.stdout and "keys/s, sparse folder" in result.stdout
     unknown = hps("bench", "load", "--format", "csv", "--keys", "100", cwd=tmp_path)
     assert unknown.returncode == 2 and "unknown format(s) csv" in unknown.stderr
+
+
+def test_lookup_of_keys_beyond_int64_is_one_line(two_tables: dict[str, Any]) -> None:
+    """A key past int64 printed an OverflowError traceback; now a one-line error."""
+    config = write_config(two_tables)
+    for key in ("9223372036854775808", "-9223372036854775809", "99999999999999999999999"):
+        result = hps("lookup", str(config), "--model", "m", "--", key)
+        assert result.returncode != 0
+        assert "int64 range" in result.stderr + result.stdout
+        assert "Traceback" not in result.stderr
+    result = hps("lookup", str(config), "--model", "m", "--table", "²", "--", "1")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "has no table '²'" in result.stderr + result.stdout

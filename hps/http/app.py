@@ -87,7 +87,8 @@ def create_app(
                          on_ready=on_ready,
                          allowed_roots=[normalise_root(r) for r in (
                              default_roots(server.config) if allow_roots is None
-                             else allow_roots)])
+                             else allow_roots)] + [normalise_root(r) for r in
+                                                   server.config.http.allowed_sources])
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -99,7 +99,7 @@ _STATUS: dict[type[Exception], int] = {
     hps_errors.ModelFileError: 422,
     hps_errors.SourceNotFoundError: 404,
     hps_errors.SourceAccessError: 403,
-    hps_errors.SourceError: 502,
+    hps_errors.SourceError: 422,  # a source a request named cannot be read
     hps_errors.MissingExtraError: 501,
     hps_errors.TierUnavailableError: 503,
 }

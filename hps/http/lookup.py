@@ -83,7 +83,8 @@ def media_type_of(headers: Mapping[str, str]) -> str:
 async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) -> bytes:
     """The whole body, refusing (413) one larger than `limit` before reading it all."""
     declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and (
+            int(declared) > limit):
         raise BodyTooLarge(f"body of {int(declared):,} bytes exceeds the limit of {limit:,}")
     chunks: list[bytes] = []
     size = 0
@@ -173,13 +174,35 @@ def lookup_json(server: HierarchicalParameterServer, model: str, table: LoadedTa
                         "count": int(keys.size), "vectors": np.ascontiguousarray(vectors)})
 
 
-def _refuse_early(headers: Mapping[str, str], table: LoadedTable) -> None:
-    """BatchTooLargeError before reading a binary body that declares too many keys."""
+#: bytes a JSON body may spend per key: 20 digits, a sign, a comma and a space, rounded up
+JSON_BYTES_PER_KEY = 24
+
+
+def json_body_limit(max_keys: int) -> int:
+    """The largest JSON lookup body worth parsing for a table of `max_keys` keys a lookup.
+
+    Parsing makes a Python object per key (about 200 times the bytes of the body): a
+    body is refused before parsing when it is larger than `max_keys` keys can be written
+    in, so a parse is bounded by the table's own limit, not by the body limit."""
+    return 256 + JSON_BYTES_PER_KEY * max_keys
+
+
+def _refuse_early(headers: Mapping[str, str], table: LoadedTable, media: str) -> None:
+    """BatchTooLargeError, before a byte of the body is read, when its declared length
+    is more than the table's key limit can take."""
     declared = headers.get("content-length", "")
-    if declared.isdigit() and int(declared) // 8 > table.max_keys:
+    if not (declared.isascii() and declared.isdigit()):
+        return
+    size = int(declared)
+    if media == OCTET_STREAM and size // 8 > table.max_keys:
         raise BatchTooLargeError(
-            f"{int(declared) // 8} keys exceed the limit of {table.max_keys} for table "
+            f"{size // 8} keys exceed the limit of {table.max_keys} for table "
             f"{table.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)")
+    if media == JSON and size > json_body_limit(table.max_keys):
+        raise BatchTooLargeError(
+            f"a JSON body of {size:,} bytes is longer than {table.max_keys} keys (the limit "
+            f"of table {table.name!r}) take at {JSON_BYTES_PER_KEY} bytes each; send fewer "
+            "keys, or the binary form")
 
 
 async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive: Receive,
@@ -193,9 +216,11 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
     state.check_token(headers.get("authorization"))
     media = media_type_of(headers)
     loaded_table = state.model(model).table(table)
-    if media == OCTET_STREAM:
-        _refuse_early(headers, loaded_table)
-    body = await read_body(headers, receive, state.max_body_bytes)
+    _refuse_early(headers, loaded_table, media)
+    limit = state.max_body_bytes
+    if media == JSON:  # a chunked body has no length to refuse early: bound the read
+        limit = min(limit, json_body_limit(loaded_table.max_keys))
+    body = await read_body(headers, receive, limit)
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
     if media == OCTET_STREAM:

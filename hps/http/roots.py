@@ -1,9 +1,11 @@
-"""Allowed roots: the only places a model added over HTTP may be read from.
+"""Allowed roots: the only places a model added or reloaded over HTTP may be read from.
 
-An admin route that adds a model (`POST /v1/models`) reads files the request names; the
+An admin route that adds a model (`POST /v1/models`) or reloads one from new URIs
+(`POST /v1/models/{model}/reload`) reads files the request names; the
 server reads only under its allowed roots, so a token holder cannot make it read any
 file the process can. A root is a local folder (`/srv/models`) or a URI prefix
-(`s3://bucket/models/`). `hps serve --allow-root` sets them; by default they are the
+(`s3://bucket/models/`). `hps serve --allow-root` sets them, the config's
+`http.allowed_sources` adds to them; by default they are the
 folders that hold the configured models' folders (for `configs/demo.json`, whose tables
 are `models/demo/user_item` and `models/demo/item_category`: `models/`).
 
@@ -16,8 +18,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from hps.config import PSConfig
+from hps.errors import ConfigError
 from hps.http.errors import Forbidden
 
 
@@ -67,8 +71,24 @@ def is_under(source: str, roots: Iterable[str]) -> bool:
                for r in roots)
 
 
+def check_text(source: str) -> None:
+    """ConfigError for an entry no file system or URI means: control characters (a NUL
+    made os.stat raise ValueError, a 500), or `file://host/...` (`file://relative/x`
+    read a path relative to the server's working folder)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in source):
+        raise ConfigError(f"sparse_files entry {source!r} holds a control character")
+    if source.startswith("file://"):
+        host = urlsplit(source).netloc
+        if host not in ("", "localhost"):
+            raise ConfigError(f"{source!r}: a file URI names an absolute path, file:///path "
+                              f"(here {host!r} stands where the path's root belongs)")
+
+
 def check_sources(entries: Sequence[Any], roots: Sequence[str]) -> None:
-    """Forbidden naming the first `sparse_files` entry outside every root."""
+    """ConfigError for a malformed entry (`check_text`), then Forbidden naming the first
+    `sparse_files` entry outside every root."""
+    for entry in entries:
+        check_text(source_path(entry))
     for entry in entries:
         source = source_path(entry)
         if not is_under(source, roots):

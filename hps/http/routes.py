@@ -18,9 +18,9 @@ from starlette.concurrency import run_in_threadpool
 
 from hps.config import ModelConfig
 from hps.errors import ConfigError
-from hps.http.errors import Forbidden
 from hps.http.fastpath import respond
 from hps.http.lookup import LOOKUP_PATH, handle_lookup
+from hps.http.roots import check_sources
 from hps.http.schemas import (
     ERROR_RESPONSES,
     JSON,
@@ -76,11 +76,7 @@ def admin_guard(state: ServiceState) -> list[Any]:
     """The dependencies of an admin route: the token, or without one a loopback server."""
 
     async def require_admin(request: Request, credentials: Credentials) -> None:
-        if state.token is None and not state.admin_open:
-            raise Forbidden(
-                f"admin routes are refused on a server bound to {state.host} without a "
-                "token: start it with --token (or HPS_TOKEN), or bind it to 127.0.0.1")
-        state.check_token(request.headers.get("authorization"))
+        state.check_admin(request.headers)
 
     return [*token_guard(state), Depends(require_admin)]
 
@@ -96,6 +92,11 @@ def build_router(state: ServiceState) -> APIRouter:
                 summary="Alive (answers while models load)")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
+
+    # load balancers and `curl -I` probe with HEAD (one operation in the docs: GET's)
+    @router.head("/healthz", include_in_schema=False)
+    async def healthz_head() -> Response:
+        return Response(media_type=JSON)
 
     @router.get("/readyz", response_model=Readiness, tags=["health"],
                 summary="Ready: every model of the config is loaded",
@@ -165,13 +166,16 @@ def build_router(state: ServiceState) -> APIRouter:
                  summary="Re-read a model's files (optionally from new URIs), swap atomically",
                  responses={**ERROR_RESPONSES,
                             403: {"model": ErrorBody, "description": "Admin routes need a "
-                                  "token unless the server is bound to loopback."},
+                                  "token unless the server is bound to loopback; a Host "
+                                  "among the server's names; sources under the allowed "
+                                  "roots."},
+                            415: {"model": ErrorBody, "description": "A body that is not "
+                                  "application/json."},
                             404: {"model": ErrorBody, "description": "Unknown model or "
                                   "missing files."},
-                            422: {"model": ErrorBody, "description": "Bad sparse_files, or "
-                                  "the files are not a valid model."},
-                            502: {"model": ErrorBody, "description": "The model's source "
-                                  "(S3, HDFS) could not be read."}})
+                            422: {"model": ErrorBody, "description": "Bad sparse_files, "
+                                  "files that are not a valid model, or a source (S3, "
+                                  "HDFS) that could not be read."}})
     async def reload(model: str, body: ReloadRequest | None = None) -> dict[str, Any]:
         """Re-read the model's sparse files and swap the new version in atomically.
 
@@ -182,6 +186,7 @@ def build_router(state: ServiceState) -> APIRouter:
         config = state.model_config(model)
         if body is not None and body.sparse_files is not None:
             config = _with_sources(config, body.sparse_files)
+            check_sources(body.sparse_files, state.allowed_roots)
         return load_summary(await run_in_threadpool(state.load, config))
 
     return router

@@ -13,7 +13,7 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -25,12 +25,14 @@ from hps.errors import HPSError, UnknownModelError
 from hps.http.errors import (
     ApiError,
     ErrorBody,
+    Forbidden,
     ModelNotReady,
     Unauthorized,
     error_body,
     kind_of,
     status_of,
 )
+from hps.http.guards import allowed_hosts, check_admin_request
 from hps.http.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -73,9 +75,12 @@ class ServiceState:
     failed: dict[str, str] = field(default_factory=dict)
     loader: threading.Thread | None = None
     executor: ThreadPoolExecutor = field(init=False)
+    #: Host names admin routes accept (see guards.py)
+    admin_hosts: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(self.lookup_threads, thread_name_prefix="hps-lookup")
+        self.admin_hosts = allowed_hosts(self.server.config, self.host)
 
     # -- auth ---------------------------------------------------------------------------
 
@@ -83,6 +88,16 @@ class ServiceState:
     def admin_open(self) -> bool:
         """Admin routes are open without a token only on a loopback-bound server."""
         return self.token is None and is_loopback(self.host)
+
+    def check_admin(self, headers: Mapping[str, str]) -> None:
+        """Raise unless an admin request may go on: token (when set, or the server is
+        bound to loopback), then Host/Origin and content type (`guards.py`)."""
+        if self.token is None and not self.admin_open:
+            raise Forbidden(
+                f"admin routes are refused on a server bound to {self.host} without a "
+                "token: start it with --token (or HPS_TOKEN), or bind it to 127.0.0.1")
+        self.check_token(headers.get("authorization"))
+        check_admin_request(headers, self.admin_hosts)
 
     def check_token(self, authorization: str | None) -> None:
         """Unauthorized unless no token is set or `authorization` is 'Bearer <token>'."""
@@ -93,7 +108,10 @@ class ServiceState:
             raise Unauthorized(
                 "this server needs 'Authorization: Bearer <token>' (its --token / HPS_TOKEN)",
                 headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+        # header values arrive decoded as Latin-1: their bytes are what the client sent,
+        # and a token with non-ASCII characters is sent (and compared) as UTF-8
+        sent = given.strip().encode("latin-1", errors="replace")
+        if not hmac.compare_digest(sent, self.token.encode("utf-8")):
             raise Unauthorized("wrong token", headers={"WWW-Authenticate": "Bearer"})
 
     # -- errors -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ import http.client
 import json
 import os
 import posixpath
+import re
 import socket
 import ssl
 import time
@@ -49,6 +50,7 @@ T = TypeVar("T")
 WEBHDFS_DEFAULT_PORT = 9870
 WEBHDFS_PREFIX = "/webhdfs/v1"
 _MAX_REDIRECTS = 5
+_JAVA_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$.]{0,120}")
 
 _CONNECT_ERROR_WORDS = (
     "connection refused",
@@ -329,7 +331,7 @@ class WebHdfsSource(RemoteSource):
                     resp.read()
                     if not location:
                         raise SourceError(f"{url}: redirect without a Location header")
-                    url = urljoin(url, location)
+                    url = self._redirect_target(name, urljoin(url, location))
                     continue
                 body = resp.read()
                 if resp.status == 200:
@@ -343,10 +345,24 @@ class WebHdfsSource(RemoteSource):
                 conn.close()
         raise SourceError(f"{self.describe(name)}: more than {_MAX_REDIRECTS} redirects")
 
+    def _redirect_target(self, name: str, url: str) -> str:
+        """`url` when a redirect may go there: http(s) to the URI's own host or one of
+        `redirect_hosts` (a redirect elsewhere would make the server fetch what a
+        WebHDFS answer names: a request forgery)."""
+        target = urlparse(url)
+        own = (urlparse(self.base_url).hostname or "").lower()
+        host = (target.hostname or "").lower()
+        if target.scheme not in ("http", "https") or (
+                host != own and host not in self.options.redirect_hosts):
+            raise SourceError(  # (the target is not named: it is what the host wrote)
+                f"{self.describe(name)}: WebHDFS redirected the read to a host that is "
+                "neither its own nor in source_redirect_hosts")
+        return url
+
     def _http_error(self, name: str, status: int, body: bytes) -> Exception:
         uri = self.describe(name)
-        exception, message = _remote_exception(body)
-        detail = f"{exception}: {message}" if exception else f"HTTP {status}"
+        exception, _ = _remote_exception(body)
+        detail = exception or f"HTTP {status}"
         if exception == "FileNotFoundException" or (status == 404 and exception):
             return SourceNotFoundError(f"{uri} does not exist ({detail})")
         if status == 404:
@@ -368,9 +384,15 @@ class WebHdfsSource(RemoteSource):
 
 
 def _remote_exception(body: bytes) -> tuple[str, str]:
-    """(exception, message) of a WebHDFS RemoteException JSON body, or ('', '')."""
+    """(exception, '') of a WebHDFS RemoteException JSON body, or ('', '').
+
+    The server's own message is not passed on: error messages reach HTTP clients of a
+    reload, and must never carry what a remote host wrote. The exception's Java class
+    name is kept when it is one.
+    """
     try:
         remote = json.loads(body)["RemoteException"]
-        return str(remote.get("exception", "")), str(remote.get("message", ""))
+        exception = str(remote.get("exception", ""))
     except (ValueError, KeyError, TypeError, AttributeError):
         return "", ""
+    return (exception if _JAVA_NAME.fullmatch(exception) else ""), ""

@@ -106,6 +106,8 @@ class SourceOptions:
                       read timeouts, broken streams), with exponential backoff
       connect_attempts attempts per request when the host refuses or does not answer a
                       connection: kept small so an unreachable endpoint is reported fast
+      redirect_hosts  hosts a WebHDFS redirect may send a read to besides the URI's own
+                      (its DataNodes); a redirect anywhere else is refused
     """
 
     s3_endpoint: str | None = None
@@ -119,6 +121,7 @@ class SourceOptions:
     read_timeout: float = 60.0
     max_attempts: int = 5
     connect_attempts: int = 2
+    redirect_hosts: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("part_bytes", "max_concurrency", "max_attempts", "connect_attempts"):

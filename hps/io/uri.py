@@ -62,7 +62,16 @@ class LocalSource(ModelSource):
 
     def __init__(self, uri: str) -> None:
         super().__init__(uri)
-        self.path = uri[len("file://") :] if uri.startswith("file://") else uri
+        self.path = uri
+        if uri.startswith("file://"):
+            parsed = urlparse(uri)
+            if parsed.netloc not in ("", "localhost"):  # file://relative/x: a host, no path
+                raise SourceError(
+                    f"{uri!r}: a file URI names an absolute path (file:///path); here "
+                    f"{parsed.netloc!r} stands where the path's root belongs")
+            self.path = parsed.path
+        if "\x00" in self.path:
+            raise SourceError(f"{uri!r}: a path holds no NUL byte")
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)

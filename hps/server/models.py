@@ -99,7 +99,8 @@ class LoadedModel:
     refs: VersionRefs = field(default_factory=VersionRefs, repr=False)
 
     def table(self, table: int | str) -> LoadedTable:
-        """A table by index or by name."""
+        """A table by index, by name, or by its index written in ASCII digits ("0");
+        raises UnknownTableError otherwise."""
         if isinstance(table, (int, np.integer)) and not isinstance(table, bool):
             if 0 <= table < len(self.tables):
                 return self.tables[int(table)]
@@ -107,7 +108,8 @@ class LoadedModel:
             for t in self.tables:
                 if t.name == table:
                     return t
-            if table.isdigit() and int(table) < len(self.tables):
+            # ASCII digits only: '²' is a digit to str.isdigit and '١' an int to int()
+            if table.isascii() and table.isdigit() and int(table) < len(self.tables):
                 return self.tables[int(table)]
         names = ", ".join(f"{t.index}={t.name}" for t in self.tables)
         raise UnknownTableError(

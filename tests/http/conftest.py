@@ -6,6 +6,7 @@ before the thread starts, so there is no port race), reached over TCP with httpx
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -141,6 +142,10 @@ def start(model: ModelFiles, **app_options: Any) -> Iterator[Live]:
         client.close()
         thread.stop()
         server.close()
+
+
+#: `with serving(model, **app_options) as live:` — `start` as a context manager
+serving = contextlib.contextmanager(start)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.http.conftest import DIMS, MODEL, Live, ModelFiles, start, wait_until, write_model
+from tests.http.conftest import DIMS, MODEL, Live, ModelFiles, serving, wait_until, write_model
 from tests.redis_servers import RedisServer
 
 NAMES = ["hps_et.m.items", "hps_et.m.users"]  # sorted
@@ -48,7 +48,7 @@ def test_redis_down_at_start_serves_and_reports_degraded(
     tmp_path: Path, redis: RedisServer, rng: np.random.Generator
 ) -> None:
     model = with_redis(write_model(tmp_path / "model"), redis, tmp_path / "db")
-    for live in start(model):  # Redis not started: the model loads into RocksDB
+    with serving(model) as live:  # Redis not started: the model loads into RocksDB
         ready = live.client.get("/readyz")
         assert ready.status_code == 200
         assert ready.json()["degraded"] == {
@@ -70,7 +70,7 @@ def test_redis_killed_and_restarted_under_lookups(
 ) -> None:
     redis.start()
     model = with_redis(write_model(tmp_path / "model"), redis, tmp_path / "db")
-    for live in start(model):
+    with serving(model) as live:
         wrong: list[str] = []
         done = threading.Event()
 

@@ -14,8 +14,11 @@ from tests.http.conftest import DIMS, MODEL, TABLE_NAMES, Live, start, write_mod
 
 @pytest.fixture
 def live_own(tmp_path: Path) -> Iterator[Live]:
-    """A server over a model of the test's own (the test rewrites its files)."""
-    yield from start(write_model(tmp_path / "v1", seed=5))
+    """A server over a model of the test's own (the test rewrites its files); reloads may
+    read anywhere under tmp_path (http.allowed_sources)."""
+    model = write_model(tmp_path / "v1", seed=5)
+    model.config["http"] = {"allowed_sources": [str(tmp_path)]}
+    yield from start(model)
 
 
 def _vectors(live: Live, table: int, keys: np.ndarray) -> np.ndarray:
@@ -56,14 +59,16 @@ def test_reload_from_new_uris(live_own: Live, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("files", "status", "kind"), [
-    (["/nowhere/a", "/nowhere/b"], 422, "model_file"),
+    (["/nowhere/a", "/nowhere/b"], 403, "forbidden"),
+    (["{tmp}/nowhere/a", "{tmp}/nowhere/b"], 422, "model_file"),
     (["only-one"], 422, "config"),
     (["relative/a", "relative/b"], 422, "config"),
 ])
 def test_failed_reload_keeps_the_old_version(live_own: Live, files: list[str], status: int,
-                                             kind: str) -> None:
+                                             kind: str, tmp_path: Path) -> None:
     keys = live_own.model.keys[1][:7]
     loads = live_own.metric("hps_model_loads_total", model=MODEL)
+    files = [f.format(tmp=tmp_path) for f in files]
     answer = live_own.client.post(f"/v1/models/{MODEL}/reload", json={"sparse_files": files})
     assert answer.status_code == status, answer.text
     assert answer.json()["error"]["kind"] == kind

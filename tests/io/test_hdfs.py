@@ -48,6 +48,7 @@ class FakeWebHdfs:
         self.kerberos = False
         self.fail_next = 0  # answer this many requests with HTTP 500 first
         self.short_reads = False  # datanode sends fewer bytes than asked
+        self.datanode_host = "127.0.0.1"  # where OPEN redirects to
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.lock = threading.Lock()
         fake = self
@@ -126,7 +127,7 @@ class FakeWebHdfs:
             return self._send(h, 200, body.encode())
         if op == "OPEN" and path in self.files:
             if not datanode:  # what a NameNode does: send the client to a DataNode
-                location = f"http://127.0.0.1:{self.port}/datanode{h.path}"
+                location = f"http://{self.datanode_host}:{self.port}/datanode{h.path}"
                 return self._send(h, 307, b"", Location=location)
             data = self.files[path]
             offset = int(query.get("offset", 0))
@@ -316,8 +317,7 @@ def test_webhdfs_missing_file(webhdfs: FakeWebHdfs) -> None:
         with pytest.raises(SourceNotFoundError):
             source.read("emb_vector", 0, 4)
     assert str(info.value) == (
-        f"{uri}/emb_vector does not exist "
-        "(FileNotFoundException: File does not exist: /m/t0/emb_vector)"
+        f"{uri}/emb_vector does not exist (FileNotFoundException)"
     )
     with pytest.raises(ModelFileError, match="no 'emb_vector' file"):
         SparseModelReader(uri, 10)
@@ -330,8 +330,7 @@ def test_webhdfs_access_denied(webhdfs: FakeWebHdfs) -> None:
     with open_source(uri) as source:
         with pytest.raises(
             SourceAccessError,
-            match=rf"{uri}/key: access denied by HDFS \("
-            "AccessControlException: Permission denied",
+            match=rf"{uri}/key: access denied by HDFS \(AccessControlException\)",
         ):
             source.size("key")
     webhdfs.forbidden.clear()
@@ -394,3 +393,34 @@ def test_webhdfs_endpoint_that_is_not_webhdfs(webhdfs: FakeWebHdfs) -> None:
         with pytest.raises(SourceError, match="without a WebHDFS RemoteException") as info:
             source.size("key")
     assert not isinstance(info.value, SourceNotFoundError)
+
+
+def test_webhdfs_errors_never_carry_what_the_server_wrote(webhdfs: FakeWebHdfs) -> None:
+    """A RemoteException's message is the remote host's text: errors name only its Java
+    exception class, so a reload's error answer cannot relay what a server wrote."""
+    webhdfs.put("/m/t0/key", b"\0" * 8)
+    webhdfs.forbidden.add("/m/t0/key")
+    with open_source(f"webhdfs://127.0.0.1:{webhdfs.port}/m/t0") as source:
+        with pytest.raises(SourceAccessError) as info:
+            source.size("key")
+    assert "AccessControlException" in str(info.value)
+    assert "Permission denied" not in str(info.value) and "user=hps" not in str(info.value)
+
+
+def test_webhdfs_redirects_only_to_allowed_hosts(webhdfs: FakeWebHdfs) -> None:
+    """OPEN redirects to a DataNode: followed to the namenode's own host or a host in
+    redirect_hosts, refused elsewhere (a server must not fetch what a redirect names)."""
+    keys = np.arange(10, dtype=np.int64)
+    _put_model(webhdfs, "/m/t0", keys, np.ones((10, 2), np.float32))
+    uri = f"webhdfs://127.0.0.1:{webhdfs.port}/m/t0"
+    webhdfs.datanode_host = "127.0.0.2"  # another host (of the loopback net)
+    with open_source(uri) as source:
+        with pytest.raises(SourceError, match="neither its own nor in source_redirect_hosts"
+                           ) as info:
+            source.read("key", 0, 80)
+    assert "127.0.0.2" not in str(info.value)
+    assert webhdfs.ops("DN") == []  # nothing was fetched from the other host
+    allowed = SourceOptions(redirect_hosts=frozenset({"127.0.0.2"}))
+    with open_source(uri, allowed) as source:  # followed: the fake listens on 127.0.0.1
+        with pytest.raises(SourceUnreachableError, match="127.0.0.2"):  # only
+            source.read("key", 0, 80)

@@ -1,0 +1,208 @@
+"""Hostile and careless clients (issue 14): every input a client controls ends in a 4xx
+with a JSON body, never a 5xx; admin routes accept only the server's own names, JSON
+bodies and sources under the allowed roots. Real uvicorn over a socket, httpx clients."""
+
+from __future__ import annotations
+
+import copy
+import socket
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.http.conftest import MODEL, TABLE_NAMES, Live, ModelFiles, serving, start, write_model
+
+
+def with_http(model: ModelFiles, **http: Any) -> ModelFiles:
+    config = copy.deepcopy(model.config)
+    config["http"] = http
+    return replace(model, config=config)
+
+
+@pytest.fixture
+def own(tmp_path: Path) -> Iterator[Live]:
+    """A server over a model of the test's own, in tmp_path/srv/v1 (the default root:
+    tmp_path/srv); reloads may also read under tmp_path/shared (http.allowed_sources)."""
+    model = with_http(write_model(tmp_path / "srv" / "v1", seed=3),
+                      allowed_sources=[str(tmp_path / "shared")])
+    yield from start(model)
+
+
+def reload(live: Live, files: list[str] | None = None, **kw: Any) -> httpx.Response:
+    body = {"json": {"sparse_files": files}} if files is not None else {}
+    return live.client.post(f"/v1/models/{MODEL}/reload", **body, **kw)
+
+
+def assert_error(answer: httpx.Response, status: int, kind: str) -> None:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("application/json")
+    assert answer.json()["error"]["kind"] == kind
+
+
+# -- table names and keys -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table", ["²", "١", "0²", "1.0", "-1", "+1", " 1", "9" * 30])
+def test_table_names_are_ascii_digits_or_names(live: Live, table: str) -> None:
+    """'²' is a digit to str.isdigit (int() then raised: a 500), '١' is 1 to int()
+    (it silently picked table 1): both are unknown tables now."""
+    assert_error(live.lookup_binary(table, np.arange(3)), 404, "unknown_table")
+    assert_error(live.lookup_json(table, np.arange(3)), 404, "unknown_table")
+
+
+def test_python_keys_beyond_int64_are_refused(live: Live) -> None:
+    from hps import KeyTypeError
+
+    for keys in ([2**63], [-(2**63) - 1], [1, 2**64], [-1, 2**63]):
+        with pytest.raises(KeyTypeError, match="int64 range"):
+            live.server.lookup(MODEL, 0, keys)
+    body = b'{"keys": [9223372036854775808]}'
+    answer = live.client.post(f"/v1/models/{MODEL}/tables/0/lookup", content=body,
+                              headers={"Content-Type": "application/json"})
+    assert_error(answer, 400, "bad_json")
+
+
+def test_json_body_larger_than_the_key_limit_is_refused_before_parsing(live: Live) -> None:
+    """16 MiB of JSON keys was parsed whole (≈ 410 MB of Python objects) before the key
+    limit was checked; now its Content-Length refuses it, and a chunked one is cut off
+    at the table's limit."""
+    body = b'{"keys": [' + b"1," * (8 << 20 - 1) + b"1]}"
+    answer = live.client.post(f"/v1/models/{MODEL}/tables/0/lookup", content=body,
+                              headers={"Content-Type": "application/json"})
+    assert_error(answer, 413, "batch_too_large")
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"keys": ['
+        for _ in range(64):
+            yield b"1," * 8192
+        yield b"1]}"
+
+    answer = live.client.post(f"/v1/models/{MODEL}/tables/0/lookup", content=chunks(),
+                              headers={"Content-Type": "application/json"})
+    assert_error(answer, 413, "body_too_large")
+
+
+def test_head_healthz(live: Live) -> None:
+    assert live.client.head("/healthz").status_code == 200
+
+
+# -- reload inputs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("files", "status", "kind"), [
+    (["/tmp/a\x00b", "/tmp/c"], 422, "config"),  # NUL: was a 500 (ValueError)
+    (["/tmp/a\nb", "/tmp/c"], 422, "config"),
+    (["file://relative/x", "file://relative/y"], 422, "config"),  # bypassed the checks
+    (["relative/a", "relative/b"], 422, "config"),
+])
+def test_malformed_reload_paths(own: Live, files: list[str], status: int, kind: str) -> None:
+    assert_error(reload(own, files), status, kind)
+    assert own.client.get("/readyz").status_code == 200
+
+
+def test_reload_reads_only_under_allowed_roots(own: Live, tmp_path: Path) -> None:
+    """By default a reload reads only under the folder holding the models' folders;
+    others must be in http.allowed_sources. Checked after `..` and symbolic links are
+    resolved."""
+    elsewhere = write_model(tmp_path / "elsewhere", seed=4)
+    outside = [str(elsewhere.dir / t) for t in TABLE_NAMES]
+    assert_error(reload(own, outside), 403, "forbidden")
+    sneaky = [str(own.model.dir / ".." / ".." / "elsewhere" / t) for t in TABLE_NAMES]
+    assert_error(reload(own, sneaky), 403, "forbidden")
+    (own.model.dir / "link").symlink_to(elsewhere.dir)
+    linked = [str(own.model.dir / "link" / t) for t in TABLE_NAMES]
+    assert_error(reload(own, linked), 403, "forbidden")
+    shared = write_model(tmp_path / "shared" / "v2", seed=5)
+    answer = reload(own, [str(shared.dir / t) for t in TABLE_NAMES])
+    assert answer.status_code == 200, answer.text
+
+
+def test_reload_never_contacts_a_host_outside_the_roots(own: Live) -> None:
+    """The reload route fetched any hdfs/webhdfs URL it was given (a request forgery):
+    a source outside the roots is refused before any connection is made."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        files = [f"webhdfs://127.0.0.1:{port}/secret/{t}" for t in TABLE_NAMES]
+        assert_error(reload(own, files), 403, "forbidden")
+        with pytest.raises(TimeoutError):
+            listener.accept()
+
+
+def test_unreachable_s3_source_ends_in_a_json_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An S3 endpoint that accepts connections and never answers: the reload ends in a
+    4xx JSON error after the configured source timeouts, the model keeps serving."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(64)
+        model = write_model(tmp_path / "v1", seed=6)
+        config = copy.deepcopy(model.config)
+        config.update(s3_endpoint=f"http://127.0.0.1:{blackhole.getsockname()[1]}",
+                      source_connect_timeout=0.5, source_read_timeout=0.5,
+                      http={"allowed_sources": ["s3://models/"]})
+        with serving(replace(model, config=config)) as live:
+            answer = reload(live, [f"s3://models/m/{t}" for t in TABLE_NAMES])
+            assert 400 <= answer.status_code < 500, answer.text
+            assert answer.json()["error"]["kind"].startswith("source")
+            keys = live.model.keys[0][:5]
+            assert live.lookup_binary(0, keys).status_code == 200
+
+
+# -- admin requests ---------------------------------------------------------------------------
+
+
+def test_admin_refuses_foreign_hosts_and_origins(own: Live) -> None:
+    """DNS rebinding sends Host: evil.example to a loopback server; a cross-site form
+    sends an Origin; neither reaches an admin route. Lookups are not admin routes."""
+    assert_error(reload(own, headers={"Host": "evil.example"}), 403, "host_not_allowed")
+    assert_error(reload(own, headers={"Host": "evil.example:8000"}), 403, "host_not_allowed")
+    assert_error(reload(own, headers={"Origin": "http://evil.example"}), 403,
+                 "host_not_allowed")
+    assert_error(reload(own, headers={"Origin": "null"}), 403, "host_not_allowed")
+    for host in ("127.0.0.1", "localhost:1234", "[::1]:80"):
+        assert reload(own, headers={"Host": host}).status_code == 200
+    assert reload(own, headers={"Origin": own.url}).status_code == 200
+    answer = own.lookup_binary(0, own.model.keys[0][:2], headers={"Host": "evil.example"})
+    assert answer.status_code == 200
+
+
+def test_admin_bodies_are_json_only(own: Live) -> None:
+    """A cross-site form can POST text/plain or form bodies without asking first."""
+    for media in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        answer = own.client.post(f"/v1/models/{MODEL}/reload", content=b"{}",
+                                 headers={"Content-Type": media})
+        assert_error(answer, 415, "unsupported_media_type")
+    answer = own.client.post(f"/v1/models/{MODEL}/reload", content=b"{}",
+                             headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text
+
+
+def test_allowed_hosts_from_the_config(tmp_path: Path) -> None:
+    model = with_http(write_model(tmp_path / "v1"), allowed_hosts=["hps.prod.svc"])
+    with serving(model) as live:
+        assert reload(live, headers={"Host": "hps.prod.svc"}).status_code == 200
+        assert reload(live, headers={"Host": "127.0.0.1"}).status_code == 200
+        assert_error(reload(live, headers={"Host": "other.svc"}), 403, "host_not_allowed")
+
+
+def test_non_ascii_token(model_files: ModelFiles) -> None:
+    """A token with non-ASCII characters is sent as UTF-8 bytes (it only worked when
+    they were Latin-1)."""
+    with serving(model_files, token="tökén-ß") as live:
+        good = {"Authorization": "Bearer tökén-ß".encode()}
+        assert live.client.get("/v1/models", headers=good).status_code == 200
+        bad = {"Authorization": "Bearer tökén-s".encode()}
+        assert_error(live.client.get("/v1/models", headers=bad), 401, "unauthorized")
+        latin1 = {"Authorization": "Bearer tökén-ß".encode("latin-1")}
+        assert_error(live.client.get("/v1/models", headers=latin1), 401, "unauthorized")
