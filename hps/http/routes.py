@@ -35,6 +35,7 @@ from hps.http.schemas import (
     ReloadResponse,
 )
 from hps.http.state import ServiceState
+from hps.io.formats.spec import TableSpec
 from hps.server import HierarchicalParameterServer, LoadedModel
 
 _bearer = HTTPBearer(auto_error=False, description="The server's token (--token / HPS_TOKEN).")
@@ -202,15 +203,31 @@ def load_summary(loaded: LoadedModel) -> dict[str, Any]:
     }
 
 
-def _with_sources(config: ModelConfig, files: list[str]) -> ModelConfig:
+def _with_sources(config: ModelConfig, files: list[str | dict[str, Any]]) -> ModelConfig:
     """`config` reading its tables from `files`; ConfigError if they do not fit."""
     if len(files) != config.num_tables:
         raise ConfigError(f"sparse_files has {len(files)} entries but model "
                           f"{config.model!r} has {config.num_tables} tables")
-    relative = [f for f in files if "://" not in f and not os.path.isabs(f)]
+    specs = [_table_spec(i, f) for i, f in enumerate(files)]
+    relative = [s.path for s in specs if "://" not in s.path and not os.path.isabs(s.path)]
     if relative:
         raise ConfigError(f"sparse_files must be absolute paths or URIs, got {relative}")
-    return config.model_copy(update={"sparse_files": list(files)})
+    entries = [f if isinstance(f, str) else spec for f, spec in zip(files, specs, strict=True)]
+    return config.model_copy(update={"sparse_files": entries})
+
+
+def _table_spec(index: int, entry: str | dict[str, Any]) -> TableSpec:
+    """A sparse_files entry of a request as a TableSpec; unknown keys are refused."""
+    if isinstance(entry, str):
+        return TableSpec(entry)
+    unknown = sorted(set(entry) - set(TableSpec.field_names()))
+    if unknown:
+        raise ConfigError(f"sparse_files[{index}]: unknown key(s) {', '.join(unknown)} "
+                          f"(known: {', '.join(TableSpec.field_names())})")
+    try:
+        return TableSpec(**entry)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"sparse_files[{index}]: {exc}") from None
 
 
 def _update_state(server: Any) -> dict[str, Any] | None:

@@ -91,7 +91,9 @@ class ReloadRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sparse_files: list[str] | None = None
+    sparse_files: list[str | dict[str, Any]] | None = Field(
+        None, description="One entry per table: a path or URI, or an object with `path`, "
+                          "`format` and the format's options (as in ps.json).")
 
 
 class ReloadResponse(BaseModel):

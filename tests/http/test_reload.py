@@ -112,3 +112,30 @@ def test_reloads_back_to_back_keep_the_model_served(live_own: Live, tmp_path: Pa
     assert live_own.server.wait_retired(timeout=30)
     served = sorted(t.storage_name for t in live_own.server.model(MODEL).tables)
     assert sorted(live_own.server.volatile.tables()) == served
+
+
+def test_reload_from_other_formats(live_own: Live, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    v2 = write_model(tmp_path / "v2", seed=7)
+    keys0, rows0 = v2.keys[0], v2.vectors[0]
+    column = pa.FixedSizeListArray.from_arrays(pa.array(rows0.reshape(-1)), DIMS[0])
+    pq.write_table(pa.table({"id": keys0, "emb": column}), tmp_path / "t0.parquet")
+    np.savez(tmp_path / "t1.npz", keys=v2.keys[1], vectors=v2.vectors[1])
+    files = [{"path": str(tmp_path / "t0.parquet"), "key_column": "id", "vector_column": "emb"},
+             str(tmp_path / "t1.npz")]
+    answer = live_own.client.post(f"/v1/models/{MODEL}/reload", json={"sparse_files": files})
+    assert answer.status_code == 200, answer.text
+    assert [t["source"]["uri"] for t in answer.json()["tables"]] == [
+        str(tmp_path / "t0.parquet"), str(tmp_path / "t1.npz")]
+    np.testing.assert_array_equal(_vectors(live_own, 0, keys0[:11]), rows0[:11])
+    np.testing.assert_array_equal(_vectors(live_own, 1, v2.keys[1][-5:]), v2.vectors[1][-5:])
+    for bad, message in (({"path": "/x.parquet", "key_colum": "id"}, "unknown key(s) key_colum"),
+                         ({"path": "/x.parquet", "tensor": "w", "format": "parquet"},
+                          "tensor do(es) not apply to format 'parquet'")):
+        refused = live_own.client.post(f"/v1/models/{MODEL}/reload",
+                                       json={"sparse_files": [bad, files[1]]})
+        assert refused.status_code == 422 and refused.json()["error"]["kind"] == "config"
+        assert message in refused.text
+    np.testing.assert_array_equal(_vectors(live_own, 0, keys0[:11]), rows0[:11])
