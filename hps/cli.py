@@ -632,7 +632,8 @@ def bench_load_cmd(
     for row in rows[1:]:
         console.print(f"{row['name']}: {row['keys_per_s']:,.0f} keys/s, sparse folder "
                       f"{row['sparse_folder_keys_per_s']:,.0f} keys/s: {row['ratio']:.2f}× "
-                      f"(CPU time: {row['cpu_ratio']:.2f}×)")
+                      f"(best rounds: {row['best_ratio']:.2f}×, CPU time: "
+                      f"{row['cpu_ratio']:.2f}×)")
 
 
 @bench_app.command("redis")
