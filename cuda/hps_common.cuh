@@ -11,7 +11,8 @@
 //   HINTS      1: streaming cache hints on row reads and output writes
 //   EMPTY_KEY  the key of a free slot (2^63 - 1)
 //   RANK_BITS  low bits of an LRU stamp that hold the key's rank in its insert batch
-// and, for one source each, STAMP_SHIFT (embedding_cache.cu), PROBE_WINDOW (static_table.cu).
+// and, for one source each, STAMP_SHIFT (embedding_cache.cu), PROBE_WINDOW (static_table.cu),
+// HITS_CAP (uvm_table.cu).
 #pragma once
 
 typedef long long hps_key;

@@ -11,6 +11,9 @@
 // Layout: slot_keys int64 [num_buckets * SET_SIZE], vecs float4 [(slots + 1) * ROW4] (last
 // row: the special slot of HPS_EMPTY_KEY), flags int32 [3]: special present, keys held,
 // keys that found no slot (table full).
+//
+// The uvm table (cuda/uvm_table.cu) includes this file: its index is this layout, built,
+// probed and dumped by these kernels, with the rows kept elsewhere.
 #include "hps_common.cuh"
 
 // Inserts keys (one lane group per key; its leader claims a slot with atomicCAS, the group
@@ -95,6 +98,61 @@ __device__ __forceinline__ long long static_probe(const hps_key* __restrict__ sl
     return -1;
 }
 
+// The slots of one lane group's keys in one query round: keys[base + u * KPW + g] for
+// u < UNROLL (g: the group's index in its warp). pos, key and slot of each (slot -1: not
+// held; positions past n get key HPS_EMPTY_KEY and slot -1). Every lane of the warp must
+// call it. Shared with the uvm table's query (cuda/uvm_table.cu includes this file).
+__device__ __forceinline__ void static_find_slots(
+    const hps_key* __restrict__ keys, const long long n, const long long base, const int g,
+    const int gl, const u32 gmask, const hps_key* __restrict__ slot_keys,
+    const u32 num_buckets, const bool special_present, long long (&pos)[UNROLL],
+    hps_key (&key)[UNROLL], long long (&slot)[UNROLL]) {
+    const long long special_slot = (long long)num_buckets * SET_SIZE;
+    u32 bucket[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        pos[u] = base + u * KPW + g;
+        key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
+        bucket[u] = hps_set_of(key[u], num_buckets);
+    }
+#if PROBE_WINDOW > 1
+    // small batches (latency): windows of buckets per step, one key at a time
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        slot[u] = -1;
+        if (key[u] != HPS_EMPTY_KEY)
+            slot[u] = static_probe(slot_keys, num_buckets, bucket[u], key[u], gl, gmask);
+        else if (pos[u] < n && special_present)
+            slot[u] = special_slot;
+    }
+#else
+    // large batches (throughput): the first bucket of every key at once (loads in
+    // flight together); the rarer longer probes continue one key at a time
+    hps_key k[UNROLL][KPL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+        if (key[u] != HPS_EMPTY_KEY) hps_load_set_keys(slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        slot[u] = -1;
+        if (key[u] != HPS_EMPTY_KEY) {
+            const int way = __reduce_max_sync(gmask, hps_match(k[u], key[u], gl));
+            bool empty = false;
+#pragma unroll
+            for (int q = 0; q < KPL; ++q) empty |= k[u][q] == HPS_EMPTY_KEY;
+            if (way >= 0) {
+                slot[u] = (long long)bucket[u] * SET_SIZE + way;
+            } else if (!__any_sync(gmask, empty)) {
+                const u32 next = bucket[u] + 1 == num_buckets ? 0 : bucket[u] + 1;
+                slot[u] = static_probe(slot_keys, num_buckets, next, key[u], gl, gmask);
+            }
+        } else if (pos[u] < n && special_present) {
+            slot[u] = special_slot;
+        }
+    }
+#endif
+}
+
 // Same contract as cache_query of the dynamic cache, without stamps: hits copied to
 // out[pos], misses filled with default_value and appended to the miss lists.
 extern "C" __global__ void static_query(
@@ -108,57 +166,15 @@ extern "C" __global__ void static_query(
     const u32 gmask = hps_group_mask(lane);
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
-    const long long special_slot = (long long)num_buckets * SET_SIZE;
     const bool special_present = flags[0] != 0;
     const bool vec4 = out_vec4 != 0;
 
     for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
         long long pos[UNROLL];
         hps_key key[UNROLL];
-        u32 bucket[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            pos[u] = base + u * KPW + g;
-            key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
-            bucket[u] = hps_set_of(key[u], num_buckets);
-        }
         long long slot[UNROLL];
-#if PROBE_WINDOW > 1
-        // small batches (latency): windows of buckets per step, one key at a time
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            slot[u] = -1;
-            if (key[u] != HPS_EMPTY_KEY)
-                slot[u] = static_probe(slot_keys, num_buckets, bucket[u], key[u], gl, gmask);
-            else if (pos[u] < n && special_present)
-                slot[u] = special_slot;
-        }
-#else
-        // large batches (throughput): the first bucket of every key at once (loads in
-        // flight together); the rarer longer probes continue one key at a time
-        hps_key k[UNROLL][KPL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (key[u] != HPS_EMPTY_KEY) hps_load_set_keys(slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            slot[u] = -1;
-            if (key[u] != HPS_EMPTY_KEY) {
-                const int way = __reduce_max_sync(gmask, hps_match(k[u], key[u], gl));
-                bool empty = false;
-#pragma unroll
-                for (int q = 0; q < KPL; ++q) empty |= k[u][q] == HPS_EMPTY_KEY;
-                if (way >= 0) {
-                    slot[u] = (long long)bucket[u] * SET_SIZE + way;
-                } else if (!__any_sync(gmask, empty)) {
-                    const u32 next = bucket[u] + 1 == num_buckets ? 0 : bucket[u] + 1;
-                    slot[u] = static_probe(slot_keys, num_buckets, next, key[u], gl, gmask);
-                }
-            } else if (pos[u] < n && special_present) {
-                slot[u] = special_slot;
-            }
-        }
-#endif
+        static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
+                          pos, key, slot);
         float4 r[UNROLL][VPL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
@@ -178,6 +194,16 @@ extern "C" __global__ void static_query(
     hps_finish_query(ctl, host_count);
 }
 
+// The slot of a key (the special slot for HPS_EMPTY_KEY when present), or -1.
+__device__ __forceinline__ long long static_slot_of(const hps_key key,
+                                                    const hps_key* __restrict__ slot_keys,
+                                                    const u32 num_buckets,
+                                                    const int* __restrict__ flags, int gl,
+                                                    u32 gmask) {
+    if (key == HPS_EMPTY_KEY) return flags[0] != 0 ? (long long)num_buckets * SET_SIZE : -1;
+    return static_probe(slot_keys, num_buckets, hps_set_of(key, num_buckets), key, gl, gmask);
+}
+
 // Overwrites the rows of present keys (refresh); absent keys are skipped.
 extern "C" __global__ void static_update(
     const hps_key* __restrict__ keys, const long long n, const float* __restrict__ src,
@@ -189,12 +215,7 @@ extern "C" __global__ void static_update(
     const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
     const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
     for (long long i = group; i < n; i += ngroups) {
-        const hps_key key = keys[i];
-        long long slot;
-        if (key == HPS_EMPTY_KEY)
-            slot = flags[0] != 0 ? (long long)num_buckets * SET_SIZE : -1;
-        else
-            slot = static_probe(slot_keys, num_buckets, hps_set_of(key, num_buckets), key, gl, gmask);
+        const long long slot = static_slot_of(keys[i], slot_keys, num_buckets, flags, gl, gmask);
         if (slot < 0) continue;
         hps_copy_in(vecs + slot * ROW4, src + i * DIM, gl, src_vec4 != 0);
         if (gl == 0) atomicAdd(updated, 1);

@@ -200,6 +200,9 @@ class ModelConfig(_Section):
     gpucacheper: float = Field(0.2, gt=0.0, le=1.0)
     cache_refresh_percentage_per_iteration: float = Field(0.0, ge=0.0)
     embedding_cache_type: Literal["dynamic", "static", "uvm"] = "dynamic"
+    # hps extension: the GPU memory of a uvm table (index + hot rows), in MiB; unset:
+    # gpucacheper × keys hot rows beside the index
+    gpu_memory_budget_mb: float | None = Field(None, gt=0.0)
     use_static_table: bool = False
     num_of_worker_buffer_in_pool: int = Field(1, ge=1)
     num_of_refresher_buffer_in_pool: int = Field(1, ge=1)

@@ -53,6 +53,7 @@ from hps.gpu.device_table import (
 )
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.gpu.static_table import StaticEmbeddingTable
+from hps.gpu.uvm_table import UvmEmbeddingTable, uvm_gpu_rows
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig
@@ -292,18 +293,24 @@ class EmbeddingCache(DeviceTable):
 # -- which table a model gets, and what a warm-up puts in it -------------------------------
 
 def cache_mode(model: ModelConfig) -> str:
-    """"static" for embedding_cache_type "static" (the whole table on the GPU, read-only,
-    misses never inserted), else "dynamic" (an LRU cache; "uvm" is served the same way)."""
-    return "static" if model.cache_type == "static" else "dynamic"
+    """The model's effective embedding_cache_type: "static" (the whole table on the GPU,
+    read-only, misses never inserted), "uvm" (the whole table's index on the GPU, hot rows
+    in GPU memory, the others in mapped host memory; misses never inserted) or "dynamic"
+    (an LRU cache)."""
+    return model.cache_type
 
 
 def open_device_table(model: ModelConfig, mode: str, num_keys: int, dim: int, device_id: int,
                       *, lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT
                       ) -> EmbeddingCache | StaticEmbeddingTable:
-    """The device table of one model table in `mode` (see cache_mode): a static table
-    sized for all `num_keys` keys, or a cache of gpucacheper × num_keys slots."""
+    """The device table of one model table in `mode` (see cache_mode): a static or uvm
+    table sized for all `num_keys` keys (uvm: GPU rows from hps/gpu/uvm_table.py
+    uvm_gpu_rows), or a cache of gpucacheper × num_keys slots."""
     if mode == "static":
         return StaticEmbeddingTable(max(int(num_keys), 1), dim, device_id)
+    if mode == "uvm":
+        rows = uvm_gpu_rows(model, num_keys, dim, device_id)
+        return UvmEmbeddingTable(max(int(num_keys), 1), dim, device_id, gpu_rows=rows)
     slots = max(1, math.ceil(model.gpucacheper * int(num_keys)))
     return EmbeddingCache(slots, dim, device_id, lru_sample_shift=lru_sample_shift)
 
@@ -312,7 +319,7 @@ def warm_up(table: EmbeddingCache | StaticEmbeddingTable,
             chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
     """Inserts (keys int64 [n], vectors float32 [n, dim]) chunks in order until the
     cache holds `capacity` keys' worth, the last chunk included (cut to fit); the
-    static table takes every chunk. Returns the keys inserted."""
+    static and uvm tables take every chunk. Returns the keys inserted."""
     inserted = 0
     if isinstance(table, StaticEmbeddingTable):
         for keys, vectors in chunks:

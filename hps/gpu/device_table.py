@@ -197,11 +197,10 @@ class DeviceTable:
             self._stream = cp.cuda.Stream(non_blocking=True)
             self._check_room(self._memory_bytes())
             self._keys = self._alloc((self.num_slots,), np.int64)
-            self._vecs = self._alloc((self.num_slots + 1, self._row), np.float32)
+            self._vecs = self._alloc_rows()
             self._flags = self._alloc((special_flags,), np.int32)
             with self._stream:
                 self._keys.fill(EMPTY_KEY)
-                self._vecs.fill(0)
                 self._flags.fill(0)
             self._stream.synchronize()
         self._fn: dict[str, Any] = {}
@@ -238,6 +237,16 @@ class DeviceTable:
                 f"{self.device_id}: {exc}"
             ) from None
         return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+    def _alloc_rows(self) -> Any:
+        """The rows beside the slots, float32 [num_slots + 1, row_floats(dim)] (the last:
+        the special slot's), zeroed, as an array kernels can address; device memory here
+        (the uvm table keeps them in mapped host memory). Called with the device current;
+        may queue work on the table's stream (synchronized after)."""
+        rows = self._alloc((self.num_slots + 1, self._row), np.float32)
+        with self._stream:
+            rows.fill(0)
+        return rows
 
     def set_launch(self, group: int, unroll: int, waves: int = 0, hints: int = 0) -> None:
         """Kernel launch shape: lanes per key (a power of two dividing SET_SIZE), keys
@@ -516,10 +525,15 @@ class DeviceTable:
             updated = cp.zeros(1, dtype=np.int32)
             self._kernel(self._update_kernel)(
                 (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
-                (keys, np.int64(n), vectors, self._vec4(vectors), self._keys, self._vecs,
-                 np.uint32(self.num_sets), self._flags, updated),
+                self._update_args(keys, n, vectors, updated),
             )
         return int(updated.get(stream=self._stream)[0])
+
+    def _update_args(self, keys: Any, n: int, vectors: Any, updated: Any) -> tuple[Any, ...]:
+        """The update kernel's arguments: the rows of the n keys held among `keys` become
+        `vectors`; `updated` counts them."""
+        return (keys, np.int64(n), vectors, self._vec4(vectors), self._keys, self._vecs,
+                np.uint32(self.num_sets), self._flags, updated)
 
     def dump(self, start_set: int, stop_set: int) -> Any:
         """Keys held in sets (buckets) [start_set, stop_set), as a cupy int64 array in no
@@ -551,6 +565,11 @@ class DeviceTable:
     def memory_bytes(self) -> int:
         """Device memory the table holds."""
         return self._memory_bytes()
+
+    def memory_stats(self) -> dict[str, Any]:
+        """What the table holds where: `memory_bytes` (device) and, for tables that keep
+        rows elsewhere, their own figures (see UvmEmbeddingTable.memory_stats)."""
+        return {"memory_bytes": self._memory_bytes()}
 
     def close(self) -> None:
         """Waits for work in flight and frees the device memory. Idempotent."""

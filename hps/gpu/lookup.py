@@ -28,9 +28,11 @@ thread's current device was:
 Keys and outputs that cannot be used in place (host arrays, keys narrower than 64 bits,
 strided arrays) go through per-thread device buffers (hps/gpu/staging.py).
 
-Modes: "dynamic" (an LRU cache of gpucacheper × num_keys slots; "uvm" is served the same
-way) or "static" (embedding_cache_type "static" or use_static_table: the whole table on
-the GPU, built by warm_up, read-only, misses served from the host and never inserted).
+Modes: "dynamic" (an LRU cache of gpucacheper × num_keys slots), "static"
+(embedding_cache_type "static" or use_static_table: the whole table on the GPU, built by
+warm_up, read-only, misses served from the host and never inserted) or "uvm" (like static,
+with only the index and the hottest rows in GPU memory and the other rows in mapped host
+memory the kernel reads; hps/gpu/uvm_table.py).
 
 Without CuPy or a CUDA device this module still imports; `cuda_available()` is False and
 creating a GpuEmbeddingTable raises MissingExtraError or DeviceError.
@@ -444,7 +446,7 @@ class GpuEmbeddingTable:
             "capacity": self.capacity,
             "slots": self._table.num_slots,
             "size": self._table.size(),
-            "memory_bytes": self._table.memory_bytes(),
+            **self._table.memory_stats(),
             "hit_rate": counts["hits"] / looked if looked else None,
             **counts,
         }

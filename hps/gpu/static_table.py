@@ -108,6 +108,10 @@ class StaticEmbeddingTable(DeviceTable):
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),
                 self._flags, count, out)
 
+    def _after_build(self, keys: Any, n: int) -> None:
+        """Queued right after each build kernel, in the same write (the uvm table places
+        rows here)."""
+
     def build(self, keys: Any, vectors: Any) -> int:
         """Adds keys with their rows (a key already present gets the new row; repeated
         keys in one batch leave one of their rows). Returns the keys held afterwards.
@@ -124,6 +128,7 @@ class StaticEmbeddingTable(DeviceTable):
                     (keys, np.int64(n), vectors, self._vec4(vectors), self._keys, self._vecs,
                      np.uint32(self.num_sets), self._flags),
                 )
+                self._after_build(keys, n)
         with self._lock, self._device:
             flags = self._flags.get(stream=self._stream)
         held, lost = int(flags[1]), int(flags[2])

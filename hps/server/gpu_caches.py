@@ -45,7 +45,7 @@ class GpuCaches:
                 gpu = GpuEmbeddingTable(cfg, table.index, reader.num_keys, device,
                                         fetch_host=fetch, fetch_into=fetch.into)
                 pct = cfg.cache_refresh_percentage_per_iteration
-                if cfg.init_ec and (pct > 0 or cfg.cache_type == "static"):
+                if cfg.init_ec and (pct > 0 or cfg.cache_type in ("static", "uvm")):
                     gpu.warm_up(reader.chunks(chunk_keys=_warm_chunk(gpu, pct, reader)))
                 table.gpu[device] = gpu
 

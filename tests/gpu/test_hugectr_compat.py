@@ -1,6 +1,6 @@
 """HugeCTR's HPS test flows on a GPU: the same calls, shapes and config objects as
 tests/test_hugectr_compat.py (tests/hugectr_flows.py), now with the GPU cache attached:
-Dynamic, UVM and Static agreeing, torch CPU and CUDA capsules agreeing with `lookup`, and
+Dynamic, UVM and Static agreeing (each served by its own table), torch CPU and CUDA capsules agreeing with `lookup`, and
 hps.torch.LookupLayer on CUDA keys, eager and compiled."""
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def test_cache_types_agree(model: Model, rng: np.random.Generator) -> None:
     for cache_type in CACHE_TYPES:
         with HPS(ps_config(model.files, max_batchsize=10, cache_type=cache_type)) as server:
             gpu = _gpu_tables(server)
-            want = "static" if cache_type is EmbeddingCacheType_t.Static else "dynamic"
-            assert gpu[1].mode == want  # UVM is served by the dynamic cache
+            want = {EmbeddingCacheType_t.Static: "static",
+                    EmbeddingCacheType_t.UVM: "uvm"}.get(cache_type, "dynamic")
+            assert gpu[1].mode == want
             results[cache_type] = [native_lookup(server, batches[0]),
                                    native_lookup(server, batches[1], batch_size=10),
                                    native_lookup(server, batches[0])]  # now from the cache

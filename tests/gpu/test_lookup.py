@@ -182,7 +182,7 @@ def test_static_mode(cp: Any, rng: np.random.Generator) -> None:
 def test_refresh_after_database_changes(cp: Any, rng: np.random.Generator) -> None:
     dim = 16
     store = _store(rng, 3000, dim)
-    for kind in ("dynamic", "static"):
+    for kind in ("dynamic", "static", "uvm"):
         with GpuEmbeddingTable(_model(dim, gpucacheper=1.0, embedding_cache_type=kind,
                                       cache_refresh_percentage_per_iteration=0.1,
                                       hit_rate_threshold=1.01),
@@ -321,7 +321,7 @@ def _write_model(folder: Path, keys: np.ndarray, rows: np.ndarray) -> str:
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.filterwarnings("ignore::FutureWarning")
-@pytest.mark.parametrize("cache_type", ["dynamic", "static"])
+@pytest.mark.parametrize("cache_type", ["dynamic", "static", "uvm"])
 def test_hps_lookup_fromdlpack(cp: Any, rng: np.random.Generator, tmp_path: Path,
                                cache_type: str) -> None:
     import torch

@@ -1,0 +1,204 @@
+// The uvm table: the static table's index of every key in GPU memory (its kernels are
+// included below and build, probe and dump this table too), each key's row in two places:
+//
+//   host_vecs  float4 [(slots + 1) * ROW4] in pinned, device-mapped host memory: every
+//              key's row at its slot (the static table's layout, the special slot last);
+//              the query kernel reads it directly over the bus, no host thread involved
+//   gpu_row    u32 [slots + 1]: the GPU row holding a copy of slot s's row, or NO_ROW
+//   gpu_vecs   float4 [gpu_rows * ROW4] in GPU memory: copies of the hottest rows
+//   owner      u32 [gpu_rows]: the slot whose row a GPU row holds, or NO_ROW
+//   hits       u32 [slots + 1]: accesses since the last promotion pass (halved by each
+//              pass), counted up to HITS_CAP: a counter at the cap is only read, so the
+//              hottest keys do not serialise a batch on same-address atomics
+//
+// A key's host row is always current (updates write both places), so a demotion only
+// unlinks the GPU copy. A move runs in steps on the table's stream, ordered by
+// hps/gpu/uvm_table.py: uvm_demote unlinks rows (queries issued after it wait for it);
+// once the queries that may still read those rows are done, uvm_fill copies the promoted
+// keys' host rows into them and then uvm_publish links them. A query therefore reads
+// gpu_row as NO_ROW (the host row) or as a row already filled, which holds the same values:
+// every query is exact while rows move.
+#include "static_table.cu"
+
+#ifndef HITS_CAP
+#error "HITS_CAP must be passed by hps/gpu/uvm_table.py (through hps/gpu/kernels.py)"
+#endif
+
+#define NO_ROW 0xffffffffu
+
+// Counts one access to a slot (called by the group leader). Accesses that run at once may
+// each see a count below the cap, so a count can pass it by a few.
+__device__ __forceinline__ void uvm_count(u32* hit) {
+    if (*reinterpret_cast<volatile u32*>(hit) < (u32)HITS_CAP) atomicAdd(hit, 1u);
+}
+
+// static_query's contract (hits copied to out[pos], misses filled with default_value and
+// appended to the miss lists), each row read from GPU memory when it has a copy there,
+// else from the mapped host memory; every access counted in hits.
+extern "C" __global__ void uvm_query(
+    const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
+    const float4* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
+    float* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
+    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
+    const u32* __restrict__ gpu_row, const float4* __restrict__ gpu_vecs, u32* hits) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const int g = lane / GROUP;
+    const u32 gmask = hps_group_mask(lane);
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const bool special_present = flags[0] != 0;
+    const bool vec4 = out_vec4 != 0;
+
+    for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
+        long long pos[UNROLL];
+        hps_key key[UNROLL];
+        long long slot[UNROLL];
+        static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
+                          pos, key, slot);
+        const float4* row[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            row[u] = nullptr;
+            if (slot[u] >= 0) {
+                const u32 at = gpu_row[slot[u]];
+                row[u] = at != NO_ROW ? gpu_vecs + (u64)at * ROW4 : host_vecs + slot[u] * ROW4;
+                if (gl == 0) uvm_count(hits + slot[u]);
+            }
+        }
+        float4 r[UNROLL][VPL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (row[u] != nullptr) hps_load_row(row[u], gl, r[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool valid = pos[u] < n;
+            if (valid) {
+                float* orow = out + pos[u] * DIM;
+                if (row[u] != nullptr) hps_store_out(orow, gl, r[u], vec4);
+                else hps_fill_out(orow, gl, default_value, vec4);
+            }
+            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
+                              miss_pos, miss_keys);
+        }
+    }
+    hps_finish_query(ctl, host_count);
+}
+
+// Overwrites the rows of present keys in both places (refresh, updates); absent keys are
+// skipped.
+extern "C" __global__ void uvm_update(
+    const hps_key* __restrict__ keys, const long long n, const float* __restrict__ src,
+    const int src_vec4, const hps_key* __restrict__ slot_keys, float4* __restrict__ host_vecs,
+    const u32 num_buckets, const int* __restrict__ flags, int* __restrict__ updated,
+    const u32* __restrict__ gpu_row, float4* __restrict__ gpu_vecs) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const u32 gmask = hps_group_mask(lane);
+    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    for (long long i = group; i < n; i += ngroups) {
+        const long long slot = static_slot_of(keys[i], slot_keys, num_buckets, flags, gl, gmask);
+        if (slot < 0) continue;
+        hps_copy_in(host_vecs + slot * ROW4, src + i * DIM, gl, src_vec4 != 0);
+        const u32 at = gpu_row[slot];
+        if (at != NO_ROW) hps_copy_in(gpu_vecs + (u64)at * ROW4, src + i * DIM, gl, src_vec4 != 0);
+        if (gl == 0) atomicAdd(updated, 1);
+    }
+}
+
+// Copies one host row into a GPU row (a lane group's share of it).
+__device__ __forceinline__ void uvm_copy_row(float4* __restrict__ dst,
+                                             const float4* __restrict__ src, int gl) {
+#pragma unroll
+    for (int v = 0; v < VPL; ++v) {
+        const int c = gl + v * GROUP;
+        if (c < ROW4) dst[c] = src[c];
+    }
+}
+
+// Initial placement, after static_build wrote keys[0, n) and their host rows: key i takes
+// GPU row first_row + i when that row exists and is free and the key has no GPU row yet;
+// a key that has one gets its copy rewritten from the host row (a key built again). Rows
+// left unclaimed (repeated keys) stay free for the promotion passes.
+extern "C" __global__ void uvm_place(
+    const hps_key* __restrict__ keys, const long long n, const long long first_row,
+    const u32 gpu_rows, const hps_key* __restrict__ slot_keys,
+    const float4* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
+    u32* __restrict__ gpu_row, float4* __restrict__ gpu_vecs, u32* __restrict__ owner) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const u32 gmask = hps_group_mask(lane);
+    const int leader = lane & ~(GROUP - 1);
+    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    for (long long i = group; i < n; i += ngroups) {
+        const long long slot = static_slot_of(keys[i], slot_keys, num_buckets, flags, gl, gmask);
+        if (slot < 0) continue;
+        u32 target = NO_ROW;
+        if (gl == 0) {
+            target = gpu_row[slot];
+            const long long row = first_row + i;
+            if (target == NO_ROW && row < (long long)gpu_rows &&
+                atomicCAS(owner + row, NO_ROW, (u32)slot) == NO_ROW) {  // the row was free
+                const u32 old = atomicCAS(gpu_row + slot, NO_ROW, (u32)row);
+                target = old == NO_ROW ? (u32)row : old;
+                if (old != NO_ROW) owner[row] = NO_ROW;  // a repeat of the key took one
+            }
+        }
+        target = __shfl_sync(gmask, target, leader);
+        if (target != NO_ROW)
+            uvm_copy_row(gpu_vecs + (u64)target * ROW4, host_vecs + slot * ROW4, gl);
+    }
+}
+
+// Step 1 of a move: the slots lose their GPU rows (queries read their host rows).
+extern "C" __global__ void uvm_demote(const long long* __restrict__ slots, const long long m,
+                                      u32* __restrict__ gpu_row) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < m;
+         i += (long long)gridDim.x * blockDim.x)
+        gpu_row[slots[i]] = NO_ROW;
+}
+
+// Step 2: copies the host rows of slots[i] into GPU rows rows[i] (free or unlinked by
+// step 1, and read by no query in flight). One thread per float4.
+extern "C" __global__ void uvm_fill(const long long* __restrict__ slots,
+                                    const long long* __restrict__ rows, const long long m,
+                                    const float4* __restrict__ host_vecs,
+                                    float4* __restrict__ gpu_vecs) {
+    const long long total = m * ROW4;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (long long)gridDim.x * blockDim.x) {
+        const long long i = t / ROW4;
+        const int c = (int)(t - i * ROW4);
+        gpu_vecs[rows[i] * ROW4 + c] = host_vecs[slots[i] * ROW4 + c];
+    }
+}
+
+// Step 3 (a kernel of its own, so every filled row is visible before it is linked).
+extern "C" __global__ void uvm_publish(const long long* __restrict__ slots,
+                                       const long long* __restrict__ rows, const long long m,
+                                       u32* __restrict__ gpu_row, u32* __restrict__ owner) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < m;
+         i += (long long)gridDim.x * blockDim.x) {
+        gpu_row[slots[i]] = (u32)rows[i];
+        owner[rows[i]] = (u32)slots[i];
+    }
+}
+
+// Sets the access counts of held keys (placement by known counts, e.g. a model's `meta`
+// access counts, before the first promotion pass); absent keys are skipped.
+extern "C" __global__ void uvm_seed_hits(
+    const hps_key* __restrict__ keys, const u32* __restrict__ counts, const long long n,
+    const hps_key* __restrict__ slot_keys, const u32 num_buckets, const int* __restrict__ flags,
+    u32* __restrict__ hits) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const u32 gmask = hps_group_mask(lane);
+    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    for (long long i = group; i < n; i += ngroups) {
+        const long long slot = static_slot_of(keys[i], slot_keys, num_buckets, flags, gl, gmask);
+        if (slot >= 0 && gl == 0) hits[slot] = counts[i];
+    }
+}

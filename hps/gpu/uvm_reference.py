@@ -1,0 +1,79 @@
+"""A NumPy model of the uvm table's placement (hps/gpu/uvm_table.py), for the GPU tests.
+
+The model works on slots, as the table does: which slot a key landed in depends on the
+order of a parallel build, so a test reads the table's slots (`UvmEmbeddingTable.state()`)
+and asks the model what the placement must be after accesses, a build's placement and
+promotion passes. It is written for clarity, key by key, and shares no code with the
+table.
+
+    ref = UvmReference.from_state(table.state(), gpu_rows)
+    ref.access(slots)        # lookups of held keys, in any order
+    ref.place(slots, first)  # uvm_place after a build of these slots (no repeats)
+    moved = ref.promote(max_moves)
+    ref.gpu_row, ref.owner, ref.hits   # compare with table.state()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hps.gpu.uvm_table import HITS_CAP, MIN_HITS, NO_ROW, PROMOTE_FACTOR
+
+
+class UvmReference:
+    """Placement of a uvm table: gpu_row and hits per slot, owner per GPU row."""
+
+    def __init__(self, gpu_row: np.ndarray, owner: np.ndarray, hits: np.ndarray) -> None:
+        self.gpu_row = np.array(gpu_row, dtype=np.uint32)
+        self.owner = np.array(owner, dtype=np.uint32)
+        self.hits = np.array(hits, dtype=np.uint32)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> UvmReference:
+        return cls(state["gpu_row"], state["owner"], state["hits"])
+
+    @property
+    def gpu_rows(self) -> int:
+        return int(self.owner.size)
+
+    def access(self, slots: np.ndarray) -> None:
+        """Counts one access per entry of `slots`, each counter stopping at HITS_CAP."""
+        for s in np.asarray(slots, dtype=np.int64).tolist():
+            if self.hits[s] < HITS_CAP:
+                self.hits[s] += 1
+
+    def place(self, slots: np.ndarray, first_row: int) -> None:
+        """Initial placement: the i-th slot built takes GPU row first_row + i when that row
+        exists and is free and the slot has none."""
+        for i, s in enumerate(np.asarray(slots, dtype=np.int64).tolist()):
+            row = first_row + i
+            if row < self.gpu_rows and self.gpu_row[s] == NO_ROW and \
+                    self.owner[row] == NO_ROW:
+                self.gpu_row[s] = row
+                self.owner[row] = s
+
+    def promote(self, max_moves: int) -> int:
+        """One promotion pass; returns the rows moved."""
+        hits = [min(int(h), 2**31 - 1) for h in self.hits.tolist()]
+        candidates = sorted(
+            (s for s in range(len(hits)) if self.gpu_row[s] == NO_ROW and hits[s] >= MIN_HITS),
+            key=lambda s: (-hits[s], s))
+        victims = sorted(range(self.gpu_rows), key=lambda r: (
+            -1 if self.owner[r] == NO_ROW else hits[int(self.owner[r])], r))
+        moved = 0
+        for slot, row in zip(candidates, victims, strict=False):
+            if moved == max_moves:
+                break
+            old = int(self.owner[row])
+            victim_hits = -1 if old == NO_ROW else hits[old]
+            if not hits[slot] > PROMOTE_FACTOR * victim_hits:
+                break
+            if old != NO_ROW:
+                self.gpu_row[old] = NO_ROW
+            self.gpu_row[slot] = row
+            self.owner[row] = slot
+            moved += 1
+        self.hits >>= 1
+        return moved

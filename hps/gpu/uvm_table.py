@@ -1,0 +1,424 @@
+"""The uvm table: a whole embedding table served on the GPU, its hottest rows in GPU memory,
+the others in pinned, device-mapped host memory that the query kernel reads directly.
+
+    table = UvmEmbeddingTable(num_keys, dim, device_id, gpu_rows=2_000_000)
+    table.build(keys, vectors)     # chunk by chunk, like the static table; the first
+                                   # gpu_rows keys built get GPU rows (file order)
+    misses_at, n = table.query(keys, out)   # held keys, hot or cold, served on the GPU
+    table.update(keys, vectors)    # rewrites both copies of the rows
+    table.promote()                # one promotion pass (a background task runs them)
+    table.close()
+
+Layout (cuda/uvm_table.cu): the static table's index (hps/gpu/static_table.py: buckets of
+SET_SIZE slots, open addressing) holds every key in GPU memory. Every key's row lives in
+pinned host memory at its slot (allocated with cudaHostAllocMapped; the kernel reads it
+over the bus through the mapped device pointer, so a lookup of a held key needs no CPU
+work and no tier call); `gpu_rows` rows also have a copy in GPU memory, linked from the
+slot. Keys the table lacks are misses, for the caller's usual miss path.
+
+Placement: the first `gpu_rows` keys built get the GPU rows (file order, HugeCTR's warm-up
+order); `seed_hits(keys, counts)` lets known access counts decide the first pass instead.
+Every access counts in the key's `hits` (up to HITS_CAP). A promotion pass (the background
+task, every `promotion_interval` seconds while lookups come, on the table's stream):
+
+1. candidates: keys without a GPU row with hits >= MIN_HITS, most hits first (ties: lower
+   slot first); victims: GPU rows, free ones first, then by their key's hits, fewest first
+   (ties: lower row first); at most `max_moves` pairs;
+2. the i-th candidate takes the i-th victim's row while candidate hits > PROMOTE_FACTOR ×
+   victim hits (a free row counts as -1 hits): the hysteresis keeps rows of keys about
+   as hot as the candidates from swapping back and forth;
+3. every count is halved (older accesses weigh less).
+
+hps/gpu/uvm_reference.py models this in NumPy, slot for slot.
+
+A move never blocks a lookup on the host and never lets one read a half-copied row: the
+demoted slots are unlinked first (a tiny kernel that later queries wait for on the GPU);
+the copy into the freed rows waits only for the queries already in flight and then links
+the promoted slots. Rows are always current in host memory (updates write both copies),
+so both copies a query may read are equal. Counts are updated without locks: a pass that
+runs while queries count may lose a few increments.
+
+Memory: GPU slots × 16 B (key, GPU row link, hits) + gpu_rows × (row bytes + 4); pinned
+host (slots + 1) × row bytes (`device_bytes_required`, `host_bytes_required`). Too little
+host memory is a ConfigError before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hps.background import PeriodicTask
+from hps.errors import ConfigError, DeviceError, LookupInputError
+from hps.gpu import kernels
+from hps.gpu.device_table import BLOCK, QueryWorkspace, row_floats
+from hps.gpu.kernels import SET_SIZE
+from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
+
+if TYPE_CHECKING:
+    from hps.config import ModelConfig
+
+log = logging.getLogger("hps.gpu")
+
+NO_ROW = 0xFFFFFFFF  # gpu_row of a slot without a GPU copy; owner of a free GPU row
+HITS_CAP = 1 << 16  # counts stop here: hot keys' counters are then only read
+MIN_HITS = 2  # fewer accesses since the last pass never promote a key
+PROMOTE_FACTOR = 2  # a candidate needs more than this many times its victim's hits
+# Index slots per key: the index is in GPU memory whatever the budget, so it is fuller
+# than the static table's (0.8); 0.9 still averages about 1.3 bucket reads per lookup.
+DEFAULT_LOAD_FACTOR = 0.9
+DEFAULT_PROMOTION_INTERVAL = 0.1  # seconds between background passes
+_MAPPED_PINNED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
+_DECIDE_CAP = 2**31 - 1  # counts as compared by a pass (sort keys stay in 64 bits)
+
+
+def _host_memory_available() -> int:
+    """Bytes of host memory the system can still give (MemAvailable), or free pages where
+    /proc/meminfo is missing."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+
+
+class UvmEmbeddingTable(StaticEmbeddingTable):
+    """A whole table on one GPU: index and `gpu_rows` hot rows in GPU memory, every row in
+    pinned, device-mapped host memory. Queries, build, update and dump keep the static
+    table's contract (hps/gpu/static_table.py); `promote()` moves hot rows to the GPU.
+
+    Raises ConfigError when the host lacks the pinned memory, DeviceError when the device
+    lacks memory, LookupInputError for bad sizes. Thread-safe.
+    """
+
+    _kind = "uvm table"
+    _source = "uvm_table.cu"  # includes static_table.cu: static_build and static_dump too
+    _query_kernel = "uvm_query"
+    _query_signature = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32 ptr ptr ptr"
+    _update_kernel = "uvm_update"
+
+    def __init__(self, num_keys: int, dim: int, device_id: int = 0, *, gpu_rows: int,
+                 load_factor: float = DEFAULT_LOAD_FACTOR,
+                 promotion_interval: float = DEFAULT_PROMOTION_INTERVAL,
+                 max_moves: int | None = None, group: int | None = None,
+                 unroll: int | None = None) -> None:
+        if not 0 <= gpu_rows < NO_ROW:
+            raise LookupInputError(f"gpu_rows must be in [0, {NO_ROW}), got {gpu_rows}")
+        if promotion_interval < 0:
+            raise LookupInputError(
+                f"promotion_interval must be >= 0 seconds, got {promotion_interval}")
+        slots = _num_buckets(max(int(num_keys), 1), load_factor) * SET_SIZE
+        if slots + 1 >= NO_ROW:
+            raise LookupInputError(f"num_keys {num_keys} is too large for a uvm table")
+        self.gpu_rows = min(int(gpu_rows), int(num_keys) + 1)
+        self.max_moves = int(max_moves) if max_moves else max(1024, self.gpu_rows // 16)
+        host = self.host_bytes_required(num_keys, dim, load_factor)
+        available = _host_memory_available()
+        if host > available:
+            raise ConfigError(
+                f"the uvm table of {num_keys} keys of dim {dim} needs {host / 2**30:.2f} GiB "
+                f"of pinned host memory but the host has {available / 2**30:.2f} GiB "
+                f"available; use embedding_cache_type 'dynamic' or a host with more memory"
+            )
+        self._host_mem: Any = None
+        self._host_rows_view: np.ndarray | None = None
+        super().__init__(num_keys, dim, device_id, load_factor=load_factor, group=group,
+                         unroll=unroll)
+        self._defines["HITS_CAP"] = HITS_CAP
+        cp = self._cp
+        with self._device:
+            self._gpu_row = self._alloc((self.num_slots + 1,), np.uint32)
+            self._hits = self._alloc((self.num_slots + 1,), np.uint32)
+            self._gpu_vecs = self._alloc((max(self.gpu_rows, 1), self._row), np.float32)
+            self._owner = self._alloc((max(self.gpu_rows, 1),), np.uint32)
+            with self._stream:
+                self._gpu_row.fill(NO_ROW)
+                self._hits.fill(0)
+                self._gpu_vecs.fill(0)
+                self._owner.fill(NO_ROW)
+            self._stream.synchronize()
+        self._gpu_row_ptr = int(self._gpu_row.data.ptr)
+        self._gpu_vecs_ptr = int(self._gpu_vecs.data.ptr)
+        self._hits_ptr = int(self._hits.data.ptr)
+        self._placed = 0  # GPU rows handed out in build order
+        self._pass_lock = threading.Lock()  # one pass at a time
+        self._seen_tick = 0
+        self.passes = 0
+        self.moved = 0
+        self._promoter: PeriodicTask | None = None
+        if promotion_interval > 0 and self.gpu_rows > 0:
+            self._promoter = PeriodicTask(f"hps-uvm-promote-{device_id}", promotion_interval,
+                                          self._background_pass, log=log)
+
+    # -- memory ---------------------------------------------------------------------------
+
+    @staticmethod
+    def index_bytes(num_keys: int, load_factor: float = DEFAULT_LOAD_FACTOR) -> int:
+        """GPU bytes of the index of num_keys keys: slots × (key 8 + GPU row link 4 +
+        hits 4), plus the special slot and flags."""
+        slots = _num_buckets(max(int(num_keys), 1), load_factor) * SET_SIZE
+        return slots * 8 + (slots + 1) * 8 + 64
+
+    @staticmethod
+    def gpu_row_bytes(dim: int) -> int:
+        """GPU bytes of one hot row: its floats (padded to float4) and its owner link."""
+        return row_floats(dim) * 4 + 4
+
+    @classmethod
+    def device_bytes_required(cls, num_keys: int, dim: int, gpu_rows: int,
+                              load_factor: float = DEFAULT_LOAD_FACTOR) -> int:
+        """GPU bytes of a uvm table: the index and gpu_rows hot rows."""
+        return cls.index_bytes(num_keys, load_factor) + max(int(gpu_rows), 1) * \
+            cls.gpu_row_bytes(dim)
+
+    @staticmethod
+    def host_bytes_required(num_keys: int, dim: int,
+                            load_factor: float = DEFAULT_LOAD_FACTOR) -> int:
+        """Pinned host bytes of a uvm table: a row per slot and the special slot's."""
+        slots = _num_buckets(max(int(num_keys), 1), load_factor) * SET_SIZE
+        return (slots + 1) * row_floats(dim) * 4
+
+    def _memory_bytes(self) -> int:
+        return self.device_bytes_required(self.num_keys, self.dim, self.gpu_rows,
+                                          self.load_factor)
+
+    def memory_stats(self) -> dict[str, Any]:
+        """memory_bytes (GPU), host_memory_bytes (pinned), gpu_rows, gpu_rows_used,
+        promotion passes and rows moved so far."""
+        return {"memory_bytes": self._memory_bytes(),
+                "host_memory_bytes": self.host_bytes_required(self.num_keys, self.dim,
+                                                              self.load_factor),
+                "gpu_rows": self.gpu_rows, "gpu_rows_used": self.gpu_rows_used(),
+                "promotion_passes": self.passes, "rows_moved": self.moved}
+
+    def _alloc_rows(self) -> Any:
+        """Every slot's row in pinned, device-mapped host memory, as a CuPy array over the
+        mapped device pointer (kernels read and write it directly)."""
+        cp = self._cp
+        nbytes = (self.num_slots + 1) * self._row * 4
+        try:
+            mem = cp.cuda.PinnedMemory(nbytes, _MAPPED_PINNED)
+        except Exception as exc:
+            raise DeviceError(
+                f"cannot pin {nbytes / 2**30:.2f} GiB of host memory for the uvm table: {exc}"
+            ) from None
+        self._host_mem = mem
+        device_ptr = int(mem.ptr)
+        try:  # the mapped address; the same as the host's wherever addressing is unified
+            device_ptr = int(cp.cuda.runtime.pointerGetAttributes(mem.ptr).devicePointer)
+        except Exception:
+            pass
+        memory = cp.cuda.UnownedMemory(device_ptr, nbytes, mem, self.device_id)
+        self._host_rows_view = np.frombuffer(
+            cp.cuda.PinnedMemoryPointer(mem, 0), dtype=np.float32,
+            count=(self.num_slots + 1) * self._row).reshape(self.num_slots + 1, self._row)
+        self._host_rows_view.fill(0)  # on the host: a device memset may refuse host memory
+        return cp.ndarray((self.num_slots + 1, self._row), dtype=np.float32,
+                          memptr=cp.cuda.MemoryPointer(memory, 0))
+
+    def _free_extra(self) -> None:
+        self._gpu_row = self._hits = self._gpu_vecs = self._owner = None
+        self._host_rows_view = None
+        self._host_mem = None  # cudaFreeHost when the last reference goes
+
+    # -- kernels' arguments ---------------------------------------------------------------
+
+    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
+                    default: float) -> tuple[float, ...]:
+        self._tick += 1  # lookups since the start: a pass with none since the last is skipped
+        return (*super()._query_args(keys, n, out, ws, default), self._gpu_row_ptr,
+                self._gpu_vecs_ptr, self._hits_ptr)
+
+    def _update_args(self, keys: Any, n: int, vectors: Any, updated: Any) -> tuple[Any, ...]:
+        return (*super()._update_args(keys, n, vectors, updated), self._gpu_row,
+                self._gpu_vecs)
+
+    def _after_build(self, keys: Any, n: int) -> None:
+        """Initial placement in build order (uvm_place); keys built again get their GPU
+        copies rewritten."""
+        self._kernel("uvm_place")(
+            (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
+            (keys, np.int64(n), np.int64(self._placed), np.uint32(self.gpu_rows), self._keys,
+             self._vecs, np.uint32(self.num_sets), self._flags, self._gpu_row, self._gpu_vecs,
+             self._owner),
+        )
+        self._placed = min(self.gpu_rows, self._placed + n)
+
+    def build(self, keys: Any, vectors: Any) -> int:
+        """StaticEmbeddingTable.build, then the initial placement (see _after_build); not
+        while a promotion pass chooses rows."""
+        with self._pass_lock:
+            return super().build(keys, vectors)
+
+    def seed_hits(self, keys: Any, counts: Any) -> None:
+        """Sets the access counts of the keys held (others are skipped), e.g. from known
+        access statistics, so the next pass places rows by them. counts: uint32 [n]."""
+        keys = self._device_keys(keys)
+        n = int(keys.shape[0])
+        if n == 0:
+            return
+        with self._device:
+            counts = self._cp.asarray(counts, dtype=np.uint32).reshape(-1)
+        if int(counts.shape[0]) != n:
+            raise LookupInputError(f"counts must have {n} entries, got {counts.shape[0]}")
+        with self._writing(keys, counts):
+            self._kernel("uvm_seed_hits")(
+                (kernels.grid(self.device_id, n * self._group, BLOCK),), (BLOCK,),
+                (keys, counts, np.int64(n), self._keys, np.uint32(self.num_sets),
+                 self._flags, self._hits),
+            )
+
+    # -- promotion ------------------------------------------------------------------------
+
+    def _background_pass(self) -> None:
+        if self._tick != self._seen_tick:  # only while lookups come
+            self._seen_tick = self._tick
+            self.promote()
+
+    def promote(self) -> int:
+        """One promotion pass (see the module docstring); returns the rows moved. Queued on
+        the table's stream: lookups on other streams go on meanwhile."""
+        with self._pass_lock:
+            if self._closed or self.gpu_rows == 0:
+                return 0
+            cp = self._cp
+            with self._device, self._stream:
+                moves = self._choose_moves()
+                with self._lock:
+                    if self._closed:
+                        return 0
+                    moved = self._enqueue_moves(*moves) if moves is not None else 0
+                    cp.right_shift(self._hits, 1, out=self._hits)
+                # outside the lock: lookups enqueue meanwhile; `moves` lives until here
+                self._stream.synchronize()
+            self.passes += 1
+            self.moved += moved
+            return moved
+
+    def _choose_moves(self) -> tuple[Any, Any, Any] | None:
+        """(slots promoted, their GPU rows, slots demoted) as int64 device arrays, or None;
+        on the table's stream, the device current."""
+        cp = self._cp
+        hits = cp.minimum(self._hits, _DECIDE_CAP).astype(np.int64)
+        cand = cp.flatnonzero((self._gpu_row == NO_ROW) & (hits >= MIN_HITS))
+        if cand.size == 0:
+            return None
+        cand_hits = hits[cand]
+        # most hits first, then lower slot: one unique uint64 sort key each
+        order = cp.argsort(((_DECIDE_CAP - cand_hits).astype(np.uint64) << np.uint64(32))
+                           | cand.astype(np.uint64))
+        k = min(int(cand.size), self.gpu_rows, self.max_moves)
+        order = order[:k]
+        cand, cand_hits = cand[order], cand_hits[order]
+        owner = self._owner[: self.gpu_rows]
+        held = owner != NO_ROW
+        victim_hits = cp.where(held, hits[cp.where(held, owner, 0).astype(np.int64)], -1)
+        # free rows first (-1), then fewest hits, then lower row
+        vorder = cp.argsort(((victim_hits + 1).astype(np.uint64) << np.uint64(32))
+                            | cp.arange(self.gpu_rows, dtype=np.uint64))[:k]
+        wins = cand_hits > PROMOTE_FACTOR * victim_hits[vorder]
+        m = int(cp.count_nonzero(wins))  # a prefix: candidates fall, victims rise
+        if m == 0:
+            return None
+        rows = vorder[:m].astype(np.int64)
+        out = owner[rows]
+        demoted = out[out != NO_ROW].astype(np.int64)
+        return cand[:m], rows, demoted
+
+    def _enqueue_moves(self, promoted: Any, rows: Any, demoted: Any) -> int:
+        """Queues a move on the table's stream (the lock held, the device and the table's
+        stream current): unlink
+        the demoted slots and make later queries wait for that; then, after the queries in
+        flight, fill the rows and link the promoted slots."""
+        cp = self._cp
+        rt = cp.cuda.runtime
+        stream = self._stream
+        m = int(promoted.shape[0])
+        if demoted.size:
+            self._kernel("uvm_demote")(
+                (kernels.grid(self.device_id, int(demoted.size), BLOCK),), (BLOCK,),
+                (demoted, np.int64(demoted.size), self._gpu_row))
+            unlinked = cp.cuda.Event(block=False, disable_timing=True)
+            unlinked.record(stream)
+            self._write_event = unlinked  # queries from now on read the host rows
+        for ev_ptr in list(self._inflight):  # queries that may still read the old links
+            rt.streamWaitEvent(stream.ptr, ev_ptr, 0)
+        self._kernel("uvm_fill")(
+            (kernels.grid(self.device_id, m * self._row // 4, BLOCK),), (BLOCK,),
+            (promoted, rows, np.int64(m), self._vecs, self._gpu_vecs))
+        self._kernel("uvm_publish")(
+            (kernels.grid(self.device_id, m, BLOCK),), (BLOCK,),
+            (promoted, rows, np.int64(m), self._gpu_row, self._owner))
+        return m
+
+    def gpu_rows_used(self) -> int:
+        """GPU rows holding a key's copy."""
+        with self._lock:
+            self._check_open()
+            with self._device:
+                owner = self._owner[: self.gpu_rows]
+                with self._stream:
+                    used = int(self._cp.count_nonzero(owner != NO_ROW))
+                return used
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Host copies of the placement (for tests): slot keys [slots], gpu_row and hits
+        [slots + 1], owner [gpu_rows], host rows [slots + 1, dim] and GPU rows
+        [gpu_rows, dim]."""
+        with self._lock:
+            self._check_open()
+            with self._device:
+                self._stream.synchronize()
+                s = self._stream
+                assert self._host_rows_view is not None
+                return {
+                    "keys": self._keys.get(stream=s),
+                    "gpu_row": self._gpu_row.get(stream=s),
+                    "hits": self._hits.get(stream=s),
+                    "owner": self._owner.get(stream=s)[: self.gpu_rows],
+                    "host_rows": self._host_rows_view[:, : self.dim].copy(),
+                    "gpu_rows": self._gpu_vecs.get(stream=s)[: self.gpu_rows, : self.dim],
+                    "special": bool(self._flags.get(stream=s)[0]),
+                }
+
+    def close(self) -> None:
+        """Stops the promotion task, waits for work in flight, frees GPU and pinned host
+        memory. Idempotent."""
+        if self._promoter is not None:
+            self._promoter.close(timeout=30)
+        with self._pass_lock:  # a pass from another thread finishes first
+            super().close()
+
+
+def uvm_gpu_rows(model: ModelConfig, num_keys: int, dim: int, device_id: int) -> int:
+    """GPU rows of a model's uvm table: `gpu_memory_budget_mb` (index included) when set,
+    else gpucacheper × num_keys. Raises ConfigError for a budget larger than the device's
+    memory or smaller than the index of all keys."""
+    budget_mb = model.gpu_memory_budget_mb
+    if budget_mb is None:
+        return max(1, math.ceil(model.gpucacheper * int(num_keys)))
+    budget = int(budget_mb * 2**20)
+    index = UvmEmbeddingTable.index_bytes(num_keys)
+    if budget < index:
+        raise ConfigError(
+            f"model {model.model}: gpu_memory_budget_mb {budget_mb:g} does not hold the "
+            f"index of the table's {num_keys} keys ({index / 2**20:.1f} MiB on the GPU); "
+            f"raise it or use embedding_cache_type 'dynamic'"
+        )
+    cp = kernels.cupy_module()
+    with cp.cuda.Device(device_id):
+        total = int(cp.cuda.runtime.memGetInfo()[1])
+    if budget > total:
+        raise ConfigError(
+            f"model {model.model}: gpu_memory_budget_mb {budget_mb:g} is more than device "
+            f"{device_id} has ({total / 2**20:.0f} MiB)"
+        )
+    return (budget - index) // UvmEmbeddingTable.gpu_row_bytes(dim)
