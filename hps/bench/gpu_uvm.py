@@ -160,7 +160,8 @@ def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0
     write_s = time.perf_counter() - t0
     uvm_rows = int(np.ceil(gpu_fraction * num_keys))
     uvm_bytes = UvmEmbeddingTable.device_bytes_required(num_keys, dim, uvm_rows)
-    dyn_pct = min(1.0, uvm_bytes / EmbeddingCache.memory_required(1, dim) / num_keys)
+    per_slot = EmbeddingCache.memory_required(num_keys, dim) / num_keys
+    dyn_pct = min(1.0, uvm_bytes / per_slot / num_keys)
     files = str(folder / "t0")
     models = {
         "uvm": _model("uvm", files, dim, embedding_cache_type="uvm",
