@@ -666,7 +666,8 @@ def bench_gpu_cmd(
     profile: list[str] = typer.Option(
         ["kernels"], help="kernels: the cache kernels beside a dense gather; public: "
         "lookup_fromdlpack/lookup latency beside torch.index_select; hugectr: HugeCTR's "
-        "hps_profiler workload; misses: 1M-key miss batches. Repeatable."),
+        "hps_profiler workload; misses: 1M-key miss batches; uvm: the uvm cache type beside "
+        "dynamic (equal GPU memory) and static, 20M keys dim 64. Repeatable."),
 ) -> None:
     """GPU cache benchmarks, each beside its baseline measured in the same run."""
     from hps.gpu.lookup import cuda_available

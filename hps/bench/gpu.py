@@ -350,13 +350,15 @@ def bench_gpu(dims: tuple[int, ...] = (16, 64, 128), slots: int = 1 << 24,
 _COLUMNS = ("bench", "dim", "batch", "mode", "group", "unroll", "waves", "hints", "gkeys_s",
             "mkeys_s", "vs_float4", "vs_torch", "hugectr", "hit_rate", "mean_us", "p50_us",
             "p99_us", "events_p50_us", "over_inner_us", "vs_floor", "vs_hugectr_mean",
-            "vs_hugectr_p99", "wrong_rows", "load_s")
-PROFILES = ("kernels", "public", "hugectr", "misses")
+            "vs_hugectr_p99", "wrong_rows", "load_s", "gb_s", "write_s", "gpu_mib", "host_mib",
+            "gpucacheper", "power_gkeys_s", "uniform_gkeys_s", "settle_s", "rows_moved",
+            "uniform_vs_h2d", "power_vs_dynamic", "uniform_vs_dynamic", "p50_vs_dynamic")
+PROFILES = ("kernels", "public", "hugectr", "misses", "uvm")
 
 
 def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict[str, Any]]:
     """The rows of one profile: "public" (hps/bench/gpu_public.py), "hugectr" or "misses"
-    (hps/bench/gpu_misses.py); "kernels" is bench_gpu."""
+    (hps/bench/gpu_misses.py), "uvm" (hps/bench/gpu_uvm.py); "kernels" is bench_gpu."""
     if profile == "public":
         from hps.bench.gpu_public import bench_public_latency
 
@@ -369,6 +371,10 @@ def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict
         from hps.bench.gpu_misses import bench_large_misses
 
         return bench_large_misses(device_id=device_id, **options)
+    if profile == "uvm":
+        from hps.bench.gpu_uvm import bench_uvm
+
+        return bench_uvm(device_id=device_id, **options)
     return bench_gpu(device_id=device_id, **options)
 
 
@@ -438,7 +444,9 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if r["bench"] == "mixed":
             add(f"{r['mode']}, batch {r['batch']}: M keys/s", r["mkeys_s"], None)
-    return out
+    from hps.bench.gpu_uvm import targets as uvm_targets
+
+    return out + uvm_targets(rows)
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ def h2d_bandwidth(nbytes: int = 256 << 20, repeats: int = 10) -> float:
         e1.synchronize()
         if i >= 2:
             times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
-    return nbytes / statistics.median(times)
+    return float(nbytes / statistics.median(times))
 
 
 class PowerLaw:
@@ -73,33 +73,34 @@ class PowerLaw:
         return self.by_rank[ranks]
 
 
-def _model(name: str, files: str, dim: int, **extra: Any) -> dict[str, Any]:
+def _model(name: str, files: str, dim: int, device_id: int, **extra: Any) -> dict[str, Any]:
     return {"model": name, "sparse_files": [files], "embedding_vecsize_per_table": [dim],
             "maxnum_catfeature_query_per_table_per_sample": [1 << 20], "max_batch_size": 1,
-            "deployed_device_list": [0], "gpucache": True, "hit_rate_threshold": 1.1,
+            "deployed_device_list": [device_id], "gpucache": True, "hit_rate_threshold": 1.1,
             **extra}
 
 
 def _time_batches(cp: Any, hps: Any, model: str, batches: list[Any], out: Any,
-                  repeats: int) -> float:
+                  repeats: int, device_id: int) -> float:
     """G keys/s of lookup_fromdlpack over the batches (wall clock, output complete)."""
     n = int(batches[0].size)
-    hps.lookup_fromdlpack(batches[0], out, model, 0)
+    hps.lookup_fromdlpack(batches[0], out, model, 0, device_id)
     cp.cuda.get_current_stream().synchronize()
     t0 = time.perf_counter()
     for i in range(repeats):
-        hps.lookup_fromdlpack(batches[i % len(batches)], out, model, 0)
+        hps.lookup_fromdlpack(batches[i % len(batches)], out, model, 0, device_id)
     cp.cuda.get_current_stream().synchronize()
     return n * repeats / (time.perf_counter() - t0) / 1e9
 
 
-def _latency(cp: Any, hps: Any, model: str, batches: list[Any], out: Any, iters: int
-             ) -> tuple[float, float]:
+def _latency(hps: Any, model: str, batches: list[Any], out: Any, iters: int,
+             device_id: int) -> tuple[float, float]:
+    """p50 and p99 microseconds of lookup_fromdlpack (it returns with `out` complete)."""
     wall = []
     for i in range(iters + 100):
         b = batches[i % len(batches)]
         t0 = time.perf_counter()
-        hps.lookup_fromdlpack(b, out, model, 0)
+        hps.lookup_fromdlpack(b, out, model, 0, device_id)
         t1 = time.perf_counter()
         if i >= 100:
             wall.append((t1 - t0) * 1e6)
@@ -107,14 +108,14 @@ def _latency(cp: Any, hps: Any, model: str, batches: list[Any], out: Any, iters:
 
 
 def _settle(cp: Any, hps: Any, gpu: Any, batches: list[Any], out: Any,
-            seconds: float) -> dict[str, Any]:
+            seconds: float, device_id: int) -> dict[str, Any]:
     """Runs power-law batches until the uvm table's passes move few rows (or `seconds`)."""
     start = time.monotonic()
     last = gpu.stats()
     rounds = 0
     while time.monotonic() - start < seconds:
         for b in batches:
-            hps.lookup_fromdlpack(b, out, "uvm", 0)
+            hps.lookup_fromdlpack(b, out, "uvm", 0, device_id)
         cp.cuda.get_current_stream().synchronize()
         time.sleep(0.25)  # passes run between
         now = gpu.stats()
@@ -123,7 +124,7 @@ def _settle(cp: Any, hps: Any, gpu: Any, batches: list[Any], out: Any,
         if rounds >= 3 and moved <= max(100, now["gpu_rows"] // 1000):
             break
         last = now
-    stats = gpu.stats()
+    stats: dict[str, Any] = gpu.stats()
     stats["settle_s"] = time.monotonic() - start
     return stats
 
@@ -131,7 +132,7 @@ def _settle(cp: Any, hps: Any, gpu: Any, batches: list[Any], out: Any,
 def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0.1,
               alpha: float = 1.2, seed: int = 0, workdir: str | None = None,
               modes: tuple[str, ...] = ("uvm", "dynamic", "static"),
-              settle_seconds: float = 60.0) -> list[dict[str, Any]]:
+              settle_seconds: float = 60.0, device_id: int = 0) -> list[dict[str, Any]]:
     """Rows: the copy bandwidth, then per mode its memory, 2,000 power-law keys p50/p99,
     1M power-law and 1M uniform G keys/s; then uvm's ratios."""
     import cupy as cp
@@ -143,6 +144,7 @@ def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0
 
     rng = np.random.default_rng(seed)
     rows: list[dict[str, Any]] = []
+    cp.cuda.Device(device_id).use()
     bandwidth = h2d_bandwidth()
     rows.append({"bench": "baseline", "mode": "pinned H2D copy, 256 MiB",
                  "gb_s": bandwidth / 1e9})
@@ -164,11 +166,11 @@ def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0
     dyn_pct = min(1.0, uvm_bytes / per_slot / num_keys)
     files = str(folder / "t0")
     models = {
-        "uvm": _model("uvm", files, dim, embedding_cache_type="uvm",
+        "uvm": _model("uvm", files, dim, device_id, embedding_cache_type="uvm",
                       gpucacheper=gpu_fraction),
-        "dynamic": _model("dynamic", files, dim, gpucacheper=dyn_pct,
+        "dynamic": _model("dynamic", files, dim, device_id, gpucacheper=dyn_pct,
                           cache_refresh_percentage_per_iteration=1.0),
-        "static": _model("static", files, dim, embedding_cache_type="static"),
+        "static": _model("static", files, dim, device_id, embedding_cache_type="static"),
     }
     config = {"supportlonglong": True, "models": [models[m] for m in modes],
               "volatile_db": {"type": "hash_map"}}
@@ -186,16 +188,16 @@ def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0
         small_out = cp.empty((2000, dim), np.float32)
         results: dict[str, dict[str, Any]] = {}
         for mode in modes:
-            gpu = hps.server.model(mode).tables[0].gpu[0]
+            gpu = hps.server.model(mode).tables[0].gpu[device_id]
             if mode == "uvm":
-                settled = _settle(cp, hps, gpu, big_power, big_out, settle_seconds)
+                settled = _settle(cp, hps, gpu, big_power, big_out, settle_seconds, device_id)
             else:
                 for b in big_power * 3:  # the dynamic cache fills
-                    hps.lookup_fromdlpack(b, big_out, mode, 0)
+                    hps.lookup_fromdlpack(b, big_out, mode, 0, device_id)
                 settled = gpu.stats()
-            p50, p99 = _latency(cp, hps, mode, small_power, small_out, 2000)
-            power_g = _time_batches(cp, hps, mode, big_power, big_out, 16)
-            uniform_g = _time_batches(cp, hps, mode, big_uniform, big_out, 8)
+            p50, p99 = _latency(hps, mode, small_power, small_out, 2000, device_id)
+            power_g = _time_batches(cp, hps, mode, big_power, big_out, 16, device_id)
+            uniform_g = _time_batches(cp, hps, mode, big_uniform, big_out, 8, device_id)
             stats = gpu.stats()
             row = {"bench": "uvm", "mode": mode, "gpu_mib": stats["memory_bytes"] / 2**20,
                    "host_mib": stats.get("host_memory_bytes", 0) / 2**20,
@@ -210,7 +212,7 @@ def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0
             rows.append(row)
         for mode in modes:  # the timed path returns the file's rows
             out = cp.empty((probe_keys.size, dim), np.float32)
-            hps.lookup_fromdlpack(cp.asarray(probe_keys), out, mode, 0)
+            hps.lookup_fromdlpack(cp.asarray(probe_keys), out, mode, 0, device_id)
             np.testing.assert_array_equal(out.get(), probe_rows)
         uvm = results.get("uvm")
         if uvm is not None:
@@ -266,9 +268,11 @@ def main() -> None:
     parser.add_argument("--modes", default="uvm,dynamic,static")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--settle-seconds", type=float, default=60.0)
+    parser.add_argument("--device", type=int, default=0)
     args = parser.parse_args()
     rows = bench_uvm(args.keys, args.dim, args.gpu_fraction, workdir=args.workdir,
-                     modes=tuple(args.modes.split(",")), settle_seconds=args.settle_seconds)
+                     modes=tuple(args.modes.split(",")), settle_seconds=args.settle_seconds,
+                     device_id=args.device)
     print(format_rows(rows, COLUMNS))
     summary = targets(rows)
     if summary:

@@ -133,7 +133,6 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         super().__init__(num_keys, dim, device_id, load_factor=load_factor, group=group,
                          unroll=unroll)
         self._defines["HITS_CAP"] = HITS_CAP
-        cp = self._cp
         with self._device:
             self._gpu_row = self._alloc((self.num_slots + 1,), np.uint32)
             self._hits = self._alloc((self.num_slots + 1,), np.uint32)

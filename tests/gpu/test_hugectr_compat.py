@@ -1,7 +1,8 @@
 """HugeCTR's HPS test flows on a GPU: the same calls, shapes and config objects as
 tests/test_hugectr_compat.py (tests/hugectr_flows.py), now with the GPU cache attached:
-Dynamic, UVM and Static agreeing (each served by its own table), torch CPU and CUDA capsules agreeing with `lookup`, and
-hps.torch.LookupLayer on CUDA keys, eager and compiled."""
+Dynamic, UVM and Static agreeing (each served by its own table), torch CPU and CUDA
+capsules agreeing with `lookup`, and hps.torch.LookupLayer on CUDA keys, eager and
+compiled."""
 
 from __future__ import annotations
 
