@@ -129,6 +129,49 @@ def _settle(cp: Any, hps: Any, gpu: Any, batches: list[Any], out: Any,
     return stats
 
 
+def bench_host_reads(num_keys: int = 20_000_000, dim: int = 64, device_id: int = 0,
+                     seed: int = 0) -> list[dict[str, Any]]:
+    """The uvm table's host-row reads alone (one GPU row, every other row on the host), for
+    each kind of host memory (hps/gpu/host_memory.py): 1M uniform keys in G keys/s and as
+    a fraction of the pinned host-to-device copy, and 2,000 uniform keys p50 (table
+    query, not the public call)."""
+    import cupy as cp
+
+    from hps.gpu.uvm_table import UvmEmbeddingTable
+
+    cp.cuda.Device(device_id).use()
+    bandwidth = h2d_bandwidth()
+    rows: list[dict[str, Any]] = []
+    cp.random.seed(seed)
+    keys = cp.arange(num_keys, dtype=cp.int64) * 7 + 11
+    for huge in (True, False):
+        with UvmEmbeddingTable(num_keys, dim, device_id, gpu_rows=1, huge_pages=huge,
+                               promotion_interval=0) as table:
+            for i in range(0, num_keys, 1 << 21):
+                part = keys[i:i + (1 << 21)]
+                table.build(part, cp.random.random_sample((part.size, dim), dtype=cp.float32))
+            big = [keys[cp.random.randint(0, num_keys, 1 << 20)] for _ in range(4)]
+            out = cp.empty((1 << 20, dim), cp.float32)
+            ws = table.workspace()
+            table.query_misses(big[0], out, 0.0, ws)
+            t0 = time.perf_counter()
+            for i in range(12):
+                table.query_misses(big[i % 4], out, 0.0, ws)
+            gkeys = 12 * (1 << 20) / (time.perf_counter() - t0) / 1e9
+            small = [keys[cp.random.randint(0, num_keys, 2000)] for _ in range(16)]
+            wall = []
+            for i in range(600):
+                t0 = time.perf_counter()
+                table.query_misses(small[i % 16], out[:2000], 0.0, ws)
+                if i >= 100:
+                    wall.append((time.perf_counter() - t0) * 1e6)
+            rows.append({"bench": "host reads", "mode": table.memory_stats()["host_memory_kind"],
+                         "uniform_gkeys_s": gkeys,
+                         "uniform_vs_h2d": gkeys * 1e9 * dim * 4 / bandwidth,
+                         "p50_us": statistics.median(wall)})
+    return rows
+
+
 def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0.1,
               alpha: float = 1.2, seed: int = 0, workdir: str | None = None,
               modes: tuple[str, ...] = ("uvm", "dynamic", "static"),
@@ -269,7 +312,12 @@ def main() -> None:
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--settle-seconds", type=float, default=60.0)
     parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--host-reads", action="store_true",
+                        help="instead: the host-row reads alone, for each kind of host memory")
     args = parser.parse_args()
+    if args.host_reads:
+        print(format_rows(bench_host_reads(args.keys, args.dim, args.device), COLUMNS))
+        return
     rows = bench_uvm(args.keys, args.dim, args.gpu_fraction, workdir=args.workdir,
                      modes=tuple(args.modes.split(",")), settle_seconds=args.settle_seconds,
                      device_id=args.device)

@@ -54,9 +54,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hps.background import PeriodicTask
-from hps.errors import ConfigError, DeviceError, LookupInputError
+from hps.errors import ConfigError, LookupInputError
 from hps.gpu import kernels
 from hps.gpu.device_table import BLOCK, QueryWorkspace, row_floats
+from hps.gpu.host_memory import MappedHostMemory
 from hps.gpu.kernels import SET_SIZE
 from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
 
@@ -73,7 +74,6 @@ PROMOTE_FACTOR = 2  # a candidate needs more than this many times its victim's h
 # than the static table's (0.8); 0.9 still averages about 1.3 bucket reads per lookup.
 DEFAULT_LOAD_FACTOR = 0.9
 DEFAULT_PROMOTION_INTERVAL = 0.1  # seconds between background passes
-_MAPPED_PINNED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
 _DECIDE_CAP = 2**31 - 1  # counts as compared by a pass (sort keys stay in 64 bits)
 
 
@@ -108,8 +108,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *, gpu_rows: int,
                  load_factor: float = DEFAULT_LOAD_FACTOR,
                  promotion_interval: float = DEFAULT_PROMOTION_INTERVAL,
-                 max_moves: int | None = None, group: int | None = None,
-                 unroll: int | None = None) -> None:
+                 max_moves: int | None = None, huge_pages: bool = True,
+                 group: int | None = None, unroll: int | None = None) -> None:
         if not 0 <= gpu_rows < NO_ROW:
             raise LookupInputError(f"gpu_rows must be in [0, {NO_ROW}), got {gpu_rows}")
         if promotion_interval < 0:
@@ -128,7 +128,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                 f"of pinned host memory but the host has {available / 2**30:.2f} GiB "
                 f"available; use embedding_cache_type 'dynamic' or a host with more memory"
             )
-        self._host_mem: Any = None
+        self.huge_pages = bool(huge_pages)
+        self._host_mem: MappedHostMemory | None = None
         self._host_rows_view: np.ndarray | None = None
         super().__init__(num_keys, dim, device_id, load_factor=load_factor, group=group,
                          unroll=unroll)
@@ -190,43 +191,34 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                                           self.load_factor)
 
     def memory_stats(self) -> dict[str, Any]:
-        """memory_bytes (GPU), host_memory_bytes (pinned), gpu_rows, gpu_rows_used,
-        promotion passes and rows moved so far."""
+        """memory_bytes (GPU), host_memory_bytes (pinned) and host_memory_kind (see
+        hps/gpu/host_memory.py), gpu_rows, gpu_rows_used, promotion passes and rows moved
+        so far."""
         return {"memory_bytes": self._memory_bytes(),
                 "host_memory_bytes": self.host_bytes_required(self.num_keys, self.dim,
                                                               self.load_factor),
+                "host_memory_kind": self._host_mem.kind if self._host_mem else "",
                 "gpu_rows": self.gpu_rows, "gpu_rows_used": self.gpu_rows_used(),
                 "promotion_passes": self.passes, "rows_moved": self.moved}
 
     def _alloc_rows(self) -> Any:
-        """Every slot's row in pinned, device-mapped host memory, as a CuPy array over the
-        mapped device pointer (kernels read and write it directly)."""
+        """Every slot's row in pinned, device-mapped host memory (hps/gpu/host_memory.py),
+        zeroed, as a CuPy array over the mapped device pointer: kernels read and write it
+        directly."""
         cp = self._cp
-        nbytes = (self.num_slots + 1) * self._row * 4
-        try:
-            mem = cp.cuda.PinnedMemory(nbytes, _MAPPED_PINNED)
-        except Exception as exc:
-            raise DeviceError(
-                f"cannot pin {nbytes / 2**30:.2f} GiB of host memory for the uvm table: {exc}"
-            ) from None
+        shape = (self.num_slots + 1, self._row)
+        mem = MappedHostMemory(cp, shape[0] * shape[1] * 4, huge_pages=self.huge_pages)
         self._host_mem = mem
-        device_ptr = int(mem.ptr)
-        try:  # the mapped address; the same as the host's wherever addressing is unified
-            device_ptr = int(cp.cuda.runtime.pointerGetAttributes(mem.ptr).devicePointer)
-        except Exception:
-            pass
-        memory = cp.cuda.UnownedMemory(device_ptr, nbytes, mem, self.device_id)
-        self._host_rows_view = np.frombuffer(
-            cp.cuda.PinnedMemoryPointer(mem, 0), dtype=np.float32,
-            count=(self.num_slots + 1) * self._row).reshape(self.num_slots + 1, self._row)
-        self._host_rows_view.fill(0)  # on the host: a device memset may refuse host memory
-        return cp.ndarray((self.num_slots + 1, self._row), dtype=np.float32,
-                          memptr=cp.cuda.MemoryPointer(memory, 0))
+        self._host_rows_view = mem.view(np.float32).reshape(shape)
+        memory = cp.cuda.UnownedMemory(mem.device_ptr, mem.nbytes, mem, self.device_id)
+        return cp.ndarray(shape, dtype=np.float32, memptr=cp.cuda.MemoryPointer(memory, 0))
 
     def _free_extra(self) -> None:
         self._gpu_row = self._hits = self._gpu_vecs = self._owner = None
         self._host_rows_view = None
-        self._host_mem = None  # cudaFreeHost when the last reference goes
+        if self._host_mem is not None:
+            self._host_mem.close()
+            self._host_mem = None
 
     # -- kernels' arguments ---------------------------------------------------------------
 

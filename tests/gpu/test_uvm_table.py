@@ -62,15 +62,19 @@ def _check_copies(state: dict[str, Any], rows_of_slot: dict[int, np.ndarray]) ->
 
 
 @gpu
-@pytest.mark.parametrize("dim,batch", [(16, 1000), (3, 1000), (64, SMALL_BATCH + 3000),
-                                       (128, 700)])
+@pytest.mark.parametrize("dim,batch,huge", [(16, 1000, True), (3, 1000, False),
+                                            (64, SMALL_BATCH + 3000, True),
+                                            (64, SMALL_BATCH + 3000, False), (128, 700, True)])
 def test_every_key_exact_hot_or_cold(cp: Any, rng: np.random.Generator, seed: int, dim: int,
-                                     batch: int) -> None:
+                                     batch: int, huge: bool) -> None:
     n = max(batch, 5000)
     keys = _keys(rng, n)
     rows = rng.standard_normal((n, dim)).astype(np.float32)
     gpu_rows = n // 4
-    with _table(n, dim, gpu_rows) as table:
+    with _table(n, dim, gpu_rows, huge_pages=huge) as table:
+        kind = table.memory_stats()["host_memory_kind"]
+        assert kind == "cudaHostAlloc" if not huge else kind in ("cudaHostAlloc",
+                                                                 "registered huge pages")
         for start in range(0, n, 1700):  # chunk by chunk, as warm-up does
             table.build(keys[start:start + 1700], rows[start:start + 1700])
         assert table.size() == n
@@ -188,8 +192,9 @@ def test_update_rewrites_both_copies(cp: Any, rng: np.random.Generator) -> None:
 
 
 @gpu
+@pytest.mark.parametrize("huge", [True, False])
 def test_exact_under_concurrent_lookups_updates_and_passes(cp: Any, rng: np.random.Generator,
-                                                           seed: int) -> None:
+                                                           seed: int, huge: bool) -> None:
     """Row of key i at version v: every float i * 1000 + v. A lookup must see whole rows of
     the right key at a version already written, whatever moves and writes run."""
     n, dim, gpu_rows = 4000, 32, 400
@@ -200,7 +205,7 @@ def test_exact_under_concurrent_lookups_updates_and_passes(cp: Any, rng: np.rand
         return np.repeat((ids[which] * 1000 + version)[:, None], dim, axis=1)
 
     versions = np.zeros(n, np.int64)
-    with _table(n, dim, gpu_rows) as table:
+    with _table(n, dim, gpu_rows, huge_pages=huge) as table:
         table.build(keys, rows_at(0, np.arange(n)))
         stop = threading.Event()
         errors: list[str] = []
