@@ -121,7 +121,7 @@ def _settle(cp: Any, hps: Any, gpu: Any, batches: list[Any], out: Any,
         now = gpu.stats()
         rounds += 1
         moved = now["rows_moved"] - last["rows_moved"]
-        if rounds >= 3 and moved <= max(100, now["gpu_rows"] // 1000):
+        if rounds >= 5 and moved <= max(100, now["gpu_rows"] // 1000):
             break
         last = now
     stats: dict[str, Any] = gpu.stats()
