@@ -145,8 +145,9 @@ def bench_host_reads(num_keys: int = 20_000_000, dim: int = 64, device_id: int =
     cp.random.seed(seed)
     keys = cp.arange(num_keys, dtype=cp.int64) * 7 + 11
     for huge in (True, False):
-        with UvmEmbeddingTable(num_keys, dim, device_id, gpu_rows=1, huge_pages=huge,
-                               promotion_interval=0) as table:
+        table = UvmEmbeddingTable(num_keys, dim, device_id, gpu_rows=1, huge_pages=huge,
+                                  promotion_interval=0)
+        try:
             for i in range(0, num_keys, 1 << 21):
                 part = keys[i:i + (1 << 21)]
                 table.build(part, cp.random.random_sample((part.size, dim), dtype=cp.float32))
@@ -169,6 +170,8 @@ def bench_host_reads(num_keys: int = 20_000_000, dim: int = 64, device_id: int =
                          "uniform_gkeys_s": gkeys,
                          "uniform_vs_h2d": gkeys * 1e9 * dim * 4 / bandwidth,
                          "p50_us": statistics.median(wall)})
+        finally:
+            table.close()
     return rows
 
 

@@ -88,8 +88,10 @@ class MappedHostMemory:
     def view(self, dtype: Any) -> np.ndarray:
         """The memory as a flat NumPy array of `dtype` (valid until close)."""
         count = self.nbytes // np.dtype(dtype).itemsize
-        return np.ctypeslib.as_array(
-            (ctypes.c_byte * self.nbytes).from_address(self.host_ptr)).view(dtype)[:count]
+        raw: np.ndarray = np.ctypeslib.as_array(
+            (ctypes.c_byte * self.nbytes).from_address(self.host_ptr))
+        view: np.ndarray = raw.view(dtype)[:count]
+        return view
 
     def close(self) -> None:
         """Unpins and frees the memory. Idempotent."""

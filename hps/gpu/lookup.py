@@ -15,8 +15,8 @@ thread's current device was:
   into the others, compacts the misses' positions on the device and writes the missed
   keys straight into mapped pinned host memory; the miss count is the one host wait;
 - when nothing missed, that is all. Otherwise, when the hit rate (1 − missed keys / keys,
-  counting repeats) is below the model's `hit_rate_threshold`, or the table is static:
-  the missed keys are deduplicated (compiled, hps/gpu/host_kernels.py), their vectors
+  counting repeats) is below the model's `hit_rate_threshold`, or the table is static or
+  uvm: the missed keys are deduplicated (compiled, hps/gpu/host_kernels.py), their vectors
   fetched through the host path (volatile → persistent → default) straight into a pinned
   staging buffer, sent back in one copy (large batches: in chunks, each sent while the
   next is fetched), scattered into `out` by one kernel, and (dynamic cache) inserted by
@@ -421,7 +421,7 @@ class GpuEmbeddingTable:
 
     def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         """`update`, and the keys not held are inserted too (evicting as a miss does);
-        a static table only updates (it holds its whole table already)."""
+        a static or uvm table only updates (it holds its whole table already)."""
         if self._cache is None:
             self.update(keys, vectors)
             return

@@ -150,7 +150,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self._hits_ptr = int(self._hits.data.ptr)
         self._placed = 0  # GPU rows handed out in build order
         self._pass_lock = threading.Lock()  # one pass at a time
-        self._seen_tick = 0
+        self._lookups = 0
+        self._seen_lookups = 0
         self.passes = 0
         self.moved = 0
         self._promoter: PeriodicTask | None = None
@@ -222,11 +223,14 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
 
     # -- kernels' arguments ---------------------------------------------------------------
 
-    def _query_args(self, keys: Any, n: int, out: Any, ws: QueryWorkspace,
-                    default: float) -> tuple[float, ...]:
-        self._tick += 1  # lookups since the start: a pass with none since the last is skipped
-        return (*super()._query_args(keys, n, out, ws, default), self._gpu_row_ptr,
-                self._gpu_vecs_ptr, self._hits_ptr)
+    def _fixed_query_params(self, ws: QueryWorkspace) -> dict[int, float]:
+        return {**super()._fixed_query_params(ws), 13: self._gpu_row_ptr,
+                14: self._gpu_vecs_ptr, 15: self._hits_ptr}
+
+    def _enqueue(self, keys_ptr: int, n: int, out_ptr: int, default: float,
+                 ws: QueryWorkspace, stream_ptr: int) -> None:
+        self._lookups += 1  # under the lock; a background pass runs only when this moved
+        super()._enqueue(keys_ptr, n, out_ptr, default, ws, stream_ptr)
 
     def _update_args(self, keys: Any, n: int, vectors: Any, updated: Any) -> tuple[Any, ...]:
         return (*super()._update_args(keys, n, vectors, updated), self._gpu_row,
@@ -270,8 +274,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     # -- promotion ------------------------------------------------------------------------
 
     def _background_pass(self) -> None:
-        if self._tick != self._seen_tick:  # only while lookups come
-            self._seen_tick = self._tick
+        if self._lookups != self._seen_lookups:  # only while lookups come
+            self._seen_lookups = self._lookups
             self.promote()
 
     def promote(self) -> int:
