@@ -71,6 +71,8 @@ def test_unknown_key_warns_with_path_and_suggestion() -> None:
         ({"embedding_vecsize_per_table": [16]}, "embedding_vecsize_per_table has 1 entries"),
         ({"embedding_cache_type": "lru"}, "models[0].embedding_cache_type"),
         ({"gpucacheper": 1.5}, "models[0].gpucacheper"),
+        ({"gpu_memory_budget_mb": -5}, "models[0].gpu_memory_budget_mb"),
+        ({"gpu_memory_budget_mb": "a lot"}, "models[0].gpu_memory_budget_mb"),
         ({"deployed_device_list": []}, "deployed_device_list"),
         ({"default_value_for_each_table": [0.0, float("nan")]}, "finite"),
         ({"embedding_table_names": ["a", "a"]}, "unique"),

@@ -317,17 +317,6 @@ def test_too_little_host_memory_is_a_config_error() -> None:
         UvmEmbeddingTable(2**30, 1024, gpu_rows=10)
 
 
-def test_bad_budget_is_a_config_error() -> None:
-    from hps.config import load_config
-
-    base = {"models": [{"model": "m", "sparse_files": ["/x"],
-                        "embedding_vecsize_per_table": [4],
-                        "maxnum_catfeature_query_per_table_per_sample": [1],
-                        "deployed_device_list": [0], "gpu_memory_budget_mb": -5}]}
-    with pytest.raises(ConfigError, match="gpu_memory_budget_mb"):
-        load_config(base)
-
-
 @gpu
 def test_uvm_through_the_lookup_path(cp: Any, rng: np.random.Generator) -> None:
     from hps.gpu.lookup import GpuEmbeddingTable
