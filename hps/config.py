@@ -1,7 +1,7 @@
 """Parameter-server configuration: HugeCTR's `ps.json` (or YAML, or a dict) → typed config.
 
-Every key of HugeCTR's HPS config is accepted with HugeCTR's default and meaning (see
-REFERENCE.md §1). Keys `hps` does not know are reported as `UnknownConfigKeyWarning`
+Every key of HugeCTR's HPS config is accepted with HugeCTR's default and meaning (HugeCTR's
+`ps.json` documentation). Keys `hps` does not know are reported as `UnknownConfigKeyWarning`
 with their path and the nearest known key, so a misspelling never passes silently. A bad
 value raises `ConfigError` naming the key path and the expected form.
 

@@ -9,8 +9,8 @@ Code that built its HPS configuration as Python objects runs with the import cha
         inference_params_array=[InferenceParams(model_name="m", max_batchsize=64, ...)])
     hps = HPS(ps_config)
 
-The classes keep HugeCTR's keyword names, positional order and defaults (REFERENCE.md
-§14); the enums keep its member names (both `DatabaseType_t.redis_cluster`, as pybind
+The classes keep HugeCTR's keyword names, positional order and defaults (HugeCTR
+v23–24's `hugectr.inference`); the enums keep its member names (both `DatabaseType_t.redis_cluster`, as pybind
 exported them, and `DatabaseType_t.RedisCluster`). `ParameterServerConfig.to_config()`
 is the PSConfig (ps.json) it stands for and `ParameterServerConfig.from_config(...)` goes
 the other way; converting back and forth gives the same PSConfig.

@@ -1,4 +1,4 @@
-"""Invariants of the lookup path (DESIGN.md), checked with hypothesis over real tiers."""
+"""Invariants of the lookup path (docs/architecture.md), checked with hypothesis over real tiers."""
 
 from __future__ import annotations
 

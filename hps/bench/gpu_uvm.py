@@ -21,7 +21,7 @@ until uvm's background promotion passes settle (and the dynamic cache has filled
 
 Baseline in the same run: the pinned host-to-device copy bandwidth (cudaMemcpyAsync of
 256 MiB); uvm's uniform figure is printed as keys/s × row bytes over it (HierarchicalKV's
-hybrid mode on an H100 measured 0.92 of it, 0.196 G keys/s, REFERENCE.md §10).
+hybrid mode on an H100 measured 0.92 of it, 0.196 G keys/s, as timed on the same kind of machine).
 """
 
 from __future__ import annotations

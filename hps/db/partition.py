@@ -1,6 +1,6 @@
 """Partition of a key: Pelle Evensen's rrxmrrxmsx_0 mixer, as HugeCTR used it.
 
-`partition_of(key) = rrxmrrxmsx_0(uint64(key)) % num_partitions` (REFERENCE.md §6). The
+`partition_of(key) = rrxmrrxmsx_0(uint64(key)) % num_partitions` (HugeCTR's Redis layout). The
 volatile tiers share it: the hash map counts its overflow margin per partition, the Redis
 tier names its hashes by it, so a Redis filled by HugeCTR is read as it is.
 

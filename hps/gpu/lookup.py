@@ -8,7 +8,7 @@
     table.update(keys, rows)     # online updates: overwrite the rows held, in place
     table.close()
 
-The lookup path (DESIGN.md), on the caller's stream (the stream its keys or output were
+The lookup path (docs/architecture.md), on the caller's stream (the stream its keys or output were
 made on, see hps/producers.py), the table's device made current for the call whatever the
 thread's current device was:
 - the query kernel writes the rows of held keys into `out` directly and the default value

@@ -8,7 +8,7 @@ One v2 model per HPS model, version "1", declared as the HPS backend declared it
     output   OUTPUT0  FP32  [-1]   the vectors of all keys, rows concatenated in the
                                    same order (Σ NUMKEYS[i] × width[i] floats)
 
-Routes (REFERENCE.md §12): `GET /v2`, `/v2/health/live`, `/v2/health/ready`,
+Routes (the KServe v2 protocol Triton speaks): `GET /v2`, `/v2/health/live`, `/v2/health/ready`,
 `/v2/models/{model}[/versions/1]` (metadata), `…/ready`, `…/config` (Triton's model
 configuration extension) and `POST …/infer`. Tensors come as JSON (`"data"`, flat or
 nested, row-major) or through the binary tensor data extension: the body is the JSON

@@ -1,6 +1,6 @@
 """Sparse model folders on S3 and S3-compatible stores, read with boto3.
 
-URI forms (REFERENCE.md §7) and what is taken from each:
+URI forms (the forms HugeCTR and AWS accept) and what is taken from each:
 
     s3://bucket/prefix/table0                               bucket, prefix
     https://bucket.s3.<region>.amazonaws.com/prefix/table0  bucket, prefix, region

@@ -1,6 +1,6 @@
 """The parameter server: models, their tables, and the lookup path.
 
-Lookup path (DESIGN.md): keys → GPU cache (when there is one) → volatile tier →
+Lookup path (docs/architecture.md): keys → GPU cache (when there is one) → volatile tier →
 persistent tier → the table's default value. Vectors of keys found only in the
 persistent tier are copied into the volatile tier when `cache_missed_embeddings` is set.
 

@@ -1,6 +1,6 @@
 """HierarchicalParameterServer: the tiers, the loaded models, and the lookup entry points.
 
-Lookup path (DESIGN.md): keys → GPU cache (when there is one) → volatile tier →
+Lookup path (docs/architecture.md): keys → GPU cache (when there is one) → volatile tier →
 persistent tier → the table's default value. The parts live beside this file:
 `registry.py` (versioned loads and swaps), `host_lookup.py` (the tiers, top down),
 `gpu_caches.py` (GPU caches), `updates.py` (online updates from Kafka or Redis

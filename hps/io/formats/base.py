@@ -39,7 +39,7 @@ from hps.io.source import ModelSource
 #: bytes of rows read per chunk; a load holds a few chunks at most
 DEFAULT_CHUNK_BYTES = 64 << 20
 
-#: with `supportlonglong: false` keys are uint32 (REFERENCE.md §1)
+#: with `supportlonglong: false` keys are uint32 (HugeCTR's ps.json)
 UINT32_KEY_LIMIT = 2**32
 INT64_MAX = 2**63 - 1
 
