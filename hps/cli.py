@@ -667,7 +667,8 @@ def bench_gpu_cmd(
         ["kernels"], help="kernels: the cache kernels beside a dense gather; public: "
         "lookup_fromdlpack/lookup latency beside torch.index_select; hugectr: HugeCTR's "
         "hps_profiler workload; misses: 1M-key miss batches; uvm: the uvm cache type beside "
-        "dynamic (equal GPU memory) and static, 20M keys dim 64. Repeatable."),
+        "dynamic (equal GPU memory) and static, 20M keys dim 64; devices: every GPU driven "
+        "by a thread each beside one. Repeatable."),
 ) -> None:
     """GPU cache benchmarks, each beside its baseline measured in the same run."""
     from hps.gpu.lookup import cuda_available

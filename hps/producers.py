@@ -54,25 +54,25 @@ class ArrayRef:
     """One array as a kernel or a copy needs it.
 
     ptr: address of the first element; shape, size (elements), dtype (NumPy; None for a
-    dtype NumPy lacks, such as bfloat16, named in `dtype_name`); device: CUDA device id or
+    dtype NumPy lacks, such as bfloat16, named by `alien_dtype`); device: CUDA device id or
     HOST; contiguous: C-contiguous; strides: in bytes, None when contiguous; writable;
     stream: the producer's stream for CUDA arrays (None: CuPy's current stream of the
     device); array: the NumPy or CuPy array itself where there is one; owner: what keeps
     the memory alive.
     """
 
-    __slots__ = ("ptr", "shape", "size", "dtype", "dtype_name", "device", "contiguous",
+    __slots__ = ("ptr", "shape", "size", "dtype", "alien_dtype", "device", "contiguous",
                  "strides", "writable", "stream", "array", "owner")
 
     def __init__(self, ptr: int, shape: tuple[int, ...], size: int, dtype: np.dtype[Any] | None,
-                 dtype_name: str, device: int, contiguous: bool,
+                 alien_dtype: str, device: int, contiguous: bool,
                  strides: tuple[int, ...] | None, writable: bool, stream: int | None,
                  array: Any, owner: Any) -> None:
         self.ptr = ptr
         self.shape = shape
         self.size = size
         self.dtype = dtype
-        self.dtype_name = dtype_name
+        self.alien_dtype = alien_dtype
         self.device = device
         self.contiguous = contiguous
         self.strides = strides
@@ -80,6 +80,11 @@ class ArrayRef:
         self.stream = stream
         self.array = array
         self.owner = owner
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype's name, for messages (NumPy computes names slowly: not on the path)."""
+        return self.dtype.name if self.dtype is not None else self.alien_dtype
 
     @property
     def on_host(self) -> bool:
@@ -138,9 +143,8 @@ def cupy_module() -> Any:
 def _numpy_ref(a: np.ndarray, what: str) -> ArrayRef:
     flags = a.flags
     contiguous = flags.c_contiguous
-    return ArrayRef(a.ctypes.data if a.size else 0, a.shape, a.size, a.dtype, a.dtype.name,
-                    HOST, contiguous, None if contiguous else a.strides, flags.writeable,
-                    None, a, a)
+    return ArrayRef(a.ctypes.data if a.size else 0, a.shape, a.size, a.dtype, "", HOST,
+                    contiguous, None if contiguous else a.strides, flags.writeable, None, a, a)
 
 
 def _sequence_ref(obj: Any, what: str) -> ArrayRef:
@@ -181,13 +185,27 @@ def _check_python_ints(obj: Any, array: np.ndarray, what: str) -> None:
 
 # -- CuPy -------------------------------------------------------------------------------
 
+_cupy_stream_ptr: Callable[[], int] | None = None
+
+
 def _cupy_ref(a: Any, what: str) -> ArrayRef:
-    device = a.device.id
+    memory = a.data
+    device = memory.device_id
     contiguous = a.flags.c_contiguous
+    return ArrayRef(memory.ptr, a.shape, a.size, a.dtype, "", device, contiguous,
+                    None if contiguous else a.strides, True, cupy_stream(device), a, a)
+
+
+def cupy_stream(device: int) -> int:
+    """CuPy's current stream on `device`, as a pointer."""
+    global _cupy_stream_ptr
     cupy = sys.modules["cupy"]
-    return ArrayRef(a.data.ptr, a.shape, a.size, a.dtype, a.dtype.name, device, contiguous,
-                    None if contiguous else a.strides, True,
-                    cupy.cuda.get_current_stream(device).ptr, a, a)
+    if _cupy_stream_ptr is None:
+        _cupy_stream_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None) or (
+            lambda: int(cupy.cuda.get_current_stream().ptr))
+    if cupy.cuda.runtime.getDevice() == device:
+        return _cupy_stream_ptr()
+    return int(cupy.cuda.get_current_stream(device).ptr)
 
 
 # -- torch ------------------------------------------------------------------------------
@@ -215,7 +233,7 @@ def _torch_ref(t: Any, what: str) -> ArrayRef:
     if _raw_stream is None:
         _torch_setup()
     dtype = _torch_dtypes.get(t.dtype)
-    name = dtype.name if dtype is not None else str(t.dtype).replace("torch.", "")
+    alien = "" if dtype is not None else str(t.dtype).replace("torch.", "")
     if t.is_cuda:
         device = t.get_device()
         stream: int | None = _raw_stream(device)  # type: ignore[misc]
@@ -229,7 +247,7 @@ def _torch_ref(t: Any, what: str) -> ArrayRef:
     if not contiguous:
         item = t.element_size()
         strides = tuple(s * item for s in t.stride())
-    return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, name, device, contiguous,
+    return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, alien, device, contiguous,
                     strides, True, stream, None, t)
 
 
@@ -254,35 +272,24 @@ def _is_capsule(obj: Any) -> bool:
 
 def _capsule_ref(capsule: Any, what: str, stream: int | None = None,
                  owner: Any = None) -> ArrayRef:
-    raw_name = _capsule_name(capsule)
-    name = raw_name.decode() if raw_name else ""
-    if name == "dltensor":
-        address, flags = _capsule_pointer(capsule, raw_name), 0
-    elif name == "dltensor_versioned":
-        base = _capsule_pointer(capsule, raw_name)
-        flags = ctypes.c_uint64.from_address(base + 24).value
-        address = base + _VERSIONED_HEADER
-    elif name.startswith("used_"):
-        raise KeyTypeError(
-            f"{what}: the DLPack capsule was already consumed (a capsule can be imported "
-            "once); pass the tensor itself or a fresh capsule"
-        )
-    else:
-        raise KeyTypeError(f"{what}: not a DLPack capsule (capsule name {name!r})")
+    try:  # the common case first: a legacy capsule, one ctypes call
+        address, flags = _capsule_pointer(capsule, b"dltensor"), 0
+    except ValueError:  # another name: versioned, consumed or no DLPack capsule
+        address, flags = _other_capsule(capsule, what)
     (data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, strides_p,
      offset) = _DLTENSOR.unpack(ctypes.string_at(address, _DLTENSOR.size))
     if code not in _DL_KINDS or lanes != 1 or bits % 8:
         raise KeyTypeError(f"{what}: unsupported DLPack dtype (code {code}, {bits} bits, "
                            f"{lanes} lanes)")
-    dtype = np.dtype(f"{_DL_KINDS[code]}{bits // 8}") if code != 6 else np.dtype(bool)
-    shape = struct.unpack(f"={ndim}q", ctypes.string_at(shape_p, 8 * ndim)) if ndim else ()
+    dtype = _DL_DTYPES.get((code, bits)) or _dl_dtype(code, bits)
+    shape = _int64s(ndim).unpack(ctypes.string_at(shape_p, 8 * ndim)) if ndim else ()
     size = 1
     for d in shape:
         size *= d
     strides = None
     contiguous = True
     if ndim and strides_p:
-        elements = struct.unpack(f"={ndim}q", ctypes.string_at(strides_p, 8 * ndim))
+        elements = _int64s(ndim).unpack(ctypes.string_at(strides_p, 8 * ndim))
         strides = tuple(s * dtype.itemsize for s in elements)
         contiguous = _c_contiguous(shape, strides, dtype.itemsize)
         if contiguous:
@@ -295,9 +302,41 @@ def _capsule_ref(capsule: Any, what: str, stream: int | None = None,
         kind = _DEVICE_NAMES.get(dev_type, str(dev_type))
         raise DeviceError(f"{what}: arrays on device type {kind!r} are not supported "
                           "(expected CPU or CUDA)")
-    return ArrayRef((data or 0) + offset, shape, size, dtype, dtype.name, device, contiguous,
+    return ArrayRef((data or 0) + offset, shape, size, dtype, "", device, contiguous,
                     strides, not flags & _READ_ONLY_FLAG, stream, None,
                     capsule if owner is None else (capsule, owner))
+
+
+_DL_DTYPES: dict[tuple[int, int], np.dtype[Any]] = {}
+_INT64S: dict[int, struct.Struct] = {}
+
+
+def _dl_dtype(code: int, bits: int) -> np.dtype[Any]:
+    dtype = np.dtype(f"{_DL_KINDS[code]}{bits // 8}") if code != 6 else np.dtype(bool)
+    _DL_DTYPES[(code, bits)] = dtype
+    return dtype
+
+
+def _int64s(n: int) -> struct.Struct:
+    packer = _INT64S.get(n)
+    if packer is None:
+        packer = _INT64S[n] = struct.Struct(f"={n}q")
+    return packer
+
+
+def _other_capsule(capsule: Any, what: str) -> tuple[int, int]:
+    """(DLTensor address, flags) of a versioned capsule; KeyTypeError for the rest."""
+    raw_name = _capsule_name(capsule)
+    name = raw_name.decode() if raw_name else ""
+    if name == "dltensor_versioned":
+        base = _capsule_pointer(capsule, raw_name)
+        return base + _VERSIONED_HEADER, ctypes.c_uint64.from_address(base + 24).value
+    if name.startswith("used_"):
+        raise KeyTypeError(
+            f"{what}: the DLPack capsule was already consumed (a capsule can be imported "
+            "once); pass the tensor itself or a fresh capsule"
+        )
+    raise KeyTypeError(f"{what}: not a DLPack capsule (capsule name {name!r})")
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], item: int) -> bool:

@@ -10,6 +10,10 @@ with NumPy keys. Beside them, in the same process, taking turns round by round:
   with NumPy keys and output, the inner call of `lookup`);
 - the floor: `torch.index_select` of the same rows from a dense torch table, then a sync.
 
+Capsules are timed twice: made just before the call (what the call's intake costs) and
+made inside the timed call (what HugeCTR's style costs a caller, torch's to_dlpack
+included).
+
 Every call is followed by a sync of the current stream (wall clock around both), so each
 measure is a complete lookup. Returns rows with p50/p99 in µs, the extra cost over the
 inner call and the ratio to the floor.
@@ -92,7 +96,13 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
             def public_cupy(i: int) -> None:
                 lookup_into(c_keys[i % 16], c_out, MODEL, 0, device_id)
 
-            def public_capsules(i: int) -> None:
+            def capsules(i: int) -> tuple[Any, Any]:
+                return tdl.to_dlpack(t_keys[i % 16]), tdl.to_dlpack(t_out)
+
+            def public_capsules(i: int, made: tuple[Any, Any]) -> None:
+                lookup_into(made[0], made[1], MODEL, 0, device_id)
+
+            def public_to_dlpack(i: int) -> None:
                 lookup_into(tdl.to_dlpack(t_keys[i % 16]), tdl.to_dlpack(t_out), MODEL, 0,
                             device_id)
 
@@ -108,26 +118,28 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
             def floor(i: int) -> None:
                 torch.index_select(t_table, 0, t_idx[i % 16], out=t_out)
 
-            cases: list[tuple[str, str, Callable[[int], None]]] = [
-                ("floor: torch.index_select + sync", "", floor),
-                ("inner GpuEmbeddingTable.lookup (CuPy)", "", inner_device),
-                ("lookup_fromdlpack, torch tensors", "inner GpuEmbeddingTable.lookup (CuPy)",
-                 public_torch),
-                ("lookup_fromdlpack, CuPy arrays", "inner GpuEmbeddingTable.lookup (CuPy)",
-                 public_cupy),
-                ("lookup_fromdlpack, to_dlpack capsules",
-                 "inner GpuEmbeddingTable.lookup (CuPy)", public_capsules),
-                ("inner GpuEmbeddingTable.lookup (NumPy)", "", inner_host),
+            inner = "inner GpuEmbeddingTable.lookup (CuPy)"
+            cases: list[tuple[str, str, Callable[..., None], Callable[[int], Any] | None]] = [
+                ("floor: torch.index_select + sync", "", floor, None),
+                (inner, "", inner_device, None),
+                ("lookup_fromdlpack, torch tensors", inner, public_torch, None),
+                ("lookup_fromdlpack, CuPy arrays", inner, public_cupy, None),
+                ("lookup_fromdlpack, DLPack capsules", inner, public_capsules, capsules),
+                ("lookup_fromdlpack, to_dlpack in the call", inner, public_to_dlpack, None),
+                ("inner GpuEmbeddingTable.lookup (NumPy)", "", inner_host, None),
                 ("HPS.lookup, NumPy keys", "inner GpuEmbeddingTable.lookup (NumPy)",
-                 public_host),
+                 public_host, None),
             ]
             # exactness first: every path returns the file's rows
             want = rows[picks[0]]
-            for label, _, fn in cases:
+            for label, _, fn, prep in cases:
                 t_out.fill_(float("nan"))
                 c_out.fill(np.nan)
                 np_out.fill(np.nan)
-                fn(0)
+                if prep is None:
+                    fn(0)
+                else:
+                    fn(0, prep(0))
                 sync()
                 got = {"torch": t_out.cpu().numpy(), "CuPy": c_out.get(),
                        "NumPy": np_out}
@@ -140,14 +152,19 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
                 else:
                     result = got["torch"]
                 np.testing.assert_array_equal(result, want, err_msg=label)
-            samples: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+            samples: dict[str, list[float]] = {label: [] for label, _, _, _ in cases}
             clock = time.perf_counter
             for r in range(rounds + 1):  # round 0 warms up
-                for label, _, fn in cases:
+                for label, _, fn, prep in cases:
                     out = samples[label]
                     for i in range(calls):
-                        t0 = clock()
-                        fn(i)
+                        if prep is None:
+                            t0 = clock()
+                            fn(i)
+                        else:
+                            made = prep(i)
+                            t0 = clock()
+                            fn(i, made)
                         sync()
                         if r:
                             out.append((clock() - t0) * 1e6)
@@ -155,7 +172,7 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
             hps.close()
     floor_p50 = statistics.median(samples[cases[0][0]])
     result: list[dict[str, Any]] = []
-    for label, inner, _ in cases:
+    for label, inner, _, _ in cases:
         p50, p99 = _percentiles(samples[label])
         row: dict[str, Any] = {"bench": "public latency", "dim": dim, "batch": n,
                                "mode": label, "p50_us": p50, "p99_us": p99,

@@ -231,24 +231,38 @@ class EmbeddingCache(DeviceTable):
         """insert_by_set on device addresses, queued on the caller's stream `stream_ptr`
         (the device current) with a launch bound to `ws`: keys int64 [n], rows float32
         [n, dim] and their sorted set codes uint64 [n], contiguous. Ordered after the
-        queries in flight and the writes before it; later ones wait for it."""
-        launch = ws.insert_launch
-        if launch is None or ws.generation != self._generation:
+        queries in flight on other streams and the writes before it; later queries and
+        writes wait for it (see DeviceTable._writing_on, inlined: this is the lookup
+        path's)."""
+        cells = ws.insert_cells
+        if cells is None or ws.generation != self._generation:
             launch = kernels.Launch(self._kernel("cache_insert"),
                                     "ptr i64 ptr ptr i32 ptr ptr ptr u32 ptr u64")
             for i, v in ((5, self._keys_ptr), (6, self._stamps_ptr), (7, self._vecs_ptr),
                          (8, self.num_sets), (9, self._flags_ptr)):
                 launch.set(i, v)
             ws.insert_launch = launch
-        launch.set(0, codes_ptr)
-        launch.set(1, n)
-        launch.set(2, keys_ptr)
-        launch.set(3, rows_ptr)
-        launch.set(4, self._dim4 and rows_ptr % 16 == 0)
-        with self._writing_on(stream_ptr, ws):
+            ws.insert_cells = cells = launch.values
+        cells[0].value = codes_ptr
+        cells[1].value = n
+        cells[2].value = keys_ptr
+        cells[3].value = rows_ptr
+        cells[4].value = self._dim4 and rows_ptr % 16 == 0
+        rt = self._rt
+        blocks = kernels.grid(self.device_id, n * self._group, BLOCK)
+        with self._lock:
+            if self._closed:
+                self._check_open()
+            for ev_ptr in tuple(self._inflight):  # discard() runs without the lock
+                if ev_ptr != ws.event_ptr:
+                    rt.streamWaitEvent(stream_ptr, ev_ptr, 0)
+            if self._write_event is not None:
+                self._wait_for_writes(stream_ptr)
             self._tick += 1
-            launch.set(10, self._tick << RANK_BITS)
-            launch.go(kernels.grid(self.device_id, n * self._group, BLOCK), BLOCK, stream_ptr)
+            cells[10].value = self._tick << RANK_BITS
+            ws.insert_launch.go(blocks, BLOCK, stream_ptr)  # type: ignore[union-attr]
+            rt.eventRecord(ws.write_done.ptr, stream_ptr)
+            self._write_event = ws.write_done
 
     def codes_on_device(self, keys_ptr: int, n: int, codes_ptr: int, stream_ptr: int) -> None:
         """Unsorted set codes (set << 32 | position) of n device keys, on the stream."""

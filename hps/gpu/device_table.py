@@ -101,6 +101,7 @@ class QueryWorkspace:
         self.ctl_ptr = int(self.ctl.data.ptr)
         self.event_ptr = int(self.event.ptr)
         self._pending = False
+        self._released_ptr = 0
         self.capacity = 0
         self.positions: Any = None
         self.host_keys: np.ndarray = np.empty(0, np.int64)
@@ -108,16 +109,18 @@ class QueryWorkspace:
         self.keys_ptr = 0
         self._keys_finalizer: Any = None
         # the query launches bound to these buffers (see DeviceTable._bind_query)
-        self.launches: list[tuple[int, kernels.Launch, int]] | None = None
+        self.launches: list[tuple[int, kernels.Launch, int, Any]] | None = None
         self.generation = -1
         self.insert_launch: kernels.Launch | None = None
+        self.insert_cells: list[Any] | None = None
         self.scatter_launch: kernels.Launch | None = None
+        self.scatter_cells: list[Any] | None = None
 
     def reserve(self, n: int) -> None:
         if n <= self.capacity:
             return
         if self._pending:  # queued work may still read the buffers about to be freed
-            self._released.synchronize()
+            self._rt.eventSynchronize(self._released_ptr)
             self._pending = False
         cap = max(n, 2 * self.capacity, 1024)
         with self._cp.cuda.Device(self.device_id):
@@ -142,11 +145,18 @@ class QueryWorkspace:
     def release(self, stream_ptr: int) -> None:
         """Work queued on the stream still reads the miss positions."""
         self._rt.eventRecord(self._released.ptr, stream_ptr)
+        self._released_ptr = int(self._released.ptr)
+        self._pending = True
+
+    def released_by(self, event_ptr: int) -> None:
+        """Work before `event_ptr` (an event just recorded by the caller) still reads the
+        miss positions."""
+        self._released_ptr = event_ptr
         self._pending = True
 
     def wait_released(self, stream_ptr: int) -> None:
         if self._pending:
-            self._rt.streamWaitEvent(stream_ptr, self._released.ptr, 0)
+            self._rt.streamWaitEvent(stream_ptr, self._released_ptr, 0)
             self._pending = False
 
 
@@ -403,14 +413,18 @@ class DeviceTable:
         """(most keys, kernel, keys per lane group) of the query kernels, by batch size."""
         return [(kernels.MAX_BATCH, self._kernel(self._query_kernel), self._unroll)]
 
-    def _bind_query(self, ws: QueryWorkspace) -> list[tuple[int, kernels.Launch, int]]:
+    def _bind_query(self, ws: QueryWorkspace) -> list[tuple[int, kernels.Launch, int, Any]]:
         launches = []
         fixed = self._fixed_query_params(ws)
+        k, c, o, v, d = self._query_slots
         for limit, fn, unroll in self._query_kernels():
             launch = kernels.Launch(fn, self._query_signature)
-            for i, v in fixed.items():
-                launch.set(i, v)
-            launches.append((limit, launch, unroll))
+            for i, value in fixed.items():
+                launch.set(i, value)
+            cells = launch.values
+            tick = cells[self._tick_slot] if self._tick_slot >= 0 else None
+            launches.append((limit, launch, unroll * (32 // self._group),
+                             (cells[k], cells[c], cells[o], cells[v], cells[d], tick)))
         ws.launches = launches
         ws.generation = self._generation
         return launches
@@ -426,17 +440,16 @@ class DeviceTable:
             if n <= entry[0]:
                 chosen = entry
                 break
-        _, launch, unroll = chosen
-        k, c, o, v, d = self._query_slots
-        launch.set(k, keys_ptr)
-        launch.set(c, n)
-        launch.set(o, out_ptr)
-        launch.set(v, self._dim4 and out_ptr % 16 == 0)
-        launch.set(d, default)
-        if self._tick_slot >= 0:
+        _, launch, keys_per_warp, (k, c, o, v, d, tick) = chosen
+        k.value = keys_ptr
+        c.value = n
+        o.value = out_ptr
+        v.value = self._dim4 and out_ptr % 16 == 0
+        d.value = default
+        if tick is not None:
             self._tick += 1
-            launch.set(self._tick_slot, self._tick << RANK_BITS)
-        blocks = -(-(-(-n // (unroll * (32 // self._group))) * 32) // BLOCK)
+            tick.value = self._tick << RANK_BITS
+        blocks = -(-n // (keys_per_warp * (BLOCK // 32)))
         if self._waves:
             blocks = min(blocks, self._sms * self._waves)
         launch.go(blocks, BLOCK, stream_ptr)

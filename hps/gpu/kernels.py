@@ -184,6 +184,12 @@ class Launch:
         """Fixes parameter `index` for the launches that follow."""
         self._values[index].value = value
 
+    @property
+    def values(self) -> list[Any]:
+        """The parameter cells (ctypes scalars): `values[i].value = x` is set(i, x) without
+        the method call, for the few parameters a hot path changes per launch."""
+        return self._values
+
     def go(self, grid: int, block: int, stream_ptr: int) -> None:
         """Launches with the parameters as set."""
         if self._fptr is None:

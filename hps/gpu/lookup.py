@@ -42,8 +42,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -60,7 +62,7 @@ from hps.gpu.cache import (
     warm_up,
 )
 from hps.gpu.device_table import QueryWorkspace
-from hps.gpu.staging import CHUNK_BYTES, MissStaging, Scratch, device_view
+from hps.gpu.staging import CHUNK_BYTES, MissStaging, Scratch, device_view, external_stream
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.keys import is_wide, key_ref, output_ref
 from hps.producers import ArrayRef
@@ -125,6 +127,8 @@ class GpuEmbeddingTable:
         self._cache = self._table if isinstance(self._table, EmbeddingCache) else None
         self._scatter = kernels.function("rows.cu", "scatter_rows", self.device_id,
                                          DIM=self.dim)
+        self._dim4 = self.dim % 4 == 0
+        self._row4 = self.dim // 4
         self._tls = threading.local()
         self._stats_lock = threading.Lock()
         self._all_counts: list[dict[str, int]] = []
@@ -214,7 +218,7 @@ class GpuEmbeddingTable:
         src = keys.device_array().reshape(-1)
         if src.dtype == np.uint64:
             src = src.view(np.int64)
-        with cp.cuda.ExternalStream(stream):
+        with external_stream(cp, stream):
             cp.copyto(dst, src, casting="unsafe")
         return int(dst.data.ptr)
 
@@ -229,7 +233,7 @@ class GpuEmbeddingTable:
             scratch.out_to_host(int(rows.data.ptr), target, stream)
             return
         cp = self._cp
-        with cp.cuda.ExternalStream(stream):
+        with external_stream(cp, stream):
             cp.copyto(out.device_array(), rows)
 
     def _lookup_ptr(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
@@ -253,7 +257,7 @@ class GpuEmbeddingTable:
                         state: _ThreadState) -> None:
         """dedupe=True: the distinct keys are looked up, then gathered into out."""
         cp = self._cp
-        with cp.cuda.ExternalStream(stream):
+        with external_stream(cp, stream):
             keys = device_view(cp, keys_ptr, (n,), np.int64, None)
             unique, inverse = cp.unique(keys, return_inverse=True)
             rows = cp.empty((unique.size, self.dim), dtype=np.float32)
@@ -281,52 +285,69 @@ class GpuEmbeddingTable:
             return
         staging = state.staging
         keys, codes, inverse, rows = staging.prepare(m, self.dim)
+        updates = self._updates  # see update(): rows fetched before an update are not kept
         small = m <= HOST_MISSES
         if small:
-            u = int(host_kernels.dedupe(missed, keys, inverse))
-            if cache is not None:
-                host_kernels.set_codes(keys[:u], cache.num_sets, codes[:u])
-        else:
-            u = m
-            keys[:] = missed
-        d_keys, d_codes, d_inverse, d_rows = staging.device_ptrs()
-        updates = self._updates
-        if small or u * self.dim * 4 <= CHUNK_BYTES:
+            u = int(host_kernels.stage_misses(missed, 0 if cache is None else cache.num_sets,
+                                              keys, inverse, codes))
             self._fetch_into(keys[:u], rows[:u])
             staging.send(u, stream)
         else:
+            u = m
+            keys[:] = missed
             staging.send_index(stream)
-            step = max(1, CHUNK_BYTES // (self.dim * 4))
-            for first in range(0, u, step):
-                stop = min(u, first + step)
-                self._fetch_into(keys[first:stop], rows[first:stop])
-                staging.send_rows(first, stop, stream)
-        launch = ws.scatter_launch
-        if launch is None:
-            launch = ws.scatter_launch = kernels.Launch(self._scatter, "ptr ptr i64 ptr ptr i32")
-        vec4 = self.dim % 4 == 0 and out_ptr % 16 == 0
-        launch(kernels.grid(self.device_id, m * (self.dim // 4 if vec4 else self.dim)), 256,
-               stream, ws.positions_ptr, d_inverse if small else 0, m, d_rows, out_ptr, vec4)
-        ws.release(stream)
+            self._fetch_and_send(keys, rows, staging, stream)
+        d_keys, d_codes, d_inverse, d_rows = staging.device_ptrs()
+        self._scatter_rows(ws, m, d_inverse if small else 0, d_rows, out_ptr, stream)
         state.counts["sync_fetches"] += u
         if cache is not None:
             if not small:
-                d_codes = self._device_codes(d_keys, d_codes, u, stream)
+                self._device_codes(d_keys, d_codes, u, stream)
             cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream)
             if self._updates != updates:  # the rows may predate an update: not kept
                 cache.remove(keys[:u].copy())
-        staging.mark_used(stream)
+        staging.done(stream)
+        ws.released_by(staging.done_ptr)
 
-    def _device_codes(self, keys_ptr: int, codes_ptr: int, u: int, stream: int) -> int:
+    def _fetch_and_send(self, keys: np.ndarray, rows: np.ndarray, staging: MissStaging,
+                        stream: int) -> None:
+        """A large batch: its rows fetched in chunks on the fetch threads (the tiers'
+        compiled fetches release the GIL), each chunk sent to the device as soon as it and
+        those before it are in, while the later ones are still being fetched."""
+        step = max(1, CHUNK_BYTES // (self.dim * 4))
+        bounds = [(a, min(keys.size, a + step)) for a in range(0, keys.size, step)]
+        pool = _fetch_pool()
+        fetches = [pool.submit(self._fetch_into, keys[a:b], rows[a:b]) for a, b in bounds]
+        for (a, b), fetch in zip(bounds, fetches, strict=True):
+            fetch.result()
+            staging.send_rows(a, b, stream)
+
+    def _scatter_rows(self, ws: QueryWorkspace, m: int, inverse_ptr: int, rows_ptr: int,
+                      out_ptr: int, stream: int) -> None:
+        """out[positions[j]] = rows[inverse[j]] (inverse 0: rows[j]) for the m misses."""
+        cells = ws.scatter_cells
+        if cells is None or ws.scatter_launch is None:
+            ws.scatter_launch = kernels.Launch(self._scatter, "ptr ptr i64 ptr ptr i32")
+            cells = ws.scatter_cells = ws.scatter_launch.values
+        vec4 = self._dim4 and out_ptr % 16 == 0
+        cells[0].value = ws.positions_ptr
+        cells[1].value = inverse_ptr
+        cells[2].value = m
+        cells[3].value = rows_ptr
+        cells[4].value = out_ptr
+        cells[5].value = vec4
+        ws.scatter_launch.go(kernels.grid(self.device_id, m * (self._row4 if vec4 else self.dim)),
+                             256, stream)
+
+    def _device_codes(self, keys_ptr: int, codes_ptr: int, u: int, stream: int) -> None:
         """Sorted set codes of u device keys, computed and sorted on the device."""
         cp = self._cp
         cache = self._cache
         assert cache is not None
-        with cp.cuda.ExternalStream(stream):
+        with external_stream(cp, stream):
             codes = device_view(cp, codes_ptr, (u,), np.uint64, None)
             cache.codes_on_device(keys_ptr, u, codes_ptr, stream)
             codes.sort()
-        return codes_ptr
 
     def _copy_fetched(self, keys: np.ndarray, out: np.ndarray) -> None:
         """fetch_into through fetch_host: the rows it returns copied into `out`."""
@@ -467,6 +488,21 @@ class GpuEmbeddingTable:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _fetch_pool() -> ThreadPoolExecutor:
+    """The threads that fetch large miss batches' rows, one per core (made on first use)."""
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(os.cpu_count() or 1,
+                                           thread_name_prefix="hps-gpu-fetch")
+    return _pool
 
 
 class _ThreadState:

@@ -31,6 +31,25 @@ def _align(n: int) -> int:
     return -(-n // 256) * 256
 
 
+class _RawStream:
+    """A CUDA stream handle in the CUDA stream protocol (`__cuda_stream__`)."""
+
+    def __init__(self, ptr: int) -> None:
+        self._ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self._ptr)
+
+
+def external_stream(cupy: Any, ptr: int) -> Any:
+    """A CuPy stream over the CUDA stream `ptr` (use as a context: CuPy's operations in
+    it run on that stream)."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_RawStream(ptr))
+    return cupy.cuda.ExternalStream(ptr)
+
+
 def device_view(cupy: Any, ptr: int, shape: tuple[int, ...], dtype: Any, owner: Any) -> Any:
     """A CuPy array over device memory at `ptr` that `owner` keeps alive (no copy)."""
     dtype = np.dtype(dtype)
@@ -40,7 +59,13 @@ def device_view(cupy: Any, ptr: int, shape: tuple[int, ...], dtype: Any, owner: 
 
 
 class MissStaging:
-    """One thread's staging of miss batches (see the module docstring)."""
+    """One thread's staging of miss batches (see the module docstring).
+
+    The layout is that of a batch of `slots` keys, the next power of two at or above the
+    batch (at least 256): the views of each layout are made once and sliced per batch,
+    and a batch's used bytes stay within twice its own. One event, recorded by `done`
+    after the last kernel that reads the device buffer, orders the reuse of both
+    buffers."""
 
     def __init__(self, cupy: Any) -> None:
         self._cp = cupy
@@ -51,52 +76,62 @@ class MissStaging:
         self._host_bytes: np.ndarray = np.empty(0, np.uint8)
         self.device: Any = None
         self.device_ptr = 0
-        self._copied = cupy.cuda.Event(block=False, disable_timing=True)  # last H2D done
-        self._used = cupy.cuda.Event(block=False, disable_timing=True)  # last device read
-        self._has_copy = False
-        self._has_use = False
+        self.done_event = cupy.cuda.Event(block=False, disable_timing=True)
+        self.done_ptr = int(self.done_event.ptr)
+        self._pending = False  # work queued before done_event still uses the buffers
+        self._layouts: dict[tuple[int, int], tuple[tuple[int, int, int, int], tuple[Any, ...]]]
+        self._layouts = {}
         self._offsets = (0, 0, 0, 0)
-        self._rows = 0
         self._dim = 0
 
     def prepare(self, m: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                   np.ndarray]:
         """Host views (keys int64 [m], codes uint64 [m], inverse int32 [m], rows float32
-        [m, dim]) for a batch of up to m keys, free to write."""
-        off_codes = _align(m * 8)
-        off_inv = off_codes + _align(m * 8)
-        off_rows = off_inv + _align(m * 4)
-        total = off_rows + m * dim * 4
-        if self._has_copy:
-            self._copied.synchronize()  # the pinned buffer is free again
-            self._has_copy = False
+        [m, dim]) for a batch of m keys, free to write (the last batch's copies and
+        kernels are done)."""
+        if self._pending:
+            self._rt.eventSynchronize(self.done_ptr)
+            self._pending = False
+        slots = max(256, 1 << (m - 1).bit_length())
+        layout = self._layouts.get((slots, dim))
+        if layout is None:
+            layout = self._layout(slots, dim)
+        self._offsets, (keys, codes, inverse, rows) = layout
+        self._dim = dim
+        return keys[:m], codes[:m], inverse[:m], rows[:m]
+
+    def _layout(self, slots: int, dim: int
+                ) -> tuple[tuple[int, int, int, int], tuple[Any, ...]]:
+        off_codes = _align(slots * 8)
+        off_inv = off_codes + _align(slots * 8)
+        off_rows = off_inv + _align(slots * 4)
+        total = off_rows + slots * dim * 4
         if total > self.nbytes:
-            if self._has_use:
-                self._used.synchronize()
-                self._has_use = False
             self.nbytes = max(total, 2 * self.nbytes, 1 << 16)
             self.host = self._cp.cuda.alloc_pinned_memory(self.nbytes)
             self._host_ptr = int(self.host.ptr)
             self._host_bytes = np.frombuffer(self.host, dtype=np.uint8, count=self.nbytes)
             self.device = self._cp.empty(self.nbytes, dtype=np.uint8)
             self.device_ptr = int(self.device.data.ptr)
-        self._offsets = (0, off_codes, off_inv, off_rows)
-        self._dim = dim
+            self._layouts = {}  # views of the old buffers
         b = self._host_bytes
-        return (b[:m * 8].view(np.int64), b[off_codes:off_codes + m * 8].view(np.uint64),
-                b[off_inv:off_inv + m * 4].view(np.int32),
-                b[off_rows:off_rows + m * dim * 4].view(np.float32).reshape(m, dim))
+        views = (b[:slots * 8].view(np.int64), b[off_codes:off_codes + slots * 8].view(np.uint64),
+                 b[off_inv:off_inv + slots * 4].view(np.int32),
+                 b[off_rows:off_rows + slots * dim * 4].view(np.float32).reshape(slots, dim))
+        layout = ((0, off_codes, off_inv, off_rows), views)
+        self._layouts[(slots, dim)] = layout
+        return layout
 
     def device_ptrs(self) -> tuple[int, int, int, int]:
         """Device addresses of keys, codes, inverse and rows (as laid out by prepare)."""
         d = self.device_ptr
-        return tuple(d + o for o in self._offsets)  # type: ignore[return-value]
+        o = self._offsets
+        return d, d + o[1], d + o[2], d + o[3]
 
     def send(self, u: int, stream_ptr: int) -> None:
         """Copies keys, codes, inverse and u rows to the device, on the stream, in one
         copy."""
-        total = self._offsets[3] + u * self._dim * 4
-        self._copy(0, total, stream_ptr)
+        self._copy(0, self._offsets[3] + u * self._dim * 4, stream_ptr)
 
     def send_index(self, stream_ptr: int) -> None:
         """Copies keys, codes and inverse (not the rows) to the device."""
@@ -108,18 +143,14 @@ class MissStaging:
         self._copy(self._offsets[3] + first * row, (stop - first) * row, stream_ptr)
 
     def _copy(self, offset: int, nbytes: int, stream_ptr: int) -> None:
-        if self._has_use:  # kernels on another stream may still read the device buffer
-            self._rt.streamWaitEvent(stream_ptr, self._used.ptr, 0)
-            self._has_use = False
         self._rt.memcpyAsync(self.device_ptr + offset, self._host_ptr + offset, nbytes, _H2D,
                              stream_ptr)
-        self._rt.eventRecord(self._copied.ptr, stream_ptr)
-        self._has_copy = True
 
-    def mark_used(self, stream_ptr: int) -> None:
-        """Kernels queued on the stream read the device buffer."""
-        self._rt.eventRecord(self._used.ptr, stream_ptr)
-        self._has_use = True
+    def done(self, stream_ptr: int) -> None:
+        """Records that the batch's copies and kernels are queued on the stream up to
+        here; the next batch waits for them before it reuses the buffers."""
+        self._rt.eventRecord(self.done_ptr, stream_ptr)
+        self._pending = True
 
 
 class Scratch:

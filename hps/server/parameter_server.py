@@ -184,7 +184,10 @@ class HierarchicalParameterServer:
             kref = t.checked_ref(keys)
             n = kref.size
             oref = output_ref(out, n, t.dim)
-            device = _serving_device(loaded, kref, oref, device_id)
+            device = kref.device
+            if (device_id is not None or device < 0 or device != oref.device
+                    or device not in loaded.config.deployed_device_list):
+                device = _serving_device(loaded, kref, oref, device_id)
             if n == 0:
                 return 0
             gpu = t.gpu.get(device) if t.gpu else None

@@ -368,3 +368,24 @@ def test_hps_lookup_fromdlpack(cp: Any, rng: np.random.Generator, tmp_path: Path
         assert gpu[0].stats()["hits"] > 0
     finally:
         hps.close()
+
+
+def test_large_miss_batches_are_exact(cp: Any, rng: np.random.Generator,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """More misses than the host dedupe takes (HOST_MISSES): no dedupe, set codes sorted on
+    the device, rows fetched in chunks on the fetch threads and sent chunk by chunk."""
+    from hps.gpu import lookup as lookup_module
+
+    monkeypatch.setattr(lookup_module, "CHUNK_BYTES", 1 << 16)  # many chunks
+    dim = 12
+    store = _store(rng, 300_000, dim)
+    with GpuEmbeddingTable(_model(dim, gpucacheper=0.5, hit_rate_threshold=1.01), 0,
+                           300_000, 0, store.fetch) as table:
+        keys = np.r_[rng.choice(store.keys, 150_000), [2**50] * 3].astype(np.int64)
+        assert keys.size > lookup_module.HOST_MISSES
+        for _ in range(2):  # cold, then mostly held
+            out = cp.full((keys.size, dim), np.nan, dtype=np.float32)
+            table.lookup(cp.asarray(keys), out)
+            np.testing.assert_array_equal(out.get(), store.fetch(keys))
+        stats = table.stats()
+        assert stats["hits"] > 0 and stats["size"] > 100_000
