@@ -742,6 +742,19 @@ def bench_http_cmd(
                   f"({result['cpus']} CPUs; pinned: {result['pinned']})")
 
 
+@bench_app.command("slowloris")
+def bench_slowloris_cmd(
+    connections: int = typer.Option(2000, help="Slow connections (half a header each)."),
+    requests: int = typer.Option(500, help="Timed requests of the normal client per phase."),
+    max_connections: int = typer.Option(512, help="The server's http.max_connections."),
+) -> None:
+    """A normal client's p50/p99 alone and beside a slowloris crowd; server descriptors."""
+    from hps.bench.slow_clients import bench_slowloris, print_result
+
+    console.print(f"hps serve, a normal client, then {connections:,} slow connections …")
+    print_result(bench_slowloris(connections, requests, max_connections=max_connections))
+
+
 #: human labels of the measures the benchmarks return (others: underscores to spaces)
 _MEASURE_LABELS = {
     "num_keys": "keys in the table", "dim": "width", "batch": "keys per batch",

@@ -62,13 +62,16 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def _http_server(config: Path, port: int, lookup_threads: int, cpus: set[int] | None,
-                 timeout: float = 300.0) -> Iterator[str]:
-    """`hps serve config` in a subprocess (on `cpus`); yields its URL once /readyz is 200."""
+                 timeout: float = 300.0, pids: list[int] | None = None) -> Iterator[str]:
+    """`hps serve config` in a subprocess (on `cpus`); yields its URL once /readyz is 200.
+    The process id is appended to `pids` when given."""
     log = open(config.parent / "serve.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [sys.executable, "-m", "hps.cli", "serve", str(config), "--port", str(port),
          "--lookup-threads", str(lookup_threads)],
         stdout=log, stderr=subprocess.STDOUT)
+    if pids is not None:
+        pids.append(proc.pid)
     _pin(proc.pid, cpus)
     url = f"127.0.0.1:{port}"
     try:

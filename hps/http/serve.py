@@ -22,6 +22,7 @@ import uvicorn
 from hps.config import PSConfig
 from hps.errors import BindError
 from hps.http.app import create_app
+from hps.http.connections import uvicorn_options
 from hps.http.state import DEFAULT_LOOKUP_THREADS, DEFAULT_MAX_BODY_BYTES, is_loopback
 from hps.server import HierarchicalParameterServer
 
@@ -139,7 +140,8 @@ def serve(
                     "routes (reload) are refused", host)
     uv = uvicorn.Server(uvicorn.Config(
         app, access_log=access_log, log_level=log_level, log_config=None,
-        lifespan="on", ws="none", timeout_graceful_shutdown=5))
+        lifespan="on", ws="none", timeout_graceful_shutdown=5,
+        **uvicorn_options(server.config.http)))
     # listen before saying "serving": a client that reads the line and connects at once
     # waits in the backlog until uvicorn accepts, instead of being refused
     sock.listen(2048)
@@ -174,6 +176,10 @@ class ServerThread:
         config.setdefault("access_log", False)
         config.setdefault("ws", "none")  # no websockets: nothing to import, nothing to warn
         config.setdefault("lifespan", "on")
+        state = getattr(app.state, "hps", None)
+        if state is not None:  # the server's own limits on slow and surplus connections
+            for key, value in uvicorn_options(state.server.config.http).items():
+                config.setdefault(key, value)
         self.server = uvicorn.Server(uvicorn.Config(app, **config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="hps-uvicorn", daemon=True)

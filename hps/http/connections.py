@@ -1,0 +1,170 @@
+"""Slow and idle clients: per-connection deadlines and a bound on connections.
+
+uvicorn times out idle keep-alive connections but not a client that sends half a request
+header and waits (slowloris): such connections held a descriptor each until the process
+ran out of them and stopped answering everyone. `guarded_protocol(settings)` returns
+uvicorn's HTTP protocol class (httptools when installed, else h11) with:
+
+- a header deadline: a request's headers must be complete `header_timeout` seconds after
+  the connection opened, or after the previous response;
+- a body deadline: while a request body is coming, each part must follow the previous
+  one within `body_timeout` seconds;
+- the keep-alive timeout (uvicorn's own, `keep_alive_timeout`);
+- a bound of `max_connections`: when a connection beyond it arrives, the connection that
+  has waited longest on its client (for headers, a body, or the next request) is closed
+  to make room; connections whose request the server is working on are never closed for
+  it. When all are busy, the newcomer is closed.
+
+A connection closed for any of these is aborted (its descriptor freed at once) and
+counted in `ConnectionGuard.closed` by reason; the log says so once a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from hps.config import HttpConfig
+from hps.throttled_log import ThrottledLog
+
+log = logging.getLogger("hps.http")
+
+
+@dataclass
+class ConnectionGuard:
+    """The shared state of one server's connections (used on its event loop only)."""
+
+    max_connections: int
+    header_timeout: float
+    body_timeout: float
+    #: connections closed by reason: "header_timeout", "body_timeout", "evicted", "full"
+    closed: dict[str, int] = field(default_factory=dict)
+    open: int = 0
+    _waiting: OrderedDict[Any, None] = field(default_factory=OrderedDict)
+    _log: ThrottledLog = field(default_factory=lambda: ThrottledLog(log))
+
+    def admit(self, conn: Any) -> bool:
+        """Count a new connection; make room by closing the longest-waiting ones.
+        False when every other connection is busy (the caller closes itself)."""
+        self.open += 1
+        while self.open > self.max_connections and self._waiting:
+            victim, _ = self._waiting.popitem(last=False)
+            victim.hps_close("evicted")
+        if self.open > self.max_connections:
+            return False
+        return True
+
+    def waiting(self, conn: Any) -> None:
+        """`conn` waits on its client from now (the newest such)."""
+        self._waiting.pop(conn, None)
+        self._waiting[conn] = None
+
+    def busy(self, conn: Any) -> None:
+        """The server works on `conn`'s request: it is not to be evicted."""
+        self._waiting.pop(conn, None)
+
+    def gone(self, conn: Any, reason: str | None) -> None:
+        """`conn` closed (by us for `reason`, or by its client when None)."""
+        self._waiting.pop(conn, None)
+        self.open -= 1
+        if reason is not None:
+            self.closed[reason] = self.closed.get(reason, 0) + 1
+            self._log.warning(reason, "closing slow or surplus HTTP connections (%s; %d "
+                              "so far, %d open, limit %d)", reason.replace("_", " "),
+                              self.closed[reason], self.open, self.max_connections)
+
+
+def uvicorn_options(http: HttpConfig) -> dict[str, Any]:
+    """The uvicorn.Config settings that apply `http`'s timeouts and connection bound
+    (a fresh `ConnectionGuard`, reachable as the protocol class's `guard`)."""
+    guard = ConnectionGuard(http.max_connections, http.header_timeout, http.body_timeout)
+    return {"http": guarded_protocol(guard), "timeout_keep_alive": http.keep_alive_timeout}
+
+
+def protocol_base() -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class: httptools when installed, else h11 (its "auto")."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        return HttpToolsProtocol
+    except ImportError:  # pragma: no cover - depends on the environment
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        return H11Protocol
+
+
+def guarded_protocol(guard: ConnectionGuard,
+                     base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:
+    """`base` (uvicorn's HTTP protocol) with the deadlines and the bound of `guard`."""
+    parent: Any = base or protocol_base()
+
+    class GuardedProtocol(parent):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self._hps_timer: asyncio.TimerHandle | None = None
+            self._hps_cycle: Any = None
+            self._hps_closed: str | None = None
+            self._hps_counted = False
+            super().connection_made(transport)
+            self._hps_counted = True
+            if not guard.admit(self):
+                self.hps_close("full")
+                return
+            self._await_request()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._hps_closed is not None:
+                return
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:
+                return  # still waiting for a request's headers: the deadline stands
+            if getattr(cycle, "more_body", False):  # a body is coming: part by part
+                if cycle is not self._hps_cycle or self._hps_timer is not None:
+                    self._hps_cycle = cycle
+                    guard.waiting(self)
+                    self._arm(guard.body_timeout, "body_timeout")
+            else:  # the request is in: the server works on it
+                self._hps_cycle = cycle
+                self._disarm()
+                guard.busy(self)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._hps_closed is None and not self.transport.is_closing():
+                self._await_request()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            if self._hps_counted and self._hps_closed is None:
+                self._hps_closed = "client"
+                guard.gone(self, None)
+            super().connection_lost(exc)
+
+        def hps_close(self, reason: str) -> None:
+            """Abort the connection (its descriptor is freed at once)."""
+            if self._hps_closed is not None:
+                return
+            self._hps_closed = reason
+            self._disarm()
+            guard.gone(self, reason)
+            self.transport.abort()
+
+        def _await_request(self) -> None:
+            guard.waiting(self)
+            self._arm(guard.header_timeout, "header_timeout")
+
+        def _arm(self, seconds: float, reason: str) -> None:
+            self._disarm()
+            self._hps_timer = self.loop.call_later(seconds, self.hps_close, reason)
+
+        def _disarm(self) -> None:
+            if self._hps_timer is not None:
+                self._hps_timer.cancel()
+                self._hps_timer = None
+
+    GuardedProtocol.__name__ = f"Guarded{parent.__name__}"
+    GuardedProtocol.guard = guard
+    return GuardedProtocol

@@ -1,0 +1,115 @@
+"""Slow and idle clients against `hps serve` (a real process): header, body and
+keep-alive deadlines close them; 2,000 slowloris connections leave a normal client
+answered and the server's file descriptors bounded (issue 14: 1,100 half-header
+connections held 1,123 descriptors 30 s later and, under a 1,024 limit, stopped the
+server answering anyone)."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.bench.slow_clients import (
+    PARTIAL_HEADER,
+    Slowloris,
+    open_fds,
+    raise_fd_limit,
+    slow_model_server,
+)
+
+MAX_CONNECTIONS = 128
+SETTINGS = {"max_connections": MAX_CONNECTIONS, "header_timeout": 1.0, "body_timeout": 1.0,
+            "keep_alive_timeout": 1.0}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    with slow_model_server(tmp_path_factory.mktemp("slow"), SETTINGS) as port_pid:
+        yield port_pid
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Read until the server closes the connection (True); False if it sent data or the
+    30 s socket timeout passed."""
+    sock.settimeout(30)
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_half_a_header_is_closed(server: tuple[int, int]) -> None:
+    with socket.create_connection(("127.0.0.1", server[0])) as sock:
+        sock.sendall(PARTIAL_HEADER)
+        assert closed_by_server(sock)
+
+
+def test_a_silent_connection_is_closed(server: tuple[int, int]) -> None:
+    with socket.create_connection(("127.0.0.1", server[0])) as sock:
+        assert closed_by_server(sock)
+
+
+def test_a_slow_body_is_closed(server: tuple[int, int]) -> None:
+    head = (b"POST /v1/models/slow/tables/0/lookup HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/octet-stream\r\nContent-Length: 800\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server[0])) as sock:
+        sock.sendall(head + b"\0" * 8)  # 8 of 800 bytes, then nothing
+        assert closed_by_server(sock)
+
+
+def test_an_idle_keep_alive_connection_is_closed(server: tuple[int, int]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", server[0], timeout=30)
+    conn.request("GET", "/healthz")
+    answer = conn.getresponse()
+    assert answer.status == 200 and answer.read()
+    assert conn.sock is not None
+    assert closed_by_server(conn.sock)
+    conn.close()
+
+
+def test_slowloris_leaves_a_normal_client_answered(server: tuple[int, int]) -> None:
+    port, pid = server
+    raise_fd_limit(4096)
+    keys = np.arange(0, 2000, 7, dtype="<i8")
+    crowd = Slowloris(port, 2000)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        answered = 0
+        for _ in range(40):
+            try:
+                conn.request("POST", "/v1/models/slow/tables/0/lookup", keys.tobytes(),
+                             {"Content-Type": "application/octet-stream"})
+                answer = conn.getresponse()
+            except (ConnectionError, http.client.HTTPException):
+                conn.close()  # an idle keep-alive connection may be closed: a new one
+                conn.request("POST", "/v1/models/slow/tables/0/lookup", keys.tobytes(),
+                             {"Content-Type": "application/octet-stream"})
+                answer = conn.getresponse()
+            rows = np.frombuffer(answer.read(), "<f4")
+            assert answer.status == 200 and rows.size == keys.size * 16
+            answered += 1
+        fds = open_fds(pid)
+        conn.close()
+    finally:
+        crowd.close()
+    assert answered == 40
+    # the listening socket, RocksDB/log files and the pool's own: a few dozen beyond
+    assert fds <= MAX_CONNECTIONS + 48, f"{fds} descriptors open"
+    assert crowd.reopened > 0  # the server did close slow connections
+
+
+def test_settings_are_checked(tmp_path: Path) -> None:
+    from hps import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="max_connections"):
+        load_config({"models": [{"model": "m", "sparse_files": ["/x"],
+                                 "embedding_vecsize_per_table": [1],
+                                 "maxnum_catfeature_query_per_table_per_sample": [1]}],
+                     "http": {"max_connections": 0}})
