@@ -187,7 +187,7 @@ def build_router(state: ServiceState) -> APIRouter:
         config = state.model_config(model)
         if body is not None and body.sparse_files is not None:
             config = _with_sources(config, body.sparse_files)
-            check_sources(body.sparse_files, state.allowed_roots)
+            check_sources(config.sparse_files, state.allowed_roots)
         return load_summary(await run_in_threadpool(state.load, config))
 
     return router
