@@ -138,4 +138,7 @@ def test_reload_from_other_formats(live_own: Live, tmp_path: Path) -> None:
                                        json={"sparse_files": [bad, files[1]]})
         assert refused.status_code == 422 and refused.json()["error"]["kind"] == "config"
         assert message in refused.text
+    outside = live_own.client.post(f"/v1/models/{MODEL}/reload", json={"sparse_files": [
+        {"path": "/etc/t0.parquet", "key_column": "id"}, files[1]]})
+    assert outside.status_code == 403, outside.text  # objects meet the allowed roots too
     np.testing.assert_array_equal(_vectors(live_own, 0, keys0[:11]), rows0[:11])
