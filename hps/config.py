@@ -28,6 +28,8 @@ from hps.errors import ConfigError
 from hps.io.formats.spec import TableSpec
 
 UNBOUNDED = 2**63 - 1
+#: widest vector a table may have (floats): a 4 MiB row
+MAX_VEC_SIZE = 1 << 20
 
 
 class UnknownConfigKeyWarning(UserWarning):
@@ -198,6 +200,8 @@ class ModelConfig(_Section):
     hit_rate_threshold: float = Field(0.9, ge=0.0)
     gpucache: bool = True
     gpucacheper: float = Field(0.2, gt=0.0, le=1.0)
+    # hps extension: vectors with NaN or infinity are refused at load unless this is set
+    allow_non_finite_vectors: bool = False
     cache_refresh_percentage_per_iteration: float = Field(0.0, ge=0.0)
     embedding_cache_type: Literal["dynamic", "static", "uvm"] = "dynamic"
     # hps extension: the GPU memory of a uvm table (index + hot rows), in MiB; unset:
@@ -258,6 +262,10 @@ class ModelConfig(_Section):
         for key in ("embedding_vecsize_per_table", "maxnum_catfeature_query_per_table_per_sample"):
             if any(v <= 0 for v in getattr(self, key)):
                 raise ValueError(f"{key} entries must be positive integers")
+        wide = [v for v in self.embedding_vecsize_per_table if v > MAX_VEC_SIZE]
+        if wide:  # a row must fit a load chunk; such a width is a typo, not a model
+            raise ValueError(f"embedding_vecsize_per_table entries must be at most "
+                             f"{MAX_VEC_SIZE:,} (a 4 MiB row), got {wide[0]:,}")
         if any(not math.isfinite(v) for v in self.default_value_for_each_table):
             raise ValueError("default_value_for_each_table entries must be finite numbers")
         if not self.deployed_device_list:

@@ -21,12 +21,13 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig
 from hps.db.base import Tier
-from hps.errors import TierError
+from hps.errors import ConfigError, ModelFileError, TierError
 from hps.io.formats import DEFAULT_CHUNK_BYTES, ModelReader, ReadOptions, open_model
 from hps.io.read_ahead import read_ahead
 from hps.io.source import SourceOptions
@@ -59,6 +60,8 @@ class TableSource:
     loaded_at: float = field(default_factory=time.time)
     load_seconds: float = 0.0
     reused: bool = False
+    #: rows whose key a later row of the files repeats (the last row of a key wins)
+    duplicate_keys: int = 0
     #: why the volatile tier did not take this load ("" when it did)
     volatile_error: str = ""
 
@@ -123,6 +126,46 @@ def stored_rows(persistent: Tier, name: str, keys: np.ndarray, file_rows: np.nda
     return stored
 
 
+def available_memory() -> int | None:
+    """Bytes of memory the system can give this process now (Linux MemAvailable), None
+    where it cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(name: str, rows: int, dim: int, tier: Tier | None) -> None:
+    """ConfigError, before anything is allocated, when an in-process tier cannot hold
+    `rows` rows of width `dim` (8 + 4 × dim bytes each at least) in the memory available."""
+    if tier is None or not tier.in_process or rows <= 0:
+        return
+    need = rows * (8 + 4 * dim)
+    free = available_memory()
+    if free is not None and need > free:
+        raise ConfigError(
+            f"{name}: {rows:,} keys of width {dim} need at least {need / 2**30:.1f} GiB in "
+            f"the in-process {tier.name} tier, and {free / 2**30:.1f} GiB are available: "
+            "check embedding_vecsize_per_table, lower volatile_db.initial_cache_rate over a "
+            "persistent_db, or use Redis")
+
+
+def check_finite(reader: ModelReader, first_row: int, vectors: np.ndarray) -> None:
+    """ModelFileError naming the row and the file when a chunk holds NaN or infinity."""
+    finite = np.isfinite(vectors)
+    if finite.all():
+        return
+    row = int(np.flatnonzero(~finite.all(axis=1))[0])
+    raise ModelFileError(
+        f"{reader.uri}: row {first_row + row:,} holds NaN or infinity (and maybe more "
+        "rows after it): a model trained to non-finite values is refused; set "
+        "allow_non_finite_vectors: true in the model's config to load it anyway")
+
+
 def load_table(
     name: str,
     reader: ModelReader,
@@ -130,6 +173,8 @@ def load_table(
     persistent: Tier | None,
     initial_cache_rate: float,
     progress: LoadProgress,
+    *,
+    allow_non_finite: bool = False,
 ) -> TableSource:
     """Write one table into the tiers; returns its source record.
 
@@ -139,6 +184,11 @@ def load_table(
     wrote since the files were loaded. A volatile tier that fails (TierError) while a
     persistent tier takes the table is left out of the rest of the load:
     `volatile_error` of the record says why.
+
+    Checks: an in-process tier must have the memory for its rows before any is
+    allocated (ConfigError); a row with NaN or infinity fails the load naming the row and
+    the file (ModelFileError) unless `allow_non_finite`; keys the files hold more than
+    once are counted in `duplicate_keys` (the last row of a key wins) and logged.
     """
     started = time.perf_counter()
     dim = reader.vec_size
@@ -149,6 +199,7 @@ def load_table(
             tier.create_table(name, dim)
 
     reuse = False
+    stored: dict[str, Any] | None = None
     if persistent is not None:
         stored = persistent.metadata(name) if mark else None
         # a read-only store serves what it holds
@@ -161,8 +212,14 @@ def load_table(
     # progress counts file bytes, which compressed formats do not spend evenly per row
     bytes_per_row = reader.num_bytes / max(1, reader.num_keys)
 
+    read = 0
+
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        nonlocal read
         for keys, vectors in read_ahead(reader.chunks()):
+            if not allow_non_finite:
+                check_finite(reader, read, vectors)
+            read += len(keys)
             if write_volatile and not source.volatile_error:
                 m = _volatile_rows(len(keys), rate)
                 try:
@@ -183,20 +240,39 @@ def load_table(
             yield keys, vectors
 
     if write_volatile:
+        check_memory(name, _volatile_rows(reader.num_keys, rate), dim, volatile)
         volatile.reserve(name, _volatile_rows(reader.num_keys, rate))  # type: ignore[union-attr]
     progress.start_table(name, reader.num_keys, reader.num_bytes)
     if persistent is not None and not reuse:
         persistent.drop_table(name)
         persistent.create_table(name, dim)
         persistent.load(name, chunks())
+        source.duplicate_keys = _duplicates(name, reader, persistent)
         persistent.set_metadata(name, {k: v for k, v in source.as_dict().items()
                                        if k not in ("reused", "volatile_error")})
     elif write_volatile:
         for _ in chunks():
             pass
+        if persistent is None:  # the volatile tier holds the whole table
+            source.duplicate_keys = _duplicates(name, reader, volatile)  # type: ignore[arg-type]
+    if reuse and stored is not None:
+        source.duplicate_keys = int(stored.get("duplicate_keys", 0))
     source.reused = reuse
     source.load_seconds = time.perf_counter() - started
     progress.finish_table(name, source.load_seconds)
     log.info("loaded %s: %d keys, width %d, %.2fs%s", name, reader.num_keys, dim,
              source.load_seconds, " (persistent tier already held it)" if reuse else "")
     return source
+
+
+def _duplicates(name: str, reader: ModelReader, whole: Tier) -> int:
+    """Rows of the files whose key another row repeats: the rows read less the keys the
+    tier holding the whole table has (it kept the last row of each key)."""
+    try:
+        repeats = reader.num_keys - whole.size(name)
+    except TierError:  # Redis gone since: the count is unknown, not an error of the load
+        return 0
+    if repeats > 0:
+        log.warning("%s: %s holds %d rows whose key a later row repeats; the last row of "
+                    "each key is served", name, reader.uri, repeats)
+    return max(0, repeats)

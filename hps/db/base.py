@@ -57,6 +57,8 @@ class Tier(ABC):
     name: str = "tier"
     #: a read-only tier serves what it holds; loads and drops leave it alone
     read_only: bool = False
+    #: the tier keeps its rows in this process's memory (a load checks it has room)
+    in_process: bool = False
 
     def __init__(self) -> None:
         self._dims: dict[str, int] = {}

@@ -241,6 +241,7 @@ class HashMapTier(Tier):
     """
 
     name = "hash_map"
+    in_process = True
 
     def __init__(self, config: VolatileDBConfig | None = None, *, seed: int | None = None):
         super().__init__()

@@ -240,6 +240,7 @@ class ModelRegistry:
         source = load_table(
             storage_name, reader, self.tiers.volatile, self.tiers.persistent,
             self.config.volatile_db.initial_cache_rate, progress,
+            allow_non_finite=model.allow_non_finite_vectors,
         )
         return LoadedTable(
             index=index,
