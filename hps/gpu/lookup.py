@@ -64,6 +64,7 @@ from hps.gpu.cache import (
 from hps.gpu.device_table import QueryWorkspace
 from hps.gpu.staging import CHUNK_BYTES, MissStaging, Scratch, device_view, external_stream
 from hps.gpu.static_table import StaticEmbeddingTable
+from hps.gpu.threshold import HitRateThreshold
 from hps.keys import is_wide, key_ref, output_ref
 from hps.producers import ArrayRef
 
@@ -111,6 +112,7 @@ class GpuEmbeddingTable:
         self.dim = int(model.embedding_vecsize_per_table[table_id])
         self.default_value = float(model.default_value_for_each_table[table_id])
         self.hit_rate_threshold = float(model.hit_rate_threshold)
+        self._threshold = HitRateThreshold(self.hit_rate_threshold)
         self.refresh_fraction = float(model.cache_refresh_percentage_per_iteration)
         self.device_id = int(device_id)
         self.mode = cache_mode(model)
@@ -280,7 +282,7 @@ class GpuEmbeddingTable:
         """The misses of the query just made: background or fetched, scattered, inserted."""
         missed = ws.host_keys[:m]
         cache = self._cache
-        if cache is not None and 1.0 - m / n >= self.hit_rate_threshold:
+        if cache is not None and not self._threshold.synchronous(m, n):
             self._submit(missed.copy())  # this request keeps the default rows the query wrote
             return
         staging = state.staging

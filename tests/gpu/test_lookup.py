@@ -389,3 +389,26 @@ def test_large_miss_batches_are_exact(cp: Any, rng: np.random.Generator,
             np.testing.assert_array_equal(out.get(), store.fetch(keys))
         stats = table.stats()
         assert stats["hits"] > 0 and stats["size"] > 100_000
+
+
+@pytest.mark.parametrize(("hits", "synchronous"), [(92, True), (93, False), (94, False)])
+def test_hit_rate_threshold_boundary(cp: Any, rng: np.random.Generator, hits: int,
+                                     synchronous: bool) -> None:
+    """100 distinct keys against hit_rate_threshold 0.93: 92 hits (below) fetch the misses
+    before returning, 93 (at; 1 - 7/100 is 0.9299999999999999 in floats) and 94 (above)
+    answer the misses with the default and fetch them in the background."""
+    dim = 8
+    store = _store(rng, 1000, dim)
+    with GpuEmbeddingTable(_model(dim, gpucacheper=1.0, hit_rate_threshold=0.93),
+                           0, 10_000, 0, store.fetch) as table:
+        table.warm_up(_chunks(store, 500)[:1])  # store.keys[:500] cached
+        keys = np.r_[store.keys[:hits], store.keys[900:900 + 100 - hits]]
+        assert np.unique(keys).size == 100
+        out = cp.empty((100, dim), dtype=np.float32)
+        table.lookup(cp.asarray(keys), out)
+        got = out.get()
+        np.testing.assert_array_equal(got[:hits], store.fetch(keys[:hits]))
+        if synchronous:
+            np.testing.assert_array_equal(got[hits:], store.fetch(keys[hits:]))
+        else:
+            assert (got[hits:] == DEFAULT).all()
