@@ -173,7 +173,6 @@ def demo(
 
 
 _DEFAULT_MAX_BODY = 16 << 20
-_DEFAULT_LOOKUP_THREADS = 2
 
 
 @app.command()
@@ -187,9 +186,9 @@ def serve(
         help="Bearer token every route but /healthz and /readyz requires."),
     max_body_bytes: int = typer.Option(
         _DEFAULT_MAX_BODY, help="Largest request body accepted (413 above)."),
-    lookup_threads: int = typer.Option(
-        _DEFAULT_LOOKUP_THREADS, min=1,
-        help="Threads lookups run on (never on the event loop)."),
+    lookup_threads: Optional[int] = typer.Option(
+        None, min=0, help="Threads lookups run on; 0: on the event loop. Default: 0 when "
+        "every tier is in memory (hash map, no RocksDB, no GPU), else 2."),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log",
                                     help="Log every request."),
     allow_root: Optional[list[str]] = typer.Option(
@@ -210,14 +209,14 @@ def serve(
 
 
 def _serve(config: Path, *, host: str, port: int, token: str | None, max_body_bytes: int,
-           access_log: bool, lookup_threads: int = 0,
+           access_log: bool, lookup_threads: int | None = None,
            allow_roots: list[str] | None = None) -> None:
     try:
         from hps.http import serve as run_server
 
         run_server(str(config), host=host, port=port, token=token,
                    max_body_bytes=max_body_bytes, access_log=access_log,
-                   lookup_threads=lookup_threads or _DEFAULT_LOOKUP_THREADS,
+                   lookup_threads=lookup_threads,
                    echo=_echo_plain, allow_roots=allow_roots)
     except BindError as exc:  # one line, exit 1, before anything says "serving"
         _fail(exc, code=1)
@@ -515,7 +514,9 @@ def convert(
     keys_tensor: KeysTensorOpt = None,
     key_offset: KeyOffsetOpt = None,
 ) -> None:
-    """Convert a table between formats (sparse folder, Parquet, NumPy, safetensors).
+    """Convert a table to another format.
+
+    Formats: HugeCTR sparse folder, Parquet, NumPy, safetensors.
 
     Streams chunk by chunk with a progress bar; rows are copied bit for bit (float16 and
     bfloat16 widened exactly to float32). A failed conversion leaves no DESTINATION.
@@ -715,31 +716,58 @@ def bench_torch_cmd(
     console.print(format_rows(rows, device, keys, dim), markup=False, highlight=False)
 
 
+_PLOT = typer.Option(None, "--plot", help="Write a picture of the latency distributions (and "
+                     "throughput) to FILE (png, svg, pdf); needs the plot extra.")
+
+
 @bench_app.command("http")
 def bench_http_cmd(
     keys: int = typer.Option(1_000_000, help="Keys in the served table."),
     dim: int = typer.Option(64, help="Vector width."),
-    batch: int = typer.Option(1024, help="Keys per request."),
+    batch: str = typer.Option("1024", help="Keys per request; a comma list runs each "
+                              "(throughput against batch size, with --plot)."),
     clients: int = typer.Option(8, help="Concurrent clients (threads, one connection each)."),
     seconds: float = typer.Option(5.0, help="Timed seconds per path and round."),
     rounds: int = typer.Option(3, help="Rounds; the paths take turns in each."),
-    lookup_threads: int = typer.Option(2, help="The server's --lookup-threads."),
+    lookup_threads: Optional[int] = typer.Option(
+        None, help="The server's --lookup-threads (default: its own choice)."),
     pin: bool = typer.Option(True, "--pin/--no-pin",
                              help="Servers on one half of the CPUs, clients on the other."),
+    plot: Optional[Path] = _PLOT,
 ) -> None:
-    """HTTP lookups (binary, JSON) vs the same keys fetched straight from Redis (HMGET)."""
+    """HTTP lookups (v1, v2) beside direct Redis HMGET and a bare uvicorn floor."""
     from hps.bench.http import bench_http
 
-    console.print(f"table of {keys:,} keys, width {dim}; {clients} clients, {batch:,} keys "
-                  f"per request; {rounds} rounds of {seconds:g} s per path …")
-    result = bench_http(keys, dim, batch, clients, seconds=seconds, rounds=rounds,
-                        lookup_threads=lookup_threads, pin=pin)
-    _print_bench([{"name": r["path"], "requests/s": r["requests_per_s"],
-                   "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"]}
-                  for r in result["rows"]])
-    console.print(f"binary endpoint / direct Redis (keys/s): {result['binary_vs_redis']:.2f}×;"
-                  f" JSON endpoint / direct Redis: {result['json_vs_redis']:.2f}× "
-                  f"({result['cpus']} CPUs; pinned: {result['pinned']})")
+    batches = [int(b) for b in batch.split(",") if b.strip()]
+    if plot is not None:
+        from hps.bench.plot import require_matplotlib
+
+        try:
+            require_matplotlib()  # the plot extra, checked before minutes of benchmark
+        except HPSError as exc:
+            _fail(exc)
+    results = []
+    for size in batches:
+        console.print(f"table of {keys:,} keys, width {dim}; {clients} clients, {size:,} "
+                      f"keys per request; {rounds} rounds of {seconds:g} s per path …")
+        result = bench_http(keys, dim, size, clients, seconds=seconds, rounds=rounds,
+                            lookup_threads=lookup_threads, pin=pin)
+        results.append(result)
+        _print_bench([{"name": r["path"], "requests/s": r["requests_per_s"],
+                       "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
+                       "p99 ms": r["p99_ms"]} for r in result["rows"]],
+                     title=f"{clients} clients, {size:,} keys per request")
+        _print_bench([{"name": r["path"], "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"]}
+                      for r in result["single"]], title="one client alone")
+        for name, value in result["ratios"].items():
+            console.print(f"keys/s, {name}: {value:.2f}×", highlight=False)
+        console.print(f"client: {result['client']}; {result['cpus']} CPUs; pinned: "
+                      f"{result['pinned']}", highlight=False, soft_wrap=True)
+    if plot is not None:
+        from hps.bench.plot import plot_http
+
+        plot_http(results, plot)
+        console.print(f"plot written to {plot}", highlight=False)
 
 
 @bench_app.command("slowloris")

@@ -194,3 +194,29 @@ def test_lookup_of_keys_beyond_int64_is_one_line(two_tables: dict[str, Any]) -> 
     result = hps("lookup", str(config), "--model", "m", "--table", "²", "--", "1")
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "has no table '²'" in result.stderr + result.stdout
+
+
+def test_bench_http_prints_every_path_and_plots(tmp_path: Path) -> None:
+    picture = tmp_path / "http.png"
+    done = hps("bench", "http", "--keys", "5000", "--batch", "64,256", "--clients", "2",
+               "--seconds", "0.3", "--rounds", "1", "--no-pin", "--plot", str(picture),
+               cwd=tmp_path, columns=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for path in ("v1 binary lookup", "v2 binary infer", "v1 JSON lookup",
+                 "redis HMGET (direct)", "bare uvicorn (floor)", "one client alone"):
+        assert path in done.stdout
+    for ratio in ("v1 binary / redis", "v2 binary / redis", "v1 binary / bare floor"):
+        assert f"keys/s, {ratio}: " in done.stdout
+    assert "client: http.client, one keep-alive connection per thread" in done.stdout
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_plot_checks_the_plot_extra_first(tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ImportError(\"No module named 'matplotlib'\", name='matplotlib')\n")
+    done = hps("bench", "http", "--plot", str(tmp_path / "x.png"), cwd=tmp_path,
+               pythonpath=f"{tmp_path / 'shadow'}:{ROOT}")
+    assert done.returncode == 2 and "pip install 'hps-server[plot]'" in done.stderr
+    assert "table of" not in done.stdout  # stopped before the benchmark

@@ -61,15 +61,37 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _http_server(config: Path, port: int, lookup_threads: int, cpus: set[int] | None,
+def _http_server(config: Path, port: int, lookup_threads: int | None, cpus: set[int] | None,
                  timeout: float = 300.0, pids: list[int] | None = None) -> Iterator[str]:
     """`hps serve config` in a subprocess (on `cpus`); yields its URL once /readyz is 200.
     The process id is appended to `pids` when given."""
-    log = open(config.parent / "serve.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hps.cli", "serve", str(config), "--port", str(port),
-         "--lookup-threads", str(lookup_threads)],
-        stdout=log, stderr=subprocess.STDOUT)
+    argv = [sys.executable, "-m", "hps.cli", "serve", str(config), "--port", str(port)]
+    if lookup_threads is not None:
+        argv += ["--lookup-threads", str(lookup_threads)]
+    with _subprocess_server(argv, config.parent / "serve.log", port, "/readyz", cpus,
+                            timeout, pids=pids) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _bare_server(folder: Path, port: int, dim: int, cpus: set[int] | None) -> Iterator[str]:
+    """The floor: `bare_asgi.app` on uvicorn, served as `hps serve` serves."""
+    argv = [sys.executable, "-m", "uvicorn", "hps.bench.bare_asgi:app", "--port", str(port),
+            "--log-level", "warning", "--no-access-log"]
+    with _subprocess_server(argv, folder / "bare.log", port, "/", cpus, 60.0,
+                            {"HPS_BARE_DIM": str(dim)}) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _subprocess_server(argv: list[str], log_path: Path, port: int, ready_path: str,
+                       cpus: set[int] | None, timeout: float,
+                       env: dict[str, str] | None = None,
+                       pids: list[int] | None = None) -> Iterator[str]:
+    """A server process (on `cpus`); yields host:port once GET `ready_path` answers 200."""
+    log = open(log_path, "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
     if pids is not None:
         pids.append(proc.pid)
     _pin(proc.pid, cpus)
@@ -78,11 +100,10 @@ def _http_server(config: Path, port: int, lookup_threads: int, cpus: set[int] | 
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError("hps serve exited: "
-                                   + (config.parent / "serve.log").read_text()[-2000:])
+                raise RuntimeError(f"{argv[2]} exited: " + log_path.read_text()[-2000:])
             try:
                 conn = http.client.HTTPConnection(url, timeout=2)
-                conn.request("GET", "/readyz")
+                conn.request("GET", ready_path)
                 if conn.getresponse().status == 200:
                     conn.close()
                     break
@@ -90,7 +111,7 @@ def _http_server(config: Path, port: int, lookup_threads: int, cpus: set[int] | 
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise TimeoutError(f"hps serve not ready within {timeout} s")
+                raise TimeoutError(f"{argv[2]} not ready within {timeout} s")
             time.sleep(0.1)
         yield url
     finally:
@@ -121,15 +142,21 @@ def _split_cpus() -> tuple[set[int], set[int]] | None:
 
 # -- clients ------------------------------------------------------------------------------
 
+#: the client every HTTP figure uses (httpx adds about 0.45 ms a request of its own)
+CLIENT = "http.client, one keep-alive connection per thread (TCP_NODELAY)"
+#: turns an answer (body, response) into float32 rows
+Decode = Callable[[bytes, http.client.HTTPResponse], np.ndarray]
+
+
 class _HTTPClient:
     """One keep-alive connection POSTing prepared bodies; `decode` turns answers to rows."""
 
-    def __init__(self, url: str, bodies: list[bytes], content_type: str,
-                 decode: Callable[[bytes], np.ndarray]) -> None:
+    def __init__(self, url: str, path: str, bodies: list[bytes], headers: list[dict[str, str]],
+                 decode: Decode) -> None:
         self.url = url
-        self.path = f"/v1/models/{MODEL}/tables/{TABLE}/lookup"
+        self.path = path
         self.bodies = bodies
-        self.headers = {"Content-Type": content_type}
+        self.headers = headers  # one per body, or one for all
         self.decode = decode
         self.conn = self._connect()
 
@@ -148,22 +175,57 @@ class _HTTPClient:
         self.conn = self._connect()
 
     def __call__(self, i: int) -> np.ndarray:
-        self.conn.request("POST", self.path, self.bodies[i], self.headers)
+        self.conn.request("POST", self.path, self.bodies[i],
+                          self.headers[i % len(self.headers)])
         answer = self.conn.getresponse()
         data = answer.read()
         if answer.status != 200:
-            raise RuntimeError(f"lookup answered {answer.status}: {data[:200]!r}")
-        return self.decode(data)
+            raise RuntimeError(f"{self.path} answered {answer.status}: {data[:200]!r}")
+        return self.decode(data, answer)
+
+
+V1_PATH = f"/v1/models/{MODEL}/tables/{TABLE}/lookup"
+V2_PATH = f"/v2/models/{MODEL}/infer"
+_OCTET = [{"Content-Type": "application/octet-stream"}]
 
 
 def _binary_client(url: str, bodies: list[bytes], dim: int) -> _HTTPClient:
-    return _HTTPClient(url, bodies, "application/octet-stream",
-                       lambda data: np.frombuffer(data, dtype="<f4").reshape(-1, dim))
+    return _HTTPClient(url, V1_PATH, bodies, _OCTET,
+                       lambda data, _: np.frombuffer(data, dtype="<f4").reshape(-1, dim))
 
 
 def _json_client(url: str, bodies: list[bytes]) -> _HTTPClient:
-    return _HTTPClient(url, bodies, "application/json",
-                       lambda data: np.asarray(json.loads(data)["vectors"], dtype=np.float32))
+    return _HTTPClient(url, V1_PATH, bodies, [{"Content-Type": "application/json"}],
+                       lambda data, _: np.asarray(json.loads(data)["vectors"],
+                                                  dtype=np.float32))
+
+
+def v2_body(keys: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """A binary v2 infer request for one table's keys: (body, headers)."""
+    k = keys.astype("<i8").tobytes()
+    head = json.dumps({"inputs": [
+        {"name": "KEYS", "shape": [keys.size], "datatype": "INT64",
+         "parameters": {"binary_data_size": len(k)}},
+        {"name": "NUMKEYS", "shape": [1], "datatype": "INT32",
+         "parameters": {"binary_data_size": 4}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+    return (head + k + np.array([keys.size], "<i4").tobytes(),
+            {"Inference-Header-Content-Length": str(len(head))})
+
+
+def _v2_client(url: str, requests: list[tuple[bytes, dict[str, str]]], dim: int
+               ) -> _HTTPClient:
+    def decode(data: bytes, answer: http.client.HTTPResponse) -> np.ndarray:
+        start = int(answer.getheader("Inference-Header-Content-Length") or 0)
+        return np.frombuffer(data, dtype="<f4", offset=start).reshape(-1, dim)
+
+    return _HTTPClient(url, V2_PATH, [b for b, _ in requests], [h for _, h in requests],
+                       decode)
+
+
+def _bare_client(url: str, bodies: list[bytes], dim: int) -> _HTTPClient:
+    return _HTTPClient(url, "/", bodies, _OCTET,
+                       lambda data, _: np.frombuffer(data, dtype="<f4").reshape(-1, dim))
 
 
 Prepared = list[tuple[list[tuple[str, list[bytes]]], np.ndarray]]
@@ -269,6 +331,10 @@ def _figures(name: str, batch: int, seconds: float, rounds: list[tuple[int, list
 
 # -- the benchmark ------------------------------------------------------------------------
 
+V1_BINARY, V2_BINARY, V1_JSON = "v1 binary lookup", "v2 binary infer", "v1 JSON lookup"
+REDIS, FLOOR = "redis HMGET (direct)", "bare uvicorn (floor)"
+
+
 def bench_http(
     num_keys: int = 1_000_000,
     dim: int = 64,
@@ -280,17 +346,19 @@ def bench_http(
     rounds: int = 3,
     num_queries: int = 512,
     num_partitions: int = 16,
-    lookup_threads: int = 2,
+    lookup_threads: int | None = None,
     pin: bool = True,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """HTTP binary and JSON lookups vs direct Redis HMGET; returns the figures as a dict.
+    """HTTP lookups (v1 binary and JSON, v2 binary infer) beside direct Redis HMGET and
+    a bare uvicorn app answering bodies of the same size; returns the figures as a dict.
 
-    Keys: `rows` (one dict per path: requests/s, keys/s, p50/p99 ms), the binary
-    endpoint's keys/s over the direct-Redis path's (`binary_vs_redis`), the setup, and
-    the machine's CPU count. `pin`: the servers (hps serve, redis-server) run on one half
-    of the CPUs and this process (the clients) on the other, as when clients and servers
-    are different machines; the split is restored at the end.
+    Keys: `rows` (one dict per path: requests/s, keys/s, p50/p99 ms with `clients`
+    clients), `single` (p50/p99 ms of one client alone, per HTTP path), the ratios of
+    keys/s (medians of per-round ratios): v1 binary and v2 binary over direct Redis, and
+    over the bare floor; the setup, the client (`CLIENT`) and the CPU count. `pin`: the
+    servers run on one half of the CPUs and the clients on the other, as when they are
+    different machines; the split is restored at the end.
     """
     from hps.bench.redis_servers import RedisServer
     from hps.bench.tiers import make_table
@@ -323,7 +391,8 @@ def bench_http(
         started = time.perf_counter()
         with RedisServer(tmp / "redis") as redis_server, \
                 _http_server(tmp / "ps.json", _free_port(), lookup_threads,
-                             server_cpus) as url:
+                             server_cpus) as url, \
+                _bare_server(tmp, _free_port(), dim, server_cpus) as bare_url:
             assert redis_server.proc is not None
             _pin(redis_server.proc.pid, server_cpus)
             _pin(0, client_cpus)
@@ -339,40 +408,61 @@ def bench_http(
 
             binary = [q.astype("<i8").tobytes() for q in queries]
             as_json = [json.dumps({"keys": q.tolist()}).encode() for q in queries]
+            as_v2 = [v2_body(q) for q in queries]
             hmget = _prepare_hmget(queries, num_partitions)
             makers: dict[str, Callable[[], Any]] = {
-                "http binary": lambda: _binary_client(url, binary, dim),
-                "http json": lambda: _json_client(url, as_json),
-                "redis hmget (direct)": lambda: _RedisHMGET(redis_server.address, hmget, dim),
+                V1_BINARY: lambda: _binary_client(url, binary, dim),
+                V2_BINARY: lambda: _v2_client(url, as_v2, dim),
+                V1_JSON: lambda: _json_client(url, as_json),
+                REDIS: lambda: _RedisHMGET(redis_server.address, hmget, dim),
+                FLOOR: lambda: _bare_client(bare_url, binary, dim),
             }
             fetches = {name: [make() for _ in range(clients)] for name, make in makers.items()}
             for name, per_client in fetches.items():  # same answers, checked before timing
                 for i in (0, 1):
-                    if not np.array_equal(per_client[0](i), vectors[picks[i]]):
+                    got = per_client[0](i)
+                    want = vectors[picks[i]] if name != FLOOR else np.zeros_like(got)
+                    if got.shape != (batch, dim) or not np.array_equal(got, want):
                         raise AssertionError(f"{name} answered wrong vectors")
             results: dict[str, list[tuple[int, list[float]]]] = {n: [] for n in fetches}
+            single: dict[str, list[tuple[int, list[float]]]] = {
+                n: [] for n in (V1_BINARY, V2_BINARY, FLOOR)}
             for _ in range(rounds):
                 for name, per_client in fetches.items():
                     for client in per_client:
                         client.start_round()
                     results[name].append(_drive(per_client, num_queries, warmup, seconds))
+                for name in single:  # one client alone: the latency of one request
+                    fetches[name][0].start_round()
+                    single[name].append(_drive(fetches[name][:1], num_queries, warmup,
+                                               seconds))
     finally:
         _pin(0, own_cpus)
         shutil.rmtree(tmp, ignore_errors=True)
 
     rows = [_figures(name, batch, seconds, r) for name, r in results.items()]
 
-    def ratio(path: str) -> float:
+    def ratio(path: str, base: str) -> float:
         # median of the per-round ratios: the paths of one round ran back to back, so a
         # busy spell of the machine hits both sides of a ratio alike
-        redis_rounds = results["redis hmget (direct)"]
         return statistics.median(a[0] / max(b[0], 1)
-                                 for a, b in zip(results[path], redis_rounds, strict=True))
+                                 for a, b in zip(results[path], results[base], strict=True))
 
     return {
         "rows": rows,
-        "binary_vs_redis": ratio("http binary"),
-        "json_vs_redis": ratio("http json"),
+        "single": [_figures(name, batch, seconds, r) for name, r in single.items()],
+        "ratios": {
+            "v1 binary / redis": ratio(V1_BINARY, REDIS),
+            "v2 binary / redis": ratio(V2_BINARY, REDIS),
+            "v1 JSON / redis": ratio(V1_JSON, REDIS),
+            "v1 binary / bare floor": ratio(V1_BINARY, FLOOR),
+            "v2 binary / bare floor": ratio(V2_BINARY, FLOOR),
+        },
+        "latencies_ms": {name: [x * 1e3 for _, lat in r for x in lat]
+                         for name, r in {**results,
+                                         **{f"{n}, 1 client": v for n, v in single.items()}
+                                         }.items()},
+        "client": CLIENT,
         "num_keys": num_keys, "dim": dim, "batch": batch, "clients": clients,
         "seconds": seconds, "rounds": rounds, "cpus": os.cpu_count(),
         "lookup_threads": lookup_threads,
@@ -390,12 +480,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--lookup-threads", type=int, default=2)
+    parser.add_argument("--lookup-threads", type=int, default=None)
     parser.add_argument("--no-pin", action="store_true")
     args = parser.parse_args(argv)
     result = bench_http(args.keys, args.dim, args.batch, args.clients,
                         seconds=args.seconds, rounds=args.rounds,
                         lookup_threads=args.lookup_threads, pin=not args.no_pin)
+    result.pop("latencies_ms")
     print(json.dumps(result, indent=2))
 
 

@@ -32,7 +32,7 @@ from hps.http.lookup import LOOKUP_PATH, LOOKUP_RE, handle_lookup
 from hps.http.metrics import Metrics, MetricsMiddleware
 from hps.http.roots import default_roots, normalise_root
 from hps.http.routes import build_router, token_guard
-from hps.http.state import DEFAULT_LOOKUP_THREADS, DEFAULT_MAX_BODY_BYTES, ServiceState
+from hps.http.state import DEFAULT_MAX_BODY_BYTES, ServiceState
 from hps.server import HierarchicalParameterServer
 
 log = logging.getLogger("hps.http")
@@ -60,7 +60,7 @@ def create_app(
     token: str | None = None,
     host: str = "127.0.0.1",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    lookup_threads: int = DEFAULT_LOOKUP_THREADS,
+    lookup_threads: int | None = None,
     on_ready: Callable[[], None] | None = None,
     allow_roots: Sequence[str] | None = None,
 ) -> FastAPI:
@@ -80,8 +80,8 @@ def create_app(
     """
     if token is not None and not token:
         raise ValueError("token must be a non-empty string or None")
-    if lookup_threads < 1:
-        raise ValueError("lookup_threads must be at least 1")
+    if lookup_threads is not None and lookup_threads < 0:
+        raise ValueError("lookup_threads must be 0 (on the event loop) or more")
     state = ServiceState(server=server, metrics=Metrics(server), token=token, host=host,
                          max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
                          on_ready=on_ready,

@@ -29,7 +29,7 @@ binary part; pydantic-core validates JSON data), never key by key.
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -217,30 +217,31 @@ def infer_vectors(server: HierarchicalParameterServer, model: str, keys: np.ndar
     as one float32 array of Σ numkeys[i] × width[i] values. Checks every count before
     any lookup (LookupInputError, BatchTooLargeError), so bad input changes nothing."""
     tables = server.model(model).tables
-    if numkeys.size > len(tables):
-        raise LookupInputError(f"NUMKEYS has {numkeys.size} entries but model {model!r} has "
+    counts = numkeys.tolist()  # one entry per table: plain ints are cheaper than ufuncs
+    if len(counts) > len(tables):
+        raise LookupInputError(f"NUMKEYS has {len(counts)} entries but model {model!r} has "
                                f"{len(tables)} tables")
-    if numkeys.size and numkeys.min() < 0:
+    if any(c < 0 for c in counts):
         raise LookupInputError("NUMKEYS must not be negative")
-    if int(numkeys.sum()) != keys.size:
-        raise LookupInputError(f"NUMKEYS adds up to {int(numkeys.sum())} keys but KEYS has "
+    if sum(counts) != keys.size:
+        raise LookupInputError(f"NUMKEYS adds up to {sum(counts)} keys but KEYS has "
                                f"{keys.size}")
-    used = tables[:numkeys.size]
-    for table, count in zip(used, numkeys.tolist(), strict=True):
+    used = tables[:len(counts)]
+    for table, count in zip(used, counts, strict=True):
         if count > table.max_keys:
             raise BatchTooLargeError(
                 f"{count} keys exceed the limit of {table.max_keys} for table "
                 f"{table.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)")
-    starts = np.concatenate(([0], np.cumsum(numkeys))).tolist()
-    nonempty = [i for i in range(numkeys.size) if numkeys[i]]
+    starts = list(itertools.accumulate(counts, initial=0))
+    nonempty = [i for i, c in enumerate(counts) if c]
     if len(nonempty) == 1:  # one table: its answer is OUTPUT0 as it is
         i = nonempty[0]
         return server.lookup(model, i, keys[starts[i]:starts[i + 1]]).reshape(-1)
-    widths = np.array([t.dim for t in used], dtype=np.int64)
-    offsets = np.concatenate(([0], np.cumsum(numkeys * widths))).tolist()
+    offsets = list(itertools.accumulate(
+        (c * t.dim for c, t in zip(counts, used, strict=True)), initial=0))
     out = np.empty(offsets[-1], dtype=np.float32)
     for i in nonempty:  # a loop over tables, each lookup an array of keys
-        rows = out[offsets[i]:offsets[i + 1]].reshape(int(numkeys[i]), used[i].dim)
+        rows = out[offsets[i]:offsets[i + 1]].reshape(counts[i], used[i].dim)
         server.lookup_into(model, i, keys[starts[i]:starts[i + 1]], rows)
     return out
 
@@ -291,8 +292,7 @@ async def handle_infer(state: ServiceState, headers: Mapping[str, str], receive:
                                    "the request uncompressed")
     body = await read_body(headers, receive, state.max_body_bytes)
     header_length = parse_header_length(headers.get(HEADER_LENGTH), len(body))
-    return await asyncio.get_running_loop().run_in_executor(
-        state.executor, infer_answer, state.server, model, body, header_length)
+    return await state.run_lookup(infer_answer, state.server, model, body, header_length)
 
 
 def v2_error(state: ServiceState, request: Request, exc: Exception) -> Response:

@@ -18,7 +18,6 @@ router; the route's FastAPI declaration (`routes.py`) calls it through `fastpath
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import re
@@ -221,11 +220,10 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
     if media == JSON:  # a chunked body has no length to refuse early: bound the read
         limit = min(limit, json_body_limit(loaded_table.max_keys))
     body = await read_body(headers, receive, limit)
-    loop = asyncio.get_running_loop()
     started = time.perf_counter()
     if media == OCTET_STREAM:
-        data, count, width = await loop.run_in_executor(
-            state.executor, lookup_binary, state.server, model, loaded_table, body)
+        data, count, width = await state.run_lookup(
+            lookup_binary, state.server, model, loaded_table, body)
         state.metrics.observe_lookup(model, loaded_table.name, time.perf_counter() - started)
         return [
             (b"content-type", OCTET_STREAM.encode()),
@@ -233,8 +231,7 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
             (_KEYS, str(count).encode()), (_WIDTH, str(width).encode()),
             (_MODEL, model.encode()), (_TABLE, loaded_table.name.encode()),
         ], (data,)
-    payload = await loop.run_in_executor(
-        state.executor, lookup_json, state.server, model, loaded_table, body)
+    payload = await state.run_lookup(lookup_json, state.server, model, loaded_table, body)
     state.metrics.observe_lookup(model, loaded_table.name, time.perf_counter() - started)
     return [(b"content-type", JSON.encode()),
             (b"content-length", str(len(payload)).encode())], (payload,)

@@ -23,7 +23,7 @@ from hps.config import PSConfig
 from hps.errors import BindError
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
-from hps.http.state import DEFAULT_LOOKUP_THREADS, DEFAULT_MAX_BODY_BYTES, is_loopback
+from hps.http.state import DEFAULT_MAX_BODY_BYTES, is_loopback
 from hps.server import HierarchicalParameterServer
 
 log = logging.getLogger("hps.http")
@@ -99,7 +99,7 @@ def serve(
     port: int = 8000,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    lookup_threads: int = DEFAULT_LOOKUP_THREADS,
+    lookup_threads: int | None = None,
     access_log: bool = False,
     log_level: str = "info",
     echo: Callable[[str], None] = print,

@@ -71,6 +71,11 @@ class HierarchicalParameterServer:
         return self.tiers.volatile
 
     @property
+    def gpu_enabled(self) -> bool:
+        """Whether models are served through GPU caches (asked for, and CUDA present)."""
+        return bool(self._gpu.enabled)
+
+    @property
     def persistent(self) -> Tier | None:
         """The persistent tier (RocksDB), None when disabled."""
         return self.tiers.persistent

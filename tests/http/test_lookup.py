@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hps.http import lookup as routes
-from tests.http.conftest import DIMS, MAX_KEYS, MODEL, TABLE_NAMES, Live
+from tests.http.conftest import DIMS, MAX_KEYS, MODEL, TABLE_NAMES, Live, ModelFiles, start
 
 
 @pytest.mark.parametrize("table", [0, 1])
@@ -114,3 +114,17 @@ def test_json_encoders_agree_and_write_null_for_non_finite() -> None:
                                              float(np.float32(3.4e38))], [None, None, None]]}
     assert np.array_equal(np.asarray(fast["vectors"][0], np.float32), vectors[0])
     assert fast["vectors"][1] == [None, None, None]
+
+
+def test_event_loop_and_thread_pool_answer_alike(model_files: ModelFiles,
+                                                 rng: np.random.Generator) -> None:
+    """In-memory tiers only: lookups run on the event loop by default; a pool on request."""
+    keys = model_files.sample_keys(rng, 1, 300, unknown=5)
+    for threads, expected_mode in ((None, 0), (2, 2)):
+        for live in start(model_files, lookup_threads=threads):
+            assert live.app.state.hps.lookup_threads == expected_mode
+            answer = live.lookup_binary(1, keys)
+            assert answer.status_code == 200, answer.text
+            np.testing.assert_array_equal(
+                np.frombuffer(answer.content, "<f4").reshape(len(keys), 64),
+                model_files.expected(1, keys))
