@@ -770,6 +770,25 @@ def bench_http_cmd(
         console.print(f"plot written to {plot}", highlight=False)
 
 
+@bench_app.command("soak")
+def bench_soak_cmd(
+    minutes: float = typer.Option(5.0, help="How long to run."),
+    clients: int = typer.Option(8, help="Client threads, one connection each."),
+    reload_every: float = typer.Option(5.0, help="Seconds between reloads."),
+    redis_restarts: int = typer.Option(2, help="Times Redis is killed and restarted."),
+) -> None:
+    """hps serve under lookups, reloads and Redis restarts: failed and wrong lookups."""
+    from hps.bench.soak import print_result, soak
+
+    console.print(f"soak of {minutes:g} min: {clients} clients, a reload every "
+                  f"{reload_every:g} s, {redis_restarts} Redis restarts …")
+    result = soak(minutes * 60, clients=clients, reload_every=reload_every,
+                  redis_restarts=redis_restarts, log=lambda line: console.print(f"  {line}"))
+    print_result(result)
+    if result.failed or result.wrong or result.reloads_failed:
+        raise typer.Exit(1)
+
+
 @bench_app.command("slowloris")
 def bench_slowloris_cmd(
     connections: int = typer.Option(2000, help="Slow connections (half a header each)."),
