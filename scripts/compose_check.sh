@@ -19,8 +19,9 @@
 #    - Redis profile: kills the Redis container while lookups run and sees them keep
 #      answering from RocksDB, starts it again and sees the Redis tier serve again;
 #    - replicas profile: a 3-master Redis Cluster, two hps replicas, HAProxy; lookups
-#      through the balancer reach both; a new model version is published and each replica
-#      reloads it (until online updates exist), and both serve it exactly;
+#      through the balancer reach both; new vectors for every key are published as
+#      online updates (hps publish, Redis Streams) and both replicas serve them exactly;
+#      then each replica reloads the same version from files, and both still do;
 #    - Prometheus scrapes every hps service; the dashboard's panels are drawn from its
 #      query_range API (scripts/plot_metrics.py → HPS_METRICS_PNG, docs/metrics.png).
 # 4. Tears everything down: no container, volume, network or image of its own is left
@@ -223,11 +224,20 @@ probe replicas "$lb" "$models" --replicas hps-replica-1,hps-replica-2 --within 6
 probe scrapes "$prometheus" - --targets hps,hps-redis,hps-replica-1,hps-replica-2 --within 90
 probe steady "$lb" "$models" --seconds 20
 
-step "a new model version, reloaded by each replica (online updates: not landed yet)"
+step "online updates: new vectors published to Redis Streams, applied by both replicas"
 probe publish "$models" "$models-v2"
-marks+=(--mark "v2 reloaded=$(date +%s)")
+marks+=(--mark "update published=$(date +%s)")
+for table in user_item item_category; do
+  compose run --rm --no-deps model-init publish /configs/replicas.json demo \
+    "/models/demo-v2/$table" --table "$table"
+  say "published /models/demo-v2/$table as update messages (hps publish)"
+done
+probe replicas "$lb" "$models-v2" --replicas hps-replica-1,hps-replica-2 --within 60 --converge
+
+step "the same version reloaded by each replica (a new version without the update source)"
 probe reload "http://127.0.0.1:$HPS_REPLICA1_PORT" "$models-v2" --as /models/demo-v2
 probe reload "http://127.0.0.1:$HPS_REPLICA2_PORT" "$models-v2" --as /models/demo-v2
+marks+=(--mark "reloaded=$(date +%s)")
 probe replicas "$lb" "$models-v2" --replicas hps-replica-1,hps-replica-2 --within 60
 probe steady "$lb" "$models-v2" --seconds 30
 

@@ -21,10 +21,10 @@ is printed).
 - `recover`: repeats the same keys until the volatile tier serves all of them again
   (rows fetched from RocksDB while Redis was down are written back to it).
 - `replicas`: rounds through a load balancer until each named replica (the
-  X-HPS-Replica header the balancer adds) has answered exactly.
-- `publish`: writes a new version of the model to NEW_DIR (same keys, new vectors), as
-  the online-updates source will publish updates once it exists; until then replicas
-  take a new version by `reload`.
+  X-HPS-Replica header the balancer adds) has answered exactly; with --converge, rounds
+  not exact yet are retried (online updates still on their way) until --within ends.
+- `publish`: writes a new version of the model to NEW_DIR (same keys, new vectors): the
+  check publishes its tables as online updates (`hps publish`) and reloads them.
 - `reload`: `POST /v1/models/demo/reload` of the replica at URL with the tables under
   the container path given by --as (MODEL_DIR is the same folder seen from here), then
   one exact round against MODEL_DIR.
@@ -173,17 +173,27 @@ def recover(probe: Probe, within: float) -> str:
         time.sleep(0.5)
 
 
-def replicas(probe: Probe, names: set[str], within: float) -> str:
+def replicas(probe: Probe, names: set[str], within: float, converge: bool) -> str:
+    """Rounds until every named replica answered exactly; with `converge`, rounds that
+    are not exact yet (updates still on their way) are retried until `within` ends."""
     seen: set[str] = set()
-    rounds = 0
+    rounds = inexact = 0
     deadline = time.monotonic() + within
     while not names <= seen:
-        seen |= probe.round(probe.draw())
         rounds += 1
+        try:
+            seen |= probe.round(probe.draw())
+        except ProbeFailure:
+            if not converge or time.monotonic() > deadline:
+                raise
+            inexact += 1
+            seen = set()  # every replica must answer exactly from here on
+            time.sleep(0.2)
         if time.monotonic() > deadline:
             raise ProbeFailure(f"replicas {sorted(names - seen)} never answered "
                                f"(answered: {sorted(seen)})")
-    return f"replicas {', '.join(sorted(seen))} answered exactly ({rounds} rounds)"
+    waited = f", after {inexact} rounds not exact yet" if converge else ""
+    return f"replicas {', '.join(sorted(seen))} answered exactly ({rounds} rounds{waited})"
 
 
 def publish(model_dir: Path, new_dir: Path) -> str:
@@ -233,6 +243,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--within", type=float, default=30.0)
     parser.add_argument("--replicas", default="")
+    parser.add_argument("--converge", action="store_true",
+                        help="replicas: retry rounds that are not exact yet until --within")
     parser.add_argument("--targets", default="")
     parser.add_argument("--as", dest="container_dir", default="")
     args = parser.parse_args(argv)
@@ -255,7 +267,8 @@ def main(argv: list[str]) -> int:
         elif args.mode == "recover":
             report = recover(probe, args.within)
         else:
-            report = replicas(probe, set(filter(None, args.replicas.split(","))), args.within)
+            report = replicas(probe, set(filter(None, args.replicas.split(","))), args.within,
+                              args.converge)
     except ProbeFailure as exc:
         print(f"FAIL {args.mode} {args.url}: {exc}", flush=True)
         return 1

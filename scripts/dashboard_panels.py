@@ -98,10 +98,28 @@ PANELS: tuple[Panel, ...] = (
           "1 when the model is loaded and served by the hps service.", "short", (
               Query("hps_model_ready", "{{instance}} {{model}}"),
           )),
-    Panel("Models", "Update lag",
-          "Online updates: seconds between an update's publication and its application, "
-          "per table. Empty until an update source (Kafka, Redis Streams) is configured.",
-          "s", (
-              Query("max by (model, table) (hps_update_lag_seconds)", "{{model}}/{{table}}"),
+    Panel("Updates", "Updates applied",
+          "Online updates: rows applied per second, per table (hps_et.<model>.<table>), "
+          "and rows skipped as bad. Empty without an update source (Kafka, Redis Streams).",
+          "short", (
+              Query(f"sum by (table) (rate(hps_update_rows_total[{RATE}]))",
+                    "{{table}} rows/s"),
+              Query(f"sum by (table, reason) (rate(hps_update_rejected_total[{RATE}]))",
+                    "{{table}} rejected ({{reason}})/s"),
+          )),
+    Panel("Updates", "Update lag",
+          "Online updates: messages published but not applied yet, per table, on the "
+          "slowest replica.", "short", (
+              Query("max by (table) (hps_update_lag_messages)", "{{table}} messages"),
+          )),
+    Panel("Updates", "Update lag (seconds)",
+          "While messages wait: age of the newest one applied, per table, on the slowest "
+          "replica (0 when none waits).", "s", (
+              Query("max by (table) (hps_update_lag_seconds)", "{{table}}"),
+          )),
+    Panel("Updates", "Update source up",
+          "1 while each replica's update source answers, 0 while it is down (lookups go on).",
+          "short", (
+              Query("hps_update_source_up", "{{instance}} {{source}}"),
           )),
 )

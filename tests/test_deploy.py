@@ -206,7 +206,7 @@ def test_commands_parse_against_the_cli(compose: dict[str, Any]) -> None:
         _parse(["serve"])
 
 
-@pytest.mark.parametrize("name", ["demo", "redis", "redis-cluster", "s3", "gpu"])
+@pytest.mark.parametrize("name", ["demo", "redis", "redis-cluster", "s3", "gpu", "replicas"])
 def test_configs_load_cleanly(name: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an unknown key is a warning: none allowed
@@ -216,8 +216,10 @@ def test_configs_load_cleanly(name: str) -> None:
     assert model.embedding_table_names == ["user_item", "item_category"]
     assert model.embedding_vecsize_per_table == [16, 64]
     assert config.persistent_db.enabled
-    assert config.volatile_db.is_redis == name.startswith("redis")
+    assert config.volatile_db.is_redis == (name.startswith("redis") or name == "replicas")
     assert model.gpucache == (name == "gpu")
+    # the replicas take online updates from the compose file's Redis Streams
+    assert config.update_source.type == ("redis_stream" if name == "replicas" else "null")
 
 
 # -- the commands, natively ---------------------------------------------------------------
