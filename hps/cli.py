@@ -637,6 +637,27 @@ def bench_load_cmd(
                       f"{row['cpu_ratio']:.2f}×)")
 
 
+@bench_app.command("tiers")
+def bench_tiers_cmd(
+    keys: int = typer.Option(1_000_000, help="Keys in the table (a model loaded from files)."),
+    dim: int = typer.Option(64, help="Vector width."),
+    batches: str = typer.Option("1,256,16384", help="Keys per lookup, comma-separated."),
+    repeats: int = typer.Option(2000, help="Timed lookups per side at 256 keys (fewer for "
+                                           "larger batches)."),
+    thread_batch: int = typer.Option(16_384, help="Keys per lookup in the thread scaling."),
+    rounds: int = typer.Option(5, help="Rounds of the thread scaling (median)."),
+) -> None:
+    """HPS.lookup on the embedded default (hash map over RocksDB) vs NumPy searchsorted +
+    take at each batch size, and two threads' keys/s over one thread's."""
+    from hps.bench.tiers import bench_public_lookup, format_public_lookup
+
+    console.print(f"loading a table of {keys:,} keys, width {dim}, from files; lookups of "
+                  "uniform keys, all hits …")
+    result = bench_public_lookup(keys, dim, tuple(int(b) for b in batches.split(",")),
+                                 repeats=repeats, thread_batch=thread_batch, rounds=rounds)
+    console.print(format_public_lookup(result), markup=False, highlight=False)
+
+
 @bench_app.command("redis")
 def bench_redis_cmd(
     address: Optional[str] = typer.Option(

@@ -88,3 +88,42 @@ def inlined(fn: F) -> F:
     """A small helper compiled into each kernel that calls it (numba `inline="always"`)."""
     compiled: F = numba.njit(inline="always", cache=True)(fn)
     return compiled
+
+
+def _prefetch_intrinsic() -> Any:
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic  # type: ignore[misc]
+    def prefetch(typingctx: Any, arr: Any, index: Any) -> Any:
+        if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            array_type, index_type = signature.args
+            view = context.make_array(array_type)(context, builder, args[0])
+            first = context.cast(builder, args[1], index_type, types.intp)
+            rest = [context.get_constant(types.intp, 0)] * (array_type.ndim - 1)
+            pointer = cgutils.get_item_pointer2(
+                context, builder, data=view.data,
+                shape=cgutils.unpack_tuple(builder, view.shape),
+                strides=cgutils.unpack_tuple(builder, view.strides),
+                layout=array_type.layout, inds=[first, *rest])
+            byte_pointer = builder.bitcast(pointer, ir.IntType(8).as_pointer())
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [byte_pointer.type, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+            # read, high locality, data cache
+            builder.call(fn, [byte_pointer, i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+
+        return types.void(arr, index), codegen
+
+    return prefetch
+
+
+#: `prefetch(array, i)` inside a kernel: ask the CPU to bring the cache line of `array[i]`
+#: (its first element for a row of a 2-D array) in ahead of its use. Random probes into
+#: large tables wait on memory; several lines in flight at once hide most of that wait.
+prefetch = _prefetch_intrinsic()

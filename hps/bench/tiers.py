@@ -5,6 +5,9 @@
 - `bench_rocksdb`: `RocksDBTier.fetch` (key conversion and assembly included) vs a raw
   rocksdict `multi_get` over prepared byte keys, on the same database.
 - `bench_bulk_load`: `RocksDBTier.load` (SST ingestion) vs plain WriteBatch inserts.
+- `bench_public_lookup`: `HPS.lookup` on the embedded default (hash map over RocksDB, a
+  model loaded from files) at 1, 256 and 16,384 keys vs `searchsorted` + `take` of the
+  same keys, and the keys/s of two threads calling it over one thread's.
 
 Each returns a dict of figures: keys/s of ours and of the baseline, their ratio, and the
 peak RSS of the process. Timings are medians of `repeats` runs after `warmup` runs; ours
@@ -269,6 +272,132 @@ def bench_bulk_load(
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _public_model(folder: str, num_keys: int, dim: int) -> tuple[Any, np.ndarray, np.ndarray]:
+    """A one-table model written as a sparse folder and loaded into the embedded default
+    tiers; returns the HPS and the table's keys (sorted) with their rows."""
+    from hps.api import HPS
+    from hps.io.sparse_model import write_sparse_model
+
+    keys, vectors = make_table(num_keys, dim)
+    shuffled = np.random.default_rng(4).permutation(num_keys)
+    write_sparse_model(os.path.join(folder, "table0"), keys[shuffled], vectors[shuffled])
+    del shuffled
+    config = {
+        "supportlonglong": True,
+        "models": [{
+            "model": "bench", "sparse_files": [os.path.join(folder, "table0")],
+            "embedding_table_names": ["table0"], "embedding_vecsize_per_table": [dim],
+            "maxnum_catfeature_query_per_table_per_sample": [1],
+            "default_value_for_each_table": [0.0], "deployed_device_list": [0],
+            "max_batch_size": 1 << 20, "gpucache": False,
+        }],
+        "volatile_db": {"type": "hash_map"},
+        "persistent_db": {"type": "rocks_db", "path": os.path.join(folder, "rocksdb")},
+    }
+    return HPS(config), keys, vectors
+
+
+def _threads_keys_per_s(call: Callable[[int], object], threads: int, calls: int,
+                        batch: int) -> float:
+    """Keys/s of `threads` threads each making `calls` calls of `batch` keys at once."""
+    import threading
+
+    start_line = threading.Barrier(threads + 1)
+
+    def worker(w: int) -> None:
+        start_line.wait()
+        for i in range(calls):
+            call(w * calls + i)
+
+    workers = [threading.Thread(target=worker, args=(w,)) for w in range(threads)]
+    for t in workers:
+        t.start()
+    start_line.wait()
+    start = time.perf_counter()
+    for t in workers:
+        t.join()
+    return threads * calls * batch / (time.perf_counter() - start)
+
+
+def bench_public_lookup(
+    num_keys: int = 1_000_000, dim: int = 64, batches: tuple[int, ...] = (1, 256, 16384),
+    repeats: int = 2000, thread_batch: int = 16384, rounds: int = 5, path: str | None = None,
+) -> dict[str, Any]:
+    """`HPS.lookup` (the public call: key intake, dispatch, tiers, counters) vs NumPy
+    `searchsorted` on the sorted keys + `take` of the rows, on the same uniform keys (all
+    hits), per batch size: median µs of each and the speed-up (baseline time / ours, so
+    > 1 is faster than NumPy). Then the keys/s of two threads calling `HPS.lookup` with
+    `thread_batch` keys over one thread's (median of `rounds`), and the same for the
+    baseline, which shows how much of a second core the machine gave.
+
+    Repeats shrink with the batch so every size takes about as long.
+    """
+    work = tempfile.mkdtemp(prefix="hps-bench-public-", dir=path)
+    latency: list[dict[str, Any]] = []
+    try:
+        hps, keys, vectors = _public_model(work, num_keys, dim)
+        try:
+            for batch in batches:
+                count = max(20, min(repeats, repeats * 256 // max(batch, 1)))
+                # each side its own draws: a batch the other side just read would be
+                # served from the CPU caches
+                queries = _query_batches(keys, batch, 2 * (10 + count), seed=batch)
+                got = hps.lookup(queries[0], "bench", 0)
+                assert np.array_equal(got, vectors[np.searchsorted(keys, queries[0])])
+                medians = _interleaved_medians({
+                    "ours": lambda i, q=queries: hps.lookup(q[2 * i], "bench", 0),
+                    "baseline": lambda i, q=queries: np.take(
+                        vectors, np.searchsorted(keys, q[2 * i + 1]), axis=0),
+                }, count, 10)
+                latency.append({
+                    "batch": batch, "ours_us": medians["ours"] * 1e6,
+                    "baseline_us": medians["baseline"] * 1e6,
+                    "speedup": medians["baseline"] / medians["ours"],
+                })
+            calls = 40
+            queries = _query_batches(keys, thread_batch, 2 * calls, seed=7)
+
+            def ours(i: int) -> object:
+                return hps.lookup(queries[i], "bench", 0)
+
+            def baseline(i: int) -> object:
+                return np.take(vectors, np.searchsorted(keys, queries[i]), axis=0)
+
+            scaling: dict[str, list[float]] = {"ours": [], "baseline": []}
+            for _ in range(rounds):
+                for name, fn in (("ours", ours), ("baseline", baseline)):
+                    one = _threads_keys_per_s(fn, 1, calls, thread_batch)
+                    two = _threads_keys_per_s(fn, 2, calls, thread_batch)
+                    scaling[name].append(two / one)
+        finally:
+            hps.close()
+        return {
+            "num_keys": num_keys, "dim": dim, "cpus": os.cpu_count(), "latency": latency,
+            "thread_batch": thread_batch,
+            "two_threads_over_one": statistics.median(scaling["ours"]),
+            "baseline_two_threads_over_one": statistics.median(scaling["baseline"]),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def format_public_lookup(result: dict[str, Any]) -> str:
+    """The figures of `bench_public_lookup` as a plain-text table."""
+    lines = [
+        f"HPS.lookup on the embedded default, {result['num_keys']:,} keys, width "
+        f"{result['dim']}, {result['cpus']} CPUs (medians)",
+        f"{'keys':>8}  {'HPS.lookup µs':>14}  {'searchsorted+take µs':>21}  {'speed-up':>8}",
+    ]
+    for row in result["latency"]:
+        lines.append(f"{row['batch']:>8,}  {row['ours_us']:>14,.1f}  "
+                     f"{row['baseline_us']:>21,.1f}  {row['speedup']:>7.2f}×")
+    lines.append(
+        f"two threads / one, {result['thread_batch']:,} keys per call: HPS.lookup "
+        f"{result['two_threads_over_one']:.2f}×, searchsorted+take "
+        f"{result['baseline_two_threads_over_one']:.2f}×")
+    return "\n".join(lines)
 
 
 def _print_table(results: list[dict[str, Any]]) -> None:

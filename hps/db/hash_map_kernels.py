@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hps.compiled import array, inlined, kernel, types
+from hps.compiled import array, inlined, kernel, prefetch, types
 
 EMPTY = -1
 TOMBSTONE = -2
@@ -37,6 +37,11 @@ _VECTORS_IN = array(np.float32, 2, readonly=True)
 _ROWS = array(np.int64)
 _FOUND = array(np.bool_)
 _I64 = types.int64
+#: keys between a prefetch and its use (fetch's pipeline); the ring holds 2·AHEAD homes
+_AHEAD = 8
+_RING = 32
+_RING_MASK = _RING - 1
+_LINE_FLOATS = 16  # float32 per 64-byte cache line
 A = np.ndarray  # annotations only: numba compiles for the signatures given
 
 
@@ -65,6 +70,26 @@ def _partition(h: np.uint64, num_partitions: int) -> int:
 
 
 @inlined
+def _home(key: int, capacity: int) -> int:
+    return int(np.int64(mix(key) % _U64(capacity)))
+
+
+@inlined
+def _probe(slots: A, row_keys: A, key: int, p: int) -> int:
+    """Row of `key` (or -1), probing from slot `p` on."""
+    capacity = slots.size
+    while True:
+        s = slots[p]
+        if s == EMPTY:
+            return -1
+        if s >= 0 and row_keys[s] == key:
+            return int(s)
+        p += 1
+        if p == capacity:
+            p = 0
+
+
+@inlined
 def _find(slots: A, row_keys: A, key: int, h: np.uint64) -> tuple[int, int]:
     """(row of `key` or -1, the slot holding it or the EMPTY slot that ended the probe)."""
     capacity = slots.size
@@ -83,13 +108,36 @@ def _find(slots: A, row_keys: A, key: int, h: np.uint64) -> tuple[int, int]:
 @kernel([types.int64(_SLOTS, _ROW_KEYS, _VECTORS, _KEYS_IN, _VECTORS, _FOUND, _ROWS)])
 def fetch(slots: A, row_keys: A, vectors: A, keys: A, out: A, found: A, rows: A) -> int:
     """out[i] = the row of keys[i] (zeros when absent), found[i], and rows[i] (the row or
-    -1) when `rows` is not empty. Returns the number of keys found."""
+    -1) when `rows` is not empty. Returns the number of keys found.
+
+    A pipeline over the keys: key i + 2·AHEAD has its home slot prefetched, key i + AHEAD
+    the row its home slot names (key and vector), and key i is probed and copied, by then
+    mostly from cache.
+    """
     dim = vectors.shape[1]
+    flat = vectors.reshape(-1)
+    capacity = slots.size
+    n = keys.size
+    homes = np.empty(_RING, np.int64)
     track = rows.size != 0
     hits = 0
-    for i in range(keys.size):
+    for i in range(min(2 * _AHEAD, n)):
+        homes[i] = _home(keys[i], capacity)
+        prefetch(slots, homes[i])
+    for i in range(n):
+        ahead = i + 2 * _AHEAD
+        if ahead < n:
+            h = _home(keys[ahead], capacity)
+            homes[ahead & _RING_MASK] = h
+            prefetch(slots, h)
+        if i + _AHEAD < n:
+            s = slots[homes[(i + _AHEAD) & _RING_MASK]]
+            if s >= 0:
+                prefetch(row_keys, s)
+                for c in range(0, dim, _LINE_FLOATS):
+                    prefetch(flat, s * dim + c)
         key = keys[i]
-        r, _ = _find(slots, row_keys, key, mix(key))
+        r = _probe(slots, row_keys, key, homes[i & _RING_MASK])
         if r >= 0:
             for j in range(dim):
                 out[i, j] = vectors[r, j]
@@ -125,6 +173,8 @@ def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
     capacity = slots.size
     i = start
     while i < keys.size:
+        if i + _AHEAD < keys.size:
+            prefetch(slots, _home(keys[i + _AHEAD], capacity))
         key = keys[i]
         h = mix(key)
         p = int(np.int64(h % _U64(capacity)))

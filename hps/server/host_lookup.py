@@ -50,6 +50,9 @@ class HostLookup:
         if found is None:
             found = np.zeros(n, dtype=bool)
         volatile_hits = int(np.count_nonzero(found))
+        if volatile_hits == n:  # the common case: the volatile tier held every key
+            table.stats.add(n, n, 0, 0)
+            return
         persistent_hits = 0
         if volatile_hits < n and persistent is not None:
             missing = np.flatnonzero(~found)
