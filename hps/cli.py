@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -613,28 +614,43 @@ def bench_tiers(
 @bench_app.command("load")
 def bench_load_cmd(
     formats: list[str] = typer.Option(
-        ["parquet", "numpy", "safetensors"], "--format",
-        help="Format(s) to load beside the sparse folder (repeat the option)."),
-    keys: int = typer.Option(2_000_000, help="Rows in the table."),
+        [], "--format",
+        help="Compare these formats' load rate with the sparse folder's (repeat the option: "
+             "parquet, numpy, safetensors). Without it: the scale curve."),
+    keys: str = typer.Option("1M,10M", help="Table sizes, comma-separated (1M, 250k, 2000000)."),
     dim: int = typer.Option(64, help="Vector width."),
-    rounds: int = typer.Option(3, help="Loads per format (median reported)."),
+    rounds: int = typer.Option(3, help="Loads per size or format (median reported)."),
 ) -> None:
-    """Load rate of each format beside a HugeCTR sparse folder of the same rows (HPS(...))."""
-    from hps.bench.load import bench_load_formats
+    """How fast files load into the hash map over RocksDB through HPS(config): the scale
+    curve (keys/s, process RSS growth over the raw bytes) beside rocksdict's own SST
+    writer on the same rows, or each --format beside the sparse folder."""
+    from hps.bench.load import bench_load_formats, bench_load_scale, format_scale, parse_sizes
 
-    console.print(f"{keys:,} rows of width {dim} as a sparse folder and as "
-                  f"{', '.join(formats)}; each loaded {rounds}× by HPS(config) into the hash "
-                  "map over RocksDB …")
     try:
-        rows = bench_load_formats(formats, keys, dim, rounds)
+        sizes = parse_sizes(keys)
     except ValueError as exc:
         _fail(exc)
-    _print_bench(rows)
-    for row in rows[1:]:
-        console.print(f"{row['name']}: {row['keys_per_s']:,.0f} keys/s, sparse folder "
-                      f"{row['sparse_folder_keys_per_s']:,.0f} keys/s: {row['ratio']:.2f}× "
-                      f"(best rounds: {row['best_ratio']:.2f}×, CPU time: "
-                      f"{row['cpu_ratio']:.2f}×)")
+    if not formats:
+        console.print(f"sparse folders of {keys} random keys, width {dim}; each loaded "
+                      f"{rounds}× by HPS(config) into the hash map over RocksDB, in a fresh "
+                      f"process (RSS measured there); {os.cpu_count()} CPUs …")
+        console.print(format_scale(bench_load_scale(sizes, dim, rounds)), markup=False,
+                      highlight=False)
+        return
+    for num_keys in sizes:
+        console.print(f"{num_keys:,} rows of width {dim} as a sparse folder and as "
+                      f"{', '.join(formats)}; each loaded {rounds}× by HPS(config) into the "
+                      "hash map over RocksDB …")
+        try:
+            rows = bench_load_formats(formats, num_keys, dim, rounds)
+        except ValueError as exc:
+            _fail(exc)
+        _print_bench(rows)
+        for row in rows[1:]:
+            console.print(f"{row['name']}: {row['keys_per_s']:,.0f} keys/s, sparse folder "
+                          f"{row['sparse_folder_keys_per_s']:,.0f} keys/s: {row['ratio']:.2f}× "
+                          f"(best rounds: {row['best_ratio']:.2f}×, CPU time: "
+                          f"{row['cpu_ratio']:.2f}×)")
 
 
 @bench_app.command("tiers")

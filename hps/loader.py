@@ -246,7 +246,21 @@ def load_table(
     if persistent is not None and not reuse:
         persistent.drop_table(name)
         persistent.create_table(name, dim)
-        persistent.load(name, chunks())
+        if write_volatile and rate >= 1.0 and volatile.can_export:  # type: ignore[union-attr]
+            # The volatile tier ends up holding the whole table, repeats resolved: read it
+            # back in the persistent tier's order instead of sorting a second copy.
+            for _ in chunks():
+                pass
+            if source.volatile_error:  # it could not take the table after all: the files
+                persistent.reserve(name, reader.num_keys)
+                persistent.load(name, read_ahead(reader.chunks()))
+            else:
+                # quarter chunks: one per table file being written, so a few are in memory
+                persistent.load_ordered(name, volatile.export(  # type: ignore[union-attr]
+                    name, persistent.bulk_order, max(1, reader.chunk_keys // 4)))
+        else:
+            persistent.reserve(name, reader.num_keys)
+            persistent.load(name, chunks())
         source.duplicate_keys = _duplicates(name, reader, persistent)
         persistent.set_metadata(name, {k: v for k, v in source.as_dict().items()
                                        if k not in ("reused", "volatile_error")})

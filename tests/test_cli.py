@@ -220,3 +220,17 @@ def test_bench_plot_checks_the_plot_extra_first(tmp_path: Path) -> None:
                pythonpath=f"{tmp_path / 'shadow'}:{ROOT}")
     assert done.returncode == 2 and "pip install 'hps-server[plot]'" in done.stderr
     assert "table of" not in done.stdout  # stopped before the benchmark
+
+
+def test_bench_load_prints_the_scale_curve(tmp_path: Path) -> None:
+    result = hps("bench", "load", "--keys", "20k,40k", "--dim", "8", "--rounds", "1",
+                 cwd=tmp_path, columns=200)
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert [line[0] for line in lines] == ["20,000", "40,000"]
+    for line in lines:
+        keys_per_s, rss_over_raw, writer_keys_per_s = (
+            float(line[2].replace(",", "")), float(line[4]), float(line[6].replace(",", "")))
+        assert keys_per_s > 0 and writer_keys_per_s > 0 and rss_over_raw > 0
+    bad = hps("bench", "load", "--keys", "lots", cwd=tmp_path)
+    assert bad.returncode == 2 and "not a key count" in bad.stderr

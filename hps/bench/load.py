@@ -157,3 +157,171 @@ def _size(path: str) -> int:
     if os.path.isdir(path):
         return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
     return os.path.getsize(path)
+
+
+# -- the scale curve ---------------------------------------------------------------------
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1M,10M' / '250k' / '2000000' → key counts; ValueError for anything else."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip().lower().replace("_", "")
+        scale = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}.get(part[-1:], 1)
+        number = part[:-1] if scale > 1 else part
+        try:
+            value = float(number) * scale
+        except ValueError:
+            raise ValueError(f"not a key count: {part!r} (e.g. 1M, 250k, 2000000)") from None
+        if value < 1 or value != int(value):
+            raise ValueError(f"not a key count: {part!r} (e.g. 1M, 250k, 2000000)")
+        sizes.append(int(value))
+    return sizes
+
+
+def sst_writer_keys_per_s(keys: np.ndarray, vectors: np.ndarray, folder: str,
+                          file_bytes: int = 64 << 20) -> float:
+    """Keys/s of rocksdict's own `SstFileWriter` writing these rows, already sorted in
+    RocksDB's order, as table files of `file_bytes` (as REFERENCE.md §15 measured it: the
+    raw bytes made by NumPy, a `put` per key driven by `map`, no compression)."""
+    import collections
+
+    import rocksdict
+
+    options = rocksdict.Options(raw_mode=True)
+    options.set_compression_type(rocksdict.DBCompressionType.none())
+    dim = vectors.shape[1]
+    per_file = max(1, file_bytes // (4 * dim))
+    start = time.perf_counter()
+    for i, first in enumerate(range(0, len(keys), per_file)):
+        writer = rocksdict.SstFileWriter(options)
+        writer.open(os.path.join(folder, f"raw-{i:05d}.sst"))
+        key_bytes = keys[first : first + per_file].astype("<i8").view("V8").tolist()
+        rows = vectors[first : first + per_file].view(f"V{4 * dim}").reshape(-1).tolist()
+        collections.deque(map(writer.__setitem__, key_bytes, rows), maxlen=0)
+        writer.finish()
+    return len(keys) / (time.perf_counter() - start)
+
+
+def measure_load(config_path: str) -> dict[str, float]:
+    """Run in a fresh process: `HPS(config)` from the config file, timed (wall and CPU
+    seconds), with the process's RSS before (the tiers' compiled code loaded, nothing
+    else), after (the server still open) and at its peak."""
+    import gc
+    import json
+    import resource
+
+    import psutil
+
+    from hps.api import HPS
+    from hps.db.hash_map import HashMapTier  # noqa: F401 - compiled kernels: not the load's
+    from hps.db.rocksdb import RocksDBTier  # noqa: F401
+
+    with open(config_path) as f:
+        config = json.load(f)
+    process = psutil.Process()
+    gc.collect()
+    before = process.memory_info().rss
+    start, cpu = time.perf_counter(), time.process_time()
+    hps = HPS(config)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    try:
+        gc.collect()
+        after = process.memory_info().rss
+    finally:
+        hps.close()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"seconds": seconds, "cpu_seconds": cpu, "rss_before": before,
+            "rss_after": after, "rss_peak": peak}
+
+
+def _load_in_child(config: dict[str, Any], folder: str) -> dict[str, float]:
+    import json
+    import subprocess
+    import sys
+
+    path = os.path.join(folder, "ps.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-m", "hps.bench.load", "measure", path],
+                          capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the measured load failed:\n{done.stderr[-4000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def bench_load_scale(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
+                     path: str | None = None) -> list[dict[str, Any]]:
+    """For each table size: `HPS(config)` loading a sparse folder of that many random
+    keys into the hash map over RocksDB (a fresh process and store per load; median of
+    `rounds`), its keys/s and CPU seconds, the process's RSS growth over the raw key +
+    vector bytes (after the load, and at its peak), beside the keys/s of rocksdict's own
+    SST writer on the same rows (presorted) measured in the same run."""
+    rows = []
+    for num_keys in sizes:
+        work = tempfile.mkdtemp(prefix="hps-bench-scale-", dir=path)
+        try:
+            keys, vectors = make_table(num_keys, dim)
+            order = np.random.default_rng(3).permutation(num_keys)  # files hold keys unsorted
+            from hps.io.formats.sparse_folder import write_sparse_model
+
+            write_sparse_model(os.path.join(work, "table"), keys[order], vectors[order])
+            del order
+            raw_folder = os.path.join(work, "raw")
+            os.makedirs(raw_folder)
+            bytewise = np.argsort(keys.astype("<i8").byteswap().view(np.uint64))
+            keys, vectors = keys[bytewise], vectors[bytewise]
+            del bytewise
+            baseline = sst_writer_keys_per_s(keys, vectors, raw_folder)
+            shutil.rmtree(raw_folder, ignore_errors=True)
+            del keys, vectors
+            raw = num_keys * (8 + 4 * dim)
+            results = []
+            for i in range(rounds):
+                config = load_config(os.path.join(work, "table"), dim,
+                                     os.path.join(work, f"rocks-{i}"))
+                results.append(_load_in_child(config, work))
+                shutil.rmtree(os.path.join(work, f"rocks-{i}"), ignore_errors=True)
+            seconds = statistics.median(r["seconds"] for r in results)
+            rows.append({
+                "num_keys": num_keys, "dim": dim, "rounds": rounds,
+                "keys_per_s": num_keys / seconds,
+                "cpu_seconds": statistics.median(r["cpu_seconds"] for r in results),
+                "seconds": seconds,
+                "rss_growth_over_raw": statistics.median(
+                    (r["rss_after"] - r["rss_before"]) / raw for r in results),
+                "peak_rss_growth_over_raw": statistics.median(
+                    (r["rss_peak"] - r["rss_before"]) / raw for r in results),
+                "sst_writer_keys_per_s": baseline,
+                "ratio": num_keys / seconds / baseline,
+            })
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def format_scale(rows: list[dict[str, Any]]) -> str:
+    """The scale curve as a plain-text table."""
+    lines = [f"{'keys':>12} {'dim':>4} {'load keys/s':>12} {'CPU s':>7} {'RSS/raw':>8} "
+             f"{'peak/raw':>8} {'SstFileWriter keys/s':>21} {'ratio':>6}"]
+    for r in rows:
+        lines.append(
+            f"{r['num_keys']:>12,} {r['dim']:>4} {r['keys_per_s']:>12,.0f} "
+            f"{r['cpu_seconds']:>7.2f} {r['rss_growth_over_raw']:>8.3f} "
+            f"{r['peak_rss_growth_over_raw']:>8.3f} {r['sst_writer_keys_per_s']:>21,.0f} "
+            f"{r['ratio']:>5.2f}×")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "measure":
+        print(json.dumps(measure_load(sys.argv[2])))
+    else:
+        sys.exit("usage: python -m hps.bench.load measure CONFIG (run by bench_load_scale)")

@@ -11,7 +11,7 @@ Thread safety: every method may be called from several threads at once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -130,8 +130,29 @@ class Tier(ABC):
         return total
 
     def reserve(self, table: str, num_keys: int) -> None:  # noqa: B027 - a hint
-        """Prepare room for `num_keys` keys in all ahead of a load of that many; a hint
-        that in-process tiers use to allocate once. Here: nothing."""
+        """Prepare for a load of about `num_keys` keys in all into `table`; a hint (an
+        in-process tier allocates once, RocksDB sizes its sort). Here: nothing."""
+
+    def bulk_order(self, keys: np.ndarray) -> np.ndarray | None:
+        """The permutation of `keys` in which `load_ordered` takes rows fastest, or None
+        when any order is as good (here)."""
+        return None
+
+    def load_ordered(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]
+                     ) -> int:
+        """`load` of distinct keys that come in `bulk_order`, chunk after chunk; tiers
+        that sort for a bulk load skip the sort. Here: `load`."""
+        return self.load(table, chunks)
+
+    #: whether `export` lists every row the tier was given (it keeps them in process
+    #: and never evicts): a load can then read a table back instead of sorting a copy
+    can_export: bool = False
+
+    def export(self, table: str, order: Callable[[np.ndarray], np.ndarray | None],
+               chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every row of `table` as `(keys, vectors)` chunks of at most `chunk_rows`, in
+        the order `order(keys)` gives (any order for None). Only where `can_export`."""
+        raise NotImplementedError(f"the {self.name} tier cannot export a table")
 
     def insert_async(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> bool:
         """Insert without making the caller wait where the tier can (network tiers queue

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -53,7 +53,7 @@ import numpy as np
 from hps.config import UNBOUNDED, VolatileDBConfig
 from hps.db import hash_map_kernels as kernels
 from hps.db.base import Tier, as_keys, as_rows
-from hps.errors import ConfigError, LookupInputError
+from hps.errors import ConfigError, LookupInputError, TierError
 
 EMPTY = kernels.EMPTY
 TOMBSTONE = kernels.TOMBSTONE
@@ -150,6 +150,7 @@ class _Table:
         self.stats = np.zeros(MIN_ROWS, np.uint32) if self.has_stats else _NO_STATS
         self.written = 0  # rows ever written to the current row arrays (their resident part)
         self.partition_sizes = np.zeros(num_partitions, np.int64)
+        self.version = 0  # inserts and removals so far: an export checks it is unchanged
         self._set_slots(MIN_SLOTS)
 
     @property
@@ -257,6 +258,8 @@ class HashMapTier(Tier):
         self._tables_lock = threading.Lock()
         self._workers = max(1, os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None
+        # a bounded table may have evicted rows it was given: it cannot stand for a file
+        self.can_export = not self._bounded
 
     # -- tables -------------------------------------------------------------------------
 
@@ -392,6 +395,7 @@ class HashMapTier(Tier):
                     break
                 t.grow(k.size - done)
             t.written = max(t.written, t.size)
+            t.version += 1
             if self._bounded and t.size > before:
                 self._prune(t)
         finally:
@@ -406,6 +410,35 @@ class HashMapTier(Tier):
             t.reserve(int(num_keys))
         finally:
             t.lock.release_write()
+
+    def export(self, table: str, order: Callable[[np.ndarray], np.ndarray | None],
+               chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every row of `table` as `(keys, vectors)` copies, `chunk_rows` at a time, in
+        the order `order(keys)` gives (row order for None).
+
+        Raises TierError when the table is written to while the export runs.
+        """
+        t = self._tables.get(table) or self._table(table)
+        t.lock.acquire_read()
+        try:
+            version, size = t.version, t.size
+            permutation = order(t.keys[:size])
+        finally:
+            t.lock.release_read()
+        for start in range(0, size, max(1, int(chunk_rows))):  # a loop over chunks
+            stop = min(size, start + chunk_rows)
+            t.lock.acquire_read()
+            try:
+                if t.version != version:
+                    raise TierError(f"hash_map table {table!r} changed while it was exported")
+                if permutation is None:
+                    keys, vectors = t.keys[start:stop].copy(), t.vectors[start:stop].copy()
+                else:
+                    rows = permutation[start:stop]
+                    keys, vectors = t.keys[rows], np.take(t.vectors, rows, axis=0)
+            finally:
+                t.lock.release_read()
+            yield keys, vectors
 
     def _prune(self, t: _Table) -> None:
         """Prune every partition past the margin down to the resolution target."""
@@ -447,6 +480,7 @@ class HashMapTier(Tier):
         try:
             removed = kernels.remove(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
                                      t.state, k)
+            t.version += 1
             t.shrink()
         finally:
             t.lock.release_write()

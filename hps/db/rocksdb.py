@@ -18,12 +18,15 @@ NumPy `V8` view and rows come back through one `b"".join` and `np.frombuffer`; t
 per-key work left is inside rocksdict's C extension (rocksdict has no bulk put either:
 writes call it once per key, driven by `map`, never by a Python loop).
 
-Bulk load spills the rows to a file, sorts all keys at once, and writes non-overlapping
-SST files in key order that RocksDB ingests into its bottom level (no WAL, no memtable,
-no compaction): one sorted run, so a read touches one file. Loads are durable when `load`
-returns. Values are stored uncompressed (float rows do not compress), table files are
-read through mmap, and every table file carries a bloom filter, so keys that are absent
-cost no data-block read.
+Bulk loads write table files (SST) of their own and have RocksDB ingest them into its
+bottom level (no WAL, no memtable, no compaction): one sorted run, so a read touches one
+file (`hps.db.rocksdb_bulk`, `hps.db.sst`). Rows in any order are spilled by key range
+and sorted a range at a time (`load`), with memory bounded by `load_run_bytes`; rows
+already in bytewise order (`load_ordered`, from a tier that holds the table) go straight
+to the files. Loads are durable when they return. Values are stored uncompressed (float
+rows do not compress), table files are read through mmap, and tables written through
+`insert` carry a bloom filter (bulk-loaded files have none: a lookup of an absent key
+reads one data block of the one file whose range holds it).
 
 Thread safety: RocksDB is thread-safe; the tier's own state (the column-family handles)
 changes under a lock.
@@ -35,6 +38,7 @@ import collections
 import itertools
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -48,6 +52,7 @@ import rocksdict
 
 from hps.config import PersistentDBConfig
 from hps.db.base import Tier, as_keys, as_rows
+from hps.db.rocksdb_bulk import FILE_BYTES, BucketSpill, SstSink, bytewise_order
 from hps.db.rows import decode_rows
 from hps.errors import (
     ConfigError,
@@ -65,10 +70,11 @@ DEFAULT_BLOCK_CACHE_BYTES = 256 << 20
 #: keys per multi_get call handed to one worker thread
 _MIN_SLICE = 2048
 _INGEST_PREFIX = "hps_ingest_"
-#: values per SST file written by a bulk load
-_SST_BYTES = 64 << 20
-#: vector bytes sorted per bulk-load run (a few load chunks: memory stays bounded)
+#: vector bytes a bulk load sorts at once (a few load chunks: memory stays bounded)
 DEFAULT_LOAD_RUN_BYTES = 256 << 20
+#: key ranges a bulk load spills to when it was not told the table's size
+_DEFAULT_BUCKETS = 64
+_MIN_FILE_BYTES = 64 << 10
 #: RocksDB property: keys a column family holds, estimated from its metadata
 _ESTIMATED_KEYS = "rocksdb.estimate-num-keys"
 
@@ -76,12 +82,6 @@ _ESTIMATED_KEYS = "rocksdb.estimate-num-keys"
 def _consume(iterator: Iterator[Any]) -> None:
     """Run an iterator (a `map` of rocksdict calls) to its end at C speed."""
     collections.deque(iterator, maxlen=0)
-
-
-def bytewise_order(keys: np.ndarray) -> np.ndarray:
-    """Permutation that sorts int64 keys as RocksDB orders their little-endian bytes."""
-    swapped = keys.astype("<i8").byteswap().view(np.uint64)
-    return np.argsort(swapped, kind="stable")
 
 
 def key_bytes(keys: np.ndarray) -> list[bytes]:
@@ -95,61 +95,6 @@ def row_bytes(vectors: np.ndarray) -> list[bytes]:
     rows = np.ascontiguousarray(vectors, dtype="<f4")
     raw: list[bytes] = rows.view(f"V{rows.shape[1] * 4}").reshape(-1).tolist()
     return raw
-
-
-class _Run:
-    """Rows of a bulk load spilled to a file, keys in memory, until written as SSTs."""
-
-    def __init__(self, work: str, dim: int, sst_bytes: int) -> None:
-        self.work = work
-        self.dim = dim
-        self.sst_bytes = sst_bytes
-        self.rows = 0
-        self._keys: list[np.ndarray] = []
-        self._spill_path = os.path.join(work, "rows.f32")
-        self._spill = open(self._spill_path, "wb")  # noqa: SIM115 - closed in write_sst
-
-    def add(self, keys: np.ndarray, vectors: np.ndarray) -> None:
-        if keys.size:
-            self._keys.append(keys.copy())
-            vectors.tofile(self._spill)
-            self.rows += keys.size
-
-    def write_sst(self, options: Any, run: int) -> tuple[list[str], int]:
-        """Write the run as SST files in bytewise key order, repeats dropped (last wins).
-
-        Returns their paths (in key order, not overlapping) and the number of distinct
-        keys; starts an empty run.
-        """
-        self._spill.close()
-        keys = np.concatenate(self._keys)
-        order = bytewise_order(keys)
-        keys = keys[order]
-        last = np.empty(keys.size, bool)
-        last[-1] = True
-        np.not_equal(keys[1:], keys[:-1], out=last[:-1])
-        positions = order[last]
-        keys = keys[last]
-        rows = np.memmap(self._spill_path, np.float32, "r", shape=(self.rows, self.dim))
-        per_file = max(1024, self.sst_bytes // (4 * self.dim))
-        paths: list[str] = []
-        for start in range(0, keys.size, per_file):
-            stop = start + per_file
-            path = os.path.join(self.work, f"run{run:04d}-{len(paths):06d}.sst")
-            writer = rocksdict.SstFileWriter(options)
-            writer.open(path)
-            values = row_bytes(rows[positions[start:stop]])
-            _consume(map(writer.__setitem__, key_bytes(keys[start:stop]), values))
-            writer.finish()
-            paths.append(path)
-        del rows
-        self._keys = []
-        self.rows = 0
-        self._spill = open(self._spill_path, "wb")  # noqa: SIM115
-        return paths, int(keys.size)
-
-    def close(self) -> None:
-        self._spill.close()
 
 
 class RocksDBTier(Tier):
@@ -197,6 +142,7 @@ class RocksDBTier(Tier):
         workers = max(1, min(int(self.config.num_threads), os.cpu_count() or 1))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hps-rocksdb")
         self._workers = workers
+        self._expected_keys: dict[str, int] = {}  # reserve() hints for the next load
         self._meta = self._column_family(META_CF, create=not self.read_only)
         for cf_name in self.stored_tables():
             dim = self._stored_dim(cf_name)
@@ -433,62 +379,103 @@ class RocksDBTier(Tier):
         with self._lock:
             self._generations[table] = self._generations.get(table, 0) + 1
 
-    def load(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
-        """Bulk-load `(keys, vectors)` chunks; returns the keys read (repeats included).
+    def reserve(self, table: str, num_keys: int) -> None:
+        """Note that the next load of `table` brings about `num_keys` keys: it then
+        spills to as many key ranges as keep each within `load_run_bytes`."""
+        self._expected_keys[table] = int(num_keys)
 
-        The rows are spilled to a file in the store while their keys collect in memory;
-        then the whole run is sorted in bytewise order, repeats dropped (the last wins),
-        and written as non-overlapping SST files that RocksDB ingests into its bottom
-        level: one sorted run, nothing to compact, no WAL, no memtable. The chunks past
-        the run budget (`load_run_bytes`) go through batched writes, so a load's memory
-        stays a few chunks whatever the table size. Durable on return.
+    def bulk_order(self, keys: np.ndarray) -> np.ndarray:
+        """The permutation that puts `keys` in RocksDB's bytewise order: `load_ordered`
+        takes rows in this order straight to table files."""
+        return bytewise_order(keys)
+
+    def load(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
+        """Bulk-load `(keys, vectors)` chunks in any order; returns the keys read
+        (repeats included; of a repeated key the last one read is stored).
+
+        The rows are spilled into key ranges in a folder of the store; then each range is
+        read back, sorted and written as table files that RocksDB ingests into its bottom
+        level in one go: one sorted run, no WAL, no compaction. Memory: about
+        `load_run_bytes` for the range being sorted, whatever the table size. Durable on
+        return.
         """
         self._writable("load", table)
-        cf = self._cf(table)
         dim = self.dim(table)
-        run_rows = max(1, self.load_run_bytes // (4 * dim))
-        # SST files are written a slice at a time: a slice is at most a quarter of a run
-        sst_bytes = min(_SST_BYTES, max(1, self.load_run_bytes // 4))
-        start_generation = self._generations.get(table, 0)
-        was_empty = self._is_empty(cf)
+        expected = self._expected_keys.pop(table, None)
+        buckets = _DEFAULT_BUCKETS if expected is None else max(
+            1, math.ceil(expected * 4 * dim / self._file_bytes()))
         total = 0
-        runs = 0
-        distinct = 0
-        # Inside the store: same file system, so ingestion links the files, never copies.
-        with tempfile.TemporaryDirectory(dir=self.path, prefix=_INGEST_PREFIX) as work:
-            run = _Run(work, dim, sst_bytes)
+
+        def sorted_runs(work: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            nonlocal total
+            spill = BucketSpill(work, dim, buckets)
             try:
                 for keys, vectors in chunks:
-                    k, v = as_rows(keys, vectors, self.dim(table))
+                    k, v = as_rows(keys, vectors, dim)
                     total += k.size
-                    if runs:
-                        # Past the first run, overlapping ingested runs would cost a full
-                        # compaction (measured: 2.5x slower than this); batched writes
-                        # let RocksDB merge as it goes.
-                        self.insert(table, k, v)
-                        continue
-                    run.add(k, v)
-                    if run.rows >= run_rows:
-                        distinct = self._ingest(cf, table, *run.write_sst(self._options, runs))
-                        runs += 1
-                if run.rows:
-                    distinct = self._ingest(cf, table, *run.write_sst(self._options, runs))
-                    runs += 1
+                    spill.add(k, v)
+                yield from spill.runs()
             finally:
-                run.close()
-        with self._lock:
-            generation = self._generations.get(table, 0)
-            if was_empty and runs <= 1 and generation == start_generation + runs:
-                # One run into an empty table, no other writer meanwhile: count known.
-                self._sizes[table] = (generation, distinct)
+                spill.close()
+
+        self._bulk_write(table, sorted_runs)
         return total
 
-    def _ingest(self, cf: Any, table: str, paths: list[str], distinct: int) -> int:
+    def load_ordered(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]
+                     ) -> int:
+        """Bulk-load chunks whose keys are distinct and in `bulk_order`, each chunk after
+        the one before: they go straight to table files (nothing is spilled or sorted).
+
+        Returns the keys written. Raises TierError, ingesting nothing, when a chunk is out
+        of order. Durable on return.
+        """
+        self._writable("load", table)
+        dim = self.dim(table)
+        self._expected_keys.pop(table, None)
+
+        def runs(work: str) -> Iterator[tuple[np.ndarray, np.ndarray, None]]:
+            for keys, vectors in chunks:
+                k, v = as_rows(keys, vectors, dim)
+                yield k, v, None
+
+        return self._bulk_write(table, runs)
+
+    def _bulk_write(self, table: str, runs: Any) -> int:
+        """Write what `runs(work)` yields — (keys, rows, positions) in bytewise order — as
+        table files in a folder of the store, and ingest them; returns the keys written."""
+        cf = self._cf(table)
+        start_generation = self._generations.get(table, 0)
+        was_empty = self._is_empty(cf)
+        # Inside the store: same file system, so ingestion links the files, never copies.
+        with tempfile.TemporaryDirectory(dir=self.path, prefix=_INGEST_PREFIX) as work:
+            sink = SstSink(work, self._workers, self._file_bytes())
+            try:
+                for keys, rows, positions in runs(work):
+                    sink.add(keys, rows, positions)
+                paths = sink.finish()
+            finally:
+                sink.close()
+            if paths:
+                self._ingest(cf, table, paths)
+        written = sink.keys_written
+        with self._lock:
+            generation = self._generations.get(table, 0)
+            if was_empty and generation == start_generation + (1 if paths else 0):
+                # Into an empty table, no other writer meanwhile: the count is known.
+                self._sizes[table] = (generation, written)
+        return written
+
+    def _file_bytes(self) -> int:
+        """Values per table file (and per spilled key range): a file per worker and one
+        being read or sorted, twice over, fit in `load_run_bytes`."""
+        share = self.load_run_bytes // (2 * (self._workers + 1))
+        return max(_MIN_FILE_BYTES, min(FILE_BYTES, share))
+
+    def _ingest(self, cf: Any, table: str, paths: list[str]) -> None:
         options = rocksdict.IngestExternalFileOptions()
         options.set_move_files(True)
         cf.ingest_external_file(paths, options)
         self._changed(table)
-        return distinct
 
     def _is_empty(self, cf: Any) -> bool:
         it = cf.iter(self._read_options)

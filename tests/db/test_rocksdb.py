@@ -19,7 +19,7 @@ import rocksdict
 
 from hps.config import PersistentDBConfig
 from hps.db.rocksdb import META_CF, RocksDBTier, key_bytes
-from hps.errors import TierSetupError
+from hps.errors import TierError, TierSetupError
 from tests.db.rows import vectors_of
 
 T = "hps_et.model.table0"
@@ -278,3 +278,25 @@ def test_threads_insert_and_fetch(store: Path) -> None:
     assert not errors, errors[0]
     assert tier.size(T) == 15_000
     tier.close()
+
+
+def test_load_ordered_writes_rows_as_they_come(tier: RocksDBTier) -> None:
+    keys = np.random.default_rng(7).permutation(np.arange(-4000, 4000))
+    ordered = keys[tier.bulk_order(keys)]
+    assert tier.load_ordered(T, [(c, vectors_of(c, 4)) for c in np.array_split(ordered, 5)]
+                             ) == 8000
+    got, found = tier.fetch(T, keys)
+    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+    assert tier.size(T) == 8000
+    assert {f["level"] for f in tier.raw_table(T).live_files()} == {6}
+
+
+def test_load_ordered_refuses_rows_out_of_order_and_ingests_nothing(tier: RocksDBTier) -> None:
+    keys = np.arange(1000)
+    ordered = keys[tier.bulk_order(keys)]
+    chunks = [(ordered[:600], vectors_of(ordered[:600], 4)),
+              (ordered[500:], vectors_of(ordered[500:], 4))]  # overlaps the first chunk
+    with pytest.raises(TierError, match="bytewise order"):
+        tier.load_ordered(T, chunks)
+    assert tier.size(T) == 0 and not tier.fetch(T, keys)[1].any()
+    assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
