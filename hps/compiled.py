@@ -95,7 +95,7 @@ def _prefetch_intrinsic() -> Any:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    @intrinsic  # type: ignore[misc]
+    @intrinsic
     def prefetch(typingctx: Any, arr: Any, index: Any) -> Any:
         if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
             return None
@@ -105,15 +105,16 @@ def _prefetch_intrinsic() -> Any:
             view = context.make_array(array_type)(context, builder, args[0])
             first = context.cast(builder, args[1], index_type, types.intp)
             rest = [context.get_constant(types.intp, 0)] * (array_type.ndim - 1)
-            pointer = cgutils.get_item_pointer2(
+            pointer = cgutils.get_item_pointer2(  # type: ignore[no-untyped-call]
                 context, builder, data=view.data,
-                shape=cgutils.unpack_tuple(builder, view.shape),
-                strides=cgutils.unpack_tuple(builder, view.strides),
+                shape=cgutils.unpack_tuple(builder, view.shape),  # type: ignore[no-untyped-call]
+                strides=cgutils.unpack_tuple(builder, view.strides),  # type: ignore[no-untyped-call]
                 layout=array_type.layout, inds=[first, *rest])
             byte_pointer = builder.bitcast(pointer, ir.IntType(8).as_pointer())
             i32 = ir.IntType(32)
             fnty = ir.FunctionType(ir.VoidType(), [byte_pointer.type, i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+            fn = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
+                builder.module, fnty, "llvm.prefetch.p0")
             # read, high locality, data cache
             builder.call(fn, [byte_pointer, i32(0), i32(3), i32(1)])
             return context.get_dummy_value()

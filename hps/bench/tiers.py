@@ -346,11 +346,15 @@ def bench_public_lookup(
                 queries = _query_batches(keys, batch, 2 * (10 + count), seed=batch)
                 got = hps.lookup(queries[0], "bench", 0)
                 assert np.array_equal(got, vectors[np.searchsorted(keys, queries[0])])
-                medians = _interleaved_medians({
-                    "ours": lambda i, q=queries: hps.lookup(q[2 * i], "bench", 0),
-                    "baseline": lambda i, q=queries: np.take(
-                        vectors, np.searchsorted(keys, q[2 * i + 1]), axis=0),
-                }, count, 10)
+
+                def timed_ours(i: int, q: list[np.ndarray] = queries) -> object:
+                    return hps.lookup(q[2 * i], "bench", 0)
+
+                def timed_numpy(i: int, q: list[np.ndarray] = queries) -> object:
+                    return np.take(vectors, np.searchsorted(keys, q[2 * i + 1]), axis=0)
+
+                medians = _interleaved_medians({"ours": timed_ours, "baseline": timed_numpy},
+                                               count, 10)
                 latency.append({
                     "batch": batch, "ours_us": medians["ours"] * 1e6,
                     "baseline_us": medians["baseline"] * 1e6,

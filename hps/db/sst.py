@@ -319,7 +319,7 @@ def write_file(path: str, keys: np.ndarray, rows: np.ndarray,
     written = encode(buf, keys, raw, np.ascontiguousarray(positions, np.int64), sizes)
     end = tail(sizes, keys.size)
     with open(path, "wb") as f:
-        f.write(memoryview(buf)[:written])
+        f.write(buf[:written].data)
         f.write(end)
     return written + len(end)
 

@@ -244,3 +244,13 @@ def test_spill_of_keys_that_share_their_first_bytes(tmp_path: Path) -> None:
     finally:
         spill.close()
     assert sum(sizes) == 5000 and max(sizes) <= 600  # about a tenth each
+
+
+def test_bytewise_order_is_a_stable_sort_of_the_key_bytes() -> None:
+    rng = np.random.default_rng()
+    keys = np.concatenate([rng.integers(-(2**63), 2**63 - 1, 50_000, dtype=np.int64),
+                           rng.integers(-3, 3, 5000),  # repeats, and keys sharing bytes
+                           np.arange(0, 2**40, 2**24, dtype=np.int64)])
+    order = bytewise_order(keys)
+    as_bytes = [k.tobytes() for k in keys.astype("<i8")]
+    assert order.tolist() == sorted(range(keys.size), key=lambda i: (as_bytes[i], i))
