@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from hps.errors import BatchTooLargeError, LookupInputError, UnknownModelError
 from hps.http.errors import BadBody, BadJSON, UnsupportedMediaType, v2_error_body
 from hps.http.fastpath import FastRoute, respond
-from hps.http.lookup import encode_json, read_body, validation_message
+from hps.http.lookup import encode_json, json_body_limit, read_body, validation_message
 from hps.http.schemas import INT64_MAX, INT64_MIN, JSON, OCTET_STREAM
 
 if TYPE_CHECKING:
@@ -285,13 +285,29 @@ async def handle_infer(state: ServiceState, headers: Mapping[str, str], receive:
     state.check_token(headers.get("authorization"))
     model = params["model"] or ""
     check_version(model, params.get("version"))
-    state.model(model)  # 404 or 503 before the body is read
+    loaded = state.model(model)  # 404 or 503 before the body is read
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported: send "
                                    "the request uncompressed")
-    body = await read_body(headers, receive, state.max_body_bytes)
+    # the JSON part makes a Python object per key when parsed: it is refused beyond what
+    # the model's key limits can take, before parsing (from Content-Length when it is all
+    # JSON); binary tensor data after it is bounded by the body limit only
+    json_limit = 4096 + json_body_limit(sum(t.max_keys for t in loaded.tables))
+    binary = HEADER_LENGTH in headers
+    declared = headers.get("content-length", "")
+    if not binary and declared.isascii() and declared.isdigit() and int(declared) > json_limit:
+        raise BatchTooLargeError(
+            f"a JSON inference request of {int(declared):,} bytes is longer than model "
+            f"{model!r}'s key limits take; send fewer keys, or binary tensor data")
+    body = await read_body(headers, receive,
+                           state.max_body_bytes if binary else min(state.max_body_bytes,
+                                                                   json_limit))
     header_length = parse_header_length(headers.get(HEADER_LENGTH), len(body))
+    if header_length is not None and header_length > json_limit:
+        raise BatchTooLargeError(
+            f"an inference header of {header_length:,} bytes is longer than model "
+            f"{model!r}'s key limits take")
     return await state.run_lookup(infer_answer, state.server, model, body, header_length)
 
 

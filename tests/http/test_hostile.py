@@ -206,3 +206,15 @@ def test_non_ascii_token(model_files: ModelFiles) -> None:
         assert_error(live.client.get("/v1/models", headers=bad), 401, "unauthorized")
         latin1 = {"Authorization": "Bearer tökén-ß".encode("latin-1")}
         assert_error(live.client.get("/v1/models", headers=latin1), 401, "unauthorized")
+
+
+def test_v2_json_infer_larger_than_the_key_limits_is_refused_before_parsing(
+    live: Live
+) -> None:
+    keys = b"1," * (8 << 20 - 1) + b"1"
+    body = (b'{"inputs": [{"name": "KEYS", "datatype": "INT64", "shape": [8388608], '
+            b'"data": [' + keys + b"]}]}")
+    answer = live.client.post(f"/v2/models/{MODEL}/infer", content=body,
+                              headers={"Content-Type": "application/json"})
+    assert answer.status_code == 413, answer.text
+    assert "error" in answer.json()
