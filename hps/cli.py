@@ -674,6 +674,27 @@ def bench_tiers_cmd(
     console.print(format_public_lookup(result), markup=False, highlight=False)
 
 
+@bench_app.command("updates")
+def bench_updates_cmd(
+    rows: int = typer.Option(2_000_000, help="Update rows published before the ingest."),
+    table_keys: int = typer.Option(500_000, help="Keys of the served table."),
+    dim: int = typer.Option(64, help="Vector width."),
+    batch: int = typer.Option(1024, help="Keys per lookup."),
+    per_message: int = typer.Option(8192, help="Rows per update message."),
+    seconds: float = typer.Option(5.0, help="Seconds of lookups alone (the baseline)."),
+    samples: int = typer.Option(100, help="Visibility samples."),
+) -> None:
+    """Online updates from Redis Streams: ingest rows/s and publish-to-visible p50/p99,
+    beside the lookup rate and p50 without ingest (in-process tier; with RocksDB)."""
+    from hps.bench.updates import bench_updates
+
+    try:
+        results = bench_updates(rows, table_keys, dim, batch, per_message, seconds, samples)
+    except (HPSError, RuntimeError) as exc:
+        _fail(exc)
+    _print_bench(results, title="hps bench updates (Redis Streams)")
+
+
 @bench_app.command("redis")
 def bench_redis_cmd(
     address: Optional[str] = typer.Option(
@@ -849,6 +870,18 @@ _MEASURE_LABELS = {
     "peak_rss_bytes": "peak RSS", "baseline_same_options_keys_per_s":
     "baseline (our options), keys/s", "ratio_same_options": "ours / baseline (our options)",
     "ours_seconds": "ours, s", "baseline_seconds": "baseline, s", "nodes": "Redis nodes",
+    "ingest_rows_per_s": "ingest, rows/s", "ingest_seconds": "ingest, s",
+    "visibility_p50_ms": "publish → visible p50, ms",
+    "visibility_p99_ms": "publish → visible p99, ms",
+    "lookups_per_s_alone": "lookups/s, no ingest",
+    "lookups_per_s_during_ingest": "lookups/s, during ingest",
+    "lookup_p50_ms_alone": "lookup p50 ms, no ingest",
+    "lookup_p50_ms_during_ingest": "lookup p50 ms, during ingest",
+    "lookup_p50_ratio": "lookup p50, during / no ingest",
+    "lookup_p99_ms_alone": "lookup p99 ms, no ingest",
+    "lookup_p99_ms_during_ingest": "lookup p99 ms, during ingest",
+    "rows_per_message": "rows per message", "lookup_batch": "keys per lookup",
+    "table_keys": "keys in the table", "rows": "update rows",
 }
 _RUN_LABELS = {"hash_map": "in-process", "rocksdb": "RocksDB",
                "rocksdb_bulk_load": "RocksDB load", "redis": "Redis",

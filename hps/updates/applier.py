@@ -42,6 +42,9 @@ from hps.updates.stats import UpdateStats
 
 #: writes rows to the GPU caches of one table: (keys int64 [n], vectors float32 [n, dim])
 CacheWrite = Callable[[np.ndarray, np.ndarray], None]
+#: rows written to the tiers at a time: a tier call holds the GIL for its Python part, so
+#: lookups on other threads get their turn between chunks (16 Ki rows of width 64: 4 MiB)
+WRITE_CHUNK_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -77,14 +80,21 @@ class TableBatch:
     messages: int = 0
 
     def rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Keys (unique) and vectors; a key repeated in the batch keeps its last row."""
+        """Keys and vectors of every message, in log order (a key may repeat: the tiers
+        keep the last of duplicate keys, as their contract says)."""
         keys = np.concatenate(self.keys) if len(self.keys) > 1 else self.keys[0]
         vectors = np.concatenate(self.vectors) if len(self.vectors) > 1 else self.vectors[0]
-        _, first_from_end = np.unique(keys[::-1], return_index=True)
-        if first_from_end.size == keys.size:
-            return keys, vectors
-        last = keys.size - 1 - first_from_end
-        return keys[last], vectors[last]
+        return keys, vectors
+
+
+def last_rows(keys: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique keys with the last row each has in `keys` order (a GPU cache's update takes
+    unique keys)."""
+    _, first_from_end = np.unique(keys[::-1], return_index=True)
+    if first_from_end.size == keys.size:
+        return keys, vectors
+    last = keys.size - 1 - first_from_end
+    return keys[last], vectors[last]
 
 
 class UpdateApplier:
@@ -171,12 +181,16 @@ class UpdateApplier:
 
     def _write_rows(self, target: UpdateTarget, keys: np.ndarray, vectors: np.ndarray
                     ) -> None:
-        for role in ("persistent", "volatile"):
-            tier = self._tier(role, target.topic)
-            if tier is not None:
-                tier.insert(target.storage_name, keys, vectors)
-        if target.write_caches is not None:
-            target.write_caches(keys, vectors)
+        """Persistent tier, volatile tier, GPU caches, chunk by chunk (in log order)."""
+        tiers = [t for t in (self._tier("persistent", target.topic),
+                             self._tier("volatile", target.topic)) if t is not None]
+        step = max(1, WRITE_CHUNK_BYTES // (4 * target.dim))
+        for first in range(0, keys.size, step):
+            k, v = keys[first:first + step], vectors[first:first + step]
+            for tier in tiers:
+                tier.insert(target.storage_name, k, v)
+            if target.write_caches is not None:
+                target.write_caches(*last_rows(k, v))
 
     def _tier(self, role: str, topic: str) -> Tier | None:
         """The tier of `role` when it takes updates of `topic` (enabled, writable, and one

@@ -1,4 +1,4 @@
-"""The update consumer: one thread that polls a source, applies, then commits.
+"""The update consumer: polls a source, applies, then commits, on two threads.
 
     consumer = UpdateConsumer(source, applier, config, stats, followed)
     consumer.start()
@@ -6,9 +6,12 @@
     consumer.close()
 
 Each round polls at most `max_commit_interval` messages (waiting up to
-`poll_timeout_ms`), applies them (applier.py) and only then commits them, so a crash
-between the two re-applies at most one round (at-least-once; every write is an
-overwrite, so a replay ends in the same rows). A source that cannot be reached (broker
+`poll_timeout_ms`) and decodes them on the consumer's thread, then hands them to the
+writer thread, which applies them (applier.py) and only then commits them. The next
+round's poll and decode overlap the writer's work on the one before (one batch ahead at
+most; batches are written and committed in order), so Redis/Kafka I/O and decoding run
+while the tiers are written. A crash re-applies at most two rounds (at-least-once; every
+write is an overwrite, so a replay ends in the same rows). A source that cannot be reached (broker
 or Redis down) and a tier that cannot be written are retried with the package's backoff
 (`hps/backoff.py`, from `failure_backoff_ms` up to `failure_backoff_max_ms`); the state
 ("running", "down") is in `UpdateStats`. Lookups never wait for any of this.
@@ -23,13 +26,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from hps.backoff import Backoff
 from hps.config import UpdateSourceConfig
 from hps.errors import TierUnavailableError, UpdateSourceUnavailableError
-from hps.updates.applier import UpdateApplier
-from hps.updates.source import UpdateSource
+from hps.updates.applier import TableBatch, UpdateApplier
+from hps.updates.source import UpdateMessage, UpdateSource
 from hps.updates.stats import UpdateStats
 
 log = logging.getLogger("hps.updates")
@@ -65,6 +69,8 @@ class UpdateConsumer:
         self._stop = threading.Event()
         self._next_lag = 0.0
         self._thread = threading.Thread(target=self._run, name="hps-updates", daemon=True)
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="hps-updates-write")
+        self._written: Future[None] | None = None  # the batch handed to the writer last
 
     def start(self) -> None:
         self._thread.start()
@@ -77,6 +83,7 @@ class UpdateConsumer:
             self._thread.join(timeout)
         stopped = not self._thread.is_alive()
         if stopped:
+            self._writer.shutdown(wait=True)  # a write under way ends (or gives up) first
             self.source.close()
         self.stats.set_state("stopped")
         return stopped
@@ -100,9 +107,23 @@ class UpdateConsumer:
             lambda: self.source.poll(self._max_messages, self._timeout))
         if messages:
             batches = self.applier.prepare(messages)
-            self._retried(lambda: self.applier.write(batches))
-            self._retried(lambda: self.source.commit(messages))
+            self._wait_written()
+            self._written = self._writer.submit(self._write, batches, messages)
+        elif self._written is not None:
+            self._wait_written()  # idle: let the lag below see the last batch committed
         self._read_lag()
+
+    def _write(self, batches: list[TableBatch], messages: list[UpdateMessage]) -> None:
+        """On the writer thread: apply, then commit (each retried on outages)."""
+        self._retried(lambda: self.applier.write(batches))
+        self._retried(lambda: self.source.commit(messages))
+
+    def _wait_written(self) -> None:
+        """Wait for the writer's batch; raises _Stopped if it gave up because of close,
+        and passes on a failure of its own (the round fails: logged, retried later)."""
+        written, self._written = self._written, None
+        if written is not None:
+            written.result()
 
     def _follow(self) -> None:
         wanted = {m: tuple(tables) for m, tables in self._followed().items()}
