@@ -7,15 +7,17 @@ A batch (the messages of one poll) is applied in two steps:
    here (counted in `UpdateStats`, logged with a rate limit), so they never change a row.
    Nothing is written.
 2. `write`: per table, the rows of all its messages (the last row of a key wins, as the
-   log's order says) go to the persistent tier, then the volatile tier, then every GPU
-   cache of the table (rows it holds are overwritten in place; missing keys inserted
-   where `gpu_cache_insert` asks), in that order. A tier's `update_filters` (HugeCTR's
+   log's order says) go to the persistent tier (a large batch through its bulk path,
+   `Tier.load`), then the volatile tier, then every GPU cache of the table (rows it holds
+   are overwritten in place; missing keys inserted where `gpu_cache_insert` asks), in
+   that order. A tier's `update_filters` (HugeCTR's
    regular expressions over `hps_et.<model>.<table>`) decide whether it takes updates.
    A `TierUnavailableError` leaves the batch to be written again (every write is an
    overwrite, so a replay ends in the same rows).
 
 Every tier writes a row whole (a hash-map insert under its table lock, one Redis HSET
-field, a RocksDB WriteBatch, a GPU kernel ordered after the queries in flight), so a
+field, a RocksDB WriteBatch or ingested SST file, a GPU kernel ordered after the queries
+in flight), so a
 lookup sees a key's old row or its new one, never a mix.
 
 Reloads. While a model reloads, the keys its updates touch are noted
@@ -45,6 +47,10 @@ CacheWrite = Callable[[np.ndarray, np.ndarray], None]
 #: rows written to the tiers at a time: a tier call holds the GIL for its Python part, so
 #: lookups on other threads get their turn between chunks (16 Ki rows of width 64: 4 MiB)
 WRITE_CHUNK_BYTES = 4 << 20
+#: a table's batch of at least this many rows goes to the persistent tier through its bulk
+#: path (`Tier.load`: RocksDB ingests a sorted SST file, ~3x a WriteBatch here, durable on
+#: return, newer than what it holds); smaller ones through `insert`
+BULK_ROWS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -181,9 +187,13 @@ class UpdateApplier:
 
     def _write_rows(self, target: UpdateTarget, keys: np.ndarray, vectors: np.ndarray
                     ) -> None:
-        """Persistent tier, volatile tier, GPU caches, chunk by chunk (in log order)."""
+        """Persistent tier, volatile tier, GPU caches, in log order: a large batch goes to
+        the persistent tier whole (bulk), the rest chunk by chunk."""
         tiers = [t for t in (self._tier("persistent", target.topic),
                              self._tier("volatile", target.topic)) if t is not None]
+        if keys.size >= BULK_ROWS and tiers and tiers[0] is self.tiers.persistent:
+            tiers[0].load(target.storage_name, [(keys, vectors)])
+            tiers = tiers[1:]
         step = max(1, WRITE_CHUNK_BYTES // (4 * target.dim))
         for first in range(0, keys.size, step):
             k, v = keys[first:first + step], vectors[first:first + step]
