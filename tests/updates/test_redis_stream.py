@@ -291,3 +291,34 @@ def test_a_bad_address_is_a_config_error(bad: str) -> None:
 
     with pytest.raises(ConfigError, match="update_source.address"):
         open_publisher(UpdateSourceConfig(type="redis_stream", address=bad))
+
+
+def test_a_large_batch_takes_the_persistent_tiers_bulk_path(
+        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
+        rng: np.random.Generator) -> None:
+    """A round of more than BULK_ROWS rows reaches RocksDB through Tier.load (an ingested
+    SST file): still the last row of each key, beside the rows it did not touch."""
+    from hps.updates.applier import BULK_ROWS
+
+    per_message = 8192
+    messages = -(-BULK_ROWS // per_message) + 1
+    keys = [rng.integers(0, 30_000, per_message) for _ in range(messages)]
+    rows = [_rows(rng, per_message) for _ in range(messages)]
+    # published before the server starts: its new group reads them in one round
+    redis_publisher.publish(TOPIC, [codec.encode(k, v) for k, v in
+                                    zip(keys, rows, strict=True)])
+    with HierarchicalParameterServer(model.config(redis_updates)) as server:
+        wait_status(server, lambda s: s["tables"][TOPIC]["messages"] == messages,
+                    "every message applied")
+        last: dict[int, np.ndarray] = {}
+        for k, v in zip(keys, rows, strict=True):
+            last.update(zip(k.tolist(), v, strict=True))
+        want_keys = np.array(sorted(last), dtype=np.int64)
+        want = np.stack([last[k] for k in want_keys.tolist()])
+        name = server.model("m").tables[0].storage_name
+        for tier in (server.persistent, server.volatile):
+            got, found = tier.fetch(name, want_keys)
+            assert found.all()
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(server.lookup("m", 0, model.keys[:100]),
+                                      model.vectors[:100])
