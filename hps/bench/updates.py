@@ -223,7 +223,7 @@ def bench_updates(rows: int = 2_000_000, table_keys: int = 500_000, dim: int = 6
 
     rng = np.random.default_rng(seed)
     keys = np.arange(table_keys, dtype=np.int64)
-    results = []
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="hps-bench-updates-") as tmp, \
             _stream_server() as address:
         folder = Path(tmp)

@@ -50,8 +50,8 @@ def _table(config: PSConfig, model: str, table: str | int) -> tuple[ModelConfig,
     try:
         mc = config.model(model)
     except KeyError:
-        names = ", ".join(m.model for m in config.models)
-        raise UnknownModelError(f"the config has no model {model!r} (models: {names})") \
+        known = ", ".join(m.model for m in config.models)
+        raise UnknownModelError(f"the config has no model {model!r} (models: {known})") \
             from None
     names = mc.embedding_table_names
     if isinstance(table, int) or (isinstance(table, str) and table.isdigit()
