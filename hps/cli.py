@@ -485,9 +485,24 @@ def inspect(
     except HPSError as exc:
         err_console.print(f"[bold red]invalid:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
-    _print_report(f"{report.format} {source}", report.rows())
+    _print_report(f"{report.format} {source}",
+                  report.rows() + _gpu_memory_rows(report.num_keys, report.vec_size))
     if not report.valid:
         raise typer.Exit(code=1)
+
+
+def _gpu_memory_rows(num_keys: int, dim: int) -> list[tuple[str, str]]:
+    """GPU memory one cache of the table takes per deployed device, by cache type: what
+    hps/gpu/cache.py allocates, its extra slots included (no GPU needed to tell)."""
+    from hps.gpu.cache import cache_memory_bytes
+    from hps.gpu.static_table import StaticEmbeddingTable
+
+    mib = 1 << 20
+    rows = [(f"GPU memory, dynamic cache, gpucacheper {p}",
+             f"{cache_memory_bytes(num_keys, dim, p) / mib:,.1f} MiB per device")
+            for p in (0.1, 0.5, 1.0)]
+    static = StaticEmbeddingTable.memory_required(max(num_keys, 1), dim)
+    return [*rows, ("GPU memory, static table", f"{static / mib:,.1f} MiB per device")]
 
 
 def _print_report(title: str, rows: list[tuple[str, str]]) -> None:

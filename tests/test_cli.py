@@ -68,6 +68,11 @@ def test_inspect(two_tables: dict[str, Any]) -> None:
     assert result.returncode == 0, result.stderr
     assert "3,000" in result.stdout and "width" in result.stdout and "yes" in result.stdout
     assert f"{keys.min():,}" in result.stdout
+    # what a GPU cache of the table would take, extra slots included (hps/gpu/cache.py)
+    from hps.gpu.cache import cache_memory_bytes
+
+    mib = cache_memory_bytes(keys.size, 8, 0.5) / 2**20
+    assert "gpucacheper 0.5" in result.stdout and f"{mib:,.1f} MiB per device" in result.stdout
     emb = two_tables["dir"] / "t0" / "emb_vector"
     emb.write_bytes(emb.read_bytes()[:-4])
     bad = hps("inspect", str(two_tables["dir"] / "t0"), "--width", "8")

@@ -58,9 +58,10 @@ from hps.gpu.uvm_table import UvmEmbeddingTable, uvm_gpu_rows
 if TYPE_CHECKING:
     from hps.config import ModelConfig
 
-__all__ = ["DEFAULT_LRU_SAMPLE_SHIFT", "EMPTY_KEY", "RANK_BITS", "SET_SIZE", "EmbeddingCache",
-           "cache_mode", "murmur3_fmix64", "open_device_table", "set_codes", "set_of",
-           "warm_up"]
+__all__ = ["CACHE_LOAD", "DEFAULT_LRU_SAMPLE_SHIFT", "EMPTY_KEY", "RANK_BITS", "SET_SIZE",
+           "WHOLE_TABLE", "EmbeddingCache", "cache_capacity", "cache_mode", "cache_slots",
+           "cache_memory_bytes", "holds_whole_table", "murmur3_fmix64", "open_device_table",
+           "set_codes", "set_of", "warm_up"]
 
 # Stamp 1 in 2**shift hits (sampled LRU). The stamp is a partial-sector write per hit, the
 # largest cost of a hit at small widths (H100, dim 16, 1M uniform hits: exact 5.6 G keys/s,
@@ -314,37 +315,85 @@ def cache_mode(model: ModelConfig) -> str:
     return model.cache_type
 
 
+# What a cache promises: after a warm-up it holds at least 0.97 of min(table keys, its
+# capacity). Sets filled slot for key cannot: keys that land in a full 8-way set are lost,
+# and 8-way sets filled to 100% hold 86% of what was inserted (a Poisson overflow). So the
+# sets are sized for capacity / CACHE_LOAD slots: at a load of 0.6, full warm-ups held 98%
+# of their keys in the NumPy model of this policy (hps/gpu/reference.py; tests/gpu checks
+# the promise on the GPU). The extra slots are in memory_bytes.
+CACHE_LOAD = 0.6
+# From gpucacheper 1.0 on the cache is asked to hold the whole table: a set-associative cache
+# cannot promise that (some sets overflow at any load), so such a cache is an open-addressing
+# table (the static table's layout, hps/gpu/static_table.py) that misses are inserted into:
+# it evicts nothing and holds every key it takes up to its capacity.
+WHOLE_TABLE = 1.0
+
+
+def cache_capacity(model: ModelConfig, num_keys: int) -> int:
+    """Keys a dynamic cache of the model's table promises to hold: gpucacheper × keys."""
+    return max(1, math.ceil(model.gpucacheper * int(num_keys)))
+
+
+def cache_slots(capacity: int) -> int:
+    """Slots of a set-associative cache that promises `capacity` keys (see CACHE_LOAD)."""
+    return max(1, math.ceil(capacity / CACHE_LOAD))
+
+
+def holds_whole_table(model: ModelConfig) -> bool:
+    """Whether the model's dynamic caches are open-addressing tables (see WHOLE_TABLE)."""
+    return model.cache_type == "dynamic" and model.gpucacheper >= WHOLE_TABLE
+
+
+def cache_memory_bytes(num_keys: int, dim: int, gpucacheper: float) -> int:
+    """Device bytes of one dynamic cache (per deployed device) of a table of `num_keys`
+    keys of width `dim` at `gpucacheper`: what `hps inspect` tells a user to plan for."""
+    capacity = max(1, math.ceil(gpucacheper * int(num_keys)))
+    if gpucacheper >= WHOLE_TABLE:
+        return StaticEmbeddingTable.memory_required(capacity, dim)
+    return EmbeddingCache.memory_required(cache_slots(capacity), dim)
+
+
 def open_device_table(model: ModelConfig, mode: str, num_keys: int, dim: int, device_id: int,
                       *, lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT
                       ) -> EmbeddingCache | StaticEmbeddingTable:
     """The device table of one model table in `mode` (see cache_mode): a static or uvm
     table sized for all `num_keys` keys (uvm: GPU rows from hps/gpu/uvm_table.py
-    uvm_gpu_rows), or a cache of gpucacheper × num_keys slots."""
+    uvm_gpu_rows), an open-addressing table of gpucacheper × num_keys keys that misses
+    are inserted into (gpucacheper ≥ 1: see WHOLE_TABLE), or a set-associative cache
+    sized for gpucacheper × num_keys keys (see CACHE_LOAD)."""
     if mode == "static":
         return StaticEmbeddingTable(max(int(num_keys), 1), dim, device_id)
     if mode == "uvm":
         rows = uvm_gpu_rows(model, num_keys, dim, device_id)
         return UvmEmbeddingTable(max(int(num_keys), 1), dim, device_id, gpu_rows=rows)
-    slots = max(1, math.ceil(model.gpucacheper * int(num_keys)))
-    return EmbeddingCache(slots, dim, device_id, lru_sample_shift=lru_sample_shift)
+    if holds_whole_table(model):
+        return StaticEmbeddingTable(cache_capacity(model, num_keys), dim, device_id)
+    return EmbeddingCache(cache_slots(cache_capacity(model, num_keys)), dim, device_id,
+                          lru_sample_shift=lru_sample_shift)
 
 
 def warm_up(table: EmbeddingCache | StaticEmbeddingTable,
-            chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
+            chunks: Iterable[tuple[np.ndarray, np.ndarray]], capacity: int | None = None
+            ) -> int:
     """Inserts (keys int64 [n], vectors float32 [n, dim]) chunks in order until the
-    cache holds `capacity` keys' worth, the last chunk included (cut to fit); the
-    static and uvm tables take every chunk. Returns the keys inserted."""
+    cache holds `capacity` keys' worth (default: its slots), the last chunk included (cut
+    to fit); the static and uvm tables take every chunk (an open-addressing cache, up to
+    `capacity`). Returns the keys inserted."""
     inserted = 0
-    if isinstance(table, StaticEmbeddingTable):
+    if isinstance(table, StaticEmbeddingTable) and capacity is None:
         for keys, vectors in chunks:
             table.build(keys, vectors)
             inserted += int(keys.shape[0])
         return inserted
+    limit = table.capacity if capacity is None else capacity
     for keys, vectors in chunks:
-        room = table.capacity - inserted
+        room = limit - inserted
         if room <= 0:
             break
         keys, vectors = keys[:room], vectors[:room]
-        table.insert(keys, vectors)
+        if isinstance(table, StaticEmbeddingTable):
+            table.build(keys, vectors)
+        else:
+            table.insert(keys, vectors)
         inserted += int(keys.shape[0])
     return inserted

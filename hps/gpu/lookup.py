@@ -57,7 +57,9 @@ from hps.gpu.cache import (
     DEFAULT_LRU_SAMPLE_SHIFT,
     SET_SIZE,
     EmbeddingCache,
+    cache_capacity,
     cache_mode,
+    holds_whole_table,
     open_device_table,
     warm_up,
 )
@@ -123,10 +125,18 @@ class GpuEmbeddingTable:
         self._table: EmbeddingCache | StaticEmbeddingTable = open_device_table(
             model, self.mode, num_keys, self.dim, self.device_id,
             lru_sample_shift=lru_sample_shift)
-        self.capacity = int(self._table.capacity)
+        # keys it promises to hold (a dynamic cache: gpucacheper × keys; it has more slots)
+        self.capacity = (cache_capacity(model, num_keys) if self.mode == "dynamic"
+                         else int(self._table.capacity))
         self._device = self._cp.cuda.Device(self.device_id)
         self._rt = self._cp.cuda.runtime
         self._cache = self._table if isinstance(self._table, EmbeddingCache) else None
+        # a dynamic cache that holds the whole table (gpucacheper ≥ 1, cache.WHOLE_TABLE): an
+        # open-addressing table that misses are inserted into until it holds `capacity`
+        self._whole: StaticEmbeddingTable | None = (
+            self._table if holds_whole_table(model)
+            and isinstance(self._table, StaticEmbeddingTable) else None)
+        self._whole_inserted = 0  # keys sent to it so far (it takes `capacity`)
         self._scatter = kernels.function("rows.cu", "scatter_rows", self.device_id,
                                          DIM=self.dim)
         self._dim4 = self.dim % 4 == 0
@@ -155,7 +165,11 @@ class GpuEmbeddingTable:
         """Inserts (keys int64 [n], vectors float32 [n, dim]) chunks in order until the
         cache holds `capacity` keys' worth, the last chunk included (cut to fit); the
         static table takes every chunk. Returns the keys inserted (see cache.warm_up)."""
-        return warm_up(self._table, chunks)
+        if self.mode != "dynamic":
+            return warm_up(self._table, chunks)
+        inserted = warm_up(self._table, chunks, self.capacity)
+        self._whole_inserted += inserted
+        return inserted
 
     # -- lookups --------------------------------------------------------------------------
 
@@ -282,7 +296,8 @@ class GpuEmbeddingTable:
         """The misses of the query just made: background or fetched, scattered, inserted."""
         missed = ws.host_keys[:m]
         cache = self._cache
-        if cache is not None and not self._threshold.synchronous(m, n):
+        whole = self._whole
+        if (cache is not None or whole is not None) and not self._threshold.synchronous(m, n):
             self._submit(missed.copy())  # this request keeps the default rows the query wrote
             return
         staging = state.staging
@@ -308,6 +323,12 @@ class GpuEmbeddingTable:
             cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream)
             if self._updates != updates:  # the rows may predate an update: not kept
                 cache.remove(keys[:u].copy())
+        elif whole is not None and self._whole_inserted + u <= self.capacity:
+            self._whole_inserted += u
+            whole.insert_staged(d_keys, d_rows, u, ws, stream)
+            if self._updates != updates:  # the rows may predate an update: made current
+                fresh = keys[:u].copy()
+                whole.update(fresh, self._fetch(fresh))
         staging.done(stream)
         ws.released_by(staging.done_ptr)
 
@@ -398,9 +419,12 @@ class GpuEmbeddingTable:
             updates = self._updates
             rows = self._fetch(keys)
             with self._device:
-                self._table.insert(keys, rows)  # type: ignore[union-attr]
-                if self._updates != updates:  # the rows may predate an update: not kept
-                    self._table.remove(keys)  # type: ignore[union-attr]
+                if self._whole is not None:
+                    self._build_whole(keys, rows, updates)
+                else:
+                    self._table.insert(keys, rows)  # type: ignore[union-attr]
+                    if self._updates != updates:  # the rows may predate an update: not kept
+                        self._table.remove(keys)  # type: ignore[union-attr]
             self._counts()["async_inserts"] += int(keys.size)
         except Exception:
             if self._closing.is_set():
@@ -408,6 +432,18 @@ class GpuEmbeddingTable:
             log.exception("background insert into the GPU cache of %s table %d failed",
                           self.model_name, self.table_id)
             self._counts()["background_errors"] += 1
+
+    def _build_whole(self, keys: np.ndarray, rows: np.ndarray, updates: int) -> None:
+        """Keys into the whole-table cache, as long as it has room for them."""
+        whole = self._whole
+        assert whole is not None
+        if self._whole_inserted + keys.size > self.capacity:
+            self._counts()["dropped_inserts"] += int(keys.size)
+            return
+        self._whole_inserted += int(keys.size)
+        whole.build(keys, rows)
+        if self._updates != updates:  # the rows may predate an update: made current
+            whole.update(keys, self._fetch(keys))
 
     def refresh(self) -> int:
         """Re-reads the vectors of the cached keys through fetch_host and overwrites them
@@ -445,12 +481,15 @@ class GpuEmbeddingTable:
     def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         """`update`, and the keys not held are inserted too (evicting as a miss does);
         a static or uvm table only updates (it holds its whole table already)."""
-        if self._cache is None:
+        if self._cache is None and self._whole is None:
             self.update(keys, vectors)
             return
         self._updates += 1
         with self._refresh_lock, self._device:
-            self._cache.insert(keys, vectors)
+            if self._cache is not None:
+                self._cache.insert(keys, vectors)
+            else:
+                self._build_whole(np.asarray(keys, np.int64), vectors, self._updates)
 
     # -- state ----------------------------------------------------------------------------
 

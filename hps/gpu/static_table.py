@@ -112,6 +112,19 @@ class StaticEmbeddingTable(DeviceTable):
         """Queued right after each build kernel, in the same write (the uvm table places
         rows here)."""
 
+    def insert_staged(self, keys_ptr: int, rows_ptr: int, n: int, ws: QueryWorkspace,
+                      stream_ptr: int) -> None:
+        """build() on device addresses (keys int64 [n], rows float32 [n, dim], contiguous),
+        queued on the caller's stream `stream_ptr` (the device current), ordered after the
+        queries in flight and the writes before it, later ones after it. The caller keeps
+        the keys built under `num_keys` (no error is raised here: a key that finds no
+        slot is counted in the flags and not held)."""
+        launch = kernels.Launch(self._kernel("static_build"), "ptr i64 ptr i32 ptr ptr u32 ptr")
+        with self._writing_on(stream_ptr, ws):
+            launch(kernels.grid(self.device_id, n * self._group, BLOCK), BLOCK, stream_ptr,
+                   keys_ptr, n, rows_ptr, self._dim4 and rows_ptr % 16 == 0, self._keys_ptr,
+                   self._vecs_ptr, self.num_sets, self._flags_ptr)
+
     def build(self, keys: Any, vectors: Any) -> int:
         """Adds keys with their rows (a key already present gets the new row; repeated
         keys in one batch leave one of their rows). Returns the keys held afterwards.

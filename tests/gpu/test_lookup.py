@@ -13,8 +13,10 @@ import pytest
 
 from hps.config import ModelConfig
 from hps.errors import DeviceError, KeyTypeError, OutputBufferError
+from hps.gpu.cache import EmbeddingCache, cache_slots
 from hps.gpu.lookup import GpuEmbeddingTable, cuda_available
 from hps.gpu.reference import ReferenceCache
+from hps.gpu.static_table import StaticEmbeddingTable
 
 pytestmark = pytest.mark.gpu
 
@@ -93,7 +95,7 @@ def test_warm_up_inserts_every_chunk_including_the_last(
         assert len(inserted) == expected_chunks
         np.testing.assert_array_equal(np.concatenate(inserted), store.keys[:capacity])
         # exactly what the NumPy model holds after the same chunks
-        model = ReferenceCache(capacity, dim)
+        model = ReferenceCache(table._table.num_slots, dim)  # the sizing's extra slots too
         for keys in inserted:
             model.insert(keys, np.zeros((keys.size, dim), np.float32))
         held = np.sort(table._table.dump(0, table._table.num_sets).get())
@@ -412,3 +414,48 @@ def test_hit_rate_threshold_boundary(cp: Any, rng: np.random.Generator, hits: in
             np.testing.assert_array_equal(got[hits:], store.fetch(keys[hits:]))
         else:
             assert (got[hits:] == DEFAULT).all()
+
+
+@pytest.mark.parametrize("dim", [8, 64])
+@pytest.mark.parametrize("gpucacheper", [0.05, 0.5, 0.9])
+def test_a_warmed_up_cache_holds_what_it_promises(cp: Any, rng: np.random.Generator,
+                                                  gpucacheper: float, dim: int) -> None:
+    """At least 0.97 of min(table keys, capacity) after a full warm-up, and exactly what
+    the NumPy model of the same policy holds after the same inserts."""
+    n = 100_000
+    store = _store(rng, n, dim)
+    with GpuEmbeddingTable(_model(dim, gpucacheper=gpucacheper,
+                                  cache_refresh_percentage_per_iteration=0.5),
+                           0, n, 0, store.fetch) as table:
+        capacity = table.capacity
+        assert capacity == int(np.ceil(gpucacheper * n))
+        chunk = capacity // 2 + 1
+        assert table.warm_up(_chunks(store, chunk)) == capacity
+        stats = table.stats()
+        assert stats["size"] >= 0.97 * min(n, capacity), stats
+        model = ReferenceCache(table._table.num_slots, dim)
+        for i in range(0, capacity, chunk):
+            part = store.keys[i:min(i + chunk, capacity)]
+            model.insert(part, np.zeros((part.size, dim), np.float32))
+        assert stats["size"] == model.size()
+        assert stats["slots"] == cache_slots(capacity) + (-cache_slots(capacity)) % 8
+        assert stats["memory_bytes"] == EmbeddingCache.memory_required(stats["slots"], dim)
+
+
+def test_gpucacheper_one_holds_the_whole_table(cp: Any, rng: np.random.Generator) -> None:
+    n, dim = 60_000, 16
+    store = _store(rng, n, dim)
+    with GpuEmbeddingTable(_model(dim, gpucacheper=1.0, hit_rate_threshold=1.01,
+                                  cache_refresh_percentage_per_iteration=0.25),
+                           0, n, 0, store.fetch) as table:
+        assert table.warm_up(_chunks(store, n // 4)) == n
+        stats = table.stats()
+        assert stats["size"] == n and stats["mode"] == "dynamic"
+        assert stats["memory_bytes"] == StaticEmbeddingTable.memory_required(n, dim)
+        calls = store.calls
+        for _ in range(3):  # any batch of the table's keys: hit rate 1.0
+            keys = rng.choice(store.keys, 20_000)
+            out = cp.full((keys.size, dim), np.nan, dtype=np.float32)
+            table.lookup(cp.asarray(keys), out)
+            np.testing.assert_array_equal(out.get(), store.fetch(keys))
+        assert table.stats()["misses"] == 0 and store.calls == calls + 3
