@@ -1,4 +1,5 @@
-"""HugeCTR's update message (as HugeCTR's Kafka updates wrote it), encoded and decoded as whole arrays.
+"""HugeCTR's update message (as HugeCTR's Kafka updates wrote it), encoded and decoded as
+whole arrays.
 
     payload = b"HCTR" | value size in bytes (uint32 LE) | [key (LE) | value] × n
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from hps.config import UpdateSourceConfig
 from hps.errors import BadUpdateError, MissingExtraError, UpdateSourceUnavailableError
+from hps.throttled_log import ThrottledLog
 from hps.updates.source import UpdateMessage, UpdatePublisher, UpdateSource, topic_pattern
 
 try:
@@ -34,6 +35,22 @@ log = logging.getLogger("hps.updates.kafka")
 
 #: the largest message a publisher sends (a batch of 8192 rows of width 128 is 4 MiB)
 MAX_MESSAGE_BYTES = 256 << 20
+
+
+class _ClientLog:
+    """Where librdkafka's own log lines go: it logs every failed reconnect of every
+    broker, so its warnings and errors are logged once a minute per kind (its facility:
+    FAIL, REQTMOUT, ...), the rest at debug level. Counters and state are in the stats."""
+
+    def __init__(self) -> None:
+        self._throttled = ThrottledLog(log)
+
+    def log(self, level: int, message: str, *args: object) -> None:
+        if level >= logging.WARNING:
+            text = message % args if args else message
+            self._throttled.warning(text.split(" ", 1)[0], "Kafka client: %s", text)
+        else:
+            log.debug(message, *args)
 
 
 def _require() -> None:
@@ -82,7 +99,7 @@ class KafkaSource(UpdateSource):
             "reconnect.backoff.max.ms": max(config.failure_backoff_ms,
                                             config.failure_backoff_max_ms),
             "error_cb": self._on_error,
-            "logger": log,
+            "logger": _ClientLog(),
             **config.kafka_options,
         })
 
@@ -220,7 +237,7 @@ class KafkaPublisher(UpdatePublisher):
             "linger.ms": 5,
             "enable.idempotence": True,
             "reconnect.backoff.ms": config.failure_backoff_ms,
-            "logger": log,
+            "logger": _ClientLog(),
             **_producer_options(config.kafka_options),
         })
 

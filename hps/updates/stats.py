@@ -19,10 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from hps.throttled_log import ThrottledLog
+
 log = logging.getLogger("hps.updates")
 
-#: seconds between two log lines of the same (table, reason) of rejected messages
-REJECT_LOG_INTERVAL = 60.0
 #: seconds over which `rows_per_second` is measured
 RATE_WINDOW = 5.0
 
@@ -56,7 +56,7 @@ class UpdateStats:
         self._tables: dict[str, TableUpdates] = {}
         self._applied: deque[tuple[float, int]] = deque()  # (monotonic time, rows)
         self._lock = threading.Lock()
-        self._logged: dict[tuple[str, str], tuple[float, int]] = {}  # → (last log, count)
+        self._rejections = ThrottledLog(log)  # per (table, reason)
 
     def _table(self, topic: str) -> TableUpdates:
         table = self._tables.get(topic)
@@ -91,17 +91,12 @@ class UpdateStats:
             self._applied.append((time.monotonic(), rows))
 
     def rejected(self, topic: str, reason: str, detail: str) -> None:
-        """Count one rejected message and log it (rate limited per table and reason)."""
-        now = time.monotonic()
+        """Count one rejected message and log it (once a minute per table and reason)."""
         with self._lock:
             t = self._table(topic)
             t.rejected[reason] = t.rejected.get(reason, 0) + 1
-            last, count = self._logged.get((topic, reason), (-REJECT_LOG_INTERVAL, 0))
-            due = now - last >= REJECT_LOG_INTERVAL
-            self._logged[(topic, reason)] = (now, 0) if due else (last, count + 1)
-        if due:
-            more = f" ({count} more since the last report)" if count else ""
-            log.warning("update message of %s skipped (%s): %s%s", topic, reason, detail, more)
+        self._rejections.warning(f"{topic}/{reason}", "update message of %s skipped (%s): %s",
+                                 topic, reason, detail)
 
     def lag(self, backlog: dict[str, int]) -> None:
         """Record each table's backlog (messages not delivered yet)."""

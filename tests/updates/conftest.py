@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -105,15 +106,15 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-@pytest.fixture
-def kafka_cluster() -> Iterator[str]:
-    """librdkafka's mock cluster (the real Kafka protocol on a loopback port): the
-    bootstrap address, read from the mock's debug log line. It lives as long as the
-    producer that made it."""
+@contextmanager
+def mock_cluster() -> Iterator[tuple[str, Any]]:
+    """librdkafka's mock cluster (the real Kafka protocol on a loopback port): its
+    bootstrap address, read from the mock's debug log line, and the producer that holds
+    it (the cluster lives until that one is closed)."""
     import confluent_kafka as ck  # the test extra installs it
 
     handler = _Lines()
-    logger = logging.getLogger("tests.kafka-mock")
+    logger = logging.getLogger(f"tests.kafka-mock.{id(handler)}")
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
@@ -127,9 +128,19 @@ def kafka_cluster() -> Iterator[str]:
         assert found, handler.lines
         return found[0].group(1)
 
-    yield eventually(address, 10.0, "the mock Kafka cluster's address")
-    holder.flush(1.0)
-    logger.removeHandler(handler)
+    try:
+        yield eventually(address, 10.0, "the mock Kafka cluster's address"), holder
+    finally:
+        with suppress(RuntimeError):  # a test closed it (an outage)
+            holder.flush(1.0)
+        logger.removeHandler(handler)
+
+
+@pytest.fixture
+def kafka_cluster() -> Iterator[str]:
+    """The bootstrap address of a mock Kafka cluster of the test's own."""
+    with mock_cluster() as (address, _):
+        yield address
 
 
 @pytest.fixture

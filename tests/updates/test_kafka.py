@@ -141,3 +141,41 @@ def test_two_replicas_with_groups_of_their_own_both_apply(
         publish(kafka_publisher, model.keys[:40], rows)
         for server in (first, second):
             wait_rows(server, model.keys[:40], rows, timeout=40.0)
+
+
+def test_an_in_process_tier_alone_replays_the_topic_at_a_restart(
+        model: Model, kafka_updates: dict[str, Any], kafka_publisher: UpdatePublisher,
+        rng: np.random.Generator) -> None:
+    config = model.config({**kafka_updates, "group": "memory-only"}, rocksdb=False)
+    rows = _rows(rng, 40)
+    with HierarchicalParameterServer(config) as server:
+        publish(kafka_publisher, model.keys[:40], rows)
+        wait_rows(server, model.keys[:40], rows, timeout=40.0)
+        wait_status(server, lambda s: s["tables"][TOPIC]["lag_messages"] == 0, "committed")
+    # the offset is committed, but the hash map starts empty: the topic is read again
+    with HierarchicalParameterServer(config) as server:
+        wait_rows(server, model.keys[:40], rows, timeout=40.0)
+
+
+def test_brokers_gone_is_an_outage_and_lookups_go_on(
+        model: Model, kafka_updates: dict[str, Any], rng: np.random.Generator) -> None:
+    """The mock cluster lives in the process of its producer: closing that one takes every
+    broker away, as an outage does (a new mock would listen elsewhere, so recovery is
+    shown on Redis Streams in test_redis_stream.py)."""
+    import confluent_kafka as ck
+
+    from tests.updates.conftest import mock_cluster
+
+    with mock_cluster() as (brokers, holder):
+        config = model.config({**kafka_updates, "brokers": brokers, "group": "outage"})
+        with HierarchicalParameterServer(config) as server:
+            publisher = ck.Producer({"bootstrap.servers": brokers})
+            publisher.produce(TOPIC, codec.encode(model.keys[:5], _rows(rng, 5)), partition=0)
+            publisher.flush(10.0)
+            wait_status(server, lambda s: s["tables"].get(TOPIC, {}).get("messages") == 1,
+                        "applied", timeout=40.0)
+            holder.close()  # every broker goes away
+            wait_status(server, lambda s: s["state"] == "down", "the outage seen",
+                        timeout=60.0)
+            np.testing.assert_array_equal(server.lookup("m", 0, model.keys[10:60]),
+                                          model.vectors[10:60])
