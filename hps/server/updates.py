@@ -39,7 +39,7 @@ class ServerUpdates(ReloadObserver):
         self.stats = UpdateStats(source.name)
         key_bytes = updates.key_bytes or (8 if config.supportlonglong else 4)
         self.applier = UpdateApplier(
-            tiers, self.resolve, self.stats, key_bytes=key_bytes,
+            tiers, self.resolve, self.serves, self.stats, key_bytes=key_bytes,
             uint32_keys=not config.supportlonglong, gpu_cache_insert=updates.gpu_cache_insert,
             volatile_filters=config.volatile_db.update_filters,
             persistent_filters=config.persistent_db.update_filters)
@@ -65,11 +65,15 @@ class ServerUpdates(ReloadObserver):
         return {name: [t.name for t in loaded.tables]
                 for name, loaded in self.registry.models.items()}
 
+    def serves(self, topic: str) -> bool:
+        """Whether the model of `topic` (hps_et.<model>.<table>) is served now."""
+        return _model_of(topic) in self.registry.models
+
     def resolve(self, topic: str) -> UpdateTarget | None:
         """The served table `topic` (hps_et.<model>.<table>) names, None if none."""
-        prefix, _, rest = topic.partition(".")
-        model, _, table = rest.partition(".")  # model names hold no "."
-        loaded = self.registry.models.get(model) if prefix == TABLE_PREFIX else None
+        model = _model_of(topic)
+        table = topic[len(f"{TABLE_PREFIX}.{model}."):]
+        loaded = self.registry.models.get(model) if model is not None else None
         if loaded is None:
             return None
         for t in loaded.tables:
@@ -94,6 +98,14 @@ class ServerUpdates(ReloadObserver):
         self.applier.swap(old.config.model,
                           {t.name: self._target(old, t) for t in old.tables},
                           {t.name: self._target(new, t) for t in new.tables}, install)
+
+
+def _model_of(topic: str) -> str | None:
+    """The model of a topic `hps_et.<model>.<table>` (model names hold no "."), None for
+    another name."""
+    prefix, _, rest = topic.partition(".")
+    model, dot, _ = rest.partition(".")
+    return model if prefix == TABLE_PREFIX and dot else None
 
 
 def _tiers_keep_updates(config: PSConfig, tiers: Tiers) -> bool:

@@ -72,6 +72,8 @@ class UpdateTarget:
 
 #: the served table a topic names, None when no served model has that table
 Resolve = Callable[[str], "UpdateTarget | None"]
+#: whether the model a topic belongs to is served (else its messages wait: not rejected)
+Serves = Callable[[str], bool]
 
 
 @dataclass
@@ -103,6 +105,21 @@ def last_rows(keys: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.nda
     return keys[last], vectors[last]
 
 
+@dataclass
+class Prepared:
+    """A poll's messages decoded: the rows by table, and the messages to leave
+    uncommitted (their model is not served now, e.g. unloaded a moment ago: they are
+    read again once it is followed again)."""
+
+    batches: list[TableBatch]
+    held: list[UpdateMessage]
+
+    def done(self, messages: Sequence[UpdateMessage]) -> list[UpdateMessage]:
+        """`messages` less the held ones: what is applied or rejected, to commit."""
+        held = {id(m) for m in self.held}
+        return [m for m in messages if id(m) not in held]
+
+
 class UpdateApplier:
     """Decodes batches of update messages and writes them to the tiers and GPU caches.
 
@@ -110,12 +127,13 @@ class UpdateApplier:
     `prepare` may run anywhere.
     """
 
-    def __init__(self, tiers: Tiers, resolve: Resolve, stats: UpdateStats, *,
+    def __init__(self, tiers: Tiers, resolve: Resolve, serves: Serves, stats: UpdateStats, *,
                  key_bytes: int, uint32_keys: bool, gpu_cache_insert: bool,
                  volatile_filters: Sequence[str] = (), persistent_filters: Sequence[str] = ()
                  ) -> None:
         self.tiers = tiers
         self.resolve = resolve
+        self.serves = serves
         self.stats = stats
         self.key_bytes = key_bytes
         self.uint32_keys = uint32_keys
@@ -129,14 +147,19 @@ class UpdateApplier:
 
     # -- step 1: decode -------------------------------------------------------------------
 
-    def prepare(self, messages: Sequence[UpdateMessage]) -> list[TableBatch]:
-        """The rows of `messages` by table; rejected messages are counted and left out."""
+    def prepare(self, messages: Sequence[UpdateMessage]) -> Prepared:
+        """The rows of `messages` by table; rejected messages are counted and left out,
+        messages of a model not served now are held (see Prepared)."""
         batches: dict[str, TableBatch] = {}
+        held: list[UpdateMessage] = []
         for message in messages:
             target = self.resolve(message.topic)
             if target is None:
+                if not self.serves(message.topic):
+                    held.append(message)
+                    continue
                 self.stats.rejected(message.topic, "unknown_table",
-                                    f"no served model has a table {message.topic!r}")
+                                    f"the model has no table {message.topic!r}")
                 continue
             try:
                 keys, vectors = codec.decode(message.payload, dim=target.dim,
@@ -153,7 +176,7 @@ class UpdateApplier:
             batch.vectors.append(vectors)
             batch.last = message
             batch.messages += 1
-        return list(batches.values())
+        return Prepared(list(batches.values()), held)
 
     # -- step 2: write --------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from typing import TypeVar
 from hps.backoff import Backoff
 from hps.config import UpdateSourceConfig
 from hps.errors import TierUnavailableError, UpdateSourceUnavailableError
-from hps.updates.applier import TableBatch, UpdateApplier
+from hps.updates.applier import Prepared, UpdateApplier
 from hps.updates.source import UpdateMessage, UpdateSource
 from hps.updates.stats import UpdateStats
 
@@ -106,17 +106,19 @@ class UpdateConsumer:
         messages = self._retried(
             lambda: self.source.poll(self._max_messages, self._timeout))
         if messages:
-            batches = self.applier.prepare(messages)
+            prepared = self.applier.prepare(messages)
             self._wait_written()
-            self._written = self._writer.submit(self._write, batches, messages)
+            self._written = self._writer.submit(self._write, prepared, messages)
         elif self._written is not None:
             self._wait_written()  # idle: let the lag below see the last batch committed
         self._read_lag()
 
-    def _write(self, batches: list[TableBatch], messages: list[UpdateMessage]) -> None:
+    def _write(self, prepared: Prepared, messages: list[UpdateMessage]) -> None:
         """On the writer thread: apply, then commit (each retried on outages)."""
-        self._retried(lambda: self.applier.write(batches))
-        self._retried(lambda: self.source.commit(messages))
+        self._retried(lambda: self.applier.write(prepared.batches))
+        done = prepared.done(messages)
+        if done:
+            self._retried(lambda: self.source.commit(done))
 
     def _wait_written(self) -> None:
         """Wait for the writer's batch; raises _Stopped if it gave up because of close,

@@ -322,3 +322,38 @@ def test_a_large_batch_takes_the_persistent_tiers_bulk_path(
             np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(server.lookup("m", 0, model.keys[:100]),
                                       model.vectors[:100])
+
+
+def test_hps_in_process_takes_updates_and_stops_with_close(
+        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
+        rng: np.random.Generator) -> None:
+    from hps import HPS
+
+    hps = HPS(model.config(redis_updates))
+    rows = _rows(rng, 8)
+    publish(redis_publisher, model.keys[:8], rows)
+    eventually(lambda: np.testing.assert_array_equal(hps.lookup(model.keys[:8], "m", 0), rows),
+               20.0, "visible through HPS.lookup")
+    hps.close()
+    assert not any(t.name.startswith("hps-updates") and t.is_alive()
+                   for t in threading.enumerate())
+
+
+def test_an_unloaded_model_is_no_longer_followed(
+        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
+        rng: np.random.Generator) -> None:
+    """Messages of a model not served wait in the stream (neither applied nor rejected):
+    loaded again, the model reads them."""
+    with HierarchicalParameterServer(model.config(redis_updates)) as server:
+        rows = _rows(rng, 4)
+        publish(redis_publisher, model.keys[:4], rows)
+        wait_rows(server, model.keys[:4], rows)
+        config = server.model("m").config
+        server.unload_model("m")
+        fresh = _rows(rng, 8)
+        publish(redis_publisher, model.keys[:8], fresh)
+        status = wait_status(server, lambda s: s["state"] == "running", "running")
+        server.load_model(config)
+        wait_rows(server, model.keys[:8], fresh)
+        status = server.update_status()
+        assert status is not None and status["tables"][TOPIC]["rejected"] == {}
