@@ -97,14 +97,15 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
                 lookup_into(c_keys[i % 16], c_out, MODEL, 0, device_id)
 
             def capsules(i: int) -> tuple[Any, Any]:
-                return tdl.to_dlpack(t_keys[i % 16]), tdl.to_dlpack(t_out)
+                return (tdl.to_dlpack(t_keys[i % 16]),  # type: ignore[attr-defined]
+                        tdl.to_dlpack(t_out))  # type: ignore[attr-defined]
 
             def public_capsules(i: int, made: tuple[Any, Any]) -> None:
                 lookup_into(made[0], made[1], MODEL, 0, device_id)
 
             def public_to_dlpack(i: int) -> None:
-                lookup_into(tdl.to_dlpack(t_keys[i % 16]), tdl.to_dlpack(t_out), MODEL, 0,
-                            device_id)
+                lookup_into(tdl.to_dlpack(t_keys[i % 16]),  # type: ignore[attr-defined]
+                            tdl.to_dlpack(t_out), MODEL, 0, device_id)  # type: ignore[attr-defined]
 
             def public_host(i: int) -> None:
                 hps.lookup(np_keys[i % 16], MODEL, 0, device_id)
@@ -144,14 +145,14 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
                 got = {"torch": t_out.cpu().numpy(), "CuPy": c_out.get(),
                        "NumPy": np_out}
                 if label == "HPS.lookup, NumPy keys":
-                    result = hps.lookup(np_keys[0], MODEL, 0, device_id)
+                    looked_up = hps.lookup(np_keys[0], MODEL, 0, device_id)
                 elif "CuPy" in label:
-                    result = got["CuPy"]
+                    looked_up = got["CuPy"]
                 elif "NumPy" in label:
-                    result = got["NumPy"]
+                    looked_up = got["NumPy"]
                 else:
-                    result = got["torch"]
-                np.testing.assert_array_equal(result, want, err_msg=label)
+                    looked_up = got["torch"]
+                np.testing.assert_array_equal(looked_up, want, err_msg=label)
             samples: dict[str, list[float]] = {label: [] for label, _, _, _ in cases}
             clock = time.perf_counter
             for r in range(rounds + 1):  # round 0 warms up
@@ -171,7 +172,7 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
         finally:
             hps.close()
     floor_p50 = statistics.median(samples[cases[0][0]])
-    result: list[dict[str, Any]] = []
+    rows_out: list[dict[str, Any]] = []
     for label, inner, _, _ in cases:
         p50, p99 = _percentiles(samples[label])
         row: dict[str, Any] = {"bench": "public latency", "dim": dim, "batch": n,
@@ -179,5 +180,5 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
                                "vs_floor": p50 / floor_p50}
         if inner:
             row["over_inner_us"] = p50 - statistics.median(samples[inner])
-        result.append(row)
-    return result
+        rows_out.append(row)
+    return rows_out
