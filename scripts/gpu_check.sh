@@ -3,7 +3,9 @@
 # from the network (wheels carried in .whl/ are installed to a temp dir if present), runs
 # tests/gpu, then the GPU benchmark, and prints a short table last.
 #
-#   bash scripts/gpu_check.sh [benchmark options, e.g. --sweep or --only latency]
+#   bash scripts/gpu_check.sh [benchmark options, e.g. --profile public or --sweep]
+#     (default: every profile of python -m hps.bench.gpu: the kernels, the public calls'
+#     latency, HugeCTR's profile, 1M-key misses, and every GPU at once where there are two)
 #   GPU_CHECK_TESTS=0 bash scripts/gpu_check.sh    # benchmark only
 #   GPU_CHECK_BENCH=0 bash scripts/gpu_check.sh    # tests only
 # Logs go to $OUT (or /tmp/hps-gpu-check): pytest.log, bench.log.
@@ -44,6 +46,11 @@ if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   fi
 fi
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
+  if [ "$#" = 0 ]; then
+    set -- --profile kernels --profile public --profile hugectr --profile misses
+    [ "$(python3 -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')" -lt 2 ] \
+      || set -- "$@" --profile devices
+  fi
   python3 -m hps.bench.gpu "$@" 2>&1 | tee "$logs/bench.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hps.bench.gpu_public import MODEL, _server
+from hps.bench.gpu_public import MODEL, server_over_files
 
 
 def bench_devices(dim: int = 64, n: int = 1 << 18, table_keys: int = 1 << 21,
@@ -34,7 +34,8 @@ def bench_devices(dim: int = 64, n: int = 1 << 18, table_keys: int = 1 << 21,
     rows = rng.standard_normal((table_keys, dim)).astype(np.float32)
     picks = [rng.integers(0, table_keys, n) for _ in range(4)]
     with tempfile.TemporaryDirectory() as tmp:
-        hps = _server(Path(tmp), keys, rows, n, devices[0], deployed_device_list=devices)
+        hps = server_over_files(Path(tmp), keys, rows, n, devices[0],
+                                deployed_device_list=devices)
         try:
             batches = {d: [torch.as_tensor(keys[p], device=f"cuda:{d}") for p in picks]
                        for d in devices}

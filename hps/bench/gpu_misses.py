@@ -27,31 +27,17 @@ from typing import Any
 
 import numpy as np
 
-MODEL = "bench"
+from hps.bench.gpu_public import MODEL, server_over_files
+
 HUGECTR_MEAN_US, HUGECTR_P99_US, HUGECTR_HIT_RATE = 231.0, 285.0, 0.84
 
 
 def _server(folder: Path, keys: np.ndarray, rows: np.ndarray, n: int, device_id: int,
             gpucacheper: float) -> Any:
-    from hps import write_sparse_model
-    from hps.api import HPS
-
-    write_sparse_model(folder / "t0", keys, rows)
-    config = {
-        "supportlonglong": True,
-        "models": [{
-            "model": MODEL, "sparse_files": [str(folder / "t0")],
-            "embedding_vecsize_per_table": [rows.shape[1]],
-            "maxnum_catfeature_query_per_table_per_sample": [n],
-            "default_value_for_each_table": [0.0], "deployed_device_list": [device_id],
-            "max_batch_size": 1, "gpucache": True, "gpucacheper": gpucacheper,
-            "hit_rate_threshold": 1.0, "cache_refresh_percentage_per_iteration": 0.0,
-            "embedding_cache_type": "dynamic",
-        }],
-        "volatile_db": {"type": "hash_map"},
-        "persistent_db": {"type": "disabled"},
-    }
-    return HPS(config)
+    """HPS over the table's files: a cold dynamic cache, every miss synchronous."""
+    return server_over_files(folder, keys, rows, n, device_id, gpucacheper=gpucacheper,
+                         hit_rate_threshold=1.0, cache_refresh_percentage_per_iteration=0.0,
+                         embedding_cache_type="dynamic")
 
 
 def _power_law_ranks(rng: np.random.Generator, table_keys: int, alpha: float, n: int,

@@ -33,8 +33,10 @@ import numpy as np
 MODEL = "bench"
 
 
-def _server(folder: Path, keys: np.ndarray, rows: np.ndarray, n: int, device_id: int,
-            **model: Any) -> Any:
+def server_over_files(folder: Path, keys: np.ndarray, rows: np.ndarray, n: int,
+                      device_id: int, **model: Any) -> Any:
+    """HPS over a model folder of the table (written here): a static GPU table on
+    `device_id`, the in-process tier; `model` overrides the model's config keys."""
     from hps import write_sparse_model
     from hps.api import HPS
 
@@ -74,7 +76,7 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
     dev = torch.device("cuda", device_id)
     with tempfile.TemporaryDirectory() as tmp, cp.cuda.Device(device_id):
         torch.cuda.set_device(dev)
-        hps = _server(Path(tmp), keys, rows, n, device_id)
+        hps = server_over_files(Path(tmp), keys, rows, n, device_id)
         try:
             gpu = hps.server.model(MODEL).tables[0].gpu[device_id]
             picks = [rng.integers(0, table_keys, n) for _ in range(16)]

@@ -258,12 +258,17 @@ class GpuEmbeddingTable:
         the device current."""
         if self.dedupe:
             self._lookup_deduped(keys_ptr, n, out_ptr, stream, state)
-            return
+        else:
+            self._query_and_serve(keys_ptr, n, out_ptr, stream, state, n)
+
+    def _query_and_serve(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
+                         state: _ThreadState, requested: int) -> None:
+        """The query of n keys, counted as a lookup of `requested` keys, then its misses."""
         ws = state.ws
         misses = self._table.query_ptr(keys_ptr, n, out_ptr, self.default_value, ws, stream)
         counts = state.counts
         counts["lookups"] += 1
-        counts["keys"] += n
+        counts["keys"] += requested
         counts["hits"] += n - misses
         counts["misses"] += misses
         if misses:
@@ -277,17 +282,8 @@ class GpuEmbeddingTable:
             keys = device_view(cp, keys_ptr, (n,), np.int64, None)
             unique, inverse = cp.unique(keys, return_inverse=True)
             rows = cp.empty((unique.size, self.dim), dtype=np.float32)
-            ws = state.ws
-            u = int(unique.size)
-            misses = self._table.query_ptr(int(unique.data.ptr), u, int(rows.data.ptr),
-                                           self.default_value, ws, stream)
-            counts = state.counts
-            counts["lookups"] += 1
-            counts["keys"] += n
-            counts["hits"] += u - misses
-            counts["misses"] += misses
-            if misses:
-                self._serve_misses(ws, misses, u, int(rows.data.ptr), stream, state)
+            self._query_and_serve(int(unique.data.ptr), int(unique.size), int(rows.data.ptr),
+                                  stream, state, n)
             out = device_view(cp, out_ptr, (n, self.dim), np.float32, None)
             cp.take(rows, inverse.reshape(-1), axis=0, out=out)
 

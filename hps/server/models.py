@@ -10,7 +10,7 @@ import numpy as np
 
 from hps.config import ModelConfig
 from hps.errors import BatchTooLargeError, UnknownTableError
-from hps.keys import as_key_array, key_ref
+from hps.keys import key_array, key_ref
 from hps.loader import TableSource
 from hps.producers import ArrayRef
 from hps.server.versions import VersionRefs
@@ -75,18 +75,9 @@ class LoadedTable:
         return ref
 
     def checked_keys(self, keys: Any) -> Any:
-        """`keys` as a 1-D int64 view (host or device, see `keys.as_key_array`).
-
-        Raises KeyTypeError for keys that are no integers and BatchTooLargeError for
-        more than `max_keys` of them.
-        """
-        array = as_key_array(keys)
-        if array.size > self.max_keys:
-            raise BatchTooLargeError(
-                f"{array.size} keys exceed the limit of {self.max_keys} for table "
-                f"{self.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)"
-            )
-        return array
+        """`keys` as a 1-D int64 view (host or device, see `keys.as_key_array`), checked as
+        by checked_ref."""
+        return key_array(self.checked_ref(keys))
 
 
 @dataclass(eq=False)
