@@ -186,7 +186,8 @@ class UpdateSourceUnavailableError(UpdateError, ConnectionError):
 class BadUpdateError(UpdateError, ValueError):
     """An update that cannot be applied: a malformed message (skipped and counted by the
     consumer) or bad arrays given to a publish call. `reason` names what is wrong
-    ("magic", "value_size", "truncated", "unknown_table", "non_finite", "key_range")."""
+    ("magic", "value_size", "truncated", "unknown_table", "non_finite", "key_range"; for
+    a publisher also "message_size": a message larger than the broker takes)."""
 
     kind = "bad_update"
 

@@ -230,7 +230,7 @@ class KafkaPublisher(UpdatePublisher):
     def __init__(self, config: UpdateSourceConfig) -> None:
         _require()
         self.brokers = config.brokers
-        self._failed: list[str] = []
+        self._failed: list[Any] = []  # delivery errors (KafkaError)
         self._producer = ck.Producer({
             "bootstrap.servers": config.brokers,
             "message.max.bytes": MAX_MESSAGE_BYTES,
@@ -243,7 +243,7 @@ class KafkaPublisher(UpdatePublisher):
 
     def _delivered(self, error: Any, message: Any) -> None:
         if error is not None:
-            self._failed.append(f"{message.topic()}: {error}")
+            self._failed.append(error)
 
     def publish(self, topic: str, payloads: Sequence[bytes]) -> None:
         for payload in payloads:
@@ -257,7 +257,7 @@ class KafkaPublisher(UpdatePublisher):
             except ck.KafkaException as exc:
                 raise BadUpdateError(f"Kafka refused a message of {len(payload)} bytes for "
                                      f"{topic}: {exc} (lower max_batch_size)",
-                                     "value_size") from exc
+                                     "message_size") from exc
             self._producer.poll(0)
         self._raise_failures()
 
@@ -269,10 +269,16 @@ class KafkaPublisher(UpdatePublisher):
                 f"Kafka at {self.brokers}: {left} messages not delivered in {timeout} s")
 
     def _raise_failures(self) -> None:
-        if self._failed:
-            failed, self._failed = self._failed, []
-            raise UpdateSourceUnavailableError(
-                f"Kafka at {self.brokers} did not take {len(failed)} messages: {failed[0]}")
+        if not self._failed:
+            return
+        failed, self._failed = self._failed, []
+        if any(e.code() == ck.KafkaError.MSG_SIZE_TOO_LARGE for e in failed):
+            raise BadUpdateError(
+                f"Kafka at {self.brokers} refused messages as too large for the broker "
+                "(its message.max.bytes): lower update_source.max_batch_size",
+                "message_size")
+        raise UpdateSourceUnavailableError(
+            f"Kafka at {self.brokers} did not take {len(failed)} messages: {failed[0]}")
 
     def close(self) -> None:
         self.flush(30.0)
