@@ -87,12 +87,22 @@ class TableBatch:
     last: UpdateMessage | None = None
     messages: int = 0
 
-    def rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and vectors of every message, in log order (a key may repeat: the tiers
-        keep the last of duplicate keys, as their contract says)."""
-        keys = np.concatenate(self.keys) if len(self.keys) > 1 else self.keys[0]
-        vectors = np.concatenate(self.vectors) if len(self.vectors) > 1 else self.vectors[0]
-        return keys, vectors
+    def parts(self, max_rows: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(keys, vectors) of every message in log order, none longer than `max_rows`
+        (views, not copies; a key may repeat: the tiers keep the last of duplicate keys,
+        as their contract says)."""
+        return [(k[i:i + max_rows], v[i:i + max_rows])
+                for k, v in zip(self.keys, self.vectors, strict=True)
+                for i in range(0, max(k.size, 1), max_rows)]
+
+    @property
+    def rows(self) -> int:
+        return sum(k.size for k in self.keys)
+
+
+def _chunk_rows(dim: int) -> int:
+    """Rows of width `dim` in WRITE_CHUNK_BYTES."""
+    return max(1, WRITE_CHUNK_BYTES // (4 * dim))
 
 
 def last_rows(keys: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -192,34 +202,33 @@ class UpdateApplier:
                     self.stats.rejected(batch.topic, reason, "the table changed while its "
                                         "updates were decoded")
                     continue
-                keys, vectors = batch.rows()
+                rows = batch.rows
                 try:
-                    self._write_rows(target, keys, vectors)
+                    self._write_rows(target, batch.parts(_chunk_rows(target.dim)))
                 except (UnknownTableError, LookupInputError) as exc:
                     self.stats.rejected(batch.topic, "unknown_table", str(exc))
                     continue
                 journal = self._journals.get(target.model)
                 if journal is not None:
-                    journal.setdefault(target.table, []).append(keys)
+                    journal.setdefault(target.table, []).extend(batch.keys)
                 last = batch.last
                 assert last is not None
-                self.stats.applied(batch.topic, int(keys.size), batch.messages,
+                self.stats.applied(batch.topic, rows, batch.messages,
                                    last.position, last.offset, last.published)
-                total += int(keys.size)
+                total += rows
         return total
 
-    def _write_rows(self, target: UpdateTarget, keys: np.ndarray, vectors: np.ndarray
+    def _write_rows(self, target: UpdateTarget, parts: list[tuple[np.ndarray, np.ndarray]]
                     ) -> None:
-        """Persistent tier, volatile tier, GPU caches, in log order: a large batch goes to
-        the persistent tier whole (bulk), the rest chunk by chunk."""
+        """Persistent tier, volatile tier, GPU caches, part by part in log order; a batch
+        of BULK_ROWS or more goes to the persistent tier first, whole (its bulk path)."""
         tiers = [t for t in (self._tier("persistent", target.topic),
                              self._tier("volatile", target.topic)) if t is not None]
-        if keys.size >= BULK_ROWS and tiers and tiers[0] is self.tiers.persistent:
-            tiers[0].load(target.storage_name, [(keys, vectors)])
+        if (tiers and tiers[0] is self.tiers.persistent
+                and sum(k.size for k, _ in parts) >= BULK_ROWS):
+            tiers[0].load(target.storage_name, parts)
             tiers = tiers[1:]
-        step = max(1, WRITE_CHUNK_BYTES // (4 * target.dim))
-        for first in range(0, keys.size, step):
-            k, v = keys[first:first + step], vectors[first:first + step]
+        for k, v in parts:
             for tier in tiers:
                 tier.insert(target.storage_name, k, v)
             if target.write_caches is not None:
@@ -262,7 +271,10 @@ class UpdateApplier:
                 keys = np.unique(np.concatenate(parts))
                 vectors, found = self._read_back(was, keys)
                 if found.any():
-                    self._write_rows(now, keys[found], vectors[found])
+                    step = _chunk_rows(now.dim)
+                    kept, rows = keys[found], vectors[found]
+                    self._write_rows(now, [(kept[i:i + step], rows[i:i + step])
+                                           for i in range(0, kept.size, step)])
             install()
             self._journals.pop(model, None)
 
