@@ -88,7 +88,9 @@ class UpdateStats:
             t.rows += rows
             t.messages += messages
             t.last_position, t.last_offset, t.last_published = position, offset, published
-            self._applied.append((time.monotonic(), rows))
+            now = time.monotonic()
+            self._applied.append((now, rows))
+            self._forget_before(now - RATE_WINDOW)
 
     def rejected(self, topic: str, reason: str, detail: str) -> None:
         """Count one rejected message and log it (once a minute per table and reason)."""
@@ -114,12 +116,15 @@ class UpdateStats:
 
     def rows_per_second(self) -> float:
         """Rows applied per second over the last RATE_WINDOW seconds."""
-        now = time.monotonic()
         with self._lock:
-            while self._applied and now - self._applied[0][0] > RATE_WINDOW:
-                self._applied.popleft()
+            self._forget_before(time.monotonic() - RATE_WINDOW)
             rows = sum(r for _, r in self._applied)
         return rows / RATE_WINDOW
+
+    def _forget_before(self, moment: float) -> None:
+        # with the lock held: the window stays a few seconds long whether read or not
+        while self._applied and self._applied[0][0] < moment:
+            self._applied.popleft()
 
     def as_dict(self) -> dict[str, Any]:
         """State, rate and per-table figures (the `updates` field of `/readyz`)."""
