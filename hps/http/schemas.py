@@ -108,8 +108,9 @@ class Health(BaseModel):
 
 class UpdateSourceState(BaseModel):
     source: str = Field(description="'kafka' or 'redis_stream'.")
-    state: str = Field(description="'starting', 'running', 'down' (retrying with backoff; "
-                       "lookups are served meanwhile) or 'stopped'.")
+    state: str = Field(description="'starting', 'running', 'down' (the source cannot be "
+                       "read), 'retrying' (a tier cannot take the writes) or 'stopped'; "
+                       "both failures are retried with backoff while lookups are served.")
     since: float = Field(description="When the state began, seconds since the epoch.")
 
 

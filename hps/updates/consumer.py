@@ -145,7 +145,9 @@ class UpdateConsumer:
     def _retried(self, call: Callable[[], T]) -> T:
         """`call()`, retried with backoff on outages; raises _Stopped when closed."""
         def on_retry(exc: BaseException, delay: float) -> None:
-            self.stats.set_state("down", exc)
+            # the source itself, or a tier that cannot take the writes (Redis down)
+            state = "down" if isinstance(exc, UpdateSourceUnavailableError) else "retrying"
+            self.stats.set_state(state, exc)
 
         try:
             result = self._backoff.retry(call, retry_on=_RETRIED, stop=self._stop,

@@ -3,8 +3,9 @@
 Per table (labelled by its topic, `hps_et.<model>.<table>`): rows and messages applied,
 messages rejected by reason, the last applied position and publish time, and the lag
 (messages not yet delivered, and how old the newest applied message is while some are).
-For the consumer: the source's state ("starting", "running", "down", "stopped"), rows
-applied per second over the last few seconds, and retries.
+For the consumer: the state ("starting", "running", "down": the source cannot be read,
+"retrying": a tier cannot take the writes, "stopped"), rows applied per second over the
+last few seconds, and retries.
 
 Rejections are logged once per (table, reason) at once, then at most once a minute with
 the count since, so a stream of bad messages cannot flood the log.
@@ -78,6 +79,9 @@ class UpdateStats:
         if changed and state == "down":
             log.warning("update source %s is down (%s); retrying with backoff, lookups go on",
                         self.source, self.last_error)
+        elif changed and state == "retrying":
+            log.warning("updates from %s wait for a tier (%s); retrying with backoff, lookups "
+                        "go on", self.source, self.last_error)
         elif changed and state == "running" and error is None:
             log.info("update source %s is running", self.source)
 

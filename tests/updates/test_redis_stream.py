@@ -357,3 +357,31 @@ def test_an_unloaded_model_is_no_longer_followed(
         wait_rows(server, model.keys[:8], fresh)
         status = server.update_status()
         assert status is not None and status["tables"][TOPIC]["rejected"] == {}
+
+
+def test_a_volatile_redis_outage_holds_the_batch_until_it_is_back(
+        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
+        redis_server: RedisServer, rng: np.random.Generator) -> None:
+    """Redis as the volatile tier goes down: the batch reached RocksDB first (lookups fall
+    through to it and see the new rows), the consumer retries the rest with backoff and
+    commits only once Redis took it too."""
+    config = model.config(redis_updates)
+    config["volatile_db"] = {"type": "redis_cluster", "address": redis_server.address,
+                             "reconnect_backoff": 0.05, "reconnect_backoff_max": 0.2,
+                             "socket_timeout": 1.0}
+    with HierarchicalParameterServer(config) as server:
+        wait_status(server, lambda s: s["state"] == "running", "running")
+        redis_server.kill()
+        rows = _rows(rng, 20)
+        publish(redis_publisher, model.keys[:20], rows)
+        status = wait_status(server, lambda s: s["state"] == "retrying", "the tier outage")
+        assert "TierUnavailableError" in status["last_error"]
+        wait_rows(server, model.keys[:20], rows)  # from RocksDB meanwhile
+        assert status["tables"].get(TOPIC, {}).get("messages", 0) == 0  # not applied whole
+        redis_server.start()  # empty
+        wait_status(server, lambda s: s["state"] == "running"
+                    and s["tables"][TOPIC]["messages"] == 1, "applied once Redis is back")
+        name = server.model("m").tables[0].storage_name
+        got, found = server.volatile.fetch(name, model.keys[:20])
+        assert found.all()
+        np.testing.assert_array_equal(got, rows)
