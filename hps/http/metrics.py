@@ -245,7 +245,8 @@ def _update_metrics(status: dict[str, Any]) -> Iterator[Any]:
     source = [status["source"]]
     up = GaugeMetricFamily("hps_update_source_up",
                            "1 while the update source answers, else 0.", labels=["source"])
-    up.add_metric(source, 1.0 if status["state"] == "running" else 0.0)
+    # "retrying": the source answers, a tier does not take the writes
+    up.add_metric(source, 1.0 if status["state"] in ("running", "retrying") else 0.0)
     rate = GaugeMetricFamily("hps_update_rows_per_second",
                              "Rows applied per second over the last 5 s.", labels=["source"])
     rate.add_metric(source, status["rows_per_second"])
