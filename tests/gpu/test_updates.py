@@ -56,9 +56,11 @@ def test_update_overwrites_held_rows_in_place(cp: Any, rng: np.random.Generator,
     rows = rng.standard_normal((n, DIM)).astype(np.float32)
     store = _Store(keys, rows)
     model = _model(gpucacheper=1.0, embedding_cache_type=cache_type)
-    with GpuEmbeddingTable(model, 0, n, 0, store.fetch) as table:
+    # room for ten times the keys: warming up with all of them evicts none
+    with GpuEmbeddingTable(model, 0, 10 * n, 0, store.fetch) as table:
         table.warm_up([(keys, rows)])
         size = table.stats()["size"]
+        assert size == n
         held = keys[:500]
         absent = np.arange(5, dtype=np.int64) + 2**45
         new = rng.standard_normal((505, DIM)).astype(np.float32)
@@ -101,33 +103,47 @@ def _write_model(folder: Path, keys: np.ndarray, rows: np.ndarray) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("insert", [False, True])
-def test_a_served_models_cache_takes_updates_from_redis_streams(
-        cp: Any, rng: np.random.Generator, tmp_path: Path, insert: bool) -> None:
-    """Published rows reach the persistent-less hash map AND the GPU cache that holds
-    them, in place: the cache's size stays, its hit count covers the updated keys."""
-    from hps import api
-
-    n = 4000
-    keys = rng.choice(2**40, n, replace=False).astype(np.int64)
-    rows = rng.standard_normal((n, DIM)).astype(np.float32)
-    redis = RedisServer(tmp_path / "streams").start()
-    config = {
+def _served(tmp_path: Path, keys: np.ndarray, rows: np.ndarray, redis: RedisServer,
+            *, warm: bool, insert: bool) -> dict[str, Any]:
+    return {
         "supportlonglong": True,
         "models": [{
             "model": "m", "sparse_files": [_write_model(tmp_path / "t0", keys, rows)],
             "embedding_vecsize_per_table": [DIM],
             "maxnum_catfeature_query_per_table_per_sample": [64],
             "default_value_for_each_table": [DEFAULT], "deployed_device_list": [0],
-            # a roomy cache warmed to a quarter: the inserts of the second case find
-            # free slots and evict nothing
             "max_batch_size": 64, "gpucache": True, "gpucacheper": 1.0,
-            "cache_refresh_percentage_per_iteration": 0.25, "hit_rate_threshold": 1.1,
+            # warm: the cache is filled from the files at load; else it starts empty
+            "cache_refresh_percentage_per_iteration": 0.25 if warm else 0.0,
+            "hit_rate_threshold": 1.1,
         }],
         "volatile_db": {"type": "hash_map"},
         "update_source": {"type": "redis_stream", "address": redis.address,
                           "poll_timeout_ms": 50, "gpu_cache_insert": insert},
     }
+
+
+def _applied(hps: Any, rows: int) -> None:
+    def check() -> None:
+        status = hps.server.update_status()
+        assert status is not None and status["tables"][
+            "hps_et.m.sparse_embedding0"]["rows"] == rows
+
+    eventually(check, 20.0, "the update applied")
+
+
+def test_a_served_models_cache_is_updated_in_place(cp: Any, rng: np.random.Generator,
+                                                   tmp_path: Path) -> None:
+    """Published rows reach the hash map AND the GPU cache that holds them, in place: the
+    cache's size stays, each updated key is a hit with its new row; keys the cache does
+    not hold stay out of it (a miss, answered from the hash map with the new row)."""
+    from hps import api
+
+    n = 4000
+    keys = rng.choice(2**40, n, replace=False).astype(np.int64)
+    rows = rng.standard_normal((n, DIM)).astype(np.float32)
+    redis = RedisServer(tmp_path / "streams").start()
+    config = _served(tmp_path, keys, rows, redis, warm=True, insert=False)
     hps = api.HPS(config)
     publisher = open_publisher(UpdateSourceConfig(**config["update_source"]))
     try:
@@ -137,17 +153,12 @@ def test_a_served_models_cache_takes_updates_from_redis_streams(
         size = gpu.stats()["size"]
         chosen = rng.choice(held, 200, replace=False)
         outside = np.setdiff1d(keys, held)[:50]
+        assert outside.size == 50
         both = np.r_[chosen, outside]
         new = rng.standard_normal((both.size, DIM)).astype(np.float32)
         publisher.publish("hps_et.m.sparse_embedding0", [codec.encode(both, new)])
-
-        def applied() -> None:
-            status = hps.server.update_status()
-            assert status is not None and status["tables"][
-                "hps_et.m.sparse_embedding0"]["rows"] == both.size
-
-        eventually(applied, 20.0, "the update applied")
-        assert gpu.stats()["size"] == size + (50 if insert else 0)
+        _applied(hps, both.size)
+        assert gpu.stats()["size"] == size  # nothing inserted, nothing evicted
         hits = gpu.stats()["hits"]
         out = cp.empty((200, DIM), dtype=np.float32)
         hps.lookup_fromdlpack(cp.asarray(chosen), out, "m", 0)
@@ -155,8 +166,38 @@ def test_a_served_models_cache_takes_updates_from_redis_streams(
         assert gpu.stats()["hits"] == hits + 200  # in place: each one a hit
         hits = gpu.stats()["hits"]
         np.testing.assert_array_equal(hps.lookup(outside, "m", 0), new[200:])
-        # inserted: hits; else misses, fetched from the hash map (which has the new rows)
-        assert gpu.stats()["hits"] == hits + (50 if insert else 0)
+        assert gpu.stats()["hits"] == hits  # not held: missed, fetched from the hash map
+    finally:
+        publisher.close()
+        hps.close()
+        redis.close()
+
+
+def test_gpu_cache_insert_puts_updated_keys_into_the_cache(
+        cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
+    from hps import api
+
+    n = 4000
+    keys = rng.choice(2**40, n, replace=False).astype(np.int64)
+    rows = rng.standard_normal((n, DIM)).astype(np.float32)
+    redis = RedisServer(tmp_path / "streams").start()
+    config = _served(tmp_path, keys, rows, redis, warm=False, insert=True)
+    hps = api.HPS(config)
+    publisher = open_publisher(UpdateSourceConfig(**config["update_source"]))
+    try:
+        gpu = hps.server.model("m").tables[0].gpu[0]
+        assert gpu.stats()["size"] == 0  # not warmed
+        chosen = rng.choice(keys, 250, replace=False)
+        new = rng.standard_normal((250, DIM)).astype(np.float32)
+        publisher.publish("hps_et.m.sparse_embedding0", [codec.encode(chosen, new)])
+        _applied(hps, 250)
+        # 250 keys in a cache of 4,000 slots (sets of 8): none evicts another
+        assert gpu.stats()["size"] == 250
+        hits = gpu.stats()["hits"]
+        out = cp.empty((250, DIM), dtype=np.float32)
+        hps.lookup_fromdlpack(cp.asarray(chosen), out, "m", 0)
+        np.testing.assert_array_equal(out.get(), new)
+        assert gpu.stats()["hits"] == hits + 250
     finally:
         publisher.close()
         hps.close()
