@@ -19,7 +19,8 @@ stays dense; tombstones go when the slot array is rebuilt.
 Memory: row arrays are allocated for twice the rows they must hold (or exactly the rows a
 load announced through `reserve`), but `np.empty` pages stay untouched, hence not
 resident, until rows are written; so a table occupies its raw key + vector bytes plus
-4 bytes per slot (about 6-8 bytes per key), and growing copies each row about once.
+4 bytes per slot (6-11 bytes per key: a table sized for a load gives its slots about 4%
+of its row bytes, at a load of 0.35 to 0.65), and growing copies each row about once.
 `memory_bytes` counts exactly that. HugeCTR's hash map took ~10×.
 
 Overflow: `overflow_margin` bounds the entries of each partition (`partition_of(key,
@@ -62,8 +63,12 @@ TOMBSTONE = kernels.TOMBSTONE
 MAX_LOAD = 0.7
 #: ...and is rebuilt to the size that puts the load at this share
 REBUILD_LOAD = 0.5
-#: the load of a slot array sized by `reserve` for a whole table (a load knows its size)
-RESERVE_LOAD = 0.65
+#: a slot array sized by `reserve` for a whole table (a load knows its size) takes at most
+#: this share of the table's row bytes...
+RESERVE_SLOT_SHARE = 0.04
+#: ...at a load between these: lower means fewer collisions (a collision costs a random
+#: read of a row's key, and a mispredicted branch), higher means fewer bytes per key
+RESERVE_LOAD_MIN, RESERVE_LOAD_MAX = 0.35, 0.65
 MIN_SLOTS = 16
 MIN_ROWS = 16
 #: a fetch of at least this many keys per core is split over the cores
@@ -195,8 +200,11 @@ class _Table:
         """Rows and slots for `total` keys in all, allocated once (a load's size)."""
         if total > self.keys.size:
             self._move_rows(total)
-        if math.ceil(total / MAX_LOAD) + 1 > self.slots.size:
-            self.rebuild(total - self.size, RESERVE_LOAD)
+        row_bytes = self.keys.itemsize + self.vectors.itemsize * self.dim
+        load = min(RESERVE_LOAD_MAX, max(RESERVE_LOAD_MIN, self.slots.itemsize / (
+            RESERVE_SLOT_SHARE * row_bytes)))
+        if math.ceil(total / load) + 1 > self.slots.size:
+            self.rebuild(total - self.size, load)
 
     def trim_rows(self) -> None:
         """Move to arrays of 2 × size rows after a large removal (frees the old pages)."""
