@@ -79,6 +79,17 @@ _U32_MAX = np.iinfo(np.uint32).max
 _COUNT_LIMIT = 1 << 31
 _COUNT_CHECK_EVERY = 4096
 _NO_ROWS = np.empty(0, np.int64)
+_INT64 = np.dtype(np.int64)
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _as_keys(keys: np.ndarray) -> np.ndarray:
+    """`as_keys`, without its cost for what the lookup path hands over: a C-contiguous
+    1-D int64 array is taken as it is."""
+    if (type(keys) is np.ndarray and keys.dtype is _INT64 and keys.ndim == 1
+            and keys.flags.c_contiguous):
+        return keys
+    return as_keys(keys)
 _NO_STATS = np.empty(0, np.uint32)
 
 
@@ -309,7 +320,7 @@ class HashMapTier(Tier):
     def fetch(self, table: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Vectors (float32[n, dim], zero rows where not found) and found (bool[n])."""
         t = self._tables.get(table) or self._table(table)
-        k = as_keys(keys)
+        k = _as_keys(keys)
         out = np.empty((k.size, t.dim), np.float32)
         found = np.empty(k.size, np.bool_)
         self._fetch(t, k, out, found)
@@ -323,10 +334,11 @@ class HashMapTier(Tier):
         shape or layout (nothing is written then).
         """
         t = self._tables.get(table) or self._table(table)
-        k = as_keys(keys)
-        if (not isinstance(out, np.ndarray) or out.dtype != np.float32
-                or out.shape != (k.size, t.dim) or not out.flags.c_contiguous
-                or not out.flags.writeable):
+        k = _as_keys(keys)
+        flags = getattr(out, "flags", None)
+        if (type(out) is not np.ndarray or out.dtype is not _FLOAT32
+                or out.shape != (k.size, t.dim) or not flags.c_contiguous  # type: ignore[union-attr]
+                or not flags.writeable):  # type: ignore[union-attr]
             raise LookupInputError(
                 f"fetch_into needs a writable C-contiguous float32 array of shape "
                 f"({k.size}, {t.dim}), got {type(out).__name__} "
@@ -481,7 +493,7 @@ class HashMapTier(Tier):
     def remove(self, table: str, keys: np.ndarray) -> int:
         """Delete `keys`; returns how many distinct keys were present."""
         t = self._tables.get(table) or self._table(table)
-        k = as_keys(keys)
+        k = _as_keys(keys)
         if not k.size:
             return 0
         t.lock.acquire_write()
