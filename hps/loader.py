@@ -255,9 +255,8 @@ def load_table(
                 persistent.reserve(name, reader.num_keys)
                 persistent.load(name, read_ahead(reader.chunks()))
             else:
-                # quarter chunks: one per table file being written, so a few are in memory
                 persistent.load_ordered(name, volatile.export(  # type: ignore[union-attr]
-                    name, persistent.bulk_order, max(1, reader.chunk_keys // 4)))
+                    name, persistent.bulk_order, reader.chunk_keys))
         else:
             persistent.reserve(name, reader.num_keys)
             persistent.load(name, chunks())

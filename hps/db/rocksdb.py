@@ -403,7 +403,7 @@ class RocksDBTier(Tier):
         dim = self.dim(table)
         expected = self._expected_keys.pop(table, None)
         buckets = _DEFAULT_BUCKETS if expected is None else max(
-            1, math.ceil(expected * 4 * dim / self._file_bytes()))
+            1, math.ceil(expected * 4 * dim / self._range_bytes()))
         total = 0
 
         def sorted_runs(work: str) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -466,8 +466,14 @@ class RocksDBTier(Tier):
         return written
 
     def _file_bytes(self) -> int:
-        """Values per table file (and per spilled key range): a file per worker and one
-        being read or sorted, twice over, fit in `load_run_bytes`."""
+        """Values per table file: a file per worker and one batch being prepared fit in
+        `load_run_bytes` (fewer, larger files ingest faster)."""
+        share = self.load_run_bytes // (self._workers + 1)
+        return max(_MIN_FILE_BYTES, min(FILE_BYTES, share))
+
+    def _range_bytes(self) -> int:
+        """Values per key range a spilled load sorts at once: with a file being written
+        per worker and the range's sort buffers, twice over within `load_run_bytes`."""
         share = self.load_run_bytes // (2 * (self._workers + 1))
         return max(_MIN_FILE_BYTES, min(FILE_BYTES, share))
 
