@@ -95,10 +95,16 @@ class _FileWriter:
     def write(self, path: str, keys: np.ndarray, rows: np.ndarray, positions: np.ndarray
               ) -> None:
         """Encode and write one table file, durable on return."""
-        bound = sst.max_bytes(keys.size, rows.shape[1]) + 4096
-        buf = self._buf(bound)
+        bound = -(-(sst.max_bytes(keys.size, rows.shape[1]) + 4096) // _ALIGN) * _ALIGN
+        scratch_bytes = 4 * 8 * (keys.size + 1)
+        # one mapping for the file's bytes and the encoder's scratch: given back whole to
+        # the OS when the load ends (heap memory of worker threads would stay resident)
+        whole = self._buf(bound + scratch_bytes)
+        buf = whole[:bound]
+        scratch = whole[bound : bound + scratch_bytes].view(np.int64).reshape(4, -1)
         sizes = np.zeros(6, np.int64)
-        body = sst.encode(buf, keys, rows, positions, sizes)
+        body = sst.encode(buf, keys, rows, positions, sizes, scratch)
+        del scratch, whole
         end = sst.tail(sizes, keys.size)
         total = body + len(end)
         buf[body:total] = np.frombuffer(end, np.uint8)

@@ -61,6 +61,7 @@ _U8_IN_2D = array(np.uint8, 2, readonly=True)
 _KEYS_IN = array(np.int64, readonly=True)
 _POSITIONS_IN = array(np.int64, readonly=True)
 _OFFSETS = array(np.int64)
+_SCRATCH = array(np.int64, 2)
 
 
 @inlined
@@ -111,27 +112,28 @@ def _varint_bytes(value: int) -> int:
     return n
 
 
-@kernel([types.int64(_U8, _KEYS_IN, _U8_IN_2D, _POSITIONS_IN, _OFFSETS)])
+@kernel([types.int64(_U8, _KEYS_IN, _U8_IN_2D, _POSITIONS_IN, _OFFSETS, _SCRATCH)])
 def encode(buf: np.ndarray, keys: np.ndarray, rows: np.ndarray, positions: np.ndarray,
-           sizes: np.ndarray) -> int:
+           sizes: np.ndarray, scratch: np.ndarray) -> int:
     """Write the data blocks and the index block of a table file into `buf`.
 
     `keys[i]` (distinct, bytewise order) gets the value `rows[positions[i]]` (raw bytes,
     one row of `rows` per value). A data block is closed where RocksDB's flush policy
     closes it (block size BLOCK_BYTES, deviation 10%), so blocks match its own writer's.
-    `buf` must hold `max_bytes(...)`. On return sizes = (data bytes incl. trailers, index
-    block offset, index block size without its trailer, data blocks, raw key bytes, raw
-    value bytes). Returns the bytes written (data + index + its trailer).
+    `buf` must hold `max_bytes(...)`; `scratch` is int64[4, n + 1] of any content (a
+    worker reuses one, so a file allocates nothing). On return sizes = (data bytes incl.
+    trailers, index block offset, index block size without its trailer, data blocks, raw
+    key bytes, raw value bytes). Returns the bytes written (data + index + its trailer).
     """
     n = keys.size
     value_bytes = rows.shape[1]
     # an entry's share of RocksDB's size estimate when it decides to close a block
     entry_estimate = (INTERNAL_KEY_BYTES + value_bytes + 4 + _varint_bytes(INTERNAL_KEY_BYTES)
                       + _varint_bytes(value_bytes))
-    block_offsets = np.empty(n + 1, np.int64)
-    block_sizes = np.empty(n + 1, np.int64)
-    block_last = np.empty(n + 1, np.int64)
-    restarts = np.empty(n + 1, np.int64)
+    block_offsets = scratch[0]
+    block_sizes = scratch[1]
+    block_last = scratch[2]
+    restarts = scratch[3]
     num_blocks = 0
     pos = 0
     begin = 0
@@ -316,7 +318,8 @@ def write_file(path: str, keys: np.ndarray, rows: np.ndarray,
         positions = np.arange(keys.size, dtype=np.int64)
     buf = np.empty(max_bytes(keys.size, raw.shape[1]), np.uint8)
     sizes = np.zeros(6, np.int64)
-    written = encode(buf, keys, raw, np.ascontiguousarray(positions, np.int64), sizes)
+    written = encode(buf, keys, raw, np.ascontiguousarray(positions, np.int64), sizes,
+                     np.empty((4, keys.size + 1), np.int64))
     end = tail(sizes, keys.size)
     with open(path, "wb") as f:
         f.write(buf[:written].data)

@@ -13,8 +13,6 @@ name still held by a retiring version waits for that version's last lookup.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import logging
 import threading
@@ -28,7 +26,7 @@ from hps.config import ModelConfig, PSConfig
 from hps.db import Tiers
 from hps.db.base import table_name
 from hps.errors import ConfigError, LookupInputError, TierUnavailableError, UnknownModelError
-from hps.loader import LoadProgress, load_table, open_reader, open_readers
+from hps.loader import LoadProgress, load_table, open_reader, open_readers, return_freed_memory
 from hps.server.gpu_caches import GpuCaches
 from hps.server.models import LoadedModel, LoadedTable
 from hps.server.volatile_fill import VolatileFiller
@@ -324,16 +322,3 @@ def _storage_name(model: ModelConfig, index: int, old: LoadedModel | None) -> st
     current = next((t.storage_name for t in old.tables
                     if t.name == model.embedding_table_names[index]), None)
     return f"{base}{STAGING_SUFFIX}" if current == base else base
-
-
-def return_freed_memory() -> None:
-    """Hand the heap's free pages back to the OS (glibc's malloc_trim; elsewhere a no-op).
-
-    A dropped table frees its arrays, but glibc keeps freed heap memory for reuse unless
-    asked; without this the RSS of a server stays at its peak after a model is unloaded.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
