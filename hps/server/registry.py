@@ -164,12 +164,17 @@ class ModelRegistry:
             self.observer.reload_started(model.model)
         written: list[str] = []
         loaded = LoadedModel(model, [])
+        fills = []
         try:
             for i, reader in enumerate(readers):
                 written.append(names[i])
                 loaded.tables.append(
                     self._load_table(model, i, names[i], reader, progress))
             self.gpu.attach(loaded, readers)
+            if self.filler is not None:  # pending from the moment the version serves
+                fills = [self.filler.hold(loaded, table, functools.partial(
+                            open_reader, self.config, model, table.index, self.chunk_bytes))
+                         for table in loaded.tables if not table.volatile_ready]
             if old is None:
                 self._install(loaded)
             else:
@@ -179,6 +184,8 @@ class ModelRegistry:
             # tables of a first load that never became visible
             if old is not None:
                 self.observer.reload_failed(model.model)
+            for fill in fills:
+                self.filler.release(fill)  # type: ignore[union-attr]
             self.gpu.close(loaded)
             self._drop_tables(written)
             raise
@@ -187,10 +194,8 @@ class ModelRegistry:
                 reader.close()
         if old is not None:
             self._retire(old, keep=set(names))
-        for table in loaded.tables:
-            if not table.volatile_ready and self.filler is not None:
-                self.filler.submit(loaded, table, functools.partial(
-                    open_reader, self.config, model, table.index, self.chunk_bytes))
+        for fill in fills:
+            self.filler.start(fill)  # type: ignore[union-attr]
         return loaded
 
     def _install(self, loaded: LoadedModel) -> None:

@@ -63,11 +63,25 @@ class VolatileFiller:
                open_reader: Callable[[], ModelReader]) -> None:
         """Fill `table` (of served version `model`) from `open_reader()` once the tier
         takes it."""
+        self.start(self.hold(model, table, open_reader))
+
+    def hold(self, model: LoadedModel, table: LoadedTable,
+             open_reader: Callable[[], ModelReader]) -> _Fill:
+        """Count `table` as pending before its version is served (so readiness never
+        shows a served table as filled), without filling it yet: `start` or `release`."""
         fill = _Fill(model, table, open_reader)
         with self._lock:
             self._pending.append(fill)
+        return fill
+
+    def start(self, fill: _Fill) -> None:
+        """Fill a held table once the tier takes it."""
         if not self._worker.submit(fill):
             self._done(fill)  # closing: the table stays served from the persistent tier
+
+    def release(self, fill: _Fill) -> None:
+        """Forget a held table whose version was never served."""
+        self._done(fill)
 
     def pending(self) -> list[LoadedTable]:
         """The tables not in the volatile tier yet."""
