@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with CUDA and CuPy (the device machine): installs nothing
-# from the network (wheels carried in .whl/ are installed to a temp dir if present), runs
+# from the network (wheels carried in .whl/ are installed to a temp dir if present, and
+# redis-server unpacked in .redis/ is used; scripts/device_wheels.sh makes both), runs
 # tests/gpu, then the GPU benchmark, and prints a short table last.
 #
 #   bash scripts/gpu_check.sh [benchmark options, e.g. --profile public or --sweep]
@@ -18,6 +19,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/hps-site .whl/*.whl || exit 1
   export PYTHONPATH="/tmp/hps-site:${PYTHONPATH:-}"
+fi
+if [ -x .redis/usr/bin/redis-server ] && ! command -v redis-server >/dev/null; then
+  # Debian's redis-server unpacked by scripts/device_wheels.sh (the GPU machine has none)
+  export PATH="$PWD/.redis/usr/bin:$PATH"
+  export LD_LIBRARY_PATH="$PWD/.redis/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1
