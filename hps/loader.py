@@ -22,7 +22,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +129,16 @@ def stored_rows(persistent: Tier, name: str, keys: np.ndarray, file_rows: np.nda
     return stored
 
 
+def served_chunks(name: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]],
+                  whole: Tier) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`chunks` of a table's files with each row replaced by the row `whole` (the tier
+    holding the whole table: persistent, else volatile) holds for its key, the file's
+    where it holds none. A GPU cache warms up from these when the files repeat keys: every
+    tier serves a key's last row, which a chunk read before it does not have."""
+    for keys, vectors in chunks:
+        yield keys, stored_rows(whole, name, keys, vectors)
+
+
 def return_freed_memory() -> None:
     """Hand the heap's free pages back to the OS (glibc's malloc_trim; elsewhere a no-op).
 
@@ -212,7 +222,9 @@ def load_table(
     Checks: an in-process tier must have the memory for its rows before any is
     allocated (ConfigError); a row with NaN or infinity fails the load naming the row and
     the file (ModelFileError) unless `allow_non_finite`; keys the files hold more than
-    once are counted in `duplicate_keys` (the last row of a key wins) and logged.
+    once are counted in `duplicate_keys` and logged; every tier keeps the last row of a
+    key (a volatile share taken before a later row of its key is written again, from the
+    persistent tier).
     """
     started = time.perf_counter()
     dim = reader.vec_size
@@ -256,10 +268,7 @@ def load_table(
                         raise TierError(
                             f"the {volatile.name} tier holds the only copy of {name} "  # type: ignore[union-attr]
                             f"(no persistent_db) and cannot take it: {exc}") from exc
-                    source.volatile_error = str(exc)
-                    log.warning("%s: the %s tier cannot take it now (%s); loading on "
-                                "without it, it is filled once it can",
-                                name, volatile.name, exc)  # type: ignore[union-attr]
+                    _leave_out_volatile(source, name, volatile, exc)  # type: ignore[arg-type]
             progress.advance(len(keys), int(len(keys) * bytes_per_row))
             yield keys, vectors
 
@@ -285,6 +294,9 @@ def load_table(
             persistent.reserve(name, reader.num_keys)
             persistent.load(name, chunks())
         source.duplicate_keys = _duplicates(name, reader, persistent)
+        if (source.duplicate_keys and write_volatile and rate < 1.0
+                and not source.volatile_error):
+            _rewrite_share(name, reader, volatile, persistent, rate, source)  # type: ignore[arg-type]
         persistent.set_metadata(name, {k: v for k, v in source.as_dict().items()
                                        if k not in ("reused", "volatile_error")})
     elif write_volatile:
@@ -301,6 +313,31 @@ def load_table(
     log.info("loaded %s: %d keys, width %d, %.2fs%s", name, reader.num_keys, dim,
              source.load_seconds, " (persistent tier already held it)" if reuse else "")
     return source
+
+
+def _leave_out_volatile(source: TableSource, name: str, volatile: Tier, exc: TierError
+                        ) -> None:
+    """The load goes on without the volatile tier, which says why in the source record
+    (the server fills it once it can)."""
+    source.volatile_error = str(exc)
+    log.warning("%s: the %s tier cannot take it now (%s); loading on without it, it is "
+                "filled once it can", name, volatile.name, exc)
+
+
+def _rewrite_share(name: str, reader: ModelReader, volatile: Tier, persistent: Tier,
+                   rate: float, source: TableSource) -> None:
+    """Write the volatile tier's share of a table whose files repeat keys again, with the
+    rows the persistent tier kept.
+
+    A share of each chunk went to the volatile tier as it was read, so a key's earlier
+    row may be in it while its last row, later in the files, was not. Every tier serves
+    the last row of a key (RocksDB kept it), so the share is written again from there:
+    a second read of the files, only for tables with repeated keys.
+    """
+    try:
+        fill_volatile(name, reader, volatile, rate, stored=persistent)
+    except TierError as exc:
+        _leave_out_volatile(source, name, volatile, exc)
 
 
 def _duplicates(name: str, reader: ModelReader, whole: Tier) -> int:

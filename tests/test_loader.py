@@ -15,9 +15,11 @@ import pytest
 
 from hps import ConfigError, ModelFileError
 from hps.db.rocksdb import RocksDBTier
-from hps.loader import available_memory
+from hps.loader import available_memory, open_reader, served_chunks
 from hps.server import HierarchicalParameterServer
 from tests.conftest import model_config, write_table
+
+TABLE = "hps_et.m.sparse_embedding0"
 
 
 def one_table(tmp_path: Path, keys: np.ndarray, vectors: np.ndarray,
@@ -53,26 +55,82 @@ def test_non_finite_rows_are_refused_naming_row_and_file(tmp_path: Path, bad: fl
         np.testing.assert_array_equal(got, vectors[3205:3215])  # NaN == NaN in this check
 
 
-@pytest.mark.parametrize("persistent", [True, False])
-def test_duplicate_keys_are_counted_and_the_last_row_wins(
-    tmp_path: Path, persistent: bool, caplog: pytest.LogCaptureFixture
+# Every tier combination a load can make: each must serve the last row of a repeated key.
+# With initial_cache_rate < 1 the volatile tier takes a share of each chunk, so a key's
+# earlier row may be in the share and its later row past it; without a persistent tier the
+# volatile tier takes the whole table whatever the rate.
+TIER_COMBINATIONS = [
+    pytest.param({"type": "hash_map"}, False, id="hash_map"),
+    pytest.param({"type": "hash_map", "initial_cache_rate": 0.5}, False, id="hash_map-rate0.5"),
+    pytest.param({"type": "hash_map"}, True, id="hash_map+rocksdb"),
+    pytest.param({"type": "hash_map", "initial_cache_rate": 0.5}, True,
+                 id="hash_map+rocksdb-rate0.5"),
+    pytest.param({"type": "hash_map", "initial_cache_rate": 0.5, "overflow_margin": 10**9},
+                 True, id="bounded_hash_map+rocksdb-rate0.5"),
+    pytest.param({"type": "redis", "initial_cache_rate": 0.5}, True,
+                 id="redis+rocksdb-rate0.5"),
+]
+
+
+@pytest.mark.parametrize(("volatile", "persistent"), TIER_COMBINATIONS)
+def test_duplicate_keys_are_counted_and_the_last_row_wins_in_every_tier(
+    tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture,
+    volatile: dict[str, Any], persistent: bool,
 ) -> None:
+    # keys 0..2999, then every tenth key again: 170-row chunks (4 KiB) put some second
+    # rows past a chunk's cached half while their first rows are in one
     keys = np.concatenate([np.arange(3000), np.arange(0, 3000, 10)]).astype(np.int64)
     vectors = np.arange(keys.size * 4, dtype=np.float32).reshape(-1, 4)
+    last = {k: i for i, k in enumerate(keys.tolist())}  # the row each key must serve
+    distinct = np.array(sorted(last), dtype=np.int64)
+    served = vectors[[last[k] for k in distinct.tolist()]]
     caplog.set_level(logging.WARNING, logger="hps.loader")
     config = one_table(tmp_path, keys, vectors, persistent=persistent)
+    config["volatile_db"] = dict(volatile)
+    if volatile["type"] == "redis":
+        config["volatile_db"]["address"] = request.getfixturevalue("redis_server").address
     with HierarchicalParameterServer(config, chunk_bytes=4096) as server:
         table = server.model("m").table(0)
         assert table.source.duplicate_keys == 300
         assert table.source.as_dict()["duplicate_keys"] == 300  # in the load report
+        np.testing.assert_array_equal(server.lookup("m", 0, distinct), served)
         np.testing.assert_array_equal(server.lookup("m", 0, [0, 10, 11]),
                                       vectors[[3000, 3001, 11]])
+        for tier in server.tiers:  # each tier on its own, not only the first that answers
+            got, found = tier.fetch(TABLE, distinct)
+            held_repeats = np.count_nonzero(found[distinct % 10 == 0])
+            assert held_repeats > 0, f"{tier.name} holds none of the repeated keys"
+            np.testing.assert_array_equal(got[found], served[found], err_msg=tier.name)
     assert any("300 rows whose key a later row repeats" in r.getMessage()
                for r in caplog.records)
     if persistent:  # a restart over the same RocksDB keeps the count from its record
         with HierarchicalParameterServer(config, chunk_bytes=4096) as server:
             source = server.model("m").table(0).source
             assert source.reused and source.duplicate_keys == 300
+            np.testing.assert_array_equal(server.lookup("m", 0, distinct), served)
+            got, found = server.volatile.fetch(TABLE, distinct)
+            np.testing.assert_array_equal(got[found], served[found])
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_warm_up_chunks_carry_the_last_row_of_a_repeated_key(tmp_path: Path,
+                                                             persistent: bool) -> None:
+    """What a GPU cache warms up from when the files repeat keys: the files' keys in file
+    order, each with the row every tier serves (hps/server/gpu_caches.py)."""
+    keys = np.concatenate([np.arange(3000), np.arange(0, 3000, 10)]).astype(np.int64)
+    vectors = np.arange(keys.size * 4, dtype=np.float32).reshape(-1, 4)
+    last = {k: i for i, k in enumerate(keys.tolist())}
+    config = one_table(tmp_path, keys, vectors, persistent=persistent)
+    config["volatile_db"]["initial_cache_rate"] = 0.5
+    with HierarchicalParameterServer(config, chunk_bytes=4096) as server:
+        whole = server.persistent or server.volatile
+        reader = open_reader(server.config, server.config.models[0], 0, chunk_bytes=4096)
+        with reader:
+            chunks = list(served_chunks(TABLE, reader.chunks(), whole))
+    got_keys = np.concatenate([k for k, _ in chunks])
+    got_rows = np.concatenate([v for _, v in chunks])
+    np.testing.assert_array_equal(got_keys, keys)
+    np.testing.assert_array_equal(got_rows, vectors[[last[k] for k in keys.tolist()]])
 
 
 def test_absurd_width_is_a_config_error(tmp_path: Path) -> None:
@@ -102,8 +160,6 @@ def test_a_table_larger_than_memory_is_refused_before_allocating(tmp_path: Path)
 
 
 # -- the persistent tier from the volatile tier's copy, or from the files -----------------
-
-TABLE = "hps_et.m.sparse_embedding0"
 
 
 def files_with_repeats(folder: Path, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -144,7 +200,8 @@ def test_both_ways_store_the_same_rows(tmp_path: Path, rng: np.random.Generator,
         assert found.all() and np.array_equal(got, rows)
         assert persistent.size(TABLE) == keys.size
         assert {f["level"] for f in persistent.raw_table(TABLE).live_files()} == {6}
-        if volatile.get("initial_cache_rate", 1.0) >= 1.0:
-            # (with a share of each chunk cached, a key repeated past the share is served
-            # from its first row: a known defect of partial caching, not of this path)
-            np.testing.assert_array_equal(server.lookup("m", 0, keys), rows)
+        np.testing.assert_array_equal(server.lookup("m", 0, keys), rows)
+        if server.volatile is not None:  # the volatile tier's own rows, where it has any
+            got, found = server.volatile.fetch(TABLE, keys)
+            assert found.any()
+            np.testing.assert_array_equal(got[found], rows[found])

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hps.config import PSConfig
+from hps.loader import served_chunks
 from hps.server.host_lookup import HostLookup
 from hps.server.models import LoadedModel, LoadedTable
 
@@ -46,8 +47,19 @@ class GpuCaches:
                                         fetch_host=fetch, fetch_into=fetch.into)
                 pct = cfg.cache_refresh_percentage_per_iteration
                 if cfg.init_ec and (pct > 0 or cfg.cache_type in ("static", "uvm")):
-                    gpu.warm_up(reader.chunks(chunk_keys=_warm_chunk(gpu, pct, reader)))
+                    gpu.warm_up(self._warm_chunks(table, reader, gpu, pct))
                 table.gpu[device] = gpu
+
+    def _warm_chunks(self, table: LoadedTable, reader: Any, gpu: Any, pct: float
+                     ) -> Iterable[tuple[np.ndarray, np.ndarray]]:
+        """The file's chunks a cache warms up from; where the files repeat keys, with the
+        rows the tiers serve (a key's last row), so the cache agrees with them."""
+        chunks: Iterable[tuple[np.ndarray, np.ndarray]] = reader.chunks(
+            chunk_keys=_warm_chunk(gpu, pct, reader))
+        whole = self.host.tiers.persistent or self.host.tiers.volatile
+        if table.source.duplicate_keys and whole is not None:
+            return served_chunks(table.storage_name, chunks, whole)
+        return chunks
 
     @staticmethod
     def refresh(models: Iterable[LoadedModel]) -> int:

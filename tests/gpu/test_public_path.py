@@ -206,3 +206,31 @@ def test_each_device_serves_its_own_keys_from_any_thread(
         with pytest.raises(DeviceError, match=r"cuda:1 but device_id 0"):
             hps.lookup_fromdlpack(keys.to("cuda:1"), torch.zeros((10, 16), device="cuda:1"),
                                   MODEL, 0, device_id=0)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("mode", ["dynamic, warm", "static", "uvm"])
+@pytest.mark.parametrize("rate", [1.0, 0.5])
+def test_a_warm_cache_serves_the_last_row_of_a_repeated_key(
+        cp: Any, rng: np.random.Generator, tmp_path: Path, mode: str, rate: float) -> None:
+    """Files that repeat keys: the warm-up reads the files in order, and a key's first row
+    comes before its last; the cache must hold the last row, as every tier does."""
+    table = Table(rng, 20_000, 8)
+    keys = np.concatenate([table.keys, table.keys[:3000]])  # repeated, later rows win
+    rows = np.concatenate([table.rows, rng.standard_normal((3000, 8)).astype(np.float32)])
+    table.rows[:3000] = rows[20_000:]  # what table.expected serves
+    model = {"dynamic, warm": {"gpucacheper": 0.5, "hit_rate_threshold": 1.0,
+                               "cache_refresh_percentage_per_iteration": 1.0},
+             "static": {"embedding_cache_type": "static",
+                        "cache_refresh_percentage_per_iteration": 1.0},
+             "uvm": {"embedding_cache_type": "uvm"}}[mode]
+    config = _config(tmp_path, table, [0], **model)
+    write_sparse_model(tmp_path / "t0", keys, rows)  # over the distinct rows _config wrote
+    config["volatile_db"]["initial_cache_rate"] = rate
+    config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+    with HPS(config) as hps:
+        assert hps.server.model(MODEL).tables[0].source.duplicate_keys == 3000
+        repeated = table.keys[:3000]
+        np.testing.assert_array_equal(hps.lookup(repeated, MODEL, 0), table.expected(repeated))
+        stats = hps.server.model(MODEL).tables[0].gpu[0].stats()
+        assert stats["hits"] > 0, f"{mode}: the warm cache served none of them"
