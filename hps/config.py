@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hps.errors import ConfigError
 from hps.io.formats.spec import TableSpec
+from hps.storage import StorageName, StorageType, storage_type
 
 UNBOUNDED = 2**63 - 1
 #: widest vector a table may have (floats): a 4 MiB row
@@ -202,6 +203,9 @@ class ModelConfig(_Section):
     gpucacheper: float = Field(0.2, gt=0.0, le=1.0)
     # hps extension: vectors with NaN or infinity are refused at load unless this is set
     allow_non_finite_vectors: bool = False
+    # hps extension: the type the in-process hash map and the GPU tables store rows in
+    # (hps/storage.py); Redis and RocksDB keep HugeCTR's float32 rows
+    embedding_storage_dtype: StorageName = "float32"
     cache_refresh_percentage_per_iteration: float = Field(0.0, ge=0.0)
     embedding_cache_type: Literal["dynamic", "static", "uvm"] = "dynamic"
     # hps extension: the GPU memory of a uvm table (index + hot rows), in MiB; unset:
@@ -270,12 +274,22 @@ class ModelConfig(_Section):
             raise ValueError("default_value_for_each_table entries must be finite numbers")
         if not self.deployed_device_list:
             raise ValueError("deployed_device_list must name at least one device id")
+        if self.allow_non_finite_vectors and self.storage.compact:
+            raise ValueError(
+                f"allow_non_finite_vectors cannot be combined with embedding_storage_dtype "
+                f"{self.embedding_storage_dtype!r}: compact rows hold finite values only "
+                "(use float32 storage to serve NaN or infinity)")
         return self
 
     @property
     def cache_type(self) -> str:
         """The effective cache type (`use_static_table` forces "static", as in HugeCTR)."""
         return "static" if self.use_static_table else self.embedding_cache_type
+
+    @property
+    def storage(self) -> StorageType:
+        """The StorageType of `embedding_storage_dtype` (hps/storage.py)."""
+        return storage_type(self.embedding_storage_dtype)
 
     @property
     def num_tables(self) -> int:

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from hps import ConfigError, ModelConfig, PSConfig, UnknownConfigKeyWarning, load_config
+from hps.config import config_to_json
 
 
 def minimal(**model: object) -> dict:
@@ -73,6 +74,12 @@ def test_unknown_key_warns_with_path_and_suggestion() -> None:
         ({"gpucacheper": 1.5}, "models[0].gpucacheper"),
         ({"gpu_memory_budget_mb": -5}, "models[0].gpu_memory_budget_mb"),
         ({"gpu_memory_budget_mb": "a lot"}, "models[0].gpu_memory_budget_mb"),
+        ({"embedding_storage_dtype": "fp8"},
+         "models[0].embedding_storage_dtype: Input should be 'float32', 'float16', "
+         "'bfloat16' or 'int8' (got 'fp8')"),
+        ({"embedding_storage_dtype": None}, "models[0].embedding_storage_dtype"),
+        ({"embedding_storage_dtype": "int8", "allow_non_finite_vectors": True},
+         "allow_non_finite_vectors cannot be combined with embedding_storage_dtype 'int8'"),
         ({"deployed_device_list": []}, "deployed_device_list"),
         ({"default_value_for_each_table": [0.0, float("nan")]}, "finite"),
         ({"embedding_table_names": ["a", "a"]}, "unique"),
@@ -82,6 +89,18 @@ def test_bad_values_name_the_key_path(change: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(minimal(**change))
     assert needle in str(err.value)
+
+
+def test_embedding_storage_dtype() -> None:
+    assert load_config(minimal()).models[0].embedding_storage_dtype == "float32"
+    for name in ("float16", "bfloat16", "int8"):
+        model = load_config(minimal(embedding_storage_dtype=name)).models[0]
+        assert model.storage.name == name and model.storage.compact
+        # the ps.json a config dumps to says so (it is not the default)
+        assert config_to_json(load_config(minimal(embedding_storage_dtype=name)))[
+            "models"][0]["embedding_storage_dtype"] == name
+    float32 = load_config(minimal(allow_non_finite_vectors=True)).models[0]
+    assert not float32.storage.compact and float32.allow_non_finite_vectors
 
 
 def test_missing_required_key() -> None:

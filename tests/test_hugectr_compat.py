@@ -242,6 +242,7 @@ def _extended() -> dict[str, Any]:
             "model": "b", "sparse_files": ["/b0"], "embedding_table_names": ["x"],
             "embedding_vecsize_per_table": [2], "maxnum_catfeature_query_per_table_per_sample":
             [7], "deployed_device_list": [0], "embedding_cache_type": "uvm",
+            "embedding_storage_dtype": "int8",
         }],
         "volatile_db": {"type": "redis_cluster", "address": "h:7000", "password": "p",
                         "overflow_margin": 1000, "overflow_policy": "evict_oldest",
@@ -267,6 +268,9 @@ def test_config_round_trips(source: str) -> None:
         assert objects.volatile_db.type is DatabaseType_t.RedisCluster
         assert objects.persistent_db.backend is DatabaseType_t.RocksDB
         assert objects.inference_params_array[0].i64_input_key is False
+        # an hps option HugeCTR never had travels in the model's hps_options
+        assert objects.inference_params_array[1].hps_options == {
+            "embedding_storage_dtype": "int8"}
         assert objects.emb_table_name == {"a": ["sparse_embedding0", "sparse_embedding1"],
                                           "b": ["x"]}
 
