@@ -154,8 +154,8 @@ def unencodable_rows(storage: StorageType | str, rows: np.ndarray) -> np.ndarray
     if not t.compact or n == 0:
         return np.zeros(n, bool)
     with np.errstate(invalid="ignore"):
-        bad: np.ndarray = ~(np.abs(rows) < np.float32(t.max_magnitude))  # NaN: False
-    out: np.ndarray = bad.reshape(n, -1).any(axis=1)
+        held = np.abs(rows).reshape(n, -1) < np.float32(t.max_magnitude)  # NaN: False
+    out: np.ndarray = ~held.all(axis=1)
     return out
 
 
