@@ -183,17 +183,21 @@ __device__ __forceinline__ void hps_record_misses(bool leader_miss, long long po
 
 // The end of every query kernel: the last block to finish publishes the miss count to
 // `host_count` (mapped pinned host memory) and resets ctl = {miss count, blocks done} for
-// the workspace's next query, so a query needs no memset and no copy of its own.
+// the workspace's next query, so a query needs no memset and no copy of its own. The host
+// spins on `host_count` rather than waiting for the kernel to retire: the system-scope
+// fences make every block's writes (the missed keys in host memory among them) visible
+// before the count, and no block touches the table after it.
 __device__ __forceinline__ void hps_finish_query(int* ctl, int* host_count) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
+        __threadfence_system();
         const u32 done = atomicAdd(reinterpret_cast<u32*>(ctl + 1), 1u);
         if (done == gridDim.x - 1) {
-            __threadfence();
+            __threadfence_system();
             const int count = atomicExch(ctl, 0);
             ctl[1] = 0;
-            *reinterpret_cast<volatile int*>(host_count) = count;  // flushed at kernel end
+            __threadfence();  // the reset is seen before the count: the next query may follow at once
+            *reinterpret_cast<volatile int*>(host_count) = count;
         }
     }
 }

@@ -15,7 +15,8 @@ call pays a dict lookup and a few attribute reads:
 - CuPy arrays: their pointer, flags and device; the stream is CuPy's current stream;
 - NumPy arrays: host arrays, kept as they are;
 - DLPack capsules (`torch.utils.dlpack.to_dlpack(t)`, HugeCTR's calling style): the
-  DLTensor is read in place with ctypes and the capsule is not consumed (HugeCTR's
+  DLTensor is read in place (one compiled call, hps/raw_memory.py, for the common
+  capsule; ctypes for the rest) and the capsule is not consumed (HugeCTR's
   callers read their output capsule again afterwards); the caller orders its stream
   (HugeCTR's contract), the work runs on CuPy's current stream;
 - any other `__dlpack__` producer (JAX, …): `__dlpack__(stream=s)` with the stream the
@@ -270,9 +271,53 @@ def _is_capsule(obj: Any) -> bool:
     return type(obj).__name__ == "PyCapsule"
 
 
+# DLPack dtype word (code | bits << 8 | lanes << 16) → NumPy dtype, for the compiled reader
+_DL_WORDS = {code | bits << 8 | 1 << 16: np.dtype(f"{kind}{bits // 8}")
+             for code, kind in ((0, "i"), (1, "u"), (2, "f")) for bits in (8, 16, 32, 64)
+             if not (kind == "f" and bits == 8)}
+_DL_WORDS[6 | 8 << 8 | 1 << 16] = np.dtype(bool)
+_capsule_fields: Callable[..., tuple[int, ...]] | None = None
+_capsule_name_bytes: Any = None
+_fast_capsules: bool | None = None  # None: not decided yet (hps/raw_memory.py)
+
+
+def _fast_capsule_ref(capsule: Any, stream: int | None, owner: Any) -> ArrayRef | None:
+    """The common capsule (legacy name, up to 2 dimensions, contiguous, a CPU or CUDA
+    array of a NumPy dtype) read by one compiled call; None for the rest."""
+    global _fast_capsules, _capsule_fields, _capsule_name_bytes
+    if not _fast_capsules:
+        if _fast_capsules is False:
+            return None
+        from hps import raw_memory
+
+        _fast_capsules = raw_memory.capsules_readable()
+        _capsule_fields = raw_memory.capsule_fields
+        _capsule_name_bytes = raw_memory.DLTENSOR_NAME
+        if not _fast_capsules:
+            return None
+    ndim, data, dev_type, dev_id, word, d0, d1, contiguous = _capsule_fields(  # type: ignore[misc]
+        id(capsule), _capsule_name_bytes)
+    dtype = _DL_WORDS.get(word)
+    if ndim < 0 or not contiguous or dtype is None:
+        return None
+    if dev_type == _CUDA or dev_type == _CUDA_MANAGED:
+        device = dev_id
+    elif dev_type == _CPU or dev_type == _CUDA_HOST:
+        device = HOST
+    else:
+        return None
+    shape = (d0, d1) if ndim == 2 else (d0,) if ndim == 1 else ()
+    return ArrayRef(data, shape, d0 * d1, dtype, "", device, True, None, True, stream, None,
+                    capsule if owner is None else (capsule, owner))
+
+
 def _capsule_ref(capsule: Any, what: str, stream: int | None = None,
                  owner: Any = None) -> ArrayRef:
-    try:  # the common case first: a legacy capsule, one ctypes call
+    if _fast_capsules is not False:
+        ref = _fast_capsule_ref(capsule, stream, owner)
+        if ref is not None:
+            return ref
+    try:  # a legacy capsule: one ctypes call
         address, flags = _capsule_pointer(capsule, b"dltensor"), 0
     except ValueError:  # another name: versioned, consumed or no DLPack capsule
         address, flags = _other_capsule(capsule, what)

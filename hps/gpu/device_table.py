@@ -36,9 +36,15 @@ from hps.errors import DeviceError, LookupInputError
 from hps.gpu import kernels
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.keys import as_key_array, device_output_view, key_view
+from hps.raw_memory import wait_while
 
 BLOCK = 256
 _MAPPED_PINNED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
+# The miss count's place holds this until the query kernel writes the count; the host
+# reads it this many times (GIL released, well under a millisecond) before it waits on
+# the query's event instead.
+_NO_COUNT = -1
+_SPINS = 1 << 16
 
 
 def _is_cupy(array: Any) -> bool:
@@ -467,6 +473,8 @@ class DeviceTable:
             ws.reserve(n)
         ws.wait_released(stream_ptr)
         rt = self._rt
+        host_count = ws.host_count
+        host_count[0] = _NO_COUNT  # the query kernel's last block overwrites it
         with self._lock:
             if self._closed:
                 self._check_open()
@@ -476,10 +484,16 @@ class DeviceTable:
             rt.eventRecord(ws.event_ptr, stream_ptr)
             self._inflight.add(ws.event_ptr)
         try:
-            rt.eventSynchronize(ws.event_ptr)
+            # the count lands (after a system-scope fence: the missed keys are in host
+            # memory too, and no block reads the table any more) before the kernel
+            # retires and its event completes; long kernels end in the event wait
+            count = int(wait_while(ws.host_ptr, _NO_COUNT, _SPINS))
+            if count == _NO_COUNT:
+                rt.eventSynchronize(ws.event_ptr)
+                count = int(host_count[0])
         finally:
             self._inflight.discard(ws.event_ptr)
-        return int(ws.host_count[0])
+        return count
 
     def query_misses(self, keys: Any, out: Any, default_value: float = 0.0,
                      workspace: QueryWorkspace | None = None) -> Misses:

@@ -112,8 +112,9 @@ def _served(tmp_path: Path, keys: np.ndarray, rows: np.ndarray, redis: RedisServ
             "embedding_vecsize_per_table": [DIM],
             "maxnum_catfeature_query_per_table_per_sample": [64],
             "default_value_for_each_table": [DEFAULT], "deployed_device_list": [0],
-            "max_batch_size": 64, "gpucache": True, "gpucacheper": 1.0,
-            # warm: the cache is filled from the files at load; else it starts empty
+            # warm: half the table fills the cache from the files at load (a cache of the
+            # whole table would hold every key); else the cache starts empty
+            "max_batch_size": 64, "gpucache": True, "gpucacheper": 0.5 if warm else 1.0,
             "cache_refresh_percentage_per_iteration": 0.25 if warm else 0.0,
             "hit_rate_threshold": 1.1,
         }],
