@@ -109,15 +109,17 @@ extern "C" __global__ void cache_set_codes(const hps_key* __restrict__ keys, con
 // empty way is taken; else the way with the smallest stamp (the lowest way on ties) is
 // evicted. The r-th key of a set in the batch is stamped tick | r (`tick` comes shifted
 // left by RANK_BITS), so a batch that overflows a set evicts its own earliest keys.
-extern "C" __global__ void cache_insert(
+// Run by blocks [block, blocks) of a grid (cache_insert: all of them).
+__device__ __forceinline__ void cache_insert_blocks(
+    const u32 block, const u32 blocks,
     const u64* __restrict__ codes, const long long n, const hps_key* __restrict__ keys,
     const float* __restrict__ src, const int src_vec4,
     hps_key* slot_keys, u64* stamps, float4* vecs, const u32 num_sets, int* flags, const u64 tick) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const u32 gmask = hps_group_mask(lane);
-    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
-    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    const long long group = ((long long)block * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)blocks * blockDim.x) / GROUP;
     const long long special_slot = (long long)num_sets * SET_SIZE;
     const bool vec4 = src_vec4 != 0;
 
@@ -182,6 +184,31 @@ extern "C" __global__ void cache_insert(
             __syncwarp(gmask);  // the next key of this set reads what this one wrote
         }
     }
+}
+
+extern "C" __global__ void cache_insert(
+    const u64* __restrict__ codes, const long long n, const hps_key* __restrict__ keys,
+    const float* __restrict__ src, const int src_vec4,
+    hps_key* slot_keys, u64* stamps, float4* vecs, const u32 num_sets, int* flags, const u64 tick) {
+    cache_insert_blocks(blockIdx.x, gridDim.x, codes, n, keys, src, src_vec4, slot_keys, stamps,
+                        vecs, num_sets, flags, tick);
+}
+
+// The miss path's last step in one launch: blocks below `insert_blocks` insert the fetched
+// rows (cache_insert), the others scatter them into the lookup's output (scatter_rows:
+// out[pos[j]] = src[inv[j]] for j < count). Both only read `src`.
+extern "C" __global__ void cache_insert_scatter(
+    const u64* __restrict__ codes, const long long n, const hps_key* __restrict__ keys,
+    const float* __restrict__ src, const int src_vec4,
+    hps_key* slot_keys, u64* stamps, float4* vecs, const u32 num_sets, int* flags, const u64 tick,
+    const u32 insert_blocks, const int* __restrict__ pos, const int* __restrict__ inv,
+    const long long count, float* __restrict__ out, const int out_vec4) {
+    if (blockIdx.x < insert_blocks)
+        cache_insert_blocks(blockIdx.x, insert_blocks, codes, n, keys, src, src_vec4, slot_keys,
+                            stamps, vecs, num_sets, flags, tick);
+    else
+        hps_scatter_rows(blockIdx.x - insert_blocks, gridDim.x - insert_blocks, pos, inv, count,
+                         src, out, out_vec4);
 }
 
 // Finds the slot of `key` (group-cooperative), -1 when absent.

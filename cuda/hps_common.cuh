@@ -223,3 +223,35 @@ __device__ __forceinline__ void hps_dump_slots(const hps_key* __restrict__ slot_
         if (present) out[off + __popc(ballot & ((1u << lane) - 1u))] = k;
     }
 }
+
+// out[pos[j]] = rows[inv[j]] for j < count (inv null: rows[j]); rows is [u, DIM]
+// contiguous, out is [n, DIM]. vec4 (DIM % 4 == 0, out and rows 16-byte aligned): one
+// float4 per thread, else one float. Run by blocks [block, blocks) of a grid, so a kernel
+// may give this work to some of its blocks (cache_insert_scatter).
+__device__ __forceinline__ void hps_scatter_rows(const u32 block, const u32 blocks,
+                                                 const int* __restrict__ pos,
+                                                 const int* __restrict__ inv,
+                                                 const long long count,
+                                                 const float* __restrict__ rows,
+                                                 float* __restrict__ out, const int vec4) {
+    const long long stride = (long long)blocks * blockDim.x;
+    const long long first = (long long)block * blockDim.x + threadIdx.x;
+    if (vec4) {
+        const int w = DIM / 4;
+        const float4* r4 = reinterpret_cast<const float4*>(rows);
+        float4* o4 = reinterpret_cast<float4*>(out);
+        for (long long t = first; t < count * w; t += stride) {
+            const long long j = t / w;
+            const int e = (int)(t - j * w);
+            const long long src = inv ? (long long)inv[j] : j;
+            o4[(long long)pos[j] * w + e] = r4[src * w + e];
+        }
+        return;
+    }
+    for (long long t = first; t < count * DIM; t += stride) {
+        const long long j = t / DIM;
+        const int e = (int)(t - j * DIM);
+        const long long src = inv ? (long long)inv[j] : j;
+        out[(long long)pos[j] * DIM + e] = rows[src * DIM + e];
+    }
+}

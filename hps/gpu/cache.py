@@ -228,17 +228,24 @@ class EmbeddingCache(DeviceTable):
 
 
     def insert_staged(self, keys_ptr: int, rows_ptr: int, codes_ptr: int, n: int,
-                      ws: QueryWorkspace, stream_ptr: int) -> None:
+                      ws: QueryWorkspace, stream_ptr: int,
+                      scatter: tuple[int, int, int, int] | None = None) -> None:
         """insert_by_set on device addresses, queued on the caller's stream `stream_ptr`
         (the device current) with a launch bound to `ws`: keys int64 [n], rows float32
         [n, dim] and their sorted set codes uint64 [n], contiguous. Ordered after the
         queries in flight on other streams and the writes before it; later queries and
         writes wait for it (see DeviceTable._writing_on, inlined: this is the lookup
-        path's)."""
+        path's).
+
+        `scatter` (positions, inverse, count, out: device addresses) also writes the rows
+        into a lookup's output, out[positions[j]] = rows[inverse[j]] for j < count
+        (inverse 0: rows[j]), in the same launch (cuda/embedding_cache.cu
+        cache_insert_scatter): the miss path pays one kernel launch, not two."""
         cells = ws.insert_cells
         if cells is None or ws.generation != self._generation:
-            launch = kernels.Launch(self._kernel("cache_insert"),
-                                    "ptr i64 ptr ptr i32 ptr ptr ptr u32 ptr u64")
+            launch = kernels.Launch(self._kernel("cache_insert_scatter"),
+                                    "ptr i64 ptr ptr i32 ptr ptr ptr u32 ptr u64 "
+                                    "u32 ptr ptr i64 ptr i32")
             for i, v in ((5, self._keys_ptr), (6, self._stamps_ptr), (7, self._vecs_ptr),
                          (8, self.num_sets), (9, self._flags_ptr)):
                 launch.set(i, v)
@@ -249,8 +256,21 @@ class EmbeddingCache(DeviceTable):
         cells[2].value = keys_ptr
         cells[3].value = rows_ptr
         cells[4].value = self._dim4 and rows_ptr % 16 == 0
-        rt = self._rt
         blocks = kernels.grid(self.device_id, n * self._group, BLOCK)
+        cells[11].value = blocks
+        if scatter is None:
+            cells[14].value = 0
+        else:
+            positions, inverse, count, out_ptr = scatter
+            vec4 = self._dim4 and out_ptr % 16 == 0 and rows_ptr % 16 == 0
+            cells[12].value = positions
+            cells[13].value = inverse
+            cells[14].value = count
+            cells[15].value = out_ptr
+            cells[16].value = vec4
+            blocks += kernels.grid(self.device_id, count * (self.dim // 4 if vec4 else self.dim),
+                                   BLOCK)
+        rt = self._rt
         with self._lock:
             if self._closed:
                 self._check_open()

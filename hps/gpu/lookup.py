@@ -19,8 +19,8 @@ thread's current device was:
   uvm: the missed keys are deduplicated (compiled, hps/gpu/host_kernels.py), their vectors
   fetched through the host path (volatile → persistent → default) straight into a pinned
   staging buffer, sent back in one copy (large batches: in chunks, each sent while the
-  next is fetched), scattered into `out` by one kernel, and (dynamic cache) inserted by
-  one kernel queued on the same stream: the call does not wait for the insert; later
+  next is fetched), scattered into `out` by one kernel which (dynamic cache) also inserts
+  them, queued on the same stream: the call does not wait for the insert; later
   queries on any stream are ordered after it with an event;
 - otherwise (HugeCTR's semantics): their rows keep the default value the query wrote,
   and a background thread fetches and inserts them.
@@ -311,20 +311,24 @@ class GpuEmbeddingTable:
             staging.send_index(stream)
             self._fetch_and_send(keys, rows, staging, stream)
         d_keys, d_codes, d_inverse, d_rows = staging.device_ptrs()
-        self._scatter_rows(ws, m, d_inverse if small else 0, d_rows, out_ptr, stream)
+        inverse_ptr = d_inverse if small else 0
         state.counts["sync_fetches"] += u
         if cache is not None:
             if not small:
                 self._device_codes(d_keys, d_codes, u, stream)
-            cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream)
+            # the insert scatters the rows into out in the same launch
+            cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream,
+                                scatter=(ws.positions_ptr, inverse_ptr, m, out_ptr))
             if self._updates != updates:  # the rows may predate an update: not kept
                 cache.remove(keys[:u].copy())
-        elif whole is not None and self._whole_inserted + u <= self.capacity:
-            self._whole_inserted += u
-            whole.insert_staged(d_keys, d_rows, u, ws, stream)
-            if self._updates != updates:  # the rows may predate an update: made current
-                fresh = keys[:u].copy()
-                whole.update(fresh, self._fetch(fresh))
+        else:
+            self._scatter_rows(ws, m, inverse_ptr, d_rows, out_ptr, stream)
+            if whole is not None and self._whole_inserted + u <= self.capacity:
+                self._whole_inserted += u
+                whole.insert_staged(d_keys, d_rows, u, ws, stream)
+                if self._updates != updates:  # the rows may predate an update: made current
+                    fresh = keys[:u].copy()
+                    whole.update(fresh, self._fetch(fresh))
         staging.done(stream)
         ws.released_by(staging.done_ptr)
 
