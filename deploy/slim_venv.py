@@ -1,0 +1,148 @@
+"""Slim an installed virtual environment for a runtime image (the build stage of
+deploy/Dockerfile.cpu), keeping every feature the image serves.
+
+    python slim_venv.py /opt/hps      # needs binutils' strip and readelf on PATH
+
+What goes, and why it is safe:
+- the dependencies' test suites (`tests` folders and numpy's SIMD test module: nothing
+  imports them) and build-time files: type stubs (.pyi), static libraries (.a), C and
+  C++ headers and sources, Cython sources (.pyx, .pxd);
+- parts of dependencies that cannot run in a CPU image without a compiler: numba's CUDA
+  target (numba/cuda, loaded only for target="cuda"; hps's GPU cache is CuPy, in the GPU
+  image) and numpy's f2py (it generates C extensions for a compiler to build);
+- botocore's models of every AWS service but those the S3 path uses: s3, and sts, sso,
+  sso-oidc and signin, which botocore's credential chain builds clients for (assume-role,
+  web identity, SSO, login profiles); its shared files (endpoints, partitions, retry
+  and default configurations) stay;
+- the debug symbols of shared libraries (`strip --strip-unneeded`): llvmlite's LLVM, uvloop,
+  RocksDB, hiredis and the other extension modules. Libraries that auditwheel repaired
+  stay as they are: those in a wheel's `.libs` folder and those with an RPATH/RUNPATH,
+  which patchelf rewrote; strip re-lays their sections and has broken them (numpy's
+  OpenBLAS);
+- every `__pycache__`: pip compiles all modules, most of which a server never imports.
+  The build stage then runs deploy/smoke_check.py, whose imports write bytecode for the
+  modules the image runs; the rest compiles in memory if ever imported.
+
+Prints the bytes each step freed; exit status 0, or 1 with the error when a step fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+BUILD_ONLY_SUFFIXES = (".pyi", ".a", ".h", ".hpp", ".c", ".cpp", ".pyx", ".pxd")
+#: globs under site-packages (and bin/) that nothing in a CPU image without a compiler runs
+UNSERVED = ("numba/cuda", "numpy/f2py", "numpy/_core/_simd.*")
+UNSERVED_SCRIPTS = ("f2py",)
+#: botocore service models kept: s3 itself, and the services of the credential chain
+BOTOCORE_SERVICES = frozenset({"s3", "sts", "sso", "sso-oidc", "signin"})
+ELF_MAGIC = b"\x7fELF"
+
+
+def _size(path: Path) -> int:
+    if path.is_dir() and not path.is_symlink():
+        return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
+    return path.lstat().st_size
+
+
+def _remove(paths: list[Path]) -> int:
+    """Remove files and folders; returns the bytes they held."""
+    freed = 0
+    for path in paths:
+        if not path.exists():  # inside a folder removed before
+            continue
+        freed += _size(path)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return freed
+
+
+def site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if len(found) != 1:
+        raise SystemExit(f"{venv}: expected one lib/python3*/site-packages, found {found}")
+    return found[0]
+
+
+def drop_tests_and_build_files(site: Path) -> int:
+    tests = [p for p in site.rglob("tests") if p.is_dir()]
+    build_files = [p for p in site.rglob("*") if p.suffix in BUILD_ONLY_SUFFIXES
+                   and p.is_file()]
+    return _remove(tests) + _remove(build_files)
+
+
+def drop_unserved(venv: Path, site: Path) -> int:
+    paths = [p for pattern in UNSERVED for p in site.glob(pattern)]
+    return _remove(paths + [venv / "bin" / name for name in UNSERVED_SCRIPTS])
+
+
+def drop_botocore_models(site: Path) -> int:
+    data = site / "botocore" / "data"
+    if not data.is_dir():
+        return 0
+    services = [p for p in data.iterdir() if p.is_dir() and p.name not in BOTOCORE_SERVICES]
+    return _remove(services)
+
+
+def _shared_libraries(site: Path) -> Iterator[Path]:
+    for path in site.rglob("*.so*"):
+        if path.is_file() and not path.is_symlink():
+            with path.open("rb") as f:
+                if f.read(4) == ELF_MAGIC:
+                    yield path
+
+
+def _repaired_by_auditwheel(path: Path) -> bool:
+    if any(part.endswith(".libs") for part in path.parts):
+        return True
+    dynamic = subprocess.run(["readelf", "-d", str(path)], check=True, capture_output=True,
+                             text=True).stdout
+    return "(RPATH)" in dynamic or "(RUNPATH)" in dynamic
+
+
+def strip_shared_libraries(site: Path) -> tuple[int, list[Path]]:
+    """Strip every shared library but those auditwheel repaired; returns (freed, kept)."""
+    freed, kept = 0, []
+    for path in _shared_libraries(site):
+        if _repaired_by_auditwheel(path):
+            kept.append(path)
+            continue
+        before = path.stat().st_size
+        subprocess.run(["strip", "--strip-unneeded", str(path)], check=True)
+        freed += before - path.stat().st_size
+    return freed, kept
+
+
+def drop_bytecode(venv: Path) -> int:
+    return _remove([p for p in venv.rglob("__pycache__") if p.is_dir()])
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python slim_venv.py VENV", file=sys.stderr)
+        return 2
+    venv = Path(argv[1])
+    site = site_packages(venv)
+    mb = 1e6
+    try:
+        print(f"tests and build-time files: {drop_tests_and_build_files(site) / mb:.1f} MB")
+        print(f"numba's CUDA target, f2py: {drop_unserved(venv, site) / mb:.1f} MB")
+        print(f"botocore models of unused services: {drop_botocore_models(site) / mb:.1f} MB")
+        freed, kept = strip_shared_libraries(site)
+        print(f"debug symbols of shared libraries: {freed / mb:.1f} MB "
+              f"({len(kept)} repaired by auditwheel left as they are)")
+        print(f"bytecode of every module: {drop_bytecode(venv) / mb:.1f} MB")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"slim_venv: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,119 @@
+"""The CPU image's build steps, run natively: deploy/slim_venv.py on a small environment
+made of real files (real extension modules, stripped by binutils and loaded again), and
+deploy/smoke_check.py against this checkout (what the image build runs after slimming).
+scripts/compose_check.sh builds the image itself."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy
+
+ROOT = Path(__file__).resolve().parents[1]
+SLIM = ROOT / "deploy" / "slim_venv.py"
+SMOKE = ROOT / "deploy" / "smoke_check.py"
+SITE = Path(numpy.__file__).parents[1]  # this venv's site-packages
+# an extension module with debug symbols and no RPATH, and one that auditwheel repaired
+PLAIN_EXT = next((SITE / "hiredis").glob("hiredis.cpython-*.so"))
+REPAIRED_EXT = next((SITE / "numpy" / "linalg").glob("lapack_lite.cpython-*.so"))
+
+
+def _tree(venv: Path) -> Path:
+    site = venv / "lib" / "python3.11" / "site-packages"
+    files = {
+        "pkg/__init__.py": "X = 1\n",
+        "pkg/__init__.pyi": "X: int\n",
+        "pkg/__pycache__/__init__.cpython-311.pyc": "stale",
+        "pkg/include/pkg.h": "int x;\n",
+        "pkg/tests/test_pkg.py": "def test(): pass\n",
+        "botocore/data/endpoints.json": "{}",
+        "botocore/data/s3/2006-03-01/service-2.json.gz": "s3",
+        "botocore/data/sts/2011-06-15/service-2.json.gz": "sts",
+        "botocore/data/ec2/2016-11-15/service-2.json.gz": "ec2",
+        "numba/cuda/__init__.py": "",
+        "numba/core/__init__.py": "",
+        "numpy/f2py/__init__.py": "",
+    }
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "f2py").write_text("#!/bin/sh\n")
+    (site / "hiredis").mkdir()
+    shutil.copy2(PLAIN_EXT, site / "hiredis" / PLAIN_EXT.name)
+    (site / "numpy" / "linalg").mkdir(parents=True)
+    shutil.copy2(REPAIRED_EXT, site / "numpy" / "linalg" / REPAIRED_EXT.name)
+    (site / "numpy.libs").mkdir()
+    shutil.copy2(PLAIN_EXT, site / "numpy.libs" / "libgrafted.so")
+    return site
+
+
+def _symbols(path: Path) -> bool:
+    sections = subprocess.run(["readelf", "-S", str(path)], check=True, capture_output=True,
+                              text=True).stdout
+    return ".symtab" in sections
+
+
+def test_slim_venv_keeps_what_runs_and_drops_the_rest(tmp_path):
+    venv = tmp_path / "venv"
+    site = _tree(venv)
+    assert _symbols(PLAIN_EXT)
+
+    done = subprocess.run([sys.executable, str(SLIM), str(venv)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert "debug symbols of shared libraries" in done.stdout
+
+    kept = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file())
+    assert kept == sorted([
+        "pkg/__init__.py",
+        "botocore/data/endpoints.json",
+        "botocore/data/s3/2006-03-01/service-2.json.gz",
+        "botocore/data/sts/2011-06-15/service-2.json.gz",
+        "numba/core/__init__.py",
+        f"hiredis/{PLAIN_EXT.name}",
+        f"numpy/linalg/{REPAIRED_EXT.name}",
+        "numpy.libs/libgrafted.so",
+    ])
+    assert not (venv / "bin" / "f2py").exists()
+    stripped = site / "hiredis" / PLAIN_EXT.name
+    assert not _symbols(stripped)
+    assert stripped.stat().st_size < PLAIN_EXT.stat().st_size
+    # auditwheel's libraries are left byte for byte
+    assert (site / "numpy" / "linalg" / REPAIRED_EXT.name).read_bytes() == \
+        REPAIRED_EXT.read_bytes()
+    assert (site / "numpy.libs" / "libgrafted.so").read_bytes() == PLAIN_EXT.read_bytes()
+
+    # the stripped extension module still loads and works
+    load = (
+        "import importlib.util as u, sys\n"
+        f"spec = u.spec_from_file_location('hiredis.hiredis', {str(stripped)!r})\n"
+        "m = u.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "r = m.Reader(); r.feed(b'$5\\r\\nhello\\r\\n'); print(r.gets())\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "b'hello'"
+
+
+def test_slim_venv_refuses_a_folder_that_is_no_venv(tmp_path):
+    done = subprocess.run([sys.executable, str(SLIM), str(tmp_path)], capture_output=True,
+                          text=True)
+    assert done.returncode != 0
+    assert "site-packages" in done.stderr
+
+
+def test_smoke_check_passes_on_this_checkout(tmp_path):
+    # from an empty folder, like the image build: the checkout's hps is on PYTHONPATH
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path),
+           "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    done = subprocess.run([sys.executable, str(SMOKE)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in ("compiled tier + RocksDB: 16,000 vectors checked, 0 mismatches",
+                 "HTTP server: ready, 64 vectors looked up over JSON, equal to the files",
+                 "smoke check passed"):
+        assert line in done.stdout
