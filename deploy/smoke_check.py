@@ -81,7 +81,8 @@ def check_http(config: Path, folder: Path) -> None:
         deadline = time.monotonic() + SERVE_TIMEOUT_S
         while True:
             if server.poll() is not None:
-                raise AssertionError(f"hps serve exited: {server.stderr.read().decode()}")
+                _, err = server.communicate()
+                raise AssertionError(f"hps serve exited: {err.decode()}")
             try:
                 if _get(f"{url}/readyz")[0] == 200:
                     break
