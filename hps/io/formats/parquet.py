@@ -14,10 +14,16 @@ file's footer and row groups come by ranged reads, never the whole file at once.
 footers are checked when the reader opens (columns present, their types, the width);
 a corrupt page, a null, or a list of the wrong length fails while reading, naming the
 file and the row.
+
+A local file's vector column is read straight from its pages where it can be
+(`parquet_pages`: pyarrow rebuilding the lists cost more than the rest of a load); a row
+group that path does not read, or finds anything wrong with, is read by pyarrow, so
+what loads and what errors say do not depend on which path read it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -33,8 +39,11 @@ from hps.io.formats.base import (
     keys_as_int64,
     rows_as_float32,
 )
+from hps.io.formats.parquet_pages import ColumnRows, NotDirect, vector_leaf
 from hps.io.source import ModelSource
 from hps.io.source_file import SourceFile
+
+log = logging.getLogger("hps.io.parquet")
 
 DEFAULT_KEY_COLUMN = "key"
 DEFAULT_VECTOR_COLUMN = "vector"
@@ -107,6 +116,9 @@ class ParquetReader(ModelReader):
         else:
             width = options.vec_size or self._probe_width()
         self.vec_size = check_width(self.uri, width, options)
+        #: rows whose vectors the direct page path read (the rest: pyarrow)
+        self.direct_rows = 0
+        self._codecs: dict[str, Any] = {}
 
     def _open(self, name: str, size: int) -> Any:
         from hps.io.uri import LocalSource
@@ -177,25 +189,82 @@ class ParquetReader(ModelReader):
     def _read_chunks(self, chunk_keys: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         first_row = 0
         for name, part in self._parts:
-            batches = part.iter_batches(
-                batch_size=chunk_keys, columns=[self.key_column, self.vector_column]
-            )
-            while True:
-                with self._reading(name):
-                    batch = next(batches, None)
-                    if batch is None:
-                        break
-                    keys, rows = self._convert(name, batch, first_row)
-                first_row += len(keys)
-                yield keys, rows
+            yield from self._part_chunks(name, part, chunk_keys, first_row)
+            first_row += part.metadata.num_rows
+
+    def _part_chunks(self, name: str, part: Any, chunk_keys: int, first_row: int
+                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """A part's rows in chunks of `chunk_keys` (across its row groups): the vectors
+        from the pages directly where that path reads them, else, from the row group
+        it could not read on, by pyarrow."""
+        done = 0
+        rows = self._direct_rows(name, part)
+        if rows is not None:
+            try:
+                for batch in self._batches(name, part, [self.key_column], chunk_keys):
+                    vectors = rows.read(len(batch))
+                    keys = self._keys(name, batch.column(0), first_row + done)
+                    done += len(keys)
+                    self.direct_rows += len(keys)
+                    yield keys, vectors
+                return
+            except NotDirect as why:
+                log.debug("%s from row %d: read by pyarrow (%s)", self.source.describe(name),
+                          done, why)
+        sizes = [part.metadata.row_group(g).num_rows for g in range(part.num_row_groups)]
+        group, skip = 0, done
+        while group < len(sizes) and skip >= sizes[group]:
+            skip -= sizes[group]
+            group += 1
+        groups = list(range(group, len(sizes)))
+        for batch in self._batches(name, part, [self.key_column, self.vector_column],
+                                   chunk_keys, groups):
+            if skip >= len(batch):
+                skip -= len(batch)
+                continue
+            batch, skip = batch.slice(skip), 0
+            keys, vectors = self._convert(name, batch, first_row + done)
+            done += len(keys)
+            yield keys, vectors
+
+    def _direct_rows(self, name: str, part: Any) -> ColumnRows | None:
+        """The direct page reader of a part's vector column: a local file whose vector
+        column it decodes; else None."""
+        from hps.io.uri import LocalSource
+
+        leaf = vector_leaf(part.schema, self.vector_column)
+        if leaf is None or not isinstance(self.source, LocalSource):
+            return None
+        data = np.memmap(os.path.join(self.source.path, name), np.uint8, "r").view(np.ndarray)
+        groups = [part.metadata.row_group(g) for g in range(part.num_row_groups)]
+        return ColumnRows(data, [(g.column(leaf.index), g.num_rows) for g in groups], leaf,
+                          self.vec_size, self._codecs)
+
+    def _batches(self, name: str, part: Any, columns: list[str], chunk_keys: int,
+                 groups: list[int] | None = None) -> Iterator[Any]:
+        """pyarrow's record batches of `columns` of a part (of `groups` only, if given),
+        read errors mapped."""
+        with self._reading(name):
+            batches = part.iter_batches(batch_size=chunk_keys,
+                                        row_groups=groups, columns=columns)
+        while True:
+            with self._reading(name):
+                batch = next(batches, None)
+            if batch is None:
+                return
+            yield batch
+
+    def _keys(self, name: str, column: Any, first_row: int) -> np.ndarray:
+        """A batch's key column as int64 (nulls and keys that do not fit refused)."""
+        where = self.source.describe(name)
+        _refuse_nulls(where, "key", column, first_row)
+        return keys_as_int64(where, column.to_numpy(), first_row)
 
     def _convert(self, name: str, batch: Any, first_row: int) -> tuple[np.ndarray, np.ndarray]:
         pa, where = self._pa, self.source.describe(name)
-        key_col, vec_col = batch.column(0), batch.column(1)
-        for label, col in (("key", key_col), ("vector", vec_col)):
-            if col.null_count:
-                at = first_row + int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
-                raise ModelFileError(f"{where}: row {at} has a null {label}")
+        vec_col = batch.column(1)
+        keys = self._keys(name, batch.column(0), first_row)
+        _refuse_nulls(where, "vector", vec_col, first_row)
         if not pa.types.is_fixed_size_list(vec_col.type):
             import pyarrow.compute as pc
 
@@ -211,13 +280,18 @@ class ParquetReader(ModelReader):
         if values.null_count:
             raise ModelFileError(f"{where}: a vector near row {first_row} holds a null value")
         rows = values.to_numpy().reshape(len(batch), self.vec_size)
-        keys = keys_as_int64(where, key_col.to_numpy(), first_row)
         return keys, rows_as_float32(rows, self.dtype)
 
     def close(self) -> None:
         for _, part in self._parts:
             part.close()
         super().close()
+
+
+def _refuse_nulls(where: str, label: str, column: Any, first_row: int) -> None:
+    if column.null_count:
+        at = first_row + int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        raise ModelFileError(f"{where}: row {at} has a null {label}")
 
 
 class _ReadErrors:

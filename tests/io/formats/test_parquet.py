@@ -17,15 +17,19 @@ from tests.io.formats.conftest import assert_loads_nothing, assert_served, ps_co
 
 
 def table(keys: np.ndarray, vectors: np.ndarray, *, fixed: bool = False,
-          key_name: str = "key", vector_name: str = "vector") -> pa.Table:
-    """(key, vector) rows as pyarrow builds them: list<float> or fixed_size_list."""
+          key_name: str = "key", vector_name: str = "vector", nullable: bool = True
+          ) -> pa.Table:
+    """(key, vector) rows as pyarrow builds them: list<float> or fixed_size_list;
+    `nullable=False` declares both columns non-null (fewer definition levels)."""
     flat = pa.array(vectors.reshape(-1))
     if fixed:
         column = pa.FixedSizeListArray.from_arrays(flat, vectors.shape[1])
     else:
         offsets = pa.array(np.arange(0, vectors.size + 1, vectors.shape[1], dtype=np.int32))
         column = pa.ListArray.from_arrays(offsets, flat)
-    return pa.table({key_name: pa.array(keys), vector_name: column})
+    schema = pa.schema([pa.field(key_name, pa.array(keys).type, nullable=nullable),
+                        pa.field(vector_name, column.type, nullable=nullable)])
+    return pa.table([pa.array(keys), column], schema=schema)
 
 
 def test_list_column_file_local(tmp_path: Path, rng: np.random.Generator) -> None:
