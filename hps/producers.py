@@ -248,7 +248,8 @@ def _torch_ref(t: Any, what: str) -> ArrayRef:
     if not contiguous:
         item = t.element_size()
         strides = tuple(s * item for s in t.stride())
-    return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, alien, device, contiguous,
+    # torch.Size is a tuple: no conversion
+    return ArrayRef(t.data_ptr(), t.shape, t.numel(), dtype, alien, device, contiguous,
                     strides, True, stream, None, t)
 
 
