@@ -10,10 +10,11 @@ Code that built its HPS configuration as Python objects runs with the import cha
     hps = HPS(ps_config)
 
 The classes keep HugeCTR's keyword names, positional order and defaults (HugeCTR
-v23–24's `hugectr.inference`); the enums keep its member names (both `DatabaseType_t.redis_cluster`, as pybind
-exported them, and `DatabaseType_t.RedisCluster`). `ParameterServerConfig.to_config()`
-is the PSConfig (ps.json) it stands for and `ParameterServerConfig.from_config(...)` goes
-the other way; converting back and forth gives the same PSConfig.
+v23–24's `hugectr.inference`); the enums answer to both spellings of its member names
+(`DatabaseType_t.redis_cluster` and `DatabaseType_t.RedisCluster`, as pybind exported
+them). `ParameterServerConfig.to_config()` is the PSConfig (ps.json) it stands for and
+`ParameterServerConfig.from_config(...)` goes the other way; converting back and forth
+gives the same PSConfig.
 
 - Options that have no effect in `hps` (`use_cuda_graph`, `use_mixed_precision`,
   `network_file`, the shared-memory hash map's sizes, ...) are accepted; when given a
@@ -32,11 +33,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from enum import Enum
+from enum import Enum, EnumMeta
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
@@ -50,7 +52,46 @@ log = logging.getLogger("hps")
 SIZE_MAX = 2**64 - 1
 
 
-class DatabaseType_t(str, Enum):  # noqa: N801 - HugeCTR's name
+#: words HugeCTR's CamelCase member names spell in capitals
+_ACRONYMS = {"db": "DB", "uvm": "UVM"}
+
+
+def _other_spelling(name: str) -> str:
+    """The other spelling of a member name: CamelCase for snake_case (rocks_db → RocksDB),
+    snake_case for CamelCase (UVM → uvm)."""
+    if name.islower():
+        return "".join(_ACRONYMS.get(word, word.capitalize()) for word in name.split("_"))
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
+
+
+class _TwoSpellings(EnumMeta):
+    """HugeCTR's pybind enums answer to two spellings of each member: snake_case
+    (`DatabaseType_t.redis_cluster`) and CamelCase (`DatabaseType_t.RedisCluster`). A
+    member is declared once, in the spelling HugeCTR lists first (its `name`; its value is
+    ps.json's string); the other spelling is resolved here, as an attribute, by
+    `Enum[name]` and in `dir()`."""
+
+    def _aliases(cls) -> dict[str, Any]:
+        return {_other_spelling(name): member
+                for name, member in cls.__dict__.get("_member_map_", {}).items()}
+
+    def __getattr__(cls, name: str) -> Any:
+        member = None if name.startswith("_") else cls._aliases().get(name)
+        if member is None:
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+        return member
+
+    def __getitem__(cls, name: str) -> Any:
+        member = cls.__members__.get(name) or cls._aliases().get(name)
+        if member is None:
+            raise KeyError(name)
+        return member
+
+    def __dir__(cls) -> list[str]:
+        return [*super().__dir__(), *cls._aliases()]
+
+
+class DatabaseType_t(str, Enum, metaclass=_TwoSpellings):  # noqa: N801 - HugeCTR's name
     """Database backends; the values are ps.json's `type` strings."""
 
     disabled = "disabled"
@@ -59,59 +100,46 @@ class DatabaseType_t(str, Enum):  # noqa: N801 - HugeCTR's name
     multi_process_hash_map = "multi_process_hash_map"
     redis_cluster = "redis_cluster"
     rocks_db = "rocks_db"
-    Disabled = "disabled"
-    HashMap = "hash_map"
-    ParallelHashMap = "parallel_hash_map"
-    MultiProcessHashMap = "multi_process_hash_map"
-    RedisCluster = "redis_cluster"
-    RocksDB = "rocks_db"
 
 
-class DatabaseOverflowPolicy_t(str, Enum):  # noqa: N801
+class DatabaseOverflowPolicy_t(str, Enum, metaclass=_TwoSpellings):  # noqa: N801
     """What a full volatile-database partition evicts."""
 
     evict_random = "evict_random"
     evict_least_used = "evict_least_used"
     evict_oldest = "evict_oldest"
-    EvictRandom = "evict_random"
-    EvictLeastUsed = "evict_least_used"
-    EvictOldest = "evict_oldest"
 
 
-class UpdateSourceType_t(str, Enum):  # noqa: N801
+class UpdateSourceType_t(str, Enum, metaclass=_TwoSpellings):  # noqa: N801
     """Where online updates come from."""
 
     null = "null"
     kafka_message_queue = "kafka_message_queue"
     redis_stream = "redis_stream"  # hps: Redis Streams (not in HugeCTR)
-    Null = "null"
-    KafkaMessageQueue = "kafka_message_queue"
-    RedisStream = "redis_stream"
 
 
-class EmbeddingCacheType_t(str, Enum):  # noqa: N801
+class EmbeddingCacheType_t(str, Enum, metaclass=_TwoSpellings):  # noqa: N801
     """The GPU cache's kind (`stochastic` is HugeCTR's and is refused by the config)."""
 
     Dynamic = "dynamic"
     UVM = "uvm"
     Static = "static"
     Stochastic = "stochastic"
-    dynamic = "dynamic"
-    uvm = "uvm"
-    static = "static"
-    stochastic = "stochastic"
 
 
 E = TypeVar("E", bound=Enum)
 
 
 def _enum(cls: type[E], value: Any, where: str) -> E:
-    """`value` as a member of `cls`: a member, its ps.json string, or its name."""
+    """`value` as a member of `cls`: a member, its ps.json string, or either spelling of
+    its name."""
     if isinstance(value, cls):
         return value
     if isinstance(value, str):
-        if value in cls.__members__:
-            return cls.__members__[value]
+        try:
+            return cls[value]
+        except KeyError:
+            pass
         try:
             return cls(value)
         except ValueError:
@@ -160,6 +188,33 @@ class _Params:
         return kwargs
 
 
+B = TypeVar("B", bound="_Block")
+#: attribute → its enum (a class attribute named `type` hides the builtin in class bodies)
+_EnumArgs = dict[str, type[Enum]]
+
+
+class _Block(_Params):
+    """An object that is one block of ps.json (`volatile_db`, `persistent_db`,
+    `update_source`): its enum arguments taken as members, written and read as that block."""
+
+    #: attribute → its enum (given as a member, its ps.json string or either name)
+    _ENUMS: ClassVar[_EnumArgs] = {}
+
+    def __post_init__(self) -> None:
+        for attr, enum in self._ENUMS.items():
+            where = f"{type(self).__name__}.{attr}"
+            setattr(self, attr, _enum(enum, getattr(self, attr), where))
+
+    def to_json(self) -> dict[str, Any]:
+        """This object's block of ps.json."""
+        return self._section_json(type(self).__name__)
+
+    @classmethod
+    def from_section(cls: type[B], section: BaseModel) -> B:
+        """The object that stands for a typed config block (hps.config)."""
+        return cls(**cls._kwargs_from(section))
+
+
 def _merge_options(raw: dict[str, Any], options: Mapping[str, Any], where: str,
                    mapping: Mapping[str, str]) -> None:
     """Add `hps_options` to ps.json contents; a key HugeCTR has an argument for is refused."""
@@ -189,7 +244,7 @@ def _default_partitions() -> int:
 
 
 @dataclass
-class VolatileDatabaseParams(_Params):
+class VolatileDatabaseParams(_Block):
     """`volatile_db`: the in-process hash map or Redis (Cluster)."""
 
     type: DatabaseType_t = DatabaseType_t.parallel_hash_map
@@ -227,33 +282,34 @@ class VolatileDatabaseParams(_Params):
         "allocation_rate", "shared_memory_size", "shared_memory_name",
         "shared_memory_auto_remove", "initialize_after_startup")
 
+    _ENUMS: ClassVar[_EnumArgs] = {
+        "type": DatabaseType_t, "overflow_policy": DatabaseOverflowPolicy_t}
+
     def __post_init__(self) -> None:
-        self.type = _enum(DatabaseType_t, self.type, "VolatileDatabaseParams.type")
+        super().__post_init__()
         if self.type is DatabaseType_t.multi_process_hash_map:
             raise ConfigError(
                 "VolatileDatabaseParams.type: the multi-process (shared memory) hash map is "
                 "not served by hps; use parallel_hash_map (in-process) or redis_cluster"
             )
-        self.overflow_policy = _enum(DatabaseOverflowPolicy_t, self.overflow_policy,
-                                     "VolatileDatabaseParams.overflow_policy")
 
     def to_json(self) -> dict[str, Any]:
         """The `volatile_db` block of ps.json."""
-        raw = self._section_json("VolatileDatabaseParams")
+        raw = super().to_json()
         if isinstance(self.overflow_margin, int) and self.overflow_margin >= UNBOUNDED:
             raw["overflow_margin"] = UNBOUNDED
         return raw
 
     @classmethod
     def from_section(cls, section: BaseModel) -> VolatileDatabaseParams:
-        kwargs = cls._kwargs_from(section)
-        if kwargs["overflow_margin"] >= UNBOUNDED:
-            kwargs["overflow_margin"] = SIZE_MAX
-        return cls(**kwargs)
+        params = super().from_section(section)
+        if params.overflow_margin >= UNBOUNDED:
+            params.overflow_margin = SIZE_MAX
+        return params
 
 
 @dataclass
-class PersistentDatabaseParams(_Params):
+class PersistentDatabaseParams(_Block):
     """`persistent_db`: RocksDB (HugeCTR calls its type argument `backend`)."""
 
     backend: DatabaseType_t = DatabaseType_t.disabled
@@ -270,21 +326,11 @@ class PersistentDatabaseParams(_Params):
         "read_only": "read_only", "max_batch_size": "max_batch_size",
         "update_filters": "update_filters"}
     _IGNORED: ClassVar[tuple[str, ...]] = ("initialize_after_startup",)
-
-    def __post_init__(self) -> None:
-        self.backend = _enum(DatabaseType_t, self.backend, "PersistentDatabaseParams.backend")
-
-    def to_json(self) -> dict[str, Any]:
-        """The `persistent_db` block of ps.json."""
-        return self._section_json("PersistentDatabaseParams")
-
-    @classmethod
-    def from_section(cls, section: BaseModel) -> PersistentDatabaseParams:
-        return cls(**cls._kwargs_from(section))
+    _ENUMS: ClassVar[_EnumArgs] = {"backend": DatabaseType_t}
 
 
 @dataclass
-class UpdateSourceParams(_Params):
+class UpdateSourceParams(_Block):
     """`update_source`: where online updates come from."""
 
     type: UpdateSourceType_t = UpdateSourceType_t.null
@@ -300,18 +346,7 @@ class UpdateSourceParams(_Params):
     _JSON: ClassVar[dict[str, str]] = {name: name for name in (
         "type", "brokers", "metadata_refresh_interval_ms", "receive_buffer_size",
         "poll_timeout_ms", "max_batch_size", "failure_backoff_ms", "max_commit_interval")}
-    _IGNORED: ClassVar[tuple[str, ...]] = ()
-
-    def __post_init__(self) -> None:
-        self.type = _enum(UpdateSourceType_t, self.type, "UpdateSourceParams.type")
-
-    def to_json(self) -> dict[str, Any]:
-        """The `update_source` block of ps.json."""
-        return self._section_json("UpdateSourceParams")
-
-    @classmethod
-    def from_section(cls, section: BaseModel) -> UpdateSourceParams:
-        return cls(**cls._kwargs_from(section))
+    _ENUMS: ClassVar[_EnumArgs] = {"type": UpdateSourceType_t}
 
 
 class _Required:
