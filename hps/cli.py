@@ -7,11 +7,15 @@ share one format (rich's log handler on stderr).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from inspect import Parameter, signature
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -369,33 +373,66 @@ def publish(
                   f"({', '.join(f'hps_et.{model}.{t}' for t in tables)})")
 
 
-# options naming how a table's files are read; shared by `inspect` and `convert`
-FormatOpt = Annotated[Optional[str], typer.Option(
-    "--format", help="sparse_folder, parquet, numpy or safetensors (default: from the "
-                     "suffix or the folder's contents).")]
-KeyColumnOpt = Annotated[Optional[str], typer.Option(help="Parquet: the key column (default key).")]
-VectorColumnOpt = Annotated[Optional[str], typer.Option(
-    help="Parquet: the vector column (default vector).")]
-TensorOpt = Annotated[Optional[str], typer.Option(
-    help="safetensors: the rows tensor (default the only 2-D one, else weight).")]
-KeysTensorOpt = Annotated[Optional[str], typer.Option(
-    help="safetensors: a 1-D keys tensor (default keys, if present).")]
-KeyOffsetOpt = Annotated[Optional[int], typer.Option(
-    help="safetensors: key of row i is i + this (default 0).")]
-WidthOpt = Annotated[Optional[int], typer.Option(
-    help="Vector width (from the files if omitted; HugeCTR folders infer it).")]
+@dataclass(frozen=True)
+class _TableRead:
+    """How a table's files are read, as `hps inspect` and `hps convert` take it."""
+
+    width: int | None
+    fmt: str | None
+    key_column: str | None
+    vector_column: str | None
+    tensor: str | None
+    keys_tensor: str | None
+    key_offset: int | None
+
+    def spec(self, path: str) -> Any:
+        """The TableSpec of `path` read this way; ConfigError for options that do not fit."""
+        from hps.errors import ConfigError
+        from hps.io.formats import TableSpec
+        try:
+            return TableSpec(path, self.fmt, self.key_column,  # type: ignore[arg-type]
+                             self.vector_column, self.tensor, self.keys_tensor,
+                             self.key_offset)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
-def _table_spec(path: str, fmt: str | None, key_column: str | None,
-                vector_column: str | None, tensor: str | None, keys_tensor: str | None,
-                key_offset: int | None) -> Any:
-    from hps.errors import ConfigError
-    from hps.io.formats import TableSpec
-    try:
-        return TableSpec(path, fmt, key_column, vector_column,  # type: ignore[arg-type]
-                         tensor, keys_tensor, key_offset)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+#: the options of _TableRead, in the order `--help` lists them
+_TABLE_READ_OPTIONS: dict[str, Any] = {
+    "width": Annotated[Optional[int], typer.Option(
+        help="Vector width (from the files if omitted; HugeCTR folders infer it).")],
+    "fmt": Annotated[Optional[str], typer.Option(
+        "--format", help="sparse_folder, parquet, numpy or safetensors (default: from the "
+                         "suffix or the folder's contents).")],
+    "key_column": Annotated[Optional[str], typer.Option(
+        help="Parquet: the key column (default key).")],
+    "vector_column": Annotated[Optional[str], typer.Option(
+        help="Parquet: the vector column (default vector).")],
+    "tensor": Annotated[Optional[str], typer.Option(
+        help="safetensors: the rows tensor (default the only 2-D one, else weight).")],
+    "keys_tensor": Annotated[Optional[str], typer.Option(
+        help="safetensors: a 1-D keys tensor (default keys, if present).")],
+    "key_offset": Annotated[Optional[int], typer.Option(
+        help="safetensors: key of row i is i + this (default 0).")],
+}
+
+
+def _reads_a_table(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with the options of _TABLE_READ_OPTIONS after its own, handed to it as
+    one _TableRead in its keyword argument `read`: one list of options for the commands
+    that read a table, so they cannot drift apart."""
+    own = signature(command, eval_str=True)
+    added = [Parameter(name, Parameter.KEYWORD_ONLY, default=None, annotation=option)
+             for name, option in _TABLE_READ_OPTIONS.items()]
+
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> None:
+        read = _TableRead(**{name: kwargs.pop(name) for name in _TABLE_READ_OPTIONS})
+        command(**kwargs, read=read)
+
+    run.__signature__ = own.replace(parameters=[  # type: ignore[attr-defined]
+        *(p for p in own.parameters.values() if p.name != "read"), *added])
+    return run
 
 
 _URL = typer.Option(DEFAULT_URL, "--url", envvar="HPS_URL", show_envvar=True,
@@ -462,15 +499,11 @@ def models_remove(name: str = typer.Argument(..., help="The model to remove."),
 
 
 @app.command()
+@_reads_a_table
 def inspect(
     source: str = typer.Argument(..., help="A table's files: folder or file, path or URI."),
-    width: WidthOpt = None,
-    fmt: FormatOpt = None,
-    key_column: KeyColumnOpt = None,
-    vector_column: VectorColumnOpt = None,
-    tensor: TensorOpt = None,
-    keys_tensor: KeysTensorOpt = None,
-    key_offset: KeyOffsetOpt = None,
+    *,
+    read: _TableRead,
 ) -> None:
     """Describe a table in any format: keys, width, sizes, validity.
 
@@ -479,9 +512,7 @@ def inspect(
     from hps.io.inspect import inspect_model
 
     try:
-        spec = _table_spec(source, fmt, key_column, vector_column, tensor, keys_tensor,
-                           key_offset)
-        report = inspect_model(spec, width)
+        report = inspect_model(read.spec(source), read.width)
     except HPSError as exc:
         err_console.print(f"[bold red]invalid:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
@@ -515,6 +546,7 @@ def _print_report(title: str, rows: list[tuple[str, str]]) -> None:
 
 
 @app.command()
+@_reads_a_table
 def convert(
     source: str = typer.Argument(..., help="The table to read: folder or file, path or URI."),
     destination: str = typer.Argument(
@@ -522,13 +554,8 @@ def convert(
     to: Optional[str] = typer.Option(
         None, help="Format to write (default: from DESTINATION's suffix; a folder is a "
                    "HugeCTR sparse folder unless --to numpy)."),
-    width: WidthOpt = None,
-    fmt: FormatOpt = None,
-    key_column: KeyColumnOpt = None,
-    vector_column: VectorColumnOpt = None,
-    tensor: TensorOpt = None,
-    keys_tensor: KeysTensorOpt = None,
-    key_offset: KeyOffsetOpt = None,
+    *,
+    read: _TableRead,
 ) -> None:
     """Convert a table to another format.
 
@@ -540,10 +567,9 @@ def convert(
     from hps.io.convert import convert as run_convert
 
     try:
-        spec = _table_spec(source, fmt, key_column, vector_column, tensor, keys_tensor,
-                           key_offset)
+        spec = read.spec(source)
         with _progress() as bars:
-            report = run_convert(spec, destination, to, vec_size=width,
+            report = run_convert(spec, destination, to, vec_size=read.width,
                                  progress=BarProgress(bars))
     except HPSError as exc:
         _fail(exc)
