@@ -22,12 +22,33 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal
+from typing import Literal, TypeVar
 
 from hps.errors import SourceError, SourceNotFoundError
 
+C = TypeVar("C", bound="Closing")
 
-class ModelSource(ABC):
+
+class Closing:
+    """Something that holds connections, threads or files until `close()`; a `with`
+    block closes it on the way out, error or not."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook: local sources hold nothing
+        """Release connections, threads and files (a no-op where none are held)."""
+
+    def __enter__(self: C) -> C:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ModelSource(Closing, ABC):
     """A folder of model files that can be sized and read in byte ranges."""
 
     def __init__(self, uri: str) -> None:
@@ -61,19 +82,6 @@ class ModelSource(ABC):
         """The URI of one file, for messages."""
         return f"{self.uri.rstrip('/')}/{name}"
 
-    def close(self) -> None:  # noqa: B027 - optional hook: local sources hold nothing
-        """Release connections and threads. Local sources hold none."""
-
-    def __enter__(self) -> ModelSource:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 #: parts a remote read is split into, fetched in parallel

@@ -34,7 +34,7 @@ from typing import ClassVar
 import numpy as np
 
 from hps.errors import ModelFileError
-from hps.io.source import ModelSource
+from hps.io.source import Closing, ModelSource
 
 #: bytes of rows read per chunk; a load holds a few chunks at most
 DEFAULT_CHUNK_BYTES = 64 << 20
@@ -65,7 +65,7 @@ class ReadOptions:
             raise ValueError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
 
 
-class ModelReader(ABC):
+class ModelReader(Closing, ABC):
     """One table of keys and rows in one format; see the module docstring.
 
     Subclasses set `uri`, `source`, `num_keys`, `vec_size`, `dtype`, `key_dtype` and
@@ -147,17 +147,6 @@ class ModelReader(ABC):
         """Release the source's connections."""
         self.source.close()
 
-    def __enter__(self) -> ModelReader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 #: NumPy dtype of each stored row type (bfloat16 is read as its raw 16 bits)
 STORED_ITEMSIZE = {"float32": "f4", "float16": "f2", "bfloat16": "u2"}
@@ -210,7 +199,7 @@ def rows_as_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
     return raw.astype(np.float32, copy=False)
 
 
-class ModelWriter(ABC):
+class ModelWriter(Closing, ABC):
     """Writes one table, chunk by chunk, in one format (for `hps convert`).
 
     `num_keys` and `vec_size` are known up front (formats with headers need them). Files
@@ -269,15 +258,9 @@ class ModelWriter(ABC):
     def _release(self) -> None:  # noqa: B027 - optional hook: writers holding files close them
         """Close open files (before an abort removes them)."""
 
-    def __enter__(self) -> ModelWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        """Leaving a `with` block completes the files, or removes them on an exception."""
         if exc is None:
             self.close()
         else:
