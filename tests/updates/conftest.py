@@ -47,6 +47,15 @@ class Model:
         return config
 
 
+#: the name each source type has in the update status
+SOURCE_NAMES = {"redis_stream": "redis_stream", "kafka_message_queue": "kafka"}
+
+
+def random_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    """`n` random float32 rows of DIM."""
+    return rng.standard_normal((n, DIM)).astype(np.float32)
+
+
 def publish(publisher: UpdatePublisher, keys: np.ndarray, vectors: np.ndarray,
             topic: str = TOPIC, key_bytes: int = 8) -> None:
     publisher.publish(topic, [codec.encode(keys, vectors, key_bytes=key_bytes)])
@@ -90,11 +99,59 @@ def redis_updates(stream_redis: RedisServer) -> dict[str, Any]:
     return {"type": "redis_stream", "address": f"127.0.0.1:{stream_redis.port}"}
 
 
+@contextmanager
+def _publisher(updates: dict[str, Any]) -> Iterator[UpdatePublisher]:
+    publisher = open_publisher(UpdateSourceConfig(**updates))
+    try:
+        yield publisher
+    finally:
+        publisher.close()
+
+
 @pytest.fixture
 def redis_publisher(redis_updates: dict[str, Any]) -> Iterator[UpdatePublisher]:
-    publisher = open_publisher(UpdateSourceConfig(**redis_updates))
-    yield publisher
-    publisher.close()
+    with _publisher(redis_updates) as publisher:
+        yield publisher
+
+
+@pytest.fixture
+def kafka_publisher(kafka_updates: dict[str, Any]) -> Iterator[UpdatePublisher]:
+    with _publisher(kafka_updates) as publisher:
+        yield publisher
+
+
+@pytest.fixture(params=["redis_stream", "kafka_message_queue"])
+def updates(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The update_source block of each source in turn, on a broker of the test's own: a
+    real redis-server, librdkafka's mock Kafka cluster."""
+    kind = "redis" if request.param == "redis_stream" else "kafka"
+    return request.getfixturevalue(f"{kind}_updates")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def publisher(updates: dict[str, Any]) -> Iterator[UpdatePublisher]:
+    with _publisher(updates) as publisher:
+        yield publisher
+
+
+def committed(updates: dict[str, Any], group: str) -> int:
+    """Messages of TOPIC that consumer group `group` has committed, asked of the broker:
+    Kafka's committed offset, or the entries a Redis group read and acknowledged."""
+    if updates["type"] == "kafka_message_queue":
+        import confluent_kafka as ck
+
+        consumer = ck.Consumer({"bootstrap.servers": updates["brokers"], "group.id": group})
+        try:
+            [tp] = consumer.committed([ck.TopicPartition(TOPIC, 0)], timeout=10.0)
+            return int(tp.offset)
+        finally:
+            consumer.close()
+    import redis
+
+    host, port = updates["address"].rsplit(":", 1)
+    with redis.Redis(host=host, port=int(port), decode_responses=True) as client:
+        [info] = [g for g in client.xinfo_groups(TOPIC) if g["name"] == group]
+        return int(info["entries-read"]) - int(info["pending"])
 
 
 class _Lines(logging.Handler):

@@ -1,5 +1,6 @@
 """Online updates from Redis Streams into a served model, against a real redis-server:
-every tier, restart mid-stream, bad messages, outage and recovery, two replicas, reloads."""
+a new group, keys out of range, outage and recovery, reloads, the bulk path, a volatile
+Redis down. What every source does is in test_sources.py, run over this one too."""
 
 from __future__ import annotations
 
@@ -13,57 +14,16 @@ from hps import HierarchicalParameterServer
 from hps.config import UpdateSourceConfig
 from hps.loader import LoadProgress
 from hps.updates import codec
-from hps.updates.redis_stream import RedisStreamSource
 from hps.updates.source import UpdatePublisher, open_publisher
 from tests.conftest import write_table
 from tests.redis_servers import RedisServer, eventually
-from tests.updates.conftest import DIM, TOPIC, Model, publish, wait_rows, wait_status
-
-
-def _rows(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.standard_normal((n, DIM)).astype(np.float32)
-
-
-def test_an_update_reaches_lookups_and_every_tier(
-        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
-        rng: np.random.Generator) -> None:
-    keys = np.concatenate([model.keys[:100], np.arange(10, dtype=np.int64)])  # 10 new keys
-    rows = _rows(rng, keys.size)
-    with HierarchicalParameterServer(model.config(redis_updates)) as server:
-        publish(redis_publisher, keys, rows)
-        wait_rows(server, keys, rows)
-        name = server.model("m").tables[0].storage_name
-        for tier in (server.volatile, server.persistent):
-            got, found = tier.fetch(name, keys)
-            assert found.all()
-            np.testing.assert_array_equal(got, rows)
-        untouched = server.lookup("m", 0, model.keys[100:200])
-        np.testing.assert_array_equal(untouched, model.vectors[100:200])
-        status = wait_status(server, lambda s: s["tables"][TOPIC]["lag_messages"] == 0,
-                             "lag read back")
-        table = status["tables"][TOPIC]
-        assert status["state"] == "running" and status["source"] == "redis_stream"
-        assert table["rows"] == keys.size and table["messages"] == 1
-        assert table["rejected"] == {} and table["last_position"].endswith("-0")
-
-
-def test_later_rows_of_a_key_win_within_and_across_messages(
-        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
-        rng: np.random.Generator) -> None:
-    keys = model.keys[:50]
-    first, second, third = _rows(rng, 50), _rows(rng, 50), _rows(rng, 50)
-    with HierarchicalParameterServer(model.config(redis_updates)) as server:
-        # three messages in one XADD pipeline: the consumer takes them in one round
-        redis_publisher.publish(TOPIC, [codec.encode(keys, first), codec.encode(keys, second),
-                                        codec.encode(np.concatenate([keys, keys]),
-                                                     np.concatenate([first, third]))])
-        wait_rows(server, keys, third)
+from tests.updates.conftest import TOPIC, Model, publish, random_rows, wait_rows, wait_status
 
 
 def test_a_new_group_starts_from_the_earliest_message(
         model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
         rng: np.random.Generator) -> None:
-    rows = [_rows(rng, 20) for _ in range(3)]
+    rows = [random_rows(rng, 20) for _ in range(3)]
     for part in rows:  # published before any server exists
         publish(redis_publisher, model.keys[:20], part)
     with HierarchicalParameterServer(model.config({**redis_updates, "group": "new"})) as s:
@@ -71,124 +31,19 @@ def test_a_new_group_starts_from_the_earliest_message(
         wait_status(s, lambda st: st["tables"][TOPIC]["messages"] == 3, "three messages")
 
 
-def test_a_restart_resumes_after_what_it_committed(
-        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
-        rng: np.random.Generator) -> None:
-    config = model.config({**redis_updates, "group": "replica-a", "max_commit_interval": 2})
-    before, after = _rows(rng, 300), _rows(rng, 100)
-    with HierarchicalParameterServer(config) as server:
-        for i in range(0, 300, 30):  # ten messages, applied two per round
-            publish(redis_publisher, model.keys[i:i + 30], before[i:i + 30])
-        wait_rows(server, model.keys[:300], before)
-    # while it is down: new rows for a third of the keys
-    for i in range(0, 100, 25):
-        publish(redis_publisher, model.keys[i:i + 25], after[i:i + 25])
-    with HierarchicalParameterServer(config) as server:
-        expected = np.concatenate([after, before[100:]])
-        wait_rows(server, model.keys[:300], expected)
-        status = wait_status(server, lambda s: s["tables"][TOPIC]["lag_messages"] == 0,
-                             "caught up")
-        # resumed after the committed ten: only the four new messages were applied; the
-        # rows of the earlier ten came back from RocksDB (the volatile tier is refilled
-        # from it, not from the files)
-        assert status["tables"][TOPIC]["messages"] == 4
-        np.testing.assert_array_equal(server.lookup("m", 0, model.keys[300:400]),
-                                      model.vectors[300:400])
-
-
-def test_an_in_process_tier_alone_replays_the_log_at_a_restart(
-        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
-        rng: np.random.Generator) -> None:
-    config = model.config({**redis_updates, "group": "memory-only"}, rocksdb=False)
-    rows = _rows(rng, 40)
-    with HierarchicalParameterServer(config) as server:
-        publish(redis_publisher, model.keys[:40], rows)
-        wait_rows(server, model.keys[:40], rows)
-    # the hash map starts empty again: the committed position would skip these rows
-    with HierarchicalParameterServer(config) as server:
-        wait_rows(server, model.keys[:40], rows)
-
-
-def test_entries_not_acknowledged_are_delivered_again(
-        redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
-        rng: np.random.Generator) -> None:
-    """At-least-once over the wire: a consumer that polled and stopped before committing
-    (a crash between apply and commit) gives its successor the same entries."""
-    config = UpdateSourceConfig(**redis_updates, poll_timeout_ms=100)
-    for i in range(3):
-        publish(redis_publisher, np.arange(i, i + 1), _rows(rng, 1))
-    first = RedisStreamSource(config, "g")
-    first.follow({"m": ["sparse_embedding0"]})
-    got = eventually(lambda: _nonempty(first.poll(2, 0.1)), 10.0, "first poll")
-    first.close()  # no commit
-    second = RedisStreamSource(config, "g")
-    second.follow({"m": ["sparse_embedding0"]})
-    again = second.poll(10, 0.1)
-    assert [m.position for m in again] == [m.position for m in got]
-    second.commit(again)
-    rest = second.poll(10, 0.1)
-    assert len(rest) == 1 and rest[0].position not in {m.position for m in got}
-    second.commit(rest)
-    assert second.backlog() == {TOPIC: 0}
-    second.close()
-
-
-def _nonempty(messages: list[Any]) -> list[Any]:
-    assert messages
-    return messages
-
-
-def test_bad_messages_are_skipped_counted_and_change_no_row(
-        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
-        rng: np.random.Generator) -> None:
-    keys = model.keys[:10]
-    good = codec.encode(keys, _rows(rng, 10))
-    nan_rows = _rows(rng, 10)
-    nan_rows[3, 2] = np.nan
-    inf_rows = _rows(rng, 10)
-    inf_rows[0, 0] = np.inf
-    bad = {
-        "magic": b"XCTR" + good[4:],
-        "value_size": codec.encode(keys, _rows(rng, 10)[:, :4]),
-        "truncated": good[:-3],
-    }
-    with HierarchicalParameterServer(model.config(redis_updates)) as server:
-        redis_publisher.publish(TOPIC, list(bad.values()))
-        redis_publisher.publish(TOPIC, [_unchecked(keys, nan_rows), _unchecked(keys, inf_rows),
-                                        b"", b"HC"])
-        redis_publisher.publish("hps_et.m.no_such_table", [good])
-        last = _rows(rng, 5)
-        publish(redis_publisher, model.keys[10:15], last)  # a good one after the bad
-        wait_rows(server, model.keys[10:15], last)
-        status = wait_status(
-            server, lambda s: "hps_et.m.no_such_table" in s["tables"], "unknown table seen")
-        np.testing.assert_array_equal(server.lookup("m", 0, keys), model.vectors[:10])
-        assert status["tables"][TOPIC]["rejected"] == {
-            "magic": 1, "value_size": 1, "truncated": 3, "non_finite": 2}
-        assert status["tables"]["hps_et.m.no_such_table"]["rejected"] == {"unknown_table": 1}
-        assert status["state"] == "running"
-
-
-def _unchecked(keys: np.ndarray, vectors: np.ndarray) -> bytes:
-    """A message the codec would refuse to encode (NaN rows), built from its layout."""
-    records = np.empty(keys.size, dtype=[("key", "<i8"), ("vec", "<f4", (vectors.shape[1],))])
-    records["key"], records["vec"] = keys, vectors
-    return b"HCTR" + np.uint32(vectors.shape[1] * 4).tobytes() + records.tobytes()
-
-
 def test_int64_keys_out_of_range_of_a_uint32_server_are_rejected(
         tmp_path: Any, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
         rng: np.random.Generator) -> None:
     keys = np.arange(100, dtype=np.int64) * 7
-    write_table(tmp_path / "u32", keys, _rows(rng, 100))
+    write_table(tmp_path / "u32", keys, random_rows(rng, 100))
     model = Model.__new__(Model)
     model.folder = tmp_path
     config = model.config({**redis_updates, "key_bytes": 8}, supportlonglong=False)
     config["models"][0]["sparse_files"] = [str(tmp_path / "u32")]
     with HierarchicalParameterServer(config) as server:
         before = server.lookup("m", 0, keys[:2])
-        publish(redis_publisher, np.array([keys[0], 2**32 + 5]), _rows(rng, 2))
-        fine = _rows(rng, 1)
+        publish(redis_publisher, np.array([keys[0], 2**32 + 5]), random_rows(rng, 2))
+        fine = random_rows(rng, 1)
         publish(redis_publisher, keys[5:6], fine)
         wait_rows(server, keys[5:6], fine)
         status = server.update_status()
@@ -209,35 +64,12 @@ def test_an_outage_is_retried_and_lookups_keep_serving(
                                       model.vectors[:50])
         stream_redis.start()  # same port, empty: the streams and groups are gone
         publisher = open_publisher(UpdateSourceConfig(**redis_updates))
-        rows = _rows(rng, 50)
+        rows = random_rows(rng, 50)
         publish(publisher, model.keys[:50], rows)
         publisher.close()
         wait_rows(server, model.keys[:50], rows)
         status = wait_status(server, lambda s: s["state"] == "running", "recovered")
         assert status["retries"] >= 1 and "Redis" in status["last_error"]
-
-
-def test_two_replicas_on_one_redis_each_apply_every_update(
-        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
-        rng: np.random.Generator, tmp_path: Any) -> None:
-    """Each replica reads with a consumer group of its own and writes its own tiers (and
-    GPU caches): both serve every update."""
-    a = model.config({**redis_updates, "group": "replica-a"}, rocksdb=False)
-    b = model.config({**redis_updates, "group": "replica-b"}, rocksdb=False)
-    with HierarchicalParameterServer(a) as first, HierarchicalParameterServer(b) as second:
-        for i in range(5):
-            rows = _rows(rng, 30)
-            publish(redis_publisher, model.keys[i * 30:(i + 1) * 30], rows)
-        final = server_rows = None
-        for server in (first, second):
-            wait_rows(server, model.keys[120:150], rows)
-            server_rows = server.lookup("m", 0, model.keys[:150])
-            if final is None:
-                final = server_rows
-            np.testing.assert_array_equal(server_rows, final)
-            status = wait_status(server, lambda s: s["tables"][TOPIC]["messages"] == 5,
-                                 "all five messages")
-            assert status["tables"][TOPIC]["rows"] == 150
 
 
 class _PublishDuringLoad(LoadProgress):
@@ -257,9 +89,9 @@ class _PublishDuringLoad(LoadProgress):
 def test_updates_racing_a_reload_reach_the_new_version(
         model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
         rng: np.random.Generator, tmp_path: Any) -> None:
-    new_vectors = _rows(rng, model.keys.size)
+    new_vectors = random_rows(rng, model.keys.size)
     write_table(tmp_path / "v2", model.keys, new_vectors)
-    early, during, later = _rows(rng, 40), _rows(rng, 40), _rows(rng, 40)
+    early, during, later = random_rows(rng, 40), random_rows(rng, 40), random_rows(rng, 40)
     with HierarchicalParameterServer(model.config(redis_updates),
                                      chunk_bytes=4096) as server:
         publish(redis_publisher, model.keys[:40], early)  # before the reload: files win
@@ -303,7 +135,7 @@ def test_a_large_batch_takes_the_persistent_tiers_bulk_path(
     per_message = 8192
     messages = -(-BULK_ROWS // per_message) + 1
     keys = [rng.integers(0, 30_000, per_message) for _ in range(messages)]
-    rows = [_rows(rng, per_message) for _ in range(messages)]
+    rows = [random_rows(rng, per_message) for _ in range(messages)]
     # published before the server starts: its new group reads them in one round
     redis_publisher.publish(TOPIC, [codec.encode(k, v) for k, v in
                                     zip(keys, rows, strict=True)])
@@ -330,7 +162,7 @@ def test_hps_in_process_takes_updates_and_stops_with_close(
     from hps import HPS
 
     hps = HPS(model.config(redis_updates))
-    rows = _rows(rng, 8)
+    rows = random_rows(rng, 8)
     publish(redis_publisher, model.keys[:8], rows)
     eventually(lambda: np.testing.assert_array_equal(hps.lookup(model.keys[:8], "m", 0), rows),
                20.0, "visible through HPS.lookup")
@@ -345,12 +177,12 @@ def test_an_unloaded_model_is_no_longer_followed(
     """Messages of a model not served wait in the stream (neither applied nor rejected):
     loaded again, the model reads them."""
     with HierarchicalParameterServer(model.config(redis_updates)) as server:
-        rows = _rows(rng, 4)
+        rows = random_rows(rng, 4)
         publish(redis_publisher, model.keys[:4], rows)
         wait_rows(server, model.keys[:4], rows)
         config = server.model("m").config
         server.unload_model("m")
-        fresh = _rows(rng, 8)
+        fresh = random_rows(rng, 8)
         publish(redis_publisher, model.keys[:8], fresh)
         status = wait_status(server, lambda s: s["state"] == "running", "running")
         server.load_model(config)
@@ -372,7 +204,7 @@ def test_a_volatile_redis_outage_holds_the_batch_until_it_is_back(
     with HierarchicalParameterServer(config) as server:
         wait_status(server, lambda s: s["state"] == "running", "running")
         redis_server.kill()
-        rows = _rows(rng, 20)
+        rows = random_rows(rng, 20)
         publish(redis_publisher, model.keys[:20], rows)
         status = wait_status(server, lambda s: s["state"] == "retrying", "the tier outage")
         assert "TierUnavailableError" in status["last_error"]
