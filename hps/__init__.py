@@ -6,7 +6,7 @@ The successor of HugeCTR's HPS: a GPU embedding cache over a volatile database
 
 from __future__ import annotations
 
-from hps.api import HPS
+from hps import inference as _inference
 from hps.config import (
     ModelConfig,
     PersistentDBConfig,
@@ -40,35 +40,20 @@ from hps.errors import (
     UpdateError,
     UpdateSourceUnavailableError,
 )
-from hps.hugectr_config import (
-    DatabaseOverflowPolicy_t,
-    DatabaseType_t,
-    EmbeddingCacheType_t,
-    InferenceParams,
-    ParameterServerConfig,
-    PersistentDatabaseParams,
-    UpdateSourceParams,
-    UpdateSourceType_t,
-    VolatileDatabaseParams,
-)
+from hps.inference import *  # noqa: F403 - HugeCTR's names: hps.inference lists them
 from hps.io.formats.sparse_folder import SparseModelReader, write_sparse_model
 from hps.server import HierarchicalParameterServer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "HPS",
     "BadUpdateError",
     "BatchTooLargeError",
     "BindError",
     "ConfigError",
-    "DatabaseOverflowPolicy_t",
-    "DatabaseType_t",
     "DeviceError",
-    "EmbeddingCacheType_t",
     "HPSError",
     "HierarchicalParameterServer",
-    "InferenceParams",
     "KeyTypeError",
     "LookupInputError",
     "MissingExtraError",
@@ -76,9 +61,7 @@ __all__ = [
     "ModelFileError",
     "OutputBufferError",
     "PSConfig",
-    "ParameterServerConfig",
     "PersistentDBConfig",
-    "PersistentDatabaseParams",
     "SourceAccessError",
     "SourceError",
     "SourceNotFoundError",
@@ -92,12 +75,10 @@ __all__ = [
     "UnknownTableError",
     "UnsupportedFormatError",
     "UpdateError",
-    "UpdateSourceParams",
     "UpdateSourceUnavailableError",
-    "UpdateSourceType_t",
     "VolatileDBConfig",
-    "VolatileDatabaseParams",
     "__version__",
     "load_config",
     "write_sparse_model",
 ]
+__all__ += _inference.__all__

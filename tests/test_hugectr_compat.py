@@ -20,21 +20,10 @@ import numpy as np
 import pytest
 import torch
 
+import hps.inference as hugectr  # what HugeCTR code imports as hugectr.inference
 from hps import BatchTooLargeError, ConfigError, HPSError, load_config
 from hps.config import ModelConfig, PersistentDBConfig, UpdateSourceConfig, VolatileDBConfig
 from hps.hugectr_config import SIZE_MAX, as_ps_config
-from hps.inference import (
-    HPS,
-    DatabaseOverflowPolicy_t,
-    DatabaseType_t,
-    EmbeddingCacheType_t,
-    InferenceParams,
-    ParameterServerConfig,
-    PersistentDatabaseParams,
-    UpdateSourceParams,
-    UpdateSourceType_t,
-    VolatileDatabaseParams,
-)
 from tests.hugectr_flows import (
     CACHE_TYPES,
     MODEL,
@@ -86,25 +75,25 @@ def _positional(cls: type) -> list[str]:
 
 
 def test_argument_order_is_hugectrs() -> None:
-    assert _positional(InferenceParams) == INFERENCE_PARAMS_ORDER
-    assert _positional(VolatileDatabaseParams) == VOLATILE_ORDER
-    assert _positional(PersistentDatabaseParams) == [
+    assert _positional(hugectr.InferenceParams) == INFERENCE_PARAMS_ORDER
+    assert _positional(hugectr.VolatileDatabaseParams) == VOLATILE_ORDER
+    assert _positional(hugectr.PersistentDatabaseParams) == [
         "backend", "path", "num_threads", "read_only", "max_batch_size",
         "initialize_after_startup", "update_filters"]
-    assert _positional(UpdateSourceParams) == [
+    assert _positional(hugectr.UpdateSourceParams) == [
         "type", "brokers", "metadata_refresh_interval_ms", "receive_buffer_size",
         "poll_timeout_ms", "max_batch_size", "failure_backoff_ms", "max_commit_interval"]
-    assert _positional(ParameterServerConfig) == [
+    assert _positional(hugectr.ParameterServerConfig) == [
         "emb_table_name", "embedding_vec_size", "max_feature_num_per_sample_per_emb_table",
         "inference_params_array", "volatile_db", "persistent_db", "update_source"]
-    assert list(inspect.signature(HPS.lookup).parameters) == [
+    assert list(inspect.signature(hugectr.HPS.lookup).parameters) == [
         "self", "h_keys", "model_name", "table_id", "device_id"]
-    assert list(inspect.signature(HPS.lookup_fromdlpack).parameters) == [
+    assert list(inspect.signature(hugectr.HPS.lookup_fromdlpack).parameters) == [
         "self", "keys", "out_tensor", "model_name", "table_id", "device_id"]
 
 
 def test_defaults_are_hugectrs() -> None:
-    p = InferenceParams("m", 64, 0.9, "", ["/t"], 0, True, 0.2, True)  # positional, as pybind
+    p = hugectr.InferenceParams("m", 64, 0.9, "", ["/t"], 0, True, 0.2, True)  # as pybind
     assert (p.use_mixed_precision, p.scaler, p.use_cuda_graph) == (False, 1.0, True)
     assert (p.number_of_worker_buffers_in_pool, p.number_of_refresh_buffers_in_pool) == (2, 1)
     assert (p.thread_pool_size, p.deployed_devices, p.default_value_for_each_table) == (
@@ -112,40 +101,50 @@ def test_defaults_are_hugectrs() -> None:
     assert (p.maxnum_des_feature_per_sample, p.slot_num, p.label_dim) == (26, 10, 1)
     assert p.maxnum_catfeature_query_per_table_per_sample == [26]
     assert p.embedding_vecsize_per_table == [128] and p.embedding_table_names == [""]
-    assert p.embedding_cache_type is EmbeddingCacheType_t.Dynamic and p.init_ec
-    v = VolatileDatabaseParams()
-    assert v.type is DatabaseType_t.ParallelHashMap is DatabaseType_t.parallel_hash_map
+    assert p.embedding_cache_type is hugectr.EmbeddingCacheType_t.Dynamic and p.init_ec
+    v = hugectr.VolatileDatabaseParams()
+    assert v.type is hugectr.DatabaseType_t.ParallelHashMap
+    assert v.type is hugectr.DatabaseType_t.parallel_hash_map
     assert (v.address, v.user_name, v.max_batch_size) == ("127.0.0.1:7000", "default", 65536)
     assert v.overflow_margin == SIZE_MAX
-    assert v.overflow_policy is DatabaseOverflowPolicy_t.EvictRandom
+    assert v.overflow_policy is hugectr.DatabaseOverflowPolicy_t.EvictRandom
     assert (v.allocation_rate, v.shared_memory_size) == (256 << 20, 16 << 30)
     assert v.update_filters == ["^hps_.+$"] and v.initial_cache_rate == 1.0
-    d = PersistentDatabaseParams()
-    assert d.backend is DatabaseType_t.Disabled and d.path.endswith("rocksdb")
+    d = hugectr.PersistentDatabaseParams()
+    assert d.backend is hugectr.DatabaseType_t.Disabled and d.path.endswith("rocksdb")
     assert (d.num_threads, d.read_only, d.max_batch_size) == (16, False, 65536)
-    u = UpdateSourceParams()
-    assert u.type is UpdateSourceType_t.Null and u.brokers == "127.0.0.1:9092"
+    u = hugectr.UpdateSourceParams()
+    assert u.type is hugectr.UpdateSourceType_t.Null and u.brokers == "127.0.0.1:9092"
     assert (u.receive_buffer_size, u.poll_timeout_ms, u.max_commit_interval) == (262144, 500, 32)
     # every member name HugeCTR used, in both of its spellings
-    assert DatabaseType_t.RedisCluster is DatabaseType_t.redis_cluster
-    assert DatabaseType_t.RocksDB is DatabaseType_t.rocks_db
-    assert UpdateSourceType_t.KafkaMessageQueue is UpdateSourceType_t.kafka_message_queue
-    assert {m.name for m in EmbeddingCacheType_t} == {"Dynamic", "UVM", "Static", "Stochastic"}
+    assert hugectr.DatabaseType_t.RedisCluster is hugectr.DatabaseType_t.redis_cluster
+    assert hugectr.DatabaseType_t.RocksDB is hugectr.DatabaseType_t.rocks_db
+    assert (hugectr.UpdateSourceType_t.KafkaMessageQueue
+            is hugectr.UpdateSourceType_t.kafka_message_queue)
+    assert {m.name for m in hugectr.EmbeddingCacheType_t} == {
+        "Dynamic", "UVM", "Static", "Stochastic"}
 
 
 def test_required_arguments_are_required() -> None:
     with pytest.raises(TypeError, match="'use_gpu_embedding_cache', 'cache_size_percentage'"):
-        InferenceParams(model_name="m", max_batchsize=1, hit_rate_threshold=1.0,
-                        dense_model_file="", sparse_model_files=["/t"], i64_input_key=True)
+        hugectr.InferenceParams(model_name="m", max_batchsize=1, hit_rate_threshold=1.0,
+                                dense_model_file="", sparse_model_files=["/t"],
+                                i64_input_key=True)
     with pytest.raises(TypeError):
-        ParameterServerConfig({"m": ["t"]}, {"m": [4]})  # type: ignore[call-arg]
+        hugectr.ParameterServerConfig({"m": ["t"]}, {"m": [4]})  # type: ignore[call-arg]
 
 
 def test_importable_from_hps_and_hps_inference() -> None:
-    import hps.inference
+    """hps.inference holds the names of hugectr.inference that HugeCTR users imported
+    (issue 18), each also importable from hps as the same object."""
+    import hps
 
-    for name in hps.inference.__all__:
-        assert getattr(hps, name) is getattr(hps.inference, name)
+    assert set(hugectr.__all__) == {
+        "HPS", "ParameterServerConfig", "InferenceParams", "VolatileDatabaseParams",
+        "PersistentDatabaseParams", "UpdateSourceParams", "EmbeddingCacheType_t",
+        "DatabaseType_t", "DatabaseOverflowPolicy_t", "UpdateSourceType_t"}
+    for name in hugectr.__all__:
+        assert getattr(hps, name) is getattr(hugectr, name)
 
 
 # -- the flows of HugeCTR's tests ---------------------------------------------------------
@@ -154,7 +153,7 @@ def test_hpsdlpack_flow(model: Model, rng: np.random.Generator) -> None:
     """hpsdlpack.py: native lookups of a sample, then torch CPU capsules agree with them."""
     cat_input = model.sample(rng, 1)
     assert isinstance(cat_input[0], np.integer)  # the scripts pass NumPy scalars
-    with HPS(ps_config(model.files)) as server:
+    with hugectr.HPS(ps_config(model.files)) as server:
         embedding1, embedding2 = native_lookup(server, cat_input)
         assert embedding1.shape == (1, 2, 1) and embedding2.shape == (1, 26, 16)
         assert embedding1.dtype == np.float32
@@ -176,12 +175,12 @@ def test_lookup_session_flow_cache_types_agree(model: Model, rng: np.random.Gene
         typed = config.to_config()
         assert typed.models[0].embedding_cache_type == cache_type.value
         assert typed.models[0].cache_type == cache_type.value
-        assert ParameterServerConfig.from_config(typed).to_config() == typed
-        with HPS(config) as server:
+        assert hugectr.ParameterServerConfig.from_config(typed).to_config() == typed
+        with hugectr.HPS(config) as server:
             results[cache_type] = native_lookup(server, cat_input)
-    d1, d2 = results[EmbeddingCacheType_t.Dynamic]
+    d1, d2 = results[hugectr.EmbeddingCacheType_t.Dynamic]
     np.testing.assert_array_equal(d2.reshape(26, 16), model.vectors_of(1, cat_input[2:]))
-    for cache_type in (EmbeddingCacheType_t.UVM, EmbeddingCacheType_t.Static):
+    for cache_type in (hugectr.EmbeddingCacheType_t.UVM, hugectr.EmbeddingCacheType_t.Static):
         s1, s2 = results[cache_type]
         np.testing.assert_array_equal(s1, d1)
         np.testing.assert_array_equal(s2, d2)
@@ -192,7 +191,7 @@ def test_full_batches_and_key_forms(model: Model, rng: np.random.Generator) -> N
     and tensors all read as keys; keys in no table get the default value."""
     config = ps_config(model.files, max_batchsize=10, default_value_for_each_table=[0.5])
     cat_input = model.sample(rng, 10)
-    with HPS(config) as server:
+    with hugectr.HPS(config) as server:
         embedding1, embedding2 = native_lookup(server, cat_input, batch_size=10)
         rows = np.asarray(cat_input).reshape(10, -1)
         np.testing.assert_array_equal(embedding2.reshape(260, 16),
@@ -218,13 +217,13 @@ def test_hps_takes_every_config_form(model: Model, tmp_path: Path) -> None:
     path.write_text(json.dumps(config.to_json()))
     keys = model.tables[1][0][:5]
     expected = model.vectors_of(1, keys)
-    for server in (HPS(ps_config=config), HPS(hps_json_config_file=str(path)), HPS(str(path)),
-                   HPS(config.to_config())):
+    for server in (hugectr.HPS(ps_config=config), hugectr.HPS(hps_json_config_file=str(path)),
+                   hugectr.HPS(str(path)), hugectr.HPS(config.to_config())):
         with server:
             np.testing.assert_array_equal(server.lookup(keys, MODEL, 1), expected)
     for bad in ({}, {"ps_config": config, "hps_json_config_file": str(path)}):
         with pytest.raises(ConfigError, match="one config"):
-            HPS(**bad)
+            hugectr.HPS(**bad)
 
 
 # -- conversions --------------------------------------------------------------------------
@@ -256,17 +255,17 @@ def _extended() -> dict[str, Any]:
     *sorted(str(p) for p in (REPO / "configs").glob("*.json")), "extended"])
 def test_config_round_trips(source: str) -> None:
     typed = load_config(_extended() if source == "extended" else source)
-    objects = ParameterServerConfig.from_config(typed)
+    objects = hugectr.ParameterServerConfig.from_config(typed)
     assert objects.to_config() == typed
     assert as_ps_config(objects) == typed
-    assert ParameterServerConfig.from_config(objects.to_config()) == objects
+    assert hugectr.ParameterServerConfig.from_config(objects.to_config()) == objects
     if source == "extended":
         assert objects.hps_options == {"fuse_embedding_table": True,
                                        "s3_endpoint": "http://m:9000"}
         assert objects.volatile_db.hps_options == {"socket_timeout": 2.5,
                                                    "refresh_time_after_fetch": True}
-        assert objects.volatile_db.type is DatabaseType_t.RedisCluster
-        assert objects.persistent_db.backend is DatabaseType_t.RocksDB
+        assert objects.volatile_db.type is hugectr.DatabaseType_t.RedisCluster
+        assert objects.persistent_db.backend is hugectr.DatabaseType_t.RocksDB
         assert objects.inference_params_array[0].i64_input_key is False
         # an hps option HugeCTR never had travels in the model's hps_options
         assert objects.inference_params_array[1].hps_options == {
@@ -277,9 +276,10 @@ def test_config_round_trips(source: str) -> None:
 
 def test_every_option_maps_or_is_ignored() -> None:
     """A field renamed in our config, or a HugeCTR argument left unhandled, fails here."""
-    cases = [(InferenceParams, ModelConfig), (VolatileDatabaseParams, VolatileDBConfig),
-             (PersistentDatabaseParams, PersistentDBConfig),
-             (UpdateSourceParams, UpdateSourceConfig)]
+    cases = [(hugectr.InferenceParams, ModelConfig),
+             (hugectr.VolatileDatabaseParams, VolatileDBConfig),
+             (hugectr.PersistentDatabaseParams, PersistentDBConfig),
+             (hugectr.UpdateSourceParams, UpdateSourceConfig)]
     special = {"model_name", "device_id", "i64_input_key", "volatile_db", "persistent_db",
                "update_source", "maxnum_catfeature_query_per_table_per_sample",
                "embedding_vecsize_per_table", "embedding_table_names"}
@@ -300,7 +300,7 @@ def test_config_dump_prints_the_equivalent_ps_json(model: Model, tmp_path: Path)
         "                          cache_type=EmbeddingCacheType_t.UVM)\n"
         "if __name__ == '__main__':\n    raise SystemExit('must not run')\n")
     expected = ps_config(model.files, max_batchsize=10,
-                         cache_type=EmbeddingCacheType_t.UVM).to_config()
+                         cache_type=hugectr.EmbeddingCacheType_t.UVM).to_config()
     for source in (str(script), f"{script}:ps_config_uvm"):
         printed = _cli("config", "dump", source)
         assert load_config(json.loads(printed)) == expected
@@ -353,8 +353,8 @@ def test_ignored_options_are_logged_once_per_process(model: Model) -> None:
 def test_ignored_database_options_are_named(caplog: pytest.LogCaptureFixture) -> None:
     config = dataclasses.replace(
         ps_config(["/t0", "/t1"]),
-        volatile_db=VolatileDatabaseParams(shared_memory_size=1 << 20),
-        update_source=UpdateSourceParams(metadata_refresh_interval_ms=10))
+        volatile_db=hugectr.VolatileDatabaseParams(shared_memory_size=1 << 20),
+        update_source=hugectr.UpdateSourceParams(metadata_refresh_interval_ms=10))
     with caplog.at_level(logging.WARNING, logger="hps"):
         typed = config.to_config()
     # no other test sets it, so this process has not reported it before
@@ -364,7 +364,7 @@ def test_ignored_database_options_are_named(caplog: pytest.LogCaptureFixture) ->
     assert typed.update_source.metadata_refresh_interval_ms == 10
 
 
-def _params(**change: Any) -> InferenceParams:
+def _params(**change: Any) -> hugectr.InferenceParams:
     base = ps_config(["/t0", "/t1"]).inference_params_array[0]
     return dataclasses.replace(base, **change)
 
@@ -378,11 +378,11 @@ CONTRADICTIONS = [
      dict(inference_params_array=[_params(embedding_vecsize_per_table=[1, 8])]),
      "embedding_vecsize_per_table=\\[1, 8\\] contradicts"),
     ("a model's own database block",
-     dict(inference_params_array=[_params(volatile_db=VolatileDatabaseParams(
-         type=DatabaseType_t.redis_cluster))]), "volatile_db differs"),
+     dict(inference_params_array=[_params(volatile_db=hugectr.VolatileDatabaseParams(
+         type=hugectr.DatabaseType_t.redis_cluster))]), "volatile_db differs"),
     ("static table with the UVM cache",
      dict(inference_params_array=[_params(use_static_table=True,
-                                          embedding_cache_type=EmbeddingCacheType_t.UVM)]),
+                                          embedding_cache_type=hugectr.EmbeddingCacheType_t.UVM)]),
      "use_static_table=True contradicts embedding_cache_type=UVM"),
     ("device_id outside deployed_devices",
      dict(inference_params_array=[_params(device_id=3)]), "device_id=3 is not one of"),
@@ -401,12 +401,12 @@ CONTRADICTIONS = [
     ("a width the config refuses, named as the map",
      dict(embedding_vec_size={MODEL: [1, 0]}), "entries must be positive"),
     ("the stochastic cache", dict(inference_params_array=[_params(
-        embedding_cache_type=EmbeddingCacheType_t.Stochastic)]), "embedding_cache_type"),
+        embedding_cache_type=hugectr.EmbeddingCacheType_t.Stochastic)]), "embedding_cache_type"),
     ("RocksDB as the volatile database",
-     dict(volatile_db=VolatileDatabaseParams(type=DatabaseType_t.RocksDB)),
+     dict(volatile_db=hugectr.VolatileDatabaseParams(type=hugectr.DatabaseType_t.RocksDB)),
      "volatile_db.type: Input should be"),
     ("a hash map as the persistent database",
-     dict(persistent_db=PersistentDatabaseParams(backend="hash_map")),
+     dict(persistent_db=hugectr.PersistentDatabaseParams(backend="hash_map")),
      "persistent_db.backend: Input should be"),
 ]
 
@@ -421,7 +421,8 @@ def test_contradicting_options_are_refused(case: str, change: dict[str, Any], ma
 
 def test_bad_enum_values_and_unsupported_backends() -> None:
     with pytest.raises(ConfigError, match="expected a DatabaseType_t"):
-        VolatileDatabaseParams(type="memcached")
+        hugectr.VolatileDatabaseParams(type="memcached")
     with pytest.raises(ConfigError, match="multi-process"):
-        VolatileDatabaseParams(type=DatabaseType_t.MultiProcessHashMap)
-    assert VolatileDatabaseParams(type="RedisCluster").type is DatabaseType_t.redis_cluster
+        hugectr.VolatileDatabaseParams(type=hugectr.DatabaseType_t.MultiProcessHashMap)
+    redis = hugectr.VolatileDatabaseParams(type="RedisCluster")
+    assert redis.type is hugectr.DatabaseType_t.redis_cluster
