@@ -285,6 +285,9 @@ class ParquetReader(ModelReader):
     def close(self) -> None:
         for _, part in self._parts:
             part.close()
+        # pyarrow's pool keeps freed memory for reuse until told: the rows, pages and
+        # batches of this read are the server's to use no more
+        self._pa.default_memory_pool().release_unused()
         super().close()
 
 

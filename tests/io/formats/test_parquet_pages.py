@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from hps.errors import ModelFileError
-from hps.io.formats import ModelReader, ReadOptions, open_model
+from hps.io.formats import ModelReader, ReadOptions, open_model, parquet_pages
 from hps.io.formats.parquet import ParquetReader
 from hps.io.formats.parquet_levels import all_equal, decode_ids, row_start_bytes, rows_of_dim
 from hps.io.formats.parquet_thrift import HeaderError, read_struct
@@ -75,6 +75,19 @@ def test_direct_path_reads_every_layout_bit_for_bit(tmp_path: Path, rng: np.rand
     want_keys, want_rows = pyarrow_rows(path)
     np.testing.assert_array_equal(got_keys, want_keys)
     np.testing.assert_array_equal(got_rows.view(np.uint32), want_rows.view(np.uint32))
+
+
+def test_headers_longer_than_the_window_parse_in_place(tmp_path: Path, rng: np.random.Generator,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parquet_pages, "HEADER_WINDOW", 12)  # shorter than any page header
+    keys = np.arange(2000, dtype=np.int64)
+    vectors = rng.standard_normal((2000, 8)).astype(np.float32)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(keys, vectors), path, row_group_size=900, data_page_size=2000)
+    direct, got_keys, got_rows = read_all(path, 700, 32)
+    assert direct == 2000
+    np.testing.assert_array_equal(got_keys, keys)
+    np.testing.assert_array_equal(got_rows, vectors)
 
 
 def test_float16_dictionary_and_plain(tmp_path: Path, rng: np.random.Generator) -> None:
