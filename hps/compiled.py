@@ -128,3 +128,28 @@ def _prefetch_intrinsic() -> Any:
 #: (its first element for a row of a 2-D array) in ahead of its use. Random probes into
 #: large tables wait on memory; several lines in flight at once hide most of that wait.
 prefetch = _prefetch_intrinsic()
+
+
+def _half_to_float_intrinsic() -> Any:
+    from llvmlite import ir
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def half_to_float(typingctx: Any, bits: Any) -> Any:
+        if not isinstance(bits, types.Integer) or bits.bitwidth != 16:
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            half = builder.bitcast(args[0], ir.HalfType())
+            return builder.fpext(half, ir.FloatType())
+
+        return types.float32(bits), codegen
+
+    return half_to_float
+
+
+#: `half_to_float(bits)` inside a kernel: the float32 value of IEEE binary16 `bits` (a
+#: uint16), exact. numba has no float16 type on the CPU; LLVM widens it with the CPU's own
+#: instruction (F16C's vcvtph2ps on x86-64), vectorized across a row.
+half_to_float = _half_to_float_intrinsic()
+

@@ -7,9 +7,16 @@ Capsules are read, never consumed: HugeCTR's callers read their output capsule a
 after `lookup_fromdlpack`.
 
 Keys of any shape count as their flattened elements; integer keys are widened to int64.
-Outputs must be float32 and writable with at least n × dim elements; a contiguous output's
-shape is otherwise free (HugeCTR's tests pass `(1, n × dim)`), a strided one must be
-(n, dim).
+Outputs must be writable with at least n × dim elements; a contiguous output's shape is
+otherwise free (HugeCTR's tests pass `(1, n × dim)`), a strided one must be (n, dim).
+
+Output dtypes (`check_output_dtype`, the one rule): float32 always; float16 or bfloat16
+only for a table that stores that type (`embedding_storage_dtype`, hps/storage.py), whose
+rows are then written as stored, without widening. A float16 or bfloat16 output of a
+table stored otherwise is an OutputBufferError: narrowing there would hide a precision
+loss the model's config does not ask for. NumPy has no bfloat16: such outputs (torch
+tensors, DLPack producers) are handed to the tiers as uint16 arrays of the same memory,
+holding the bits.
 
 This is the one place keys and outputs are checked. `key_ref` and `output_ref` check what
 a user passes, as ArrayRefs (the GPU lookup path works on those); `as_key_array` and
@@ -27,10 +34,12 @@ import numpy as np
 
 from hps.errors import BatchTooLargeError, DeviceError, KeyTypeError, OutputBufferError
 from hps.producers import ArrayRef, array_ref
+from hps.storage import BFLOAT16, FLOAT32, StorageType
 
 _INT64 = np.dtype(np.int64)
 _UINT64 = np.dtype(np.uint64)
 _FLOAT32 = np.dtype(np.float32)
+_UINT16 = np.dtype(np.uint16)
 
 
 def key_ref(keys: Any) -> ArrayRef:
@@ -53,8 +62,27 @@ def is_wide(ref: ArrayRef) -> bool:
     return ref.contiguous and (ref.dtype == _INT64 or ref.dtype == _UINT64)
 
 
-def output_ref(out: Any, n: int, dim: int) -> ArrayRef:
-    """Where the output is, checked to take n × dim float32 values.
+def check_output_dtype(dtype_name: str, storage: StorageType = FLOAT32,
+                       what: str = "output") -> None:
+    """The output dtypes a lookup of a table stored as `storage` accepts: float32, and
+    the storage's own float16 / bfloat16 (see the module docstring). Raises
+    OutputBufferError naming the dtypes this table accepts."""
+    if dtype_name == "float32" or dtype_name in storage.output_dtypes:
+        return
+    if storage.narrow_output is not None:
+        raise OutputBufferError(
+            f"{what} must be float32 or {storage.narrow_output} (the table stores "
+            f"{storage.name} rows), got dtype {dtype_name}")
+    hint = ""
+    if dtype_name in ("float16", "bfloat16"):
+        hint = (f": a {dtype_name} output takes a table stored as {dtype_name} "
+                f"(embedding_storage_dtype; this one stores {storage.name})")
+    raise OutputBufferError(f"{what} must be float32, got dtype {dtype_name}{hint}")
+
+
+def output_ref(out: Any, n: int, dim: int, storage: StorageType = FLOAT32) -> ArrayRef:
+    """Where the output is, checked to take n × dim values of a dtype a table stored as
+    `storage` fills (`check_output_dtype`).
 
     A contiguous output may have any shape with at least n × dim elements (the first
     n × dim are written, row after row); a strided one must have shape (n, dim) exactly.
@@ -62,8 +90,8 @@ def output_ref(out: Any, n: int, dim: int) -> ArrayRef:
     strided buffer, and DeviceError for devices other than the CPU and CUDA.
     """
     ref = array_ref(out, "output")
-    if ref.dtype != _FLOAT32:
-        raise OutputBufferError(f"output must be float32, got dtype {ref.dtype_name}")
+    if ref.dtype is not _FLOAT32 and ref.dtype != _FLOAT32:
+        check_output_dtype(ref.dtype_name, storage)
     if ref.size < n * dim:
         raise OutputBufferError(
             f"output holds {ref.size} floats but {n} keys × width {dim} = {n * dim} "
@@ -80,7 +108,15 @@ def output_ref(out: Any, n: int, dim: int) -> ArrayRef:
 
 
 def _array_of(ref: ArrayRef) -> Any:
+    if ref.dtype is None and ref.alien_dtype == BFLOAT16.name:
+        ref = _as_bits(ref)
     return ref.host_array() if ref.on_host else ref.device_array()
+
+
+def _as_bits(ref: ArrayRef) -> ArrayRef:
+    """A bfloat16 output as uint16 (NumPy and CuPy have no bfloat16): same memory."""
+    return ArrayRef(ref.ptr, ref.shape, ref.size, _UINT16, "", ref.device, ref.contiguous,
+                    ref.strides, ref.writable, ref.stream, None, ref.owner)
 
 
 def is_device_array(array: Any) -> bool:
@@ -113,19 +149,23 @@ def key_array(ref: ArrayRef) -> Any:
     return flat.astype(np.int64)
 
 
-def as_output_array(out: Any, n: int, dim: int) -> Any:
-    """A writable float32 [n, dim] view of the first n × dim elements of `out` (see
+def as_output_array(out: Any, n: int, dim: int, storage: StorageType = FLOAT32) -> Any:
+    """A writable [n, dim] view of the first n × dim elements of `out`: float32, or the
+    16-bit type of a table stored as float16 (float16) or bfloat16 (uint16 bits) (see
     output_ref for what is accepted and raised)."""
-    ref = output_ref(out, n, dim)
+    ref = output_ref(out, n, dim, storage)
     array = _array_of(ref)
     if not ref.contiguous:
         return array
     return array.reshape(-1)[: n * dim].reshape(n, dim)
 
 
-def _require_float32(array: Any, what: str) -> None:
+def _require_output_dtype(array: Any, what: str, storage: StorageType) -> None:
     if array.dtype != _FLOAT32:
-        raise OutputBufferError(f"{what} must be float32, got dtype {array.dtype.name}")
+        # an array form holds bfloat16 as its uint16 bits
+        name = (BFLOAT16.name if storage is BFLOAT16 and array.dtype == _UINT16
+                else array.dtype.name)
+        check_output_dtype(name, storage, what)
 
 
 def _require_dense_writable(array: Any, what: str) -> None:
@@ -178,15 +218,17 @@ def key_view(keys: Any, device_id: int | None = None) -> Any:
     return np.ascontiguousarray(keys)
 
 
-def output_view(out: Any, n: int, dim: int, device_id: int | None = None) -> Any:
-    """`out` as the GPU tier writes it: float32 [n, dim], C-contiguous, a writable NumPy
-    array or a CuPy array on device `device_id` (not checked when None). Returns `out`.
+def output_view(out: Any, n: int, dim: int, device_id: int | None = None,
+                storage: StorageType = FLOAT32) -> Any:
+    """`out` as the GPU tier writes it: [n, dim], C-contiguous, a writable NumPy array or
+    a CuPy array on device `device_id` (not checked when None); float32, or for a table
+    stored as float16 / bfloat16 also float16 / uint16 (bfloat16 bits). Returns `out`.
     Raises OutputBufferError, or DeviceError for an array on another device.
     """
     on_device = not isinstance(out, np.ndarray)
     if on_device and not _is_cupy_array(out):
         raise OutputBufferError(f"out must be a NumPy or CuPy array, got {type(out).__name__}")
-    _require_float32(out, "out")
+    _require_output_dtype(out, "out", storage)
     if out.shape != (n, dim):
         raise OutputBufferError(f"out must have shape [{n}, {dim}], got {list(out.shape)}")
     _require_dense_writable(out, "out")
@@ -197,10 +239,11 @@ def output_view(out: Any, n: int, dim: int, device_id: int | None = None) -> Any
     return out
 
 
-def device_output_view(out: Any, n: int, dim: int, device_id: int) -> Any:
+def device_output_view(out: Any, n: int, dim: int, device_id: int,
+                       storage: StorageType = FLOAT32) -> Any:
     """output_view for a kernel's own output: only a CuPy array on `device_id` will do."""
     if not _is_cupy_array(out):
         raise OutputBufferError(
             f"out must be a CuPy array on device {device_id}, got {type(out).__name__}"
         )
-    return output_view(out, n, dim, device_id)
+    return output_view(out, n, dim, device_id, storage)

@@ -34,6 +34,7 @@ from hps.errors import ConfigError, ModelFileError, TierError
 from hps.io.formats import DEFAULT_CHUNK_BYTES, ModelReader, ReadOptions, open_model
 from hps.io.read_ahead import read_ahead
 from hps.io.source import SourceOptions
+from hps.storage import FLOAT32, StorageType, first_unencodable_row
 
 log = logging.getLogger("hps.loader")
 
@@ -173,12 +174,15 @@ def available_memory() -> int | None:
     return None
 
 
-def check_memory(name: str, rows: int, dim: int, tier: Tier | None) -> None:
+def check_memory(name: str, rows: int, dim: int, tier: Tier | None,
+                 storage: StorageType = FLOAT32) -> None:
     """ConfigError, before anything is allocated, when an in-process tier cannot hold
-    `rows` rows of width `dim` (8 + 4 × dim bytes each at least) in the memory available."""
+    `rows` rows of width `dim` (8 bytes of key and the stored row each at least: 4 × dim
+    bytes as float32) in the memory available."""
     if tier is None or not tier.in_process or rows <= 0:
         return
-    need = rows * (8 + 4 * dim)
+    stored = storage if tier.compact_storage else FLOAT32
+    need = rows * (8 + stored.row_bytes(dim))
     free = available_memory()
     if free is not None and need > free:
         raise ConfigError(
@@ -200,6 +204,23 @@ def check_finite(reader: ModelReader, first_row: int, vectors: np.ndarray) -> No
         "allow_non_finite_vectors: true in the model's config to load it anyway")
 
 
+def check_encodable(reader: ModelReader, first_row: int, vectors: np.ndarray,
+                    storage: StorageType) -> None:
+    """ModelFileError naming the row and the file when a chunk holds a row that a compact
+    storage type cannot hold: NaN, infinity, or a value at or past its range."""
+    bad = first_unencodable_row(storage, vectors)
+    if bad is None:
+        return
+    row = vectors[bad]
+    what = ("NaN or infinity" if not np.isfinite(row).all() else
+            f"{float(row[np.argmax(np.abs(row))]):g}, past the range of {storage.name} "
+            f"(magnitudes below {storage.max_magnitude:g})")
+    raise ModelFileError(
+        f"{reader.uri}: row {first_row + bad:,} holds {what} (and maybe more rows after "
+        f"it): the model stores its rows as {storage.name} (embedding_storage_dtype), "
+        "which holds finite values in its range only; use float32 storage to load it")
+
+
 def load_table(
     name: str,
     reader: ModelReader,
@@ -209,6 +230,7 @@ def load_table(
     progress: LoadProgress,
     *,
     allow_non_finite: bool = False,
+    storage: StorageType = FLOAT32,
 ) -> TableSource:
     """Write one table into the tiers; returns its source record.
 
@@ -222,7 +244,9 @@ def load_table(
     Checks: an in-process tier must have the memory for its rows before any is
     allocated (ConfigError); a row with NaN or infinity fails the load naming the row and
     the file (ModelFileError) unless `allow_non_finite`; keys the files hold more than
-    once are counted in `duplicate_keys` and logged; every tier keeps the last row of a
+    once are counted in `duplicate_keys` and logged; with a compact `storage` (the
+    model's embedding_storage_dtype, kept by tiers with `compact_storage`) a row it cannot
+    hold fails the load naming the row and the file; every tier keeps the last row of a
     key (a volatile share taken before a later row of its key is written again, from the
     persistent tier).
     """
@@ -232,7 +256,7 @@ def load_table(
     source = TableSource(reader.uri, reader.num_keys, dim, reader.num_bytes, mark)
     for tier in (volatile, persistent):
         if tier is not None:
-            tier.create_table(name, dim)
+            tier.create_table(name, dim, storage)
 
     reuse = False
     stored: dict[str, Any] | None = None
@@ -253,7 +277,9 @@ def load_table(
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         nonlocal read
         for keys, vectors in read_ahead(reader.chunks()):
-            if not allow_non_finite:
+            if storage.compact:
+                check_encodable(reader, read, vectors, storage)
+            elif not allow_non_finite:
                 check_finite(reader, read, vectors)
             read += len(keys)
             if write_volatile and not source.volatile_error:
@@ -273,15 +299,17 @@ def load_table(
             yield keys, vectors
 
     if write_volatile:
-        check_memory(name, _volatile_rows(reader.num_keys, rate), dim, volatile)
+        check_memory(name, _volatile_rows(reader.num_keys, rate), dim, volatile, storage)
         volatile.reserve(name, _volatile_rows(reader.num_keys, rate))  # type: ignore[union-attr]
     progress.start_table(name, reader.num_keys, reader.num_bytes)
     if persistent is not None and not reuse:
         persistent.drop_table(name)
-        persistent.create_table(name, dim)
-        if write_volatile and rate >= 1.0 and volatile.can_export:  # type: ignore[union-attr]
+        persistent.create_table(name, dim, storage)
+        if (write_volatile and rate >= 1.0 and volatile.can_export  # type: ignore[union-attr]
+                and not (storage.compact and volatile.compact_storage)):  # type: ignore[union-attr]
             # The volatile tier ends up holding the whole table, repeats resolved: read it
-            # back in the persistent tier's order instead of sorting a second copy.
+            # back in the persistent tier's order instead of sorting a second copy (not
+            # when it holds compact rows: the persistent tier keeps the files' float32).
             for _ in chunks():
                 pass
             if source.volatile_error:  # it could not take the table after all: the files

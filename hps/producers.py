@@ -49,6 +49,7 @@ _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host", 4: "opencl", 7: "vulkan", 
                  10: "rocm", 13: "cuda_managed", 14: "oneapi"}
 _READ_ONLY_FLAG = 1
 _DL_KINDS = {0: "i", 1: "u", 2: "f", 6: "b"}  # DLPack type code → NumPy kind
+_DL_BFLOAT = 4  # kDLBfloat
 
 
 class ArrayRef:
@@ -324,10 +325,15 @@ def _capsule_ref(capsule: Any, what: str, stream: int | None = None,
         address, flags = _other_capsule(capsule, what)
     (data, dev_type, dev_id, ndim, code, bits, lanes, shape_p, strides_p,
      offset) = _DLTENSOR.unpack(ctypes.string_at(address, _DLTENSOR.size))
-    if code not in _DL_KINDS or lanes != 1 or bits % 8:
+    dtype: np.dtype[Any] | None
+    if (code, bits, lanes) == (_DL_BFLOAT, 16, 1):  # NumPy has none: named, not typed
+        dtype, alien, itemsize = None, "bfloat16", 2
+    elif code not in _DL_KINDS or lanes != 1 or bits % 8:
         raise KeyTypeError(f"{what}: unsupported DLPack dtype (code {code}, {bits} bits, "
                            f"{lanes} lanes)")
-    dtype = _DL_DTYPES.get((code, bits)) or _dl_dtype(code, bits)
+    else:
+        dtype = _DL_DTYPES.get((code, bits)) or _dl_dtype(code, bits)
+        alien, itemsize = "", dtype.itemsize
     shape = _int64s(ndim).unpack(ctypes.string_at(shape_p, 8 * ndim)) if ndim else ()
     size = 1
     for d in shape:
@@ -336,8 +342,8 @@ def _capsule_ref(capsule: Any, what: str, stream: int | None = None,
     contiguous = True
     if ndim and strides_p:
         elements = _int64s(ndim).unpack(ctypes.string_at(strides_p, 8 * ndim))
-        strides = tuple(s * dtype.itemsize for s in elements)
-        contiguous = _c_contiguous(shape, strides, dtype.itemsize)
+        strides = tuple(s * itemsize for s in elements)
+        contiguous = _c_contiguous(shape, strides, itemsize)
         if contiguous:
             strides = None
     if dev_type in _HOST_DEVICES:
@@ -348,7 +354,7 @@ def _capsule_ref(capsule: Any, what: str, stream: int | None = None,
         kind = _DEVICE_NAMES.get(dev_type, str(dev_type))
         raise DeviceError(f"{what}: arrays on device type {kind!r} are not supported "
                           "(expected CPU or CUDA)")
-    return ArrayRef((data or 0) + offset, shape, size, dtype, "", device, contiguous,
+    return ArrayRef((data or 0) + offset, shape, size, dtype, alien, device, contiguous,
                     strides, not flags & _READ_ONLY_FLAG, stream, None,
                     capsule if owner is None else (capsule, owner))
 

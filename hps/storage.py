@@ -99,6 +99,13 @@ class StorageType:
         """Bytes one stored row of width `dim` takes."""
         return self.row_width(dim) * self.stored_dtype.itemsize
 
+    @property
+    def narrow_output(self) -> str | None:
+        """The output dtype other than float32 that lookups fill with the stored values
+        without widening ("float16", "bfloat16"), None when there is none."""
+        others = [name for name in self.output_dtypes if name != "float32"]
+        return others[0] if others else None
+
 
 FLOAT32 = StorageType("float32", _F32, ("float32",), float("inf"))
 FLOAT16 = StorageType("float16", _F16, ("float32", "float16"), 65520.0)
@@ -184,18 +191,27 @@ def encode(storage: StorageType | str, rows: np.ndarray) -> np.ndarray:
     if bad is not None:
         raise ValueError(f"row {bad} holds NaN, infinity or a value of magnitude "
                          f"≥ {t.max_magnitude:g}, which {t.name} cannot hold")
+    if t is INT8:
+        return _encode_int8(x)
+    return narrow(t, x)
+
+
+def narrow(storage: StorageType | str, rows: np.ndarray) -> np.ndarray:
+    """float32 rows in the 16-bit output type of a float16 or bfloat16 table: float16, or
+    uint16 bfloat16 bits; round-to-nearest-even, as `encode`. Unchecked, like a cast:
+    values out of range become infinities (for rows read from float32 tiers, which may
+    hold anything another server wrote). Raises ValueError for other types."""
+    t = storage_type(storage)
+    x = np.ascontiguousarray(rows, dtype=np.float32)
     if t is FLOAT16:
-        return x.astype(np.float16)
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16)
     if t is BFLOAT16:
-        return _bfloat16_bits(x)
-    return _encode_int8(x)
-
-
-def _bfloat16_bits(x: np.ndarray) -> np.ndarray:
-    u = x.view(np.uint32)
-    # finite input below max_magnitude: u + 0x8000 stays below 2**32
-    return ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))))
-            >> np.uint32(16)).astype(np.uint16)
+        u = x.view(np.uint32).astype(np.uint64)  # no wrap-around past 2**32
+        bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        bits[np.isnan(x)] = 0x7FC0  # a quiet NaN, whatever the payload's rounding gives
+        return bits
+    raise ValueError(f"{t.name} rows have no 16-bit output type")
 
 
 #: rows an int8 encode works on at once (its float64 temporaries: 8 bytes an element)

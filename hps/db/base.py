@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hps.errors import LookupInputError, UnknownTableError
+
+if TYPE_CHECKING:
+    from hps.storage import StorageType
 
 TABLE_PREFIX = "hps_et"
 
@@ -65,8 +68,19 @@ class Tier(ABC):
 
     # -- tables -------------------------------------------------------------------------
 
-    def create_table(self, table: str, dim: int) -> None:
-        """Make `table` known with rows of width `dim`; keeps existing contents."""
+    #: the tier stores a table's rows in the storage type `create_table` names (float16,
+    #: bfloat16, int8: hps/storage.py); else float32 whatever it is told (Redis, RocksDB:
+    #: HugeCTR's layout, so stores shared between servers stay compatible)
+    compact_storage: bool = False
+
+    def create_table(self, table: str, dim: int, storage: StorageType | str = "float32"
+                     ) -> None:
+        """Make `table` known with rows of width `dim`; keeps existing contents.
+
+        `storage` is the model's `embedding_storage_dtype`: tiers with `compact_storage`
+        keep the rows in it; the others keep float32 rows. Either way rows go in and come
+        out of every method as float32.
+        """
         self._dims[table] = int(dim)
 
     def dim(self, table: str) -> int:

@@ -5,7 +5,9 @@ A table is a handful of flat arrays, never a per-key Python object:
     slots    int32[capacity]          row of each slot, or EMPTY (-1) / TOMBSTONE (-2);
                                       rows + tombstones stay <= MAX_LOAD of the capacity
     keys     int64[row_capacity]      key of each row; rows [0, size) are live and dense
-    vectors  float32[row_capacity, dim]
+    vectors  [row_capacity, width]    rows in the table's storage type (hps/storage.py):
+                                      float32 [., dim]; uint16 [., dim] bits of float16 or
+                                      bfloat16; uint8 [., align4(dim) + 8] int8 rows
     stats    uint32[row_capacity]     fetch-hit counts (evict_least_used) or access stamps
                                       (evict_oldest); empty unless the margin is bounded
 
@@ -16,12 +18,19 @@ numba's on-disk cache when this module is first imported, never inside a lookup.
 leaves a tombstone in the slot and moves the last row into the freed row, so the row store
 stays dense; tombstones go when the slot array is rebuilt.
 
+Storage types (`create_table(..., storage=)`, the model's `embedding_storage_dtype`):
+inserts encode float32 rows outside the table lock (hps.storage.encode; a row the type
+cannot hold, NaN, infinity or out of its range, is a LookupInputError and nothing is
+written); fetches decode in the compiled copy, into float32 outputs, or write the stored
+bits as they are into an output of the storage's own 16-bit type. A float16 or bfloat16
+table takes half the vector bytes of float32, an int8 table a quarter plus 8 bytes a row.
+
 Memory: row arrays are allocated for twice the rows they must hold (or exactly the rows a
 load announced through `reserve`), but `np.empty` pages stay untouched, hence not
 resident, until rows are written; so a table occupies its raw key + vector bytes plus
 4 bytes per slot (6-11 bytes per key: a table sized for a load gives its slots about 4%
 of its row bytes, at a load of 0.35 to 0.65), and growing copies each row about once.
-`memory_bytes` counts exactly that. HugeCTR's hash map took ~10×.
+`memory_bytes` counts exactly that (`memory_required` tells it ahead). HugeCTR's hash map took ~10×.
 
 Overflow: `overflow_margin` bounds the entries of each partition (`partition_of(key,
 num_partitions)`). When an insert takes a partition past it, that partition is pruned to
@@ -55,6 +64,17 @@ from hps.config import UNBOUNDED, VolatileDBConfig
 from hps.db import hash_map_kernels as kernels
 from hps.db.base import Tier, as_keys, as_rows
 from hps.errors import ConfigError, LookupInputError, TierError
+from hps.storage import (
+    BFLOAT16,
+    FLOAT16,
+    FLOAT32,
+    INT8,
+    StorageType,
+    decode,
+    encode,
+    first_unencodable_row,
+    storage_type,
+)
 
 EMPTY = kernels.EMPTY
 TOMBSTONE = kernels.TOMBSTONE
@@ -74,13 +94,29 @@ MIN_ROWS = 16
 #: a fetch of at least this many keys per core is split over the cores
 PARALLEL_KEYS = 1 << 15
 
+
+def reserve_load(row_bytes: int) -> float:
+    """The slot load a table sized for a whole load of rows of `row_bytes` (key and
+    stored vector) gets: its slots take at most RESERVE_SLOT_SHARE of the row bytes."""
+    return min(RESERVE_LOAD_MAX, max(RESERVE_LOAD_MIN, np.dtype(np.int32).itemsize / (
+        RESERVE_SLOT_SHARE * row_bytes)))
+
 _U32_MAX = np.iinfo(np.uint32).max
 #: least-used counts are halved when one passes this (each op adds < 2**28 between checks)
 _COUNT_LIMIT = 1 << 31
 _COUNT_CHECK_EVERY = 4096
 _NO_ROWS = np.empty(0, np.int64)
+_NO_FLOATS = np.empty((0, 2), np.float32)  # the kernels' `floats` of tables not int8
 _INT64 = np.dtype(np.int64)
 _FLOAT32 = np.dtype(np.float32)
+_FLOAT16 = np.dtype(np.float16)
+_UINT16 = np.dtype(np.uint16)
+
+
+def _kernel_dtype(storage: StorageType) -> np.dtype:
+    """The element type the kernels store rows as (numba has no float16 on the CPU: its
+    bits go as uint16)."""
+    return _UINT16 if storage is FLOAT16 else storage.stored_dtype
 
 
 def _as_keys(keys: np.ndarray) -> np.ndarray:
@@ -91,6 +127,44 @@ def _as_keys(keys: np.ndarray) -> np.ndarray:
         return keys
     return as_keys(keys)
 _NO_STATS = np.empty(0, np.uint32)
+
+
+def _narrow_output(storage: StorageType) -> np.dtype | None:
+    """The output dtype other than float32 that a table of `storage` fills with its stored
+    bits as they are (float16; bfloat16 as uint16 bits), None when there is none."""
+    if storage is FLOAT16:
+        return _FLOAT16
+    if storage is BFLOAT16:
+        return _UINT16
+    return None
+
+
+def _kernel_out(t: _Table, out: np.ndarray) -> np.ndarray:
+    """`out` as the fetch kernel's decode takes it for table `t` (hps.storage_kernels):
+    float16 outputs as their bits; float32 outputs of bfloat16 rows as uint32 bits."""
+    if out.dtype is _FLOAT32 or out.dtype == _FLOAT32:
+        return out.view(np.uint32) if t.storage is BFLOAT16 else out
+    return out.view(np.uint16)
+
+
+def _encoded(storage: StorageType, vectors: np.ndarray, table: str) -> np.ndarray:
+    """float32 rows in `storage`'s stored form, as the kernels take them. Raises
+    LookupInputError naming the first row the type cannot hold."""
+    bad = first_unencodable_row(storage, vectors)
+    if bad is not None:
+        raise LookupInputError(
+            f"table {table!r} stores {storage.name} rows, which hold finite values of "
+            f"magnitude below {storage.max_magnitude:g}; row {bad} holds "
+            f"{_worst(vectors[bad])}: nothing was written")
+    stored = encode(storage, vectors)
+    return stored.view(np.uint16) if storage is FLOAT16 else stored
+
+
+def _worst(row: np.ndarray) -> str:
+    """The value of `row` that is furthest out of every range, for messages."""
+    with np.errstate(invalid="ignore"):
+        bad = row[~np.isfinite(row)]
+    return repr(float(bad[0])) if bad.size else repr(float(row[np.argmax(np.abs(row))]))
 
 
 class _ReadWriteLock:
@@ -152,16 +226,20 @@ class _ReadWriteLock:
 class _Table:
     """The arrays of one table and the locks that guard them."""
 
-    def __init__(self, dim: int, num_partitions: int, policy: str | None) -> None:
+    def __init__(self, dim: int, num_partitions: int, policy: str | None,
+                 storage: StorageType = FLOAT32) -> None:
         """`policy`: the overflow policy whose per-row stats to keep, or None for none."""
         self.dim = dim
+        self.storage = storage
+        self.width = storage.row_width(dim)
+        self.row_dtype = _kernel_dtype(storage)
         self.stamped = policy == "evict_oldest"
         self.lock = _ReadWriteLock()
         self.stats_lock = threading.Lock()  # fetches (readers) update stats and the clock
         self.state = np.zeros(2, np.int64)  # rows in use, tombstones (the kernels keep it)
         self.clock = 0  # ops seen; stamps of evict_oldest
         self.keys = np.zeros(MIN_ROWS, np.int64)
-        self.vectors = np.zeros((MIN_ROWS, dim), np.float32)
+        self._set_vectors(np.zeros((MIN_ROWS, self.width), self.row_dtype))
         self.has_stats = policy in ("evict_oldest", "evict_least_used")
         self.stats = np.zeros(MIN_ROWS, np.uint32) if self.has_stats else _NO_STATS
         self.written = 0  # rows ever written to the current row arrays (their resident part)
@@ -172,6 +250,16 @@ class _Table:
     @property
     def size(self) -> int:
         return int(self.state[0])
+
+    def _set_vectors(self, vectors: np.ndarray) -> None:
+        self.vectors = vectors
+        # an int8 row's scale and bias, read as float32 by the fetch kernel
+        self.floats = vectors.view(np.float32) if self.storage is INT8 else _NO_FLOATS
+
+    def row_bytes(self) -> int:
+        """Bytes of one row: key, stored vector, stat."""
+        stat = self.stats.itemsize if self.has_stats else 0
+        return self.keys.itemsize + self.vectors.itemsize * self.width + stat
 
     def _set_slots(self, capacity: int) -> None:
         self.slots = np.full(capacity, EMPTY, np.int32)
@@ -186,11 +274,8 @@ class _Table:
         not backed by memory (the benchmark checks this against the process RSS), so
         they are not counted; rows freed by removals are, until the arrays shrink.
         """
-        row_bytes = self.keys.itemsize + self.vectors.itemsize * self.dim
-        if self.has_stats:
-            row_bytes += self.stats.itemsize
         rows = max(self.written, MIN_ROWS)
-        return self.slots.nbytes + self.partition_sizes.nbytes + rows * row_bytes
+        return self.slots.nbytes + self.partition_sizes.nbytes + rows * self.row_bytes()
 
     # -- sizing -------------------------------------------------------------------------
 
@@ -211,9 +296,7 @@ class _Table:
         """Rows and slots for `total` keys in all, allocated once (a load's size)."""
         if total > self.keys.size:
             self._move_rows(total)
-        row_bytes = self.keys.itemsize + self.vectors.itemsize * self.dim
-        load = min(RESERVE_LOAD_MAX, max(RESERVE_LOAD_MIN, self.slots.itemsize / (
-            RESERVE_SLOT_SHARE * row_bytes)))
+        load = reserve_load(self.keys.itemsize + self.vectors.itemsize * self.width)
         if math.ceil(total / load) + 1 > self.slots.size:
             self.rebuild(total - self.size, load)
 
@@ -227,9 +310,10 @@ class _Table:
         n = self.size
         keys = np.empty(capacity, np.int64)
         keys[:n] = self.keys[:n]
-        vectors = np.empty((capacity, self.dim), np.float32)
+        vectors = np.empty((capacity, self.width), self.row_dtype)
         vectors[:n] = self.vectors[:n]
-        self.keys, self.vectors = keys, vectors
+        self.keys = keys
+        self._set_vectors(vectors)
         if self.has_stats:
             stats = np.empty(capacity, np.uint32)
             stats[:n] = self.stats[:n]
@@ -262,6 +346,7 @@ class HashMapTier(Tier):
 
     name = "hash_map"
     in_process = True
+    compact_storage = True
 
     def __init__(self, config: VolatileDBConfig | None = None, *, seed: int | None = None):
         super().__init__()
@@ -282,14 +367,20 @@ class HashMapTier(Tier):
 
     # -- tables -------------------------------------------------------------------------
 
-    def create_table(self, table: str, dim: int) -> None:
-        """Make `table` known with rows of width `dim`; keeps existing contents.
+    def create_table(self, table: str, dim: int, storage: StorageType | str = FLOAT32
+                     ) -> None:
+        """Make `table` known with rows of width `dim` stored as `storage`; keeps existing
+        contents.
 
-        Raises ConfigError if the table exists with another width.
+        Raises ConfigError if the table exists with another width or storage type.
         """
         dim = int(dim)
         if dim < 1:
             raise ConfigError(f"table {table!r}: width must be positive, got {dim}")
+        try:
+            kind = storage_type(storage)
+        except ValueError as exc:
+            raise ConfigError(f"table {table!r}: {exc}") from None
         with self._tables_lock:
             existing = self._tables.get(table)
             if existing is not None:
@@ -298,10 +389,27 @@ class HashMapTier(Tier):
                         f"hash_map table {table!r} holds rows of width {existing.dim}, "
                         f"not {dim}: drop it first"
                     )
+                if existing.storage is not kind:
+                    raise ConfigError(
+                        f"hash_map table {table!r} stores {existing.storage.name} rows, "
+                        f"not {kind.name}: drop it first"
+                    )
                 return
             policy = self.overflow_policy if self._bounded else None
-            self._tables[table] = _Table(dim, self.num_partitions, policy)
-            super().create_table(table, dim)
+            self._tables[table] = _Table(dim, self.num_partitions, policy, kind)
+            super().create_table(table, dim, kind)
+
+    def storage(self, table: str) -> StorageType:
+        """The type `table` stores its rows in (hps/storage.py)."""
+        return self._table(table).storage
+
+    @staticmethod
+    def memory_required(num_keys: int, dim: int, storage: StorageType | str = FLOAT32) -> int:
+        """Bytes a table of `num_keys` rows of width `dim` stored as `storage` takes once a
+        load has filled it (slots sized by `reserve`, no overflow stats)."""
+        row_bytes = 8 + storage_type(storage).row_bytes(dim)
+        slots = max(MIN_SLOTS, math.ceil(num_keys / reserve_load(row_bytes)) + 1)
+        return 4 * slots + max(num_keys, MIN_ROWS) * row_bytes
 
     def drop_table(self, table: str) -> None:
         with self._tables_lock:
@@ -323,32 +431,38 @@ class HashMapTier(Tier):
         k = _as_keys(keys)
         out = np.empty((k.size, t.dim), np.float32)
         found = np.empty(k.size, np.bool_)
-        self._fetch(t, k, out, found)
+        self._fetch(t, k, _kernel_out(t, out), found)
         return out, found
 
     def fetch_into(self, table: str, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Write the vectors of `keys` (int64[n]) into `out` (float32[n, dim], C-contiguous,
-        writable, e.g. a pinned staging buffer); rows of absent keys become zeros.
+        """Write the vectors of `keys` (int64[n]) into `out` (C-contiguous, writable, shape
+        [n, dim], e.g. a pinned staging buffer); rows of absent keys become zeros.
 
-        Returns found (bool[n]). Raises LookupInputError for an `out` of the wrong dtype,
+        `out` is float32 (rows decoded), or, for a table stored as float16, float16, and
+        for one stored as bfloat16, uint16 bfloat16 bits: the stored rows as they are.
+        Returns found (bool[n]). Raises LookupInputError for an `out` of another dtype,
         shape or layout (nothing is written then).
         """
         t = self._tables.get(table) or self._table(table)
         k = _as_keys(keys)
         flags = getattr(out, "flags", None)
-        if (type(out) is not np.ndarray or out.dtype is not _FLOAT32
-                or out.shape != (k.size, t.dim) or not flags.c_contiguous  # type: ignore[union-attr]
-                or not flags.writeable):  # type: ignore[union-attr]
+        narrow = _narrow_output(t.storage)
+        if (type(out) is not np.ndarray or out.shape != (k.size, t.dim)
+                or not flags.c_contiguous  # type: ignore[union-attr]
+                or not flags.writeable  # type: ignore[union-attr]
+                or not (out.dtype is _FLOAT32 or (narrow is not None and out.dtype == narrow))):
+            also = f" (or {narrow.name}: the stored {t.storage.name} bits)" if narrow else ""
             raise LookupInputError(
-                f"fetch_into needs a writable C-contiguous float32 array of shape "
+                f"fetch_into needs a writable C-contiguous float32{also} array of shape "
                 f"({k.size}, {t.dim}), got {type(out).__name__} "
                 f"{getattr(out, 'dtype', '')} {getattr(out, 'shape', '')}"
             )
         found = np.empty(k.size, np.bool_)
-        self._fetch(t, k, out, found)
+        self._fetch(t, k, _kernel_out(t, out), found)
         return found
 
     def _fetch(self, t: _Table, keys: np.ndarray, out: np.ndarray, found: np.ndarray) -> None:
+        """The fetch kernel over `keys` into `out` (as `_kernel_out` gives it)."""
         rows = np.empty(keys.size, np.int64) if t.has_stats else _NO_ROWS
         t.lock.acquire_read()
         try:
@@ -356,7 +470,7 @@ class HashMapTier(Tier):
             if parts > 1:
                 self._fetch_parallel(t, keys, out, found, rows, parts)
             else:
-                kernels.fetch(t.slots, t.keys, t.vectors, keys, out, found, rows)
+                kernels.fetch(t.slots, t.keys, t.vectors, t.floats, keys, out, found, rows)
             if t.has_stats:
                 with t.stats_lock:
                     self._note_fetch(t, rows)
@@ -375,7 +489,7 @@ class HashMapTier(Tier):
         slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
         def run(s: slice) -> None:
-            kernels.fetch(t.slots, t.keys, t.vectors, keys[s], out[s], found[s],
+            kernels.fetch(t.slots, t.keys, t.vectors, t.floats, keys[s], out[s], found[s],
                           rows[s] if rows.size else _NO_ROWS)
 
         futures = [self._pool.submit(run, s) for s in slices[:-1]]
@@ -393,14 +507,19 @@ class HashMapTier(Tier):
             kernels.stamp_rows(t.stats, rows, np.uint32(clock))
 
     def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
-        """Insert or overwrite rows; the last of duplicate keys wins. Prunes on overflow.
+        """Insert or overwrite rows (float32 vectors, stored in the table's storage type);
+        the last of duplicate keys wins. Prunes on overflow.
 
-        Raises LookupInputError when keys and vectors disagree in count or width.
+        Raises LookupInputError, writing nothing, when keys and vectors disagree in count
+        or width, or a row holds what the storage type cannot (NaN, infinity, out of its
+        range: hps/storage.py).
         """
         t = self._tables.get(table) or self._table(table)
         k, v = as_rows(keys, vectors, t.dim)
         if not k.size:
             return
+        if t.storage.compact:
+            v = _encoded(t.storage, v, table)
         t.lock.acquire_write()
         try:
             stamp = t.tick() if t.has_stats else 0
@@ -434,7 +553,8 @@ class HashMapTier(Tier):
     def export(self, table: str, order: Callable[[np.ndarray], np.ndarray | None],
                chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Every row of `table` as `(keys, vectors)` copies, `chunk_rows` at a time, in
-        the order `order(keys)` gives (row order for None).
+        the order `order(keys)` gives (row order for None). Vectors are float32: a compact
+        table's rows decoded (within its storage type's error bound of what was inserted).
 
         Raises TierError when the table is written to while the export runs.
         """
@@ -458,6 +578,8 @@ class HashMapTier(Tier):
                     keys, vectors = t.keys[rows], np.take(t.vectors, rows, axis=0)
             finally:
                 t.lock.release_read()
+            if t.storage.compact:
+                vectors = decode(t.storage, vectors.view(t.storage.stored_dtype), t.dim)
             yield keys, vectors
 
     def _prune(self, t: _Table) -> None:

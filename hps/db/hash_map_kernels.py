@@ -3,7 +3,9 @@ remove, rebuild. numba, GIL released; compiled (or loaded from numba's cache) wh
 module is imported, for the exact argument types below, never inside a lookup.
 
 A table is flat arrays (see `hps.db.hash_map`): `slots` int32[capacity] (a row, or EMPTY /
-TOMBSTONE), `row_keys` int64[row capacity], `vectors` float32[row capacity, dim], `stats`
+TOMBSTONE), `row_keys` int64[row capacity], `vectors` [row capacity, width] in the table's
+storage type (float32; uint16 bits of float16 or bfloat16; uint8 int8 rows: see
+hps/storage.py; insert and remove move rows as they are, fetch decodes), `stats`
 uint32[row capacity] (or empty when no overflow policy needs them), `partition_sizes`
 int64[num_partitions], and `state` int64[2] = (rows in use, tombstones). Rows [0, size)
 are live and dense.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from hps.compiled import array, inlined, kernel, prefetch, types
+from hps.storage_kernels import PAIRS, copy_row, zero_row
 
 EMPTY = -1
 TOMBSTONE = -2
@@ -29,11 +32,12 @@ _U64 = np.uint64
 # argument types: tables are writable; keys and vectors handed in may be read-only views
 _SLOTS = array(np.int32)
 _ROW_KEYS = array(np.int64)
-_VECTORS = array(np.float32, 2)
+#: the element types rows are stored in (float32, float16/bfloat16 bits, int8 rows)
+_STORED = (np.float32, np.uint16, np.uint8)
+_FLOATS = array(np.float32, 2)
 _STATS = array(np.uint32)
 _COUNTS = array(np.int64)
 _KEYS_IN = array(np.int64, readonly=True)
-_VECTORS_IN = array(np.float32, 2, readonly=True)
 _ROWS = array(np.int64)
 _FOUND = array(np.bool_)
 _I64 = types.int64
@@ -41,7 +45,7 @@ _I64 = types.int64
 _AHEAD = 8
 _RING = 32
 _RING_MASK = _RING - 1
-_LINE_FLOATS = 16  # float32 per 64-byte cache line
+_LINE_BYTES = 64
 A = np.ndarray  # annotations only: numba compiles for the signatures given
 
 
@@ -105,16 +109,22 @@ def _find(slots: A, row_keys: A, key: int, h: np.uint64) -> tuple[int, int]:
             p = 0
 
 
-@kernel([types.int64(_SLOTS, _ROW_KEYS, _VECTORS, _KEYS_IN, _VECTORS, _FOUND, _ROWS)])
-def fetch(slots: A, row_keys: A, vectors: A, keys: A, out: A, found: A, rows: A) -> int:
+@kernel([types.int64(_SLOTS, _ROW_KEYS, array(held, 2), _FLOATS, _KEYS_IN, array(wanted, 2),
+                     _FOUND, _ROWS) for held, wanted in PAIRS])
+def fetch(slots: A, row_keys: A, vectors: A, floats: A, keys: A, out: A, found: A,
+          rows: A) -> int:
     """out[i] = the row of keys[i] (zeros when absent), found[i], and rows[i] (the row or
     -1) when `rows` is not empty. Returns the number of keys found.
+
+    Stored rows are decoded into `out` as the array types say (hps.storage_kernels:
+    `floats` is an int8 table's `vectors` viewed as float32, else ignored).
 
     A pipeline over the keys: key i + 2·AHEAD has its home slot prefetched, key i + AHEAD
     the row its home slot names (key and vector), and key i is probed and copied, by then
     mostly from cache.
     """
-    dim = vectors.shape[1]
+    width = vectors.shape[1]
+    line = _LINE_BYTES // vectors.itemsize
     flat = vectors.reshape(-1)
     capacity = slots.size
     n = keys.size
@@ -134,30 +144,30 @@ def fetch(slots: A, row_keys: A, vectors: A, keys: A, out: A, found: A, rows: A)
             s = slots[homes[(i + _AHEAD) & _RING_MASK]]
             if s >= 0:
                 prefetch(row_keys, s)
-                for c in range(0, dim, _LINE_FLOATS):
-                    prefetch(flat, s * dim + c)
+                for c in range(0, width, line):
+                    prefetch(flat, s * width + c)
         key = keys[i]
         r = _probe(slots, row_keys, key, homes[i & _RING_MASK])
         if r >= 0:
-            for j in range(dim):
-                out[i, j] = vectors[r, j]
+            copy_row(vectors, r, floats, out, i)
             found[i] = True
             hits += 1
         else:
-            for j in range(dim):
-                out[i, j] = 0.0
+            zero_row(out, i)
             found[i] = False
         if track:
             rows[i] = r
     return hits
 
 
-@kernel([types.int64(_SLOTS, _ROW_KEYS, _VECTORS, _STATS, _COUNTS, _COUNTS, _KEYS_IN,
-                     _VECTORS_IN, _I64, _I64, _I64, _I64)])
+@kernel([types.int64(_SLOTS, _ROW_KEYS, array(held, 2), _STATS, _COUNTS, _COUNTS, _KEYS_IN,
+                     array(held, 2, readonly=True), _I64, _I64, _I64, _I64)
+         for held in _STORED])
 def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, state: A,
            keys: A, new_vectors: A, start: int, max_used: int, new_stat: int,
            overwrite_stat: int) -> int:
-    """Insert or overwrite keys[start:] in order (a repeated key: the last one wins).
+    """Insert or overwrite keys[start:] in order (a repeated key: the last one wins);
+    `new_vectors` are rows in the table's stored form (hps.storage.encode).
 
     A new key takes the first tombstone or the EMPTY slot its probe meets and row `size`;
     its stat is `new_stat`; an overwritten row's stat becomes `overwrite_stat` unless that
@@ -169,7 +179,7 @@ def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
     tombstones = state[1]
     num_partitions = partition_sizes.size
     has_stats = stats.size != 0
-    dim = vectors.shape[1]
+    width = vectors.shape[1]
     capacity = slots.size
     i = start
     while i < keys.size:
@@ -209,7 +219,7 @@ def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
                 stats[row] = new_stat
             partition_sizes[_partition(h, num_partitions)] += 1
             size += 1
-        for j in range(dim):
+        for j in range(width):
             vectors[row, j] = new_vectors[i, j]
         i += 1
     state[0] = size
@@ -217,7 +227,8 @@ def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
     return i
 
 
-@kernel([types.int64(_SLOTS, _ROW_KEYS, _VECTORS, _STATS, _COUNTS, _COUNTS, _KEYS_IN)])
+@kernel([types.int64(_SLOTS, _ROW_KEYS, array(held, 2), _STATS, _COUNTS, _COUNTS, _KEYS_IN)
+         for held in _STORED])
 def remove(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, state: A,
            keys: A) -> int:
     """Delete keys (repeats and absent keys are skipped); returns how many were deleted.
@@ -229,7 +240,7 @@ def remove(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
     tombstones = state[1]
     num_partitions = partition_sizes.size
     has_stats = stats.size != 0
-    dim = vectors.shape[1]
+    width = vectors.shape[1]
     removed = 0
     for i in range(keys.size):
         key = keys[i]
@@ -246,7 +257,7 @@ def remove(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
             _, q = _find(slots, row_keys, moved, mix(moved))
             slots[q] = row
             row_keys[row] = moved
-            for j in range(dim):
+            for j in range(width):
                 vectors[row, j] = vectors[last, j]
             if has_stats:
                 stats[row] = stats[last]

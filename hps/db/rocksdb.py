@@ -59,6 +59,7 @@ from hps.errors import (
     TierSetupError,
     UnknownTableError,
 )
+from hps.storage import StorageType
 from hps.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.db.rocksdb")
@@ -240,8 +241,11 @@ class RocksDBTier(Tier):
 
     # -- tables -------------------------------------------------------------------------
 
-    def create_table(self, table: str, dim: int) -> None:
+    def create_table(self, table: str, dim: int, storage: StorageType | str = "float32"
+                     ) -> None:
         """Make `table` known with rows of width `dim`; creates its column family if missing.
+        Rows stay float32 whatever `storage` says (HugeCTR's layout: shared stores stay
+        readable by every server).
 
         Keeps existing contents. Read-only: raises TierSetupError if the store lacks it.
         """
@@ -253,7 +257,7 @@ class RocksDBTier(Tier):
                 f"RocksDB at {self.path!r} is open read-only and has no table {table!r} "
                 f"(it holds: {', '.join(self.stored_tables()) or 'nothing'})"
             )
-        super().create_table(table, dim)
+        super().create_table(table, dim, storage)
 
     def drop_table(self, table: str) -> None:
         """Delete `table`'s column family and its metadata."""

@@ -7,12 +7,14 @@ keys it missed, through a `TableFetch`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from hps.db import Tiers
 from hps.errors import TierError
 from hps.server.models import LoadedTable
+from hps.storage import narrow
 
 
 class HostLookup:
@@ -23,24 +25,37 @@ class HostLookup:
     the volatile tier (`volatile_ready` False) skip it until they are filled. With
     `cache_missed_embeddings`, vectors found only in the persistent tier are written to
     the volatile tier in the background.
+
+    Outputs are float32, or the 16-bit type of a table stored as float16 / bfloat16
+    (float16, uint16 bits; hps/keys.py decides which are accepted): a volatile tier that
+    stores the table compact writes its rows into those as they are, without widening;
+    rows of float32 tiers and default values are rounded to it as the storage rounds.
     """
 
     def __init__(self, tiers: Tiers, *, cache_missed_embeddings: bool) -> None:
         self.tiers = tiers
         self.cache_missed = cache_missed_embeddings and tiers.volatile is not None
 
-    def fetch(self, table: LoadedTable, keys: np.ndarray) -> np.ndarray:
-        """Vectors of `keys` (host int64[n]) as a new float32 [n, table.dim] array."""
-        vectors = np.empty((keys.size, table.dim), dtype=np.float32)
+    def fetch(self, table: LoadedTable, keys: np.ndarray, dtype: Any = np.float32
+              ) -> np.ndarray:
+        """Vectors of `keys` (host int64[n]) as a new [n, table.dim] array of `dtype`
+        (float32, or the table's 16-bit output type: see the class docstring)."""
+        vectors = np.empty((keys.size, table.dim), dtype=dtype)
         self.fetch_into(table, keys, vectors)
         return vectors
 
     def fetch_into(self, table: LoadedTable, keys: np.ndarray, out: np.ndarray) -> None:
-        """Vectors of `keys` (host int64[n]) written into `out` (float32 [n, table.dim],
-        C-contiguous: the GPU path passes its pinned staging buffer)."""
+        """Vectors of `keys` (host int64[n]) written into `out` ([n, table.dim],
+        C-contiguous: the GPU path passes its pinned staging buffer; float32, or the
+        table's 16-bit output type)."""
+        volatile = self.tiers.volatile
+        if out.dtype != _FLOAT32 and not (volatile is not None and volatile.compact_storage):
+            # no tier holds 16-bit rows: the lookup in float32, rounded once at the end
+            out[:] = narrow(table.storage, self.fetch(table, keys))
+            return
         n = keys.size
         name = table.storage_name
-        volatile, persistent = self.tiers.volatile, self.tiers.persistent
+        persistent = self.tiers.persistent
         found: np.ndarray | None = None
         if volatile is not None and n and table.volatile_ready:
             try:
@@ -58,14 +73,15 @@ class HostLookup:
             missing = np.flatnonzero(~found)
             unique, inverse = np.unique(keys[missing], return_inverse=True)
             rows, present = persistent.fetch(name, unique)
-            out[missing] = rows[inverse]
+            out[missing] = _as_output(table, rows[inverse], out)
             found[missing] = present[inverse]
             persistent_hits = int(np.count_nonzero(present[inverse]))
             if self.cache_missed and table.volatile_ready:
                 self._cache_missed(name, unique[present], rows[present])
         defaults = n - volatile_hits - persistent_hits
         if defaults:
-            out[~found] = table.default_value
+            out[~found] = _as_output(table, np.full((1, table.dim), table.default_value,
+                                                    np.float32), out)
         table.stats.add(n, volatile_hits, persistent_hits, defaults)
 
     def for_table(self, table: LoadedTable) -> TableFetch:
@@ -79,6 +95,14 @@ class HostLookup:
             self.tiers.volatile.insert_async(name, keys, rows)  # type: ignore[union-attr]
         except TierError:
             pass  # the next lookup of these keys reaches the persistent tier again
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _as_output(table: LoadedTable, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """float32 `rows` in the dtype of `out` (float32, or the table's 16-bit type)."""
+    return rows if out.dtype == _FLOAT32 else narrow(table.storage, rows)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from hps.keys import key_array, key_ref
 from hps.loader import TableSource
 from hps.producers import ArrayRef
 from hps.server.versions import VersionRefs
+from hps.storage import FLOAT32, StorageType
 
 
 @dataclass
@@ -62,6 +63,9 @@ class LoadedTable:
     #: lookups read the volatile tier for this table; False while a load left it out
     #: (Redis down, full or read-only then) until the background fill is done
     volatile_ready: bool = True
+    #: the model's embedding_storage_dtype: how the hash map and GPU tables store rows,
+    #: and which output dtypes a lookup accepts (hps/storage.py)
+    storage: StorageType = FLOAT32
 
     def checked_ref(self, keys: Any) -> ArrayRef:
         """Where `keys` are (hps/keys.py `key_ref`), checked to be integers and at most

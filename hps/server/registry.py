@@ -243,7 +243,7 @@ class ModelRegistry:
         source = load_table(
             storage_name, reader, self.tiers.volatile, self.tiers.persistent,
             self.config.volatile_db.initial_cache_rate, progress,
-            allow_non_finite=model.allow_non_finite_vectors,
+            allow_non_finite=model.allow_non_finite_vectors, storage=model.storage,
         )
         return LoadedTable(
             index=index,
@@ -254,6 +254,7 @@ class ModelRegistry:
             max_keys=model.max_keys_per_lookup(index),
             source=source,
             volatile_ready=not source.volatile_error,
+            storage=model.storage,
         )
 
     def _drop_leftover_staging(self, names: Sequence[str]) -> None:

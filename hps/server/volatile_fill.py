@@ -125,7 +125,7 @@ class VolatileFiller:
                     return  # replaced or unloaded meanwhile: nothing to fill
                 try:
                     self.volatile.drop_table(name)  # stale rows of an earlier version go
-                    self.volatile.create_table(name, fill.table.dim)
+                    self.volatile.create_table(name, fill.table.dim, fill.table.storage)
                     with fill.open_reader() as reader:
                         keys = fill_volatile(name, reader, self.volatile, self.rate,
                                              self.stored)
