@@ -517,9 +517,22 @@ def inspect(
         err_console.print(f"[bold red]invalid:[/] {escape(str(exc))}")
         raise typer.Exit(code=1) from None
     _print_report(f"{report.format} {source}",
-                  report.rows() + _gpu_memory_rows(report.num_keys, report.vec_size))
+                  report.rows() + _host_memory_rows(report.num_keys, report.vec_size)
+                  + _gpu_memory_rows(report.num_keys, report.vec_size))
     if not report.valid:
         raise typer.Exit(code=1)
+
+
+def _host_memory_rows(num_keys: int, dim: int) -> list[tuple[str, str]]:
+    """Process memory the in-process hash map takes for the whole table, by
+    embedding_storage_dtype (what hps/db/hash_map.py allocates for a load of it)."""
+    from hps.db.hash_map import HashMapTier
+    from hps.storage import STORAGE_NAMES
+
+    mib = 1 << 20
+    return [(f"memory, in-process hash map, {name}",
+             f"{HashMapTier.memory_required(num_keys, dim, name) / mib:,.1f} MiB")
+            for name in STORAGE_NAMES]
 
 
 def _gpu_memory_rows(num_keys: int, dim: int) -> list[tuple[str, str]]:

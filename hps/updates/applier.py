@@ -3,9 +3,10 @@
 A batch (the messages of one poll) is applied in two steps:
 
 1. `prepare`: each message is decoded (codec.py) against the table its topic names;
-   malformed messages, unknown tables, NaN/inf rows and out-of-range keys are rejected
-   here (counted in `UpdateStats`, logged with a rate limit), so they never change a row.
-   Nothing is written.
+   malformed messages, unknown tables, NaN/inf rows, out-of-range keys and values a
+   compact table's storage type cannot hold (float16 past ±65504, ...: "value_range")
+   are rejected here (counted in `UpdateStats`, logged with a rate limit), so they
+   never change a row. Nothing is written.
 2. `write`: per table, the rows of all its messages (the last row of a key wins, as the
    log's order says) go to the persistent tier (a large batch through its bulk path,
    `Tier.load`), then the volatile tier, then every GPU cache of the table (rows it holds
@@ -38,6 +39,7 @@ import numpy as np
 from hps.db import Tiers
 from hps.db.base import Tier
 from hps.errors import BadUpdateError, LookupInputError, UnknownTableError
+from hps.storage import FLOAT32, StorageType, first_unencodable_row
 from hps.updates import codec
 from hps.updates.source import UpdateMessage
 from hps.updates.stats import UpdateStats
@@ -60,6 +62,7 @@ class UpdateTarget:
     topic          hps_et.<model>.<table>, where its updates are published
     storage_name   where its rows are stored now (a reload alternates with a staging name)
     write_caches   its GPU caches, None when it has none
+    storage        its embedding_storage_dtype (what the hash map and GPU tables hold)
     """
 
     model: str
@@ -68,6 +71,7 @@ class UpdateTarget:
     storage_name: str
     dim: int
     write_caches: CacheWrite | None = None
+    storage: StorageType = FLOAT32
 
 
 #: the served table a topic names, None when no served model has that table
@@ -178,6 +182,14 @@ class UpdateApplier:
             except BadUpdateError as exc:
                 self.stats.rejected(message.topic, exc.reason,
                                     f"{exc} (at {message.position})")
+                continue
+            bad = first_unencodable_row(target.storage, vectors)
+            if bad is not None:
+                self.stats.rejected(
+                    message.topic, "value_range",
+                    f"row {bad} holds a value {target.storage.name} storage cannot hold "
+                    f"(magnitude {target.storage.max_magnitude:g} or more) "
+                    f"(at {message.position})")
                 continue
             batch = batches.get(message.topic)
             if batch is None or batch.dim != target.dim:

@@ -22,7 +22,8 @@ _HEADER = struct.Struct("<4sI")
 HEADER_BYTES = _HEADER.size
 
 #: the reasons a message is rejected (the `reason` label of hps_update_rejected_total)
-REASONS = ("magic", "value_size", "truncated", "unknown_table", "non_finite", "key_range")
+REASONS = ("magic", "value_size", "truncated", "unknown_table", "non_finite", "key_range",
+           "value_range")
 
 
 def _records(key_bytes: int, dim: int) -> np.dtype:

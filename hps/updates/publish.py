@@ -29,6 +29,7 @@ from hps.io.formats import ReadOptions, open_model
 from hps.io.formats.spec import TableSpec
 from hps.io.source import SourceOptions
 from hps.loader import LoadProgress
+from hps.storage import FLOAT32, StorageType, first_unencodable_row
 from hps.updates import codec
 from hps.updates.source import UpdatePublisher, open_publisher
 
@@ -44,6 +45,7 @@ class _Table:
     dim: int
     key_bytes: int
     rows_per_message: int
+    storage: StorageType = FLOAT32
 
 
 def _table(config: PSConfig, model: str, table: str | int) -> tuple[ModelConfig, int, _Table]:
@@ -69,7 +71,7 @@ def _table(config: PSConfig, model: str, table: str | int) -> tuple[ModelConfig,
     key_bytes = updates.key_bytes or (8 if config.supportlonglong else 4)
     return mc, index, _Table(table_name(model, names[index]),
                              int(mc.embedding_vecsize_per_table[index]), key_bytes,
-                             updates.max_batch_size)
+                             updates.max_batch_size, mc.storage)
 
 
 def publish_arrays(config: Any, model: str, table: str | int, keys: Any, vectors: Any, *,
@@ -129,6 +131,12 @@ def _check(keys: np.ndarray, vectors: np.ndarray, target: _Table, config: PSConf
     if not np.isfinite(vectors).all():
         raise BadUpdateError(f"the rows for {target.topic} hold NaN or infinite values",
                              "non_finite")
+    bad = first_unencodable_row(target.storage, vectors)
+    if bad is not None:
+        raise BadUpdateError(
+            f"row {bad} for {target.topic} holds a value its {target.storage.name} storage "
+            f"cannot hold (magnitude {target.storage.max_magnitude:g} or more)",
+            "value_range")
 
 
 def _checked(keys: np.ndarray, vectors: np.ndarray, target: _Table, config: PSConfig
