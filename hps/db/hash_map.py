@@ -404,12 +404,13 @@ class HashMapTier(Tier):
         return self._table(table).storage
 
     @staticmethod
-    def memory_required(num_keys: int, dim: int, storage: StorageType | str = FLOAT32) -> int:
+    def memory_required(num_keys: int, dim: int, storage: StorageType | str = FLOAT32, *,
+                        num_partitions: int = 16) -> int:
         """Bytes a table of `num_keys` rows of width `dim` stored as `storage` takes once a
         load has filled it (slots sized by `reserve`, no overflow stats)."""
         row_bytes = 8 + storage_type(storage).row_bytes(dim)
         slots = max(MIN_SLOTS, math.ceil(num_keys / reserve_load(row_bytes)) + 1)
-        return 4 * slots + max(num_keys, MIN_ROWS) * row_bytes
+        return 4 * slots + 8 * num_partitions + max(num_keys, MIN_ROWS) * row_bytes
 
     def drop_table(self, table: str) -> None:
         with self._tables_lock:

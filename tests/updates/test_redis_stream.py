@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hps import HierarchicalParameterServer
+from hps import BadUpdateError, HierarchicalParameterServer
 from hps.config import UpdateSourceConfig
 from hps.loader import LoadProgress
 from hps.updates import codec
@@ -217,3 +217,36 @@ def test_a_volatile_redis_outage_holds_the_batch_until_it_is_back(
         got, found = server.volatile.fetch(name, model.keys[:20])
         assert found.all()
         np.testing.assert_array_equal(got, rows)
+
+
+@pytest.mark.parametrize("storage", ["float16", "bfloat16", "int8"])
+def test_updates_of_a_compact_table_are_stored_compact_and_checked_for_range(
+        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
+        rng: np.random.Generator, storage: str) -> None:
+    from hps.storage import decode, encode, storage_type
+    from hps.updates.publish import publish_arrays
+
+    keys = np.concatenate([model.keys[:40], np.arange(5, dtype=np.int64)])  # 5 new keys
+    rows = _rows(rng, keys.size) * np.float32(100)
+    config = model.config(redis_updates)
+    config["models"][0]["embedding_storage_dtype"] = storage
+    with HierarchicalParameterServer(config) as server:
+        publish(redis_publisher, keys, rows)
+        served = decode(storage, encode(storage, rows), DIM)
+        wait_rows(server, keys, served)  # the hash map holds them in the storage type
+        name = server.model("m").tables[0].storage_name
+        got, found = server.persistent.fetch(name, keys)  # RocksDB keeps float32 as sent
+        assert found.all()
+        np.testing.assert_array_equal(got, rows)
+        # a value past the type's range: the consumer skips the message, the publisher
+        # refuses it; no row changes
+        huge = rows[:3].copy()
+        huge[1, 4] = np.float32(min(storage_type(storage).max_magnitude, 3.4e38))
+        redis_publisher.publish(TOPIC, [codec.encode(keys[:3], huge)])
+        with pytest.raises(BadUpdateError, match=f"its {storage} storage cannot hold"):
+            publish_arrays(config, "m", 0, keys[:3], huge, publisher=redis_publisher)
+        status = wait_status(
+            server, lambda s: s["tables"][TOPIC]["rejected"].get("value_range") == 1,
+            "the out-of-range message rejected")
+        assert status["state"] == "running"
+        np.testing.assert_array_equal(server.lookup("m", 0, keys), served)
