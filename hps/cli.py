@@ -707,6 +707,24 @@ def bench_load_cmd(
                           f"{row['cpu_ratio']:.2f}×)")
 
 
+@bench_app.command("storage")
+def bench_storage_cmd(
+    keys: int = typer.Option(1_000_000, help="Keys in the table (a model loaded from files)."),
+    dim: int = typer.Option(64, help="Vector width."),
+    batches: str = typer.Option("1,256,16384", help="Keys per lookup, comma-separated."),
+    repeats: int = typer.Option(2000, help="Timed lookups per type at 256 keys (fewer for "
+                                           "larger batches)."),
+) -> None:
+    """Each embedding_storage_dtype beside float32 through HPS.lookup on the embedded
+    default (hash map over RocksDB), and the process RSS growth of each type's load."""
+    from hps.bench.storage import bench_storage, format_storage
+
+    console.print(f"loading a table of {keys:,} keys, width {dim}, from files, once per "
+                  "storage type; lookups of uniform keys, all hits …")
+    result = bench_storage(keys, dim, tuple(int(b) for b in batches.split(",")), repeats)
+    print(format_storage(result))
+
+
 @bench_app.command("tiers")
 def bench_tiers_cmd(
     keys: int = typer.Option(1_000_000, help="Keys in the table (a model loaded from files)."),

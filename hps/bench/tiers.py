@@ -274,9 +274,16 @@ def bench_bulk_load(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _public_model(folder: str, num_keys: int, dim: int) -> tuple[Any, np.ndarray, np.ndarray]:
+def public_model_name(storage: str) -> str:
+    """The model `_public_model` serves the table as, stored as `storage`."""
+    return "bench" if storage == "float32" else f"bench_{storage}"
+
+
+def _public_model(folder: str, num_keys: int, dim: int,
+                  storages: tuple[str, ...] = ("float32",)) -> tuple[Any, np.ndarray, np.ndarray]:
     """A one-table model written as a sparse folder and loaded into the embedded default
-    tiers; returns the HPS and the table's keys (sorted) with their rows."""
+    tiers, once per embedding_storage_dtype in `storages` (models named by
+    `public_model_name`); returns the HPS and the table's keys (sorted) with their rows."""
     from hps.api import HPS
     from hps.io.sparse_model import write_sparse_model
 
@@ -287,12 +294,14 @@ def _public_model(folder: str, num_keys: int, dim: int) -> tuple[Any, np.ndarray
     config = {
         "supportlonglong": True,
         "models": [{
-            "model": "bench", "sparse_files": [os.path.join(folder, "table0")],
+            "model": public_model_name(storage),
+            "sparse_files": [os.path.join(folder, "table0")],
             "embedding_table_names": ["table0"], "embedding_vecsize_per_table": [dim],
             "maxnum_catfeature_query_per_table_per_sample": [1],
             "default_value_for_each_table": [0.0], "deployed_device_list": [0],
             "max_batch_size": 1 << 20, "gpucache": False,
-        }],
+            "embedding_storage_dtype": storage,
+        } for storage in storages],
         "volatile_db": {"type": "hash_map"},
         "persistent_db": {"type": "rocks_db", "path": os.path.join(folder, "rocksdb")},
     }
