@@ -17,7 +17,15 @@ from hps.updates import codec
 from hps.updates.source import UpdatePublisher, open_publisher
 from tests.conftest import write_table
 from tests.redis_servers import RedisServer, eventually
-from tests.updates.conftest import TOPIC, Model, publish, random_rows, wait_rows, wait_status
+from tests.updates.conftest import (
+    DIM,
+    TOPIC,
+    Model,
+    publish,
+    random_rows,
+    wait_rows,
+    wait_status,
+)
 
 
 def test_a_new_group_starts_from_the_earliest_message(
@@ -227,7 +235,7 @@ def test_updates_of_a_compact_table_are_stored_compact_and_checked_for_range(
     from hps.updates.publish import publish_arrays
 
     keys = np.concatenate([model.keys[:40], np.arange(5, dtype=np.int64)])  # 5 new keys
-    rows = _rows(rng, keys.size) * np.float32(100)
+    rows = random_rows(rng, keys.size) * np.float32(100)
     config = model.config(redis_updates)
     config["models"][0]["embedding_storage_dtype"] = storage
     with HierarchicalParameterServer(config) as server:
