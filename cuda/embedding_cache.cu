@@ -34,55 +34,60 @@ extern "C" __global__ void cache_query(
     float* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys,
     const u64 tick, const float default_value) {
-    const hps_query_lanes t = hps_query_lanes_here();
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const int g = lane / GROUP;
+    const u32 gmask = hps_group_mask(lane);
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const long long special_slot = (long long)num_sets * SET_SIZE;
     const bool special_present = flags[0] != 0;
     const bool vec4 = out_vec4 != 0;
 
     // warp-uniform loop: every lane runs every round, so warp-wide ballots are legal
-    for (long long base = t.first; base < n; base += t.stride) {
+    for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
         long long pos[UNROLL];
         hps_key key[UNROLL];
         u32 set[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            pos[u] = base + u * KPW + t.g;
+            pos[u] = base + u * KPW + g;
             key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
             set[u] = hps_set_of(key[u], num_sets);
         }
         hps_key k[UNROLL][KPL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
-            if (key[u] != HPS_EMPTY_KEY) hps_load_set_keys(slot_keys + (u64)set[u] * SET_SIZE, t.gl, k[u]);
+            if (key[u] != HPS_EMPTY_KEY) hps_load_set_keys(slot_keys + (u64)set[u] * SET_SIZE, gl, k[u]);
         long long slot[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            int way = key[u] != HPS_EMPTY_KEY ? hps_match(k[u], key[u], t.gl) : -1;
-            way = __reduce_max_sync(t.gmask, way);
+            int way = key[u] != HPS_EMPTY_KEY ? hps_match(k[u], key[u], gl) : -1;
+            way = __reduce_max_sync(gmask, way);
             slot[u] = way >= 0 ? (long long)set[u] * SET_SIZE + way : -1;
             if (key[u] == HPS_EMPTY_KEY && pos[u] < n && special_present) slot[u] = special_slot;
         }
         float4 r[UNROLL][VPL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
-            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW4, t.gl, r[u]);
+            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW4, gl, r[u]);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const bool valid = pos[u] < n;
             if (valid) {
                 float* orow = out + pos[u] * DIM;
                 if (slot[u] >= 0) {
-                    hps_store_out(orow, t.gl, r[u], vec4);
-                    bool stamp = t.gl == 0 && slot[u] != special_slot;
+                    hps_store_out(orow, gl, r[u], vec4);
+                    bool stamp = gl == 0 && slot[u] != special_slot;
 #if STAMP_SHIFT > 0
                     stamp = stamp && (hps_murmur3_fmix64((u64)key[u] ^ tick) & ((1ULL << STAMP_SHIFT) - 1)) == 0;
 #endif
                     if (stamp) stamps[slot[u]] = tick;
                 } else {
-                    hps_fill_out(orow, t.gl, default_value, vec4);
+                    hps_fill_out(orow, gl, default_value, vec4);
                 }
             }
-            hps_record_misses(t.gl == 0 && valid && slot[u] < 0, pos[u], key[u], t.lane, ctl,
+            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
                               miss_pos, miss_keys);
         }
     }

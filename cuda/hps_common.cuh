@@ -61,28 +61,6 @@ __device__ __forceinline__ u32 hps_group_mask(int lane) {
 #endif
 }
 
-// Where the calling thread stands in a query kernel's rounds: each round a warp serves
-// KPW * UNROLL keys, UNROLL per lane group, from `first` on in steps of `stride`.
-struct hps_query_lanes {
-    int lane;          // lane in the warp
-    int gl;            // lane in its group
-    int g;             // group in the warp
-    u32 gmask;         // the lanes of its group
-    long long first;   // first key of the warp's first round
-    long long stride;  // keys all warps serve in one round
-};
-
-__device__ __forceinline__ hps_query_lanes hps_query_lanes_here() {
-    hps_query_lanes t;
-    t.lane = threadIdx.x & 31;
-    t.gl = t.lane & (GROUP - 1);
-    t.g = t.lane / GROUP;
-    t.gmask = hps_group_mask(t.lane);
-    t.first = (((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * (KPW * UNROLL);
-    t.stride = (((long long)gridDim.x * blockDim.x) >> 5) * (KPW * UNROLL);
-    return t;
-}
-
 // Loads this lane's KPL keys of a set (16-byte loads where KPL is even).
 __device__ __forceinline__ void hps_load_set_keys(const hps_key* set_keys, int gl, hps_key (&k)[KPL]) {
     const hps_key* p = set_keys + gl * KPL;
@@ -222,54 +200,6 @@ __device__ __forceinline__ void hps_finish_query(int* ctl, int* host_count) {
             *reinterpret_cast<volatile int*>(host_count) = count;
         }
     }
-}
-
-// The body of a query kernel over a table that finds a key's slot, then reads the slot's
-// row from where `rows` says (static_query, uvm_query). Each round every lane group takes
-// UNROLL keys: find(base, g, gl, gmask, pos, key, slot) gives their positions, keys and
-// slots (-1: not held; positions past n get key HPS_EMPTY_KEY and slot -1) and is called by
-// every lane of the warp. For each held key, rows.where(slot, gl) (every lane of the group;
-// its leader may count the access) gives a handle, and once the round has every handle,
-// rows.row(handle) the row to read: the loads of a round's rows are in flight together.
-// Hits are copied to out[pos], misses filled with default_value and appended to the miss
-// lists; then hps_finish_query.
-template <typename Find, typename Rows>
-__device__ __forceinline__ void hps_query_rows(const long long n, float* __restrict__ out,
-                                               const int out_vec4, int* __restrict__ ctl,
-                                               int* host_count, int* __restrict__ miss_pos,
-                                               hps_key* __restrict__ miss_keys,
-                                               const float default_value, const Find& find,
-                                               const Rows& rows) {
-    const hps_query_lanes t = hps_query_lanes_here();
-    const bool vec4 = out_vec4 != 0;
-
-    // warp-uniform loop: every lane runs every round, so warp-wide ballots are legal
-    for (long long base = t.first; base < n; base += t.stride) {
-        long long pos[UNROLL];
-        hps_key key[UNROLL];
-        long long slot[UNROLL];
-        find(base, t.g, t.gl, t.gmask, pos, key, slot);
-        decltype(rows.where(0, 0)) at[UNROLL];  // set and read only where slot[u] >= 0
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (slot[u] >= 0) at[u] = rows.where(slot[u], t.gl);
-        float4 r[UNROLL][VPL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (slot[u] >= 0) hps_load_row(rows.row(at[u]), t.gl, r[u]);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const bool valid = pos[u] < n;
-            if (valid) {
-                float* orow = out + pos[u] * DIM;
-                if (slot[u] >= 0) hps_store_out(orow, t.gl, r[u], vec4);
-                else hps_fill_out(orow, t.gl, default_value, vec4);
-            }
-            hps_record_misses(t.gl == 0 && valid && slot[u] < 0, pos[u], key[u], t.lane, ctl,
-                              miss_pos, miss_keys);
-        }
-    }
-    hps_finish_query(ctl, host_count);
 }
 
 // Writes the present (non-empty) keys of slots [first, last) to out, order unspecified;

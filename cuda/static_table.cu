@@ -153,33 +153,6 @@ __device__ __forceinline__ void static_find_slots(
 #endif
 }
 
-// static_find_slots over one table, as hps_query_rows calls it (the uvm query's too).
-struct static_slots {
-    const hps_key* keys;
-    long long n;
-    const hps_key* slot_keys;
-    u32 num_buckets;
-    bool special_present;
-
-    __device__ __forceinline__ void operator()(const long long base, const int g, const int gl,
-                                               const u32 gmask, long long (&pos)[UNROLL],
-                                               hps_key (&key)[UNROLL],
-                                               long long (&slot)[UNROLL]) const {
-        static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
-                          pos, key, slot);
-    }
-};
-
-// Where hps_query_rows reads a held slot's row: at the slot, in the table's row array.
-struct static_rows {
-    const float4* vecs;
-
-    __device__ __forceinline__ long long where(const long long slot, int) const { return slot; }
-    __device__ __forceinline__ const float4* row(const long long slot) const {
-        return vecs + slot * ROW4;
-    }
-};
-
 // Same contract as cache_query of the dynamic cache, without stamps: hits copied to
 // out[pos], misses filled with default_value and appended to the miss lists.
 extern "C" __global__ void static_query(
@@ -187,10 +160,38 @@ extern "C" __global__ void static_query(
     const float4* __restrict__ vecs, const u32 num_buckets, const int* __restrict__ flags,
     float* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value) {
-    const static_slots find{keys, n, slot_keys, num_buckets, flags[0] != 0};
-    const static_rows rows{vecs};
-    hps_query_rows(n, out, out_vec4, ctl, host_count, miss_pos, miss_keys, default_value, find,
-                   rows);
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const int g = lane / GROUP;
+    const u32 gmask = hps_group_mask(lane);
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const bool special_present = flags[0] != 0;
+    const bool vec4 = out_vec4 != 0;
+
+    for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
+        long long pos[UNROLL];
+        hps_key key[UNROLL];
+        long long slot[UNROLL];
+        static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
+                          pos, key, slot);
+        float4 r[UNROLL][VPL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW4, gl, r[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool valid = pos[u] < n;
+            if (valid) {
+                float* orow = out + pos[u] * DIM;
+                if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
+                else hps_fill_out(orow, gl, default_value, vec4);
+            }
+            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
+                              miss_pos, miss_keys);
+        }
+    }
+    hps_finish_query(ctl, host_count);
 }
 
 // The slot of a key (the special slot for HPS_EMPTY_KEY when present), or -1.

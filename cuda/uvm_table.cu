@@ -32,23 +32,6 @@ __device__ __forceinline__ void uvm_count(u32* hit) {
     if (*reinterpret_cast<volatile u32*>(hit) < (u32)HITS_CAP) atomicAdd(hit, 1u);
 }
 
-// Where hps_query_rows reads a held slot's row: its GPU copy where it has one, else the
-// mapped host row; every access is counted in hits.
-struct uvm_rows {
-    const float4* host_vecs;
-    const u32* gpu_row;
-    const float4* gpu_vecs;
-    u32* hits;
-
-    __device__ __forceinline__ const float4* where(const long long slot, const int gl) const {
-        const u32 at = gpu_row[slot];
-        const float4* row = at != NO_ROW ? gpu_vecs + (u64)at * ROW4 : host_vecs + slot * ROW4;
-        if (gl == 0) uvm_count(hits + slot);
-        return row;
-    }
-    __device__ __forceinline__ const float4* row(const float4* row) const { return row; }
-};
-
 // static_query's contract (hits copied to out[pos], misses filled with default_value and
 // appended to the miss lists), each row read from GPU memory when it has a copy there,
 // else from the mapped host memory; every access counted in hits.
@@ -58,10 +41,48 @@ extern "C" __global__ void uvm_query(
     float* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
     const u32* __restrict__ gpu_row, const float4* __restrict__ gpu_vecs, u32* hits) {
-    const static_slots find{keys, n, slot_keys, num_buckets, flags[0] != 0};
-    const uvm_rows rows{host_vecs, gpu_row, gpu_vecs, hits};
-    hps_query_rows(n, out, out_vec4, ctl, host_count, miss_pos, miss_keys, default_value, find,
-                   rows);
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const int g = lane / GROUP;
+    const u32 gmask = hps_group_mask(lane);
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const bool special_present = flags[0] != 0;
+    const bool vec4 = out_vec4 != 0;
+
+    for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
+        long long pos[UNROLL];
+        hps_key key[UNROLL];
+        long long slot[UNROLL];
+        static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
+                          pos, key, slot);
+        const float4* row[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            row[u] = nullptr;
+            if (slot[u] >= 0) {
+                const u32 at = gpu_row[slot[u]];
+                row[u] = at != NO_ROW ? gpu_vecs + (u64)at * ROW4 : host_vecs + slot[u] * ROW4;
+                if (gl == 0) uvm_count(hits + slot[u]);
+            }
+        }
+        float4 r[UNROLL][VPL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (row[u] != nullptr) hps_load_row(row[u], gl, r[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool valid = pos[u] < n;
+            if (valid) {
+                float* orow = out + pos[u] * DIM;
+                if (row[u] != nullptr) hps_store_out(orow, gl, r[u], vec4);
+                else hps_fill_out(orow, gl, default_value, vec4);
+            }
+            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
+                              miss_pos, miss_keys);
+        }
+    }
+    hps_finish_query(ctl, host_count);
 }
 
 // Overwrites the rows of present keys in both places (refresh, updates); absent keys are
