@@ -112,7 +112,7 @@ class ArrayRef:
         cupy = cupy_module()
         with cupy.cuda.Device(self.device):
             if self.size == 0:
-                return cupy.empty(self.shape, self.dtype)
+                return cupy.empty(tuple(self.shape), self.dtype)
             return cupy.asarray(_InterfaceView(self, "__cuda_array_interface__"))
 
 
@@ -123,7 +123,8 @@ class _InterfaceView:
         self._owner = ref.owner
         if ref.dtype is None:
             raise KeyTypeError(f"dtype {ref.dtype_name} has no NumPy equivalent")
-        interface = {"data": (ref.ptr, not ref.writable), "shape": ref.shape,
+        # a tuple: CuPy refuses torch.Size (hps keeps torch's shape object as it comes)
+        interface = {"data": (ref.ptr, not ref.writable), "shape": tuple(ref.shape),
                      "typestr": ref.dtype.str, "strides": ref.strides, "version": 3}
         if attribute == "__cuda_array_interface__":
             interface["stream"] = None  # ordered by the caller of the lookup
