@@ -89,11 +89,12 @@ class ColumnRows:
 
     def __init__(self, data: np.ndarray, chunks: list[tuple[Any, int]], leaf: VectorLeaf,
                  dim: int, codecs: dict[str, Any]) -> None:
-        self._data, self._chunks, self._leaf, self._dim = data, chunks, leaf, dim
-        self._codecs = codecs  # pyarrow codecs by name, shared by a reader's parts
-        self._def_width = leaf.max_definition_level.bit_length()
-        self._row_starts = row_start_bytes(dim)
-        self._pages = self._values()
+        column = _Column(data, leaf, dim, codecs, leaf.max_definition_level.bit_length(),
+                         row_start_bytes(dim))
+        self._dim = dim
+        # a function's generator, not a method's: one holding `self` would make a cycle
+        # that keeps the file mapped until the garbage collector runs
+        self._pages = _column_values(column, chunks)
         self._left = np.empty(0, leaf.dtype)
 
     def read(self, n: int) -> np.ndarray:
@@ -119,39 +120,52 @@ class ColumnRows:
             filled += take
         return rows
 
-    def _values(self) -> Iterator[np.ndarray]:
-        """The checked values of each data page of each chunk, in order."""
-        for chunk, num_rows in self._chunks:
-            yield from _ChunkPages(self, chunk, num_rows).values()
+
+@dataclass(frozen=True)
+class _Column:
+    """What decoding any chunk of one file's vector column needs."""
+
+    data: np.ndarray
+    leaf: VectorLeaf
+    dim: int
+    codecs: dict[str, Any]  # pyarrow codecs by name, shared by a reader's parts
+    def_width: int
+    row_starts: np.ndarray
+
+
+def _column_values(column: _Column, chunks: list[tuple[Any, int]]) -> Iterator[np.ndarray]:
+    """The checked values of each data page of each chunk, in order."""
+    for chunk, num_rows in chunks:
+        yield from _ChunkPages(column, chunk, num_rows).values()
 
 
 class _ChunkPages:
     """The pages of one column chunk (one row group's vector column), decoded."""
 
-    def __init__(self, rows: ColumnRows, chunk: Any, num_rows: int) -> None:
+    def __init__(self, column: _Column, chunk: Any, num_rows: int) -> None:
         if chunk.compression not in CODECS:
             raise NotDirect(f"codec {chunk.compression}")
         name = CODECS[chunk.compression]
-        if name is not None and name not in rows._codecs:
+        if name is not None and name not in column.codecs:
             try:
                 import pyarrow as pa
 
-                rows._codecs[name] = pa.Codec(name)
+                column.codecs[name] = pa.Codec(name)
             except Exception as exc:  # a codec this pyarrow build lacks
                 raise NotDirect(f"codec {name}: {exc}") from None
-        self._codec = rows._codecs[name] if name is not None else None
-        dim = rows._dim
+        self._codec = column.codecs[name] if name is not None else None
+        dim = column.dim
         if chunk.file_path or chunk.num_values != num_rows * dim:
             raise NotDirect("values are not rows × width, or live in another file")
         start = chunk.data_page_offset
         if chunk.has_dictionary_page and chunk.dictionary_page_offset:
             start = min(start, chunk.dictionary_page_offset)
         end = start + chunk.total_compressed_size
-        if start < 0 or end > len(rows._data):
+        if start < 0 or end > len(column.data):
             raise NotDirect("column chunk outside the file")
-        self._data, self._start, self._end = rows._data, start, end
-        self._leaf, self._dim, self._total = rows._leaf, dim, num_rows * dim
-        self._def_width, self._row_starts = rows._def_width, rows._row_starts
+        self._data, self._start, self._end = column.data, start, end
+        self._leaf, self._dim, self._total = column.leaf, dim, num_rows * dim
+        self._def_width, self._row_starts = column.def_width, column.row_starts
 
     def values(self) -> Iterator[np.ndarray]:
         """The checked values of each data page, in order."""

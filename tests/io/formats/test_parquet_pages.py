@@ -5,6 +5,7 @@ the rows must come out bit for bit, and the direct path must be the one that rea
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,25 @@ def test_headers_longer_than_the_window_parse_in_place(tmp_path: Path, rng: np.r
     assert direct == 2000
     np.testing.assert_array_equal(got_keys, keys)
     np.testing.assert_array_equal(got_rows, vectors)
+
+
+def test_a_read_file_is_unmapped_without_the_garbage_collector(tmp_path: Path,
+                                                              rng: np.random.Generator) -> None:
+    """The direct path maps the file; nothing may keep it mapped (a reference cycle
+    would, until a collection: a table-sized file held in memory after its load)."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(np.arange(3000), rng.standard_normal((3000, 8)).astype(np.float32)),
+                   path, row_group_size=1000)
+    gc.disable()
+    try:
+        with open_model(str(path), ReadOptions(chunk_bytes=700 * 32)) as reader:
+            for _chunk in reader.chunks():
+                assert str(path) in Path("/proc/self/maps").read_text()
+            assert direct_rows(reader) == 3000
+        del _chunk
+        assert str(path) not in Path("/proc/self/maps").read_text()
+    finally:
+        gc.enable()
 
 
 def test_float16_dictionary_and_plain(tmp_path: Path, rng: np.random.Generator) -> None:
