@@ -21,7 +21,8 @@ writes call it once per key, driven by `map`, never by a Python loop).
 Bulk loads write table files (SST) of their own and have RocksDB ingest them into its
 bottom level (no WAL, no memtable, no compaction): one sorted run, so a read touches one
 file (`hps.db.rocksdb_bulk`, `hps.db.sst`). Rows in any order are spilled by key range
-and sorted a range at a time (`load`), with memory bounded by `load_run_bytes`; rows
+and sorted a range at a time (`load`), with memory bounded by `load_run_bytes`; a load
+that is one chunk within that bound (a round of online updates) is sorted in memory; rows
 already in bytewise order (`load_ordered`, from a tier that holds the table) go straight
 to the files. Loads are durable when they return. Values are stored uncompressed (float
 rows do not compress), table files are read through mmap, and tables written through
@@ -52,7 +53,13 @@ import rocksdict
 
 from hps.config import PersistentDBConfig
 from hps.db.base import Tier, as_keys, as_rows
-from hps.db.rocksdb_bulk import FILE_BYTES, BucketSpill, SstSink, bytewise_order
+from hps.db.rocksdb_bulk import (
+    FILE_BYTES,
+    BucketSpill,
+    SstSink,
+    bytewise_order,
+    last_of_each,
+)
 from hps.db.rows import decode_rows
 from hps.errors import (
     ConfigError,
@@ -397,15 +404,25 @@ class RocksDBTier(Tier):
         """Bulk-load `(keys, vectors)` chunks in any order; returns the keys read
         (repeats included; of a repeated key the last one read is stored).
 
-        The rows are spilled into key ranges in a folder of the store; then each range is
-        read back, sorted and written as table files that RocksDB ingests into its bottom
-        level in one go: one sorted run, no WAL, no compaction. Memory: about
-        `load_run_bytes` for the range being sorted, whatever the table size. Durable on
-        return.
+        A load that is one chunk of at most `load_run_bytes` of vectors (a round of
+        online updates, a small table) is sorted where it lies, in memory. Otherwise the
+        rows are spilled into key ranges in a folder of the store; then each range is
+        read back and sorted. Either way the sorted rows are written as table files that
+        RocksDB ingests in one go: no WAL, no memtable, no compaction (into the bottom
+        level when the table held nothing overlapping; newer than what it holds in any
+        case). Memory: about `load_run_bytes` for the range being sorted, whatever the
+        table size. Durable on return.
         """
         self._writable("load", table)
         dim = self.dim(table)
         expected = self._expected_keys.pop(table, None)
+        chunks = iter(chunks)
+        head = list(itertools.islice(chunks, 2))
+        if len(head) == 1:
+            k, v = as_rows(*head[0], dim)
+            if v.nbytes <= self.load_run_bytes:
+                return self._load_in_memory(table, k, v)
+        chunks = itertools.chain(head, chunks)
         buckets = _DEFAULT_BUCKETS if expected is None else max(
             1, math.ceil(expected * 4 * dim / self._range_bytes()))
         total = 0
@@ -424,6 +441,14 @@ class RocksDBTier(Tier):
 
         self._bulk_write(table, sorted_runs)
         return total
+
+    def _load_in_memory(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """`load` of one chunk: sorted where it lies (its rows are not copied: the table
+        files are written from them through the positions of the sort)."""
+        if keys.size:
+            distinct, positions = last_of_each(keys)
+            self._bulk_write(table, lambda work: [(distinct, vectors, positions)])
+        return int(keys.size)
 
     def load_ordered(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]
                      ) -> int:

@@ -51,6 +51,17 @@ def bytewise_order(keys: np.ndarray) -> np.ndarray:
     return _stable_order(swapped_keys(keys))
 
 
+def last_of_each(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct keys of `keys` in bytewise order, and for each the position in
+    `keys` of its last occurrence (the row a load keeps of a repeated key)."""
+    order = bytewise_order(keys)
+    ordered = keys[order]
+    last = np.empty(ordered.size, bool)
+    last[-1:] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
+    return ordered[last], order[last]
+
+
 @kernel([types.Array(types.int64, 1, "C")(array(np.uint64, readonly=True))])
 def _stable_order(values: np.ndarray) -> np.ndarray:
     """A stable argsort of uint64 values: a counting sort on the top 16 bits, then a
@@ -290,12 +301,8 @@ class BucketSpill:
                     continue
                 keys = np.concatenate([keys_map[s:e] for s, e in spans])
                 rows = np.concatenate([rows_map[s:e] for s, e in spans])
-                order = bytewise_order(keys)
-                ordered = keys[order]
-                last = np.empty(ordered.size, bool)
-                last[-1] = True
-                np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
-                yield ordered[last], rows, order[last]
+                distinct, positions = last_of_each(keys)
+                yield distinct, rows, positions
         finally:
             del keys_map, rows_map
 

@@ -2,7 +2,8 @@
 
 A batch (the messages of one poll) is applied in two steps:
 
-1. `prepare`: each message is decoded (codec.py) against the table its topic names;
+1. `prepare`: each message is decoded (codec.py) against the table its topic names, the
+   rows of a table's messages into one buffer (buffers.py: reused, so no fresh pages);
    malformed messages, unknown tables, NaN/inf rows, out-of-range keys and values a
    compact table's storage type cannot hold (float16 past ±65504, ...: "value_range")
    are rejected here (counted in `UpdateStats`, logged with a rate limit), so they
@@ -41,6 +42,7 @@ from hps.db.base import Tier
 from hps.errors import BadUpdateError, LookupInputError, UnknownTableError
 from hps.storage import FLOAT32, StorageType, first_unencodable_row
 from hps.updates import codec
+from hps.updates.buffers import RowBuffer, RowBuffers
 from hps.updates.source import UpdateMessage
 from hps.updates.stats import UpdateStats
 
@@ -82,26 +84,29 @@ Serves = Callable[[str], bool]
 
 @dataclass
 class TableBatch:
-    """The decoded rows of one table's messages in one poll, in log order."""
+    """The decoded rows of one table's messages in one poll, in log order, in one buffer
+    (buffers.py): `keys` int64 [rows], `vectors` float32 [rows, dim] (a key may repeat:
+    the tiers keep the last of duplicate keys, as their contract says)."""
 
     topic: str
     dim: int
-    keys: list[np.ndarray] = field(default_factory=list)
-    vectors: list[np.ndarray] = field(default_factory=list)
+    keys: np.ndarray
+    vectors: np.ndarray
     last: UpdateMessage | None = None
     messages: int = 0
 
-    def parts(self, max_rows: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(keys, vectors) of every message in log order, none longer than `max_rows`
-        (views, not copies; a key may repeat: the tiers keep the last of duplicate keys,
-        as their contract says)."""
-        return [(k[i:i + max_rows], v[i:i + max_rows])
-                for k, v in zip(self.keys, self.vectors, strict=True)
-                for i in range(0, max(k.size, 1), max_rows)]
-
     @property
     def rows(self) -> int:
-        return sum(k.size for k in self.keys)
+        return int(self.keys.size)
+
+
+def _check_storage(storage: StorageType, vectors: np.ndarray) -> None:
+    """BadUpdateError ("value_range") when a compact table's storage type cannot hold a
+    value of `vectors` (float16 past ±65504, ...)."""
+    bad = first_unencodable_row(storage, vectors)
+    if bad is not None:
+        raise BadUpdateError(f"row {bad} holds a value {storage.name} storage cannot hold "
+                             f"(magnitude {storage.max_magnitude:g} or more)", "value_range")
 
 
 def _chunk_rows(dim: int) -> int:
@@ -123,15 +128,25 @@ def last_rows(keys: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.nda
 class Prepared:
     """A poll's messages decoded: the rows by table, and the messages to leave
     uncommitted (their model is not served now, e.g. unloaded a moment ago: they are
-    read again once it is followed again)."""
+    read again once it is followed again). `release()` gives the rows' buffers back
+    once every tier has them."""
 
     batches: list[TableBatch]
     held: list[UpdateMessage]
+    buffers: list[RowBuffer] = field(default_factory=list)
+    pool: RowBuffers | None = None
 
     def done(self, messages: Sequence[UpdateMessage]) -> list[UpdateMessage]:
         """`messages` less the held ones: what is applied or rejected, to commit."""
         held = {id(m) for m in self.held}
         return [m for m in messages if id(m) not in held]
+
+    def release(self) -> None:
+        """Give the buffers back (the batches' arrays must not be read after)."""
+        buffers, self.buffers = self.buffers, []
+        if self.pool is not None:
+            for buffer in buffers:
+                self.pool.give(buffer)
 
 
 class UpdateApplier:
@@ -156,15 +171,19 @@ class UpdateApplier:
             "volatile": [re.compile(f) for f in volatile_filters],
             "persistent": [re.compile(f) for f in persistent_filters],
         }
+        self.buffers = RowBuffers()
         self._lock = threading.Lock()
         self._journals: dict[str, dict[str, list[np.ndarray]]] = {}  # model → table → keys
 
     # -- step 1: decode -------------------------------------------------------------------
 
     def prepare(self, messages: Sequence[UpdateMessage]) -> Prepared:
-        """The rows of `messages` by table; rejected messages are counted and left out,
-        messages of a model not served now are held (see Prepared)."""
-        batches: dict[str, TableBatch] = {}
+        """The rows of `messages` by table, each table's in one buffer taken from the
+        applier's pool (give them back with `Prepared.release`); rejected messages are
+        counted and left out, messages of a model not served now are held (see
+        Prepared)."""
+        groups: dict[tuple[str, int, StorageType],
+                     list[tuple[UpdateMessage, np.ndarray]]] = {}
         held: list[UpdateMessage] = []
         for message in messages:
             target = self.resolve(message.topic)
@@ -176,29 +195,44 @@ class UpdateApplier:
                                     f"the model has no table {message.topic!r}")
                 continue
             try:
-                keys, vectors = codec.decode(message.payload, dim=target.dim,
-                                             key_bytes=self.key_bytes,
-                                             uint32_keys=self.uint32_keys)
+                rows = codec.records(message.payload, dim=target.dim,
+                                     key_bytes=self.key_bytes)
             except BadUpdateError as exc:
-                self.stats.rejected(message.topic, exc.reason,
-                                    f"{exc} (at {message.position})")
+                self._reject(message, exc)
                 continue
-            bad = first_unencodable_row(target.storage, vectors)
-            if bad is not None:
-                self.stats.rejected(
-                    message.topic, "value_range",
-                    f"row {bad} holds a value {target.storage.name} storage cannot hold "
-                    f"(magnitude {target.storage.max_magnitude:g} or more) "
-                    f"(at {message.position})")
+            groups.setdefault((message.topic, target.dim, target.storage), []).append(
+                (message, rows))
+        prepared = Prepared([], held, pool=self.buffers)
+        for (topic, dim, storage), items in groups.items():
+            buffer = self.buffers.take(sum(rows.size for _, rows in items), dim)
+            prepared.buffers.append(buffer)
+            batch = self._unpack(topic, dim, storage, items, buffer)
+            if batch.messages:  # else every message of the table was rejected
+                prepared.batches.append(batch)
+        return prepared
+
+    def _unpack(self, topic: str, dim: int, storage: StorageType,
+                items: list[tuple[UpdateMessage, np.ndarray]], buffer: RowBuffer
+                ) -> TableBatch:
+        """One table's messages, copied into `buffer` one after the other; a message
+        whose rows fail the checks is counted and overwritten by the next."""
+        keys, vectors = buffer.rows(buffer.capacity, dim)
+        end = 0
+        last, count = None, 0
+        for message, rows in items:
+            stop = end + rows.size
+            try:
+                codec.unpack(rows, keys[end:stop], vectors[end:stop],
+                             uint32_keys=self.uint32_keys)
+                _check_storage(storage, vectors[end:stop])
+            except BadUpdateError as exc:
+                self._reject(message, exc)
                 continue
-            batch = batches.get(message.topic)
-            if batch is None or batch.dim != target.dim:
-                batch = batches[message.topic] = TableBatch(message.topic, target.dim)
-            batch.keys.append(keys)
-            batch.vectors.append(vectors)
-            batch.last = message
-            batch.messages += 1
-        return Prepared(list(batches.values()), held)
+            end, last, count = stop, message, count + 1
+        return TableBatch(topic, dim, keys[:end], vectors[:end], last, count)
+
+    def _reject(self, message: UpdateMessage, exc: BadUpdateError) -> None:
+        self.stats.rejected(message.topic, exc.reason, f"{exc} (at {message.position})")
 
     # -- step 2: write --------------------------------------------------------------------
 
@@ -216,13 +250,13 @@ class UpdateApplier:
                     continue
                 rows = batch.rows
                 try:
-                    self._write_rows(target, batch.parts(_chunk_rows(target.dim)))
+                    self._write_rows(target, batch.keys, batch.vectors)
                 except (UnknownTableError, LookupInputError) as exc:
                     self.stats.rejected(batch.topic, "unknown_table", str(exc))
                     continue
                 journal = self._journals.get(target.model)
-                if journal is not None:
-                    journal.setdefault(target.table, []).extend(batch.keys)
+                if journal is not None:  # a copy: the batch's buffer is used again
+                    journal.setdefault(target.table, []).append(batch.keys.copy())
                 last = batch.last
                 assert last is not None
                 self.stats.applied(batch.topic, rows, batch.messages,
@@ -230,17 +264,19 @@ class UpdateApplier:
                 total += rows
         return total
 
-    def _write_rows(self, target: UpdateTarget, parts: list[tuple[np.ndarray, np.ndarray]]
+    def _write_rows(self, target: UpdateTarget, keys: np.ndarray, vectors: np.ndarray
                     ) -> None:
-        """Persistent tier, volatile tier, GPU caches, part by part in log order; a batch
-        of BULK_ROWS or more goes to the persistent tier first, whole (its bulk path)."""
+        """Persistent tier, volatile tier, GPU caches, in chunks of WRITE_CHUNK_BYTES in
+        log order; BULK_ROWS rows or more go to the persistent tier first, whole, as one
+        chunk of its bulk path (RocksDB sorts them in memory and ingests a table file)."""
         tiers = [t for t in (self._tier("persistent", target.topic),
                              self._tier("volatile", target.topic)) if t is not None]
-        if (tiers and tiers[0] is self.tiers.persistent
-                and sum(k.size for k, _ in parts) >= BULK_ROWS):
-            tiers[0].load(target.storage_name, parts)
+        if tiers and tiers[0] is self.tiers.persistent and keys.size >= BULK_ROWS:
+            tiers[0].load(target.storage_name, [(keys, vectors)])
             tiers = tiers[1:]
-        for k, v in parts:
+        step = _chunk_rows(target.dim)
+        for start in range(0, keys.size, step):
+            k, v = keys[start:start + step], vectors[start:start + step]
             for tier in tiers:
                 tier.insert(target.storage_name, k, v)
             if target.write_caches is not None:
@@ -283,10 +319,7 @@ class UpdateApplier:
                 keys = np.unique(np.concatenate(parts))
                 vectors, found = self._read_back(was, keys)
                 if found.any():
-                    step = _chunk_rows(now.dim)
-                    kept, rows = keys[found], vectors[found]
-                    self._write_rows(now, [(kept[i:i + step], rows[i:i + step])
-                                           for i in range(0, kept.size, step)])
+                    self._write_rows(now, keys[found], vectors[found])
             install()
             self._journals.pop(model, None)
 

@@ -4,7 +4,8 @@ whole arrays.
     payload = b"HCTR" | value size in bytes (uint32 LE) | [key (LE) | value] × n
 
 The key is 8 bytes (int64) with `supportlonglong`, 4 bytes (uint32) without; the value is
-`dim` float32 (LE). Decoding is one `np.frombuffer` over a packed record dtype: no Python
+`dim` float32 (LE). Decoding is one `np.frombuffer` over a packed record dtype and one
+copy of each field (into a buffer the caller gives, or arrays of their own): no Python
 code runs per key.
 """
 
@@ -56,13 +57,12 @@ def encode(keys: np.ndarray, vectors: np.ndarray, *, key_bytes: int = 8) -> byte
     return _HEADER.pack(MAGIC, vectors.shape[1] * 4) + records.tobytes()
 
 
-def decode(payload: bytes | memoryview, *, dim: int, key_bytes: int, uint32_keys: bool
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """The keys (int64 [n]) and vectors (float32 [n, dim], C-contiguous) of one message.
+def records(payload: bytes | memoryview, *, dim: int, key_bytes: int) -> np.ndarray:
+    """The [key | value] records of one message as a read-only structured view of
+    `payload` (fields "key" and "vec"; nothing is copied).
 
-    `uint32_keys` (a `supportlonglong: false` server): every key must lie in [0, 2**32).
-    Raises BadUpdateError whose `reason` is one of REASONS: "magic", "value_size" (not
-    `dim` × 4), "truncated" (not a whole number of records), "key_range", "non_finite".
+    Raises BadUpdateError whose `reason` is "magic", "value_size" (not `dim` × 4) or
+    "truncated" (no header, or not a whole number of records).
     """
     size = len(payload)
     if size < HEADER_BYTES:
@@ -73,18 +73,37 @@ def decode(payload: bytes | memoryview, *, dim: int, key_bytes: int, uint32_keys
     if value_size != dim * 4:
         raise BadUpdateError(f"value size {value_size} bytes, the table's rows are "
                              f"{dim} × 4 = {dim * 4} bytes", "value_size")
-    records = _records(key_bytes, dim)
+    dtype = _records(key_bytes, dim)
     body = size - HEADER_BYTES
-    if body % records.itemsize:
+    if body % dtype.itemsize:
         raise BadUpdateError(f"{body} bytes after the header are not a whole number of "
-                             f"{records.itemsize}-byte records", "truncated")
-    rows = np.frombuffer(payload, dtype=records, offset=HEADER_BYTES)
-    keys = rows["key"].astype(np.int64)
-    if uint32_keys and key_bytes == 8:
+                             f"{dtype.itemsize}-byte records", "truncated")
+    return np.frombuffer(payload, dtype=dtype, offset=HEADER_BYTES)
+
+
+def unpack(rows: np.ndarray, keys: np.ndarray, vectors: np.ndarray, *, uint32_keys: bool
+           ) -> None:
+    """Copy `records(...)` into `keys` (int64 [n]) and `vectors` (float32 [n, dim]), e.g.
+    slices of a buffer that a round's messages share, and check the copy: raises
+    BadUpdateError "key_range" (`uint32_keys`: a key outside [0, 2**32)) or "non_finite"
+    (NaN or infinite values). What was copied is then not to be used."""
+    np.copyto(keys, rows["key"])
+    if uint32_keys and rows.dtype["key"].itemsize == 8:
         check_uint32(keys)
-    vectors = np.ascontiguousarray(rows["vec"])
+    np.copyto(vectors, rows["vec"])
     if not np.isfinite(vectors).all():
         raise BadUpdateError("message holds NaN or infinite values", "non_finite")
+
+
+def decode(payload: bytes | memoryview, *, dim: int, key_bytes: int, uint32_keys: bool
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The keys (int64 [n]) and vectors (float32 [n, dim], C-contiguous) of one message,
+    in arrays of their own (`records` + `unpack`; see them for what is raised: every
+    reason of REASONS but "unknown_table")."""
+    rows = records(payload, dim=dim, key_bytes=key_bytes)
+    keys = np.empty(rows.size, np.int64)
+    vectors = np.empty((rows.size, dim), np.float32)
+    unpack(rows, keys, vectors, uint32_keys=uint32_keys)
     return keys, vectors
 
 

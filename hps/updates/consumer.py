@@ -111,11 +111,17 @@ class UpdateConsumer:
             self._written = self._writer.submit(self._write, prepared, messages)
         elif self._written is not None:
             self._wait_written()  # idle: let the lag below see the last batch committed
+        else:
+            self.applier.buffers.clear()  # idle: the decode buffers' memory goes back
         self._read_lag()
 
     def _write(self, prepared: Prepared, messages: list[UpdateMessage]) -> None:
-        """On the writer thread: apply, then commit (each retried on outages)."""
-        self._retried(lambda: self.applier.write(prepared.batches))
+        """On the writer thread: apply, then commit (each retried on outages); the rows'
+        buffers go back to the applier's pool once every tier has them."""
+        try:
+            self._retried(lambda: self.applier.write(prepared.batches))
+        finally:
+            prepared.release()
         done = prepared.done(messages)
         if done:
             self._retried(lambda: self.source.commit(done))

@@ -226,6 +226,39 @@ def test_load_in_several_runs(store: Path) -> None:
     tier.close()
 
 
+@pytest.mark.parametrize("run_bytes, spilled", [(256 << 20, False), (16 * 1000, True)])
+def test_one_chunk_over_held_rows_keeps_the_last_row_of_each_key(
+        store: Path, monkeypatch: pytest.MonkeyPatch, run_bytes: int, spilled: bool) -> None:
+    """A load of one chunk (a round of online updates) within load_run_bytes is sorted in
+    memory, a larger one spilled; either way over rows the table holds, the last row of a
+    repeated key wins and the rows it does not name stay."""
+    from hps.db import rocksdb_bulk
+
+    spills: list[int] = []
+    add = rocksdb_bulk.BucketSpill.add
+    monkeypatch.setattr(rocksdb_bulk.BucketSpill, "add",
+                        lambda self, k, v: (spills.append(k.size), add(self, k, v))[1])
+    tier = RocksDBTier(config(store), load_run_bytes=run_bytes)
+    tier.create_table(T, 4)
+    held = np.arange(3000)
+    tier.load(T, [(c, vectors_of(c, 4)) for c in np.array_split(held, 3)])
+    spills.clear()
+    rng = np.random.default_rng(8)
+    keys = rng.integers(1000, 5000, 4000)  # repeats; half of them new keys
+    rows = rng.standard_normal((keys.size, 4)).astype(np.float32)
+    assert tier.load(T, [(keys, rows)]) == keys.size
+    assert bool(spills) == spilled
+    last = dict(zip(keys.tolist(), rows, strict=True))
+    want = np.array(sorted(last))
+    got, found = tier.fetch(T, want)
+    assert found.all() and np.array_equal(got, np.stack([last[k] for k in want.tolist()]))
+    untouched = np.setdiff1d(held, keys)
+    got, found = tier.fetch(T, untouched)
+    assert found.all() and np.array_equal(got, vectors_of(untouched, 4))
+    assert tier.size(T) == np.union1d(held, keys).size
+    tier.close()
+
+
 def test_files_of_a_cut_short_load_are_removed_on_open(tier: RocksDBTier) -> None:
     stale = Path(tier.path) / "hps_ingest_crashed"
     stale.mkdir()

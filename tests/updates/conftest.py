@@ -62,6 +62,13 @@ def publish(publisher: UpdatePublisher, keys: np.ndarray, vectors: np.ndarray,
     publisher.flush(10.0)
 
 
+def unchecked_message(keys: np.ndarray, vectors: np.ndarray) -> bytes:
+    """A message the codec would refuse to encode (NaN rows), built from its layout."""
+    records = np.empty(keys.size, dtype=[("key", "<i8"), ("vec", "<f4", (vectors.shape[1],))])
+    records["key"], records["vec"] = keys, vectors
+    return b"HCTR" + np.uint32(vectors.shape[1] * 4).tobytes() + records.tobytes()
+
+
 def wait_rows(server: HierarchicalParameterServer, keys: np.ndarray, vectors: np.ndarray,
               timeout: float = 20.0) -> None:
     """Wait until lookups of `keys` answer `vectors`."""

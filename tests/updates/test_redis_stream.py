@@ -23,6 +23,7 @@ from tests.updates.conftest import (
     Model,
     publish,
     random_rows,
+    unchecked_message,
     wait_rows,
     wait_status,
 )
@@ -258,3 +259,29 @@ def test_updates_of_a_compact_table_are_stored_compact_and_checked_for_range(
             "the out-of-range message rejected")
         assert status["state"] == "running"
         np.testing.assert_array_equal(server.lookup("m", 0, keys), served)
+
+
+def test_a_bad_message_between_good_ones_of_one_round_leaves_no_row_behind(
+        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
+        rng: np.random.Generator) -> None:
+    """The messages of a round share one buffer: a message refused after its rows were
+    copied (NaN) is overwritten by the next, and none of its rows reach a tier."""
+    first, then = random_rows(rng, 20), random_rows(rng, 5)
+    nan_rows = random_rows(rng, 30)
+    nan_rows[-1, 0] = np.nan
+    # published before the server starts: its new group reads the three in one round
+    redis_publisher.publish(TOPIC, [codec.encode(model.keys[:20], first),
+                                    unchecked_message(model.keys[100:130], nan_rows),
+                                    codec.encode(model.keys[20:25], then)])
+    with HierarchicalParameterServer(model.config(redis_updates)) as server:
+        status = wait_status(server, lambda s: s["tables"].get(TOPIC, {}).get("messages") == 2,
+                             "the two good messages applied")
+        assert status["tables"][TOPIC]["rejected"] == {"non_finite": 1}
+        assert status["tables"][TOPIC]["rows"] == 25
+        np.testing.assert_array_equal(server.lookup("m", 0, model.keys[:25]),
+                                      np.concatenate([first, then]))
+        name = server.model("m").tables[0].storage_name
+        for tier in (server.volatile, server.persistent):
+            got, found = tier.fetch(name, model.keys[100:130])
+            assert found.all()
+            np.testing.assert_array_equal(got, model.vectors[100:130])

@@ -22,6 +22,7 @@ from tests.updates.conftest import (
     committed,
     publish,
     random_rows,
+    unchecked_message,
     wait_rows,
     wait_status,
 )
@@ -146,7 +147,8 @@ def test_bad_messages_are_skipped_counted_and_change_no_row(
     }
     with HierarchicalParameterServer(model.config(updates)) as server:
         publisher.publish(TOPIC, list(bad.values()))
-        publisher.publish(TOPIC, [_unchecked(keys, nan_rows), _unchecked(keys, inf_rows),
+        publisher.publish(TOPIC, [unchecked_message(keys, nan_rows),
+                                  unchecked_message(keys, inf_rows),
                                   b"", b"HC"])
         publisher.publish("hps_et.m.no_such_table", [good])
         last = random_rows(rng, 5)
@@ -159,13 +161,6 @@ def test_bad_messages_are_skipped_counted_and_change_no_row(
             "magic": 1, "value_size": 1, "truncated": 3, "non_finite": 2}
         assert status["tables"]["hps_et.m.no_such_table"]["rejected"] == {"unknown_table": 1}
         assert status["state"] == "running"
-
-
-def _unchecked(keys: np.ndarray, vectors: np.ndarray) -> bytes:
-    """A message the codec would refuse to encode (NaN rows), built from its layout."""
-    records = np.empty(keys.size, dtype=[("key", "<i8"), ("vec", "<f4", (vectors.shape[1],))])
-    records["key"], records["vec"] = keys, vectors
-    return b"HCTR" + np.uint32(vectors.shape[1] * 4).tobytes() + records.tobytes()
 
 
 def test_two_replicas_with_groups_of_their_own_each_apply_every_update(
