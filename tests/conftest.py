@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisClusterProcs, RedisServer
 
 
 def write_table(folder: Path, keys: np.ndarray, vectors: np.ndarray) -> Path:
@@ -60,6 +60,14 @@ def two_tables(tmp_path: Path, rng: np.random.Generator) -> dict[str, Any]:
         "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocks")},
     }
     return {"config": config, "tables": [(k0, v0), (k1, v1)], "dir": tmp_path}
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcs]:
+    """A 3-master Redis Cluster (no replicas) on loopback, shared by the session."""
+    cluster = RedisClusterProcs(tmp_path_factory.mktemp("redis-cluster"), masters=3).start()
+    yield cluster
+    cluster.close()
 
 
 @pytest.fixture

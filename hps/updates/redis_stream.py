@@ -10,7 +10,15 @@ acknowledges (`XACK`) only what is applied. Streams of the followed models are f
 model has are created at once (`MKSTREAM`), so their first entry is read without waiting
 for a scan.
 
-Standalone Redis only (one server, or the node of a cluster that holds the streams).
+`address` is one server or the comma list of a Redis Cluster's nodes (seeds), told apart
+as the volatile tier does (INFO's `cluster_enabled` of the first seed that answers). A
+stream is one key, so on a cluster each table's stream lives on the node of its slot;
+every command the source sends names one stream (XGROUP, XACK, XINFO; XREADGROUP per
+stream, pipelined, since a cluster refuses one XREADGROUP over keys of several slots) and
+the cluster client routes it there. Waiting for new entries: one blocking XREADGROUP over
+every stream on a standalone server, or on a cluster where there is one stream; with
+several streams on a cluster, a read of each without blocking every
+CLUSTER_IDLE_SECONDS while they are idle.
 """
 
 from __future__ import annotations
@@ -29,6 +37,12 @@ from hps.updates.source import UpdateMessage, UpdatePublisher, UpdateSource
 
 try:
     import redis
+    from redis.exceptions import (
+        ClusterError,
+        RedisClusterException,
+        SlotNotCoveredError,
+        TryAgainError,
+    )
 except ImportError:  # pragma: no cover - exercised only without the extra
     redis = None  # type: ignore[assignment]
 
@@ -40,27 +54,90 @@ CONSUMER = "hps"
 _PENDING, _NEW = "0", ">"
 
 
-def _client(config: UpdateSourceConfig, socket_timeout: float) -> Any:
-    if redis is None:
-        raise MissingExtraError("redis", "redis", "Redis Streams updates")
-    host, sep, port = config.address.strip().rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(f"update_source.address {config.address!r} is not host:port "
-                          "(expected e.g. '127.0.0.1:6379')")
-    return redis.Redis(
-        host=host.strip("[]"), port=int(port),
-        username=config.user_name if config.password else None,
-        password=config.password or None,
-        socket_timeout=socket_timeout, socket_connect_timeout=2.0, protocol=2,
-    )
+#: a cluster's streams live on different slots, so one XREADGROUP cannot wait on all of
+#: them: with several streams the source reads each without blocking and, finding
+#: nothing, waits this long before it reads again (the wait a new entry may add)
+CLUSTER_IDLE_SECONDS = 0.02
+
+
+def _seeds(address: str) -> list[tuple[str, int]]:
+    """`host:port` seeds of a comma list; ConfigError naming update_source.address."""
+    seeds = []
+    for item in address.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"update_source.address {address!r}: {item.strip()!r} is not "
+                              "host:port (expected e.g. '127.0.0.1:6379', or the comma list "
+                              "of a cluster's nodes)")
+        seeds.append((host.strip("[]"), int(port)))
+    return seeds
+
+
+class _Connection:
+    """The client of the Redis that holds the streams: a standalone server (`redis.Redis`)
+    or a Redis Cluster (`RedisCluster`, which sends each single-key command to the node of
+    its key's slot). Which one is found out on first use from the first seed that answers
+    (INFO's `cluster_enabled`), as the volatile tier does, so a source can be made while
+    Redis is down. Network failures are raised as redis-py raises them (see _reachable).
+    """
+
+    def __init__(self, config: UpdateSourceConfig, socket_timeout: float) -> None:
+        if redis is None:
+            raise MissingExtraError("redis", "redis", "Redis Streams updates")
+        self.address = config.address
+        self.seeds = _seeds(config.address)
+        self.options: dict[str, Any] = {
+            "username": config.user_name if config.password else None,
+            "password": config.password or None,
+            "socket_timeout": socket_timeout, "socket_connect_timeout": 2.0, "protocol": 2,
+        }
+        self._client: Any = None
+        self.cluster = False
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self._connect()
+        return self._client
+
+    def _connect(self) -> Any:
+        last: BaseException | None = None
+        for host, port in self.seeds:
+            probe = redis.Redis(host=host, port=port, **self.options)
+            try:
+                enabled = int(probe.info("cluster").get("cluster_enabled", 0))
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                probe.close()
+                last = exc
+                continue
+            if not enabled:
+                return probe
+            probe.close()
+            from redis.cluster import ClusterNode, RedisCluster
+
+            try:
+                client = RedisCluster(
+                    startup_nodes=[ClusterNode(h, p) for h, p in self.seeds], **self.options)
+            except RedisClusterException as exc:  # no node answered CLUSTER SLOTS
+                raise redis.ConnectionError(str(exc)) from exc
+            self.cluster = True
+            return client
+        assert last is not None
+        raise last
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
 
 
 @contextmanager
 def _reachable(what: str, address: str) -> Iterator[None]:
-    """Network failures of the block as UpdateSourceUnavailableError."""
+    """Network failures of the block (a cluster's too: down, a slot without a node, a
+    failover under way) as UpdateSourceUnavailableError."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, OSError, ClusterError,
+            SlotNotCoveredError, TryAgainError) as exc:
         raise UpdateSourceUnavailableError(
             f"Redis at {address} ({what}): {type(exc).__name__}: {exc}") from exc
 
@@ -84,7 +161,7 @@ class RedisStreamSource(UpdateSource):
     def __init__(self, config: UpdateSourceConfig, group: str) -> None:
         self.address = config.address
         self.group = group
-        self._redis = _client(config, socket_timeout=config.poll_timeout_ms / 1000.0 + 5.0)
+        self._conn = _Connection(config, socket_timeout=config.poll_timeout_ms / 1000.0 + 5.0)
         self._rescan_every = config.metadata_refresh_interval_ms / 1000.0
         self._rescan_at = 0.0
         self._tables: dict[str, tuple[str, ...]] = {}
@@ -112,18 +189,18 @@ class RedisStreamSource(UpdateSource):
         if stream in self._streams:
             return
         try:
-            self._redis.xgroup_create(stream, self.group, id="0", mkstream=create)
+            self._conn.client.xgroup_create(stream, self.group, id="0", mkstream=create)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
             if self._rewind:  # the group exists: read it from the start again
-                self._redis.xgroup_setid(stream, self.group, id="0")
+                self._conn.client.xgroup_setid(stream, self.group, id="0")
         self._streams[stream] = _PENDING
 
     def _discover(self) -> None:
         for model in self._tables:
             pattern = _glob(f"{TABLE_PREFIX}.{model}.") + "*"
-            for key in self._redis.scan_iter(match=pattern, count=1000, _type="STREAM"):
+            for key in self._conn.client.scan_iter(match=pattern, count=1000, _type="STREAM"):
                 self._join(key.decode(), create=False)
 
     def poll(self, max_messages: int, timeout: float) -> list[UpdateMessage]:
@@ -160,10 +237,8 @@ class RedisStreamSource(UpdateSource):
 
     def _read(self, streams: dict[str, str], count: int, block: int | None
               ) -> list[UpdateMessage]:
-        reply = self._redis.xreadgroup(self.group, CONSUMER, streams, count=count,
-                                       block=block) or []
         out = []
-        for raw_stream, entries in reply:
+        for raw_stream, entries in self._xreadgroup(streams, count, block):
             stream = raw_stream.decode()
             if streams[stream] != _NEW:  # reading our own pending entries
                 if not entries:
@@ -176,12 +251,30 @@ class RedisStreamSource(UpdateSource):
                                          None, _published(entry_id)))
         return out
 
+    def _xreadgroup(self, streams: dict[str, str], count: int, block: int | None
+                    ) -> list[Any]:
+        """XREADGROUP's reply ([stream, entries] pairs) for `streams`: one command on a
+        standalone Redis; on a cluster one per stream (each on its slot's node), pipelined,
+        blocking only where there is one stream to wait on."""
+        client = self._conn.client
+        if not self._conn.cluster or len(streams) == 1:
+            reply: list[Any] = client.xreadgroup(self.group, CONSUMER, streams, count=count,
+                                                 block=block) or []
+            return reply
+        pipe = client.pipeline(transaction=False)
+        for stream, at in streams.items():
+            pipe.xreadgroup(self.group, CONSUMER, {stream: at}, count=count)
+        reply = [pair for part in pipe.execute() for pair in (part or [])]
+        if block is not None and not any(entries for _, entries in reply):
+            self._closed.wait(min(block / 1000.0, CLUSTER_IDLE_SECONDS))
+        return reply
+
     def commit(self, messages: Sequence[UpdateMessage]) -> None:
         ids: dict[str, list[str]] = {}
         for m in messages:
             ids.setdefault(m.topic, []).append(m.position)
         with _reachable("acknowledging updates", self.address):
-            pipe = self._redis.pipeline(transaction=False)
+            pipe = self._conn.client.pipeline(transaction=False)
             for stream, entry_ids in ids.items():
                 pipe.xack(stream, self.group, *entry_ids)
             pipe.execute()
@@ -191,7 +284,7 @@ class RedisStreamSource(UpdateSource):
         pending)."""
         streams = list(self._streams)
         with _reachable("reading the backlog", self.address):
-            pipe = self._redis.pipeline(transaction=False)
+            pipe = self._conn.client.pipeline(transaction=False)
             for stream in streams:
                 pipe.xinfo_groups(stream)
             replies = pipe.execute(raise_on_error=False)
@@ -206,7 +299,7 @@ class RedisStreamSource(UpdateSource):
 
     def close(self) -> None:
         self._closed.set()
-        self._redis.close()
+        self._conn.close()
 
 
 class RedisStreamPublisher(UpdatePublisher):
@@ -218,11 +311,11 @@ class RedisStreamPublisher(UpdatePublisher):
     def __init__(self, config: UpdateSourceConfig) -> None:
         self.address = config.address
         self._maxlen = config.stream_maxlen
-        self._redis = _client(config, socket_timeout=30.0)
+        self._conn = _Connection(config, socket_timeout=30.0)
 
     def publish(self, topic: str, payloads: Sequence[bytes]) -> None:
         with _reachable("publishing updates", self.address):
-            pipe = self._redis.pipeline(transaction=False)
+            pipe = self._conn.client.pipeline(transaction=False)
             for payload in payloads:
                 pipe.xadd(topic, {FIELD: payload}, maxlen=self._maxlen, approximate=True)
             pipe.execute()
@@ -231,4 +324,4 @@ class RedisStreamPublisher(UpdatePublisher):
         """Nothing to wait for: `publish` returns once Redis has the entries."""
 
     def close(self) -> None:
-        self._redis.close()
+        self._conn.close()
