@@ -174,6 +174,10 @@ class Tier(ABC):
         self.insert(table, keys, vectors)
         return True
 
+    def trim(self) -> None:  # noqa: B027 - optional: most tiers keep nothing for reuse
+        """Give back memory kept between writes for the next one (called when writes
+        pause, e.g. online updates idle). Here: nothing."""
+
     def metadata(self, table: str) -> dict[str, Any] | None:
         """The load record stored with `table` (source, fingerprint), None if none."""
         return None

@@ -57,6 +57,7 @@ from hps.db.rocksdb_bulk import (
     FILE_BYTES,
     BucketSpill,
     SstSink,
+    WriterPool,
     bytewise_order,
     last_of_each,
 )
@@ -151,6 +152,8 @@ class RocksDBTier(Tier):
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hps-rocksdb")
         self._workers = workers
         self._expected_keys: dict[str, int] = {}  # reserve() hints for the next load
+        # the encode buffers of loads sorted in memory, kept for the next one (`trim`)
+        self._writers = WriterPool()
         self._meta = self._column_family(META_CF, create=not self.read_only)
         for cf_name in self.stored_tables():
             dim = self._stored_dim(cf_name)
@@ -423,6 +426,7 @@ class RocksDBTier(Tier):
             if v.nbytes <= self.load_run_bytes:
                 return self._load_in_memory(table, k, v)
         chunks = itertools.chain(head, chunks)
+        self._writers.clear()  # a large load: what updates kept goes back first
         buckets = _DEFAULT_BUCKETS if expected is None else max(
             1, math.ceil(expected * 4 * dim / self._range_bytes()))
         total = 0
@@ -447,7 +451,8 @@ class RocksDBTier(Tier):
         files are written from them through the positions of the sort)."""
         if keys.size:
             distinct, positions = last_of_each(keys)
-            self._bulk_write(table, lambda work: [(distinct, vectors, positions)])
+            self._bulk_write(table, lambda work: [(distinct, vectors, positions)],
+                             self._writers)
         return int(keys.size)
 
     def load_ordered(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]
@@ -469,15 +474,17 @@ class RocksDBTier(Tier):
 
         return self._bulk_write(table, runs)
 
-    def _bulk_write(self, table: str, runs: Any) -> int:
+    def _bulk_write(self, table: str, runs: Any, writers: WriterPool | None = None) -> int:
         """Write what `runs(work)` yields — (keys, rows, positions) in bytewise order — as
-        table files in a folder of the store, and ingest them; returns the keys written."""
+        table files in a folder of the store, and ingest them; returns the keys written.
+        The files' encode buffers come from `writers` and stay there (else they are
+        made for this write and unmapped after it)."""
         cf = self._cf(table)
         start_generation = self._generations.get(table, 0)
         was_empty = self._is_empty(cf)
         # Inside the store: same file system, so ingestion links the files, never copies.
         with tempfile.TemporaryDirectory(dir=self.path, prefix=_INGEST_PREFIX) as work:
-            sink = SstSink(work, self._workers, self._file_bytes())
+            sink = SstSink(work, self._workers, self._file_bytes(), writers)
             try:
                 for keys, rows, positions in runs(work):
                     sink.add(keys, rows, positions)
@@ -511,6 +518,10 @@ class RocksDBTier(Tier):
         options.set_move_files(True)
         cf.ingest_external_file(paths, options)
         self._changed(table)
+
+    def trim(self) -> None:
+        """Unmap the encode buffers kept between loads sorted in memory."""
+        self._writers.clear()
 
     def _is_empty(self, cf: Any) -> bool:
         it = cf.iter(self._read_options)
@@ -551,6 +562,7 @@ class RocksDBTier(Tier):
     def close(self) -> None:
         """Flush and close the store; further calls are undefined."""
         self._pool.shutdown(wait=True)
+        self._writers.clear()
         with self._lock:
             self._cfs.clear()
             self._handles.clear()

@@ -162,6 +162,31 @@ class _FileWriter:
             self._buffer = None
 
 
+class WriterPool:
+    """File writers kept from one load to the next (each holds a worker's encode buffer):
+    loads that follow each other closely, such as the rounds of online updates, fault
+    the buffer's pages in once instead of once per load (about 60 ms of CPU for a 64 MiB
+    file here). `clear()` unmaps them. Thread safety: any thread."""
+
+    def __init__(self) -> None:
+        self._free: list[_FileWriter] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> _FileWriter:
+        with self._lock:
+            return self._free.pop() if self._free else _FileWriter()
+
+    def give(self, writer: _FileWriter) -> None:
+        with self._lock:
+            self._free.append(writer)
+
+    def clear(self) -> None:
+        with self._lock:
+            free, self._free = self._free, []
+        for writer in free:
+            writer.close()
+
+
 class SstSink:
     """Writes rows given in bytewise key order as table files under `work`.
 
@@ -170,10 +195,12 @@ class SstSink:
     with the row of key i at `rows[positions[i]]`. Files of at most `file_bytes` of
     values are written on `workers` threads; `add` waits while every worker has a file
     to write, so about `workers + 1` batches are in memory at once. `finish()` returns
-    the files' paths in key order.
+    the files' paths in key order. Writers come from `writers` and go back to it on
+    `close` when given (else each is made here and unmapped on close).
     """
 
-    def __init__(self, work: str, workers: int, file_bytes: int = FILE_BYTES) -> None:
+    def __init__(self, work: str, workers: int, file_bytes: int = FILE_BYTES,
+                 writers: WriterPool | None = None) -> None:
         self.work = work
         self.file_bytes = file_bytes
         self.keys_written = 0
@@ -183,6 +210,7 @@ class SstSink:
         self._slots = threading.BoundedSemaphore(max(1, workers))
         self._futures: list[Future[None]] = []
         self._local = threading.local()
+        self._pool_of_writers = writers
         self._writers: list[_FileWriter] = []
         self._writers_lock = threading.Lock()
 
@@ -216,7 +244,8 @@ class SstSink:
                ) -> None:
         writer = getattr(self._local, "writer", None)
         if writer is None:
-            writer = self._local.writer = _FileWriter()
+            pool = self._pool_of_writers
+            writer = self._local.writer = pool.take() if pool is not None else _FileWriter()
             with self._writers_lock:
                 self._writers.append(writer)
         writer.write(path, keys, rows, positions)
@@ -238,7 +267,10 @@ class SstSink:
             future.cancel()
         self._pool.shutdown(wait=True)
         for writer in self._writers:
-            writer.close()
+            if self._pool_of_writers is not None:
+                self._pool_of_writers.give(writer)
+            else:
+                writer.close()
 
 
 class BucketSpill:

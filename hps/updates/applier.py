@@ -282,6 +282,13 @@ class UpdateApplier:
             if target.write_caches is not None:
                 target.write_caches(*last_rows(k, v))
 
+    def idle(self) -> None:
+        """No messages came: give back the decode buffers, and what the tiers keep
+        between writes (RocksDB's encode buffers)."""
+        self.buffers.clear()
+        for tier in self.tiers:
+            tier.trim()
+
     def _tier(self, role: str, topic: str) -> Tier | None:
         """The tier of `role` when it takes updates of `topic` (enabled, writable, and one
         of its update_filters matches)."""

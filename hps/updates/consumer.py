@@ -112,7 +112,7 @@ class UpdateConsumer:
         elif self._written is not None:
             self._wait_written()  # idle: let the lag below see the last batch committed
         else:
-            self.applier.buffers.clear()  # idle: the decode buffers' memory goes back
+            self.applier.idle()  # the memory kept for the next round goes back
         self._read_lag()
 
     def _write(self, prepared: Prepared, messages: list[UpdateMessage]) -> None:

@@ -37,12 +37,14 @@ from hps.updates.source import UpdateMessage, UpdatePublisher, UpdateSource
 
 try:
     import redis
+    from redis.backoff import NoBackoff
     from redis.exceptions import (
         ClusterError,
         RedisClusterException,
         SlotNotCoveredError,
         TryAgainError,
     )
+    from redis.retry import Retry
 except ImportError:  # pragma: no cover - exercised only without the extra
     redis = None  # type: ignore[assignment]
 
@@ -90,6 +92,11 @@ class _Connection:
             "username": config.user_name if config.password else None,
             "password": config.password or None,
             "socket_timeout": socket_timeout, "socket_connect_timeout": 2.0, "protocol": 2,
+            # no retry inside redis-py: it would send a read again whose reply was lost
+            # (Redis killed after it logged the delivery), and `>` skips what the lost
+            # reply held; the source's caller retries with backoff instead, after the
+            # source took note to read its pending entries first
+            "retry": Retry(NoBackoff(), 0),
         }
         self._client: Any = None
         self.cluster = False
@@ -204,7 +211,7 @@ class RedisStreamSource(UpdateSource):
                 self._join(key.decode(), create=False)
 
     def poll(self, max_messages: int, timeout: float) -> list[UpdateMessage]:
-        with _reachable("reading updates", self.address):
+        with _reachable("reading updates", self.address), self._pending_again_on_failure():
             try:
                 return self._poll(max_messages, timeout)
             except redis.ResponseError as exc:
@@ -216,6 +223,19 @@ class RedisStreamSource(UpdateSource):
                 self._join_tables()
                 self._rescan_at = 0.0
                 return []
+
+    @contextmanager
+    def _pending_again_on_failure(self) -> Iterator[None]:
+        """A read that failed may have been carried out without its reply arriving (Redis
+        killed after it wrote the entries to its log and to this group's pending list):
+        `>` would never deliver them again, so the next poll reads each stream's own
+        pending entries first. Entries received and still being written are delivered
+        twice then (at-least-once; a replay ends in the same rows)."""
+        try:
+            yield
+        except BaseException:
+            self._streams = dict.fromkeys(self._streams, _PENDING)
+            raise
 
     def _poll(self, max_messages: int, timeout: float) -> list[UpdateMessage]:
         if time.monotonic() >= self._rescan_at:

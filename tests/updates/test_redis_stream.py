@@ -285,3 +285,43 @@ def test_a_bad_message_between_good_ones_of_one_round_leaves_no_row_behind(
             got, found = tier.fetch(name, model.keys[100:130])
             assert found.all()
             np.testing.assert_array_equal(got, model.vectors[100:130])
+
+
+def test_entries_delivered_before_a_failure_are_read_again(
+        tmp_path: Any, rng: np.random.Generator) -> None:
+    """Redis may log a delivery to the group's pending list and die before its reply
+    arrives: `>` never hands those entries out again, so after a failed poll the source
+    reads its pending entries first. Here a delivery whose result is dropped stands for
+    the lost reply; Redis (with its AOF) is killed and started again."""
+    from hps.errors import UpdateSourceUnavailableError
+    from hps.updates.redis_stream import RedisStreamSource
+
+    redis_server = RedisServer(tmp_path / "aof", extra=["--appendonly", "yes",
+                                                        "--appendfsync", "always"]).start()
+    try:
+        config = UpdateSourceConfig(type="redis_stream", address=redis_server.address,
+                                    poll_timeout_ms=100)
+        publisher = open_publisher(config)
+        for i in range(3):
+            publish(publisher, np.arange(i, i + 1), random_rows(rng, 1))
+        publisher.close()
+        source = RedisStreamSource(config, "g")
+        source.follow({"m": ["sparse_embedding0"]})
+        lost = eventually(lambda: _nonempty(source.poll(10, 0.1)), 10.0, "first poll")
+        assert source.poll(10, 0.1) == []  # delivered once: `>` has nothing more
+        redis_server.kill()
+        with pytest.raises(UpdateSourceUnavailableError):
+            source.poll(10, 0.1)
+        redis_server.start()  # same folder: the stream, group and pending list are back
+        again = eventually(lambda: _nonempty(source.poll(10, 0.1)), 10.0, "read again")
+        assert [m.position for m in again] == [m.position for m in lost]
+        source.commit(again)
+        assert source.poll(10, 0.1) == [] and source.backlog() == {TOPIC: 0}
+        source.close()
+    finally:
+        redis_server.close()
+
+
+def _nonempty(messages: list[Any]) -> list[Any]:
+    assert messages
+    return messages
