@@ -200,6 +200,61 @@ def mock_cluster() -> Iterator[tuple[str, Any]]:
         logger.removeHandler(handler)
 
 
+class MockBrokers:
+    """librdkafka's mock cluster made through its C API (rdkafka_mock.h) in the
+    librdkafka that confluent-kafka loaded: the same brokers as `test.mock.num.brokers`
+    (the Kafka protocol on a loopback port), whose brokers can also be taken down
+    (connections closed, new ones refused) and brought up again on the same port, which
+    confluent-kafka's Python API cannot do. Use as a context manager."""
+
+    def __init__(self, brokers: int = 1) -> None:
+        import ctypes
+
+        import confluent_kafka  # noqa: F401 - loads librdkafka into the process
+
+        with open("/proc/self/maps") as maps:
+            path = next(line.split()[-1] for line in maps if "librdkafka" in line)
+        lib = self._lib = ctypes.CDLL(path)
+        pointer, broker = ctypes.c_void_p, ctypes.c_int32
+        lib.rd_kafka_conf_new.restype = pointer
+        lib.rd_kafka_new.restype = pointer
+        lib.rd_kafka_new.argtypes = [ctypes.c_int, pointer, ctypes.c_char_p, ctypes.c_size_t]
+        lib.rd_kafka_destroy.argtypes = [pointer]
+        lib.rd_kafka_mock_cluster_new.restype = pointer
+        lib.rd_kafka_mock_cluster_new.argtypes = [pointer, ctypes.c_int]
+        lib.rd_kafka_mock_cluster_destroy.argtypes = [pointer]
+        lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p
+        lib.rd_kafka_mock_cluster_bootstraps.argtypes = [pointer]
+        lib.rd_kafka_mock_topic_create.argtypes = [pointer, ctypes.c_char_p, ctypes.c_int,
+                                                   ctypes.c_int]
+        for name in ("rd_kafka_mock_broker_set_down", "rd_kafka_mock_broker_set_up"):
+            getattr(lib, name).argtypes = [pointer, broker]
+        error = ctypes.create_string_buffer(512)
+        # a client handle of its own (a producer that sends nothing) owns the cluster
+        self._client = lib.rd_kafka_new(0, lib.rd_kafka_conf_new(), error, len(error))
+        assert self._client, error.value
+        self._cluster = lib.rd_kafka_mock_cluster_new(self._client, brokers)
+        assert self._cluster
+        self.address: str = lib.rd_kafka_mock_cluster_bootstraps(self._cluster).decode()
+
+    def create_topic(self, topic: str, partitions: int = 1) -> None:
+        assert self._lib.rd_kafka_mock_topic_create(self._cluster, topic.encode(),
+                                                    partitions, 1) == 0
+
+    def down(self, broker: int = 1) -> None:
+        assert self._lib.rd_kafka_mock_broker_set_down(self._cluster, broker) == 0
+
+    def up(self, broker: int = 1) -> None:
+        assert self._lib.rd_kafka_mock_broker_set_up(self._cluster, broker) == 0
+
+    def __enter__(self) -> MockBrokers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lib.rd_kafka_mock_cluster_destroy(self._cluster)
+        self._lib.rd_kafka_destroy(self._client)
+
+
 @pytest.fixture
 def kafka_cluster() -> Iterator[str]:
     """The bootstrap address of a mock Kafka cluster of the test's own."""
