@@ -5,12 +5,13 @@
 //                                                  contiguous (SET_SIZE 8 = 64 B = two sectors)
 //   stamps     uint64 [num_sets * SET_SIZE]         tick << RANK_BITS | rank of the slot's
 //                                                  last query hit (rank 0) or insert
-//   vecs       float4 [(num_sets * SET_SIZE + 1) * ROW4]   rows padded to 16 B; the last row is
+//   vecs       hps_row_t [(num_sets * SET_SIZE + 1) * ROW_STRIDE]  rows in STORAGE (hps_common.cuh); the last is
 //                                                  the special slot of the key HPS_EMPTY_KEY
 //   flags      int32 [2]                            [0] special slot present, [1] keys held
 // A key's set is hps_set_of(key, num_sets). A group of GROUP lanes serves one key: it reads
 // the set's keys (KPL per lane, 16-byte loads), agrees on the matching way with a group
-// reduction, then copies the row with float4 loads spread over its lanes.
+// reduction, then copies the row with 16-byte (float32 rows) or smaller loads spread over its
+// lanes, widening compact rows in registers.
 //
 // Mutating kernels (insert, update, remove) and queries never run at the same time:
 // hps/gpu/device_table.py orders them with CUDA events. Queries only write stamps, so concurrent
@@ -30,8 +31,8 @@
 extern "C" __global__ void cache_query(
     const hps_key* __restrict__ keys, const long long n,
     const hps_key* __restrict__ slot_keys, u64* __restrict__ stamps,
-    const float4* __restrict__ vecs, const u32 num_sets, const int* __restrict__ flags,
-    float* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
+    const hps_row_t* __restrict__ vecs, const u32 num_sets, const int* __restrict__ flags,
+    hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys,
     const u64 tick, const float default_value) {
     const int lane = threadIdx.x & 31;
@@ -67,15 +68,15 @@ extern "C" __global__ void cache_query(
             slot[u] = way >= 0 ? (long long)set[u] * SET_SIZE + way : -1;
             if (key[u] == HPS_EMPTY_KEY && pos[u] < n && special_present) slot[u] = special_slot;
         }
-        float4 r[UNROLL][VPL];
+        hps_lane_row r[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
-            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW4, gl, r[u]);
+            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW_STRIDE, gl, r[u]);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const bool valid = pos[u] < n;
             if (valid) {
-                float* orow = out + pos[u] * DIM;
+                hps_out_t* orow = out + pos[u] * DIM;
                 if (slot[u] >= 0) {
                     hps_store_out(orow, gl, r[u], vec4);
                     bool stamp = gl == 0 && slot[u] != special_slot;
@@ -114,7 +115,7 @@ __device__ __forceinline__ void cache_insert_blocks(
     const u32 block, const u32 blocks,
     const u64* __restrict__ codes, const long long n, const hps_key* __restrict__ keys,
     const float* __restrict__ src, const int src_vec4,
-    hps_key* slot_keys, u64* stamps, float4* vecs, const u32 num_sets, int* flags, const u64 tick) {
+    hps_key* slot_keys, u64* stamps, hps_row_t* vecs, const u32 num_sets, int* flags, const u64 tick) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const u32 gmask = hps_group_mask(lane);
@@ -175,7 +176,7 @@ __device__ __forceinline__ void cache_insert_blocks(
                     }
                 }
             }
-            hps_copy_in(vecs + target * ROW4, src + p * DIM, gl, vec4);
+            hps_copy_in(vecs + target * ROW_STRIDE, src + p * DIM, gl, vec4);
             if (gl == 0 && key != HPS_EMPTY_KEY) {
                 slot_keys[target] = key;
                 stamps[target] = tick | (u64)(j - i < HPS_RANK_MAX ? j - i : HPS_RANK_MAX);
@@ -189,7 +190,7 @@ __device__ __forceinline__ void cache_insert_blocks(
 extern "C" __global__ void cache_insert(
     const u64* __restrict__ codes, const long long n, const hps_key* __restrict__ keys,
     const float* __restrict__ src, const int src_vec4,
-    hps_key* slot_keys, u64* stamps, float4* vecs, const u32 num_sets, int* flags, const u64 tick) {
+    hps_key* slot_keys, u64* stamps, hps_row_t* vecs, const u32 num_sets, int* flags, const u64 tick) {
     cache_insert_blocks(blockIdx.x, gridDim.x, codes, n, keys, src, src_vec4, slot_keys, stamps,
                         vecs, num_sets, flags, tick);
 }
@@ -200,9 +201,9 @@ extern "C" __global__ void cache_insert(
 extern "C" __global__ void cache_insert_scatter(
     const u64* __restrict__ codes, const long long n, const hps_key* __restrict__ keys,
     const float* __restrict__ src, const int src_vec4,
-    hps_key* slot_keys, u64* stamps, float4* vecs, const u32 num_sets, int* flags, const u64 tick,
+    hps_key* slot_keys, u64* stamps, hps_row_t* vecs, const u32 num_sets, int* flags, const u64 tick,
     const u32 insert_blocks, const int* __restrict__ pos, const int* __restrict__ inv,
-    const long long count, float* __restrict__ out, const int out_vec4) {
+    const long long count, hps_out_t* __restrict__ out, const int out_vec4) {
     if (blockIdx.x < insert_blocks)
         cache_insert_blocks(blockIdx.x, insert_blocks, codes, n, keys, src, src_vec4, slot_keys,
                             stamps, vecs, num_sets, flags, tick);
@@ -226,7 +227,7 @@ __device__ __forceinline__ long long cache_find(const hps_key* slot_keys, u32 nu
 // `updated` counts the keys found.
 extern "C" __global__ void cache_update(
     const hps_key* __restrict__ keys, const long long n, const float* __restrict__ src,
-    const int src_vec4, const hps_key* __restrict__ slot_keys, float4* __restrict__ vecs,
+    const int src_vec4, const hps_key* __restrict__ slot_keys, hps_row_t* __restrict__ vecs,
     const u32 num_sets, const int* __restrict__ flags, int* __restrict__ updated) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
@@ -237,7 +238,7 @@ extern "C" __global__ void cache_update(
     for (long long i = group; i < n; i += ngroups) {
         const long long slot = cache_find(slot_keys, num_sets, keys[i], special_present, gl, gmask);
         if (slot < 0) continue;
-        hps_copy_in(vecs + slot * ROW4, src + i * DIM, gl, src_vec4 != 0);
+        hps_copy_in(vecs + slot * ROW_STRIDE, src + i * DIM, gl, src_vec4 != 0);
         if (gl == 0) atomicAdd(updated, 1);
     }
 }

@@ -1,11 +1,12 @@
-// Row movers around the caches: the scatter of host-fetched rows into a lookup's output, and
-// the dense float4 gather that the benchmark measures the caches against.
+// Row movers around the caches: the scatter of host-fetched (float32) rows into a lookup's
+// output of any output type, and the dense float4 gather that the benchmark measures the
+// caches against.
 #include "hps_common.cuh"
 
 // out[pos[j]] = rows[inv[j]] for j < count (inv null: rows[j]): hps_scatter_rows.
 extern "C" __global__ void scatter_rows(const int* __restrict__ pos, const int* __restrict__ inv,
                                         const long long count, const float* __restrict__ rows,
-                                        float* __restrict__ out, const int vec4) {
+                                        hps_out_t* __restrict__ out, const int vec4) {
     hps_scatter_rows(blockIdx.x, gridDim.x, pos, inv, count, rows, out, vec4);
 }
 

@@ -8,7 +8,7 @@
 // a hit costs one bucket read (64 B at SET_SIZE 8) and one row read; at the default load
 // factor 0.8 a lookup reads 1.15 buckets on average.
 //
-// Layout: slot_keys int64 [num_buckets * SET_SIZE], vecs float4 [(slots + 1) * ROW4] (last
+// Layout: slot_keys int64 [num_buckets * SET_SIZE], vecs hps_row_t [(slots + 1) * ROW_STRIDE] (last
 // row: the special slot of HPS_EMPTY_KEY), flags int32 [3]: special present, keys held,
 // keys that found no slot (table full).
 //
@@ -21,7 +21,7 @@
 // batch leave one of their rows, unspecified which.
 extern "C" __global__ void static_build(
     const hps_key* __restrict__ keys, const long long n, const float* __restrict__ src,
-    const int src_vec4, hps_key* slot_keys, float4* vecs, const u32 num_buckets, int* flags) {
+    const int src_vec4, hps_key* slot_keys, hps_row_t* vecs, const u32 num_buckets, int* flags) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const u32 gmask = hps_group_mask(lane);
@@ -62,7 +62,7 @@ extern "C" __global__ void static_build(
             }
         }
         target = __shfl_sync(gmask, target, leader);
-        if (target >= 0) hps_copy_in(vecs + target * ROW4, src + i * DIM, gl, src_vec4 != 0);
+        if (target >= 0) hps_copy_in(vecs + target * ROW_STRIDE, src + i * DIM, gl, src_vec4 != 0);
     }
 }
 
@@ -157,8 +157,8 @@ __device__ __forceinline__ void static_find_slots(
 // out[pos], misses filled with default_value and appended to the miss lists.
 extern "C" __global__ void static_query(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
-    const float4* __restrict__ vecs, const u32 num_buckets, const int* __restrict__ flags,
-    float* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
+    const hps_row_t* __restrict__ vecs, const u32 num_buckets, const int* __restrict__ flags,
+    hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
@@ -175,15 +175,15 @@ extern "C" __global__ void static_query(
         long long slot[UNROLL];
         static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
                           pos, key, slot);
-        float4 r[UNROLL][VPL];
+        hps_lane_row r[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
-            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW4, gl, r[u]);
+            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW_STRIDE, gl, r[u]);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const bool valid = pos[u] < n;
             if (valid) {
-                float* orow = out + pos[u] * DIM;
+                hps_out_t* orow = out + pos[u] * DIM;
                 if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
                 else hps_fill_out(orow, gl, default_value, vec4);
             }
@@ -207,7 +207,7 @@ __device__ __forceinline__ long long static_slot_of(const hps_key key,
 // Overwrites the rows of present keys (refresh); absent keys are skipped.
 extern "C" __global__ void static_update(
     const hps_key* __restrict__ keys, const long long n, const float* __restrict__ src,
-    const int src_vec4, const hps_key* __restrict__ slot_keys, float4* __restrict__ vecs,
+    const int src_vec4, const hps_key* __restrict__ slot_keys, hps_row_t* __restrict__ vecs,
     const u32 num_buckets, const int* __restrict__ flags, int* __restrict__ updated) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
@@ -217,7 +217,7 @@ extern "C" __global__ void static_update(
     for (long long i = group; i < n; i += ngroups) {
         const long long slot = static_slot_of(keys[i], slot_keys, num_buckets, flags, gl, gmask);
         if (slot < 0) continue;
-        hps_copy_in(vecs + slot * ROW4, src + i * DIM, gl, src_vec4 != 0);
+        hps_copy_in(vecs + slot * ROW_STRIDE, src + i * DIM, gl, src_vec4 != 0);
         if (gl == 0) atomicAdd(updated, 1);
     }
 }

@@ -1,11 +1,11 @@
 // The uvm table: the static table's index of every key in GPU memory (its kernels are
 // included below and build, probe and dump this table too), each key's row in two places:
 //
-//   host_vecs  float4 [(slots + 1) * ROW4] in pinned, device-mapped host memory: every
+//   host_vecs  hps_row_t [(slots + 1) * ROW_STRIDE] in pinned, device-mapped host memory: every
 //              key's row at its slot (the static table's layout, the special slot last);
 //              the query kernel reads it directly over the bus, no host thread involved
 //   gpu_row    u32 [slots + 1]: the GPU row holding a copy of slot s's row, or NO_ROW
-//   gpu_vecs   float4 [gpu_rows * ROW4] in GPU memory: copies of the hottest rows
+//   gpu_vecs   hps_row_t [gpu_rows * ROW_STRIDE] in GPU memory: copies of the hottest rows
 //   owner      u32 [gpu_rows]: the slot whose row a GPU row holds, or NO_ROW
 //   hits       u32 [slots + 1]: accesses since the last promotion pass (halved by each
 //              pass), counted up to HITS_CAP: a counter at the cap is only read, so the
@@ -37,10 +37,10 @@ __device__ __forceinline__ void uvm_count(u32* hit) {
 // else from the mapped host memory; every access counted in hits.
 extern "C" __global__ void uvm_query(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
-    const float4* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
-    float* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
+    const hps_row_t* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
+    hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
-    const u32* __restrict__ gpu_row, const float4* __restrict__ gpu_vecs, u32* hits) {
+    const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
@@ -56,17 +56,17 @@ extern "C" __global__ void uvm_query(
         long long slot[UNROLL];
         static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
                           pos, key, slot);
-        const float4* row[UNROLL];
+        const hps_row_t* row[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             row[u] = nullptr;
             if (slot[u] >= 0) {
                 const u32 at = gpu_row[slot[u]];
-                row[u] = at != NO_ROW ? gpu_vecs + (u64)at * ROW4 : host_vecs + slot[u] * ROW4;
+                row[u] = at != NO_ROW ? gpu_vecs + (u64)at * ROW_STRIDE : host_vecs + slot[u] * ROW_STRIDE;
                 if (gl == 0) uvm_count(hits + slot[u]);
             }
         }
-        float4 r[UNROLL][VPL];
+        hps_lane_row r[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
             if (row[u] != nullptr) hps_load_row(row[u], gl, r[u]);
@@ -74,7 +74,7 @@ extern "C" __global__ void uvm_query(
         for (int u = 0; u < UNROLL; ++u) {
             const bool valid = pos[u] < n;
             if (valid) {
-                float* orow = out + pos[u] * DIM;
+                hps_out_t* orow = out + pos[u] * DIM;
                 if (row[u] != nullptr) hps_store_out(orow, gl, r[u], vec4);
                 else hps_fill_out(orow, gl, default_value, vec4);
             }
@@ -89,9 +89,9 @@ extern "C" __global__ void uvm_query(
 // skipped.
 extern "C" __global__ void uvm_update(
     const hps_key* __restrict__ keys, const long long n, const float* __restrict__ src,
-    const int src_vec4, const hps_key* __restrict__ slot_keys, float4* __restrict__ host_vecs,
+    const int src_vec4, const hps_key* __restrict__ slot_keys, hps_row_t* __restrict__ host_vecs,
     const u32 num_buckets, const int* __restrict__ flags, int* __restrict__ updated,
-    const u32* __restrict__ gpu_row, float4* __restrict__ gpu_vecs) {
+    const u32* __restrict__ gpu_row, hps_row_t* __restrict__ gpu_vecs) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const u32 gmask = hps_group_mask(lane);
@@ -100,20 +100,20 @@ extern "C" __global__ void uvm_update(
     for (long long i = group; i < n; i += ngroups) {
         const long long slot = static_slot_of(keys[i], slot_keys, num_buckets, flags, gl, gmask);
         if (slot < 0) continue;
-        hps_copy_in(host_vecs + slot * ROW4, src + i * DIM, gl, src_vec4 != 0);
+        hps_copy_in(host_vecs + slot * ROW_STRIDE, src + i * DIM, gl, src_vec4 != 0);
         const u32 at = gpu_row[slot];
-        if (at != NO_ROW) hps_copy_in(gpu_vecs + (u64)at * ROW4, src + i * DIM, gl, src_vec4 != 0);
+        if (at != NO_ROW) hps_copy_in(gpu_vecs + (u64)at * ROW_STRIDE, src + i * DIM, gl, src_vec4 != 0);
         if (gl == 0) atomicAdd(updated, 1);
     }
 }
 
 // Copies one host row into a GPU row (a lane group's share of it).
-__device__ __forceinline__ void uvm_copy_row(float4* __restrict__ dst,
-                                             const float4* __restrict__ src, int gl) {
+__device__ __forceinline__ void uvm_copy_row(hps_row_t* __restrict__ dst,
+                                             const hps_row_t* __restrict__ src, int gl) {
 #pragma unroll
-    for (int v = 0; v < VPL; ++v) {
+    for (int v = 0; v < UPL; ++v) {
         const int c = gl + v * GROUP;
-        if (c < ROW4) dst[c] = src[c];
+        if (c < ROW_STRIDE) dst[c] = src[c];
     }
 }
 
@@ -124,8 +124,8 @@ __device__ __forceinline__ void uvm_copy_row(float4* __restrict__ dst,
 extern "C" __global__ void uvm_place(
     const hps_key* __restrict__ keys, const long long n, const long long first_row,
     const u32 gpu_rows, const hps_key* __restrict__ slot_keys,
-    const float4* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
-    u32* __restrict__ gpu_row, float4* __restrict__ gpu_vecs, u32* __restrict__ owner) {
+    const hps_row_t* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
+    u32* __restrict__ gpu_row, hps_row_t* __restrict__ gpu_vecs, u32* __restrict__ owner) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const u32 gmask = hps_group_mask(lane);
@@ -148,7 +148,7 @@ extern "C" __global__ void uvm_place(
         }
         target = __shfl_sync(gmask, target, leader);
         if (target != NO_ROW)
-            uvm_copy_row(gpu_vecs + (u64)target * ROW4, host_vecs + slot * ROW4, gl);
+            uvm_copy_row(gpu_vecs + (u64)target * ROW_STRIDE, host_vecs + slot * ROW_STRIDE, gl);
     }
 }
 
@@ -161,17 +161,17 @@ extern "C" __global__ void uvm_demote(const long long* __restrict__ slots, const
 }
 
 // Step 2: copies the host rows of slots[i] into GPU rows rows[i] (free or unlinked by
-// step 1, and read by no query in flight). One thread per float4.
+// step 1, and read by no query in flight). One thread per row unit (hps_row_t).
 extern "C" __global__ void uvm_fill(const long long* __restrict__ slots,
                                     const long long* __restrict__ rows, const long long m,
-                                    const float4* __restrict__ host_vecs,
-                                    float4* __restrict__ gpu_vecs) {
-    const long long total = m * ROW4;
+                                    const hps_row_t* __restrict__ host_vecs,
+                                    hps_row_t* __restrict__ gpu_vecs) {
+    const long long total = m * ROW_STRIDE;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
          t += (long long)gridDim.x * blockDim.x) {
-        const long long i = t / ROW4;
-        const int c = (int)(t - i * ROW4);
-        gpu_vecs[rows[i] * ROW4 + c] = host_vecs[slots[i] * ROW4 + c];
+        const long long i = t / ROW_STRIDE;
+        const int c = (int)(t - i * ROW_STRIDE);
+        gpu_vecs[rows[i] * ROW_STRIDE + c] = host_vecs[slots[i] * ROW_STRIDE + c];
     }
 }
 

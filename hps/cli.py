@@ -536,17 +536,25 @@ def _host_memory_rows(num_keys: int, dim: int) -> list[tuple[str, str]]:
 
 
 def _gpu_memory_rows(num_keys: int, dim: int) -> list[tuple[str, str]]:
-    """GPU memory one cache of the table takes per deployed device, by cache type: what
+    """GPU memory one cache of the table takes per deployed device, by cache type and
+    embedding_storage_dtype (float32 first, the compact types in parentheses): what
     hps/gpu/cache.py allocates, its extra slots included (no GPU needed to tell)."""
     from hps.gpu.cache import cache_memory_bytes
     from hps.gpu.static_table import StaticEmbeddingTable
+    from hps.storage import STORAGE_NAMES
 
-    mib = 1 << 20
-    rows = [(f"GPU memory, dynamic cache, gpucacheper {p}",
-             f"{cache_memory_bytes(num_keys, dim, p) / mib:,.1f} MiB per device")
-            for p in (0.1, 0.5, 1.0)]
-    static = StaticEmbeddingTable.memory_required(max(num_keys, 1), dim)
-    return [*rows, ("GPU memory, static table", f"{static / mib:,.1f} MiB per device")]
+    def by_storage(nbytes: Callable[[str], int]) -> str:
+        mib = 1 << 20
+        compact = ", ".join(f"{name} {nbytes(name) / mib:,.1f}" for name in STORAGE_NAMES[1:])
+        return f"{nbytes('float32') / mib:,.1f} MiB per device ({compact})"
+
+    def dynamic(p: float) -> str:
+        return by_storage(lambda name: cache_memory_bytes(num_keys, dim, p, name))
+
+    rows = [(f"GPU memory, dynamic cache, gpucacheper {p}", dynamic(p)) for p in (0.1, 0.5, 1.0)]
+    static = by_storage(
+        lambda name: StaticEmbeddingTable.memory_required(max(num_keys, 1), dim, storage=name))
+    return [*rows, ("GPU memory, static table", static)]
 
 
 def _print_report(title: str, rows: list[tuple[str, str]]) -> None:
@@ -799,7 +807,8 @@ def bench_gpu_cmd(
         "lookup_fromdlpack/lookup latency beside torch.index_select; hugectr: HugeCTR's "
         "hps_profiler workload; misses: 1M-key miss batches; uvm: the uvm cache type beside "
         "dynamic (equal GPU memory) and static, 20M keys dim 64; devices: every GPU driven "
-        "by a thread each beside one. Repeatable."),
+        "by a thread each beside one; storage: each embedding_storage_dtype beside float32, "
+        "1M keys dim 128, with memory. Repeatable."),
 ) -> None:
     """GPU cache benchmarks, each beside its baseline measured in the same run."""
     from hps.gpu.lookup import cuda_available

@@ -1,7 +1,8 @@
 """The dynamic GPU embedding cache: set-associative, least recently used out first.
 
-`EmbeddingCache(capacity_slots, dim, device_id)` holds up to `capacity_slots` vectors of
-`dim` float32 on one device (rounded up to whole sets of `SET_SIZE` slots). A key's set is
+`EmbeddingCache(capacity_slots, dim, device_id, storage=...)` holds up to `capacity_slots`
+vectors of `dim` values on one device, stored as float32 or in a compact storage type
+(hps/gpu/row_format.py) (rounded up to whole sets of `SET_SIZE` slots). A key's set is
 MurmurHash3's finalizer of the key scaled to the set count; a set's keys are contiguous, so
 a lookup reads 64 bytes of keys and then one 16-byte-aligned row (kernels in
 `cuda/embedding_cache.cu`).
@@ -47,13 +48,15 @@ from hps.gpu.device_table import (
     BLOCK,
     DeviceTable,
     QueryWorkspace,
+    decode_rows,
     default_group,
     default_unroll,
-    row_floats,
 )
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
+from hps.gpu.row_format import OUT_FLOAT32, stored_row_bytes, table_storage
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.uvm_table import UvmEmbeddingTable, uvm_gpu_rows
+from hps.storage import FLOAT32, StorageType
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig
@@ -104,11 +107,12 @@ def set_codes(keys: np.ndarray, num_sets: int) -> np.ndarray:
 
 
 class EmbeddingCache(DeviceTable):
-    """A set-associative LRU cache of `dim`-wide float32 vectors on one GPU.
+    """A set-associative LRU cache of `dim`-wide vectors on one GPU, stored as `storage`
+    (float32, float16, bfloat16 or int8; inserts take float32 rows and encode them).
 
     capacity_slots is rounded up to whole sets of SET_SIZE. Raises DeviceError when the
-    device lacks the memory (`memory_required` tells how much before allocating) and
-    MissingExtraError without CuPy.
+    device lacks the memory (`memory_required` tells how much before allocating),
+    ConfigError for an unknown storage type and MissingExtraError without CuPy.
     """
 
     _kind = "embedding cache"
@@ -120,7 +124,7 @@ class EmbeddingCache(DeviceTable):
 
     def __init__(self, capacity_slots: int, dim: int, device_id: int = 0, *,
                  lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT, group: int | None = None,
-                 unroll: int | None = None) -> None:
+                 unroll: int | None = None, storage: str | StorageType = FLOAT32) -> None:
         if capacity_slots < 1:
             raise LookupInputError(f"capacity_slots must be positive, got {capacity_slots}")
         if dim < 1:
@@ -133,7 +137,7 @@ class EmbeddingCache(DeviceTable):
         self.lru_sample_shift = int(lru_sample_shift)
         super().__init__(dim, device_id, num_sets,
                          group=group or default_group(dim), unroll=unroll or default_unroll(dim),
-                         special_flags=2)
+                         special_flags=2, storage=storage)
         self._defines["STAMP_SHIFT"] = self.lru_sample_shift
         with self._device:
             self._stamps = self._alloc((self.num_slots,), np.uint64)
@@ -153,13 +157,14 @@ class EmbeddingCache(DeviceTable):
             self._generation += 1
 
     @staticmethod
-    def memory_required(capacity_slots: int, dim: int) -> int:
-        """Device bytes a cache of this capacity and width takes."""
+    def memory_required(capacity_slots: int, dim: int,
+                        storage: str | StorageType = FLOAT32) -> int:
+        """Device bytes a cache of this capacity, width and storage type takes."""
         slots = -(-int(capacity_slots) // SET_SIZE) * SET_SIZE
-        return slots * (8 + 8) + (slots + 1) * row_floats(dim) * 4 + 64
+        return slots * (8 + 8) + (slots + 1) * stored_row_bytes(dim, table_storage(storage)) + 64
 
     def _memory_bytes(self) -> int:
-        return self.memory_required(self.num_slots, self.dim)
+        return self.memory_required(self.num_slots, self.dim, self.storage)
 
     @property
     def capacity(self) -> int:
@@ -229,7 +234,8 @@ class EmbeddingCache(DeviceTable):
 
     def insert_staged(self, keys_ptr: int, rows_ptr: int, codes_ptr: int, n: int,
                       ws: QueryWorkspace, stream_ptr: int,
-                      scatter: tuple[int, int, int, int] | None = None) -> None:
+                      scatter: tuple[int, int, int, int] | None = None,
+                      out_type: int = OUT_FLOAT32) -> None:
         """insert_by_set on device addresses, queued on the caller's stream `stream_ptr`
         (the device current) with a launch bound to `ws`: keys int64 [n], rows float32
         [n, dim] and their sorted set codes uint64 [n], contiguous. Ordered after the
@@ -240,16 +246,18 @@ class EmbeddingCache(DeviceTable):
         `scatter` (positions, inverse, count, out: device addresses) also writes the rows
         into a lookup's output, out[positions[j]] = rows[inverse[j]] for j < count
         (inverse 0: rows[j]), in the same launch (cuda/embedding_cache.cu
-        cache_insert_scatter): the miss path pays one kernel launch, not two."""
+        cache_insert_scatter): the miss path pays one kernel launch, not two. The output
+        is of output type `out_type` (hps/gpu/row_format.py)."""
         cells = ws.insert_cells
-        if cells is None or ws.generation != self._generation:
-            launch = kernels.Launch(self._kernel("cache_insert_scatter"),
+        if cells is None or ws.generation != self._generation or ws.insert_type != out_type:
+            launch = kernels.Launch(self._kernel("cache_insert_scatter", out_type),
                                     "ptr i64 ptr ptr i32 ptr ptr ptr u32 ptr u64 "
                                     "u32 ptr ptr i64 ptr i32")
             for i, v in ((5, self._keys_ptr), (6, self._stamps_ptr), (7, self._vecs_ptr),
                          (8, self.num_sets), (9, self._flags_ptr)):
                 launch.set(i, v)
             ws.insert_launch = launch
+            ws.insert_type = out_type
             ws.insert_cells = cells = launch.values
         cells[0].value = codes_ptr
         cells[1].value = n
@@ -306,14 +314,14 @@ class EmbeddingCache(DeviceTable):
 
     def state(self) -> dict[str, np.ndarray]:
         """Host copies of the whole cache (for tests): keys and stamps [num_sets, SET_SIZE],
-        rows [num_sets, SET_SIZE, dim], the special slot's presence, row and stamp-free
-        key count."""
+        rows [num_sets, SET_SIZE, dim] (decoded to float32), the special slot's presence,
+        row and stamp-free key count."""
         with self._lock:
             self._check_open()
             with self._device:
                 self._stream.synchronize()
                 s = self._stream
-                rows = self._vecs.get(stream=s)[:, : self.dim]
+                rows = decode_rows(self._vecs.get(stream=s), self.dim, self.storage)
                 return {
                     "keys": self._keys.get(stream=s).reshape(self.num_sets, SET_SIZE),
                     "stamps": self._stamps.get(stream=s).reshape(self.num_sets, SET_SIZE),
@@ -364,13 +372,15 @@ def holds_whole_table(model: ModelConfig) -> bool:
     return model.cache_type == "dynamic" and model.gpucacheper >= WHOLE_TABLE
 
 
-def cache_memory_bytes(num_keys: int, dim: int, gpucacheper: float) -> int:
+def cache_memory_bytes(num_keys: int, dim: int, gpucacheper: float,
+                       storage: str | StorageType = FLOAT32) -> int:
     """Device bytes of one dynamic cache (per deployed device) of a table of `num_keys`
-    keys of width `dim` at `gpucacheper`: what `hps inspect` tells a user to plan for."""
+    keys of width `dim` at `gpucacheper`, rows stored as `storage`: what `hps inspect`
+    tells a user to plan for."""
     capacity = max(1, math.ceil(gpucacheper * int(num_keys)))
     if gpucacheper >= WHOLE_TABLE:
-        return StaticEmbeddingTable.memory_required(capacity, dim)
-    return EmbeddingCache.memory_required(cache_slots(capacity), dim)
+        return StaticEmbeddingTable.memory_required(capacity, dim, storage=storage)
+    return EmbeddingCache.memory_required(cache_slots(capacity), dim, storage)
 
 
 def open_device_table(model: ModelConfig, mode: str, num_keys: int, dim: int, device_id: int,
@@ -380,16 +390,20 @@ def open_device_table(model: ModelConfig, mode: str, num_keys: int, dim: int, de
     table sized for all `num_keys` keys (uvm: GPU rows from hps/gpu/uvm_table.py
     uvm_gpu_rows), an open-addressing table of gpucacheper × num_keys keys that misses
     are inserted into (gpucacheper ≥ 1: see WHOLE_TABLE), or a set-associative cache
-    sized for gpucacheper × num_keys keys (see CACHE_LOAD)."""
+    sized for gpucacheper × num_keys keys (see CACHE_LOAD). Rows are stored as the
+    model's embedding_storage_dtype."""
+    storage = table_storage(model.embedding_storage_dtype)
     if mode == "static":
-        return StaticEmbeddingTable(max(int(num_keys), 1), dim, device_id)
+        return StaticEmbeddingTable(max(int(num_keys), 1), dim, device_id, storage=storage)
     if mode == "uvm":
         rows = uvm_gpu_rows(model, num_keys, dim, device_id)
-        return UvmEmbeddingTable(max(int(num_keys), 1), dim, device_id, gpu_rows=rows)
+        return UvmEmbeddingTable(max(int(num_keys), 1), dim, device_id, gpu_rows=rows,
+                                 storage=storage)
     if holds_whole_table(model):
-        return StaticEmbeddingTable(cache_capacity(model, num_keys), dim, device_id)
+        return StaticEmbeddingTable(cache_capacity(model, num_keys), dim, device_id,
+                                    storage=storage)
     return EmbeddingCache(cache_slots(cache_capacity(model, num_keys)), dim, device_id,
-                          lru_sample_shift=lru_sample_shift)
+                          lru_sample_shift=lru_sample_shift, storage=storage)
 
 
 def warm_up(table: EmbeddingCache | StaticEmbeddingTable,

@@ -1,8 +1,11 @@
 """What the GPU caches share: device memory, streams, query workspaces and kernel launches.
 
 `DeviceTable` holds one table's slots on one device (keys int64 [num_sets * SET_SIZE],
-rows float32 padded to float4, a few int32 flags), its own stream, the per-thread query
-workspaces, and the launches of the query, update and dump kernels. The policies built
+rows in the table's storage type (float32 padded to float4, float16, bfloat16 or int8
+rows: hps/gpu/row_format.py), a few int32 flags), its own stream, the per-thread query
+workspaces, and the launches of the query, update and dump kernels. Rows come in as
+float32 and are encoded on the device; a query writes float32 or, from 16-bit storage,
+that same 16-bit type (its output type, picked per call). The policies built
 on it (`EmbeddingCache` in cache.py, `StaticEmbeddingTable` in static_table.py) say which
 kernels and which arguments; this module says where the memory lives and how work is
 ordered.
@@ -35,8 +38,17 @@ import numpy as np
 from hps.errors import DeviceError, LookupInputError
 from hps.gpu import kernels
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
+from hps.gpu.row_format import (
+    OUT_FLOAT32,
+    OUTPUT_CODES,
+    STORAGE_CODES,
+    row_unit_bytes,
+    stored_row_bytes,
+    table_storage,
+)
 from hps.keys import as_key_array, device_output_view, key_view
 from hps.raw_memory import wait_while
+from hps.storage import FLOAT32, StorageType, decode
 
 BLOCK = 256
 _MAPPED_PINNED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
@@ -62,8 +74,18 @@ def default_unroll(dim: int) -> int:
 
 
 def row_floats(dim: int) -> int:
-    """Floats per stored row: rows are padded to whole float4 (16 bytes)."""
+    """Floats per stored float32 row: rows are padded to whole float4 (16 bytes)."""
     return -(-dim // 4) * 4
+
+
+def decode_rows(raw: np.ndarray, dim: int, storage: StorageType) -> np.ndarray:
+    """Host copies of stored rows (as a table allocates them: float32 [r, row_floats],
+    or uint8 [r, stored_row_bytes] for compact storage) as float32 [r, dim]."""
+    if not storage.compact:
+        return np.ascontiguousarray(raw[:, :dim])
+    if storage.name == "int8":
+        return decode(storage, raw, dim)
+    return decode(storage, raw.view(storage.stored_dtype)[:, :dim], dim)
 
 
 @dataclass
@@ -115,12 +137,15 @@ class QueryWorkspace:
         self.keys_ptr = 0
         self._keys_finalizer: Any = None
         # the query launches bound to these buffers (see DeviceTable._bind_query)
-        self.launches: list[tuple[int, kernels.Launch, int, Any]] | None = None
+        # by output type (row_format.OUTPUT_CODES)
+        self.launches: dict[int, list[tuple[int, kernels.Launch, int, Any]]] = {}
         self.generation = -1
         self.insert_launch: kernels.Launch | None = None
         self.insert_cells: list[Any] | None = None
         self.scatter_launch: kernels.Launch | None = None
         self.scatter_cells: list[Any] | None = None
+        self.scatter_type = 0  # the output type scatter_launch writes
+        self.insert_type = 0  # the output type insert_launch scatters into
 
     def reserve(self, n: int) -> None:
         if n <= self.capacity:
@@ -140,7 +165,7 @@ class QueryWorkspace:
         self.positions_ptr = int(self.positions.data.ptr)
         self.keys_ptr = keys_ptr
         self.capacity = cap
-        self.launches = None  # bound to the old buffers
+        self.launches = {}  # bound to the old buffers
 
     def misses(self, count: int) -> Misses:
         """The misses of the last query (views, valid until the next one)."""
@@ -178,7 +203,8 @@ class DeviceTable:
     _update_kernel = ""
 
     def __init__(self, dim: int, device_id: int, num_sets: int, *, group: int, unroll: int,
-                 special_flags: int) -> None:
+                 special_flags: int, storage: str | StorageType = FLOAT32) -> None:
+        self.storage = table_storage(storage)
         cp = kernels.cupy_module()
         self._cp = cp
         self.dim = int(dim)
@@ -186,6 +212,13 @@ class DeviceTable:
         self.num_sets = int(num_sets)
         self.num_slots = self.num_sets * SET_SIZE
         self._row = row_floats(self.dim)
+        self._row_bytes = stored_row_bytes(self.dim, self.storage)
+        self._row_units = self._row_bytes // row_unit_bytes(self.storage)
+        # which outputs take 16-byte stores when aligned: by output type, DIM a multiple
+        # of the elements one store writes (4 float32; 8 halves from 16-bit storage)
+        self._out_dim_vec = tuple(self.dim % (4 if code == OUT_FLOAT32 or not
+                                              self.storage.compact else 8) == 0
+                                  for code in range(len(OUTPUT_CODES)))
         self._dim4 = self.dim % 4 == 0  # rows may use float4 stores where 16-byte aligned
         self._group = group
         self._unroll = unroll
@@ -208,7 +241,7 @@ class DeviceTable:
                 f"device(s)"
             )
         self._defines = {"DIM": self.dim, "GROUP": group, "UNROLL": unroll,
-                         "HINTS": 0}
+                         "HINTS": 0, "STORAGE": STORAGE_CODES[self.storage.name]}
         with self._device:
             self._stream = cp.cuda.Stream(non_blocking=True)
             self._check_room(self._memory_bytes())
@@ -219,7 +252,7 @@ class DeviceTable:
                 self._keys.fill(EMPTY_KEY)
                 self._flags.fill(0)
             self._stream.synchronize()
-        self._fn: dict[str, Any] = {}
+        self._fn: dict[tuple[str, int], Any] = {}
         self._generation = 0  # bumped when kernels change: workspaces rebind their launches
         self._rt = cp.cuda.runtime
         self._sms = kernels.multiprocessors(self.device_id)
@@ -254,12 +287,19 @@ class DeviceTable:
             ) from None
         return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
 
+    def _row_array(self, rows: int) -> tuple[tuple[int, int], Any]:
+        """(shape, dtype) of `rows` stored rows: float32 [rows, row_floats(dim)], or the
+        bytes of compact rows, uint8 [rows, stored_row_bytes(dim)]."""
+        if self.storage.compact:
+            return (rows, self._row_bytes), np.uint8
+        return (rows, self._row), np.float32
+
     def _alloc_rows(self) -> Any:
-        """The rows beside the slots, float32 [num_slots + 1, row_floats(dim)] (the last:
-        the special slot's), zeroed, as an array kernels can address; device memory here
-        (the uvm table keeps them in mapped host memory). Called with the device current;
-        may queue work on the table's stream (synchronized after)."""
-        rows = self._alloc((self.num_slots + 1, self._row), np.float32)
+        """The rows beside the slots, [num_slots + 1] stored rows (the last: the special
+        slot's; see _row_array), zeroed, as an array kernels can address; device memory
+        here (the uvm table keeps them in mapped host memory). Called with the device
+        current; may queue work on the table's stream (synchronized after)."""
+        rows = self._alloc(*self._row_array(self.num_slots + 1))
         with self._stream:
             rows.fill(0)
         return rows
@@ -278,12 +318,20 @@ class DeviceTable:
             self._fn = {}
             self._generation += 1
 
-    def _kernel(self, name: str) -> Any:
-        fn = self._fn.get(name)
+    def _kernel(self, name: str, out_type: int = OUT_FLOAT32) -> Any:
+        """Kernel `name` of the table's source, compiled for its defines and, for query
+        kernels, output type `out_type`."""
+        fn = self._fn.get((name, out_type))
         if fn is None:
-            fn = kernels.function(self._source, name, self.device_id, **self._defines)
-            self._fn[name] = fn
+            fn = kernels.function(self._source, name, self.device_id,
+                                  **self._out_defines(self._defines, out_type))
+            self._fn[(name, out_type)] = fn
         return fn
+
+    @staticmethod
+    def _out_defines(defines: dict[str, int], out_type: int) -> dict[str, int]:
+        """`defines` for queries writing `out_type` (float32 adds nothing: one module)."""
+        return defines if out_type == OUT_FLOAT32 else {**defines, "OUT_TYPE": out_type}
 
     # -- argument checks ------------------------------------------------------------------
 
@@ -307,7 +355,23 @@ class DeviceTable:
         return key_view(keys, self.device_id)
 
     def _device_rows(self, vectors: Any, n: int) -> Any:
-        """float32 [n, dim] C-contiguous rows on this device (host arrays copied over)."""
+        """float32 [n, dim] C-contiguous rows on this device (host arrays copied over).
+        Raises LookupInputError for the wrong shape or dtype and, for compact storage,
+        for rows it cannot hold (see hps/storage.py)."""
+        rows = self._device_rows_unchecked(vectors, n)
+        if self.storage.compact and n:
+            with self._device:
+                limit = np.float32(self.storage.max_magnitude)
+                unfit = ~(self._cp.abs(rows) < limit).all(axis=1)  # NaN compares False
+                bad = int(self._cp.flatnonzero(unfit)[0]) if bool(unfit.any()) else None
+            if bad is not None:
+                raise LookupInputError(
+                    f"row {bad} holds NaN, infinity or a value of magnitude "
+                    f"≥ {self.storage.max_magnitude:g}, which the {self._kind}'s "
+                    f"{self.storage.name} storage cannot hold")
+        return rows
+
+    def _device_rows_unchecked(self, vectors: Any, n: int) -> Any:
         cp = self._cp
         if isinstance(vectors, np.ndarray):
             vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -415,15 +479,19 @@ class DeviceTable:
         """The query parameters that stay fixed for a workspace: position → value."""
         raise NotImplementedError
 
-    def _query_kernels(self) -> list[tuple[int, Any, int]]:
-        """(most keys, kernel, keys per lane group) of the query kernels, by batch size."""
-        return [(kernels.MAX_BATCH, self._kernel(self._query_kernel), self._unroll)]
+    def _query_kernels(self, out_type: int) -> list[tuple[int, Any, int]]:
+        """(most keys, kernel, keys per lane group) of the query kernels writing
+        `out_type`, by batch size."""
+        return [(kernels.MAX_BATCH, self._kernel(self._query_kernel, out_type), self._unroll)]
 
-    def _bind_query(self, ws: QueryWorkspace) -> list[tuple[int, kernels.Launch, int, Any]]:
+    def _bind_query(self, ws: QueryWorkspace, out_type: int
+                    ) -> list[tuple[int, kernels.Launch, int, Any]]:
         launches = []
         fixed = self._fixed_query_params(ws)
         k, c, o, v, d = self._query_slots
-        for limit, fn, unroll in self._query_kernels():
+        if ws.generation != self._generation:
+            ws.launches = {}
+        for limit, fn, unroll in self._query_kernels(out_type):
             launch = kernels.Launch(fn, self._query_signature)
             for i, value in fixed.items():
                 launch.set(i, value)
@@ -431,16 +499,17 @@ class DeviceTable:
             tick = cells[self._tick_slot] if self._tick_slot >= 0 else None
             launches.append((limit, launch, unroll * (32 // self._group),
                              (cells[k], cells[c], cells[o], cells[v], cells[d], tick)))
-        ws.launches = launches
+        ws.launches[out_type] = launches
         ws.generation = self._generation
         return launches
 
     def _enqueue(self, keys_ptr: int, n: int, out_ptr: int, default: float,
-                 ws: QueryWorkspace, stream_ptr: int) -> None:
-        """Queues the query kernel (the lock held, the device current, ws reserved)."""
-        launches = ws.launches
+                 ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> None:
+        """Queues the query kernel writing `out_type` (the lock held, the device current,
+        ws reserved)."""
+        launches = ws.launches.get(out_type)
         if launches is None or ws.generation != self._generation:
-            launches = self._bind_query(ws)
+            launches = self._bind_query(ws, out_type)
         chosen = launches[-1]
         for entry in launches:
             if n <= entry[0]:
@@ -450,7 +519,7 @@ class DeviceTable:
         k.value = keys_ptr
         c.value = n
         o.value = out_ptr
-        v.value = self._dim4 and out_ptr % 16 == 0
+        v.value = self._out_dim_vec[out_type] and out_ptr % 16 == 0
         d.value = default
         if tick is not None:
             self._tick += 1
@@ -461,12 +530,14 @@ class DeviceTable:
         launch.go(blocks, BLOCK, stream_ptr)
 
     def query_ptr(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,
-                  ws: QueryWorkspace, stream_ptr: int) -> int:
-        """The query on raw pointers: keys int64 [n] and out float32 [n, dim], both
-        C-contiguous on this table's device (current), on stream `stream_ptr`. Writes the
-        rows of held keys and `default_value` into the others; returns the miss count,
-        the misses being in `ws` (ws.misses(count)) until its next query. Waits on the
-        host for the miss count only."""
+                  ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> int:
+        """The query on raw pointers: keys int64 [n] and out [n, dim] of output type
+        `out_type` (float32, or the table's own 16-bit storage type: see
+        hps/gpu/row_format.py, not checked here), both C-contiguous on this table's device
+        (current), on stream `stream_ptr`. Writes the rows of held keys and
+        `default_value` into the others; returns the miss count, the misses being in `ws`
+        (ws.misses(count)) until its next query. Waits on the host for the miss count
+        only."""
         if n == 0:
             return 0
         if n > ws.capacity:
@@ -480,7 +551,7 @@ class DeviceTable:
                 self._check_open()
             if self._write_event is not None:
                 self._wait_for_writes(stream_ptr)
-            self._enqueue(keys_ptr, n, out_ptr, default_value, ws, stream_ptr)
+            self._enqueue(keys_ptr, n, out_ptr, default_value, ws, stream_ptr, out_type)
             rt.eventRecord(ws.event_ptr, stream_ptr)
             self._inflight.add(ws.event_ptr)
         try:
@@ -495,16 +566,26 @@ class DeviceTable:
             self._inflight.discard(ws.event_ptr)
         return count
 
+    def out_type(self, out: Any) -> int:
+        """The output type (row_format.OUTPUT_CODES) of a CuPy output checked by
+        hps/keys.py device_output_view for this table's storage: float32, float16 or
+        uint16 (the bit patterns of bfloat16, which CuPy lacks)."""
+        if out.dtype == np.float32:
+            return OUT_FLOAT32
+        return OUTPUT_CODES[self.storage.name]
+
     def query_misses(self, keys: Any, out: Any, default_value: float = 0.0,
                      workspace: QueryWorkspace | None = None) -> Misses:
-        """Writes the rows of held keys into `out` (device, float32 [n, dim], C-contiguous)
-        and `default_value` into the rows of the others, on the caller's current stream.
+        """Writes the rows of held keys into `out` (device, [n, dim], C-contiguous; float32
+        widens compact rows, a 16-bit output of the storage's own type copies them:
+        float16, or uint16 holding bfloat16) and `default_value` into the rows of the others,
+        on the caller's current stream. Raises OutputBufferError for other outputs.
 
         Returns the misses as views into `workspace` (this thread's by default), valid
         until the workspace's next query. Waits on the host only for the miss count.
         """
         keys = self._device_keys(keys)
-        device_output_view(out, int(keys.shape[0]), self.dim, self.device_id)
+        device_output_view(out, int(keys.shape[0]), self.dim, self.device_id, self.storage)
         ws = workspace if workspace is not None else self.workspace()
         with self._device:
             return self.query_checked(keys, out, float(default_value), ws)
@@ -514,7 +595,7 @@ class DeviceTable:
         """query_misses for arguments already checked, with this table's device current."""
         n = int(keys.shape[0])
         count = self.query_ptr(int(keys.data.ptr), n, int(out.data.ptr), default_value, ws,
-                               self._cp.cuda.get_current_stream().ptr)
+                               self._cp.cuda.get_current_stream().ptr, self.out_type(out))
         return ws.misses(count)
 
     def enqueue_query(self, keys: Any, n: int, out: Any, default_value: float,
@@ -522,7 +603,8 @@ class DeviceTable:
         """Queues the query kernel on the stream, nothing else (the benchmark times
         this). Call with the lock held and the device current."""
         ws.reserve(n)
-        self._enqueue(int(keys.data.ptr), n, int(out.data.ptr), default_value, ws, stream_ptr)
+        self._enqueue(int(keys.data.ptr), n, int(out.data.ptr), default_value, ws, stream_ptr,
+                      self.out_type(out))
 
     def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
         """(miss_positions, miss_count): positions (cupy int32, in no particular order) of
@@ -581,6 +663,15 @@ class DeviceTable:
             )
         held = int(count.get(stream=self._stream)[0])
         return out[:held]
+
+    def settle(self) -> None:
+        """Waits for the writes queued on the table's stream and drops the inputs they
+        kept alive (a write holds its input arrays until it is done, released at a later
+        write): after a warm-up, its last chunk does not stay on the device."""
+        with self._lock:
+            self._check_open()
+            self._stream.synchronize()
+            self._retire.clear()
 
     def size(self) -> int:
         """Keys held."""

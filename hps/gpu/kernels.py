@@ -9,8 +9,12 @@ Every compile-time constant reaches the kernels from here, as a -D option; the .
 define none of them (they stop with #error when one is missing), so Python and CUDA
 cannot disagree:
 - the slot layout, the same for every table: SET_SIZE, EMPTY_KEY, RANK_BITS (below);
-- per table, from its caller: DIM, and the launch shape GROUP, UNROLL, HINTS,
-  STAMP_SHIFT, PROBE_WINDOW (defaults below for the kernels that do not set them).
+- per table, from its caller: DIM, the storage type STORAGE and output type OUT_TYPE
+  (codes of hps/gpu/row_format.py; float32 by default), and the launch shape GROUP,
+  UNROLL, HINTS, STAMP_SHIFT, PROBE_WINDOW (defaults below for the kernels that do not
+  set them);
+- derived here: ROW_BYTES, the bytes of a stored row of DIM in STORAGE
+  (row_format.stored_row_bytes), which the header checks against its own layout.
 
 Sources are found in the installed package (`hps/cuda/`, shipped in the wheel) or, in a
 source checkout, in the repository's top-level `cuda/` folder.
@@ -28,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from hps.errors import DeviceError, MissingExtraError
+from hps.gpu.row_format import STORAGE_CODES, stored_row_bytes
+from hps.storage import storage_type
 
 # The slot layout shared by the Python side and every kernel.
 SET_SIZE = 8  # slots per set (dynamic cache) or bucket (static table): 64 B of keys
@@ -39,10 +45,12 @@ RANK_BITS = 20
 _LAYOUT = {"SET_SIZE": SET_SIZE, "EMPTY_KEY": EMPTY_KEY, "RANK_BITS": RANK_BITS}
 # Launch-shape constants of kernels that do not choose them: rows.cu (no lane groups),
 # the static table's large-batch query (one bucket per probe step), a table's exact LRU.
-_TUNING_DEFAULTS = {"GROUP": 4, "UNROLL": 1, "HINTS": 0, "STAMP_SHIFT": 0, "PROBE_WINDOW": 1}
+_TUNING_DEFAULTS = {"GROUP": 4, "UNROLL": 1, "HINTS": 0, "STAMP_SHIFT": 0, "PROBE_WINDOW": 1,
+                    "STORAGE": 0, "OUT_TYPE": 0}
 
 # Most keys one launch serves: the kernels number a batch's positions with int32.
 MAX_BATCH = 2**31 - 1
+_STORAGE_BY_CODE = {code: name for name, code in STORAGE_CODES.items()}
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 _lock = threading.Lock()
@@ -92,13 +100,16 @@ def _source_text(name: str) -> str:
 
 
 def compile_options(defines: dict[str, int]) -> tuple[str, ...]:
-    """The -D options of a compile: the layout constants, the caller's `defines` (DIM and
-    launch shape) and the tuning defaults for what the caller left out. Raises
-    DeviceError when a caller tries to change the layout."""
-    fixed = _LAYOUT.keys() & defines.keys()
+    """The -D options of a compile: the layout constants, the caller's `defines` (DIM,
+    storage and output types, launch shape), the tuning defaults for what the caller left
+    out and ROW_BYTES. Raises DeviceError when a caller tries to change the layout."""
+    fixed = (_LAYOUT.keys() | {"ROW_BYTES"}) & defines.keys()
     if fixed:
         raise DeviceError(f"{sorted(fixed)} are fixed by hps/gpu/kernels.py, not per kernel")
     merged = {**_TUNING_DEFAULTS, **defines, **_LAYOUT}
+    if "DIM" in merged:
+        storage = _STORAGE_BY_CODE[int(merged["STORAGE"])]
+        merged["ROW_BYTES"] = stored_row_bytes(int(merged["DIM"]), storage_type(storage))
     return tuple(f"-D{k}={int(v)}" for k, v in sorted(merged.items()))
 
 

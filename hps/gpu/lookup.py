@@ -28,6 +28,12 @@ thread's current device was:
 Keys and outputs that cannot be used in place (host arrays, keys narrower than 64 bits,
 strided arrays) go through per-thread device buffers (hps/gpu/staging.py).
 
+Storage (the model's embedding_storage_dtype, hps/gpu/row_format.py): the device table
+keeps its rows as float32, float16, bfloat16 or int8; the output may be float32 (compact
+rows widened in the kernel) or, for float16 / bfloat16 storage, that same type (copied
+without widening; rows fetched from the host for misses are rounded to it, which gives
+back the stored value exactly).
+
 Modes: "dynamic" (an LRU cache of gpucacheper × num_keys slots), "static"
 (embedding_cache_type "static" or use_static_table: the whole table on the GPU, built by
 warm_up, read-only, misses served from the host and never inserted) or "uvm" (like static,
@@ -64,6 +70,12 @@ from hps.gpu.cache import (
     warm_up,
 )
 from hps.gpu.device_table import QueryWorkspace
+from hps.gpu.row_format import (
+    OUT_FLOAT32,
+    OUTPUT_CUPY_DTYPE,
+    STORAGE_CODES,
+    output_code,
+)
 from hps.gpu.staging import CHUNK_BYTES, MissStaging, Scratch, device_view, external_stream
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.threshold import HitRateThreshold
@@ -137,8 +149,10 @@ class GpuEmbeddingTable:
             self._table if holds_whole_table(model)
             and isinstance(self._table, StaticEmbeddingTable) else None)
         self._whole_inserted = 0  # keys sent to it so far (it takes `capacity`)
-        self._scatter = kernels.function("rows.cu", "scatter_rows", self.device_id,
-                                         DIM=self.dim)
+        self.storage = self._table.storage
+        # the scatter of host-fetched rows, by output type (see _scatter_kernel)
+        self._scatters: dict[int, Any] = {}
+        self._scatter_kernel(OUT_FLOAT32)
         self._dim4 = self.dim % 4 == 0
         self._row4 = self.dim // 4
         self._tls = threading.local()
@@ -164,11 +178,14 @@ class GpuEmbeddingTable:
     def warm_up(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
         """Inserts (keys int64 [n], vectors float32 [n, dim]) chunks in order until the
         cache holds `capacity` keys' worth, the last chunk included (cut to fit); the
-        static table takes every chunk. Returns the keys inserted (see cache.warm_up)."""
+        static table takes every chunk. Returns the keys inserted (see cache.warm_up). The
+        chunks' device copies are freed when it returns."""
         if self.mode != "dynamic":
-            return warm_up(self._table, chunks)
-        inserted = warm_up(self._table, chunks, self.capacity)
-        self._whole_inserted += inserted
+            inserted = warm_up(self._table, chunks)
+        else:
+            inserted = warm_up(self._table, chunks, self.capacity)
+            self._whole_inserted += inserted
+        self._table.settle()
         return inserted
 
     # -- lookups --------------------------------------------------------------------------
@@ -176,9 +193,10 @@ class GpuEmbeddingTable:
     def lookup(self, keys: Any, out: Any) -> None:
         """Writes the vectors of `keys` into `out` in place.
 
-        keys: integer [n], CuPy on this table's device or NumPy; out: float32 [n, dim],
-        CuPy on this device or NumPy (strided allowed). Device work runs on CuPy's current
-        stream; `out` is complete in that stream's order (host `out`: on return).
+        keys: integer [n], CuPy on this table's device or NumPy; out: [n, dim] float32
+        (or the table's own 16-bit storage type: storage.output_dtypes), CuPy on this
+        device or NumPy (strided allowed). Device work runs on CuPy's current stream;
+        `out` is complete in that stream's order (host `out`: on return).
         Raises KeyTypeError, OutputBufferError or DeviceError for bad arguments (checked
         by hps/keys.py).
         """
@@ -187,13 +205,15 @@ class GpuEmbeddingTable:
         if tuple(getattr(out, "shape", ())) != (n, self.dim):
             raise OutputBufferError(
                 f"out must have shape [{n}, {self.dim}], got {list(getattr(out, 'shape', []))}")
-        self.serve(kref, output_ref(out, n, self.dim))
+        self.serve(kref, output_ref(out, n, self.dim, self.storage))
 
     def serve(self, keys: ArrayRef, out: ArrayRef) -> None:
         """lookup() for checked ArrayRefs (hps/keys.py key_ref, output_ref) of any producer:
-        keys on the host or this table's device, out (n × dim float32 or more) likewise.
-        Raises DeviceError for arrays on another device."""
+        keys on the host or this table's device, out (n × dim values or more, float32 or
+        the storage's 16-bit type) likewise. Raises DeviceError for arrays on another
+        device, OutputBufferError for an output dtype the table cannot write."""
         n = keys.size
+        out_type = output_code(out, self.storage)
         dev = self.device_id
         if keys.device != dev and keys.device >= 0 or out.device != dev and out.device >= 0:
             raise DeviceError(
@@ -215,10 +235,10 @@ class GpuEmbeddingTable:
             else:
                 keys_ptr = self._keys_to_device(keys, state.scratch, stream)
             if out.device == dev and out.contiguous:
-                self._lookup_ptr(keys_ptr, n, out.ptr, stream, state)
+                self._lookup_ptr(keys_ptr, n, out.ptr, stream, state, out_type)
                 return
-            scratch_out = state.scratch.device_out(n)
-            self._lookup_ptr(keys_ptr, n, int(scratch_out.data.ptr), stream, state)
+            scratch_out = state.scratch.device_out(n, OUTPUT_CUPY_DTYPE[out_type])
+            self._lookup_ptr(keys_ptr, n, int(scratch_out.data.ptr), stream, state, out_type)
             self._out_from_scratch(scratch_out, out, stream, state.scratch)
         finally:
             if previous != dev:
@@ -240,55 +260,57 @@ class GpuEmbeddingTable:
 
     def _out_from_scratch(self, rows: Any, out: ArrayRef, stream: int, scratch: Scratch
                           ) -> None:
-        """Moves rows looked up into scratch to the caller's output."""
-        n = rows.shape[0]
+        """Moves rows looked up into scratch to the caller's output (a bfloat16 output,
+        which NumPy and CuPy cannot view, is contiguous: output_code checked it)."""
         if out.on_host:
-            target = out.host_array()
             if out.contiguous:
-                target = target.reshape(-1)[: n * self.dim].reshape(n, self.dim)
-            scratch.out_to_host(int(rows.data.ptr), target, stream)
+                scratch.copy_to_host(int(rows.data.ptr), out.ptr, rows.nbytes, stream)
+                return
+            scratch.out_to_host(int(rows.data.ptr), out.host_array(), stream)
             return
         cp = self._cp
-        with external_stream(cp, stream):
+        with external_stream(cp, stream):  # a strided output on this device
             cp.copyto(out.device_array(), rows)
 
     def _lookup_ptr(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
-                    state: _ThreadState) -> None:
-        """The lookup on device addresses (contiguous int64 keys, float32 [n, dim] out),
-        the device current."""
+                    state: _ThreadState, out_type: int = OUT_FLOAT32) -> None:
+        """The lookup on device addresses (contiguous int64 keys, [n, dim] out of output
+        type `out_type`, hps/gpu/row_format.py), the device current."""
         if self.dedupe:
-            self._lookup_deduped(keys_ptr, n, out_ptr, stream, state)
+            self._lookup_deduped(keys_ptr, n, out_ptr, stream, state, out_type)
         else:
-            self._query_and_serve(keys_ptr, n, out_ptr, stream, state, n)
+            self._query_and_serve(keys_ptr, n, out_ptr, stream, state, n, out_type)
 
     def _query_and_serve(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
-                         state: _ThreadState, requested: int) -> None:
+                         state: _ThreadState, requested: int, out_type: int) -> None:
         """The query of n keys, counted as a lookup of `requested` keys, then its misses."""
         ws = state.ws
-        misses = self._table.query_ptr(keys_ptr, n, out_ptr, self.default_value, ws, stream)
+        misses = self._table.query_ptr(keys_ptr, n, out_ptr, self.default_value, ws, stream,
+                                       out_type)
         counts = state.counts
         counts["lookups"] += 1
         counts["keys"] += requested
         counts["hits"] += n - misses
         counts["misses"] += misses
         if misses:
-            self._serve_misses(ws, misses, n, out_ptr, stream, state)
+            self._serve_misses(ws, misses, n, out_ptr, stream, state, out_type)
 
     def _lookup_deduped(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
-                        state: _ThreadState) -> None:
+                        state: _ThreadState, out_type: int) -> None:
         """dedupe=True: the distinct keys are looked up, then gathered into out."""
         cp = self._cp
+        dtype = OUTPUT_CUPY_DTYPE[out_type]
         with external_stream(cp, stream):
             keys = device_view(cp, keys_ptr, (n,), np.int64, None)
             unique, inverse = cp.unique(keys, return_inverse=True)
-            rows = cp.empty((unique.size, self.dim), dtype=np.float32)
+            rows = cp.empty((unique.size, self.dim), dtype=dtype)
             self._query_and_serve(int(unique.data.ptr), int(unique.size), int(rows.data.ptr),
-                                  stream, state, n)
-            out = device_view(cp, out_ptr, (n, self.dim), np.float32, None)
+                                  stream, state, n, out_type)
+            out = device_view(cp, out_ptr, (n, self.dim), dtype, None)
             cp.take(rows, inverse.reshape(-1), axis=0, out=out)
 
     def _serve_misses(self, ws: QueryWorkspace, m: int, n: int, out_ptr: int, stream: int,
-                      state: _ThreadState) -> None:
+                      state: _ThreadState, out_type: int) -> None:
         """The misses of the query just made: background or fetched, scattered, inserted."""
         missed = ws.host_keys[:m]
         cache = self._cache
@@ -318,11 +340,12 @@ class GpuEmbeddingTable:
                 self._device_codes(d_keys, d_codes, u, stream)
             # the insert scatters the rows into out in the same launch
             cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream,
-                                scatter=(ws.positions_ptr, inverse_ptr, m, out_ptr))
+                                scatter=(ws.positions_ptr, inverse_ptr, m, out_ptr),
+                                out_type=out_type)
             if self._updates != updates:  # the rows may predate an update: not kept
                 cache.remove(keys[:u].copy())
         else:
-            self._scatter_rows(ws, m, inverse_ptr, d_rows, out_ptr, stream)
+            self._scatter_rows(ws, m, inverse_ptr, d_rows, out_ptr, stream, out_type)
             if whole is not None and self._whole_inserted + u <= self.capacity:
                 self._whole_inserted += u
                 whole.insert_staged(d_keys, d_rows, u, ws, stream)
@@ -345,12 +368,26 @@ class GpuEmbeddingTable:
             fetch.result()
             staging.send_rows(a, b, stream)
 
+    def _scatter_kernel(self, out_type: int) -> Any:
+        """The scatter_rows kernel (cuda/rows.cu) writing `out_type`, compiled once."""
+        fn = self._scatters.get(out_type)
+        if fn is None:
+            defines = {"DIM": self.dim}
+            if out_type != OUT_FLOAT32:  # float32 output: the one module of every storage
+                defines |= {"OUT_TYPE": out_type, "STORAGE": STORAGE_CODES[self.storage.name]}
+            fn = kernels.function("rows.cu", "scatter_rows", self.device_id, **defines)
+            self._scatters[out_type] = fn
+        return fn
+
     def _scatter_rows(self, ws: QueryWorkspace, m: int, inverse_ptr: int, rows_ptr: int,
-                      out_ptr: int, stream: int) -> None:
-        """out[positions[j]] = rows[inverse[j]] (inverse 0: rows[j]) for the m misses."""
+                      out_ptr: int, stream: int, out_type: int) -> None:
+        """out[positions[j]] = rows[inverse[j]] (inverse 0: rows[j]) for the m misses,
+        float32 rows written as `out_type`."""
         cells = ws.scatter_cells
-        if cells is None or ws.scatter_launch is None:
-            ws.scatter_launch = kernels.Launch(self._scatter, "ptr ptr i64 ptr ptr i32")
+        if cells is None or ws.scatter_launch is None or ws.scatter_type != out_type:
+            ws.scatter_launch = kernels.Launch(self._scatter_kernel(out_type),
+                                               "ptr ptr i64 ptr ptr i32")
+            ws.scatter_type = out_type
             cells = ws.scatter_cells = ws.scatter_launch.values
         vec4 = self._dim4 and out_ptr % 16 == 0
         cells[0].value = ws.positions_ptr
@@ -494,7 +531,9 @@ class GpuEmbeddingTable:
     # -- state ----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """mode, capacity, size (keys held), hits, misses, hit_rate, memory_bytes, …"""
+        """mode, storage_dtype, capacity, size (keys held), hits, misses, hit_rate,
+        memory_bytes (the device bytes the table's rows and index take, in its storage
+        type), …"""
         counts = dict.fromkeys(_COUNTERS, 0)
         with self._stats_lock:
             for part in self._all_counts:
@@ -503,6 +542,7 @@ class GpuEmbeddingTable:
         looked = counts["hits"] + counts["misses"]
         return {
             "mode": self.mode,
+            "storage_dtype": self.storage.name,
             "device_id": self.device_id,
             "dim": self.dim,
             "capacity": self.capacity,

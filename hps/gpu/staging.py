@@ -173,12 +173,14 @@ class Scratch:
                                                     self._keys.size), 1024), dtype=np.int64)
         return self._keys[:n]
 
-    def device_out(self, n: int) -> Any:
-        """A device float32 [n, dim] buffer."""
-        rows = 0 if self._out is None else self._out.shape[0]
-        if rows < n:
-            self._out = self._cp.empty((max(n, 2 * rows, 1024), self.dim), dtype=np.float32)
-        return self._out[:n]
+    def device_out(self, n: int, dtype: Any = np.float32) -> Any:
+        """A device [n, dim] buffer of `dtype` (float32 or a 16-bit output type)."""
+        dtype = np.dtype(dtype)
+        need = n * self.dim * dtype.itemsize
+        have = 0 if self._out is None else self._out.size
+        if have < need:
+            self._out = self._cp.empty(max(need, 2 * have, 1024 * self.dim * 4), dtype=np.uint8)
+        return self._out[:need].view(dtype).reshape(n, self.dim)
 
     def keys_to_device(self, keys: np.ndarray, stream_ptr: int) -> int:
         """Copies host integer keys (any width, any layout) to the device as int64, on the
@@ -198,15 +200,19 @@ class Scratch:
         self._rt.memcpyAsync(ptr, staged.ctypes.data, n * 8, _H2D, stream_ptr)
         return ptr
 
-    def out_to_host(self, src_ptr: int, out: np.ndarray, stream_ptr: int) -> None:
-        """Copies the device rows at src_ptr into a host float32 [n, dim] array
-        (contiguous or strided) and waits for them."""
-        nbytes = out.shape[0] * self.dim * 4
-        if out.flags.c_contiguous:
-            self._rt.memcpyAsync(out.ctypes.data, src_ptr, nbytes, _D2H, stream_ptr)
-            self._rt.streamSynchronize(stream_ptr)
-            return
-        staged = np.empty((out.shape[0], self.dim), np.float32)
-        self._rt.memcpyAsync(staged.ctypes.data, src_ptr, nbytes, _D2H, stream_ptr)
+    def copy_to_host(self, src_ptr: int, dst_ptr: int, nbytes: int, stream_ptr: int) -> None:
+        """Copies nbytes of device rows at src_ptr to host memory at dst_ptr (a contiguous
+        output) and waits for them."""
+        self._rt.memcpyAsync(dst_ptr, src_ptr, nbytes, _D2H, stream_ptr)
         self._rt.streamSynchronize(stream_ptr)
+
+    def out_to_host(self, src_ptr: int, out: np.ndarray, stream_ptr: int) -> None:
+        """Copies the device rows at src_ptr into a host [n, dim] array of their dtype
+        (contiguous or strided) and waits for them."""
+        if out.flags.c_contiguous:
+            self.copy_to_host(src_ptr, out.ctypes.data, out.shape[0] * self.dim *
+                              out.itemsize, stream_ptr)
+            return
+        staged = np.empty((out.shape[0], self.dim), out.dtype)
+        self.copy_to_host(src_ptr, staged.ctypes.data, staged.nbytes, stream_ptr)
         np.copyto(out, staged)

@@ -1,9 +1,11 @@
 """The static table: a whole embedding table on one GPU, built once, then read-only.
 
-`StaticEmbeddingTable(num_keys, dim, device_id)` reserves open-addressing buckets of
+`StaticEmbeddingTable(num_keys, dim, device_id, storage=...)` reserves open-addressing buckets of
 SET_SIZE slots for `num_keys` keys at `load_factor` (0.8: on average 1.15 bucket reads per
 lookup), with each row stored beside its key's slot (no indirection: one bucket read and
-one row read per hit). `build(keys, vectors)` adds keys, chunk by chunk; after that the
+one row read per hit; rows stored as float32 or a compact storage type,
+hps/gpu/row_format.py). `build(keys, vectors)` adds keys (float32 rows, encoded on the
+device), chunk by chunk; after that the
 table is only read (`query`), or its rows rewritten in place by a refresh (`update`).
 Nothing is evicted: more than `num_keys` keys raise an error.
 
@@ -26,9 +28,10 @@ from hps.gpu.device_table import (
     QueryWorkspace,
     default_group,
     default_unroll,
-    row_floats,
 )
 from hps.gpu.kernels import SET_SIZE
+from hps.gpu.row_format import stored_row_bytes, table_storage
+from hps.storage import FLOAT32, StorageType
 
 DEFAULT_LOAD_FACTOR = 0.8
 # Batches up to this many keys probe 4 buckets per step: the batch waits for its longest
@@ -47,7 +50,8 @@ class TableFullError(LookupInputError):
 
 
 class StaticEmbeddingTable(DeviceTable):
-    """A read-only GPU hash table of `dim`-wide float32 rows for up to `num_keys` keys."""
+    """A read-only GPU hash table of `dim`-wide rows for up to `num_keys` keys, stored as
+    `storage` (float32 by default)."""
 
     _kind = "static table"
     _source = "static_table.cu"
@@ -58,7 +62,7 @@ class StaticEmbeddingTable(DeviceTable):
 
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *,
                  load_factor: float = DEFAULT_LOAD_FACTOR, group: int | None = None,
-                 unroll: int | None = None) -> None:
+                 unroll: int | None = None, storage: str | StorageType = FLOAT32) -> None:
         if num_keys < 1:
             raise LookupInputError(f"num_keys must be positive, got {num_keys}")
         if dim < 1:
@@ -72,17 +76,17 @@ class StaticEmbeddingTable(DeviceTable):
             raise LookupInputError(f"num_keys {num_keys} is too large")
         super().__init__(dim, device_id, num_buckets,
                          group=group or default_group(dim), unroll=unroll or default_unroll(dim),
-                         special_flags=3)
+                         special_flags=3, storage=storage)
 
     @staticmethod
-    def memory_required(num_keys: int, dim: int,
-                        load_factor: float = DEFAULT_LOAD_FACTOR) -> int:
-        """Device bytes a static table of this many keys and width takes."""
+    def memory_required(num_keys: int, dim: int, load_factor: float = DEFAULT_LOAD_FACTOR,
+                        storage: str | StorageType = FLOAT32) -> int:
+        """Device bytes a static table of this many keys, width and storage type takes."""
         slots = _num_buckets(num_keys, load_factor) * SET_SIZE
-        return slots * 8 + (slots + 1) * row_floats(dim) * 4 + 64
+        return slots * 8 + (slots + 1) * stored_row_bytes(dim, table_storage(storage)) + 64
 
     def _memory_bytes(self) -> int:
-        return self.memory_required(self.num_keys, self.dim, self.load_factor)
+        return self.memory_required(self.num_keys, self.dim, self.load_factor, self.storage)
 
     @property
     def capacity(self) -> int:
@@ -94,15 +98,16 @@ class StaticEmbeddingTable(DeviceTable):
         return {2: self._keys_ptr, 3: self._vecs_ptr, 4: self.num_sets, 5: self._flags_ptr,
                 8: ws.ctl_ptr, 9: ws.host_ptr, 10: ws.positions_ptr, 11: ws.keys_ptr}
 
-    def _query_kernels(self) -> list[tuple[int, Any, int]]:
+    def _query_kernels(self, out_type: int) -> list[tuple[int, Any, int]]:
         # batches up to SMALL_BATCH keys: PROBE_WINDOW buckets per probe step, one key per
         # lane group and round
-        fn = self._fn.get("small query")
+        fn = self._fn.get(("small query", out_type))
         if fn is None:
             defines = {**self._defines, "PROBE_WINDOW": _WINDOW, "UNROLL": 1}
-            fn = kernels.function(self._source, self._query_kernel, self.device_id, **defines)
-            self._fn["small query"] = fn
-        return [(SMALL_BATCH, fn, 1), *super()._query_kernels()]
+            fn = kernels.function(self._source, self._query_kernel, self.device_id,
+                                  **self._out_defines(defines, out_type))
+            self._fn[("small query", out_type)] = fn
+        return [(SMALL_BATCH, fn, 1), *super()._query_kernels(out_type)]
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),

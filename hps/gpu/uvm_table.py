@@ -56,10 +56,12 @@ import numpy as np
 from hps.background import PeriodicTask
 from hps.errors import ConfigError, LookupInputError
 from hps.gpu import kernels
-from hps.gpu.device_table import BLOCK, QueryWorkspace, row_floats
+from hps.gpu.device_table import BLOCK, QueryWorkspace, decode_rows
 from hps.gpu.host_memory import MappedHostMemory
 from hps.gpu.kernels import SET_SIZE
+from hps.gpu.row_format import OUT_FLOAT32, stored_row_bytes, table_storage
 from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
+from hps.storage import FLOAT32, StorageType
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig
@@ -109,7 +111,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                  load_factor: float = DEFAULT_LOAD_FACTOR,
                  promotion_interval: float = DEFAULT_PROMOTION_INTERVAL,
                  max_moves: int | None = None, huge_pages: bool = True,
-                 group: int | None = None, unroll: int | None = None) -> None:
+                 group: int | None = None, unroll: int | None = None,
+                 storage: str | StorageType = FLOAT32) -> None:
         if not 0 <= gpu_rows < NO_ROW:
             raise LookupInputError(f"gpu_rows must be in [0, {NO_ROW}), got {gpu_rows}")
         if promotion_interval < 0:
@@ -120,7 +123,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
             raise LookupInputError(f"num_keys {num_keys} is too large for a uvm table")
         self.gpu_rows = min(int(gpu_rows), int(num_keys) + 1)
         self.max_moves = int(max_moves) if max_moves else max(1024, self.gpu_rows // 16)
-        host = self.host_bytes_required(num_keys, dim, load_factor)
+        host = self.host_bytes_required(num_keys, dim, load_factor, storage)
         available = _host_memory_available()
         if host > available:
             raise ConfigError(
@@ -132,12 +135,12 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self._host_mem: MappedHostMemory | None = None
         self._host_rows_view: np.ndarray | None = None
         super().__init__(num_keys, dim, device_id, load_factor=load_factor, group=group,
-                         unroll=unroll)
+                         unroll=unroll, storage=storage)
         self._defines["HITS_CAP"] = HITS_CAP
         with self._device:
             self._gpu_row = self._alloc((self.num_slots + 1,), np.uint32)
             self._hits = self._alloc((self.num_slots + 1,), np.uint32)
-            self._gpu_vecs = self._alloc((max(self.gpu_rows, 1), self._row), np.float32)
+            self._gpu_vecs = self._alloc(*self._row_array(max(self.gpu_rows, 1)))
             self._owner = self._alloc((max(self.gpu_rows, 1),), np.uint32)
             with self._stream:
                 self._gpu_row.fill(NO_ROW)
@@ -169,27 +172,31 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         return slots * 8 + (slots + 1) * 8 + 64
 
     @staticmethod
-    def gpu_row_bytes(dim: int) -> int:
-        """GPU bytes of one hot row: its floats (padded to float4) and its owner link."""
-        return row_floats(dim) * 4 + 4
+    def gpu_row_bytes(dim: int, storage: str | StorageType = FLOAT32) -> int:
+        """GPU bytes of one hot row: the stored row (hps/gpu/row_format.py) and its owner
+        link."""
+        return stored_row_bytes(dim, table_storage(storage)) + 4
 
     @classmethod
     def device_bytes_required(cls, num_keys: int, dim: int, gpu_rows: int,
-                              load_factor: float = DEFAULT_LOAD_FACTOR) -> int:
+                              load_factor: float = DEFAULT_LOAD_FACTOR,
+                              storage: str | StorageType = FLOAT32) -> int:
         """GPU bytes of a uvm table: the index and gpu_rows hot rows."""
         return cls.index_bytes(num_keys, load_factor) + max(int(gpu_rows), 1) * \
-            cls.gpu_row_bytes(dim)
+            cls.gpu_row_bytes(dim, storage)
 
     @staticmethod
     def host_bytes_required(num_keys: int, dim: int,
-                            load_factor: float = DEFAULT_LOAD_FACTOR) -> int:
-        """Pinned host bytes of a uvm table: a row per slot and the special slot's."""
+                            load_factor: float = DEFAULT_LOAD_FACTOR,
+                            storage: str | StorageType = FLOAT32) -> int:
+        """Pinned host bytes of a uvm table: a stored row per slot and the special
+        slot's."""
         slots = _num_buckets(max(int(num_keys), 1), load_factor) * SET_SIZE
-        return (slots + 1) * row_floats(dim) * 4
+        return (slots + 1) * stored_row_bytes(dim, table_storage(storage))
 
     def _memory_bytes(self) -> int:
         return self.device_bytes_required(self.num_keys, self.dim, self.gpu_rows,
-                                          self.load_factor)
+                                          self.load_factor, self.storage)
 
     def memory_stats(self) -> dict[str, Any]:
         """memory_bytes (GPU), host_memory_bytes (pinned) and host_memory_kind (see
@@ -197,7 +204,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         so far."""
         return {"memory_bytes": self._memory_bytes(),
                 "host_memory_bytes": self.host_bytes_required(self.num_keys, self.dim,
-                                                              self.load_factor),
+                                                              self.load_factor, self.storage),
                 "host_memory_kind": self._host_mem.kind if self._host_mem else "",
                 "gpu_rows": self.gpu_rows, "gpu_rows_used": self.gpu_rows_used(),
                 "promotion_passes": self.passes, "rows_moved": self.moved}
@@ -207,12 +214,13 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         zeroed, as a CuPy array over the mapped device pointer: kernels read and write it
         directly."""
         cp = self._cp
-        shape = (self.num_slots + 1, self._row)
-        mem = MappedHostMemory(cp, shape[0] * shape[1] * 4, huge_pages=self.huge_pages)
+        shape, dtype = self._row_array(self.num_slots + 1)
+        nbytes = shape[0] * shape[1] * np.dtype(dtype).itemsize
+        mem = MappedHostMemory(cp, nbytes, huge_pages=self.huge_pages)
         self._host_mem = mem
-        self._host_rows_view = mem.view(np.float32).reshape(shape)
+        self._host_rows_view = mem.view(dtype).reshape(shape)
         memory = cp.cuda.UnownedMemory(mem.device_ptr, mem.nbytes, mem, self.device_id)
-        return cp.ndarray(shape, dtype=np.float32, memptr=cp.cuda.MemoryPointer(memory, 0))
+        return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(memory, 0))
 
     def _free_extra(self) -> None:
         self._gpu_row = self._hits = self._gpu_vecs = self._owner = None
@@ -228,9 +236,9 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                 14: self._gpu_vecs_ptr, 15: self._hits_ptr}
 
     def _enqueue(self, keys_ptr: int, n: int, out_ptr: int, default: float,
-                 ws: QueryWorkspace, stream_ptr: int) -> None:
+                 ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> None:
         self._lookups += 1  # under the lock; a background pass runs only when this moved
-        super()._enqueue(keys_ptr, n, out_ptr, default, ws, stream_ptr)
+        super()._enqueue(keys_ptr, n, out_ptr, default, ws, stream_ptr, out_type)
 
     def _update_args(self, keys: Any, n: int, vectors: Any, updated: Any) -> tuple[Any, ...]:
         return (*super()._update_args(keys, n, vectors, updated), self._gpu_row,
@@ -347,7 +355,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         for ev_ptr in list(self._inflight):  # queries that may still read the old links
             rt.streamWaitEvent(stream.ptr, ev_ptr, 0)
         self._kernel("uvm_fill")(
-            (kernels.grid(self.device_id, m * self._row // 4, BLOCK),), (BLOCK,),
+            (kernels.grid(self.device_id, m * self._row_units, BLOCK),), (BLOCK,),
             (promoted, rows, np.int64(m), self._vecs, self._gpu_vecs))
         self._kernel("uvm_publish")(
             (kernels.grid(self.device_id, m, BLOCK),), (BLOCK,),
@@ -379,8 +387,9 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                     "gpu_row": self._gpu_row.get(stream=s),
                     "hits": self._hits.get(stream=s),
                     "owner": self._owner.get(stream=s)[: self.gpu_rows],
-                    "host_rows": self._host_rows_view[:, : self.dim].copy(),
-                    "gpu_rows": self._gpu_vecs.get(stream=s)[: self.gpu_rows, : self.dim],
+                    "host_rows": decode_rows(self._host_rows_view, self.dim, self.storage),
+                    "gpu_rows": decode_rows(self._gpu_vecs.get(stream=s)[: self.gpu_rows],
+                                            self.dim, self.storage),
                     "special": bool(self._flags.get(stream=s)[0]),
                 }
 
@@ -416,4 +425,5 @@ def uvm_gpu_rows(model: ModelConfig, num_keys: int, dim: int, device_id: int) ->
             f"model {model.model}: gpu_memory_budget_mb {budget_mb:g} is more than device "
             f"{device_id} has ({total / 2**20:.0f} MiB)"
         )
-    return (budget - index) // UvmEmbeddingTable.gpu_row_bytes(dim)
+    return (budget - index) // UvmEmbeddingTable.gpu_row_bytes(
+        dim, model.embedding_storage_dtype)

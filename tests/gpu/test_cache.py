@@ -11,6 +11,7 @@ import pytest
 from hps.errors import DeviceError, KeyTypeError, LookupInputError, OutputBufferError
 from hps.gpu.cache import EMPTY_KEY, SET_SIZE, EmbeddingCache
 from hps.gpu.reference import ReferenceCache
+from hps.storage import decode, encode
 
 pytestmark = pytest.mark.gpu
 
@@ -38,15 +39,23 @@ def _query_both(cp: Any, cache: EmbeddingCache, model: ReferenceCache, keys: np.
     assert sorted(positions.get().tolist()) == np.flatnonzero(missed).tolist()
 
 
-@pytest.mark.parametrize("dim,group,unroll,shift", [
-    (16, 4, 1, 0), (16, 4, 4, 0), (16, 2, 2, 2), (5, 8, 2, 0), (64, 8, 1, 1), (128, 4, 2, 0)])
+@pytest.mark.parametrize("dim,group,unroll,shift,storage", [
+    (16, 4, 1, 0, "float32"), (16, 4, 4, 0, "float32"), (16, 2, 2, 2, "float32"),
+    (5, 8, 2, 0, "float32"), (64, 8, 1, 1, "float32"), (128, 4, 2, 0, "float32"),
+    (37, 8, 2, 1, "float16"), (37, 8, 2, 1, "bfloat16"), (37, 8, 2, 1, "int8")])
 def test_matches_numpy_model_on_random_operations(cp: Any, rng: np.random.Generator, seed: int,
                                                   dim: int, group: int, unroll: int,
-                                                  shift: int) -> None:
+                                                  shift: int, storage: str) -> None:
     num_sets = 23
     cache = EmbeddingCache(num_sets * SET_SIZE, dim, 0, group=group, unroll=unroll,
-                           lru_sample_shift=shift)
+                           lru_sample_shift=shift, storage=storage)
     model = ReferenceCache(num_sets * SET_SIZE, dim, lru_sample_shift=shift)
+
+    def stored(rows: np.ndarray) -> np.ndarray:
+        """What the cache holds of float32 rows: hps/storage.py's encode, decoded (the
+        device encodes bit for bit as it does)."""
+        return decode(storage, encode(storage, rows), dim)
+
     # a universe twice the capacity: sets overflow and evict; negative keys, the sentinel
     universe = np.r_[rng.integers(-(2**63), 2**63 - 1, 2 * num_sets * SET_SIZE, dtype=np.int64),
                      EMPTY_KEY, 0, -1].astype(np.int64)
@@ -58,13 +67,14 @@ def test_matches_numpy_model_on_random_operations(cp: Any, rng: np.random.Genera
             if op == "insert":
                 rows = rng.standard_normal((n, dim)).astype(np.float32)
                 cache.insert(cp.asarray(keys), cp.asarray(rows))
-                model.insert(keys, rows)
+                model.insert(keys, stored(rows))
             elif op == "query":
                 _query_both(cp, cache, model, keys, float(rng.standard_normal()), seed)
             elif op == "update":
                 keys = np.unique(keys)
                 rows = rng.standard_normal((keys.size, dim)).astype(np.float32)
-                assert cache.update(cp.asarray(keys), cp.asarray(rows)) == model.update(keys, rows)
+                assert cache.update(cp.asarray(keys), cp.asarray(rows)) == model.update(
+                    keys, stored(rows))
             elif op == "remove":
                 keys = keys[: n // 8]
                 cache.remove(cp.asarray(keys))
