@@ -353,14 +353,16 @@ _COLUMNS = ("bench", "dim", "batch", "mode", "group", "unroll", "waves", "hints"
             "vs_hugectr_p99", "vs_one", "vs_tier_fetch", "wrong_rows", "load_s", "gb_s",
             "write_s", "gpu_mib", "host_mib", "gpucacheper", "power_gkeys_s",
             "uniform_gkeys_s", "settle_s", "rows_moved", "uniform_vs_h2d", "power_vs_dynamic",
-            "uniform_vs_dynamic", "p50_vs_dynamic")
-PROFILES = ("kernels", "public", "hugectr", "misses", "uvm", "devices")
+            "uniform_vs_dynamic", "p50_vs_dynamic", "vs_float32", "goal", "table_mib", "rss_mib",
+            "vs_float32_mem", "err_vs_bound")
+PROFILES = ("kernels", "public", "hugectr", "misses", "uvm", "devices", "storage")
 
 
 def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict[str, Any]]:
     """The rows of one profile: "public" (hps/bench/gpu_public.py), "hugectr" or "misses"
     (hps/bench/gpu_misses.py), "uvm" (hps/bench/gpu_uvm.py), "devices"
-    (hps/bench/gpu_devices.py: every GPU at once); "kernels" is bench_gpu."""
+    (hps/bench/gpu_devices.py: every GPU at once), "storage" (hps/bench/gpu_storage.py:
+    each embedding_storage_dtype beside float32); "kernels" is bench_gpu."""
     if profile == "public":
         from hps.bench.gpu_public import bench_public_latency
 
@@ -381,6 +383,10 @@ def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict
         from hps.bench.gpu_devices import bench_devices
 
         return bench_devices(**options)
+    if profile == "storage":
+        from hps.bench.gpu_storage import bench_storage
+
+        return bench_storage(device_id=device_id, **options)
     return bench_gpu(device_id=device_id, **options)
 
 
@@ -457,9 +463,10 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if r["bench"] == "mixed":
             add(f"{r['mode']}, batch {r['batch']}: M keys/s", r["mkeys_s"], None)
+    from hps.bench.gpu_storage import targets as storage_targets
     from hps.bench.gpu_uvm import targets as uvm_targets
 
-    return out + uvm_targets(rows)
+    return out + uvm_targets(rows) + storage_targets(rows)
 
 
 def main() -> None:
@@ -468,13 +475,15 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=1 << 24)
     parser.add_argument("--batch", type=int, default=1 << 20)
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--sweep", action="store_true", help="also time other launch shapes")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time other launch shapes (kernels, storage)")
     parser.add_argument("--only", choices=("throughput", "latency", "mixed"))
     parser.add_argument("--profile", action="append", choices=PROFILES,
                         help="public: the public calls' latency beside their floor; "
                              "hugectr: HugeCTR's hps_profiler workload; misses: 1M-key "
-                             "miss batches; devices: every GPU, a thread each; kernels: the "
-                             "cache kernels (default). Repeatable.")
+                             "miss batches; devices: every GPU, a thread each; storage: each "
+                             "embedding_storage_dtype beside float32 (d128, 1M keys); "
+                             "kernels: the cache kernels (default). Repeatable.")
     parser.add_argument("--table-keys", type=int, default=None,
                         help="table size of the misses profile (default 20M)")
     parser.add_argument("--device", type=int, default=0)
@@ -485,8 +494,10 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for profile in args.profile or ["kernels"]:
         if profile != "kernels":
-            options = ({"table_keys": args.table_keys}
-                       if profile == "misses" and args.table_keys else {})
+            options: dict[str, Any] = ({"table_keys": args.table_keys}
+                                       if profile == "misses" and args.table_keys else {})
+            if profile == "storage" and args.sweep:
+                options["sweep"] = True
             rows += bench_profile(profile, args.device, **options)
         elif args.only == "throughput":
             for dim in dims:

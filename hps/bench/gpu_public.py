@@ -38,14 +38,22 @@ def server_over_files(folder: Path, keys: np.ndarray, rows: np.ndarray, n: int,
     """HPS over a model folder of the table (written here): a static GPU table on
     `device_id`, the in-process tier; `model` overrides the model's config keys."""
     from hps import write_sparse_model
-    from hps.api import HPS
 
     write_sparse_model(folder / "t0", keys, rows)
+    return server_over_folder(folder, rows.shape[1], n, device_id, **model)
+
+
+def server_over_folder(folder: Path, dim: int, n: int, device_id: int, **model: Any) -> Any:
+    """HPS over the table `server_over_files` wrote into `folder` (of width `dim`), for
+    lookups of up to n keys: a static GPU table on `device_id`, the in-process tier;
+    `model` overrides the model's config keys."""
+    from hps.api import HPS
+
     config = {
         "supportlonglong": True,
         "models": [{
             "model": MODEL, "sparse_files": [str(folder / "t0")],
-            "embedding_vecsize_per_table": [rows.shape[1]],
+            "embedding_vecsize_per_table": [dim],
             "maxnum_catfeature_query_per_table_per_sample": [n],
             "default_value_for_each_table": [0.0], "deployed_device_list": [device_id],
             "max_batch_size": 1, "gpucache": True, "gpucacheper": 1.0,
