@@ -40,6 +40,7 @@ _INT64 = np.dtype(np.int64)
 _UINT64 = np.dtype(np.uint64)
 _FLOAT32 = np.dtype(np.float32)
 _UINT16 = np.dtype(np.uint16)
+_FLOAT16 = np.dtype(np.float16)
 
 
 def key_ref(keys: Any) -> ArrayRef:
@@ -80,6 +81,17 @@ def check_output_dtype(dtype_name: str, storage: StorageType = FLOAT32,
     raise OutputBufferError(f"{what} must be float32, got dtype {dtype_name}{hint}")
 
 
+def _is_narrow(ref: ArrayRef, storage: StorageType) -> bool:
+    """Whether `ref` has the 16-bit output dtype of `storage` (check_output_dtype's rule,
+    without the dtype's name: NumPy computes names slowly, and this is on the path)."""
+    narrow = storage.narrow_output
+    if narrow is None:
+        return False
+    if ref.dtype is None:
+        return ref.alien_dtype == narrow
+    return narrow == "float16" and ref.dtype == _FLOAT16
+
+
 def output_ref(out: Any, n: int, dim: int, storage: StorageType = FLOAT32) -> ArrayRef:
     """Where the output is, checked to take n × dim values of a dtype a table stored as
     `storage` fills (`check_output_dtype`).
@@ -90,7 +102,7 @@ def output_ref(out: Any, n: int, dim: int, storage: StorageType = FLOAT32) -> Ar
     strided buffer, and DeviceError for devices other than the CPU and CUDA.
     """
     ref = array_ref(out, "output")
-    if ref.dtype is not _FLOAT32 and ref.dtype != _FLOAT32:
+    if ref.dtype is not _FLOAT32 and ref.dtype != _FLOAT32 and not _is_narrow(ref, storage):
         check_output_dtype(ref.dtype_name, storage)
     if ref.size < n * dim:
         raise OutputBufferError(
@@ -153,7 +165,11 @@ def as_output_array(out: Any, n: int, dim: int, storage: StorageType = FLOAT32) 
     """A writable [n, dim] view of the first n × dim elements of `out`: float32, or the
     16-bit type of a table stored as float16 (float16) or bfloat16 (uint16 bits) (see
     output_ref for what is accepted and raised)."""
-    ref = output_ref(out, n, dim, storage)
+    return output_array(output_ref(out, n, dim, storage), n, dim)
+
+
+def output_array(ref: ArrayRef, n: int, dim: int) -> Any:
+    """as_output_array for an output already checked by output_ref."""
     array = _array_of(ref)
     if not ref.contiguous:
         return array

@@ -19,7 +19,7 @@ from hps.db import Tiers, open_tiers
 from hps.db.base import Tier
 from hps.errors import DeviceError, UnknownModelError
 from hps.io.formats import DEFAULT_CHUNK_BYTES
-from hps.keys import as_output_array, is_device_array, key_array, output_ref
+from hps.keys import is_device_array, key_array, output_array, output_ref
 from hps.loader import LoadProgress
 from hps.producers import HOST, ArrayRef
 from hps.server.gpu_caches import GpuCaches
@@ -202,7 +202,7 @@ class HierarchicalParameterServer:
             host_keys = key_array(kref)
             if is_device_array(host_keys):
                 host_keys = host_keys.get()
-            target = as_output_array(out, n, t.dim, t.storage)
+            target = output_array(oref, n, t.dim)
             if is_device_array(target):
                 target.set(self._host.fetch(t, host_keys, target.dtype))
             elif target.flags.c_contiguous:
