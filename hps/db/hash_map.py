@@ -129,6 +129,20 @@ def _as_keys(keys: np.ndarray) -> np.ndarray:
 _NO_STATS = np.empty(0, np.uint32)
 
 
+#: rows start on a cache line: a row of 64·k bytes then takes k lines, not k + 1 (large
+#: NumPy arrays start 16 bytes into a page), and the fetch prefetches each of them
+_ROW_ALIGN = 64
+
+
+def _row_array(rows: int, width: int, dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous [rows, width] array whose first row starts on a
+    cache line (its pages untouched, hence not resident, until written)."""
+    size = rows * width * dtype.itemsize
+    raw = np.empty(size + _ROW_ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ROW_ALIGN
+    return raw[start:start + size].view(dtype).reshape(rows, width)
+
+
 def _narrow_output(storage: StorageType) -> np.dtype | None:
     """The output dtype other than float32 that a table of `storage` fills with its stored
     bits as they are (float16; bfloat16 as uint16 bits), None when there is none."""
@@ -239,7 +253,8 @@ class _Table:
         self.state = np.zeros(2, np.int64)  # rows in use, tombstones (the kernels keep it)
         self.clock = 0  # ops seen; stamps of evict_oldest
         self.keys = np.zeros(MIN_ROWS, np.int64)
-        self._set_vectors(np.zeros((MIN_ROWS, self.width), self.row_dtype))
+        self._set_vectors(_row_array(MIN_ROWS, self.width, self.row_dtype))
+        self.vectors[:] = 0
         self.has_stats = policy in ("evict_oldest", "evict_least_used")
         self.stats = np.zeros(MIN_ROWS, np.uint32) if self.has_stats else _NO_STATS
         self.written = 0  # rows ever written to the current row arrays (their resident part)
@@ -310,7 +325,7 @@ class _Table:
         n = self.size
         keys = np.empty(capacity, np.int64)
         keys[:n] = self.keys[:n]
-        vectors = np.empty((capacity, self.width), self.row_dtype)
+        vectors = _row_array(capacity, self.width, self.row_dtype)
         vectors[:n] = self.vectors[:n]
         self.keys = keys
         self._set_vectors(vectors)

@@ -146,6 +146,8 @@ def fetch(slots: A, row_keys: A, vectors: A, floats: A, keys: A, out: A, found: 
                 prefetch(row_keys, s)
                 for c in range(0, width, line):
                     prefetch(flat, s * width + c)
+                if width % line:  # rows not a whole number of lines may end in one more
+                    prefetch(flat, s * width + width - 1)
         key = keys[i]
         r = _probe(slots, row_keys, key, homes[i & _RING_MASK])
         if r >= 0:
