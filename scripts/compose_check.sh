@@ -7,15 +7,19 @@
 #    podman-compose and NumPy, within constraints.txt.
 # 2. Builds the images once each (Podman's layer cache makes later runs quick): hps:cpu on
 #    the base image given as the BASE_IMAGE build argument (HPS_BASE_IMAGE, default the
-#    local Debian base), and Redis, HAProxy and Prometheus from Debian's packages in place
-#    of the official images (deploy/compose.check.yml swaps them in). Reports each image's
-#    size and checks the hps image's hygiene: non-root user, a health check on /readyz,
-#    no compiler, no pip.
+#    local Debian base), and Redis, HAProxy and Prometheus from Debian's packages and moto's
+#    S3 server in place of the official images and MinIO (deploy/compose.check.yml swaps
+#    them in). Reports each image's size, hps:cpu's against the 400 MB target (and on
+#    python:3.11-slim too when that image can be pulled), and checks the hps image's
+#    hygiene: non-root user, a health check on /readyz, no compiler, no pip, and its own
+#    smoke check (deploy/smoke_check.py) passing as that user.
 # 3. Through docker-compose.yml with podman-compose, waiting for each service's own health
 #    check, looking keys up through the published ports (a token set) and comparing every
 #    vector with the model's files bit for bit (scripts/compose_probe.py):
 #    - monitoring profile: Prometheus first (Grafana cannot be had here), so it sees it all;
 #    - demo profile: model-init, hps;
+#    - s3 profile: the demo model uploaded to the S3 server (s3-upload), hps-s3 reading it
+#      from there;
 #    - Redis profile: kills the Redis container while lookups run and sees them keep
 #      answering from RocksDB, starts it again and sees the Redis tier serve again;
 #    - replicas profile: a 3-master Redis Cluster, two hps replicas, HAProxy; lookups
@@ -34,7 +38,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 project=hps-check
-base="${HPS_BASE_IMAGE:-localhost/debian:bookworm}"
+base="${HPS_BASE_IMAGE:-localhost/debian:bookworm-slim}"
 venv="${HPS_COMPOSE_VENV:-.compose-venv}"
 export DEMO_SCALE="${DEMO_SCALE:-0.1}"
 work=$(mktemp -d)
@@ -58,14 +62,16 @@ say "$("$venv/bin/podman-compose" version 2>/dev/null | tail -1)"
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 HPS_PORT=$(free_port); HPS_REDIS_PORT=$(free_port); HPS_LB_PORT=$(free_port)
 HPS_REPLICA1_PORT=$(free_port); HPS_REPLICA2_PORT=$(free_port); PROMETHEUS_PORT=$(free_port)
-export HPS_PORT HPS_REDIS_PORT HPS_LB_PORT HPS_REPLICA1_PORT HPS_REPLICA2_PORT PROMETHEUS_PORT
+HPS_S3_PORT=$(free_port); MINIO_PORT=$(free_port); MINIO_CONSOLE_PORT=$(free_port)
+export HPS_PORT HPS_REDIS_PORT HPS_LB_PORT HPS_REPLICA1_PORT HPS_REPLICA2_PORT PROMETHEUS_PORT \
+  HPS_S3_PORT MINIO_PORT MINIO_CONSOLE_PORT
 HPS_TOKEN=$("$py" -c 'import secrets; print(secrets.token_urlsafe(24))')
 export HPS_TOKEN HPS_TOKEN_FILE="$work/token"
 printf '%s' "$HPS_TOKEN" >"$HPS_TOKEN_FILE"
 chmod 644 "$HPS_TOKEN_FILE"  # Prometheus reads it as its own user
 png="${HPS_METRICS_PNG:-docs/metrics.png}"
 
-profiles=(--profile redis --profile replicas --profile monitoring)
+profiles=(--profile redis --profile s3 --profile replicas --profile monitoring)
 compose() {
   "$venv/bin/podman-compose" --in-pod false -p "$project" \
     -f deploy/docker-compose.yml -f deploy/compose.check.yml \
@@ -77,13 +83,13 @@ container() {  # the container of a compose service
     --filter "label=com.docker.compose.service=$1" --format '{{.Names}}' | head -1
 }
 images=(localhost/hps:cpu localhost/hps-redis:debian localhost/hps-haproxy:debian
-        localhost/hps-prometheus:debian)
+        localhost/hps-prometheus:debian localhost/hps-moto:debian)
 
 teardown() {
   status=$?
   trap - EXIT
   step "tear-down"
-  for svc in hps hps-redis hps-replica-1 hps-replica-2 lb prometheus; do  # for a failed run
+  for svc in hps hps-s3 minio hps-redis hps-replica-1 hps-replica-2 lb prometheus; do
     name=$(container "$svc")
     if [ "$status" -ne 0 ] && [ -n "$name" ]; then
       echo "-- last lines of $svc" >&2; podman logs --tail 30 "$name" >&2 || true
@@ -114,23 +120,41 @@ teardown() {
 trap teardown EXIT
 
 # -- 2. images ----------------------------------------------------------------------------
-build() {  # build IMAGE DOCKERFILE: one build, in docker format (keeps HEALTHCHECK)
-  local t0=$SECONDS
+mb() { echo $(( $(podman image inspect "$1" --format '{{.Size}}') / 1000000 )); }
+build() {  # build IMAGE DOCKERFILE [BASE]: one build, in docker format (keeps HEALTHCHECK)
+  local t0=$SECONDS from="${3:-$base}"
   # the host's CA bundle: pip and apt inside the build trust what the host trusts
   podman build --format docker --layers -v /etc/ssl/certs:/etc/ssl/certs:ro \
-    --build-arg BASE_IMAGE="$base" -f "$2" -t "$1" . >"$work/build.log" 2>&1 \
+    --build-arg BASE_IMAGE="$from" -f "$2" -t "$1" . >"$work/build.log" 2>&1 \
     || { tail -40 "$work/build.log" >&2; fail "building $1"; }
-  local size
-  size=$(podman image inspect "$1" --format '{{.Size}}')
-  say "$1: $((size / 1000000)) MB ($(( SECONDS - t0 )) s to build, base $base)"
+  say "$1: $(mb "$1") MB ($(( SECONDS - t0 )) s to build, base $from: $(mb "$from") MB)"
+}
+target_mb=400
+report_size() {  # report_size IMAGE BASE: the hps image against the target
+  local size own verdict
+  size=$(mb "$1"); own=$((size - $(mb "$2")))
+  if [ "$size" -le "$target_mb" ]; then verdict="within the ${target_mb} MB target"
+  else verdict="over the ${target_mb} MB target by $((size - target_mb)) MB"; fi
+  say "$1 on $2: $size MB = base $(mb "$2") MB + $own MB of its own, $verdict"
 }
 step "images"
 build localhost/hps:cpu deploy/Dockerfile.cpu
+# what the build stage's slimming freed (deploy/slim_venv.py; absent when cached)
+{ grep -A5 '^tests and build-time files' "$work/build.log" || true; } | sed 's/^/     /'
+report_size localhost/hps:cpu "$base"
+# the base users build on, where it can be pulled (no registry here: said so)
+slim_python=docker.io/library/python:3.11-slim
+if podman image exists "$slim_python" || podman pull -q "$slim_python" >/dev/null 2>&1; then
+  build localhost/hps:cpu-python-slim deploy/Dockerfile.cpu "$slim_python"
+  report_size localhost/hps:cpu-python-slim "$slim_python"
+  podman rmi -f localhost/hps:cpu-python-slim >/dev/null
+else
+  say "$slim_python cannot be pulled here (no image registry): hps:cpu not measured on it"
+fi
 build localhost/hps-redis:debian deploy/Dockerfile.redis
 build localhost/hps-haproxy:debian deploy/Dockerfile.haproxy
 build localhost/hps-prometheus:debian deploy/Dockerfile.prometheus
-size=$(podman image inspect localhost/hps:cpu --format '{{.Size}}')
-[ "$size" -le 400000000 ] || say "note: hps:cpu is over the 400 MB target"
+build localhost/hps-moto:debian deploy/Dockerfile.moto
 
 step "image hygiene (hps:cpu)"
 user=$(podman run --rm --no-healthcheck --entrypoint id localhost/hps:cpu -u)
@@ -139,10 +163,14 @@ say "runs as uid $user ($(podman image inspect localhost/hps:cpu --format '{{.Co
 health=$(podman image inspect localhost/hps:cpu --format '{{json .Config.Healthcheck.Test}}')
 case "$health" in *"/readyz"*) say "health check: $health" ;; *) fail "no /readyz health check: $health" ;; esac
 tools=$(podman run --rm --no-healthcheck --entrypoint sh localhost/hps:cpu -c \
-  'for t in gcc cc c++ g++ make ld as pip pip3; do command -v $t; done;
+  'for t in gcc cc c++ g++ make ld as strip pip pip3; do command -v $t; done;
    python -m pip --version 2>/dev/null; ls -d /usr/include/python3* 2>/dev/null; true')
 [ -z "$tools" ] || fail "build tools in the final image: $tools"
-say "no compiler, linker, make, pip or Python headers in the image"
+say "no compiler, linker, make, strip, pip or Python headers in the image"
+# every feature the image serves, in the final image as its own user
+podman run --rm --no-healthcheck --entrypoint python localhost/hps:cpu \
+  /app/deploy/smoke_check.py >"$work/smoke.log" 2>&1 || { cat "$work/smoke.log" >&2; fail "smoke check"; }
+sed 's/^/   /' "$work/smoke.log"
 
 # -- 3. demo and Redis profiles -----------------------------------------------------------
 wait_exited() {  # the one-shot service ran to completion with status 0
@@ -181,6 +209,15 @@ compose up -d --no-deps hps
 wait_healthy hps
 probe exact "http://127.0.0.1:$HPS_PORT" "$models" --tier volatile
 probe scrapes "$prometheus" - --targets hps --within 90
+
+step "s3 profile: the demo model on an S3 server (moto in MinIO's place), hps-s3"
+compose up -d --no-deps minio
+wait_healthy minio
+compose up -d --no-deps s3-upload
+wait_exited s3-upload
+compose up -d --no-deps hps-s3
+wait_healthy hps-s3
+probe exact "http://127.0.0.1:$HPS_S3_PORT" "$models" --tier volatile
 
 step "redis profile: redis, hps-redis"
 compose up -d --no-deps redis
