@@ -140,7 +140,7 @@ report_size() {  # report_size IMAGE BASE: the hps image against the target
 step "images"
 build localhost/hps:cpu deploy/Dockerfile.cpu
 # what the build stage's slimming freed (deploy/slim_venv.py; absent when cached)
-{ grep -A5 '^tests and build-time files' "$work/build.log" || true; } | sed 's/^/     /'
+{ grep -A4 '^tests and build-time files' "$work/build.log" || true; } | sed 's/^/     /'
 report_size localhost/hps:cpu "$base"
 # the base users build on, where it can be pulled (no registry here: said so)
 slim_python=docker.io/library/python:3.11-slim
@@ -218,6 +218,7 @@ wait_exited s3-upload
 compose up -d --no-deps hps-s3
 wait_healthy hps-s3
 probe exact "http://127.0.0.1:$HPS_S3_PORT" "$models" --tier volatile
+probe scrapes "$prometheus" - --targets hps,hps-s3 --within 90
 
 step "redis profile: redis, hps-redis"
 compose up -d --no-deps redis
@@ -227,7 +228,7 @@ wait_healthy hps-redis
 url="http://127.0.0.1:$HPS_REDIS_PORT"
 probe exact "$url" "$models" --tier volatile
 # Prometheus scrapes it before the outage, so the outage shows in the metrics
-probe scrapes "$prometheus" - --targets hps,hps-redis --within 90
+probe scrapes "$prometheus" - --targets hps,hps-s3,hps-redis --within 90
 
 step "Redis killed while lookups run"
 redis=$(container redis)
@@ -258,7 +259,7 @@ compose up -d --no-deps lb
 marks+=(--mark "replicas up=$(date +%s)")
 lb="http://127.0.0.1:$HPS_LB_PORT"
 probe replicas "$lb" "$models" --replicas hps-replica-1,hps-replica-2 --within 60
-probe scrapes "$prometheus" - --targets hps,hps-redis,hps-replica-1,hps-replica-2 --within 90
+probe scrapes "$prometheus" - --targets hps,hps-s3,hps-redis,hps-replica-1,hps-replica-2 --within 90
 probe steady "$lb" "$models" --seconds 20
 
 step "online updates: new vectors published to Redis Streams, applied by both replicas"
@@ -279,6 +280,6 @@ probe replicas "$lb" "$models-v2" --replicas hps-replica-1,hps-replica-2 --withi
 probe steady "$lb" "$models-v2" --seconds 30
 
 step "prometheus scrapes every hps service; the dashboard's panels from query_range"
-probe scrapes "$prometheus" - --targets hps,hps-redis,hps-replica-1,hps-replica-2
+probe scrapes "$prometheus" - --targets hps,hps-s3,hps-redis,hps-replica-1,hps-replica-2
 sleep 10  # one more scrape after the last lookups
 "$py" scripts/plot_metrics.py "$prometheus" --since "$monitored" "${marks[@]}" --out "$png" | sed 's/^/   /'
