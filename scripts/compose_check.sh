@@ -120,7 +120,7 @@ teardown() {
 trap teardown EXIT
 
 # -- 2. images ----------------------------------------------------------------------------
-mb() { echo $(( $(podman image inspect "$1" --format '{{.Size}}') / 1000000 )); }
+mb() { echo $(( ($(podman image inspect "$1" --format '{{.Size}}') + 500000) / 1000000 )); }
 build() {  # build IMAGE DOCKERFILE [BASE]: one build, in docker format (keeps HEALTHCHECK)
   local t0=$SECONDS from="${3:-$base}"
   # the host's CA bundle: pip and apt inside the build trust what the host trusts
