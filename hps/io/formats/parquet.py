@@ -15,7 +15,7 @@ footers are checked when the reader opens (columns present, their types, the wid
 a corrupt page, a null, or a list of the wrong length fails while reading, naming the
 file and the row.
 
-A local file's vector column is read straight from its pages where it can be
+A file's vector column is read straight from its pages where it can be
 (`parquet_pages`: pyarrow rebuilding the lists cost more than the rest of a load); a row
 group that path does not read, or finds anything wrong with, is read by pyarrow, so
 what loads and what errors say do not depend on which path read it.
@@ -39,7 +39,7 @@ from hps.io.formats.base import (
     keys_as_int64,
     rows_as_float32,
 )
-from hps.io.formats.parquet_pages import ColumnRows, NotDirect, vector_leaf
+from hps.io.formats.parquet_pages import ColumnRows, FileRead, NotDirect, vector_leaf
 from hps.io.source import ModelSource
 from hps.io.source_file import SourceFile
 
@@ -228,17 +228,25 @@ class ParquetReader(ModelReader):
             yield keys, vectors
 
     def _direct_rows(self, name: str, part: Any) -> ColumnRows | None:
-        """The direct page reader of a part's vector column: a local file whose vector
-        column it decodes; else None."""
+        """The direct page reader of a part's vector column, if it decodes that column."""
+        leaf = vector_leaf(part.schema, self.vector_column)
+        if leaf is None:
+            return None
+        groups = [part.metadata.row_group(g) for g in range(part.num_row_groups)]
+        return ColumnRows(self._file_read(name), dict(self.files)[name],
+                          [(g.column(leaf.index), g.num_rows) for g in groups], leaf,
+                          self.vec_size, self._codecs)
+
+    def _file_read(self, name: str) -> FileRead:
+        """Byte ranges of part `name`: slices of a memory map of a local file, ranged
+        reads of a remote one."""
         from hps.io.uri import LocalSource
 
-        leaf = vector_leaf(part.schema, self.vector_column)
-        if leaf is None or not isinstance(self.source, LocalSource):
-            return None
-        data = np.memmap(os.path.join(self.source.path, name), np.uint8, "r").view(np.ndarray)
-        groups = [part.metadata.row_group(g) for g in range(part.num_row_groups)]
-        return ColumnRows(data, [(g.column(leaf.index), g.num_rows) for g in groups], leaf,
-                          self.vec_size, self._codecs)
+        if isinstance(self.source, LocalSource):
+            data = np.memmap(os.path.join(self.source.path, name), np.uint8, "r")
+            return lambda offset, length: data[offset : offset + length].view(np.ndarray)
+        source = self.source
+        return lambda offset, length: np.frombuffer(source.read(name, offset, length), np.uint8)
 
     def _batches(self, name: str, part: Any, columns: list[str], chunk_keys: int,
                  groups: list[int] | None = None) -> Iterator[Any]:

@@ -1,4 +1,4 @@
-"""The vector column of a local Parquet file, read straight from its pages into rows.
+"""The vector column of a Parquet file, read straight from its pages into rows.
 
 Why: a `list<float>` / `fixed_size_list<float>[dim]` column stores a repetition and a
 definition level beside every value, and pyarrow decodes each of them to rebuild the
@@ -18,12 +18,16 @@ does not parse, a checksum that does not match) raises NotDirect *before* the ro
 concerns are handed out, and the caller reads the row group with pyarrow instead, which
 reads what this does not and names what is wrong with a bad file. So this path never
 accepts a file that pyarrow's path refuses: it only accepts less.
+
+Bytes come through a `read(offset, length)` of the file: slices of a memory map for a
+local file, one ranged read per row group's column chunk for a remote one (what pyarrow
+reads at a time too).
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +43,8 @@ CODECS: dict[str, str | None] = {
     "BROTLI": "brotli", "LZ4": "lz4_raw", "LZ4_RAW": "lz4_raw",
 }
 _U32 = np.dtype("<u4")
+#: reads `length` bytes of a file from `offset`, as uint8
+FileRead = Callable[[int, int], np.ndarray]
 #: bytes copied to parse a page header from (one that is longer is parsed in place)
 HEADER_WINDOW = 512
 
@@ -82,15 +88,16 @@ class ColumnRows:
     """The rows of a file's vector column over some of its row groups, in order:
     `read(n)` hands out the next n rows (across row groups).
 
-    `data` is the whole file as uint8 (a read-only memory map), `chunks` the column
-    chunk (pyarrow metadata) and row count of each row group. `read` raises NotDirect,
-    before returning rows, when a chunk or page it needs is one it cannot read or check.
+    `read(offset, length)` returns bytes of the file (`size` bytes long) as uint8;
+    `chunks` holds the column chunk (pyarrow metadata) and row count of each row group.
+    `read` raises NotDirect, before returning rows, when a chunk or page it needs is one
+    it cannot read or check.
     """
 
-    def __init__(self, data: np.ndarray, chunks: list[tuple[Any, int]], leaf: VectorLeaf,
-                 dim: int, codecs: dict[str, Any]) -> None:
-        column = _Column(data, leaf, dim, codecs, leaf.max_definition_level.bit_length(),
-                         row_start_bytes(dim))
+    def __init__(self, read: FileRead, size: int, chunks: list[tuple[Any, int]],
+                 leaf: VectorLeaf, dim: int, codecs: dict[str, Any]) -> None:
+        column = _Column(read, size, leaf, dim, codecs,
+                         leaf.max_definition_level.bit_length(), row_start_bytes(dim))
         self._dim = dim
         # a function's generator, not a method's: one holding `self` would make a cycle
         # that keeps the file mapped until the garbage collector runs
@@ -125,7 +132,8 @@ class ColumnRows:
 class _Column:
     """What decoding any chunk of one file's vector column needs."""
 
-    data: np.ndarray
+    read: FileRead
+    size: int
     leaf: VectorLeaf
     dim: int
     codecs: dict[str, Any]  # pyarrow codecs by name, shared by a reader's parts
@@ -161,9 +169,11 @@ class _ChunkPages:
         if chunk.has_dictionary_page and chunk.dictionary_page_offset:
             start = min(start, chunk.dictionary_page_offset)
         end = start + chunk.total_compressed_size
-        if start < 0 or end > len(column.data):
+        if start < 0 or end > column.size:
             raise NotDirect("column chunk outside the file")
-        self._data, self._start, self._end = column.data, start, end
+        # positions below are within the chunk's bytes; `_base` is where they start
+        self._data, self._start, self._end = column.read(start, end - start), 0, end - start
+        self._base = start
         self._leaf, self._dim, self._total = column.leaf, dim, num_rows * dim
         self._def_width, self._row_starts = column.def_width, column.row_starts
 
@@ -174,11 +184,11 @@ class _ChunkPages:
             header, body = self._header(pos)
             size = header.get(thrift.COMPRESSED_SIZE, -1)
             if not 0 <= size <= self._end - body:
-                raise NotDirect(f"page at byte {pos} runs past its column chunk")
+                raise NotDirect(f"page at byte {self._base + pos} runs past its column chunk")
             page = self._data[body : body + size]
             pos = body + size
             if thrift.CRC in header and zlib.crc32(page.data) != header[thrift.CRC] & 0xFFFFFFFF:
-                raise NotDirect(f"page at byte {body}: checksum does not match")
+                raise NotDirect(f"page at byte {self._base + body}: checksum does not match")
             kind = header.get(thrift.PAGE_TYPE)
             if kind == thrift.DICTIONARY_PAGE:
                 dictionary = self._dictionary(header, page)
@@ -197,11 +207,11 @@ class _ChunkPages:
             header, used = thrift.read_struct(window, 0)
         except thrift.HeaderError as exc:
             if len(window) < HEADER_WINDOW:
-                raise NotDirect(f"page header at byte {pos}: {exc}") from None
+                raise NotDirect(f"page header at byte {self._base + pos}: {exc}") from None
             try:  # a long header (large statistics): parse it in place
                 return thrift.read_struct(self._data[: self._end], pos)
             except thrift.HeaderError as exc:
-                raise NotDirect(f"page header at byte {pos}: {exc}") from None
+                raise NotDirect(f"page header at byte {self._base + pos}: {exc}") from None
         return header, pos + used
 
     def _data_page(self, header: dict[int, Any], page: np.ndarray, first: int,

@@ -19,7 +19,9 @@ from hps.io.formats import ModelReader, ReadOptions, open_model, parquet_pages
 from hps.io.formats.parquet import ParquetReader
 from hps.io.formats.parquet_levels import all_equal, decode_ids, row_start_bytes, rows_of_dim
 from hps.io.formats.parquet_thrift import HeaderError, read_struct
-from tests.io.formats.conftest import assert_served, ps_config
+from hps.io.source import SourceOptions
+from tests.io.conftest import S3Server
+from tests.io.formats.conftest import assert_served, ps_config, upload
 from tests.io.formats.test_parquet import table
 
 
@@ -76,6 +78,24 @@ def test_direct_path_reads_every_layout_bit_for_bit(tmp_path: Path, rng: np.rand
     want_keys, want_rows = pyarrow_rows(path)
     np.testing.assert_array_equal(got_keys, want_keys)
     np.testing.assert_array_equal(got_rows.view(np.uint32), want_rows.view(np.uint32))
+
+
+def test_remote_file_read_directly_by_ranged_reads(tmp_path: Path, rng: np.random.Generator,
+                                                   s3_server: S3Server) -> None:
+    keys = rng.choice(2**40, 3000, replace=False).astype(np.int64)
+    vectors = rng.standard_normal((3000, 8)).astype(np.float32)
+    path = tmp_path / "t.parquet"
+    pq.write_table(table(keys, vectors), path, row_group_size=1000, compression="zstd")
+    bucket = s3_server.new_bucket()
+    upload(s3_server, bucket, path, "t.parquet")
+    uri = f"s3://{bucket}/t.parquet"
+    options = SourceOptions(s3_endpoint=s3_server.endpoint)
+    with open_model(uri, ReadOptions(chunk_bytes=700 * 32), options) as reader:
+        chunks = list(reader.chunks())
+        assert direct_rows(reader) == 3000
+    np.testing.assert_array_equal(np.concatenate([k for k, _ in chunks]), keys)
+    np.testing.assert_array_equal(np.concatenate([v for _, v in chunks]), vectors)
+    assert_served(ps_config(tmp_path, uri, 8, s3=s3_server), keys, vectors)
 
 
 def test_headers_longer_than_the_window_parse_in_place(tmp_path: Path, rng: np.random.Generator,
