@@ -112,7 +112,7 @@ class ArrayRef:
         cupy = cupy_module()
         with cupy.cuda.Device(self.device):
             if self.size == 0:
-                return cupy.empty(tuple(self.shape), self.dtype)
+                return cupy.empty(self.shape, self.dtype)
             return cupy.asarray(_InterfaceView(self, "__cuda_array_interface__"))
 
 
@@ -123,8 +123,7 @@ class _InterfaceView:
         self._owner = ref.owner
         if ref.dtype is None:
             raise KeyTypeError(f"dtype {ref.dtype_name} has no NumPy equivalent")
-        # a tuple: CuPy refuses torch.Size (hps keeps torch's shape object as it comes)
-        interface = {"data": (ref.ptr, not ref.writable), "shape": tuple(ref.shape),
+        interface = {"data": (ref.ptr, not ref.writable), "shape": ref.shape,
                      "typestr": ref.dtype.str, "strides": ref.strides, "version": 3}
         if attribute == "__cuda_array_interface__":
             interface["stream"] = None  # ordered by the caller of the lookup
@@ -250,8 +249,7 @@ def _torch_ref(t: Any, what: str) -> ArrayRef:
     if not contiguous:
         item = t.element_size()
         strides = tuple(s * item for s in t.stride())
-    # torch.Size is a tuple: no conversion
-    return ArrayRef(t.data_ptr(), t.shape, t.numel(), dtype, alien, device, contiguous,
+    return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, alien, device, contiguous,
                     strides, True, stream, None, t)
 
 
@@ -281,23 +279,24 @@ _DL_WORDS = {code | bits << 8 | 1 << 16: np.dtype(f"{kind}{bits // 8}")
 _DL_WORDS[6 | 8 << 8 | 1 << 16] = np.dtype(bool)
 _capsule_fields: Callable[..., tuple[int, ...]] | None = None
 _capsule_name_bytes: Any = None
-_fast_capsules: bool | None = None  # None: not decided yet (hps/raw_memory.py)
+_fast_capsules: bool | None = None  # None: not decided yet (see _compiled_capsules)
+
+
+def _compiled_capsules() -> bool:
+    """Whether capsules are read by hps/raw_memory.py's compiled reader: decided on the
+    first capsule (the reader confirms the interpreter's capsule layout once)."""
+    global _fast_capsules, _capsule_fields, _capsule_name_bytes
+    from hps import raw_memory
+
+    _capsule_fields = raw_memory.capsule_fields
+    _capsule_name_bytes = raw_memory.DLTENSOR_NAME
+    _fast_capsules = raw_memory.capsules_readable()
+    return _fast_capsules
 
 
 def _fast_capsule_ref(capsule: Any, stream: int | None, owner: Any) -> ArrayRef | None:
     """The common capsule (legacy name, up to 2 dimensions, contiguous, a CPU or CUDA
     array of a NumPy dtype) read by one compiled call; None for the rest."""
-    global _fast_capsules, _capsule_fields, _capsule_name_bytes
-    if not _fast_capsules:
-        if _fast_capsules is False:
-            return None
-        from hps import raw_memory
-
-        _fast_capsules = raw_memory.capsules_readable()
-        _capsule_fields = raw_memory.capsule_fields
-        _capsule_name_bytes = raw_memory.DLTENSOR_NAME
-        if not _fast_capsules:
-            return None
     ndim, data, dev_type, dev_id, word, d0, d1, contiguous = _capsule_fields(  # type: ignore[misc]
         id(capsule), _capsule_name_bytes)
     dtype = _DL_WORDS.get(word)
@@ -316,7 +315,7 @@ def _fast_capsule_ref(capsule: Any, stream: int | None, owner: Any) -> ArrayRef 
 
 def _capsule_ref(capsule: Any, what: str, stream: int | None = None,
                  owner: Any = None) -> ArrayRef:
-    if _fast_capsules is not False:
+    if _fast_capsules or (_fast_capsules is None and _compiled_capsules()):
         ref = _fast_capsule_ref(capsule, stream, owner)
         if ref is not None:
             return ref
