@@ -715,29 +715,47 @@ def bench_load_cmd(
                           f"{row['cpu_ratio']:.2f}×)")
 
 
+# the options of the benchmarks that look up a table loaded from files (storage, tiers)
+_TABLE_KEYS = typer.Option(1_000_000, help="Keys in the table (a model loaded from files).")
+_BATCHES = typer.Option("1,256,16384", help="Keys per lookup, comma-separated.")
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    """--batches as key counts; one clear line (exit 2) for anything else."""
+    try:
+        sizes = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        _fail(ValueError(f"--batches takes positive key counts, comma-separated (e.g. "
+                         f"1,256,16384), got {text!r}"))
+    return sizes
+
+
 @bench_app.command("storage")
 def bench_storage_cmd(
-    keys: int = typer.Option(1_000_000, help="Keys in the table (a model loaded from files)."),
+    keys: int = _TABLE_KEYS,
     dim: int = typer.Option(64, help="Vector width."),
-    batches: str = typer.Option("1,256,16384", help="Keys per lookup, comma-separated."),
+    batches: str = _BATCHES,
     repeats: int = typer.Option(2000, help="Timed lookups per type at 256 keys (fewer for "
                                            "larger batches)."),
 ) -> None:
     """Each embedding_storage_dtype beside float32 through HPS.lookup on the embedded
     default (hash map over RocksDB), and the process RSS growth of each type's load."""
+    sizes = _batch_sizes(batches)
     from hps.bench.storage import bench_storage, format_storage
 
     console.print(f"loading a table of {keys:,} keys, width {dim}, from files, once per "
                   "storage type; lookups of uniform keys, all hits …")
-    result = bench_storage(keys, dim, tuple(int(b) for b in batches.split(",")), repeats)
+    result = bench_storage(keys, dim, sizes, repeats)
     print(format_storage(result))
 
 
 @bench_app.command("tiers")
 def bench_tiers_cmd(
-    keys: int = typer.Option(1_000_000, help="Keys in the table (a model loaded from files)."),
+    keys: int = _TABLE_KEYS,
     dim: int = typer.Option(64, help="Vector width."),
-    batches: str = typer.Option("1,256,16384", help="Keys per lookup, comma-separated."),
+    batches: str = _BATCHES,
     repeats: int = typer.Option(2000, help="Timed lookups per side at 256 keys (fewer for "
                                            "larger batches)."),
     thread_batch: int = typer.Option(16_384, help="Keys per lookup in the thread scaling."),
@@ -745,12 +763,13 @@ def bench_tiers_cmd(
 ) -> None:
     """HPS.lookup on the embedded default (hash map over RocksDB) vs NumPy searchsorted +
     take at each batch size, and two threads' keys/s over one thread's."""
+    sizes = _batch_sizes(batches)
     from hps.bench.tiers import bench_public_lookup, format_public_lookup
 
     console.print(f"loading a table of {keys:,} keys, width {dim}, from files; lookups of "
                   "uniform keys, all hits …")
-    result = bench_public_lookup(keys, dim, tuple(int(b) for b in batches.split(",")),
-                                 repeats=repeats, thread_batch=thread_batch, rounds=rounds)
+    result = bench_public_lookup(keys, dim, sizes, repeats=repeats,
+                                 thread_batch=thread_batch, rounds=rounds)
     console.print(format_public_lookup(result), markup=False, highlight=False)
 
 

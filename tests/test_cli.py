@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,6 +226,15 @@ def test_bench_plot_checks_the_plot_extra_first(tmp_path: Path) -> None:
                pythonpath=f"{tmp_path / 'shadow'}:{ROOT}")
     assert done.returncode == 2 and "pip install 'hps-server[plot]'" in done.stderr
     assert "table of" not in done.stdout  # stopped before the benchmark
+
+
+@pytest.mark.parametrize("command", ["tiers", "storage"])
+@pytest.mark.parametrize("batches", ["1,x", "0", ""])
+def test_bench_batches_must_be_key_counts(tmp_path: Path, command: str, batches: str) -> None:
+    done = hps("bench", command, "--batches", batches, cwd=tmp_path)
+    assert done.returncode == 2 and "--batches takes positive key counts" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "loading a table" not in done.stdout  # refused before any load
 
 
 def test_bench_load_prints_the_scale_curve(tmp_path: Path) -> None:
