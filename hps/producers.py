@@ -231,7 +231,16 @@ def _torch_setup() -> None:
     _raw_stream = raw
 
 
+def torch_stream_reader() -> Callable[[int], int]:
+    """`f(device) -> int`: torch's current raw stream of a CUDA device (hps/fast_intake.py
+    reads it without the checks of this module)."""
+    if _raw_stream is None:
+        _torch_setup()
+    return _raw_stream  # type: ignore[return-value]
+
+
 def _torch_ref(t: Any, what: str) -> ArrayRef:
+    # on every lookup: each torch attribute read costs ~0.1-0.2 µs, so each is read once
     if _raw_stream is None:
         _torch_setup()
     dtype = _torch_dtypes.get(t.dtype)
@@ -244,13 +253,12 @@ def _torch_ref(t: Any, what: str) -> ArrayRef:
     else:
         raise DeviceError(f"{what}: tensors on device {t.device} are not supported "
                           "(expected CPU or CUDA)")
-    contiguous = t.is_contiguous()
-    strides = None
-    if not contiguous:
-        item = t.element_size()
-        strides = tuple(s * item for s in t.stride())
-    return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, alien, device, contiguous,
-                    strides, True, stream, None, t)
+    if t.is_contiguous():
+        return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, alien, device, True,
+                        None, True, stream, None, t)
+    item = t.element_size()
+    return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, alien, device, False,
+                    tuple(s * item for s in t.stride()), True, stream, None, t)
 
 
 # -- DLPack capsules and other __dlpack__ producers ---------------------------------------
@@ -292,6 +300,14 @@ def _compiled_capsules() -> bool:
     _capsule_name_bytes = raw_memory.DLTENSOR_NAME
     _fast_capsules = raw_memory.capsules_readable()
     return _fast_capsules
+
+
+def compiled_capsule_reader() -> tuple[Callable[..., tuple[int, ...]], Any] | None:
+    """(hps/raw_memory.py `capsule_fields`, the name it takes) where this interpreter's
+    capsules are read by it (decided on first use), else None."""
+    if _fast_capsules or (_fast_capsules is None and _compiled_capsules()):
+        return _capsule_fields, _capsule_name_bytes  # type: ignore[return-value]
+    return None
 
 
 def _fast_capsule_ref(capsule: Any, stream: int | None, owner: Any) -> ArrayRef | None:
@@ -425,9 +441,9 @@ _adapters: dict[type, _Adapter] = {}
 def _adapter_for(kind: type) -> _Adapter | None:
     if issubclass(kind, np.ndarray):
         return _numpy_ref
-    if _is_subclass_of(kind, "cupy", "ndarray"):
+    if is_subclass_of(kind, "cupy", "ndarray"):
         return _cupy_ref
-    if _is_subclass_of(kind, "torch", "Tensor"):
+    if is_subclass_of(kind, "torch", "Tensor"):
         return _torch_ref
     if kind.__name__ == "PyCapsule":
         return _capsule_ref
@@ -438,7 +454,8 @@ def _adapter_for(kind: type) -> _Adapter | None:
     return None
 
 
-def _is_subclass_of(kind: type, module: str, name: str) -> bool:
+def is_subclass_of(kind: type, module: str, name: str) -> bool:
+    """Whether `kind` subclasses `module.name` (False while `module` is not imported)."""
     mod = sys.modules.get(module)  # an instance of it means the module is imported
     base = getattr(mod, name, None) if mod is not None else None
     return isinstance(base, type) and issubclass(kind, base)

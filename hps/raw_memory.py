@@ -2,8 +2,9 @@
 than the work it describes: reading a DLPack capsule handed to a lookup, and waiting for
 the miss count a query kernel writes into mapped pinned host memory.
 
-- `capsule_fields(id(capsule), DLTENSOR_NAME)` reads a legacy "dltensor" PyCapsule (CPython's layout: the
-  object header, then the pointer and the name) and its DLTensor in one compiled call:
+- `capsule_fields(id(capsule), DLTENSOR_NAME)` reads a legacy "dltensor" PyCapsule
+  (CPython's layout: the object header, then the pointer and the name) and its DLTensor
+  in one compiled call:
   about 0.3 µs where ctypes calls, string reads and struct unpacks took 5-6 µs a capsule.
   Use it only where `capsules_readable()`: the layout confirmed at first use against
   ctypes' `PyCapsule_GetPointer` on a capsule made for the purpose (CPython with the GIL,

@@ -282,9 +282,8 @@ class EmbeddingCache(DeviceTable):
         with self._lock:
             if self._closed:
                 self._check_open()
-            for ev_ptr in tuple(self._inflight):  # discard() runs without the lock
-                if ev_ptr != ws.event_ptr:
-                    rt.streamWaitEvent(stream_ptr, ev_ptr, 0)
+            if self._inflight:
+                self._after_queries(stream_ptr, ws.event_ptr)
             if self._write_event is not None:
                 self._wait_for_writes(stream_ptr)
             self._tick += 1
@@ -292,6 +291,7 @@ class EmbeddingCache(DeviceTable):
             ws.insert_launch.go(blocks, BLOCK, stream_ptr)  # type: ignore[union-attr]
             rt.eventRecord(ws.write_done.ptr, stream_ptr)
             self._write_event = ws.write_done
+            self._write_stream = stream_ptr
 
     def codes_on_device(self, keys_ptr: int, n: int, codes_ptr: int, stream_ptr: int) -> None:
         """Unsorted set codes (set << 32 | position) of n device keys, on the stream."""

@@ -244,6 +244,21 @@ class GpuEmbeddingTable:
             if previous != dev:
                 rt.setDevice(previous)
 
+    def serve_contiguous(self, keys_ptr: int, n: int, out_ptr: int, stream: int) -> None:
+        """serve() for the common case, already read and checked by the caller
+        (hps/fast_intake.py): n > 0 int64 keys and a float32 output of at least n × dim
+        elements, both C-contiguous on this table's device, work queued on `stream`."""
+        rt = self._rt
+        dev = self.device_id
+        previous = rt.getDevice()
+        if previous != dev:
+            rt.setDevice(dev)
+        try:
+            self._lookup_ptr(keys_ptr, n, out_ptr, stream, self._state())
+        finally:
+            if previous != dev:
+                rt.setDevice(previous)
+
     def _keys_to_device(self, keys: ArrayRef, scratch: Scratch, stream: int) -> int:
         """Device address of the keys as contiguous int64 (host keys copied over, narrow
         or strided device keys converted into scratch)."""
@@ -319,7 +334,7 @@ class GpuEmbeddingTable:
             self._submit(missed.copy())  # this request keeps the default rows the query wrote
             return
         staging = state.staging
-        keys, codes, inverse, rows = staging.prepare(m, self.dim)
+        keys, codes, inverse, rows = staging.prepare(m, self.dim, stream)
         updates = self._updates  # see update(): rows fetched before an update are not kept
         small = m <= HOST_MISSES
         if small:
@@ -342,6 +357,8 @@ class GpuEmbeddingTable:
             cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream,
                                 scatter=(ws.positions_ptr, inverse_ptr, m, out_ptr),
                                 out_type=out_type)
+            # the insert's event marks the end of the batch's use of the staging buffers
+            staging.done(stream, recorded=ws.write_done_ptr)
             if self._updates != updates:  # the rows may predate an update: not kept
                 cache.remove(keys[:u].copy())
         else:
@@ -352,8 +369,8 @@ class GpuEmbeddingTable:
                 if self._updates != updates:  # the rows may predate an update: made current
                     fresh = keys[:u].copy()
                     whole.update(fresh, self._fetch(fresh))
-        staging.done(stream)
-        ws.released_by(staging.done_ptr)
+            staging.done(stream)
+        ws.released_by(staging.done_ptr, stream)
 
     def _fetch_and_send(self, keys: np.ndarray, rows: np.ndarray, staging: MissStaging,
                         stream: int) -> None:

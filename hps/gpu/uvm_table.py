@@ -342,7 +342,6 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         the demoted slots and make later queries wait for that; then, after the queries in
         flight, fill the rows and link the promoted slots."""
         cp = self._cp
-        rt = cp.cuda.runtime
         stream = self._stream
         m = int(promoted.shape[0])
         if demoted.size:
@@ -351,9 +350,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                 (demoted, np.int64(demoted.size), self._gpu_row))
             unlinked = cp.cuda.Event(block=False, disable_timing=True)
             unlinked.record(stream)
-            self._write_event = unlinked  # queries from now on read the host rows
-        for ev_ptr in list(self._inflight):  # queries that may still read the old links
-            rt.streamWaitEvent(stream.ptr, ev_ptr, 0)
+            self._wrote(unlinked, stream.ptr)  # queries from now on read the host rows
+        self._after_queries(stream.ptr)  # queries that may still read the old links
         self._kernel("uvm_fill")(
             (kernels.grid(self.device_id, m * self._row_units, BLOCK),), (BLOCK,),
             (promoted, rows, np.int64(m), self._vecs, self._gpu_vecs))

@@ -96,6 +96,8 @@ class LoadedModel:
     def table(self, table: int | str) -> LoadedTable:
         """A table by index, by name, or by its index written in ASCII digits ("0");
         raises UnknownTableError otherwise."""
+        if type(table) is int and 0 <= table < len(self.tables):  # the lookup path's case
+            return self.tables[table]
         if isinstance(table, (int, np.integer)) and not isinstance(table, bool):
             if 0 <= table < len(self.tables):
                 return self.tables[int(table)]

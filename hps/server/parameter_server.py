@@ -18,6 +18,7 @@ from hps.config import ModelConfig, PSConfig, load_config
 from hps.db import Tiers, open_tiers
 from hps.db.base import Tier
 from hps.errors import DeviceError, UnknownModelError
+from hps.fast_intake import device_pair
 from hps.io.formats import DEFAULT_CHUNK_BYTES
 from hps.keys import is_device_array, key_array, output_array, output_ref
 from hps.loader import LoadProgress
@@ -186,6 +187,17 @@ class HierarchicalParameterServer:
         loaded = self._registry.acquire(model)
         try:
             t = loaded.table(table)
+            if t.gpu:
+                # the common case (int64 keys, float32 output, contiguous, one CUDA device)
+                # read in a few calls; anything else, or out of bounds: the general path
+                pair = device_pair(keys, out)
+                if pair is not None:
+                    keys_ptr, n, out_ptr, out_size, device, stream = pair
+                    gpu = t.gpu.get(device)
+                    if (gpu is not None and (device_id is None or device_id == device)
+                            and 0 < n <= t.max_keys and out_size >= n * t.dim):
+                        gpu.serve_contiguous(keys_ptr, n, out_ptr, stream)
+                        return n
             kref = t.checked_ref(keys)
             n = kref.size
             oref = output_ref(out, n, t.dim, t.storage)

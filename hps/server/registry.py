@@ -116,7 +116,9 @@ class ModelRegistry:
         meanwhile. Raises UnknownModelError if no version of `name` is served.
         """
         while True:
-            loaded = self.model(name)
+            loaded = self._models.get(name)
+            if loaded is None:
+                loaded = self.model(name)  # raises UnknownModelError (or a racing load won)
             if loaded.refs.acquire():
                 return loaded
             # retired between the read and the acquire: the next read sees its successor

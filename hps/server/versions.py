@@ -35,14 +35,17 @@ class VersionRefs:
             if self._retired:
                 return False
             self._refs += 1
-            return True
+        return True
 
     def release(self) -> None:
         """End one `acquire`; the last release of a retired version runs its `on_idle`."""
         with self._lock:
-            self._refs -= 1
-            if self._refs < 0:
-                raise RuntimeError("VersionRefs.release without a matching acquire")
+            refs = self._refs - 1
+            self._refs = refs
+            if refs > 0 or self._on_idle is None:  # every lookup but a retired one's last
+                if refs < 0:
+                    raise RuntimeError("VersionRefs.release without a matching acquire")
+                return
             run = self._take_idle_callback()
         if run is not None:
             run()

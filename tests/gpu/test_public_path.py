@@ -95,6 +95,9 @@ def test_every_producer_width_and_layout_is_exact(cp: Any, rng: np.random.Genera
                           lambda o=out32: o.cpu().numpy()))
             ck, co = cp.asarray(keys.astype(np.uint32)), cp.full((n, dim), np.nan, cp.float32)
             cases.append(("cupy uint32 keys", ck, co, lambda o=co: o.get()))
+            ck64, co64 = cp.asarray(keys), cp.full((n + 3, dim), np.nan, cp.float32)
+            cases.append(("cupy, output longer than needed", ck64, co64,
+                          lambda o=co64: o[:n].get()))
             cap_out = torch.full((1, n * dim), np.nan, device="cuda")  # HugeCTR's shape
             cases.append(("capsules", tdl.to_dlpack(tk), tdl.to_dlpack(cap_out),
                           lambda o=cap_out: o.cpu().numpy().reshape(n, dim)))
