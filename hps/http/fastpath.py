@@ -1,16 +1,19 @@
-"""`FastPath`: a plain ASGI middleware that answers the lookup routes before FastAPI.
+"""`FastPath`: answers the lookup routes ahead of FastAPI and its middleware stack.
 
 The hot routes (`POST /v1/…/lookup`, `POST /v2/models/{model}/infer`) skip FastAPI's
-router, dependency solving and request models: each is a `FastRoute` whose handler
-reads the body from the ASGI channel and returns (headers, body parts). The routes are
-still declared to FastAPI (`routes.py`, `kserve.py`) so that OpenAPI describes them and
-metrics label them; a declaration answers through the same handler if the fast path is
-ever bypassed.
+middleware (error, telemetry and body-limit layers, the metrics middleware), router,
+dependency solving and request models: each is a `FastRoute` whose handler reads the body
+from the ASGI channel and returns (headers, body parts). `app.ServiceApp` hands a request
+to `FastPath` when `match` finds its route; FastPath answers errors in the route's
+protocol and counts the request in the metrics itself. The routes are still declared to
+FastAPI (`routes.py`, `kserve.py`) so that OpenAPI describes them and metrics label them;
+a declaration answers through the same handler if the fast path is ever bypassed.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 if TYPE_CHECKING:
-    from starlette.types import ASGIApp, Receive, Scope, Send
+    from starlette.types import Receive, Scope, Send
 
     from hps.http.state import ServiceState
 
@@ -60,39 +63,48 @@ async def send_answer(send: Send, headers: list[tuple[bytes, bytes]],
 
 
 class FastPath:
-    """Answers the `FastRoute`s before FastAPI's router; passes everything else on."""
+    """Answers the `FastRoute`s; `ServiceApp` passes everything else to FastAPI."""
 
-    def __init__(self, app: ASGIApp, state: ServiceState, routes: Sequence[FastRoute]) -> None:
-        self.app = app
+    def __init__(self, state: ServiceState, routes: Sequence[FastRoute]) -> None:
         self.state = state
         self.routes = tuple(routes)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def match(self, scope: Scope) -> tuple[FastRoute, dict[str, str | None]] | None:
+        """(route, path parameters) of a request the fast path answers, else None."""
         if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
+            return None
         path = scope["path"]
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root):]
         for route in self.routes:
             match = route.pattern.match(path)
-            if match is not None:
-                break
-        else:
-            await self.app(scope, receive, send)
-            return
+            if match is not None:  # ASGI paths come percent-decoded: the names as sent
+                return route, match.groupdict()
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send, route: FastRoute,
+                       params: dict[str, str | None]) -> None:
+        """Answer one request of `route` (as `match` found it) and count it."""
+        started = time.perf_counter()
         scope["route"] = route.route
-        try:  # ASGI paths come percent-decoded: the groups are the names as sent
+        status = 500  # what the request is counted as when no answer went out
+        try:
             headers, parts = await route.handle(self.state, request_headers(scope), receive,
-                                                match.groupdict())
+                                                params)
+            status = 200
+            await send_answer(send, headers, parts)
         except ClientDisconnect:
-            return  # nobody to answer
+            pass  # nobody to answer
         except Exception as exc:
+            if status == 200:  # the answer had started: nothing more can be said
+                raise
             response = route.on_error(self.state, Request(scope), exc)
+            status = response.status_code
             await response(scope, receive, send)
-            return
-        await send_answer(send, headers, parts)
+        finally:
+            self.state.metrics.observe_request(route.route.path, "POST", status,
+                                               time.perf_counter() - started)
 
 
 async def respond(handle: Handler, state: ServiceState, request: Request,

@@ -30,6 +30,7 @@ binary part; pydantic-core validates JSON data), never key by key.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,7 +62,8 @@ INFER_PATH = "/v2/models/{model}/infer"
 INFER_VERSION_PATH = "/v2/models/{model}/versions/{version}/infer"
 INFER_RE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
 #: the input tensors: name → (datatype, little-endian NumPy dtype)
-INPUTS = {KEYS_INPUT: ("INT64", "<i8"), NUMKEYS_INPUT: ("INT32", "<i4")}
+INPUTS: dict[str, tuple[str, np.dtype[Any]]] = {
+    KEYS_INPUT: ("INT64", np.dtype("<i8")), NUMKEYS_INPUT: ("INT32", np.dtype("<i4"))}
 INT32_MAX = 2**31 - 1
 
 
@@ -163,7 +165,7 @@ def _tensor(spec: InferInput, binary: memoryview, offset: int) -> tuple[np.ndarr
     params = spec.parameters or {}
     if "shared_memory_region" in params:
         raise BadJSON("shared-memory inputs are not supported: send the data in the body")
-    count = int(np.prod(spec.shape, dtype=np.int64)) if spec.shape else 1
+    count = math.prod(spec.shape)  # exact (no int64 wrap-around); 1 for a scalar
     size = params.get("binary_data_size")
     if size is not None:
         if spec.data is not None:
@@ -172,7 +174,7 @@ def _tensor(spec: InferInput, binary: memoryview, offset: int) -> tuple[np.ndarr
                 or offset + size > len(binary):
             raise BadBody(f"input {spec.name!r}: binary_data_size {size!r} does not fit the "
                           f"{len(binary) - offset} bytes of binary data left")
-        itemsize = np.dtype(dtype).itemsize
+        itemsize = dtype.itemsize
         if size != count * itemsize:
             raise BadBody(f"input {spec.name!r} of shape {spec.shape} needs "
                           f"{count * itemsize} bytes of {datatype}; binary_data_size is {size}")

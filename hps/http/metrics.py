@@ -94,7 +94,22 @@ class Metrics:
             ["model", "table"], buckets=LATENCY_BUCKETS, registry=r)
         # label children are cached: `.labels()` costs a lock and a dict lookup per call
         self._lookup_children: dict[tuple[str, str], Any] = {}
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._children_lock = threading.Lock()
         r.register(ServerCollector(server))
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        """Count one HTTP request answered with `status` after `seconds`, by route template
+        (`route`) and method (one of the HTTP methods, else "other")."""
+        key = (route, method, status)
+        children = self._request_children.get(key)
+        if children is None:
+            with self._children_lock:
+                children = (self.requests.labels(route, method, str(status)),
+                            self.latency.labels(route, method))
+                self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def observe_lookup(self, model: str, table: str, seconds: float) -> None:
         """Count one lookup of `model`/`table` that took `seconds` in the latency histogram."""
@@ -265,14 +280,14 @@ def _numbers(stats: dict[str, Any]) -> Iterator[tuple[str, float]]:
 
 
 class MetricsMiddleware:
-    """Counts and times every HTTP request by route template, method and status."""
+    """Counts and times every HTTP request by route template, method and status.
+
+    The hot routes do not pass through it: `fastpath.FastPath` answers them before the
+    middleware stack and counts them itself (`Metrics.observe_request`)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
-        # label children are cached: `.labels()` costs a lock and a dict lookup per call
-        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-        self._lock = threading.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -291,19 +306,12 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_status)
         finally:
             route = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
-            method = scope["method"]
-            if method not in _METHODS:  # any token is a valid method: bound the labels
-                method = "other"
-            self._observe(path, method, status, time.perf_counter() - started)
+            self.metrics.observe_request(getattr(route, "path", None) or "unmatched",
+                                         method_label(scope["method"]), status,
+                                         time.perf_counter() - started)
 
-    def _observe(self, route: str, method: str, status: int, seconds: float) -> None:
-        key = (route, method, status)
-        children = self._children.get(key)
-        if children is None:
-            with self._lock:
-                children = (self.metrics.requests.labels(route, method, str(status)),
-                            self.metrics.latency.labels(route, method))
-                self._children[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
+
+def method_label(method: str) -> str:
+    """The method as a metric label: any token is a valid method, so the labels are
+    bounded to the HTTP methods and "other"."""
+    return method if method in _METHODS else "other"

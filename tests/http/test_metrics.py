@@ -58,6 +58,36 @@ def test_metrics_count_errors_by_kind(live: Live) -> None:
     assert live.metric("hps_http_errors_total", kind="bad_body", code="400") == before + 1
 
 
+def test_fast_routes_count_every_answer_by_status(live: Live) -> None:
+    """The lookup routes answer before the middleware stack: they count their requests
+    themselves, errors under the error's status, v2 infer under its own route."""
+    infer_route = "/v2/models/{model}/infer"
+
+    def requests(route: str, code: str) -> float:
+        return live.metric("hps_http_requests_total", route=route, method="POST", code=code)
+
+    bad_before, missing_before = requests(LOOKUP_ROUTE, "400"), requests(LOOKUP_ROUTE, "404")
+    infer_before, infer_bad_before = requests(infer_route, "200"), requests(infer_route, "400")
+    kinds_before = live.metric("hps_http_errors_total", kind="unknown_table", code="404")
+    live.client.post(f"/v1/models/{MODEL}/tables/0/lookup", content=b"1234567",
+                     headers={"Content-Type": "application/octet-stream"})
+    live.lookup_binary("no_such_table", np.arange(3, dtype=np.int64))
+    keys = live.model.keys[0][:5]
+    answer = live.client.post(f"/v2/models/{MODEL}/infer", json={"inputs": [
+        {"name": "KEYS", "shape": [5], "datatype": "INT64", "data": keys.tolist()},
+        {"name": "NUMKEYS", "shape": [1], "datatype": "INT32", "data": [5]}]})
+    assert answer.status_code == 200, answer.text
+    bad = live.client.post(f"/v2/models/{MODEL}/infer", json={"inputs": []})
+    assert bad.status_code == 400, bad.text
+
+    assert requests(LOOKUP_ROUTE, "400") == bad_before + 1
+    assert requests(LOOKUP_ROUTE, "404") == missing_before + 1
+    assert live.metric("hps_http_errors_total", kind="unknown_table",
+                       code="404") == kinds_before + 1
+    assert requests(infer_route, "200") == infer_before + 1
+    assert requests(infer_route, "400") == infer_bad_before + 1
+
+
 def test_load_progress_and_unmatched_routes(live: Live) -> None:
     total = sum(len(k) for k in live.model.keys)
     assert live.metric("hps_load_keys_total", model=MODEL) >= total
