@@ -2,7 +2,9 @@
 
 Three sources feed `GET /metrics`:
 - request metrics, observed per request by `MetricsMiddleware` (a plain ASGI
-  middleware): requests and latency per route template, method and status code;
+  middleware) and, for the lookup routes, by `fastpath.FastPath`: requests and latency
+  per route template, method and status code, and each lookup's latency per table (kept
+  lock-free on the event loop: `loop_metrics.py`);
 - errors by kind, counted where an error becomes a JSON answer;
 - the server's own counters, read at scrape time by `ServerCollector` from each table's
   `TableStats` (lookups, keys, hits per tier, defaults, tier failures) and from each
@@ -16,15 +18,15 @@ so a client cannot grow the registry by sending many distinct URLs.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hps.http.loop_metrics import LoopCounter, LoopHistogram
 from hps.loader import LoadProgress
 from hps.server import STAGING_SUFFIX
 
@@ -60,12 +62,12 @@ class Metrics:
     def __init__(self, server: HierarchicalParameterServer) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            "hps_http_requests", "HTTP requests answered.", ["route", "method", "code"],
-            registry=r)
-        self.latency = Histogram(
+        # updated per request on the event loop: lock-free (loop_metrics.py says why)
+        self.requests = LoopCounter(
+            "hps_http_requests", "HTTP requests answered.", ["route", "method", "code"], r)
+        self.latency = LoopHistogram(
             "hps_http_request_duration_seconds", "Time from request to last byte of answer.",
-            ["route", "method"], buckets=LATENCY_BUCKETS, registry=r)
+            ["route", "method"], LATENCY_BUCKETS, r)
         self.errors = Counter(
             "hps_http_errors", "Error answers, by kind (as in the JSON error body).",
             ["kind", "code"], registry=r)
@@ -88,36 +90,33 @@ class Metrics:
         self.model_loads = Counter(
             "hps_model_loads", "Model loads and reloads that completed (a new version "
             "served).", ["model"], registry=r)
-        self.lookup_latency = Histogram(
+        self.lookup_latency = LoopHistogram(
             "hps_lookup_duration_seconds", "Time of a lookup route's lookup, from reading "
             "its body to its vectors (queueing for a lookup thread included), per table.",
-            ["model", "table"], buckets=LATENCY_BUCKETS, registry=r)
-        # label children are cached: `.labels()` costs a lock and a dict lookup per call
-        self._lookup_children: dict[tuple[str, str], Any] = {}
-        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-        self._children_lock = threading.Lock()
+            ["model", "table"], LATENCY_BUCKETS, r)
+        # the cells of each label set, found once
+        self._request_cells: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
+        self._lookup_cells: dict[tuple[str, str], list[float]] = {}
         r.register(ServerCollector(server))
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         """Count one HTTP request answered with `status` after `seconds`, by route template
-        (`route`) and method (one of the HTTP methods, else "other")."""
+        (`route`) and method (one of the HTTP methods, else "other"). Event loop only."""
         key = (route, method, status)
-        children = self._request_children.get(key)
-        if children is None:
-            with self._children_lock:
-                children = (self.requests.labels(route, method, str(status)),
-                            self.latency.labels(route, method))
-                self._request_children[key] = children
-        children[0].inc()
-        children[1].observe(seconds)
+        cells = self._request_cells.get(key)
+        if cells is None:
+            cells = self._request_cells[key] = (self.requests.cells(route, method, str(status)),
+                                                self.latency.cells(route, method))
+        cells[0][0] += 1
+        self.latency.observe(cells[1], seconds)
 
     def observe_lookup(self, model: str, table: str, seconds: float) -> None:
-        """Count one lookup of `model`/`table` that took `seconds` in the latency histogram."""
-        child = self._lookup_children.get((model, table))
-        if child is None:  # a race here creates the same child twice: harmless
-            child = self._lookup_children[(model, table)] = \
-                self.lookup_latency.labels(model, table)
-        child.observe(seconds)
+        """Count one lookup of `model`/`table` that took `seconds` in the latency histogram.
+        Event loop only."""
+        cells = self._lookup_cells.get((model, table))
+        if cells is None:
+            cells = self._lookup_cells[(model, table)] = self.lookup_latency.cells(model, table)
+        self.lookup_latency.observe(cells, seconds)
 
     def progress(self, model: str) -> MetricsProgress:
         """A LoadProgress that counts the load of `model` in these metrics."""
