@@ -100,6 +100,13 @@ def open_readers(config: PSConfig, model: ModelConfig, chunk_bytes: int = DEFAUL
     return readers
 
 
+def export_rows(reader: ModelReader) -> int:
+    """Rows per chunk when the volatile tier hands a loaded table to the persistent one:
+    the load's chunk size in float32 rows, the same for every format (a format may read
+    its files in smaller chunks of its own: Parquet's decoded ones)."""
+    return max(1, reader.read_options.chunk_bytes // (4 * reader.vec_size))
+
+
 def _volatile_rows(n: int, rate: float) -> int:
     return n if rate >= 1.0 else int(math.ceil(n * rate))
 
@@ -317,7 +324,7 @@ def load_table(
                 persistent.load(name, read_ahead(reader.chunks()))
             else:
                 persistent.load_ordered(name, volatile.export(  # type: ignore[union-attr]
-                    name, persistent.bulk_order, reader.chunk_keys))
+                    name, persistent.bulk_order, export_rows(reader)))
         else:
             persistent.reserve(name, reader.num_keys)
             persistent.load(name, chunks())

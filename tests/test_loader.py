@@ -205,3 +205,32 @@ def test_both_ways_store_the_same_rows(tmp_path: Path, rng: np.random.Generator,
             got, found = server.volatile.fetch(TABLE, keys)
             assert found.any()
             np.testing.assert_array_equal(got[found], rows[found])
+
+
+
+def test_export_chunks_do_not_depend_on_the_format(tmp_path: Path, rng: np.random.Generator,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hash map hands a loaded table to RocksDB in chunks of the load's size, whatever
+    the format read its files in (Parquet decodes in smaller chunks of its own)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hps.db.hash_map import HashMapTier
+    from hps.io.formats.base import DEFAULT_CHUNK_BYTES
+
+    keys, rows = rng.permutation(5000).astype(np.int64), rng.random((5000, 16), np.float32)
+    write_table(tmp_path / "t0", keys, rows)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), 16)
+    pq.write_table(pa.table({"key": keys, "vector": column}), tmp_path / "t.parquet")
+    asked: list[int] = []
+    real = HashMapTier.export
+    monkeypatch.setattr(HashMapTier, "export", lambda self, table, order, chunk_rows: (
+        asked.append(chunk_rows), real(self, table, order, chunk_rows))[1])
+    config = {"models": [model_config([str(tmp_path / "t0"), str(tmp_path / "t.parquet")],
+                                      [16, 16])],
+              "volatile_db": {"type": "hash_map"},
+              "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocks")}}
+    with HierarchicalParameterServer(config) as server:
+        for table in (0, 1):
+            np.testing.assert_array_equal(server.lookup("m", table, keys), rows)
+    assert asked == [DEFAULT_CHUNK_BYTES // (4 * 16)] * 2

@@ -49,6 +49,14 @@ DEFAULT_KEY_COLUMN = "key"
 DEFAULT_VECTOR_COLUMN = "vector"
 PART_SUFFIXES = (".parquet", ".pq")
 
+#: bytes of decoded (float32) rows in a chunk when the caller names no size. A mapped
+#: format's chunk is a view of the page cache; a Parquet chunk is decoded into memory of
+#: pyarrow's pool, which reuses what the chunks before it freed. A load holds about four
+#: chunks (the one written, one queued, one decoded, the one freed), so with chunks of
+#: 64 MiB a table of a million 64-wide rows was all fresh memory (zeroed by the kernel
+#: first, more CPU than decoding it); chunks of 8 MiB are fresh only for the first few.
+DECODED_CHUNK_BYTES = 8 << 20
+
 
 def import_pyarrow() -> tuple[Any, Any]:
     """(pyarrow, pyarrow.parquet), or MissingExtraError naming the 'parquet' extra."""
@@ -179,6 +187,13 @@ class ParquetReader(ModelReader):
                     raise ModelFileError(f"{self.source.describe(name)}: row 0 has a null vector")
                 return len(first)
         raise ModelFileError(f"{self.uri}: no rows, so no width to infer: pass the width")
+
+    @property
+    def chunk_keys(self) -> int:
+        """Rows per chunk when `chunks` is called without a size: `chunk_bytes` of rows,
+        at most DECODED_CHUNK_BYTES of them as float32."""
+        return max(1, min(self.read_options.chunk_bytes, DECODED_CHUNK_BYTES)
+                   // (4 * self.vec_size))
 
     def settings(self) -> dict[str, object]:
         return {"key_column": self.key_column, "vector_column": self.vector_column}

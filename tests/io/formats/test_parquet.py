@@ -70,6 +70,29 @@ def test_folder_of_parts_local_and_chunks_cross_parts(tmp_path: Path,
     assert_served(ps_config(tmp_path, str(folder), 4), keys, vectors)
 
 
+def test_default_chunks_hold_a_bounded_amount_of_decoded_rows(
+        tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoded rows are memory of their own (a mapped format's are not): without a size
+    asked for, a chunk holds at most DECODED_CHUNK_BYTES of float32 rows, float16 files
+    counted as widened; a size asked for is honoured."""
+    from hps.io.formats import parquet
+
+    monkeypatch.setattr(parquet, "DECODED_CHUNK_BYTES", 100 * 8 * 4)
+    keys, vectors = make_table(rng, 450, 8)
+    for name, rows in (("f32.parquet", vectors), ("f16.parquet", vectors.astype(np.float16))):
+        pq.write_table(table(keys, rows, fixed=True), tmp_path / name, row_group_size=170)
+        with open_model(str(tmp_path / name)) as reader:
+            assert reader.chunk_keys == 100
+            chunks = list(reader.chunks())
+            assert [len(k) for k, _ in chunks] == [100, 100, 100, 100, 50]
+            assert reader.direct_rows == 450
+            np.testing.assert_array_equal(np.concatenate([r for _, r in chunks]),
+                                          rows.astype(np.float32))
+            assert [len(k) for k, _ in reader.chunks(300)] == [300, 150]
+        with open_model(str(tmp_path / name), ReadOptions(chunk_bytes=40 * 8 * 4)) as reader:
+            assert reader.chunk_keys == 40
+
+
 def test_file_and_prefix_from_s3(tmp_path: Path, rng: np.random.Generator,
                                  s3_server: S3Server) -> None:
     keys, vectors = make_table(rng, 3000, 8)
