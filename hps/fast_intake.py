@@ -34,10 +34,6 @@ Pair = tuple[int, int, int, int, int, int]
 
 _INT64 = np.dtype(np.int64)
 _FLOAT32 = np.dtype(np.float32)
-# DLPack dtype words (code | bits << 8 | lanes << 16) and device types (dlpack.h)
-_DL_INT64 = 0 | 64 << 8 | 1 << 16
-_DL_FLOAT32 = 2 | 32 << 8 | 1 << 16
-_DL_CUDA = 2
 
 _torch_int64: Any = None
 _torch_float32: Any = None
@@ -73,23 +69,25 @@ def _cupy_pair(keys: Any, out: Any) -> Pair | None:
             producers.cupy_stream(device))
 
 
-_capsule_reader: Any = False  # producers.compiled_capsule_reader(), once capsules come
+# (raw_memory.capsule_pair, its name argument) where it reads this interpreter's capsules
+_capsule_pair_reader: Any = False
 
 
 def _capsule_pair(keys: Any, out: Any) -> Pair | None:
-    global _capsule_reader
-    if _capsule_reader is False:
-        _capsule_reader = producers.compiled_capsule_reader()
-    if _capsule_reader is None:  # this interpreter's capsules are read through ctypes
+    global _capsule_pair_reader
+    if _capsule_pair_reader is False:
+        from hps import raw_memory
+
+        compiled = producers.capsules_compiled()
+        _capsule_pair_reader = ((raw_memory.capsule_pair, raw_memory.DLTENSOR_NAME)
+                                if compiled else None)
+    if _capsule_pair_reader is None:  # this interpreter's capsules are read through ctypes
         return None
-    fields, name = _capsule_reader
-    k_ndim, k_data, k_type, device, k_word, k0, k1, k_contiguous = fields(id(keys), name)
-    o_ndim, o_data, o_type, o_device, o_word, o0, o1, o_contiguous = fields(id(out), name)
-    if (k_ndim < 0 or o_ndim < 0 or k_word != _DL_INT64 or o_word != _DL_FLOAT32
-            or k_type != _DL_CUDA or o_type != _DL_CUDA or o_device != device
-            or not k_contiguous or not o_contiguous):
+    read, name = _capsule_pair_reader
+    keys_data, n, out_data, out_size, device = read(id(keys), id(out), name)
+    if device < 0:
         return None
-    return k_data, k0 * k1, o_data, o0 * o1, device, producers.cupy_stream(device)
+    return keys_data, n, out_data, out_size, device, producers.cupy_stream(device)
 
 
 def _reader_for(kind: type) -> Callable[[Any, Any], Pair | None] | None:

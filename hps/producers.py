@@ -302,12 +302,10 @@ def _compiled_capsules() -> bool:
     return _fast_capsules
 
 
-def compiled_capsule_reader() -> tuple[Callable[..., tuple[int, ...]], Any] | None:
-    """(hps/raw_memory.py `capsule_fields`, the name it takes) where this interpreter's
-    capsules are read by it (decided on first use), else None."""
-    if _fast_capsules or (_fast_capsules is None and _compiled_capsules()):
-        return _capsule_fields, _capsule_name_bytes  # type: ignore[return-value]
-    return None
+def capsules_compiled() -> bool:
+    """Whether this interpreter's capsules are read by hps/raw_memory.py's compiled
+    readers (decided on the first capsule)."""
+    return bool(_fast_capsules or (_fast_capsules is None and _compiled_capsules()))
 
 
 def _fast_capsule_ref(capsule: Any, stream: int | None, owner: Any) -> ArrayRef | None:

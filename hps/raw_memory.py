@@ -9,6 +9,9 @@ the miss count a query kernel writes into mapped pinned host memory.
   Use it only where `capsules_readable()`: the layout confirmed at first use against
   ctypes' `PyCapsule_GetPointer` on a capsule made for the purpose (CPython with the GIL,
   64-bit); elsewhere hps/producers.py reads capsules through ctypes.
+- `capsule_pair(id(keys), id(out), DLTENSOR_NAME)`: both capsules of a lookup read at
+  once, for hps/fast_intake.py (one compiled call instead of two, and no Python-level
+  comparison of sixteen fields).
 - `wait_while(address, sentinel, spins)` spins on an int32 that a kernel will overwrite,
   with the GIL released, and returns what it read (the sentinel when `spins` ran out).
   The query kernel's last block writes the miss count there after a system-scope fence,
@@ -98,6 +101,26 @@ def capsule_fields(address: int, name: np.ndarray) -> tuple[int, ...]:
         if ndim >= 1 and d0 != 1 and np.int64(_u64(strides)) != inner:
             contiguous = 0
     return (ndim, data + offset, device_type, device_id, dtype_word, d0, d1, contiguous)
+
+
+# capsule_pair's result: (keys' data, key count, output's data, output elements, device)
+_PAIR = types.UniTuple(types.int64, 5)
+_DL_INT64, _DL_FLOAT32 = 0 | 64 << 8 | 1 << 16, 2 | 32 << 8 | 1 << 16  # dtype words
+_DL_CUDA = 2
+
+
+@kernel([_PAIR(types.int64, types.int64, numba.typeof(DLTENSOR_NAME))])
+def capsule_pair(keys_address: int, out_address: int, name: np.ndarray) -> tuple[int, ...]:
+    """capsule_fields of a lookup's keys and output capsules in one call, reduced to
+    what the lookup path's common case needs: int64 keys and a float32 output, both
+    contiguous on one CUDA device. The device is -1 for any other pair."""
+    k = capsule_fields(keys_address, name)
+    o = capsule_fields(out_address, name)
+    if (k[0] < 0 or o[0] < 0 or k[4] != _DL_INT64 or o[4] != _DL_FLOAT32
+            or k[2] != _DL_CUDA or o[2] != _DL_CUDA or o[3] != k[3]
+            or k[7] == 0 or o[7] == 0):
+        return (0, 0, 0, 0, -1)
+    return (k[1], k[5] * k[6], o[1], o[5] * o[6], k[3])
 
 
 @kernel([types.int32(types.int64, types.int32, types.int64)])

@@ -73,3 +73,20 @@ def test_wait_while_returns_the_first_other_value():
     assert raw_memory.wait_while(cell.ctypes.data, -1, 1000) == 0
     cell[0] = 123
     assert raw_memory.wait_while(cell.ctypes.data, -1, 1) == 123
+
+
+def test_capsule_pair_takes_only_the_cuda_common_case():
+    # host capsules of the right dtypes, and any pair with another dtype, layout or a
+    # consumed capsule: device -1 (the GPU tests check the CUDA pairs it accepts)
+    keys, out = torch.arange(6), torch.zeros((6, 4))
+    pairs = [
+        (tdl.to_dlpack(keys), tdl.to_dlpack(out)),
+        (tdl.to_dlpack(keys.int()), tdl.to_dlpack(out)),
+        (tdl.to_dlpack(keys), tdl.to_dlpack(out.double())),
+        (tdl.to_dlpack(torch.arange(12)[::2]), tdl.to_dlpack(out)),
+    ]
+    consumed = tdl.to_dlpack(keys)
+    torch.from_dlpack(consumed)
+    pairs.append((consumed, tdl.to_dlpack(out)))
+    for k, o in pairs:
+        assert raw_memory.capsule_pair(id(k), id(o), raw_memory.DLTENSOR_NAME)[4] == -1
