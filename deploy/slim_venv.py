@@ -4,63 +4,51 @@ deploy/Dockerfile.cpu), keeping every feature the image serves.
     python slim_venv.py /opt/hps      # needs binutils' strip and readelf on PATH
 
 What goes, and why it is safe:
-- the dependencies' test suites (`tests` folders and numpy's SIMD test module: nothing
-  imports them) and build-time files: type stubs (.pyi), static libraries (.a), C and
-  C++ headers and sources, Cython sources (.pyx, .pxd);
+- the dependencies' test suites (`tests` folders, numpy's SIMD test module and its test
+  extension modules such as _multiarray_tests: only the test suites import them) and
+  build-time files: type stubs (.pyi), static libraries (.a), C and C++ headers and
+  sources, Cython sources (.pyx, .pxd);
 - parts of dependencies that cannot run in a CPU image without a compiler: numba's CUDA
   target (numba/cuda, loaded only for target="cuda"; hps's GPU cache is CuPy, in the GPU
-  image) and numpy's f2py (it generates C extensions for a compiler to build);
+  image), numpy's f2py (it generates C extensions for a compiler to build) and
+  numpy.distutils (it builds C and Fortran extensions; imported only by setup scripts);
 - botocore's models of every AWS service but those the S3 path uses: s3, and sts, sso,
   sso-oidc and signin, which botocore's credential chain builds clients for (assume-role,
   web identity, SSO, login profiles); its shared files (endpoints, partitions, retry
-  and default configurations) stay;
+  and default configurations) stay. Likewise boto3's resource models (boto3.resource)
+  of every service but s3: hps and deploy/upload_model.py use clients only;
 - the debug symbols of shared libraries (`strip --strip-unneeded`): llvmlite's LLVM, uvloop,
   RocksDB, hiredis and the other extension modules. Libraries that auditwheel repaired
   stay as they are: those in a wheel's `.libs` folder and those with an RPATH/RUNPATH,
   which patchelf rewrote; strip re-lays their sections and has broken them (numpy's
   OpenBLAS);
 - every `__pycache__`: pip compiles all modules, most of which a server never imports.
-  The build stage then runs deploy/smoke_check.py, whose imports write bytecode for the
-  modules the image runs; the rest compiles in memory if ever imported.
+  The image's runtime stage then runs deploy/smoke_check.py as root, whose imports write
+  bytecode for the modules the image runs; the rest compiles in memory if ever imported.
 
 Prints the bytes each step freed; exit status 0, or 1 with the error when a step fails.
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from slim_files import drop_bytecode, remove
+
 BUILD_ONLY_SUFFIXES = (".pyi", ".a", ".h", ".hpp", ".c", ".cpp", ".pyx", ".pxd")
 #: globs under site-packages (and bin/) that nothing in a CPU image without a compiler runs
-UNSERVED = ("numba/cuda", "numpy/f2py", "numpy/_core/_simd.*")
+UNSERVED = ("numba/cuda", "numpy/f2py", "numpy/distutils")
+#: globs under site-packages of test modules outside `tests` folders
+TEST_MODULES = ("numpy/_core/_simd.*", "numpy/_core/_*_tests.*")
 UNSERVED_SCRIPTS = ("f2py",)
 #: botocore service models kept: s3 itself, and the services of the credential chain
 BOTOCORE_SERVICES = frozenset({"s3", "sts", "sso", "sso-oidc", "signin"})
+#: boto3 resource models kept (boto3.resource("s3")); hps itself builds clients only
+BOTO3_RESOURCES = frozenset({"s3"})
 ELF_MAGIC = b"\x7fELF"
-
-
-def _size(path: Path) -> int:
-    if path.is_dir() and not path.is_symlink():
-        return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
-    return path.lstat().st_size
-
-
-def _remove(paths: list[Path]) -> int:
-    """Remove files and folders; returns the bytes they held."""
-    freed = 0
-    for path in paths:
-        if not path.exists():  # inside a folder removed before
-            continue
-        freed += _size(path)
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    return freed
 
 
 def site_packages(venv: Path) -> Path:
@@ -72,22 +60,27 @@ def site_packages(venv: Path) -> Path:
 
 def drop_tests_and_build_files(site: Path) -> int:
     tests = [p for p in site.rglob("tests") if p.is_dir()]
+    tests += [p for pattern in TEST_MODULES for p in site.glob(pattern)]
     build_files = [p for p in site.rglob("*") if p.suffix in BUILD_ONLY_SUFFIXES
                    and p.is_file()]
-    return _remove(tests) + _remove(build_files)
+    return remove(tests) + remove(build_files)
 
 
 def drop_unserved(venv: Path, site: Path) -> int:
     paths = [p for pattern in UNSERVED for p in site.glob(pattern)]
-    return _remove(paths + [venv / "bin" / name for name in UNSERVED_SCRIPTS])
+    return remove(paths + [venv / "bin" / name for name in UNSERVED_SCRIPTS])
 
 
-def drop_botocore_models(site: Path) -> int:
-    data = site / "botocore" / "data"
+def _drop_services(data: Path, kept: frozenset[str]) -> int:
     if not data.is_dir():
         return 0
-    services = [p for p in data.iterdir() if p.is_dir() and p.name not in BOTOCORE_SERVICES]
-    return _remove(services)
+    return remove([p for p in data.iterdir() if p.is_dir() and p.name not in kept])
+
+
+def drop_aws_models(site: Path) -> int:
+    """botocore's service models and boto3's resource models of services hps never calls."""
+    return (_drop_services(site / "botocore" / "data", BOTOCORE_SERVICES)
+            + _drop_services(site / "boto3" / "data", BOTO3_RESOURCES))
 
 
 def _shared_libraries(site: Path) -> Iterator[Path]:
@@ -119,9 +112,6 @@ def strip_shared_libraries(site: Path) -> tuple[int, list[Path]]:
     return freed, kept
 
 
-def drop_bytecode(venv: Path) -> int:
-    return _remove([p for p in venv.rglob("__pycache__") if p.is_dir()])
-
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
@@ -132,8 +122,9 @@ def main(argv: list[str]) -> int:
     mb = 1e6
     try:
         print(f"tests and build-time files: {drop_tests_and_build_files(site) / mb:.1f} MB")
-        print(f"numba's CUDA target, f2py: {drop_unserved(venv, site) / mb:.1f} MB")
-        print(f"botocore models of unused services: {drop_botocore_models(site) / mb:.1f} MB")
+        print("numba's CUDA target, f2py, numpy.distutils: "
+              f"{drop_unserved(venv, site) / mb:.1f} MB")
+        print(f"AWS models of unused services: {drop_aws_models(site) / mb:.1f} MB")
         freed, kept = strip_shared_libraries(site)
         print(f"debug symbols of shared libraries: {freed / mb:.1f} MB "
               f"({len(kept)} repaired by auditwheel left as they are)")
