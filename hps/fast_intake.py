@@ -57,13 +57,15 @@ def _torch_pair(keys: Any, out: Any) -> Pair | None:
 
 
 def _cupy_pair(keys: Any, out: Any) -> Pair | None:
-    if keys.dtype is not _INT64 or out.dtype is not _FLOAT32:
+    # `_c_contiguous`: CuPy's own flag, a readonly attribute of every CuPy ndarray (where
+    # `flags` builds a Flags object per read); _reader_for checks that it is there
+    if (keys.dtype is not _INT64 or out.dtype is not _FLOAT32 or not keys._c_contiguous
+            or not out._c_contiguous):
         return None
     key_memory = keys.data
     out_memory = out.data
     device = key_memory.device_id
-    if (out_memory.device_id != device or not keys.flags.c_contiguous
-            or not out.flags.c_contiguous):
+    if out_memory.device_id != device:
         return None
     return (key_memory.ptr, keys.size, out_memory.ptr, out.size, device,
             producers.cupy_stream(device))
@@ -94,7 +96,7 @@ def _reader_for(kind: type) -> Callable[[Any, Any], Pair | None] | None:
     if producers.is_subclass_of(kind, "torch", "Tensor"):
         return _torch_pair
     if producers.is_subclass_of(kind, "cupy", "ndarray"):
-        return _cupy_pair
+        return _cupy_pair if hasattr(kind, "_c_contiguous") else None
     if kind.__name__ == "PyCapsule":
         return _capsule_pair
     return None

@@ -64,3 +64,17 @@ def test_concurrent_lookups_and_retirement() -> None:
         t.join()
     assert (calls == [] and idle_now) or (calls == [0] and not idle_now)
     assert refs.in_flight == 0
+
+
+def test_retirement_races_with_frequent_thread_switches() -> None:
+    """The lock-free holds under a thread switch every microsecond, many times: the
+    clean-up still runs once and only after the last hold."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(30):
+            test_concurrent_lookups_and_retirement()
+    finally:
+        sys.setswitchinterval(interval)
