@@ -2,10 +2,12 @@
 
     python /app/deploy/smoke_check.py        # in the image, as any user (takes ~30 s)
 
-deploy/Dockerfile.cpu runs it in its build stage after the environment is slimmed
-(deploy/slim_venv.py: shared libraries stripped, botocore's models cut to the services
-used), so a slimming step that breaks a feature fails the build; scripts/compose_check.sh
-runs it again in the final image as its non-root user. In a temporary folder it checks:
+deploy/Dockerfile.cpu runs it as root in its runtime stage, after the environment and
+the base are slimmed (deploy/slim_venv.py: shared libraries stripped, botocore's models
+cut to the services used; deploy/slim_base.py: unused standard library parts and its
+bytecode), so a slimming step that breaks a feature fails the build, and its imports
+write the bytecode the image keeps; scripts/compose_check.sh runs it again in the final
+image as its non-root user. In a temporary folder it checks:
 
 - the compiled in-process tier over RocksDB: `hps demo`'s model written, loaded and every
   looked-up vector compared with the files (numba compiles the hash map's kernels
