@@ -291,7 +291,6 @@ class EmbeddingCache(DeviceTable):
             ws.insert_launch.go(blocks, BLOCK, stream_ptr)  # type: ignore[union-attr]
             rt.eventRecord(ws.write_done.ptr, stream_ptr)
             self._write_event = ws.write_done
-            self._write_stream = stream_ptr
 
     def codes_on_device(self, keys_ptr: int, n: int, codes_ptr: int, stream_ptr: int) -> None:
         """Unsorted set codes (set << 32 | position) of n device keys, on the stream."""

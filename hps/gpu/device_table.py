@@ -129,10 +129,8 @@ class QueryWorkspace:
         self.host_count[:] = 0
         self.ctl_ptr = int(self.ctl.data.ptr)
         self.event_ptr = int(self.event.ptr)
-        self.write_done_ptr = int(self.write_done.ptr)
         self._pending = False
         self._released_ptr = 0
-        self._released_stream = 0
         self.capacity = 0
         self.positions: Any = None
         self.host_keys: np.ndarray = np.empty(0, np.int64)
@@ -182,21 +180,21 @@ class QueryWorkspace:
     def release(self, stream_ptr: int) -> None:
         """Work queued on the stream still reads the miss positions."""
         self._rt.eventRecord(self._released.ptr, stream_ptr)
-        self.released_by(int(self._released.ptr), stream_ptr)
+        self.released_by(int(self._released.ptr))
 
-    def released_by(self, event_ptr: int, stream_ptr: int) -> None:
-        """Work before `event_ptr` (an event just recorded by the caller on stream
-        `stream_ptr`) still reads the miss positions."""
+    def released_by(self, event_ptr: int) -> None:
+        """Work before `event_ptr` (an event just recorded by the caller) still reads the
+        miss positions."""
         self._released_ptr = event_ptr
-        self._released_stream = stream_ptr
         self._pending = True
 
     def wait_released(self, stream_ptr: int) -> None:
         """Orders a query on `stream_ptr` after the work that still reads the miss
-        positions (nothing to do on the stream that work is queued on)."""
+        positions. Also on that work's own stream, where the order is already the
+        stream's: skipping these driver calls there measured no faster, and seemingly
+        slower, on the HugeCTR profile (see DeviceTable.query_ptr)."""
         if self._pending:
-            if not same_stream(self._released_stream, stream_ptr):
-                self._rt.streamWaitEvent(stream_ptr, self._released_ptr, 0)
+            self._rt.streamWaitEvent(stream_ptr, self._released_ptr, 0)
             self._pending = False
 
 
@@ -237,8 +235,7 @@ class DeviceTable:
         self._tick = 0
         # queries in flight: their workspace's event (recorded after the query) → stream
         self._inflight: dict[int, int] = {}
-        self._write_event: Any = None  # the last write; queries on other streams wait for it
-        self._write_stream = 0  # the stream it was queued on
+        self._write_event: Any = None  # the last write; later queries and writes wait for it
         self._retire: deque[tuple[Any, tuple[Any, ...]]] = deque()
         self._closed = False
         try:
@@ -416,19 +413,13 @@ class DeviceTable:
 
     def _wait_for_writes(self, stream_ptr: int) -> None:
         """Orders work on `stream_ptr` after the last write (each write is ordered after
-        the one before it, so the last one is enough; on the write's own stream the order
-        is the stream's)."""
+        the one before it, so the last one is enough)."""
         ev = self._write_event
-        if ev is not None and not same_stream(self._write_stream, stream_ptr):
+        if ev is not None:
             if ev.done:
                 self._write_event = None
             else:
                 self._rt.streamWaitEvent(stream_ptr, ev.ptr, 0)
-
-    def _wrote(self, event: Any, stream_ptr: int) -> None:
-        """`event` (just recorded on `stream_ptr`) follows the newest write."""
-        self._write_event = event
-        self._write_stream = stream_ptr
 
     def _after_queries(self, stream_ptr: int, own_event: int = 0) -> None:
         """Orders work on `stream_ptr` after the queries in flight on other streams (the
@@ -465,7 +456,7 @@ class DeviceTable:
             yield
             done = cp.cuda.Event(block=False, disable_timing=True)
             done.record(self._stream)
-            self._wrote(done, self._stream.ptr)
+            self._write_event = done
             self._retire.append((done, refs))
             while self._retire and self._retire[0][0].done:
                 self._retire.popleft()
@@ -482,7 +473,7 @@ class DeviceTable:
             self._wait_for_writes(stream_ptr)
             yield
             rt.eventRecord(ws.write_done.ptr, stream_ptr)
-            self._wrote(ws.write_done, stream_ptr)
+            self._write_event = ws.write_done
 
     # -- queries --------------------------------------------------------------------------
 

@@ -338,7 +338,7 @@ class GpuEmbeddingTable:
             self._submit(missed.copy())  # this request keeps the default rows the query wrote
             return
         staging = state.staging
-        keys, codes, inverse, rows = staging.prepare(m, self.dim, stream)
+        keys, codes, inverse, rows = staging.prepare(m, self.dim)
         updates = self._updates  # see update(): rows fetched before an update are not kept
         small = m <= HOST_MISSES
         if small:
@@ -361,8 +361,6 @@ class GpuEmbeddingTable:
             cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream,
                                 scatter=(ws.positions_ptr, inverse_ptr, m, out_ptr),
                                 out_type=out_type)
-            # the insert's event marks the end of the batch's use of the staging buffers
-            staging.done(stream, recorded=ws.write_done_ptr)
             if self._updates != updates:  # the rows may predate an update: not kept
                 cache.remove(keys[:u].copy())
         else:
@@ -373,8 +371,8 @@ class GpuEmbeddingTable:
                 if self._updates != updates:  # the rows may predate an update: made current
                     fresh = keys[:u].copy()
                     whole.update(fresh, self._fetch(fresh))
-            staging.done(stream)
-        ws.released_by(staging.done_ptr, stream)
+        staging.done(stream)
+        ws.released_by(staging.done_ptr)
 
     def _fetch_and_send(self, keys: np.ndarray, rows: np.ndarray, staging: MissStaging,
                         stream: int) -> None:

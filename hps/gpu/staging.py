@@ -20,8 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from hps.gpu.streams import same_stream
-
 _H2D = 1  # cudaMemcpyHostToDevice
 _D2H = 2  # cudaMemcpyDeviceToHost
 # Large miss batches send their rows in chunks of this many bytes, each while the host
@@ -78,26 +76,21 @@ class MissStaging:
         self._host_bytes: np.ndarray = np.empty(0, np.uint8)
         self.device: Any = None
         self.device_ptr = 0
-        self._done_event = cupy.cuda.Event(block=False, disable_timing=True)
-        self.done_ptr = int(self._done_event.ptr)  # the event `done` names (see there)
-        self._done_stream = 0  # the stream it is recorded on
-        self._pending = False  # work queued before done_ptr still uses the buffers
+        self.done_event = cupy.cuda.Event(block=False, disable_timing=True)
+        self.done_ptr = int(self.done_event.ptr)
+        self._pending = False  # work queued before done_event still uses the buffers
         self._layouts: dict[tuple[int, int], tuple[tuple[int, int, int, int], tuple[Any, ...]]]
         self._layouts = {}
         self._offsets = (0, 0, 0, 0)
         self._dim = 0
 
-    def prepare(self, m: int, dim: int, stream_ptr: int) -> tuple[
-            np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def prepare(self, m: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                  np.ndarray]:
         """Host views (keys int64 [m], codes uint64 [m], inverse int32 [m], rows float32
         [m, dim]) for a batch of m keys, free to write (the last batch's copies and
-        kernels are done).
-
-        The caller's query on `stream_ptr` has run (its miss count arrived): work queued
-        on that stream before it is done, so a last batch queued there needs no wait."""
+        kernels are done)."""
         if self._pending:
-            if not same_stream(self._done_stream, stream_ptr):
-                self._rt.eventSynchronize(self.done_ptr)
+            self._rt.eventSynchronize(self.done_ptr)
             self._pending = False
         slots = max(256, 1 << (m - 1).bit_length())
         layout = self._layouts.get((slots, dim))
@@ -153,17 +146,10 @@ class MissStaging:
         self._rt.memcpyAsync(self.device_ptr + offset, self._host_ptr + offset, nbytes, _H2D,
                              stream_ptr)
 
-    def done(self, stream_ptr: int, recorded: int = 0) -> None:
+    def done(self, stream_ptr: int) -> None:
         """Records that the batch's copies and kernels are queued on the stream up to
-        here; the next batch waits for them before it reuses the buffers. `recorded`: an
-        event the caller has just recorded at this point of the stream, used instead of
-        recording another."""
-        if recorded:
-            self.done_ptr = recorded
-        else:
-            self.done_ptr = int(self._done_event.ptr)
-            self._rt.eventRecord(self.done_ptr, stream_ptr)
-        self._done_stream = stream_ptr
+        here; the next batch waits for them before it reuses the buffers."""
+        self._rt.eventRecord(self.done_ptr, stream_ptr)
         self._pending = True
 
 

@@ -350,7 +350,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                 (demoted, np.int64(demoted.size), self._gpu_row))
             unlinked = cp.cuda.Event(block=False, disable_timing=True)
             unlinked.record(stream)
-            self._wrote(unlinked, stream.ptr)  # queries from now on read the host rows
+            self._write_event = unlinked  # queries from now on read the host rows
         self._after_queries(stream.ptr)  # queries that may still read the old links
         self._kernel("uvm_fill")(
             (kernels.grid(self.device_id, m * self._row_units, BLOCK),), (BLOCK,),
