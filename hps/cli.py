@@ -913,9 +913,11 @@ def bench_http_cmd(
         results.append(result)
         _print_bench([{"name": r["path"], "requests/s": r["requests_per_s"],
                        "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
-                       "p99 ms": r["p99_ms"]} for r in result["rows"]],
+                       "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"]}
+                      for r in result["rows"]],
                      title=f"{clients} clients, {size:,} keys per request")
-        _print_bench([{"name": r["path"], "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"]}
+        _print_bench([{"name": r["path"], "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"],
+                       "server CPU µs/req": r["server_cpu_us"]}
                       for r in result["single"]], title="one client alone")
         for name, value in result["ratios"].items():
             console.print(f"keys/s, {name}: {value:.2f}×", highlight=False)

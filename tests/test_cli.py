@@ -214,6 +214,8 @@ def test_bench_http_prints_every_path_and_plots(tmp_path: Path) -> None:
     for ratio in ("v1 binary / redis", "v2 binary / redis", "v1 binary / bare floor"):
         assert f"keys/s, {ratio}: " in done.stdout
     assert "client: http.client, one keep-alive connection per thread" in done.stdout
+    cpu_rows = [line for line in done.stdout.splitlines() if "server CPU µs/req" in line]
+    assert len(cpu_rows) == 4 and not any("nan" in line for line in cpu_rows), cpu_rows
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

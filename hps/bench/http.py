@@ -21,7 +21,11 @@ scatter. Answers of all three are checked against the table before timing.
 The three paths take turns for `rounds` rounds of `seconds` each, after `warmup`
 seconds of each; the figures are the median over rounds of requests/s and keys/s, and
 p50/p99 of the per-request latencies of all rounds. The ratios to direct Redis are the
-medians of the per-round ratios. `python -m hps.bench.http` or
+medians of the per-round ratios. Each path also reports its server's CPU time per
+request answered (the serving process: `hps serve`, `redis-server` or the floor; Linux
+schedstat, median over rounds): keys/s and latencies move with whatever else runs on
+the machine and, with 8 clients, with how much CPU the client gets (the floor is bound
+by its client), while CPU per request is what a request costs the server itself. `python -m hps.bench.http` or
 `hps bench http` prints them.
 """
 
@@ -74,12 +78,14 @@ def _http_server(config: Path, port: int, lookup_threads: int | None, cpus: set[
 
 
 @contextlib.contextmanager
-def _bare_server(folder: Path, port: int, dim: int, cpus: set[int] | None) -> Iterator[str]:
-    """The floor: `bare_asgi.app` on uvicorn, served as `hps serve` serves."""
+def _bare_server(folder: Path, port: int, dim: int, cpus: set[int] | None,
+                 pids: list[int] | None = None) -> Iterator[str]:
+    """The floor: `bare_asgi.app` on uvicorn, served as `hps serve` serves. The process
+    id is appended to `pids` when given."""
     argv = [sys.executable, "-m", "uvicorn", "hps.bench.bare_asgi:app", "--port", str(port),
             "--log-level", "warning", "--no-access-log"]
     with _subprocess_server(argv, folder / "bare.log", port, "/", cpus, 60.0,
-                            {"HPS_BARE_DIM": str(dim)}) as url:
+                            {"HPS_BARE_DIM": str(dim)}, pids) as url:
         yield url
 
 
@@ -122,6 +128,18 @@ def _subprocess_server(argv: list[str], log_path: Path, port: int, ready_path: s
             proc.kill()
             proc.wait()
         log.close()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time all threads of process `pid` have run so far, in seconds (Linux
+    schedstat, nanoseconds); None where it cannot be read."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / 1e9
 
 
 def _pin(pid: int, cpus: set[int] | None) -> None:
@@ -280,9 +298,10 @@ class _RedisHMGET:
 
 # -- the closed-loop driver ---------------------------------------------------------------
 
-def _drive(fetches: list[Fetch], num_queries: int, warmup: float, seconds: float
-           ) -> tuple[int, list[float]]:
-    """Each fetch in its own thread, closed loop; (requests done in the window, latencies)."""
+def _drive(fetches: list[Fetch], num_queries: int, warmup: float, seconds: float,
+           server_pid: int | None = None) -> tuple[int, list[float], float | None]:
+    """Each fetch in its own thread, closed loop; (requests done in the window, their
+    latencies, the CPU seconds process `server_pid` ran in the window, when known)."""
     start_at = time.perf_counter() + warmup
     stop_at = start_at + seconds
     latencies: list[list[float]] = [[] for _ in fetches]
@@ -307,25 +326,38 @@ def _drive(fetches: list[Fetch], num_queries: int, warmup: float, seconds: float
     threads = [threading.Thread(target=client, args=(c,)) for c in range(len(fetches))]
     for t in threads:
         t.start()
+    cpu_before = cpu_after = None
+    if server_pid is not None:  # this thread only waits: it reads the server's CPU time
+        time.sleep(max(0.0, start_at - time.perf_counter()))
+        cpu_before = cpu_seconds(server_pid)
+        time.sleep(max(0.0, stop_at - time.perf_counter()))
+        cpu_after = cpu_seconds(server_pid)
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
     flat = [x for lat in latencies for x in lat]
-    return len(flat), flat
+    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    return len(flat), flat, cpu
 
 
-def _figures(name: str, batch: int, seconds: float, rounds: list[tuple[int, list[float]]]
-             ) -> dict[str, Any]:
-    rates = [n / seconds for n, _ in rounds]
-    latencies = np.array([x for _, lat in rounds for x in lat]) * 1e3
+Round = tuple[int, list[float], float | None]
+
+
+def _figures(name: str, batch: int, seconds: float, rounds: list[Round]) -> dict[str, Any]:
+    rates = [n / seconds for n, _, _ in rounds]
+    latencies = np.array([x for _, lat, _ in rounds for x in lat]) * 1e3
     req_s = statistics.median(rates)
+    cpu = [c / n * 1e6 for n, _, c in rounds if c is not None and n]
     return {
         "path": name,
         "requests_per_s": req_s,
         "keys_per_s": req_s * batch,
         "p50_ms": float(np.percentile(latencies, 50)) if latencies.size else float("nan"),
         "p99_ms": float(np.percentile(latencies, 99)) if latencies.size else float("nan"),
+        # the serving process's CPU time per request answered (median of rounds): what a
+        # request costs the server, whatever share of its CPU it got from other work
+        "server_cpu_us": statistics.median(cpu) if cpu else float("nan"),
     }
 
 
@@ -353,8 +385,9 @@ def bench_http(
     """HTTP lookups (v1 binary and JSON, v2 binary infer) beside direct Redis HMGET and
     a bare uvicorn app answering bodies of the same size; returns the figures as a dict.
 
-    Keys: `rows` (one dict per path: requests/s, keys/s, p50/p99 ms with `clients`
-    clients), `single` (p50/p99 ms of one client alone, per HTTP path), the ratios of
+    Keys: `rows` (one dict per path: requests/s, keys/s, p50/p99 ms and the server's
+    CPU µs per request with `clients` clients), `single` (the same of one client alone,
+    per HTTP path), the ratios of
     keys/s (medians of per-round ratios): v1 binary and v2 binary over direct Redis, and
     over the bare floor; the setup, the client (`CLIENT`) and the CPU count. `pin`: the
     servers run on one half of the CPUs and the clients on the other, as when they are
@@ -389,10 +422,11 @@ def bench_http(
         }
         (tmp / "ps.json").write_text(json.dumps(config))
         started = time.perf_counter()
+        pids: list[int] = []
         with RedisServer(tmp / "redis") as redis_server, \
                 _http_server(tmp / "ps.json", _free_port(), lookup_threads,
-                             server_cpus) as url, \
-                _bare_server(tmp, _free_port(), dim, server_cpus) as bare_url:
+                             server_cpus, pids=pids) as url, \
+                _bare_server(tmp, _free_port(), dim, server_cpus, pids) as bare_url:
             assert redis_server.proc is not None
             _pin(redis_server.proc.pid, server_cpus)
             _pin(0, client_cpus)
@@ -418,24 +452,27 @@ def bench_http(
                 FLOOR: lambda: _bare_client(bare_url, binary, dim),
             }
             fetches = {name: [make() for _ in range(clients)] for name, make in makers.items()}
+            serving = {V1_BINARY: pids[0], V2_BINARY: pids[0], V1_JSON: pids[0],
+                       REDIS: redis_server.proc.pid, FLOOR: pids[1]}
             for name, per_client in fetches.items():  # same answers, checked before timing
                 for i in (0, 1):
                     got = per_client[0](i)
                     want = vectors[picks[i]] if name != FLOOR else np.zeros_like(got)
                     if got.shape != (batch, dim) or not np.array_equal(got, want):
                         raise AssertionError(f"{name} answered wrong vectors")
-            results: dict[str, list[tuple[int, list[float]]]] = {n: [] for n in fetches}
-            single: dict[str, list[tuple[int, list[float]]]] = {
+            results: dict[str, list[Round]] = {n: [] for n in fetches}
+            single: dict[str, list[Round]] = {
                 n: [] for n in (V1_BINARY, V2_BINARY, FLOOR)}
             for _ in range(rounds):
                 for name, per_client in fetches.items():
                     for client in per_client:
                         client.start_round()
-                    results[name].append(_drive(per_client, num_queries, warmup, seconds))
+                    results[name].append(_drive(per_client, num_queries, warmup, seconds,
+                                                serving[name]))
                 for name in single:  # one client alone: the latency of one request
                     fetches[name][0].start_round()
                     single[name].append(_drive(fetches[name][:1], num_queries, warmup,
-                                               seconds))
+                                               seconds, serving[name]))
     finally:
         _pin(0, own_cpus)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -458,7 +495,7 @@ def bench_http(
             "v1 binary / bare floor": ratio(V1_BINARY, FLOOR),
             "v2 binary / bare floor": ratio(V2_BINARY, FLOOR),
         },
-        "latencies_ms": {name: [x * 1e3 for _, lat in r for x in lat]
+        "latencies_ms": {name: [x * 1e3 for _, lat, _ in r for x in lat]
                          for name, r in {**results,
                                          **{f"{n}, 1 client": v for n, v in single.items()}
                                          }.items()},
