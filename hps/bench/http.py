@@ -23,7 +23,7 @@ seconds of each; the figures are the median over rounds of requests/s and keys/s
 p50/p99 of the per-request latencies of all rounds. The ratios to direct Redis are the
 medians of the per-round ratios. Each path also reports its server's CPU time per
 request answered (the serving process: `hps serve`, `redis-server` or the floor; Linux
-schedstat, median over rounds): keys/s and latencies move with whatever else runs on
+/proc, median over rounds): keys/s and latencies move with whatever else runs on
 the machine and, with 8 clients, with how much CPU the client gets (the floor is bound
 by its client), while CPU per request is what a request costs the server itself. `python -m hps.bench.http` or
 `hps bench http` prints them.
@@ -131,15 +131,15 @@ def _subprocess_server(argv: list[str], log_path: Path, port: int, ready_path: s
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """CPU time all threads of process `pid` have run so far, in seconds (Linux
-    schedstat, nanoseconds); None where it cannot be read."""
-    total = 0
+    """CPU time (user + system) process `pid` has used so far, threads that ended
+    included, in seconds (Linux /proc, clock ticks); None where it cannot be read."""
     try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            total += int((task / "schedstat").read_text().split()[0])
+        # the fields after the command name, which may itself hold spaces and ")"
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime
     except (OSError, ValueError, IndexError):
         return None
-    return total / 1e9
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _pin(pid: int, cpus: set[int] | None) -> None:
