@@ -25,8 +25,8 @@ medians of the per-round ratios. Each path also reports its server's CPU time pe
 request answered (the serving process: `hps serve`, `redis-server` or the floor; Linux
 /proc, median over rounds): keys/s and latencies move with whatever else runs on
 the machine and, with 8 clients, with how much CPU the client gets (the floor is bound
-by its client), while CPU per request is what a request costs the server itself. `python -m hps.bench.http` or
-`hps bench http` prints them.
+by its client), while CPU per request is what a request costs the server itself.
+`python -m hps.bench.http` or `hps bench http` prints them.
 """
 
 from __future__ import annotations
