@@ -124,7 +124,9 @@ class ServiceApp(FastAPI):
 
     A lookup is a short run of compiled code: each ASGI layer around it (FastAPI's error,
     telemetry and body-limit middleware, the metrics middleware) was a measurable share
-    of the request. Every other request goes through FastAPI as usual."""
+    of the request. Every other request goes through FastAPI as usual. Middleware added
+    to the app (`add_middleware`) therefore does not see the lookup routes: wrap the app
+    itself (`Middleware(app)`) for something every request must pass through."""
 
     fast_path: FastPath | None = None
 
