@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
@@ -65,6 +67,8 @@ INFER_RE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/
 INPUTS: dict[str, tuple[str, np.dtype[Any]]] = {
     KEYS_INPUT: ("INT64", np.dtype("<i8")), NUMKEYS_INPUT: ("INT32", np.dtype("<i4"))}
 INT32_MAX = 2**31 - 1
+#: bytes of a cache line: where a binary answer's vectors start (`header_and_values`)
+_LINE = 64
 
 
 # -- the request header (JSON) ------------------------------------------------------------
@@ -213,11 +217,26 @@ def _binary_output(request: InferRequest) -> bool:
 
 # -- the inference (on the lookup thread pool) --------------------------------------------
 
-def infer_vectors(server: HierarchicalParameterServer, model: str, keys: np.ndarray,
-                  numkeys: np.ndarray) -> np.ndarray:
-    """OUTPUT0: the vectors of `keys` split by `numkeys` over the model's tables in order,
-    as one float32 array of Σ numkeys[i] × width[i] values. Checks every count before
-    any lookup (LookupInputError, BatchTooLargeError), so bad input changes nothing."""
+@dataclass(frozen=True)
+class InferPlan:
+    """Where each table's keys and vectors lie in KEYS and OUTPUT0, counts checked."""
+
+    counts: list[int]  # keys per table, in table order
+    starts: list[int]  # each table's first key in KEYS (and the end)
+    offsets: list[int]  # each table's first float in OUTPUT0 (and its size)
+    dims: list[int]  # each table's width
+
+    @property
+    def size(self) -> int:
+        """OUTPUT0's number of floats."""
+        return self.offsets[-1]
+
+
+def plan_infer(server: HierarchicalParameterServer, model: str, keys: np.ndarray,
+               numkeys: np.ndarray) -> InferPlan:
+    """The split of `keys` by `numkeys` over the model's tables in order. Checks every
+    count before any lookup (LookupInputError, BatchTooLargeError), so bad input changes
+    nothing."""
     tables = server.model(model).tables
     counts = numkeys.tolist()  # one entry per table: plain ints are cheaper than ufuncs
     if len(counts) > len(tables):
@@ -234,42 +253,73 @@ def infer_vectors(server: HierarchicalParameterServer, model: str, keys: np.ndar
             raise BatchTooLargeError(
                 f"{count} keys exceed the limit of {table.max_keys} for table "
                 f"{table.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)")
-    starts = list(itertools.accumulate(counts, initial=0))
-    nonempty = [i for i, c in enumerate(counts) if c]
-    if len(nonempty) == 1:  # one table: its answer is OUTPUT0 as it is
-        i = nonempty[0]
-        return server.lookup(model, i, keys[starts[i]:starts[i + 1]]).reshape(-1)
-    offsets = list(itertools.accumulate(
-        (c * t.dim for c, t in zip(counts, used, strict=True)), initial=0))
-    out = np.empty(offsets[-1], dtype=np.float32)
-    for i in nonempty:  # a loop over tables, each lookup an array of keys
-        rows = out[offsets[i]:offsets[i + 1]].reshape(counts[i], used[i].dim)
-        server.lookup_into(model, i, keys[starts[i]:starts[i + 1]], rows)
+    dims = [t.dim for t in used]
+    return InferPlan(counts, list(itertools.accumulate(counts, initial=0)),
+                     list(itertools.accumulate(map(operator.mul, counts, dims), initial=0)),
+                     dims)
+
+
+def fill_output(server: HierarchicalParameterServer, model: str, plan: InferPlan,
+                keys: np.ndarray, out: np.ndarray) -> None:
+    """Write OUTPUT0 into `out` (float32 [plan.size], C-contiguous): each table's vectors
+    looked up in place, a lookup per table over an array of keys."""
+    for i, count in enumerate(plan.counts):
+        if count:
+            rows = out[plan.offsets[i]:plan.offsets[i + 1]].reshape(count, plan.dims[i])
+            server.lookup_into(model, i, keys[plan.starts[i]:plan.starts[i + 1]], rows)
+
+
+def infer_vectors(server: HierarchicalParameterServer, model: str, keys: np.ndarray,
+                  numkeys: np.ndarray) -> np.ndarray:
+    """OUTPUT0: the vectors of `keys` split by `numkeys` over the model's tables in order,
+    as one float32 array of Σ numkeys[i] × width[i] values (checked as `plan_infer`)."""
+    plan = plan_infer(server, model, keys, numkeys)
+    out = np.empty(plan.size, dtype=np.float32)
+    fill_output(server, model, plan, keys, out)
     return out
+
+
+def header_and_values(header: bytes, floats: int) -> tuple[memoryview, np.ndarray]:
+    """One buffer of `header` followed by room for `floats` float32 values, the values'
+    start on a cache line: (the buffer's bytes, the values as an array to fill).
+
+    An answer sent as one body part goes out in one write: sent as two, the small JSON
+    header went out as a TCP segment of its own before the vectors, which cost a v2
+    request about 50 µs on the 2-core machine (one client, server-side timing)."""
+    size = len(header) + 4 * floats
+    raw = np.empty(size + _LINE - 1, np.uint8)
+    pad = -(raw.ctypes.data + len(header)) % _LINE
+    raw[pad:pad + len(header)] = np.frombuffer(header, np.uint8)
+    values = raw[pad + len(header):pad + size].view(np.float32)
+    return raw[pad:pad + size].data, values
 
 
 def infer_answer(server: HierarchicalParameterServer, model: str, body: bytes,
                  header_length: int | None) -> Answer:
     """Parse, look up, encode: the whole answer to one inference request."""
     call = parse_infer(body, header_length)
-    vectors = np.ascontiguousarray(infer_vectors(server, model, call.keys, call.numkeys),
-                                   dtype="<f4")
-    output: dict[str, Any] = {"name": OUTPUT, "datatype": "FP32", "shape": [vectors.size]}
+    plan = plan_infer(server, model, call.keys, call.numkeys)
+    output: dict[str, Any] = {"name": OUTPUT, "datatype": "FP32", "shape": [plan.size]}
     head: dict[str, Any] = {"model_name": model, "model_version": VERSION}
     if call.request_id is not None:
         head["id"] = call.request_id
     head["outputs"] = [output]
     if not call.binary_output:
+        vectors = np.empty(plan.size, dtype=np.float32)
+        fill_output(server, model, plan, call.keys, vectors)
         output["data"] = vectors
         payload = encode_json(head)
         return [(b"content-type", JSON.encode()),
                 (b"content-length", str(len(payload)).encode())], (payload,)
-    data = vectors.data.cast("B")
-    output["parameters"] = {"binary_data_size": data.nbytes}
+    output["parameters"] = {"binary_data_size": 4 * plan.size}
     header = encode_json(head)
+    data, values = header_and_values(header, plan.size)
+    fill_output(server, model, plan, call.keys, values)
+    if sys.byteorder != "little":  # the protocol's binary tensors are little-endian
+        values.byteswap(inplace=True)
     return [(b"content-type", OCTET_STREAM.encode()),
-            (b"content-length", str(len(header) + data.nbytes).encode()),
-            (HEADER_LENGTH.encode(), str(len(header)).encode())], (header, data)
+            (b"content-length", str(len(data)).encode()),
+            (HEADER_LENGTH.encode(), str(len(header)).encode())], (data,)
 
 
 # -- the routes ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from hps.http.kserve import header_and_values
 from tests.http.conftest import DIMS, MAX_KEYS, MODEL, Live
 
 HEADER = "Inference-Header-Content-Length"
@@ -276,3 +277,15 @@ def test_binary_layout_is_little_endian(live: Live) -> None:
     assert answer.status_code == 200 and HEADER not in answer.headers
     np.testing.assert_array_equal(np.asarray(answer.json()["outputs"][0]["data"], np.float32),
                                   live.model.vectors[0][0])
+
+
+@pytest.mark.parametrize("header_size", [0, 1, 63, 64, 65, 300])
+def test_binary_answer_is_one_buffer_with_its_values_on_a_cache_line(header_size: int) -> None:
+    header = b"{" + b" " * header_size + b"}"
+    data, values = header_and_values(header, 7)
+    assert values.dtype == np.float32 and values.shape == (7,)
+    assert values.ctypes.data % 64 == 0 and values.flags.c_contiguous
+    values[:] = np.arange(7, dtype=np.float32)
+    assert len(data) == len(header) + 28
+    assert bytes(data[:len(header)]) == header
+    assert bytes(data[len(header):]) == np.arange(7, dtype="<f4").tobytes()
