@@ -651,11 +651,15 @@ def _config_from_script(source: str) -> Any:
     return next(iter(found.values()))
 
 
+# options several bench commands share
+_DIM = typer.Option(64, help="Vector width.")
+
+
 @bench_app.callback(invoke_without_command=True)
 def bench_tiers(
     ctx: typer.Context,
     keys: int = typer.Option(10_000_000, help="Keys in the benchmark table."),
-    dim: int = typer.Option(64, help="Vector width."),
+    dim: int = _DIM,
     batch: int = typer.Option(16_384, help="Keys per fetch."),
 ) -> None:
     """In-process and RocksDB tiers vs NumPy searchsorted and raw rocksdict multi_get."""
@@ -680,7 +684,7 @@ def bench_load_cmd(
         help="Compare these formats' load rate with the sparse folder's (repeat the option: "
              "parquet, numpy, safetensors). Without it: the scale curve."),
     keys: str = typer.Option("1M,10M", help="Table sizes, comma-separated (1M, 250k, 2000000)."),
-    dim: int = typer.Option(64, help="Vector width."),
+    dim: int = _DIM,
     rounds: int = typer.Option(3, help="Loads per size or format (median reported)."),
 ) -> None:
     """How fast files load into the hash map over RocksDB through HPS(config): the scale
@@ -735,7 +739,7 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
 @bench_app.command("storage")
 def bench_storage_cmd(
     keys: int = _TABLE_KEYS,
-    dim: int = typer.Option(64, help="Vector width."),
+    dim: int = _DIM,
     batches: str = _BATCHES,
     repeats: int = typer.Option(2000, help="Timed lookups per type at 256 keys (fewer for "
                                            "larger batches)."),
@@ -754,7 +758,7 @@ def bench_storage_cmd(
 @bench_app.command("tiers")
 def bench_tiers_cmd(
     keys: int = _TABLE_KEYS,
-    dim: int = typer.Option(64, help="Vector width."),
+    dim: int = _DIM,
     batches: str = _BATCHES,
     repeats: int = typer.Option(2000, help="Timed lookups per side at 256 keys (fewer for "
                                            "larger batches)."),
@@ -777,7 +781,7 @@ def bench_tiers_cmd(
 def bench_updates_cmd(
     rows: int = typer.Option(2_000_000, help="Update rows published before the ingest."),
     table_keys: int = typer.Option(500_000, help="Keys of the served table."),
-    dim: int = typer.Option(64, help="Vector width."),
+    dim: int = _DIM,
     batch: int = typer.Option(1024, help="Keys per lookup."),
     per_message: int = typer.Option(8192, help="Rows per update message."),
     seconds: float = typer.Option(5.0, help="Seconds of lookups alone (the baseline)."),
@@ -800,7 +804,7 @@ def bench_redis_cmd(
         None, help="A running Redis or cluster seeds (default: start a standalone server "
                    "and a 3-master cluster on loopback for the run)."),
     keys: int = typer.Option(1_000_000, help="Keys loaded."),
-    dim: int = typer.Option(64, help="Vector width."),
+    dim: int = _DIM,
     batch: int = typer.Option(16_384, help="Keys per fetch."),
     repeats: int = typer.Option(30, help="Timed batches per side."),
 ) -> None:
@@ -881,7 +885,7 @@ _PLOT = typer.Option(None, "--plot", help="Write a picture of the latency distri
 @bench_app.command("http")
 def bench_http_cmd(
     keys: int = typer.Option(1_000_000, help="Keys in the served table."),
-    dim: int = typer.Option(64, help="Vector width."),
+    dim: int = _DIM,
     batch: str = typer.Option("1024", help="Keys per request; a comma list runs each "
                               "(throughput against batch size, with --plot)."),
     clients: int = typer.Option(8, help="Concurrent clients (threads, one connection each)."),

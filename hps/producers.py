@@ -240,7 +240,6 @@ def torch_stream_reader() -> Callable[[int], int]:
 
 
 def _torch_ref(t: Any, what: str) -> ArrayRef:
-    # on every lookup: each torch attribute read costs ~0.1-0.2 µs, so each is read once
     if _raw_stream is None:
         _torch_setup()
     dtype = _torch_dtypes.get(t.dtype)
@@ -253,12 +252,10 @@ def _torch_ref(t: Any, what: str) -> ArrayRef:
     else:
         raise DeviceError(f"{what}: tensors on device {t.device} are not supported "
                           "(expected CPU or CUDA)")
-    if t.is_contiguous():
-        return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, alien, device, True,
-                        None, True, stream, None, t)
-    item = t.element_size()
-    return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, alien, device, False,
-                    tuple(s * item for s in t.stride()), True, stream, None, t)
+    contiguous = t.is_contiguous()
+    strides = None if contiguous else tuple(s * t.element_size() for s in t.stride())
+    return ArrayRef(t.data_ptr(), tuple(t.shape), t.numel(), dtype, alien, device, contiguous,
+                    strides, True, stream, None, t)
 
 
 # -- DLPack capsules and other __dlpack__ producers ---------------------------------------
