@@ -15,7 +15,12 @@
   included.
 - The output is allocated on the keys' device; keys on a CUDA device are looked up on
   that device (it must be in the model's `deployed_device_list`), host keys on the
-  model's first deployed device.
+  model's first deployed device. For CUDA keys the layer allocates the output of its next
+  call while the GPU answers this one (hps/gpu/overlap.py) and keeps it as a spare, used
+  when the next call has the same shape, device and current stream: the allocation then
+  costs the caller nothing. Spares are kept for outputs up to 8 MiB (larger lookups
+  dwarf their allocation), at most four per layer. A spare is never
+  shared across streams (nor across threads on the per-thread default stream).
 - Servers live until `close_servers()` (or the process) ends them, as the plugin's
   single global server did.
 """
@@ -23,9 +28,13 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 from hps.errors import ConfigError, MissingExtraError, UnknownTableError
+from hps.gpu import overlap
+from hps.gpu.streams import same_stream
+from hps.producers import torch_stream_reader
 from hps.registry import servers
 
 try:
@@ -37,6 +46,12 @@ except ImportError:
 def close_servers() -> None:
     """Close every server the layers started; layers built before fail afterwards."""
     servers.close_all()
+
+
+#: outputs up to this many bytes get a spare (see the module doc)
+SPARE_BYTES = 8 << 20
+#: spares a layer keeps at most (one per thread calling it at once)
+_MAX_SPARES = 4
 
 
 def _lookup(keys: torch.Tensor, handle: int, model_name: str, table_id: int,
@@ -86,14 +101,50 @@ class LookupLayer(torch.nn.Module):
         self.table_id = int(table_id)
         self.emb_vec_size = int(emb_vec_size)
         self._host_device = int(loaded.config.deployed_device_list[0])
+        # (output, shape, device, raw stream) allocated while the GPU answered a call
+        self._spares: list[tuple[torch.Tensor, tuple[int, ...], int, int]] = []
+        self._stream = torch_stream_reader() if torch.cuda.is_available() else None
 
     def forward(self, keys: torch.Tensor) -> torch.Tensor:
-        device_id = keys.get_device() if keys.is_cuda else self._host_device
-        args = (keys, self._handle, self.model_name, self.table_id, self.emb_vec_size,
-                device_id)
         if torch.compiler.is_compiling():
-            return lookup(*args)  # type: ignore[no-any-return]
-        return _lookup(*args)
+            device_id = keys.get_device() if keys.is_cuda else self._host_device
+            return lookup(keys, self._handle, self.model_name,  # type: ignore[no-any-return]
+                          self.table_id, self.emb_vec_size, device_id)
+        if not keys.is_cuda:
+            return _lookup(keys, self._handle, self.model_name, self.table_id,
+                           self.emb_vec_size, self._host_device)
+        device_id = keys.get_device()
+        shape = (*keys.shape, self.emb_vec_size)
+        stream = self._stream(device_id)  # type: ignore[misc]
+        out = None
+        spares = self._spares
+        if spares:
+            try:
+                spare = spares.pop()  # atomic: one thread gets a spare
+            except IndexError:
+                spare = None
+            if spare is not None and spare[1] == shape and spare[2] == device_id \
+                    and same_stream(spare[3], stream):
+                out = spare[0]
+        if out is None:
+            out = keys.new_empty(shape, dtype=torch.float32)
+        if out.numel() * 4 <= SPARE_BYTES and len(spares) < _MAX_SPARES:
+            overlap.set_task(partial(self._make_spare, keys, shape, device_id, stream))
+        try:
+            servers.server(self._handle).lookup_fromdlpack(
+                keys, out, self.model_name, self.table_id, device_id)
+        finally:
+            overlap.set_task(None)
+        return out
+
+    def _make_spare(self, keys: torch.Tensor, shape: tuple[int, ...], device_id: int,
+                    stream: int) -> None:
+        # on the caller's thread, device and current stream, while its lookup runs
+        try:
+            out = keys.new_empty(shape, dtype=torch.float32)
+        except RuntimeError:  # out of memory: the next call allocates its own
+            return
+        self._spares.append((out, shape, device_id, stream))
 
     def extra_repr(self) -> str:
         return (f"model_name={self.model_name!r}, table_id={self.table_id}, "

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from hps.errors import DeviceError, LookupInputError
-from hps.gpu import kernels
+from hps.gpu import kernels, overlap
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.gpu.row_format import (
     OUT_FLOAT32,
@@ -557,8 +557,7 @@ class DeviceTable:
             return 0
         if n > ws.capacity:
             ws.reserve(n)
-        if ws._pending:
-            ws.wait_released(stream_ptr)
+        ws.wait_released(stream_ptr)
         host_count = ws.host_count
         host_count[0] = _NO_COUNT  # the query kernel's last block overwrites it
         event = ws.event_ptr
@@ -576,6 +575,7 @@ class DeviceTable:
             rt.eventRecord(event, stream_ptr)
             self._inflight[event] = stream_ptr
         try:
+            overlap.run_task()  # the caller's host work, while the kernel runs
             # the count lands (after a system-scope fence: the missed keys are in host
             # memory too, and no block reads the table any more) before the kernel
             # retires and its event completes; long kernels end in the event wait

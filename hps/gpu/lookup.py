@@ -254,11 +254,7 @@ class GpuEmbeddingTable:
         if previous != dev:
             rt.setDevice(dev)
         try:
-            if self.dedupe:
-                self._lookup_deduped(keys_ptr, n, out_ptr, stream, self._state(), OUT_FLOAT32)
-            else:
-                self._query_and_serve(keys_ptr, n, out_ptr, stream, self._state(), n,
-                                      OUT_FLOAT32)
+            self._lookup_ptr(keys_ptr, n, out_ptr, stream, self._state())
         finally:
             if previous != dev:
                 rt.setDevice(previous)

@@ -106,3 +106,61 @@ def test_lookup_layer_on_cuda(torch: Any, model: Model, rng: np.random.Generator
     wide_keys = torch.as_tensor(rows[:, :2], device="cuda")
     compiled = torch.compile(rank, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(wide_keys, keys), rank(wide_keys, keys))
+
+
+def test_lookup_layer_spare_outputs(torch: Any, model: Model, rng: np.random.Generator,
+                                    close_layers: None) -> None:
+    """The layer's next output, allocated while the GPU answers (hps/gpu/overlap.py), is
+    used only for the same shape, device and stream, and never aliases an output the
+    caller still holds."""
+    from hps.torch import LookupLayer
+
+    layer = LookupLayer(ps_config(model.files, max_batchsize=32), MODEL, 1, 16)
+    batches = [np.asarray(model.sample(rng, 8)).reshape(8, -1)[:, 2:] for _ in range(6)]
+    held = []
+    for rows in batches:  # same shape: every call after the first takes the spare
+        spare = layer._spares[-1][0].data_ptr() if layer._spares else None
+        out = layer(torch.as_tensor(rows, device="cuda"))
+        assert spare is None or out.data_ptr() == spare
+        held.append((out, rows))
+    for out, rows in held:  # no output was overwritten by a later call
+        np.testing.assert_array_equal(out.cpu().numpy().reshape(-1, 16),
+                                      model.vectors_of(1, rows.flatten()))
+    assert len({out.data_ptr() for out, _ in held}) == len(held)
+
+    spare = layer._spares[-1][0].data_ptr()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # another stream: the spare is not used
+        keys = torch.as_tensor(batches[0], device="cuda")
+        out = layer(keys)
+    side.synchronize()
+    assert out.data_ptr() != spare
+    np.testing.assert_array_equal(out.cpu().numpy().reshape(-1, 16),
+                                  model.vectors_of(1, batches[0].flatten()))
+    narrow = layer(torch.as_tensor(batches[1][:, :5], device="cuda"))  # another shape
+    assert narrow.shape == (8, 5, 16)
+    np.testing.assert_array_equal(narrow.cpu().numpy().reshape(-1, 16),
+                                  model.vectors_of(1, batches[1][:, :5].flatten()))
+
+
+def test_lookup_layer_threads(torch: Any, model: Model, rng: np.random.Generator,
+                              close_layers: None) -> None:
+    """Threads sharing one layer (and its spares) each get their own, right vectors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hps.torch import LookupLayer
+
+    layer = LookupLayer(ps_config(model.files, max_batchsize=32), MODEL, 1, 16)
+    work = [np.asarray(model.sample(rng, 4)).reshape(4, -1)[:, 2:] for _ in range(200)]
+
+    def run(rows: np.ndarray) -> tuple[Any, np.ndarray]:
+        return layer(torch.as_tensor(rows, device="cuda")), rows
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, work))
+    torch.cuda.synchronize()
+    for out, rows in results:
+        np.testing.assert_array_equal(out.cpu().numpy().reshape(-1, 16),
+                                      model.vectors_of(1, rows.flatten()))
+    assert len({out.data_ptr() for out, _ in results}) == len(results)
+    assert len(layer._spares) <= 4
