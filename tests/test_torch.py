@@ -189,3 +189,29 @@ def test_bench_runs_small() -> None:
         "lookup_fromdlpack", "lookup_fromdlpack + torch.empty", "LookupLayer",
         "torch.ops.hps.lookup", "torch.compile(layer)"]
     assert rows[0]["vs_baseline"] == 1.0 and all(r["us_per_call"] > 0 for r in rows)
+
+
+def test_hooks_and_tracing_still_see_the_layer(model: Model, config_file: Path,
+                                               rng: np.random.Generator) -> None:
+    """The layer skips Module.__call__ only where it would do nothing: hooks on the
+    layer, global module hooks and Module.compile still take effect."""
+    layer = LookupLayer(str(config_file), MODEL, 1, 16)
+    keys = torch.as_tensor(np.asarray(model.sample(rng, 3)).reshape(3, -1)[:, 2:])
+    plain = layer(keys)
+    seen: list[str] = []
+    handle = layer.register_forward_pre_hook(lambda m, args: seen.append("pre"))
+    doubled = layer.register_forward_hook(lambda m, args, out: out * 2)
+    torch.testing.assert_close(layer(keys), plain * 2)
+    handle.remove()
+    doubled.remove()
+    glob = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, args, out: seen.append(type(m).__name__))
+    try:
+        layer(keys)
+    finally:
+        glob.remove()
+    assert seen == ["pre", "LookupLayer"]
+    torch.testing.assert_close(layer(keys), plain)  # no hooks left: the plain call again
+    layer.compile(fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(layer(keys), plain)
+    assert layer._compiled_call_impl is not None
