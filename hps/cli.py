@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -690,7 +689,14 @@ def bench_load_cmd(
     """How fast files load into the hash map over RocksDB through HPS(config): the scale
     curve (keys/s, process RSS growth over the raw bytes) beside rocksdict's own SST
     writer on the same rows, or each --format beside the sparse folder."""
-    from hps.bench.load import bench_load_formats, bench_load_scale, format_scale, parse_sizes
+    from hps.bench.load import (
+        SCALE_HEADER,
+        bench_load_formats,
+        format_scale_row,
+        parse_sizes,
+        scale_rows,
+    )
+    from hps.cores import usable_cores
 
     try:
         sizes = parse_sizes(keys)
@@ -699,9 +705,13 @@ def bench_load_cmd(
     if not formats:
         console.print(f"sparse folders of {keys} random keys, width {dim}; each loaded "
                       f"{rounds}× by HPS(config) into the hash map over RocksDB, in a fresh "
-                      f"process (RSS measured there); {os.cpu_count()} CPUs …")
-        console.print(format_scale(bench_load_scale(sizes, dim, rounds)), markup=False,
-                      highlight=False)
+                      f"process (RSS measured there); {usable_cores()} CPUs …")
+        _print_flushed(SCALE_HEADER)
+        try:
+            for row in scale_rows(sizes, dim, rounds, progress=err_console.print):
+                _print_flushed(format_scale_row(row))
+        except ValueError as exc:
+            _fail(exc)
         return
     for num_keys in sizes:
         console.print(f"{num_keys:,} rows of width {dim} as a sparse folder and as "
@@ -717,6 +727,12 @@ def bench_load_cmd(
                           f"{row['sparse_folder_keys_per_s']:,.0f} keys/s: {row['ratio']:.2f}× "
                           f"(best rounds: {row['best_ratio']:.2f}×, CPU time: "
                           f"{row['cpu_ratio']:.2f}×)")
+
+
+def _print_flushed(line: str) -> None:
+    """A line of a benchmark's table, out at once (a run cut off keeps what it printed)."""
+    console.file.write(line + "\n")
+    console.file.flush()
 
 
 # the options of the benchmarks that look up a table loaded from files (storage, tiers)

@@ -18,11 +18,12 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from hps.bench import load_files
 from hps.bench.tiers import make_table, peak_rss_bytes
 from hps.io.formats import FORMATS, open_writer
 
@@ -182,6 +183,14 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+#: rows of each size the baseline (rocksdict's own SstFileWriter, one core, a Python call
+#: per key) writes: its rate per key does not depend on the table size, and at 100M keys
+#: writing them all would take longer than the load it is a baseline for
+BASELINE_ROWS = 2_000_000
+#: keys whose rows the measured process looks up and compares after its load
+CHECK_KEYS = 1024
+
+
 def sst_writer_keys_per_s(keys: np.ndarray, vectors: np.ndarray, folder: str,
                           file_bytes: int = 64 << 20) -> float:
     """Keys/s of rocksdict's own `SstFileWriter` writing these rows, already sorted in
@@ -206,10 +215,27 @@ def sst_writer_keys_per_s(keys: np.ndarray, vectors: np.ndarray, folder: str,
     return len(keys) / (time.perf_counter() - start)
 
 
-def measure_load(config_path: str) -> dict[str, float]:
+def baseline_keys_per_s(num_keys: int, dim: int, folder: str) -> float:
+    """`sst_writer_keys_per_s` on the first `BASELINE_ROWS` rows of the synthetic table
+    (all of them when it is smaller), sorted in RocksDB's order, under `folder` (removed)."""
+    from hps.db.rocksdb_bulk import bytewise_order
+
+    count = min(num_keys, BASELINE_ROWS)
+    keys = load_files.keys_of(np.arange(count, dtype=np.int64))
+    keys = keys[bytewise_order(keys)]
+    os.makedirs(folder)
+    try:
+        return sst_writer_keys_per_s(keys, load_files.rows_of(keys, dim), folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure_load(config_path: str, num_keys: int | None = None) -> dict[str, float]:
     """Run in a fresh process: `HPS(config)` from the config file, timed (wall and CPU
     seconds), with the process's RSS before (the tiers' compiled code loaded, nothing
-    else), after (the server still open) and at its peak."""
+    else), after (the server still open) and at its peak. With `num_keys` (a table of
+    `hps.bench.load_files`), afterwards the rows of CHECK_KEYS keys spread over the table
+    are looked up and compared with what the files hold (AssertionError on a difference)."""
     import gc
     import json
     import resource
@@ -231,6 +257,8 @@ def measure_load(config_path: str) -> dict[str, float]:
     try:
         gc.collect()
         after = process.memory_info().rss
+        if num_keys is not None:
+            _check_rows(hps, num_keys, config["models"][0]["embedding_vecsize_per_table"][0])
     finally:
         hps.close()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -238,7 +266,18 @@ def measure_load(config_path: str) -> dict[str, float]:
             "rss_after": after, "rss_peak": peak}
 
 
-def _load_in_child(config: dict[str, Any], folder: str) -> dict[str, float]:
+def _check_rows(hps: Any, num_keys: int, dim: int) -> None:
+    """AssertionError unless keys spread over the table get exactly the files' rows."""
+    rows = np.linspace(0, num_keys - 1, min(num_keys, CHECK_KEYS)).astype(np.int64)
+    keys = load_files.keys_of(rows)
+    got = hps.lookup(keys, "bench", 0)
+    wrong = np.flatnonzero(~np.all(got == load_files.rows_of(keys, dim), axis=1))
+    if wrong.size:
+        raise AssertionError(f"{wrong.size} of {keys.size} checked keys got other rows than "
+                             f"the files hold (first: key {int(keys[wrong[0]])})")
+
+
+def _load_in_child(config: dict[str, Any], folder: str, num_keys: int) -> dict[str, float]:
     import json
     import subprocess
     import sys
@@ -249,48 +288,55 @@ def _load_in_child(config: dict[str, Any], folder: str) -> dict[str, float]:
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}
-    done = subprocess.run([sys.executable, "-m", "hps.bench.load", "measure", path],
-                          capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run([sys.executable, "-m", "hps.bench.load", "measure", path,
+                           str(num_keys)], capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the measured load failed:\n{done.stderr[-4000:]}")
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
-def bench_load_scale(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
-                     path: str | None = None) -> list[dict[str, Any]]:
-    """For each table size: `HPS(config)` loading a sparse folder of that many random
-    keys into the hash map over RocksDB (a fresh process and store per load; median of
-    `rounds`), its keys/s and CPU seconds, the process's RSS growth over the raw key +
-    vector bytes (after the load, and at its peak), beside the keys/s of rocksdict's own
-    SST writer on the same rows (presorted) measured in the same run."""
-    rows = []
+def disk_needed(num_keys: int, dim: int) -> int:
+    """Bytes of disk one size of the scale curve takes at once: the files, the RocksDB
+    store a load writes (keys as 16-byte internal keys, a few bytes of framing a row),
+    the baseline's table files."""
+    raw = num_keys * (8 + 4 * dim)
+    store = num_keys * (16 + 4 * dim + 8)
+    baseline = min(num_keys, BASELINE_ROWS) * (16 + 4 * dim + 8)
+    return raw + store + baseline
+
+
+def scale_rows(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
+               path: str | None = None, progress: Any = None) -> Iterator[dict[str, Any]]:
+    """The scale curve a size at a time (see `bench_load_scale`). `progress(text)`, when
+    given, hears each step as it starts (a run cut off still shows where it was)."""
+    say = progress or (lambda text: None)
     for num_keys in sizes:
         work = tempfile.mkdtemp(prefix="hps-bench-scale-", dir=path)
         try:
-            keys, vectors = make_table(num_keys, dim)
-            order = np.random.default_rng(3).permutation(num_keys)  # files hold keys unsorted
-            from hps.io.formats.sparse_folder import write_sparse_model
-
-            write_sparse_model(os.path.join(work, "table"), keys[order], vectors[order])
-            del order
-            raw_folder = os.path.join(work, "raw")
-            os.makedirs(raw_folder)
-            bytewise = np.argsort(keys.astype("<i8").byteswap().view(np.uint64))
-            keys, vectors = keys[bytewise], vectors[bytewise]
-            del bytewise
-            baseline = sst_writer_keys_per_s(keys, vectors, raw_folder)
-            shutil.rmtree(raw_folder, ignore_errors=True)
-            del keys, vectors
+            need, free = disk_needed(num_keys, dim), shutil.disk_usage(work).free
+            if need > free:
+                raise ValueError(f"{num_keys:,} keys of width {dim} need about "
+                                 f"{need / 2**30:.1f} GiB of disk under {work}, "
+                                 f"{free / 2**30:.1f} GiB are free")
+            say(f"{num_keys:,} keys: writing the files ({num_keys * (8 + 4 * dim) / 2**30:.2f}"
+                f" GiB) …")
+            started = time.perf_counter()
+            load_files.write_table(os.path.join(work, "table"), num_keys, dim)
+            written = time.perf_counter() - started
+            say(f"{num_keys:,} keys: files written in {written:.1f} s; the baseline "
+                f"(SstFileWriter, {min(num_keys, BASELINE_ROWS):,} rows) …")
+            baseline = baseline_keys_per_s(num_keys, dim, os.path.join(work, "raw"))
             raw = num_keys * (8 + 4 * dim)
             results = []
             for i in range(rounds):
+                say(f"{num_keys:,} keys: load {i + 1} of {rounds} …")
                 config = load_config(os.path.join(work, "table"), dim,
                                      os.path.join(work, f"rocks-{i}"))
-                results.append(_load_in_child(config, work))
+                results.append(_load_in_child(config, work, num_keys))
                 shutil.rmtree(os.path.join(work, f"rocks-{i}"), ignore_errors=True)
             seconds = statistics.median(r["seconds"] for r in results)
-            rows.append({
+            yield {
                 "num_keys": num_keys, "dim": dim, "rounds": rounds,
                 "keys_per_s": num_keys / seconds,
                 "cpu_seconds": statistics.median(r["cpu_seconds"] for r in results),
@@ -301,30 +347,48 @@ def bench_load_scale(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
                     (r["rss_peak"] - r["rss_before"]) / raw for r in results),
                 "sst_writer_keys_per_s": baseline,
                 "ratio": num_keys / seconds / baseline,
-            })
+                "files_seconds": written,
+            }
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    return rows
+
+
+def bench_load_scale(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
+                     path: str | None = None) -> list[dict[str, Any]]:
+    """For each table size: `HPS(config)` loading a sparse folder of that many random
+    keys (`hps.bench.load_files`: written once per size, fsynced, reused by every round,
+    removed before the next size) into the hash map over RocksDB (a fresh process and
+    store per load; median of `rounds`; every load checked against the files on spread
+    keys), its keys/s and CPU seconds, the process's RSS growth over the raw key +
+    vector bytes (after the load, and at its peak), beside the keys/s of rocksdict's own
+    SST writer on the first BASELINE_ROWS rows (presorted) measured in the same run.
+    ValueError before writing a size's files when its disk need is not free."""
+    return list(scale_rows(sizes, dim, rounds, path))
+
+
+SCALE_HEADER = (f"{'keys':>12} {'dim':>4} {'load keys/s':>12} {'CPU s':>7} {'RSS/raw':>8} "
+                f"{'peak/raw':>8} {'SstFileWriter keys/s':>21} {'ratio':>6}")
+
+
+def format_scale_row(r: dict[str, Any]) -> str:
+    """One size of the scale curve as a line under SCALE_HEADER."""
+    return (f"{r['num_keys']:>12,} {r['dim']:>4} {r['keys_per_s']:>12,.0f} "
+            f"{r['cpu_seconds']:>7.2f} {r['rss_growth_over_raw']:>8.3f} "
+            f"{r['peak_rss_growth_over_raw']:>8.3f} {r['sst_writer_keys_per_s']:>21,.0f} "
+            f"{r['ratio']:>5.2f}×")
 
 
 def format_scale(rows: list[dict[str, Any]]) -> str:
     """The scale curve as a plain-text table."""
-    lines = [f"{'keys':>12} {'dim':>4} {'load keys/s':>12} {'CPU s':>7} {'RSS/raw':>8} "
-             f"{'peak/raw':>8} {'SstFileWriter keys/s':>21} {'ratio':>6}"]
-    for r in rows:
-        lines.append(
-            f"{r['num_keys']:>12,} {r['dim']:>4} {r['keys_per_s']:>12,.0f} "
-            f"{r['cpu_seconds']:>7.2f} {r['rss_growth_over_raw']:>8.3f} "
-            f"{r['peak_rss_growth_over_raw']:>8.3f} {r['sst_writer_keys_per_s']:>21,.0f} "
-            f"{r['ratio']:>5.2f}×")
-    return "\n".join(lines)
+    return "\n".join([SCALE_HEADER, *map(format_scale_row, rows)])
 
 
 if __name__ == "__main__":
     import json
     import sys
 
-    if len(sys.argv) == 3 and sys.argv[1] == "measure":
-        print(json.dumps(measure_load(sys.argv[2])))
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "measure":
+        print(json.dumps(measure_load(sys.argv[2], *map(int, sys.argv[3:]))))
     else:
-        sys.exit("usage: python -m hps.bench.load measure CONFIG (run by bench_load_scale)")
+        sys.exit("usage: python -m hps.bench.load measure CONFIG [NUM_KEYS] (run by "
+                 "bench_load_scale)")
