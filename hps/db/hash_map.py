@@ -2,8 +2,10 @@
 
 A table is a handful of flat arrays, never a per-key Python object:
 
-    slots    int32[capacity]          row of each slot, or EMPTY (-1) / TOMBSTONE (-2);
-                                      rows + tombstones stay <= MAX_LOAD of the capacity
+    slots    int32[capacity]          row of each slot with a tag of its key's hash in the
+                                      bits the row does not need, or EMPTY (-1) /
+                                      TOMBSTONE (-2); rows + tombstones stay <= MAX_LOAD
+                                      of the capacity
     keys     int64[row_capacity]      key of each row; rows [0, size) are live and dense
     vectors  [row_capacity, width]    rows in the table's storage type (hps/storage.py):
                                       float32 [., dim]; uint16 [., dim] bits of float16 or
@@ -12,9 +14,11 @@ A table is a handful of flat arrays, never a per-key Python object:
                                       (evict_oldest); empty unless the margin is bounded
 
 A key's home slot is `rrxmrrxmsx_0(key) % capacity` (the mixer that picks its partition);
-collisions probe linearly. The loops over keys (probe, fetch, insert, remove, rebuild) are
-numba kernels in `hps.db.hash_map_kernels` that release the GIL, compiled or loaded from
-numba's on-disk cache when this module is first imported, never inside a lookup. Removal
+collisions probe linearly, comparing tags before keys (so a fetch finds a key's row from
+the slots alone and prefetches it). The loops over keys (probe, fetch, insert, remove,
+rebuild) are numba kernels in `hps.db.hash_map_kernels` that release the GIL, compiled or
+loaded from numba's on-disk cache when this module is first imported, never inside a
+lookup. Removal
 leaves a tombstone in the slot and moves the last row into the freed row, so the row store
 stays dense; tombstones go when the slot array is rebuilt.
 
@@ -278,6 +282,7 @@ class _Table:
 
     def _set_slots(self, capacity: int) -> None:
         self.slots = np.full(capacity, EMPTY, np.int32)
+        self.row_bits = kernels.row_bits(capacity)
         # one slot always stays EMPTY: it ends every probe
         self.max_used = min(capacity - 1, int(capacity * MAX_LOAD))
         self.state[1] = 0
@@ -298,7 +303,7 @@ class _Table:
         """New slot array for size + extra keys at `load`, without tombstones."""
         capacity = max(MIN_SLOTS, math.ceil((self.size + extra) / load) + 1)
         self._set_slots(capacity)
-        kernels.place_rows(self.slots, self.keys, self.size)
+        kernels.place_rows(self.slots, self.keys, self.size, self.row_bits)
 
     def grow(self, extra: int) -> None:
         """Room for `extra` more keys than the table holds: rows, slots, or both."""
@@ -486,7 +491,8 @@ class HashMapTier(Tier):
             if parts > 1:
                 self._fetch_parallel(t, keys, out, found, rows, parts)
             else:
-                kernels.fetch(t.slots, t.keys, t.vectors, t.floats, keys, out, found, rows)
+                kernels.fetch(t.slots, t.keys, t.vectors, t.floats, t.row_bits, keys, out,
+                              found, rows)
             if t.has_stats:
                 with t.stats_lock:
                     self._note_fetch(t, rows)
@@ -505,8 +511,8 @@ class HashMapTier(Tier):
         slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
         def run(s: slice) -> None:
-            kernels.fetch(t.slots, t.keys, t.vectors, t.floats, keys[s], out[s], found[s],
-                          rows[s] if rows.size else _NO_ROWS)
+            kernels.fetch(t.slots, t.keys, t.vectors, t.floats, t.row_bits, keys[s], out[s],
+                          found[s], rows[s] if rows.size else _NO_ROWS)
 
         futures = [self._pool.submit(run, s) for s in slices[:-1]]
         run(slices[-1])
@@ -544,7 +550,7 @@ class HashMapTier(Tier):
             done = 0
             while True:
                 done = kernels.insert(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
-                                      t.state, k, v, done, t.max_used,
+                                      t.state, t.row_bits, k, v, done, t.max_used,
                                       stamp if oldest else 0, stamp if oldest else -1)
                 if done == k.size:
                     break
@@ -617,7 +623,7 @@ class HashMapTier(Tier):
         # by key: removing a row moves another into its place
         victim_keys = t.keys[np.concatenate(victims)]
         kernels.remove(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes, t.state,
-                       victim_keys)
+                       t.row_bits, victim_keys)
         t.shrink()
 
     def _victims(self, t: _Table, members: np.ndarray, excess: int) -> np.ndarray:
@@ -637,7 +643,7 @@ class HashMapTier(Tier):
         t.lock.acquire_write()
         try:
             removed = kernels.remove(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
-                                     t.state, k)
+                                     t.state, t.row_bits, k)
             t.version += 1
             t.shrink()
         finally:

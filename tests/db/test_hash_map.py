@@ -385,4 +385,51 @@ def test_kernels_release_the_gil_and_never_compile_in_a_lookup() -> None:
         assert len(dispatcher.signatures) == counts.get(name, 1), name
         assert not dispatcher._can_compile, name
     with pytest.raises(TypeError):
-        kernels.place_rows(np.full(16, -1, np.int64), np.zeros(4, np.int64), 4)
+        kernels.place_rows(np.full(16, -1, np.int64), np.zeros(4, np.int64), 4, 4)
+
+
+@pytest.mark.parametrize("tag_bits", [0, 2, None])
+def test_slot_tags_only_narrow_the_probe(tag_bits: int | None) -> None:
+    """The kernels on their own, with tags of no bits (every slot's tag matches: each
+    probe falls back to comparing keys), of 2 bits (many false matches), and as wide as
+    the slot array leaves them: inserts, overwrites, removals (which move rows and their
+    slots) and fetches of held and absent keys agree with a dict."""
+    from hps.db import hash_map_kernels as kernels
+
+    capacity, width = 4099, 3
+    bits = kernels.row_bits(capacity) if tag_bits is None else 31 - tag_bits
+    slots = np.full(capacity, -1, np.int32)
+    row_keys = np.zeros(2048, np.int64)
+    vectors = np.zeros((2048, width), np.float32)
+    sizes, state = np.zeros(4, np.int64), np.zeros(2, np.int64)
+    no_stats = np.empty(0, np.uint32)
+    rng = np.random.default_rng()
+    # random keys, and a dense run whose homes crowd together
+    keys = np.concatenate([rng.integers(-(2**63), 2**63 - 1, 1200, dtype=np.int64),
+                           np.arange(300, dtype=np.int64)])
+    held: dict[int, np.ndarray] = {}
+    for salt, batch in enumerate((keys, keys[::3].copy())):  # the second overwrites
+        rows = vectors_of(batch, width, salt=salt)
+        done = kernels.insert(slots, row_keys, vectors, no_stats, sizes, state, bits, batch,
+                              rows, 0, 2800, 0, -1)
+        assert done == batch.size
+        held.update(zip(batch.tolist(), rows, strict=True))
+    gone = keys[rng.permutation(keys.size)[:500]]
+    removed = kernels.remove(slots, row_keys, vectors, no_stats, sizes, state, bits, gone)
+    assert removed == np.unique(gone).size
+    for key in gone.tolist():
+        held.pop(key, None)
+    query = np.concatenate([keys, keys + 7, rng.integers(-(2**63), 2**63 - 1, 500,
+                                                         dtype=np.int64)])
+    out = np.full((query.size, width), np.nan, np.float32)
+    found = np.zeros(query.size, np.bool_)
+    rows_of = np.empty(query.size, np.int64)
+    hits = kernels.fetch(slots, row_keys, vectors, np.empty((0, 2), np.float32), bits,
+                         query, out, found, rows_of)
+    want_found = np.array([k in held for k in query.tolist()])
+    assert np.array_equal(found, want_found) and hits == want_found.sum()
+    want = np.array([held.get(k, np.zeros(width, np.float32)) for k in query.tolist()])
+    assert np.array_equal(out, want)
+    assert np.array_equal(row_keys[rows_of[found]], query[found])
+    assert (rows_of[~found] == -1).all()
+    assert state[0] == len(held)
