@@ -32,15 +32,51 @@ __device__ __forceinline__ void uvm_count(u32* hit) {
     if (*reinterpret_cast<volatile u32*>(hit) < (u32)HITS_CAP) atomicAdd(hit, 1u);
 }
 
+// Random reads of host rows over a large table are bound by address translation, not by
+// the bus: on an H100 1M reads of 256-byte rows spread over 5.3 GiB ran at 0.18 of the
+// pinned copy bandwidth, over 543 MiB (or the first 543 MiB of the same allocation) at
+// 0.92, and the same 5.3 GiB read in address order at 0.90 (with 128 MiB allocations or
+// transparent huge pages alike: scripts/uvm_host_reads_probe.py). So a large batch reads
+// its host rows grouped by REGION of host memory (HierarchicalKV's hybrid find likewise
+// sorts its value addresses before reading them): uvm_query_grouped serves GPU rows and
+// misses and lists (slot, position) of the host rows with a count per region;
+// uvm_region_scan turns the counts into each region's place in the order;
+// uvm_region_scatter puts the list in that order; uvm_gather reads the rows in it and
+// publishes the miss count. Within a region the order is arbitrary: a 2 MiB region read in
+// any order ran as fast as sorted rows.
+
+// Appends (slot, pos) of the warp's lanes that defer a host row to the list, counting each
+// slot's region (the warp takes one place in the list per round, like hps_record_misses).
+__device__ __forceinline__ void uvm_defer(bool defer, long long slot, long long pos, int lane,
+                                          u32* __restrict__ list_n, u32* __restrict__ list_slot,
+                                          u32* __restrict__ list_pos, u32* region_count,
+                                          const int region_shift) {
+    const u32 ballot = __ballot_sync(0xffffffffu, defer);
+    if (ballot == 0u) return;
+    u32 base = 0;
+    if (lane == 0) base = atomicAdd(list_n, (u32)__popc(ballot));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (defer) {
+        const u32 at = base + __popc(ballot & ((1u << lane) - 1u));
+        list_slot[at] = (u32)slot;
+        list_pos[at] = (u32)pos;
+        atomicAdd(region_count + ((u32)slot >> region_shift), 1u);
+    }
+}
+
 // static_query's contract (hits copied to out[pos], misses filled with default_value and
 // appended to the miss lists), each row read from GPU memory when it has a copy there,
-// else from the mapped host memory; every access counted in hits.
-extern "C" __global__ void uvm_query(
+// else from the mapped host memory: at once, or (GROUPED) listed for uvm_gather, which
+// then publishes the miss count instead. Every access counted in hits.
+template <bool GROUPED>
+__device__ __forceinline__ void uvm_query_rows(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
     const hps_row_t* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
     hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
-    const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits) {
+    const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits,
+    u32* __restrict__ list_n, u32* __restrict__ list_slot, u32* __restrict__ list_pos,
+    u32* region_count, const int region_shift) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
@@ -57,12 +93,16 @@ extern "C" __global__ void uvm_query(
         static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
                           pos, key, slot);
         const hps_row_t* row[UNROLL];
+        bool deferred[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             row[u] = nullptr;
+            deferred[u] = false;
             if (slot[u] >= 0) {
                 const u32 at = gpu_row[slot[u]];
-                row[u] = at != NO_ROW ? gpu_vecs + (u64)at * ROW_STRIDE : host_vecs + slot[u] * ROW_STRIDE;
+                if (at != NO_ROW) row[u] = gpu_vecs + (u64)at * ROW_STRIDE;
+                else if (GROUPED) deferred[u] = true;
+                else row[u] = host_vecs + slot[u] * ROW_STRIDE;
                 if (gl == 0) uvm_count(hits + slot[u]);
             }
         }
@@ -76,11 +116,109 @@ extern "C" __global__ void uvm_query(
             if (valid) {
                 hps_out_t* orow = out + pos[u] * DIM;
                 if (row[u] != nullptr) hps_store_out(orow, gl, r[u], vec4);
-                else hps_fill_out(orow, gl, default_value, vec4);
+                else if (!deferred[u]) hps_fill_out(orow, gl, default_value, vec4);
             }
             hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
                               miss_pos, miss_keys);
+            if (GROUPED)
+                uvm_defer(gl == 0 && valid && deferred[u], slot[u], pos[u], lane, list_n,
+                          list_slot, list_pos, region_count, region_shift);
         }
+    }
+    if (!GROUPED) hps_finish_query(ctl, host_count);
+}
+
+extern "C" __global__ void uvm_query(
+    const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
+    const hps_row_t* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
+    hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
+    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
+    const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits) {
+    uvm_query_rows<false>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4, ctl,
+                          host_count, miss_pos, miss_keys, default_value, gpu_row, gpu_vecs, hits,
+                          nullptr, nullptr, nullptr, nullptr, 0);
+}
+
+// Step 1 of a grouped query (see above). list_n[0] must be 0 and region_count all 0.
+extern "C" __global__ void uvm_query_grouped(
+    const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
+    const hps_row_t* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
+    hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
+    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
+    const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits,
+    u32* __restrict__ list_n, u32* __restrict__ list_slot, u32* __restrict__ list_pos,
+    u32* region_count, const int region_shift) {
+    uvm_query_rows<true>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4, ctl,
+                         host_count, miss_pos, miss_keys, default_value, gpu_row, gpu_vecs, hits,
+                         list_n, list_slot, list_pos, region_count, region_shift);
+}
+
+// Step 2, one block of 1024 threads: region_start[b] = the listed rows of regions before b;
+// region_count is zeroed and the list's length moves to list_n[1] (list_n[0] = 0), ready
+// for the next query. Each thread scans a run of consecutive regions.
+extern "C" __global__ void uvm_region_scan(u32* __restrict__ region_count,
+                                           u32* __restrict__ region_start, const u32 regions,
+                                           u32* __restrict__ list_n) {
+    __shared__ u32 sums[1024];
+    const u32 t = threadIdx.x;
+    const u32 per = (regions + blockDim.x - 1) / blockDim.x;
+    const u32 lo = min(t * per, regions), hi = min(lo + per, regions);
+    u32 own = 0;
+    for (u32 b = lo; b < hi; ++b) own += region_count[b];
+    sums[t] = own;
+    __syncthreads();
+    for (u32 off = 1; off < blockDim.x; off <<= 1) {  // inclusive scan of the runs' sums
+        const u32 add = t >= off ? sums[t - off] : 0u;
+        __syncthreads();
+        sums[t] += add;
+        __syncthreads();
+    }
+    u32 start = sums[t] - own;
+    for (u32 b = lo; b < hi; ++b) {
+        const u32 c = region_count[b];
+        region_start[b] = start;
+        start += c;
+        region_count[b] = 0;
+    }
+    if (t == 0) {
+        list_n[1] = list_n[0];
+        list_n[0] = 0;
+    }
+}
+
+// Step 3: each listed row to the next place of its region.
+extern "C" __global__ void uvm_region_scatter(const u32* __restrict__ list_n,
+                                              const u32* __restrict__ list_slot,
+                                              const u32* __restrict__ list_pos,
+                                              u32* __restrict__ region_start,
+                                              const int region_shift,
+                                              u32* __restrict__ order_slot,
+                                              u32* __restrict__ order_pos) {
+    const u32 m = list_n[1];
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < m; i += gridDim.x * blockDim.x) {
+        const u32 slot = list_slot[i];
+        const u32 at = atomicAdd(region_start + (slot >> region_shift), 1u);
+        order_slot[at] = slot;
+        order_pos[at] = list_pos[i];
+    }
+}
+
+// Step 4: one lane group per listed row, in region order: the host row into out[pos]; then
+// the miss count is published (hps_finish_query), so the caller sees it after every row.
+extern "C" __global__ void uvm_gather(const u32* __restrict__ list_n,
+                                      const u32* __restrict__ order_slot,
+                                      const u32* __restrict__ order_pos,
+                                      const hps_row_t* __restrict__ host_vecs,
+                                      hps_out_t* __restrict__ out, const int out_vec4,
+                                      int* __restrict__ ctl, int* host_count) {
+    const int gl = threadIdx.x & (GROUP - 1);
+    const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
+    const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
+    const long long m = list_n[1];
+    for (long long i = group; i < m; i += ngroups) {
+        hps_lane_row r;
+        hps_load_row(host_vecs + (long long)order_slot[i] * ROW_STRIDE, gl, r);
+        hps_store_out(out + (long long)order_pos[i] * DIM, gl, r, out_vec4 != 0);
     }
     hps_finish_query(ctl, host_count);
 }

@@ -132,8 +132,9 @@ def _settle(cp: Any, hps: Any, gpu: Any, batches: list[Any], out: Any,
 def bench_host_reads(num_keys: int = 20_000_000, dim: int = 64, device_id: int = 0,
                      seed: int = 0) -> list[dict[str, Any]]:
     """The uvm table's host-row reads alone (one GPU row, every other row on the host), for
-    each kind of host memory (hps/gpu/host_memory.py): 1M uniform keys in G keys/s and as
-    a fraction of the pinned host-to-device copy, and 2,000 uniform keys p50 (table
+    each kind of host memory (hps/gpu/host_memory.py) and each way of reading them (direct,
+    or grouped by region: hps/gpu/uvm_table.py): 1M and 64K uniform keys in G keys/s, 1M
+    as a fraction of the pinned host-to-device copy, and 2,000 uniform keys p50 (table
     query, not the public call)."""
     import cupy as cp
 
@@ -144,6 +145,16 @@ def bench_host_reads(num_keys: int = 20_000_000, dim: int = 64, device_id: int =
     rows: list[dict[str, Any]] = []
     cp.random.seed(seed)
     keys = cp.arange(num_keys, dtype=cp.int64) * 7 + 11
+
+    def rate(table: Any, batches: list[Any], out: Any, ws: Any, repeats: int) -> float:
+        table.query_misses(batches[0], out, 0.0, ws)
+        cp.cuda.get_current_stream().synchronize()
+        t0 = time.perf_counter()
+        for i in range(repeats):
+            table.query_misses(batches[i % len(batches)], out, 0.0, ws)
+        cp.cuda.get_current_stream().synchronize()
+        return repeats * int(batches[0].size) / (time.perf_counter() - t0) / 1e9
+
     for huge in (True, False):
         table = UvmEmbeddingTable(num_keys, dim, device_id, gpu_rows=1, huge_pages=huge,
                                   promotion_interval=0)
@@ -152,24 +163,26 @@ def bench_host_reads(num_keys: int = 20_000_000, dim: int = 64, device_id: int =
                 part = keys[i:i + (1 << 21)]
                 table.build(part, cp.random.random_sample((part.size, dim), dtype=cp.float32))
             big = [keys[cp.random.randint(0, num_keys, 1 << 20)] for _ in range(4)]
+            mid = [keys[cp.random.randint(0, num_keys, 1 << 16)] for _ in range(16)]
+            small = [keys[cp.random.randint(0, num_keys, 2000)] for _ in range(16)]
             out = cp.empty((1 << 20, dim), cp.float32)
             ws = table.workspace()
-            table.query_misses(big[0], out, 0.0, ws)
-            t0 = time.perf_counter()
-            for i in range(12):
-                table.query_misses(big[i % 4], out, 0.0, ws)
-            gkeys = 12 * (1 << 20) / (time.perf_counter() - t0) / 1e9
-            small = [keys[cp.random.randint(0, num_keys, 2000)] for _ in range(16)]
-            wall = []
-            for i in range(600):
-                t0 = time.perf_counter()
-                table.query_misses(small[i % 16], out[:2000], 0.0, ws)
-                if i >= 100:
-                    wall.append((time.perf_counter() - t0) * 1e6)
-            rows.append({"bench": "host reads", "mode": table.memory_stats()["host_memory_kind"],
-                         "uniform_gkeys_s": gkeys,
-                         "uniform_vs_h2d": gkeys * 1e9 * dim * 4 / bandwidth,
-                         "p50_us": statistics.median(wall)})
+            for path, threshold in (("direct", 2**31), ("grouped", 1)):
+                table.grouped_reads_from = threshold
+                gkeys = rate(table, big, out, ws, 12)
+                mid_gkeys = rate(table, mid, out[:1 << 16], ws, 48)
+                wall = []
+                for i in range(600):
+                    t0 = time.perf_counter()
+                    table.query_misses(small[i % 16], out[:2000], 0.0, ws)
+                    if i >= 100:
+                        wall.append((time.perf_counter() - t0) * 1e6)
+                rows.append({"bench": "host reads",
+                             "mode": f"{table.memory_stats()['host_memory_kind']}, {path}",
+                             "uniform_gkeys_s": gkeys,
+                             "uniform_vs_h2d": gkeys * 1e9 * dim * 4 / bandwidth,
+                             "uniform_64k_gkeys_s": mid_gkeys,
+                             "p50_us": statistics.median(wall)})
         finally:
             table.close()
     return rows
@@ -280,7 +293,8 @@ def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0
 
 
 COLUMNS = ("bench", "mode", "gb_s", "write_s", "load_s", "gpu_mib", "host_mib", "gpucacheper",
-           "p50_us", "p99_us", "power_gkeys_s", "uniform_gkeys_s", "settle_s", "rows_moved",
+           "p50_us", "p99_us", "power_gkeys_s", "uniform_gkeys_s", "uniform_64k_gkeys_s",
+           "settle_s", "rows_moved",
            "uniform_vs_h2d", "power_vs_dynamic", "uniform_vs_dynamic", "p50_vs_dynamic")
 
 

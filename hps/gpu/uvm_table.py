@@ -38,9 +38,17 @@ the promoted slots. Rows are always current in host memory (updates write both c
 so both copies a query may read are equal. Counts are updated without locks: a pass that
 runs while queries count may lose a few increments.
 
+Host reads: a batch of `grouped_reads_from` keys or more reads its host rows grouped by
+2 MiB region of host memory (cuda/uvm_table.cu says why: random reads over gigabytes of
+host memory are bound by address translation): the query kernel serves GPU rows and misses
+and lists the host rows, three small kernels order the list by region and read the rows;
+the miss count is published after the last of them. Smaller batches read host rows at once
+(fewer launches: their latency counts more than the bus).
+
 Memory: GPU slots × 16 B (key, GPU row link, hits) + gpu_rows × (row bytes + 4); pinned
 host (slots + 1) × row bytes (`device_bytes_required`, `host_bytes_required`). Too little
-host memory is a ConfigError before anything is allocated.
+host memory is a ConfigError before anything is allocated. A thread's grouped reads use
+16 B per key of its largest batch and 8 B per host region of GPU memory (CuPy's pool).
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ import logging
 import math
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -77,6 +86,46 @@ PROMOTE_FACTOR = 2  # a candidate needs more than this many times its victim's h
 DEFAULT_LOAD_FACTOR = 0.9
 DEFAULT_PROMOTION_INTERVAL = 0.1  # seconds between background passes
 _DECIDE_CAP = 2**31 - 1  # counts as compared by a pass (sort keys stay in 64 bits)
+# Batches of this many keys or more read their host rows grouped by region (see above).
+# Not tuned on a GPU yet beyond 1M-key batches: below it the direct reads are kept.
+GROUPED_READS_FROM = 1 << 14
+REGION_BYTES = 2 << 20  # host memory read in any order within a region ran at full speed
+_MAX_REGIONS = 32768  # uvm_region_scan: one block of 1024 threads, 32 regions each
+_SCAN_BLOCK = 1024
+_QUERY_SIGNATURE = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32 ptr ptr ptr"
+_GROUPED_KERNELS = (  # name, signature
+    ("uvm_query_grouped", _QUERY_SIGNATURE + " ptr ptr ptr ptr i32"),
+    ("uvm_region_scan", "ptr ptr u32 ptr"),
+    ("uvm_region_scatter", "ptr ptr ptr ptr i32 ptr ptr"),
+    ("uvm_gather", "ptr ptr ptr ptr ptr i32 ptr ptr"),
+)
+
+
+def region_shift(num_rows: int, row_bytes: int, region_bytes: int = REGION_BYTES) -> int:
+    """log2 of the rows per region of host memory: at most region_bytes (one row at
+    least), more where the rows would need more than _MAX_REGIONS regions."""
+    shift = max(0, (int(region_bytes) // max(int(row_bytes), 1)).bit_length() - 1)
+    while (int(num_rows) >> shift) + 1 > _MAX_REGIONS:
+        shift += 1
+    return shift
+
+
+class _HostReadLists:
+    """One workspace's buffers for grouped host reads (device): the list's length (u32
+    [2]: being filled, filled), the listed slots and positions, the same in region order
+    (u32 [capacity] each), and per region its count and its start in the order. Between
+    queries lengths[0] and every count are 0 (the kernels leave them so)."""
+
+    def __init__(self, cupy: Any, capacity: int, regions: int) -> None:
+        self.capacity = capacity
+        self.lengths = cupy.zeros(2, np.uint32)
+        self.lists = cupy.empty((4, capacity), np.uint32)  # slot, pos, ordered slot, pos
+        self.region_count = cupy.zeros(regions, np.uint32)
+        self.region_start = cupy.empty(regions, np.uint32)
+        base, row = int(self.lists.data.ptr), capacity * 4
+        self.ptrs = (int(self.lengths.data.ptr), base, base + row, base + 2 * row,
+                     base + 3 * row, int(self.region_count.data.ptr),
+                     int(self.region_start.data.ptr))
 
 
 def _host_memory_available() -> int:
@@ -104,7 +153,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     _kind = "uvm table"
     _source = "uvm_table.cu"  # includes static_table.cu: static_build and static_dump too
     _query_kernel = "uvm_query"
-    _query_signature = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32 ptr ptr ptr"
+    _query_signature = _QUERY_SIGNATURE
     _update_kernel = "uvm_update"
 
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *, gpu_rows: int,
@@ -112,7 +161,9 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                  promotion_interval: float = DEFAULT_PROMOTION_INTERVAL,
                  max_moves: int | None = None, huge_pages: bool = True,
                  group: int | None = None, unroll: int | None = None,
-                 storage: str | StorageType = FLOAT32) -> None:
+                 storage: str | StorageType = FLOAT32,
+                 grouped_reads_from: int = GROUPED_READS_FROM,
+                 read_region_bytes: int = REGION_BYTES) -> None:
         if not 0 <= gpu_rows < NO_ROW:
             raise LookupInputError(f"gpu_rows must be in [0, {NO_ROW}), got {gpu_rows}")
         if promotion_interval < 0:
@@ -152,6 +203,14 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self._gpu_vecs_ptr = int(self._gpu_vecs.data.ptr)
         self._hits_ptr = int(self._hits.data.ptr)
         self._placed = 0  # GPU rows handed out in build order
+        self.grouped_reads_from = max(1, int(grouped_reads_from))
+        self._region_shift = region_shift(self.num_slots + 1, self._row_bytes,
+                                          read_region_bytes)
+        self._regions = ((self.num_slots + 1) >> self._region_shift) + 1
+        self._read_lists: weakref.WeakKeyDictionary[QueryWorkspace, _HostReadLists] = \
+            weakref.WeakKeyDictionary()
+        self._grouped: dict[int, tuple[Any, ...]] = {}  # out type → bound launches
+        self._grouped_generation = -1
         self._pass_lock = threading.Lock()  # one pass at a time
         self._lookups = 0
         self._seen_lookups = 0
@@ -238,7 +297,60 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     def _enqueue(self, keys_ptr: int, n: int, out_ptr: int, default: float,
                  ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> None:
         self._lookups += 1  # under the lock; a background pass runs only when this moved
-        super()._enqueue(keys_ptr, n, out_ptr, default, ws, stream_ptr, out_type)
+        if n < self.grouped_reads_from:
+            super()._enqueue(keys_ptr, n, out_ptr, default, ws, stream_ptr, out_type)
+        else:
+            self._enqueue_grouped(keys_ptr, n, out_ptr, default, ws, stream_ptr, out_type)
+
+    def _lists_for(self, ws: QueryWorkspace, n: int) -> _HostReadLists:
+        """ws's grouped-read buffers, grown to n keys (the lock held, the device
+        current)."""
+        lists = self._read_lists.get(ws)
+        if lists is None or lists.capacity < n:
+            if lists is not None:  # queued queries of this workspace may still use them
+                self._cp.cuda.runtime.deviceSynchronize()
+            lists = _HostReadLists(self._cp, max(n, 2 * (lists.capacity if lists else 0)),
+                                   self._regions)
+            self._cp.cuda.get_current_stream().synchronize()  # zeroed before any query
+            self._read_lists[ws] = lists
+        return lists
+
+    def _grouped_launches(self, out_type: int) -> tuple[Any, ...]:
+        """The four kernels of a grouped query writing out_type (see cuda/uvm_table.cu)."""
+        if self._grouped_generation != self._generation:
+            self._grouped = {}
+            self._grouped_generation = self._generation
+        launches = self._grouped.get(out_type)
+        if launches is None:
+            launches = tuple(kernels.Launch(self._kernel(name, out_type), signature)
+                             for name, signature in _GROUPED_KERNELS)
+            self._grouped[out_type] = launches
+        return launches
+
+    def _enqueue_grouped(self, keys_ptr: int, n: int, out_ptr: int, default: float,
+                         ws: QueryWorkspace, stream_ptr: int, out_type: int) -> None:
+        """The query with its host reads grouped by region (the lock held, the device
+        current, ws reserved): four launches on the stream, the last publishing the miss
+        count."""
+        lists = self._lists_for(ws, n)
+        length, slots, positions, order_slots, order_positions, counts, starts = lists.ptrs
+        query, scan, scatter, gather = self._grouped_launches(out_type)
+        vec4 = int(self._out_dim_vec[out_type] and out_ptr % 16 == 0)
+        shift = self._region_shift
+        keys_per_block = self._unroll * (32 // self._group) * (BLOCK // 32)
+        blocks = -(-n // keys_per_block)
+        if self._waves:
+            blocks = min(blocks, self._sms * self._waves)
+        query(blocks, BLOCK, stream_ptr, keys_ptr, n, self._keys_ptr, self._vecs_ptr,
+              self.num_sets, self._flags_ptr, out_ptr, vec4, ws.ctl_ptr, ws.host_ptr,
+              ws.positions_ptr, ws.keys_ptr, default, self._gpu_row_ptr, self._gpu_vecs_ptr,
+              self._hits_ptr, length, slots, positions, counts, shift)
+        scan(1, _SCAN_BLOCK, stream_ptr, counts, starts, self._regions, length)
+        scatter(min(-(-n // BLOCK), self._sms * 16), BLOCK, stream_ptr, length, slots,
+                positions, starts, shift, order_slots, order_positions)
+        gather(min(-(-(n * self._group) // BLOCK), self._sms * 16), BLOCK, stream_ptr, length,
+               order_slots, order_positions, self._vecs_ptr, out_ptr, vec4, ws.ctl_ptr,
+               ws.host_ptr)
 
     def _update_args(self, keys: Any, n: int, vectors: Any, updated: Any) -> tuple[Any, ...]:
         return (*super()._update_args(keys, n, vectors, updated), self._gpu_row,

@@ -132,12 +132,16 @@ def test_lookups_decode_as_the_reference(cp: Any, rng: np.random.Generator, seed
         _check_values(storage, got, fresh[:500], f"{kind} after update")
 
 
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("storage", COMPACT)
 def test_uvm_rows_stay_exact_through_promotion(cp: Any, rng: np.random.Generator,
-                                               storage: str) -> None:
+                                               storage: str, grouped: bool) -> None:
+    """Also with every batch's host reads grouped by region (uvm_table.py)."""
     n, dim = 2000, DIMS["uvm"]
     keys, rows = _keys(rng, n), _rows(rng, n, dim, storage)
-    with _open("uvm", n, dim, storage, max_moves=n) as table:
+    with _open("uvm", n, dim, storage, max_moves=n,
+               grouped_reads_from=1 if grouped else n + 1,
+               read_region_bytes=4096) as table:
         _fill(table, keys, rows)
         hot = keys[n // 2:]  # built last: their rows start in host memory
         table.seed_hits(hot, np.full(hot.size, 1000, np.uint32))

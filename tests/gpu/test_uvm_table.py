@@ -17,7 +17,7 @@ from hps.errors import ConfigError
 from hps.gpu.cache import EMPTY_KEY
 from hps.gpu.static_table import SMALL_BATCH
 from hps.gpu.uvm_reference import UvmReference
-from hps.gpu.uvm_table import NO_ROW, UvmEmbeddingTable, uvm_gpu_rows
+from hps.gpu.uvm_table import NO_ROW, UvmEmbeddingTable, region_shift, uvm_gpu_rows
 
 gpu = pytest.mark.gpu
 
@@ -28,8 +28,16 @@ def _keys(rng: np.random.Generator, n: int) -> np.ndarray:
         np.int64)
 
 
-def _table(n: int, dim: int, gpu_rows: int, **kw: Any) -> UvmEmbeddingTable:
+def _table(n: int, dim: int, gpu_rows: int, grouped: bool | None = None,
+           **kw: Any) -> UvmEmbeddingTable:
+    """grouped True: every batch reads its host rows grouped by region (4 KiB regions: a
+    small table has many); False: none does (the direct reads); None: the table's default
+    threshold."""
     kw.setdefault("promotion_interval", 0)  # passes run when a test says
+    if grouped is not None:
+        kw["grouped_reads_from"] = 1 if grouped else 2**31
+    if grouped:
+        kw["read_region_bytes"] = 4096
     return UvmEmbeddingTable(n, dim, gpu_rows=gpu_rows, **kw)
 
 
@@ -62,16 +70,17 @@ def _check_copies(state: dict[str, Any], rows_of_slot: dict[int, np.ndarray]) ->
 
 
 @gpu
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("dim,batch,huge", [(16, 1000, True), (3, 1000, False),
                                             (64, SMALL_BATCH + 3000, True),
                                             (64, SMALL_BATCH + 3000, False), (128, 700, True)])
 def test_every_key_exact_hot_or_cold(cp: Any, rng: np.random.Generator, seed: int, dim: int,
-                                     batch: int, huge: bool) -> None:
+                                     batch: int, huge: bool, grouped: bool) -> None:
     n = max(batch, 5000)
     keys = _keys(rng, n)
     rows = rng.standard_normal((n, dim)).astype(np.float32)
     gpu_rows = n // 4
-    with _table(n, dim, gpu_rows, huge_pages=huge) as table:
+    with _table(n, dim, gpu_rows, grouped, huge_pages=huge) as table:
         kind = table.memory_stats()["host_memory_kind"]
         assert kind == "cudaHostAlloc" if not huge else kind in ("cudaHostAlloc",
                                                                  "registered huge pages")
@@ -99,13 +108,15 @@ def test_every_key_exact_hot_or_cold(cp: Any, rng: np.random.Generator, seed: in
 
 
 @gpu
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("gpu_rows,max_moves", [(300, None), (300, 50), (1, None)])
 def test_counts_and_passes_match_the_reference(cp: Any, rng: np.random.Generator, seed: int,
-                                               gpu_rows: int, max_moves: int | None) -> None:
+                                               gpu_rows: int, max_moves: int | None,
+                                               grouped: bool) -> None:
     n, dim = 3000, 8
     keys = _keys(rng, n)
     rows = rng.standard_normal((n, dim)).astype(np.float32)
-    with _table(n, dim, gpu_rows, max_moves=max_moves) as table:
+    with _table(n, dim, gpu_rows, grouped, max_moves=max_moves) as table:
         table.build(keys, rows)
         state = table.state()
         slots = _slots_of(state, keys)
@@ -192,9 +203,10 @@ def test_update_rewrites_both_copies(cp: Any, rng: np.random.Generator) -> None:
 
 
 @gpu
-@pytest.mark.parametrize("huge", [True, False])
+@pytest.mark.parametrize("huge,grouped", [(True, False), (False, False), (True, True)])
 def test_exact_under_concurrent_lookups_updates_and_passes(cp: Any, rng: np.random.Generator,
-                                                           seed: int, huge: bool) -> None:
+                                                           seed: int, huge: bool,
+                                                           grouped: bool) -> None:
     """Row of key i at version v: every float i * 1000 + v. A lookup must see whole rows of
     the right key at a version already written, whatever moves and writes run."""
     n, dim, gpu_rows = 4000, 32, 400
@@ -205,7 +217,7 @@ def test_exact_under_concurrent_lookups_updates_and_passes(cp: Any, rng: np.rand
         return np.repeat((ids[which] * 1000 + version)[:, None], dim, axis=1)
 
     versions = np.zeros(n, np.int64)
-    with _table(n, dim, gpu_rows, huge_pages=huge) as table:
+    with _table(n, dim, gpu_rows, grouped, huge_pages=huge) as table:
         table.build(keys, rows_at(0, np.arange(n)))
         stop = threading.Event()
         errors: list[str] = []
@@ -361,3 +373,14 @@ def test_reference_pass_by_hand() -> None:
     assert ref.gpu_row[3] == NO_ROW
     assert ref.promote(max_moves=1) == 1
     assert ref.gpu_row[2] == 0 and ref.owner.tolist() == [2, 4]
+
+
+def test_region_shift() -> None:
+    """Regions of at most the bytes asked (one row at least), and at most 32768 of them."""
+    assert region_shift(22_222_224, 256) == 13  # 2 MiB of 256-byte rows
+    assert region_shift(1000, 256, 4096) == 4
+    assert region_shift(1000, 5000, 4096) == 0  # a row larger than the region
+    assert region_shift(10, 72) == 14  # 2 MiB // 72 = 29127 rows: 2^14 of them fit
+    for rows, row_bytes in ((2**33, 256), (10**9, 72), (2**31, 16)):
+        shift = region_shift(rows, row_bytes)
+        assert (rows >> shift) + 1 <= 32768 < (rows >> (shift - 1)) + 1
