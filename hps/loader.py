@@ -100,13 +100,6 @@ def open_readers(config: PSConfig, model: ModelConfig, chunk_bytes: int = DEFAUL
     return readers
 
 
-def export_rows(reader: ModelReader) -> int:
-    """Rows per chunk when the volatile tier hands a loaded table to the persistent one:
-    the load's chunk size in float32 rows, the same for every format (a format may read
-    its files in smaller chunks of its own: Parquet's decoded ones)."""
-    return max(1, reader.read_options.chunk_bytes // (4 * reader.vec_size))
-
-
 def _volatile_rows(n: int, rate: float) -> int:
     return n if rate >= 1.0 else int(math.ceil(n * rate))
 
@@ -201,9 +194,11 @@ def check_memory(name: str, rows: int, dim: int, tier: Tier | None,
 
 def check_finite(reader: ModelReader, first_row: int, vectors: np.ndarray) -> None:
     """ModelFileError naming the row and the file when a chunk holds NaN or infinity."""
-    finite = np.isfinite(vectors)
-    if finite.all():
+    # NaN spreads into the least and the greatest value, an infinity is one of them: two
+    # passes without a mask the size of the chunk
+    if vectors.size == 0 or (np.isfinite(vectors.min()) and np.isfinite(vectors.max())):
         return
+    finite = np.isfinite(vectors)
     row = int(np.flatnonzero(~finite.all(axis=1))[0])
     raise ModelFileError(
         f"{reader.uri}: row {first_row + row:,} holds NaN or infinity (and maybe more "
@@ -281,13 +276,21 @@ def load_table(
 
     read = 0
 
+    def checked() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The files' chunks, each checked (on the read-ahead thread: the check, and the
+        first touch of the chunk's pages, overlap the tiers' writes of the one before)."""
+        first = 0
+        for keys, vectors in reader.chunks():
+            if storage.compact:
+                check_encodable(reader, first, vectors, storage)
+            elif not allow_non_finite:
+                check_finite(reader, first, vectors)
+            first += len(keys)
+            yield keys, vectors
+
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         nonlocal read
-        for keys, vectors in read_ahead(reader.chunks()):
-            if storage.compact:
-                check_encodable(reader, read, vectors, storage)
-            elif not allow_non_finite:
-                check_finite(reader, read, vectors)
+        for keys, vectors in read_ahead(checked()):
             read += len(keys)
             if write_volatile and not source.volatile_error:
                 m = _volatile_rows(len(keys), rate)
@@ -323,8 +326,9 @@ def load_table(
                 persistent.reserve(name, reader.num_keys)
                 persistent.load(name, read_ahead(reader.chunks()))
             else:
-                persistent.load_ordered(name, volatile.export(  # type: ignore[union-attr]
-                    name, persistent.bulk_order, export_rows(reader)))
+                with volatile.sorted_rows(  # type: ignore[union-attr]
+                        name, persistent.bulk_sorted) as (keys, rows, positions):
+                    persistent.load_sorted(name, keys, rows, positions)
         else:
             persistent.reserve(name, reader.num_keys)
             persistent.load(name, chunks())

@@ -177,7 +177,7 @@ def files_with_repeats(folder: Path, rng: np.random.Generator) -> tuple[np.ndarr
 
 
 @pytest.mark.parametrize(("volatile", "path_taken"), [
-    ({"type": "hash_map"}, "load_ordered"),  # the hash map holds it all: read back
+    ({"type": "hash_map"}, "load_sorted"),  # the hash map holds it all: its rows in place
     ({"type": "hash_map", "initial_cache_rate": 0.5}, "load"),  # half: from the files
     ({"type": "hash_map", "overflow_margin": 10**9}, "load"),  # may evict: from the files
     ({}, "load"),  # no volatile tier
@@ -187,7 +187,7 @@ def test_both_ways_store_the_same_rows(tmp_path: Path, rng: np.random.Generator,
                                        volatile: dict[str, Any], path_taken: str) -> None:
     keys, rows = files_with_repeats(tmp_path / "t0", rng)
     taken: list[str] = []
-    for name in ("load", "load_ordered"):
+    for name in ("load", "load_ordered", "load_sorted"):
         real = getattr(RocksDBTier, name)
         monkeypatch.setattr(RocksDBTier, name, lambda self, *a, _n=name, _r=real, **kw: (
             taken.append(_n), _r(self, *a, **kw))[1])
@@ -208,24 +208,22 @@ def test_both_ways_store_the_same_rows(tmp_path: Path, rng: np.random.Generator,
 
 
 
-def test_export_chunks_do_not_depend_on_the_format(tmp_path: Path, rng: np.random.Generator,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hash map hands a loaded table to RocksDB in chunks of the load's size, whatever
-    the format read its files in (Parquet decodes in smaller chunks of its own)."""
+def test_the_hash_map_hands_the_whole_table_over_whatever_the_format(
+        tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hash map hands a loaded table to RocksDB once, whole and in place, whatever
+    chunks the format read its files in (Parquet decodes in smaller chunks of its own)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-
-    from hps.db.hash_map import HashMapTier
-    from hps.io.formats.base import DEFAULT_CHUNK_BYTES
 
     keys, rows = rng.permutation(5000).astype(np.int64), rng.random((5000, 16), np.float32)
     write_table(tmp_path / "t0", keys, rows)
     column = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), 16)
-    pq.write_table(pa.table({"key": keys, "vector": column}), tmp_path / "t.parquet")
-    asked: list[int] = []
-    real = HashMapTier.export
-    monkeypatch.setattr(HashMapTier, "export", lambda self, table, order, chunk_rows: (
-        asked.append(chunk_rows), real(self, table, order, chunk_rows))[1])
+    pq.write_table(pa.table({"key": keys, "vector": column}), tmp_path / "t.parquet",
+                   row_group_size=700)
+    handed: list[tuple[int, bool]] = []
+    real = RocksDBTier.load_sorted
+    monkeypatch.setattr(RocksDBTier, "load_sorted", lambda self, table, k, r, p: (
+        handed.append((k.size, p is not None)), real(self, table, k, r, p))[1])
     config = {"models": [model_config([str(tmp_path / "t0"), str(tmp_path / "t.parquet")],
                                       [16, 16])],
               "volatile_db": {"type": "hash_map"},
@@ -233,4 +231,6 @@ def test_export_chunks_do_not_depend_on_the_format(tmp_path: Path, rng: np.rando
     with HierarchicalParameterServer(config) as server:
         for table in (0, 1):
             np.testing.assert_array_equal(server.lookup("m", table, keys), rows)
-    assert asked == [DEFAULT_CHUNK_BYTES // (4 * 16)] * 2
+            got, found = server.persistent.fetch(f"hps_et.m.sparse_embedding{table}", keys)
+            assert found.all() and np.array_equal(got, rows)
+    assert handed == [(5000, True)] * 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,6 +52,10 @@ def as_rows(keys: np.ndarray, vectors: np.ndarray, dim: int) -> tuple[np.ndarray
             f"{k.size} keys need {k.size} × {dim} float32 values, got array of shape {v.shape}"
         )
     return k, as_vectors(v, dim)
+
+
+#: bytes of rows the default `load_sorted` gathers at once
+LOAD_SORTED_BYTES = 64 << 20
 
 
 class Tier(ABC):
@@ -152,15 +157,47 @@ class Tier(ABC):
         when any order is as good (here)."""
         return None
 
+    def bulk_sorted(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(`keys` in `bulk_order`, that permutation) or None when any order is as good;
+        tiers with a faster way to both than a gather after the sort override this."""
+        order = self.bulk_order(keys)
+        return None if order is None else (keys[order], order)
+
     def load_ordered(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]
                      ) -> int:
         """`load` of distinct keys that come in `bulk_order`, chunk after chunk; tiers
         that sort for a bulk load skip the sort. Here: `load`."""
         return self.load(table, chunks)
 
+    def load_sorted(self, table: str, keys: np.ndarray, rows: np.ndarray,
+                    positions: np.ndarray | None) -> int:
+        """Bulk-load a whole table given as arrays: distinct int64 `keys` in `bulk_order`,
+        the float32 row of `keys[i]` at `rows[positions[i]]` (at `rows[i]` for None), as
+        a tier that holds the table in process hands it over without copying its rows.
+        Returns the keys written. Here: `load_ordered`, in chunks of LOAD_SORTED_BYTES."""
+        step = max(1, LOAD_SORTED_BYTES // max(1, rows.itemsize * rows.shape[1]))
+
+        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            for start in range(0, keys.size, step):  # a loop over chunks, not keys
+                part = slice(start, start + step)
+                yield keys[part], rows[part] if positions is None else rows[positions[part]]
+
+        return self.load_ordered(table, chunks())
+
     #: whether `export` lists every row the tier was given (it keeps them in process
     #: and never evicts): a load can then read a table back instead of sorting a copy
     can_export: bool = False
+
+    def sorted_rows(self, table: str,
+                    order: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray] | None]
+                    ) -> AbstractContextManager[tuple[np.ndarray, np.ndarray,
+                                                      np.ndarray | None]]:
+        """Every row of `table`, in place: a context that gives `(keys, rows, positions)`
+        with `order(keys) -> (ordered keys, permutation)` (a tier's `bulk_sorted`)
+        applied, the row of `keys[i]` at `rows[positions[i]]` (`positions` None: rows in
+        key order), for `load_sorted`. No row is copied: the table takes no writes until
+        the context ends. Only where `can_export`, for float32 rows."""
+        raise NotImplementedError(f"the {self.name} tier cannot export a table")
 
     def export(self, table: str, order: Callable[[np.ndarray], np.ndarray | None],
                chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

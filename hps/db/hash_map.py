@@ -55,7 +55,6 @@ Limits: at most 2**31 - 1 rows per table (int32 slots).
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from hps.config import UNBOUNDED, VolatileDBConfig
+from hps.cores import usable_cores
 from hps.db import hash_map_kernels as kernels
 from hps.db.base import Tier, as_keys, as_rows
 from hps.errors import ConfigError, LookupInputError, TierError
@@ -380,7 +380,7 @@ class HashMapTier(Tier):
         self._rng = np.random.default_rng(seed)
         self._tables: dict[str, _Table] = {}
         self._tables_lock = threading.Lock()
-        self._workers = max(1, os.cpu_count() or 1)
+        self._workers = usable_cores()
         self._pool: ThreadPoolExecutor | None = None
         # a bounded table may have evicted rows it was given: it cannot stand for a file
         self.can_export = not self._bounded
@@ -501,23 +501,30 @@ class HashMapTier(Tier):
 
     def _fetch_parallel(self, t: _Table, keys: np.ndarray, out: np.ndarray,
                         found: np.ndarray, rows: np.ndarray, parts: int) -> None:
-        """One slice of the keys per core; this thread takes the last slice."""
-        bounds = np.linspace(0, keys.size, parts + 1).astype(np.int64)
+        """One slice of the keys per core."""
+        bounds = np.linspace(0, keys.size, parts + 1).astype(np.int64).tolist()
+
+        def run(part: int) -> None:
+            s = slice(bounds[part], bounds[part + 1])
+            kernels.fetch(t.slots, t.keys, t.vectors, t.floats, t.row_bits, keys[s], out[s],
+                          found[s], rows[s] if rows.size else _NO_ROWS)
+
+        self._split(run, parts)
+
+    def _split(self, run: Callable[[int], None], parts: int) -> None:
+        """run(0) … run(parts - 1) at once, on the tier's worker threads and this one
+        (which takes the last); returns when all are done, raising the first error."""
         if self._pool is None:
             with self._tables_lock:
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self._workers - 1,
                                                     thread_name_prefix="hps-hash-map")
-        slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-
-        def run(s: slice) -> None:
-            kernels.fetch(t.slots, t.keys, t.vectors, t.floats, t.row_bits, keys[s], out[s],
-                          found[s], rows[s] if rows.size else _NO_ROWS)
-
-        futures = [self._pool.submit(run, s) for s in slices[:-1]]
-        run(slices[-1])
-        for future in futures:
-            future.result()
+        futures = [self._pool.submit(run, part) for part in range(parts - 1)]
+        try:
+            run(parts - 1)
+        finally:
+            for future in futures:
+                future.result()
 
     def _note_fetch(self, t: _Table, rows: np.ndarray) -> None:
         clock = t.tick()
@@ -548,6 +555,12 @@ class HashMapTier(Tier):
             oldest = self.overflow_policy == "evict_oldest"
             before = t.size
             done = 0
+            parts = min(self._workers, k.size // PARALLEL_KEYS)
+            if (parts > 1 and not t.has_stats and t.size + k.size <= t.keys.size
+                    and t.size + int(t.state[1]) + k.size <= t.max_used):
+                # room for every key without growing: split over the cores; the keys
+                # left at the regions' seams are inserted below as any others
+                k, v = self._insert_parallel(t, k, v, parts)
             while True:
                 done = kernels.insert(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
                                       t.state, t.row_bits, k, v, done, t.max_used,
@@ -561,6 +574,79 @@ class HashMapTier(Tier):
                 self._prune(t)
         finally:
             t.lock.release_write()
+
+    def _insert_parallel(self, t: _Table, keys: np.ndarray, vectors: np.ndarray,
+                         parts: int) -> tuple[np.ndarray, np.ndarray]:
+        """Insert `keys` (stored-form `vectors`) on `parts` threads, each owning a region
+        of the slot array (hash_map_kernels: insert_region, place_new); the table has
+        room for all of them. Returns the keys (and rows) left at the regions' seams, in
+        batch order, for the one-thread insert. Holds the write lock (the caller's)."""
+        n, capacity = keys.size, t.slots.size
+        region = -(-capacity // parts)
+        bounds = np.linspace(0, n, parts + 1).astype(np.int64).tolist()
+        homes = np.empty(n, np.int64)
+        counts = np.zeros((parts, parts), np.int64)  # [key slice, region]
+        self._split(lambda p: kernels.homes_by_region(
+            keys, bounds[p], bounds[p + 1], capacity, region, homes, counts[p]), parts)
+        flat = counts.T.reshape(-1)  # regions in order, the slices in order within each
+        cursors = np.ascontiguousarray((np.cumsum(flat) - flat).reshape(parts, parts).T)
+        members = np.empty(n, np.int64)
+        self._split(lambda p: kernels.group_by_region(
+            homes, bounds[p], bounds[p + 1], region, cursors[p], members), parts)
+        ends = np.concatenate([[0], np.cumsum(counts.sum(axis=0))]).tolist()
+        new_slots = np.empty(n, np.int64)
+        new_index = np.empty(n, np.int64)
+        deferred = np.empty(n, np.int64)
+        counters = np.zeros((parts, 3), np.int64)
+
+        def probe(r: int) -> None:
+            a, b = ends[r], ends[r + 1]
+            kernels.insert_region(t.slots, t.keys, t.vectors, t.row_bits, keys, vectors,
+                                  homes, members[a:b], min(capacity, (r + 1) * region),
+                                  new_slots[a:b], new_index[a:b], deferred[a:b], counters[r])
+
+        self._split(probe, parts)
+        firsts = (t.size + np.cumsum(counters[:, 0]) - counters[:, 0]).tolist()
+        partition_sizes = np.zeros((parts, t.partition_sizes.size), np.int64)
+
+        def place(r: int) -> None:
+            a, b = ends[r], ends[r + 1]
+            kernels.place_new(t.slots, t.keys, t.vectors, t.row_bits, keys, vectors,
+                              new_slots[a:b], new_index[a:b], int(counters[r, 0]), firsts[r],
+                              partition_sizes[r])
+
+        self._split(place, parts)
+        t.state[0] += int(counters[:, 0].sum())
+        t.state[1] -= int(counters[:, 2].sum())
+        t.partition_sizes += partition_sizes.sum(axis=0)
+        seams = np.concatenate([deferred[ends[r] : ends[r] + counters[r, 1]]
+                                for r in range(parts)])  # a loop over regions
+        seams.sort()
+        return keys[seams], vectors[seams]
+
+    @contextmanager
+    def sorted_rows(self, table: str,
+                    order: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray] | None]
+                    ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """Every row of `table` where it lies: `(keys, rows, positions)` with `order`
+        (a persistent tier's `bulk_sorted`) applied to the keys, the row of `keys[i]` at
+        `rows[positions[i]]`. The table's read lock is held until the context ends
+        (fetches go on; writes wait), so the rows stay where they are while a bulk load
+        reads them. Raises TierError for a table of compact rows (export decodes them)."""
+        t = self._tables.get(table) or self._table(table)
+        if t.storage.compact:
+            raise TierError(f"hash_map table {table!r} stores {t.storage.name} rows: "
+                            "export decodes them")
+        t.lock.acquire_read()
+        try:
+            keys = t.keys[: t.size]
+            ordered = order(keys)
+            if ordered is None:
+                yield keys, t.vectors[: t.size], None
+            else:
+                yield ordered[0], t.vectors, ordered[1]
+        finally:
+            t.lock.release_read()
 
     def reserve(self, table: str, num_keys: int) -> None:
         """Allocate rows and slots for `num_keys` keys in all, ahead of a load of that many

@@ -215,6 +215,37 @@ def fetch(slots: A, row_keys: A, vectors: A, floats: A, bits: int, keys: A, out:
     return hits
 
 
+@inlined
+def _probe_insert(slots: A, row_keys: A, key: int, h: np.uint64, bits: int, p: int,
+                  stop: int, keys: A, marks: A) -> tuple[int, int, int, int]:
+    """The probe of an insert of `key` (hash `h`, slots of `bits` row bits) from slot
+    `p`: (its row or -1, its mark or -1, the slot the probe ended at, the first tombstone
+    it met or -1). It ends at the key, at an EMPTY slot, or at slot `stop` (-1: none, the
+    probe wraps around). A slot below TOMBSTONE is the mark -3 - q of a new key of a split
+    insert, `keys[marks[q]]`."""
+    capacity = slots.size
+    tag = _tag(h, bits)
+    mask = (1 << bits) - 1
+    free = -1
+    while True:
+        s = slots[p]
+        if s == EMPTY:
+            return -1, -1, p, free
+        if s == TOMBSTONE:
+            if free < 0:
+                free = p
+        elif s >= 0:
+            if (s >> bits) == tag and row_keys[s & mask] == key:
+                return int(s & mask), -1, p, free
+        elif keys[marks[-3 - s]] == key:
+            return -1, -3 - int(s), p, free
+        p += 1
+        if p == stop:
+            return -1, -1, p, free
+        if p == capacity:
+            p = 0
+
+
 @kernel([types.int64(_SLOTS, _ROW_KEYS, array(held, 2), _STATS, _COUNTS, _COUNTS, _I64,
                      _KEYS_IN, array(held, 2, readonly=True), _I64, _I64, _I64, _I64)
          for held in _STORED])
@@ -236,30 +267,15 @@ def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
     has_stats = stats.size != 0
     width = vectors.shape[1]
     capacity = slots.size
-    mask = (1 << bits) - 1
+    no_marks = np.empty(0, np.int64)  # a split insert's marks are gone before this runs
     i = start
     while i < keys.size:
         if i + _AHEAD < keys.size:
             prefetch(slots, _home(keys[i + _AHEAD], capacity))
         key = keys[i]
         h = mix(key)
-        tag = _tag(h, bits)
-        p = int(np.int64(h % _U64(capacity)))
-        free = -1
-        row = -1
-        while True:
-            s = slots[p]
-            if s == EMPTY:
-                break
-            if s == TOMBSTONE:
-                if free < 0:
-                    free = p
-            elif (s >> bits) == tag and row_keys[s & mask] == key:
-                row = int(s & mask)
-                break
-            p += 1
-            if p == capacity:
-                p = 0
+        row, _, p, free = _probe_insert(slots, row_keys, key, h, bits,
+                                        int(np.int64(h % _U64(capacity))), -1, keys, no_marks)
         if row >= 0:
             if has_stats and overwrite_stat >= 0:
                 stats[row] = overwrite_stat
@@ -362,3 +378,105 @@ def stamp_rows(stats: A, rows: A, stamp: np.uint32) -> None:
     for r in rows:
         if r >= 0:
             stats[r] = stamp
+
+
+# -- a large insert split over the cores ---------------------------------------------------
+#
+# The slot array is cut into one region per thread; each key goes to the thread of the
+# region of its home slot, so no two threads write one slot. A thread probes only inside
+# its region: a probe that reaches the region's end is deferred (a few keys at the seams,
+# inserted afterwards by `insert` on one thread). A new key's slot first holds a
+# provisional mark (-3 - its index among the thread's new keys: negative, unlike a used
+# slot); once every thread knows how many new keys it has, each gives its keys rows of a
+# block of its own and copies their rows in (`place_new`), so rows stay dense.
+
+
+@kernel([types.void(_KEYS_IN, _I64, _I64, _I64, _I64, _ROWS, _COUNTS)])
+def homes_by_region(keys: A, lo: int, hi: int, capacity: int, region: int, homes: A,
+                    counts: A) -> None:
+    """homes[i] = the home slot of keys[i] for i in [lo, hi); counts[r] += the keys whose
+    home is in region r (slots [r·region, (r + 1)·region))."""
+    for i in range(lo, hi):
+        h = _home(keys[i], capacity)
+        homes[i] = h
+        counts[h // region] += 1
+
+
+@kernel([types.void(_ROWS, _I64, _I64, _I64, _COUNTS, _ROWS)])
+def group_by_region(homes: A, lo: int, hi: int, region: int, cursors: A, members: A) -> None:
+    """members[cursors[r]++] = i for i in [lo, hi), r the region of homes[i]: each
+    region's keys, in batch order when the slices are taken in order."""
+    for i in range(lo, hi):
+        r = homes[i] // region
+        members[cursors[r]] = i
+        cursors[r] += 1
+
+
+@kernel([types.void(_SLOTS, _ROW_KEYS, array(held, 2), _I64, _KEYS_IN,
+                    array(held, 2, readonly=True), _ROWS, _ROWS, _I64, _ROWS, _ROWS, _ROWS,
+                    _COUNTS)
+         for held in _STORED])
+def insert_region(slots: A, row_keys: A, vectors: A, bits: int, keys: A, new_vectors: A,
+                  homes: A, members: A, hi: int, new_slots: A, new_index: A, deferred: A,
+                  counters: A) -> None:
+    """Insert keys[members[j]] (in order; their homes in a region of slots ending at
+    `hi`) probing inside the region only. An existing key's row is overwritten at once; a
+    new key's slot gets a provisional mark q (new_slots[q] = the slot, new_index[q] = the
+    key's index: a repeat later in the batch moves it there, the last wins); a probe
+    reaching `hi` puts the index in `deferred`. counters = (new keys, deferred keys,
+    tombstones reused)."""
+    width = vectors.shape[1]
+    capacity = slots.size
+    fresh = 0
+    waiting = 0
+    reused = 0
+    for j in range(members.size):
+        if j + _AHEAD < members.size:
+            prefetch(slots, homes[members[j + _AHEAD]])
+        i = members[j]
+        key = keys[i]
+        h = mix(key)
+        row, mark, p, free = _probe_insert(slots, row_keys, key, h, bits,
+                                           int(np.int64(h % _U64(capacity))), hi, keys,
+                                           new_index)
+        if row >= 0:
+            for c in range(width):
+                vectors[row, c] = new_vectors[i, c]
+        elif mark >= 0:
+            new_index[mark] = i
+        elif p == hi:
+            deferred[waiting] = i
+            waiting += 1
+        else:
+            if free >= 0:
+                p = free
+                reused += 1
+            slots[p] = np.int32(-3 - fresh)
+            new_slots[fresh] = p
+            new_index[fresh] = i
+            fresh += 1
+    counters[0] = fresh
+    counters[1] = waiting
+    counters[2] = reused
+
+
+@kernel([types.void(_SLOTS, _ROW_KEYS, array(held, 2), _I64, _KEYS_IN,
+                    array(held, 2, readonly=True), _ROWS, _ROWS, _I64, _I64, _COUNTS)
+         for held in _STORED])
+def place_new(slots: A, row_keys: A, vectors: A, bits: int, keys: A, new_vectors: A,
+              new_slots: A, new_index: A, count: int, first_row: int, partition_sizes: A
+              ) -> None:
+    """Give a thread's `count` new keys rows first_row, first_row + 1, …: the tagged
+    slot, the key and its row; partition_sizes (the thread's own) counts them."""
+    width = vectors.shape[1]
+    num_partitions = partition_sizes.size
+    for q in range(count):
+        row = first_row + q
+        i = new_index[q]
+        key = keys[i]
+        h = mix(key)
+        slots[new_slots[q]] = _tagged(row, h, bits)
+        row_keys[row] = key
+        for c in range(width):
+            vectors[row, c] = new_vectors[i, c]
+        partition_sizes[_partition(h, num_partitions)] += 1

@@ -52,6 +52,7 @@ import numpy as np
 import rocksdict
 
 from hps.config import PersistentDBConfig
+from hps.cores import usable_cores
 from hps.db.base import Tier, as_keys, as_rows
 from hps.db.rocksdb_bulk import (
     FILE_BYTES,
@@ -59,11 +60,13 @@ from hps.db.rocksdb_bulk import (
     SstSink,
     WriterPool,
     bytewise_order,
+    bytewise_sorted,
     last_of_each,
 )
 from hps.db.rows import decode_rows
 from hps.errors import (
     ConfigError,
+    LookupInputError,
     TierSetupError,
     UnknownTableError,
 )
@@ -148,7 +151,7 @@ class RocksDBTier(Tier):
         # exact counts, each with the write generation it was taken at
         self._sizes: dict[str, tuple[int, int]] = {}
         self._generations: dict[str, int] = {}
-        workers = max(1, min(int(self.config.num_threads), os.cpu_count() or 1))
+        workers = max(1, min(int(self.config.num_threads), usable_cores()))
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="hps-rocksdb")
         self._workers = workers
         self._expected_keys: dict[str, int] = {}  # reserve() hints for the next load
@@ -167,7 +170,7 @@ class RocksDBTier(Tier):
         opt.create_if_missing(not self.read_only)
         opt.create_missing_column_families(not self.read_only)
         opt.increase_parallelism(max(2, int(self.config.num_threads)))
-        opt.set_max_subcompactions(max(1, min(int(self.config.num_threads), os.cpu_count() or 1)))
+        opt.set_max_subcompactions(max(1, min(int(self.config.num_threads), usable_cores())))
         opt.set_compression_type(rocksdict.DBCompressionType.none())
         # Reads map the table files: no pread call and no copy per block (half the time
         # of a random read where the files sit in the page cache).
@@ -403,6 +406,36 @@ class RocksDBTier(Tier):
         takes rows in this order straight to table files."""
         return bytewise_order(keys)
 
+    def bulk_sorted(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(`keys` in bytewise order, that permutation): `load_sorted` takes them so,
+        sorted on every usable core."""
+        return bytewise_sorted(keys)
+
+    def load_sorted(self, table: str, keys: np.ndarray, rows: np.ndarray,
+                    positions: np.ndarray | None) -> int:
+        """Bulk-load a whole table of distinct keys in bytewise order (`bulk_sorted`),
+        the row of `keys[i]` at `rows[positions[i]]`: the table files are encoded from
+        `rows` where they lie, on the worker threads.
+        Raises TierError, ingesting nothing, when the keys are out of order. Durable on
+        return."""
+        self._writable("load", table)
+        dim = self.dim(table)
+        self._expected_keys.pop(table, None)
+        k = np.ascontiguousarray(keys, np.int64)
+        if rows.ndim != 2 or rows.shape[1] != dim or rows.dtype != np.float32 or (
+                positions is None and rows.shape[0] != k.size) or (
+                positions is not None and positions.shape != k.shape):
+            raise LookupInputError(
+                f"load_sorted of {table!r} needs float32 rows of width {dim} and a row "
+                f"(or a position) per key, got rows {rows.dtype} {rows.shape} for "
+                f"{k.size} keys")
+        self._writers.clear()  # a large load: what updates kept goes back first
+        # no batches to hold in memory: files as large as keeps every worker busy
+        file_bytes = max(_MIN_FILE_BYTES, min(FILE_BYTES, -(-k.size * 4 * dim // (
+            2 * self._workers))))
+        return self._bulk_write(table, lambda work: [(k, rows, positions)],
+                                file_bytes=file_bytes)
+
     def load(self, table: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
         """Bulk-load `(keys, vectors)` chunks in any order; returns the keys read
         (repeats included; of a repeated key the last one read is stored).
@@ -474,17 +507,19 @@ class RocksDBTier(Tier):
 
         return self._bulk_write(table, runs)
 
-    def _bulk_write(self, table: str, runs: Any, writers: WriterPool | None = None) -> int:
+    def _bulk_write(self, table: str, runs: Any, writers: WriterPool | None = None,
+                    file_bytes: int | None = None) -> int:
         """Write what `runs(work)` yields — (keys, rows, positions) in bytewise order — as
         table files in a folder of the store, and ingest them; returns the keys written.
         The files' encode buffers come from `writers` and stay there (else they are
-        made for this write and unmapped after it)."""
+        made for this write and unmapped after it); files hold `file_bytes` of values
+        (`_file_bytes()` by default)."""
         cf = self._cf(table)
         start_generation = self._generations.get(table, 0)
         was_empty = self._is_empty(cf)
         # Inside the store: same file system, so ingestion links the files, never copies.
         with tempfile.TemporaryDirectory(dir=self.path, prefix=_INGEST_PREFIX) as work:
-            sink = SstSink(work, self._workers, self._file_bytes(), writers)
+            sink = SstSink(work, self._workers, file_bytes or self._file_bytes(), writers)
             try:
                 for keys, rows, positions in runs(work):
                     sink.add(keys, rows, positions)

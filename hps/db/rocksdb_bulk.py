@@ -27,10 +27,12 @@ import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
-from hps.compiled import array, kernel, types
+from hps.compiled import array, inlined, kernel, types
+from hps.cores import usable_cores
 from hps.db import sst
 from hps.errors import TierError
 
@@ -48,44 +50,148 @@ def swapped_keys(keys: np.ndarray) -> np.ndarray:
 def bytewise_order(keys: np.ndarray) -> np.ndarray:
     """Permutation that sorts int64 keys as RocksDB orders their little-endian bytes
     (stable: repeats keep their order)."""
-    return _stable_order(swapped_keys(keys))
+    return bytewise_sorted(keys)[1]
 
 
 def last_of_each(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct keys of `keys` in bytewise order, and for each the position in
     `keys` of its last occurrence (the row a load keeps of a repeated key)."""
-    order = bytewise_order(keys)
-    ordered = keys[order]
+    ordered, order = bytewise_sorted(keys)
     last = np.empty(ordered.size, bool)
     last[-1:] = True
     np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
     return ordered[last], order[last]
 
 
-@kernel([types.Array(types.int64, 1, "C")(array(np.uint64, readonly=True))])
-def _stable_order(values: np.ndarray) -> np.ndarray:
-    """A stable argsort of uint64 values: a counting sort on the top 16 bits, then a
-    merge sort within each of the 65,536 groups (small, in cache): about 2.5× NumPy's
-    stable argsort, without the GIL."""
-    n = values.size
-    shift = np.uint64(48)
-    ends = np.zeros(65537, np.int64)
-    for i in range(n):
-        ends[(values[i] >> shift) + np.uint64(1)] += 1
-    for d in range(65536):
-        ends[d + 1] += ends[d]
-    starts = ends[:65536].copy()
+#: keys per thread below which a sort runs on one thread
+_SORT_KEYS_PER_THREAD = 1 << 18
+_BUCKETS = 1 << 16
+#: buckets at most this long are sorted in place by insertion
+_INSERTION_MAX = 32
+
+
+def bytewise_sorted(keys: np.ndarray, threads: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(`keys` in RocksDB's bytewise order, the permutation that puts them there), a
+    stable sort (repeats keep their order), on up to `threads` threads (the usable
+    cores by default).
+
+    A counting sort on the first two bytes of each key (the most significant of the
+    order: 65,536 buckets, each thread counting and then placing a slice of the keys),
+    then each bucket sorted where it lies (small: in cache), the buckets split among the
+    threads by their sizes. Every pass is compiled and runs without the GIL.
+    """
+    keys = np.ascontiguousarray(keys, np.int64)
+    n = keys.size
+    workers = max(1, min(threads or usable_cores(), n // _SORT_KEYS_PER_THREAD))
+    slices: list[int] = np.linspace(0, n, workers + 1).astype(np.int64).tolist()
+    counts = np.zeros((workers, _BUCKETS), np.int64)
+    ordered = np.empty(n, np.int64)
     order = np.empty(n, np.int64)
-    for i in range(n):
-        d = values[i] >> shift
-        order[ends[d]] = i
-        ends[d] += 1
-    for d in range(65536):
-        a, b = starts[d], ends[d]
-        if b - a > 1:
-            group = order[a:b]
-            order[a:b] = group[np.argsort(values[group], kind="mergesort")]
-    return order
+
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="hps-sort") if workers > 1 else None
+
+    def each(fn: Any) -> None:
+        if pool is None:
+            fn(0)
+        else:
+            list(pool.map(fn, range(workers)))
+
+    try:
+        each(lambda w: _count_buckets(keys, slices[w], slices[w + 1], counts[w]))
+        # a thread's first place in each bucket: the buckets in order, the threads in
+        # order within each (which keeps the sort stable)
+        flat = counts.T.reshape(-1)
+        cursors = np.ascontiguousarray((np.cumsum(flat) - flat).reshape(_BUCKETS, workers).T)
+        each(lambda w: _place(keys, slices[w], slices[w + 1], cursors[w], ordered, order))
+        bounds = np.zeros(_BUCKETS + 1, np.int64)
+        np.cumsum(counts.sum(axis=0), out=bounds[1:])
+        split: list[int] = np.searchsorted(bounds, np.linspace(0, n, workers + 1)).tolist()
+        split[0], split[-1] = 0, _BUCKETS
+        each(lambda w: _sort_buckets(ordered, order, bounds, split[w], split[w + 1]))
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return ordered, order
+
+
+@inlined
+def _bucket(key: int) -> int:
+    """The first two bytes of the key's little-endian bytes, as a number (the first most
+    significant): its bucket of the bytewise order."""
+    k = np.uint64(key)
+    return int(((k & np.uint64(0xFF)) << np.uint64(8)) | ((k >> np.uint64(8)) & np.uint64(0xFF)))
+
+
+@inlined
+def _swapped(key: int) -> np.uint64:
+    """The key with its bytes reversed: numeric order is then bytewise order."""
+    k = np.uint64(key)
+    out = np.uint64(0)
+    for _ in range(8):
+        out = (out << np.uint64(8)) | (k & np.uint64(0xFF))
+        k >>= np.uint64(8)
+    return out
+
+
+_KEYS = array(np.int64, readonly=True)
+_INTS = array(np.int64)
+
+
+@kernel([types.void(_KEYS, types.int64, types.int64, _INTS)])
+def _count_buckets(keys: np.ndarray, lo: int, hi: int, counts: np.ndarray) -> None:
+    for i in range(lo, hi):
+        counts[_bucket(keys[i])] += 1
+
+
+@kernel([types.void(_KEYS, types.int64, types.int64, _INTS, _INTS, _INTS)])
+def _place(keys: np.ndarray, lo: int, hi: int, cursors: np.ndarray, ordered: np.ndarray,
+           order: np.ndarray) -> None:
+    for i in range(lo, hi):
+        b = _bucket(keys[i])
+        p = cursors[b]
+        ordered[p] = keys[i]
+        order[p] = i
+        cursors[b] = p + 1
+
+
+@kernel([types.boolean(_KEYS)])
+def _ascending(keys: np.ndarray) -> bool:
+    """Whether `keys` are distinct and in bytewise order."""
+    for i in range(1, keys.size):
+        if _swapped(keys[i]) <= _swapped(keys[i - 1]):
+            return False
+    return True
+
+
+@kernel([types.void(_INTS, _INTS, _KEYS, types.int64, types.int64)])
+def _sort_buckets(ordered: np.ndarray, order: np.ndarray, bounds: np.ndarray, first: int,
+                  stop: int) -> None:
+    """Sort buckets [first, stop) each where it lies, stably (placing kept arrival
+    order within a bucket)."""
+    for b in range(first, stop):
+        a, e = bounds[b], bounds[b + 1]
+        if e - a <= 1:
+            continue
+        if e - a <= _INSERTION_MAX:
+            for i in range(a + 1, e):
+                key, row, value = ordered[i], order[i], _swapped(ordered[i])
+                j = i - 1
+                while j >= a and _swapped(ordered[j]) > value:
+                    ordered[j + 1] = ordered[j]
+                    order[j + 1] = order[j]
+                    j -= 1
+                ordered[j + 1] = key
+                order[j + 1] = row
+            continue
+        values = np.empty(e - a, np.uint64)
+        for i in range(a, e):
+            values[i - a] = _swapped(ordered[i])
+        by = np.argsort(values, kind="mergesort")
+        keys = ordered[a:e][by]
+        rows = order[a:e][by]
+        ordered[a:e] = keys
+        order[a:e] = rows
 
 
 class _FileWriter:
@@ -205,7 +311,7 @@ class SstSink:
         self.file_bytes = file_bytes
         self.keys_written = 0
         self._paths: list[str] = []
-        self._last: np.uint64 | None = None
+        self._last: int | None = None
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="hps-sst")
         self._slots = threading.BoundedSemaphore(max(1, workers))
         self._futures: list[Future[None]] = []
@@ -218,11 +324,11 @@ class SstSink:
             ) -> None:
         if not keys.size:
             return
-        swapped = swapped_keys(keys)
-        if not np.all(swapped[1:] > swapped[:-1]) or (
-                self._last is not None and swapped[0] <= self._last):
+        keys = np.ascontiguousarray(keys, np.int64)
+        if not _ascending(keys) or (self._last is not None and not _ascending(
+                np.array([self._last, keys[0]], np.int64))):
             raise TierError("bulk load: keys are not distinct and in bytewise order")
-        self._last = swapped[-1]
+        self._last = int(keys[-1])
         raw = np.ascontiguousarray(rows).view(np.uint8).reshape(rows.shape[0], -1)
         if positions is None:
             positions = np.arange(keys.size, dtype=np.int64)

@@ -41,7 +41,7 @@ import struct
 
 import numpy as np
 
-from hps.compiled import array, inlined, kernel, types
+from hps.compiled import array, inlined, kernel, prefetch, types
 
 FORMAT_VERSION = 2
 MAGIC = 0x88E241B785F4CFF7
@@ -52,6 +52,9 @@ KEY_BYTES = 8
 #: internal key: user key + fixed64 (sequence 0 << 8 | type value 1)
 INTERNAL_KEY_BYTES = KEY_BYTES + 8
 _BLOCK_TRAILER = 5
+#: rows between a prefetch and their copy into a block
+_AHEAD = 8
+_LINE_BYTES = 64
 #: RocksDB closes a block early when it is past this size and the next entry would
 #: take it over BLOCK_BYTES (block_size_deviation 10)
 _DEVIATION_LIMIT = (BLOCK_BYTES * 90 + 99) // 100
@@ -127,6 +130,7 @@ def encode(buf: np.ndarray, keys: np.ndarray, rows: np.ndarray, positions: np.nd
     """
     n = keys.size
     value_bytes = rows.shape[1]
+    flat = rows.reshape(-1)
     # an entry's share of RocksDB's size estimate when it decides to close a block
     entry_estimate = (INTERNAL_KEY_BYTES + value_bytes + 4 + _varint_bytes(INTERNAL_KEY_BYTES)
                       + _varint_bytes(value_bytes))
@@ -173,6 +177,10 @@ def encode(buf: np.ndarray, keys: np.ndarray, rows: np.ndarray, positions: np.nd
         pos = _put_varint(buf, pos, INTERNAL_KEY_BYTES - shared)
         pos = _put_varint(buf, pos, value_bytes)
         pos = _put_internal_key(buf, pos, keys[i], shared)
+        if i + _AHEAD < n:  # rows come in key order, from anywhere in `rows`
+            ahead = positions[i + _AHEAD] * value_bytes
+            for c in range(0, value_bytes, _LINE_BYTES):
+                prefetch(flat, ahead + c)
         buf[pos : pos + value_bytes] = rows[positions[i]]
         pos += value_bytes
         entries += 1

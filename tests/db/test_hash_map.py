@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hps.config import VolatileDBConfig
+from hps.db import hash_map
 from hps.db.hash_map import HashMapTier
 from hps.db.partition import partition_of
 from hps.errors import ConfigError, LookupInputError
@@ -328,6 +329,48 @@ def test_compiled_tier_like_the_numpy_path_at_scale() -> None:
     reference.insert(back, vecs)
     query = np.concatenate([keys, rng.integers(-(2**63), 2**63 - 1, 100_000, dtype=np.int64)])
     assert_same_answers(tier, reference, rng.permutation(query))
+
+
+@pytest.mark.parametrize("workers", [2, 48])
+def test_an_insert_split_over_the_cores_answers_like_the_numpy_path(
+        monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
+    """Large inserts into a reserved table run on `workers` threads, each owning a
+    region of the slots: repeats in a batch (the last wins), keys already held, slots
+    freed by removals, and the keys whose probes reach a region's end (inserted after,
+    on one thread) all end as on the NumPy path, partition counts included."""
+    rng = np.random.default_rng()
+    monkeypatch.setattr(hash_map, "PARALLEL_KEYS", 2048)  # many regions at a test's size
+    tier = HashMapTier(config(num_partitions=8))
+    tier._workers = workers
+    seams: list[int] = []
+    real = HashMapTier._insert_parallel
+    monkeypatch.setattr(HashMapTier, "_insert_parallel", lambda self, *a: (
+        lambda left: (seams.append(left[0].size), left)[1])(real(self, *a)))
+    tier.create_table(T, 3)
+    tier.reserve(T, 300_000)
+    reference = NumpyHashMap(3)
+    first = rng.integers(-(2**63), 2**63 - 1, 100_000, dtype=np.int64)
+    batches = [first, np.concatenate([first[:25_000], rng.integers(0, 200_000, 150_000)])]
+    for step, keys in enumerate(batches):
+        keys = rng.permutation(keys)  # repeats anywhere in the batch
+        vecs = rng.standard_normal((keys.size, 3), dtype=np.float32)
+        tier.insert(T, keys, vecs)
+        reference.insert(keys, vecs)
+        if step == 0:
+            gone = first[rng.integers(0, first.size, 15_000)]  # tombstones to reuse
+            assert tier.remove(T, gone) == reference.remove(gone)
+    assert len(seams) == 2  # both batches were split
+    if workers > 2:
+        assert sum(seams) > 0  # some probes met a region's end
+    live = reference.keys[: reference.size]
+    assert tier.size(T) == reference.size
+    assert_same_answers(tier, reference, np.concatenate([live, live + 1, first]))
+    assert np.array_equal(tier.partition_sizes(T),
+                          np.bincount(partition_of(live, 8), minlength=8))
+    more = np.arange(10**12, 10**12 + 100_000, dtype=np.int64)  # and it goes on working
+    tier.insert(T, more, vectors_of(more, 3))
+    got, found = tier.fetch(T, more)
+    assert found.all() and np.array_equal(got, vectors_of(more, 3))
 
 
 # -- the compiled path's own promises --------------------------------------------------
