@@ -373,6 +373,27 @@ def test_an_insert_split_over_the_cores_answers_like_the_numpy_path(
     assert found.all() and np.array_equal(got, vectors_of(more, 3))
 
 
+def test_sorted_rows_hands_the_rows_in_place_and_holds_writes_off() -> None:
+    tier = HashMapTier(config())
+    tier.create_table(T, 4)
+    keys = np.random.default_rng(5).permutation(np.arange(-3000, 3000)).astype(np.int64)
+    tier.insert(T, keys, vectors_of(keys, 4))
+    wrote = threading.Event()
+    writer = threading.Thread(target=lambda: (tier.insert(T, keys[:1], vectors_of(keys[:1], 4)),
+                                              wrote.set()))
+    with tier.sorted_rows(T, lambda k: (np.sort(k), np.argsort(k))) as (ordered, rows,
+                                                                         positions):
+        assert positions is not None
+        assert np.array_equal(ordered, np.sort(keys))
+        assert np.array_equal(rows[positions], vectors_of(ordered, 4))  # no copy made
+        writer.start()
+        assert not wrote.wait(0.3)  # the rows stay where they are while they are read
+    writer.join()
+    assert wrote.is_set()
+    with tier.sorted_rows(T, lambda k: None) as (ordered, rows, positions):
+        assert positions is None and np.array_equal(rows, vectors_of(ordered, 4))
+
+
 # -- the compiled path's own promises --------------------------------------------------
 
 

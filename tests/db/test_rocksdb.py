@@ -19,7 +19,7 @@ import rocksdict
 
 from hps.config import PersistentDBConfig
 from hps.db.rocksdb import META_CF, RocksDBTier, key_bytes
-from hps.errors import TierError, TierSetupError
+from hps.errors import LookupInputError, TierError, TierSetupError
 from tests.db.rows import vectors_of
 
 T = "hps_et.model.table0"
@@ -322,6 +322,37 @@ def test_load_ordered_writes_rows_as_they_come(tier: RocksDBTier) -> None:
     assert found.all() and np.array_equal(got, vectors_of(keys, 4))
     assert tier.size(T) == 8000
     assert {f["level"] for f in tier.raw_table(T).live_files()} == {6}
+
+
+def test_load_sorted_writes_each_key_the_row_its_position_names(tier: RocksDBTier) -> None:
+    """The whole table as arrays, rows anywhere in a larger array (as the hash map holds
+    them): files are encoded from the rows where they lie, one sorted run ingested."""
+    rng = np.random.default_rng(11)
+    keys = rng.choice(np.arange(-50_000, 50_000), 40_000, replace=False).astype(np.int64)
+    rows = np.zeros((50_000, 4), np.float32)
+    where = rng.permutation(50_000)[: keys.size]  # row of keys[i]: rows[where[i]]
+    rows[where] = vectors_of(keys, 4)
+    ordered, order = tier.bulk_sorted(keys)
+    assert np.array_equal(ordered, keys[order])
+    assert tier.load_sorted(T, ordered, rows, where[order]) == keys.size
+    got, found = tier.fetch(T, keys)
+    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+    assert tier.size(T) == keys.size
+    assert {f["level"] for f in tier.raw_table(T).live_files()} == {6}
+
+
+def test_load_sorted_refuses_bad_arrays_and_ingests_nothing(tier: RocksDBTier) -> None:
+    keys = np.arange(1000, dtype=np.int64)
+    ordered, order = tier.bulk_sorted(keys)
+    rows = vectors_of(keys, 4)
+    for bad_rows, positions in ((rows.astype(np.float64), order), (rows[:, :3].copy(), order),
+                                (rows, order[:10]), (rows[:10], None)):
+        with pytest.raises(LookupInputError, match="load_sorted"):
+            tier.load_sorted(T, ordered, bad_rows, positions)
+    with pytest.raises(TierError, match="bytewise order"):
+        tier.load_sorted(T, keys[::-1].copy(), rows, None)  # out of RocksDB's order
+    assert tier.size(T) == 0 and not tier.fetch(T, keys)[1].any()
+    assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
 
 
 def test_load_ordered_refuses_rows_out_of_order_and_ingests_nothing(tier: RocksDBTier) -> None:
