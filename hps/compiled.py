@@ -130,6 +130,49 @@ def _prefetch_intrinsic() -> Any:
 prefetch = _prefetch_intrinsic()
 
 
+def _copy_bytes_intrinsic() -> Any:
+    from llvmlite import ir
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def copy_bytes(typingctx: Any, dst: Any, dst_at: Any, src: Any, src_at: Any,
+                   count: Any) -> Any:
+        if not (isinstance(dst, types.Array) and isinstance(src, types.Array)
+                and dst.dtype == types.uint8 and src.dtype == types.uint8
+                and dst.ndim == 1 and src.ndim == 1 and dst.layout == "C"
+                and src.layout == "C" and dst.mutable):
+            return None
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            dst_type, at_type, src_type, from_type, count_type = signature.args
+            i8p = ir.IntType(8).as_pointer()
+            i64 = ir.IntType(64)
+            dst_view = context.make_array(dst_type)(context, builder, args[0])
+            src_view = context.make_array(src_type)(context, builder, args[2])
+            to = builder.gep(builder.bitcast(dst_view.data, i8p),
+                             [context.cast(builder, args[1], at_type, types.int64)])
+            start = builder.gep(builder.bitcast(src_view.data, i8p),
+                                [context.cast(builder, args[3], from_type, types.int64)])
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i8p, i64, ir.IntType(1)])
+            fn = cgutils.get_or_insert_function(  # type: ignore[no-untyped-call]
+                builder.module, fnty, "llvm.memcpy.p0.p0.i64")
+            builder.call(fn, [to, start, context.cast(builder, args[4], count_type,
+                                                      types.int64), ir.IntType(1)(0)])
+            return context.get_dummy_value()
+
+        return types.void(dst, dst_at, src, src_at, count), codegen
+
+    return copy_bytes
+
+
+#: `copy_bytes(dst, at, src, start, count)` inside a kernel: dst[at:at + count] =
+#: src[start:start + count] for 1-D C-contiguous uint8 arrays that do not overlap, as one
+#: memcpy (a slice assignment of a few hundred bytes is a loop of single bytes). No bounds
+#: are checked: the caller keeps both ranges inside their arrays.
+copy_bytes = _copy_bytes_intrinsic()
+
+
 def _half_to_float_intrinsic() -> Any:
     from llvmlite import ir
     from numba.extending import intrinsic

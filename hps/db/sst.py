@@ -41,7 +41,7 @@ import struct
 
 import numpy as np
 
-from hps.compiled import array, inlined, kernel, prefetch, types
+from hps.compiled import array, copy_bytes, inlined, kernel, prefetch, types
 
 FORMAT_VERSION = 2
 MAGIC = 0x88E241B785F4CFF7
@@ -181,7 +181,7 @@ def encode(buf: np.ndarray, keys: np.ndarray, rows: np.ndarray, positions: np.nd
             ahead = positions[i + _AHEAD] * value_bytes
             for c in range(0, value_bytes, _LINE_BYTES):
                 prefetch(flat, ahead + c)
-        buf[pos : pos + value_bytes] = rows[positions[i]]
+        copy_bytes(buf, pos, flat, positions[i] * value_bytes, value_bytes)
         pos += value_bytes
         entries += 1
         since_restart += 1
