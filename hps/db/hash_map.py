@@ -97,6 +97,11 @@ MIN_SLOTS = 16
 MIN_ROWS = 16
 #: a fetch of at least this many keys per core is split over the cores
 PARALLEL_KEYS = 1 << 15
+#: an insert is split only over this many cores or more: the split does about 2.6× the
+#: work of the one-thread insert (grouping the keys by region, a second pass that places
+#: the new rows; 10M keys of width 64, one core: 0.9 s against 0.35 s), and on 2 cores
+#: two threads took twice the time of one (the row copy is bound by memory bandwidth)
+SPLIT_INSERT_PARTS = 4
 
 
 def reserve_load(row_bytes: int) -> float:
@@ -556,7 +561,7 @@ class HashMapTier(Tier):
             before = t.size
             done = 0
             parts = min(self._workers, k.size // PARALLEL_KEYS)
-            if (parts > 1 and not t.has_stats and t.size + k.size <= t.keys.size
+            if (parts >= SPLIT_INSERT_PARTS and not t.has_stats and t.size + k.size <= t.keys.size
                     and t.size + int(t.state[1]) + k.size <= t.max_used):
                 # room for every key without growing: split over the cores; the keys
                 # left at the regions' seams are inserted below as any others

@@ -52,6 +52,8 @@ _FOUND = array(np.bool_)
 _I64 = types.int64
 #: keys between a prefetch and its use (insert's slots)
 _AHEAD = 8
+#: new keys between the prefetch of their slot and its write (a split insert's rows)
+_PLACE_AHEAD = 16
 #: fetch's passes: keys per block, and how far ahead each pass prefetches
 _BLOCK = 1024
 _SLOT_AHEAD = 32
@@ -471,6 +473,8 @@ def place_new(slots: A, row_keys: A, vectors: A, bits: int, keys: A, new_vectors
     width = vectors.shape[1]
     num_partitions = partition_sizes.size
     for q in range(count):
+        if q + _PLACE_AHEAD < count:  # the slot was read by the probe, long since evicted
+            prefetch(slots, new_slots[q + _PLACE_AHEAD])
         row = first_row + q
         i = new_index[q]
         key = keys[i]

@@ -331,7 +331,7 @@ def test_compiled_tier_like_the_numpy_path_at_scale() -> None:
     assert_same_answers(tier, reference, rng.permutation(query))
 
 
-@pytest.mark.parametrize("workers", [2, 48])
+@pytest.mark.parametrize("workers", [4, 48])
 def test_an_insert_split_over_the_cores_answers_like_the_numpy_path(
         monkeypatch: pytest.MonkeyPatch, workers: int) -> None:
     """Large inserts into a reserved table run on `workers` threads, each owning a
@@ -360,7 +360,7 @@ def test_an_insert_split_over_the_cores_answers_like_the_numpy_path(
             gone = first[rng.integers(0, first.size, 15_000)]  # tombstones to reuse
             assert tier.remove(T, gone) == reference.remove(gone)
     assert len(seams) == 2  # both batches were split
-    if workers > 2:
+    if workers > 4:
         assert sum(seams) > 0  # some probes met a region's end
     live = reference.keys[: reference.size]
     assert tier.size(T) == reference.size
