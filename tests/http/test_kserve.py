@@ -247,6 +247,31 @@ def test_bad_binary_bodies(live: Live) -> None:
     _v2_error(live.client.get(INFER), 405, "Method Not Allowed")
 
 
+def test_a_known_header_is_read_as_it_was_parsed(live: Live, rng: np.random.Generator
+                                                ) -> None:
+    """The server keeps the layout of a binary-only header it parsed: later requests with
+    the same header bytes and other keys get their own vectors, and a binary part of
+    another size gets the same 400 as a header never seen."""
+    keys, numkeys, expected = _request(rng, live)
+    body, headers = _binary_body(keys, numkeys)
+    head = body[:int(headers[HEADER])]
+    for _ in range(2):  # parsed, then known
+        answer = live.client.post(INFER, content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_array_equal(
+            np.frombuffer(answer.content[int(answer.headers[HEADER]):], "<f4"), expected)
+    other, _, other_expected = _request(rng, live)  # same shape: the same header bytes
+    other_body, _ = _binary_body(other, numkeys)
+    assert other_body[:len(head)] == head and not np.array_equal(other, keys)
+    answer = live.client.post(INFER, content=other_body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_array_equal(
+        np.frombuffer(answer.content[int(answer.headers[HEADER]):], "<f4"), other_expected)
+    _v2_error(live.client.post(INFER, content=body + b"\0", headers=headers), 400, "1 bytes")
+    _v2_error(live.client.post(INFER, content=body[:-1], headers=headers), 400,
+              "binary_data_size")
+
+
 def test_token_guards_v2_except_health(live_token: Live) -> None:
     body, headers = _binary_body(np.arange(3, dtype=np.int64), np.array([3]))
     _v2_error(live_token.client.post(INFER, content=body, headers=headers), 401, "Bearer")
