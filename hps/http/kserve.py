@@ -24,7 +24,9 @@ Health routes are open; every other route needs the token when one is set.
 
 Infer is a `fastpath.FastRoute`: it answers before FastAPI's router, and parsing, lookups
 and encoding run on the lookup thread pool. Keys cross as arrays (`np.frombuffer` on the
-binary part; pydantic-core validates JSON data), never key by key.
+binary part; pydantic-core validates JSON data), never key by key. A binary-only header
+is parsed once per distinct header bytes: later requests with the same header are read
+through its `BinaryLayout`.
 """
 
 from __future__ import annotations
