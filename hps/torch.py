@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import os
-from functools import partial
 from typing import Any
 
 from hps.errors import ConfigError, MissingExtraError, UnknownTableError
@@ -57,6 +56,7 @@ _KNOWN_HOOKS = all(isinstance(hooks, dict) for hooks in _GLOBAL_HOOKS)
 
 #: outputs up to this many bytes get a spare (see the module doc)
 SPARE_BYTES = 8 << 20
+_SPARE_FLOATS = SPARE_BYTES // 4
 #: spares a layer keeps at most (one per thread calling it at once)
 _MAX_SPARES = 4
 
@@ -108,8 +108,8 @@ class LookupLayer(torch.nn.Module):
         self.table_id = int(table_id)
         self.emb_vec_size = int(emb_vec_size)
         self._host_device = int(loaded.config.deployed_device_list[0])
-        # (output, shape, device, raw stream) allocated while the GPU answered a call
-        self._spares: list[tuple[torch.Tensor, tuple[int, ...], int, int]] = []
+        # (output, keys' shape, device, raw stream) allocated while the GPU answered a call
+        self._spares: list[tuple[torch.Tensor, torch.Size, int, int]] = []
         self._stream = torch_stream_reader() if torch.cuda.is_available() else None
 
     def __call__(self, keys: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
@@ -132,22 +132,21 @@ class LookupLayer(torch.nn.Module):
             return _lookup(keys, self._handle, self.model_name, self.table_id,
                            self.emb_vec_size, self._host_device)
         device_id = keys.get_device()
-        shape = (*keys.shape, self.emb_vec_size)
-        stream = self._stream(device_id)  # type: ignore[misc]
         out = None
-        spares = self._spares
-        if spares:
+        if self._spares:
             try:
-                spare = spares.pop()  # atomic: one thread gets a spare
+                spare = self._spares.pop()  # atomic: one thread gets a spare
             except IndexError:
                 spare = None
-            if spare is not None and spare[1] == shape and spare[2] == device_id \
-                    and same_stream(spare[3], stream):
+            if spare is not None and spare[1] == keys.shape and spare[2] == device_id \
+                    and same_stream(spare[3], self._stream(device_id)):  # type: ignore[misc]
                 out = spare[0]
         if out is None:
-            out = keys.new_empty(shape, dtype=torch.float32)
-        if out.numel() * 4 <= SPARE_BYTES and len(spares) < _MAX_SPARES:
-            overlap.set_task(partial(self._make_spare, keys, shape, device_id, stream))
+            out = keys.new_empty((*keys.shape, self.emb_vec_size), dtype=torch.float32)
+            if out.numel() <= _SPARE_FLOATS:
+                overlap.set_task(self._make_spare, keys)
+        else:
+            overlap.set_task(self._make_spare, keys)
         try:
             servers.server(self._handle).lookup_fromdlpack(
                 keys, out, self.model_name, self.table_id, device_id)
@@ -155,14 +154,17 @@ class LookupLayer(torch.nn.Module):
             overlap.set_task(None)
         return out
 
-    def _make_spare(self, keys: torch.Tensor, shape: tuple[int, ...], device_id: int,
-                    stream: int) -> None:
+    def _make_spare(self, keys: torch.Tensor) -> None:
         # on the caller's thread, device and current stream, while its lookup runs
+        if len(self._spares) >= _MAX_SPARES:
+            return
+        device_id = keys.get_device()
         try:
-            out = keys.new_empty(shape, dtype=torch.float32)
+            out = keys.new_empty((*keys.shape, self.emb_vec_size), dtype=torch.float32)
         except RuntimeError:  # out of memory: the next call allocates its own
             return
-        self._spares.append((out, shape, device_id, stream))
+        self._spares.append((out, keys.shape, device_id,
+                             self._stream(device_id)))  # type: ignore[misc]
 
     def extra_repr(self) -> str:
         return (f"model_name={self.model_name!r}, table_id={self.table_id}, "

@@ -10,11 +10,11 @@ from hps.gpu import overlap
 
 def test_task_runs_once_and_is_cleared() -> None:
     ran: list[int] = []
-    overlap.set_task(lambda: ran.append(1))
+    overlap.set_task(ran.append, 1)
     overlap.run_task()
     overlap.run_task()  # a second wait in the same call (e.g. a miss path) runs nothing
     assert ran == [1]
-    overlap.set_task(lambda: ran.append(2))
+    overlap.set_task(ran.append, 2)
     overlap.set_task(None)  # the caller's finally: a lookup that ran no kernel
     overlap.run_task()
     assert ran == [1]
@@ -22,7 +22,7 @@ def test_task_runs_once_and_is_cleared() -> None:
 
 def test_tasks_are_per_thread() -> None:
     ran: list[str] = []
-    overlap.set_task(lambda: ran.append("main"))
+    overlap.set_task(ran.append, "main")
     other = threading.Thread(target=overlap.run_task)  # another thread's lookup
     other.start()
     other.join()

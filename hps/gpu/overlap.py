@@ -6,7 +6,7 @@ its own for the next call can hand it over for that wait instead of paying for i
 own time: hps.torch's LookupLayer allocates the output of its next call there, which
 cost it 5.5-7.6 µs of its ~35 µs call on the H100 (`torch.empty`).
 
-The task is per thread: `set_task(task)` before the lookup, `set_task(None)` after (in a
+The task is per thread: `set_task(task, arg)` before the lookup, `set_task(None)` after (in a
 `finally`). The lookup runs it at most once, after its kernel is queued; a lookup that
 queues no kernel (host-only models, empty batches) does not run it. A task must not
 raise, and must not call back into the lookup.
@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 _local = threading.local()
 
 
-def set_task(task: Callable[[], None] | None) -> None:
-    """The task the next GPU lookup of this thread runs while it waits (None: none)."""
-    _local.task = task
+def set_task(task: Callable[[Any], None] | None, arg: Any = None) -> None:
+    """`task(arg)` is what the next GPU lookup of this thread runs while it waits (None:
+    nothing). The argument is separate so a caller builds no closure per call."""
+    _local.task = (task, arg) if task is not None else None
 
 
 def run_task() -> None:
     """Run this thread's task, if any, once (the lookup calls it while the GPU works)."""
-    task = getattr(_local, "task", None)
-    if task is not None:
+    pending = getattr(_local, "task", None)
+    if pending is not None:
         _local.task = None
-        task()
+        pending[0](pending[1])
