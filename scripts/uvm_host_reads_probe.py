@@ -38,8 +38,9 @@ import time
 import cupy as cp
 import numpy as np
 
+from hps.bench.gpu_uvm import h2d_bandwidth
+
 _MAPPED_PORTABLE = 3  # cudaHostAllocPortable | cudaHostAllocMapped (same bits for Register)
-_H2D = 1
 _SLICE = 128 << 20
 _HUGE = 2 << 20
 
@@ -218,23 +219,6 @@ def facts() -> None:
             pass
 
 
-def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 10) -> float:
-    host = cp.cuda.alloc_pinned_memory(nbytes)
-    np.frombuffer(host, np.uint8, nbytes)[:] = 1
-    dev = cp.empty(nbytes, np.uint8)
-    stream = cp.cuda.get_current_stream()
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for i in range(repeats + 2):
-        e0.record()
-        cp.cuda.runtime.memcpyAsync(dev.data.ptr, host.ptr, nbytes, _H2D, stream.ptr)
-        e1.record()
-        e1.synchronize()
-        if i >= 2:
-            times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
-    return nbytes / statistics.median(times)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keys", type=int, default=20_000_000)
@@ -252,7 +236,7 @@ def main() -> None:
     dim, r4, row_bytes = args.dim, args.dim // 4, args.dim * 4
     n = args.reads
     out = cp.empty((n, dim), cp.float32)
-    bw = copy_bandwidth()
+    bw = h2d_bandwidth()
     print(f"\n== pinned H2D copy (256 MiB): {bw / 1e9:.1f} GB/s")
     print(f"   rows {row_bytes} B, reads {n} per call, median of {args.repeats} calls\n")
     cp.random.seed(0)
