@@ -307,8 +307,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         current)."""
         lists = self._read_lists.get(ws)
         if lists is None or lists.capacity < n:
-            if lists is not None:  # queued queries of this workspace may still use them
-                self._cp.cuda.runtime.deviceSynchronize()
+            if lists is not None:  # this workspace's last query may still use them: its
+                self._rt.eventSynchronize(ws.event_ptr)  # event, not the whole device
             lists = _HostReadLists(self._cp, max(n, 2 * (lists.capacity if lists else 0)),
                                    self._regions)
             self._cp.cuda.get_current_stream().synchronize()  # zeroed before any query
