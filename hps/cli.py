@@ -847,7 +847,8 @@ def bench_gpu_cmd(
         "hps_profiler workload; misses: 1M-key miss batches; uvm: the uvm cache type beside "
         "dynamic (equal GPU memory) and static, 20M keys dim 64; devices: every GPU driven "
         "by a thread each beside one; storage: each embedding_storage_dtype beside float32, "
-        "1M keys dim 128, with memory. Repeatable."),
+        "1M keys dim 128, with memory; torch: hps.torch.LookupLayer over lookup_fromdlpack, "
+        "2,000 keys. Repeatable."),
 ) -> None:
     """GPU cache benchmarks, each beside its baseline measured in the same run."""
     from hps.gpu.lookup import cuda_available

@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_check.sh [benchmark options, e.g. --profile public or --sweep]
 #     (default: every profile of python -m hps.bench.gpu: the kernels, the public calls'
-#     latency, HugeCTR's profile, 1M-key misses, and every GPU at once where there are two)
+#     latency, HugeCTR's profile, 1M-key misses, the torch layer, and every GPU at once where there are two)
 #   GPU_CHECK_TESTS=0 bash scripts/gpu_check.sh    # benchmark only
 #   GPU_CHECK_BENCH=0 bash scripts/gpu_check.sh    # tests only
 # Logs go to $OUT (or /tmp/hps-gpu-check): pytest.log, bench.log.
@@ -53,7 +53,8 @@ if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
 fi
 if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
   if [ "$#" = 0 ]; then
-    set -- --profile kernels --profile public --profile hugectr --profile misses
+    set -- --profile kernels --profile public --profile hugectr --profile misses \
+      --profile torch
     [ "$(python3 -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')" -lt 2 ] \
       || set -- "$@" --profile devices
   fi

@@ -56,7 +56,7 @@ def _event_ms(cp: Any, fn: Callable[[int], None], repeats: int, warmup: int = 3,
     return float(statistics.median(times))
 
 
-def _variants(dim: int, sweep: bool, default: tuple[int, int]
+def _variants(dim: int, sweep: bool, default: tuple[int, ...]
               ) -> list[tuple[int, int, int, int]]:
     """(group, unroll, waves, hints) launch shapes to time."""
     if not sweep:
@@ -144,7 +144,7 @@ def bench_throughput(dim: int, slots: int = 1 << 24, batch: int = 1 << 20, repea
                                 ).get(dim)}
 
         def time_table(t: EmbeddingCache | StaticEmbeddingTable, mode: str) -> None:
-            default = (t._group, t._unroll)
+            default = (t._group, t._unroll, t._waves, t._hints)
             if sweep:
                 for g, u, w, h in _variants(dim, sweep, default):
                     t.set_launch(g, u, w, h)
@@ -354,15 +354,19 @@ _COLUMNS = ("bench", "dim", "batch", "mode", "group", "unroll", "waves", "hints"
             "write_s", "gpu_mib", "host_mib", "gpucacheper", "power_gkeys_s",
             "uniform_gkeys_s", "settle_s", "rows_moved", "uniform_vs_h2d", "power_vs_dynamic",
             "uniform_vs_dynamic", "p50_vs_dynamic", "vs_float32", "goal", "table_mib", "rss_mib",
-            "vs_float32_mem", "err_vs_bound")
-PROFILES = ("kernels", "public", "hugectr", "misses", "uvm", "devices", "storage")
+            "vs_float32_mem", "err_vs_bound", "us_per_call", "over_baseline_us", "vs_baseline")
+PROFILES = ("kernels", "public", "hugectr", "misses", "uvm", "devices", "storage", "torch")
+#: issue 18's bound on hps.torch.LookupLayer's cost over lookup_fromdlpack, µs a call
+LAYER_OVERHEAD_US = 5.0
 
 
 def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict[str, Any]]:
     """The rows of one profile: "public" (hps/bench/gpu_public.py), "hugectr" or "misses"
     (hps/bench/gpu_misses.py), "uvm" (hps/bench/gpu_uvm.py), "devices"
     (hps/bench/gpu_devices.py: every GPU at once), "storage" (hps/bench/gpu_storage.py:
-    each embedding_storage_dtype beside float32); "kernels" is bench_gpu."""
+    each embedding_storage_dtype beside float32), "torch" (hps/bench/torch_layer.py:
+    hps.torch.LookupLayer over lookup_fromdlpack, 2,000 CUDA keys); "kernels" is
+    bench_gpu."""
     if profile == "public":
         from hps.bench.gpu_public import bench_public_latency
 
@@ -387,6 +391,14 @@ def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict
         from hps.bench.gpu_storage import bench_storage
 
         return bench_storage(device_id=device_id, **options)
+    if profile == "torch":
+        from hps.bench.torch_layer import bench_torch_layer
+
+        keys, dim = options.pop("keys", 2000), options.pop("dim", 16)
+        return [{"bench": "torch layer", "dim": dim, "batch": keys, "mode": r["name"],
+                 "us_per_call": r["us_per_call"], "over_baseline_us": r["over_baseline_us"],
+                 "vs_baseline": r["vs_baseline"]}
+                for r in bench_torch_layer(keys, dim, device="cuda", **options)]
     return bench_gpu(device_id=device_id, **options)
 
 
@@ -450,6 +462,10 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             add(f"hugectr profile ({how}): p99 <= 200 us", r["p99_us"], r["p99_us"] <= 200.0)
             add(f"hugectr profile ({how}): every vector exact", r["wrong_rows"],
                 r["wrong_rows"] == 0)
+        if r["bench"] == "torch layer" and r["mode"] == "LookupLayer":
+            add(f"LookupLayer, {r['batch']:,} CUDA keys: <= {LAYER_OVERHEAD_US:g} us over "
+                "lookup_fromdlpack", r["over_baseline_us"],
+                r["over_baseline_us"] <= LAYER_OVERHEAD_US)
         if r["bench"] == "devices" and "vs_one" in r:
             add(f"{r['mode']}: >= 1.8 x one GPU's keys/s", r["vs_one"], r["vs_one"] >= 1.8)
         if r["bench"] == "misses" and "wrong_rows" in r:
@@ -483,6 +499,7 @@ def main() -> None:
                              "hugectr: HugeCTR's hps_profiler workload; misses: 1M-key "
                              "miss batches; devices: every GPU, a thread each; storage: each "
                              "embedding_storage_dtype beside float32 (d128, 1M keys); "
+                             "torch: hps.torch.LookupLayer over lookup_fromdlpack; "
                              "kernels: the cache kernels (default). Repeatable.")
     parser.add_argument("--table-keys", type=int, default=None,
                         help="table size of the misses profile (default 20M)")

@@ -12,6 +12,10 @@ float32 storage into float32, and, per storage, the device memory (cudaMemGetInf
 and after its server was made: the GPU table, its workspaces), the table's own figure
 (memory_bytes) and the process RSS the server added (its hash map rows, mostly).
 
+Beside them, the floor of each type: `torch.index_select` of rows of that type's stored
+size from a dense table, on the same draws, and its ratio to the float32 rows' floor
+(what the GPU's memory gives for rows of that size, before any hash probe or decode).
+
 Every case is checked first against hps/storage.py's reference (the first 65,536 rows of
 a batch): its output equals the reference decode of the reference encode bit for bit (a
 16-bit output: the encoded bits), and each value is within the type's error bound of the
@@ -23,13 +27,15 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hps.bench.gpu_public import MODEL, server_over_folder
-from hps.storage import STORAGE_NAMES, decode, encode, error_bound
+from hps.gpu.row_format import stored_row_bytes
+from hps.storage import STORAGE_NAMES, decode, encode, error_bound, storage_type
 
 # (storage, output dtype) pairs timed, float32 → float32 first: the baseline of the ratios
 CASES = (("float32", "float32"), ("float16", "float32"), ("float16", "float16"),
@@ -147,6 +153,7 @@ def bench_storage(dim: int = 128, n: int = 1 << 20, table_keys: int = 1 << 20,
                         stream.synchronize()
                         if r:
                             samples[(storage, out)].append(clock() - t0)
+            floors = _floors(dim, table_keys, picks, dev, rounds, calls)
             swept = _sweep(servers, outs, t_keys, looked, stream, device_id, rounds, calls) \
                 if sweep else []
         finally:
@@ -166,36 +173,98 @@ def bench_storage(dim: int = 128, n: int = 1 << 20, table_keys: int = 1 << 20,
                        "vs_float32_mem": memory[storage]["table_mib"]
                        / memory["float32"]["table_mib"],
                        "wrong_rows": wrong, "err_vs_bound": worst})
-    for storage, out, group, unroll, took, wrong in swept:
+    for (storage, how), took in floors.items():
+        result.append({"bench": "storage", "dim": dim, "batch": n,
+                       "mode": f"floor: {how} of {storage} rows "
+                               f"({stored_row_bytes(dim, storage_type(storage))} B)",
+                       "gkeys_s": n / took / 1e9, "p50_us": took * 1e6,
+                       "vs_float32": floors[("float32", how)] / took})
+    for storage, out, group, unroll, hints, took, wrong in swept:
         result.append({"bench": "storage", "dim": dim, "batch": n,
                        "mode": f"{cache_type}, {storage} rows -> {out} (sweep)",
-                       "group": group, "unroll": unroll, "gkeys_s": n / took / 1e9,
+                       "group": group, "unroll": unroll, "hints": hints,
+                       "gkeys_s": n / took / 1e9,
                        "p50_us": took * 1e6, "vs_float32": base / took, "wrong_rows": wrong})
     return result
 
 
-# launch shapes (lanes per key, keys in flight per lane group) the sweep tries
-SWEEP_SHAPES = ((8, 4), (4, 2), (4, 4), (2, 4))
+# launch shapes (lanes per key, keys in flight per lane group, streaming cache hints) the
+# sweep tries
+SWEEP_SHAPES = ((8, 2, 0), (8, 2, 1), (8, 4, 1), (4, 2, 0), (4, 2, 1), (4, 4, 1))
+
+
+def _floors(dim: int, table_keys: int, picks: list[np.ndarray], dev: Any, rounds: int,
+            calls: int) -> dict[tuple[str, str], float]:
+    """Median seconds of each storage type's floors, keyed (storage, floor): rows of that
+    type's stored size gathered from a dense table on the same draws as the lookups, no
+    hash probe, no decode: "torch.index_select" (rows as int32 words) and "float4 gather"
+    (cuda/rows.cu's dense_gather, rows padded to 16 bytes). What the GPU's memory gives
+    for rows of that size: the bound of each type's gain."""
+    import cupy as cp
+    import torch
+
+    from hps.gpu import kernels
+
+    stream = torch.cuda.current_stream(dev)
+    on = cp.cuda.ExternalStream(stream.cuda_stream, dev.index)  # the lookups' stream
+    index = [torch.as_tensor(p, device=dev) for p in picks]
+    n = index[0].numel()
+    cases: dict[tuple[str, str], Any] = {}
+    for storage in STORAGE_NAMES:
+        words = stored_row_bytes(dim, storage_type(storage)) // 4
+        table = torch.randint(-2**31, 2**31 - 1, (table_keys, words), dtype=torch.int32,
+                              device=dev)
+        out = torch.empty((n, words), dtype=torch.int32, device=dev)
+        cases[(storage, "torch.index_select")] = (
+            lambda i, table=table, out=out: torch.index_select(table, 0, index[i], out=out))
+        width = -(-words // 4) * 4  # float4 per row
+        padded = torch.zeros((table_keys, width), dtype=torch.float32, device=dev)
+        padded_out = torch.empty((n, width), dtype=torch.float32, device=dev)
+        args = [(cp.from_dlpack(i), np.int64(n), cp.from_dlpack(padded),
+                 cp.from_dlpack(padded_out)) for i in index]
+        cases[(storage, "float4 gather")] = _gather_launch(
+            kernels.function("rows.cu", "dense_gather", dev.index, DIM=width),
+            -(-(n * width // 4) // 256), args, on)
+    samples: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
+    clock = time.perf_counter
+    for r in range(rounds + 1):  # round 0 warms up; the cases take turns as the lookups do
+        for case, run in cases.items():
+            for i in range(calls):
+                t0 = clock()
+                run(i % len(index))
+                stream.synchronize()
+                if r:
+                    samples[case].append(clock() - t0)
+    return {case: statistics.median(t) for case, t in samples.items()}
+
+
+def _gather_launch(gather: Any, blocks: int, args: list[tuple[Any, ...]], on: Any
+                   ) -> Callable[[int], None]:
+    """Draw i's dense gather, launched on stream `on`."""
+    def run(i: int) -> None:
+        with on:
+            gather((blocks,), (256,), args[i])
+    return run
 
 
 def _sweep(servers: dict[str, Any], outs: dict[str, Any], t_keys: list[Any],
            looked: np.ndarray, stream: Any, device_id: int, rounds: int, calls: int
-           ) -> list[tuple[str, str, int, int, float, int]]:
-    """(storage, out, group, unroll, median seconds, wrong rows) of each compact case at
-    each SWEEP_SHAPES shape; the tables get their own shape back after."""
+           ) -> list[tuple[str, str, int, int, int, float, int]]:
+    """(storage, out, group, unroll, hints, median seconds, wrong rows) of each case at each
+    SWEEP_SHAPES shape; the tables get their own shape back after."""
     import torch
 
     found = []
     clock = time.perf_counter
-    for storage, out in CASES[1:]:
+    for storage, out in CASES:
         table = servers[storage].server.model(MODEL).tables[0].gpu[device_id]._table
-        default = (table._group, table._unroll)
+        default = (table._group, table._unroll, table._waves, table._hints)
         call = servers[storage].lookup_fromdlpack
         target = outs[out]
         want = _expected(storage, out, looked)
         try:
-            for group, unroll in SWEEP_SHAPES:
-                table.set_launch(group, unroll)
+            for group, unroll, hints in SWEEP_SHAPES:
+                table.set_launch(group, unroll, hints=hints)
                 call(t_keys[0], target, MODEL, 0, device_id)
                 stream.synchronize()
                 got = target[: looked.shape[0]]
@@ -211,7 +280,8 @@ def _sweep(servers: dict[str, Any], outs: dict[str, Any], t_keys: list[Any],
                         stream.synchronize()
                         if r:
                             samples.append(clock() - t0)
-                found.append((storage, out, group, unroll, statistics.median(samples), wrong))
+                found.append((storage, out, group, unroll, hints, statistics.median(samples),
+                              wrong))
         finally:
             table.set_launch(*default)
     return found
@@ -222,6 +292,10 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         if r["bench"] != "storage" or "(sweep)" in r["mode"]:
+            continue
+        if r["mode"].startswith("floor:"):  # what the memory allows each type: no target
+            out.append({"target": f"{r['mode']}: x float32 rows' floor", "measured":
+                        r["vs_float32"], "met": "n/a"})
             continue
         if r.get("goal") is not None:
             out.append({"target": f"{r['mode']}: >= {r['goal']} x float32",

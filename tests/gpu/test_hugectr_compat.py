@@ -143,6 +143,34 @@ def test_lookup_layer_spare_outputs(torch: Any, model: Model, rng: np.random.Gen
                                   model.vectors_of(1, batches[1][:, :5].flatten()))
 
 
+def test_lookup_layer_returned_outputs(torch: Any, model: Model, rng: np.random.Generator,
+                                      close_layers: None) -> None:
+    """Outputs the layer returned are held only until its next GPU wait: one the caller
+    dropped then goes back to the allocator (device memory stays flat over many calls), one
+    the caller keeps is never reused, and calls that queue no kernel hold a bounded few."""
+    from hps.torch import LookupLayer
+
+    layer = LookupLayer(ps_config(model.files, max_batchsize=32), MODEL, 1, 16)
+    rows = np.asarray(model.sample(rng, 8)).reshape(8, -1)[:, 2:]
+    keys = torch.as_tensor(rows, device="cuda")
+    kept = layer(keys)
+    torch.cuda.synchronize()
+    layer(keys)  # dropped at once
+    before = torch.cuda.memory_allocated()
+    for _ in range(50):
+        layer(keys)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    assert len(layer._returned) == 1  # the last call's output; the others were let go
+    np.testing.assert_array_equal(kept.cpu().numpy().reshape(-1, 16),
+                                  model.vectors_of(1, rows.flatten()))
+
+    empty = torch.empty((0, 26), dtype=torch.int64, device="cuda")
+    for _ in range(20):  # no kernel, so no GPU wait to let go in: bounded on the spot
+        assert layer(empty).shape == (0, 26, 16)
+    assert len(layer._returned) <= 4
+
+
 def test_lookup_layer_threads(torch: Any, model: Model, rng: np.random.Generator,
                               close_layers: None) -> None:
     """Threads sharing one layer (and its spares) each get their own, right vectors."""
