@@ -12,9 +12,10 @@ float32 storage into float32, and, per storage, the device memory (cudaMemGetInf
 and after its server was made: the GPU table, its workspaces), the table's own figure
 (memory_bytes) and the process RSS the server added (its hash map rows, mostly).
 
-Beside them, the floor of each type: `torch.index_select` of rows of that type's stored
-size from a dense table, on the same draws, and its ratio to the float32 rows' floor
-(what the GPU's memory gives for rows of that size, before any hash probe or decode).
+Beside them, two floors of each type, rows of that type's stored size gathered from a
+dense table on the same draws: `torch.index_select` and cuda/rows.cu's float4 gather, each
+with its ratio to the same floor of float32 rows (what the GPU's memory gives for rows of
+that size, before any hash probe or decode).
 
 Every case is checked first against hps/storage.py's reference (the first 65,536 rows of
 a batch): its output equals the reference decode of the reference encode bit for bit (a
