@@ -36,9 +36,10 @@ import math
 import operator
 import re
 import sys
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
 
     from hps.http.fastpath import Answer
     from hps.http.state import ServiceState
-    from hps.server import HierarchicalParameterServer
+    from hps.server import HierarchicalParameterServer, LoadedModel
 
 KEYS_INPUT, NUMKEYS_INPUT, OUTPUT = "KEYS", "NUMKEYS", "OUTPUT0"
 #: the one version each model is served as
@@ -111,9 +112,9 @@ class InferRequest(BaseModel):
     outputs: list[InferOutput] | None = None
 
 
-@dataclass(frozen=True)
-class InferCall:
-    """A parsed inference request: the keys, keys per table, and the answer's form."""
+class InferCall(NamedTuple):
+    """A parsed inference request: the keys, keys per table, and the answer's form (a
+    named tuple: made for every request, it costs half of a frozen dataclass)."""
 
     keys: np.ndarray  # int64 [n]
     numkeys: np.ndarray  # int64 [tables given]
@@ -139,17 +140,19 @@ class BinaryLayout:
     layouts of recent headers (`_LAYOUTS`) and reads a request whose header it knows
     without parsing it again (clients send one header for every request of a shape)."""
 
-    inputs: tuple[tuple[str, np.dtype[Any], int, int], ...]
+    keys: tuple[np.dtype[Any], int, int]  # KEYS' dtype, element count and offset
+    numkeys: tuple[np.dtype[Any], int, int]  # NUMKEYS' alike
     binary_size: int
     binary_output: bool
     request_id: str | None
 
     def read(self, binary: memoryview) -> InferCall:
         """The request whose binary part is `binary` (`binary_size` bytes)."""
-        tensors = {name: np.frombuffer(binary, dtype=dtype, count=count, offset=offset)
-                   for name, dtype, count, offset in self.inputs}
-        return InferCall(tensors[KEYS_INPUT], tensors[NUMKEYS_INPUT].astype(np.int64),
-                         self.binary_output, self.request_id)
+        dtype, count, offset = self.keys
+        keys = np.frombuffer(binary, dtype=dtype, count=count, offset=offset)
+        dtype, count, offset = self.numkeys
+        numkeys = np.frombuffer(binary, dtype=dtype, count=count, offset=offset)
+        return InferCall(keys, numkeys.astype(np.int64), self.binary_output, self.request_id)
 
 
 #: layouts of recent binary-only headers by their bytes; parsing one (pydantic) was the
@@ -189,7 +192,7 @@ def _parse(head: bytes, binary: memoryview) -> tuple[InferCall, BinaryLayout | N
                           f"{validation_message(exc)}") from None
         raise BadJSON(f"not a KServe v2 inference request: {validation_message(exc)}") from None
     tensors: dict[str, np.ndarray] = {}
-    places: list[tuple[str, np.dtype[Any], int, int]] = []
+    places: dict[str, tuple[np.dtype[Any], int, int]] = {}
     offset = 0
     for spec in request.inputs:
         if spec.name not in INPUTS:
@@ -200,7 +203,7 @@ def _parse(head: bytes, binary: memoryview) -> tuple[InferCall, BinaryLayout | N
         start = offset
         tensors[spec.name], offset = _tensor(spec, binary, offset)
         if spec.data is None:
-            places.append((spec.name, INPUTS[spec.name][1], tensors[spec.name].size, start))
+            places[spec.name] = (INPUTS[spec.name][1], tensors[spec.name].size, start)
     if offset != len(binary):
         raise BadBody(f"{len(binary) - offset} bytes of binary data follow the inputs' "
                       "binary_data_size; expected none")
@@ -212,8 +215,8 @@ def _parse(head: bytes, binary: memoryview) -> tuple[InferCall, BinaryLayout | N
     call = InferCall(tensors[KEYS_INPUT], tensors[NUMKEYS_INPUT].astype(np.int64),
                      binary_output, request.id)
     every_input_binary = len(places) == len(request.inputs)
-    return call, (BinaryLayout(tuple(places), offset, binary_output, request.id)
-                  if every_input_binary else None)
+    return call, (BinaryLayout(places[KEYS_INPUT], places[NUMKEYS_INPUT], offset,
+                               binary_output, request.id) if every_input_binary else None)
 
 
 def _tensor(spec: InferInput, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
@@ -288,21 +291,44 @@ class InferPlan:
         return self.offsets[-1]
 
 
+#: the plans of each served model version by NUMKEYS: clients send the same counts with
+#: every request of a shape, and a plan depends on nothing else. Weak: a retired version's
+#: plans go with it. Bounded per version as `_LAYOUTS` is.
+_PLANS: weakref.WeakKeyDictionary[LoadedModel, dict[tuple[int, ...], InferPlan]] = (
+    weakref.WeakKeyDictionary())
+_PLANS_MAX = 256
+
+
 def plan_infer(server: HierarchicalParameterServer, model: str, keys: np.ndarray,
                numkeys: np.ndarray) -> InferPlan:
     """The split of `keys` by `numkeys` over the model's tables in order. Checks every
     count before any lookup (LookupInputError, BatchTooLargeError), so bad input changes
     nothing."""
-    tables = server.model(model).tables
-    counts = numkeys.tolist()  # one entry per table: plain ints are cheaper than ufuncs
+    loaded = server.model(model)
+    counts = tuple(numkeys.tolist())  # one entry per table: plain ints beat ufuncs here
+    plans = _PLANS.get(loaded)
+    plan = plans.get(counts) if plans is not None else None
+    if plan is None:
+        plan = _plan(loaded, model, counts)
+        if plans is None:
+            plans = _PLANS.setdefault(loaded, {})
+        if len(plans) >= _PLANS_MAX:
+            plans.clear()
+        plans[counts] = plan
+    if plan.starts[-1] != keys.size:
+        raise LookupInputError(f"NUMKEYS adds up to {plan.starts[-1]} keys but KEYS has "
+                               f"{keys.size}")
+    return plan
+
+
+def _plan(loaded: LoadedModel, model: str, counts: tuple[int, ...]) -> InferPlan:
+    """The plan of `counts` keys per table, each count checked against its table."""
+    tables = loaded.tables
     if len(counts) > len(tables):
         raise LookupInputError(f"NUMKEYS has {len(counts)} entries but model {model!r} has "
                                f"{len(tables)} tables")
     if any(c < 0 for c in counts):
         raise LookupInputError("NUMKEYS must not be negative")
-    if sum(counts) != keys.size:
-        raise LookupInputError(f"NUMKEYS adds up to {sum(counts)} keys but KEYS has "
-                               f"{keys.size}")
     used = tables[:len(counts)]
     for table, count in zip(used, counts, strict=True):
         if count > table.max_keys:
@@ -310,7 +336,7 @@ def plan_infer(server: HierarchicalParameterServer, model: str, keys: np.ndarray
                 f"{count} keys exceed the limit of {table.max_keys} for table "
                 f"{table.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)")
     dims = [t.dim for t in used]
-    return InferPlan(counts, list(itertools.accumulate(counts, initial=0)),
+    return InferPlan(list(counts), list(itertools.accumulate(counts, initial=0)),
                      list(itertools.accumulate(map(operator.mul, counts, dims), initial=0)),
                      dims)
 
@@ -355,27 +381,56 @@ def infer_answer(server: HierarchicalParameterServer, model: str, body: bytes,
     """Parse, look up, encode: the whole answer to one inference request."""
     call = parse_infer(body, header_length)
     plan = plan_infer(server, model, call.keys, call.numkeys)
-    output: dict[str, Any] = {"name": OUTPUT, "datatype": "FP32", "shape": [plan.size]}
-    head: dict[str, Any] = {"model_name": model, "model_version": VERSION}
-    if call.request_id is not None:
-        head["id"] = call.request_id
-    head["outputs"] = [output]
     if not call.binary_output:
         vectors = np.empty(plan.size, dtype=np.float32)
         fill_output(server, model, plan, call.keys, vectors)
-        output["data"] = vectors
-        payload = encode_json(head)
+        payload = encode_json(_answer_head(model, plan.size, call.request_id, vectors))
         return [(b"content-type", JSON.encode()),
                 (b"content-length", str(len(payload)).encode())], (payload,)
-    output["parameters"] = {"binary_data_size": 4 * plan.size}
-    header = encode_json(head)
+    key = (model, plan.size, call.request_id)
+    known = _BINARY_HEADS.get(key)
+    if known is None:
+        known = _binary_head(encode_json(_answer_head(model, plan.size, call.request_id)),
+                             plan.size)
+        if len(_BINARY_HEADS) >= _BINARY_HEADS_MAX:
+            _BINARY_HEADS.clear()
+        _BINARY_HEADS[key] = known
+    header, response_headers = known
     data, values = header_and_values(header, plan.size)
     fill_output(server, model, plan, call.keys, values)
     if sys.byteorder != "little":  # the protocol's binary tensors are little-endian
         values.byteswap(inplace=True)
-    return [(b"content-type", OCTET_STREAM.encode()),
-            (b"content-length", str(len(data)).encode()),
-            (HEADER_LENGTH.encode(), str(len(header)).encode())], (data,)
+    return list(response_headers), (data,)
+
+
+def _answer_head(model: str, floats: int, request_id: str | None,
+                 vectors: np.ndarray | None = None) -> dict[str, Any]:
+    """The answer's JSON: OUTPUT0's `vectors` as JSON data, or (None) as binary data."""
+    output: dict[str, Any] = {"name": OUTPUT, "datatype": "FP32", "shape": [floats]}
+    head: dict[str, Any] = {"model_name": model, "model_version": VERSION}
+    if request_id is not None:
+        head["id"] = request_id
+    head["outputs"] = [output]
+    if vectors is None:
+        output["parameters"] = {"binary_data_size": 4 * floats}
+    else:
+        output["data"] = vectors
+    return head
+
+
+#: the JSON header and response headers of binary answers by (model, OUTPUT0's floats,
+#: request id): they say nothing else, and every request of a shape has the same ones
+_BINARY_HEADS: dict[tuple[str, int, str | None],
+                    tuple[bytes, tuple[tuple[bytes, bytes], ...]]] = {}
+_BINARY_HEADS_MAX = 256
+
+
+def _binary_head(header: bytes, floats: int
+                 ) -> tuple[bytes, tuple[tuple[bytes, bytes], ...]]:
+    """(`header`, the response headers of an answer of `header` and `floats` values)."""
+    return header, ((b"content-type", OCTET_STREAM.encode()),
+                    (b"content-length", str(len(header) + 4 * floats).encode()),
+                    (HEADER_LENGTH.encode(), str(len(header)).encode()))
 
 
 # -- the routes ---------------------------------------------------------------------------

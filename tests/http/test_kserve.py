@@ -3,8 +3,10 @@ against uvicorn over a socket."""
 
 from __future__ import annotations
 
+import gc
 import json
 import struct
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
+from hps.http import kserve
 from hps.http.kserve import header_and_values
 from tests.http.conftest import DIMS, MAX_KEYS, MODEL, Live
 
@@ -270,6 +273,50 @@ def test_a_known_header_is_read_as_it_was_parsed(live: Live, rng: np.random.Gene
     _v2_error(live.client.post(INFER, content=body + b"\0", headers=headers), 400, "1 bytes")
     _v2_error(live.client.post(INFER, content=body[:-1], headers=headers), 400,
               "binary_data_size")
+
+
+def test_plans_and_answer_heads_follow_each_request(live: Live, rng: np.random.Generator
+                                                   ) -> None:
+    """The server keeps the split of each NUMKEYS and the answer header of each request
+    id it has answered: another split under the same header bytes, another id, or a
+    known split with a wrong key count are each answered as if never seen; a replaced
+    model version's splits go with it."""
+    keys, numkeys, expected = _request(rng, live)  # 40 + 25 keys
+    for request_id in ("a", "b", "a"):
+        header = {"id": request_id, "inputs": [
+            {"name": "KEYS", "shape": [keys.size], "datatype": "INT64",
+             "parameters": {"binary_data_size": 8 * keys.size}},
+            {"name": "NUMKEYS", "shape": [2], "datatype": "INT32",
+             "parameters": {"binary_data_size": 8}}],
+            "parameters": {"binary_data_output": True}}
+        body, headers = _binary_body(keys, numkeys, header)
+        answer = live.client.post(INFER, content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        size = int(answer.headers[HEADER])
+        assert json.loads(answer.content[:size])["id"] == request_id
+        np.testing.assert_array_equal(np.frombuffer(answer.content[size:], "<f4"), expected)
+    swapped, swapped_counts, swapped_expected = _request(rng, live, (25, 40))
+    body, headers = _binary_body(swapped, swapped_counts)
+    assert body[:int(headers[HEADER])] == _binary_body(keys, numkeys)[0][:int(headers[HEADER])]
+    answer = live.client.post(INFER, content=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_array_equal(
+        np.frombuffer(answer.content[int(answer.headers[HEADER]):], "<f4"), swapped_expected)
+    body, headers = _binary_body(keys[:64], numkeys)  # a known split, one key short
+    _v2_error(live.client.post(INFER, content=body, headers=headers), 400,
+              "adds up to 65 keys but KEYS has 64")
+
+    served = weakref.ref(live.server.model(MODEL))
+    assert served() in kserve._PLANS
+    live.server.load_model(live.server.model(MODEL).config)  # a new version replaces it
+    assert live.server.wait_retired(10)
+    gc.collect()
+    assert served() is None  # the plans held it weakly
+    body, headers = _binary_body(keys, numkeys)
+    answer = live.client.post(INFER, content=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_array_equal(
+        np.frombuffer(answer.content[int(answer.headers[HEADER]):], "<f4"), expected)
 
 
 def test_token_guards_v2_except_health(live_token: Live) -> None:
