@@ -50,6 +50,7 @@ from hps.http.errors import BadBody, BadJSON, UnsupportedMediaType, v2_error_bod
 from hps.http.fastpath import FastRoute, respond
 from hps.http.lookup import encode_json, json_body_limit, read_body, validation_message
 from hps.http.schemas import INT64_MAX, INT64_MIN, JSON, OCTET_STREAM
+from hps.raw_memory import address_of
 
 if TYPE_CHECKING:
     from starlette.types import Receive
@@ -370,7 +371,7 @@ def header_and_values(header: bytes, floats: int) -> tuple[memoryview, np.ndarra
     request about 50 µs on the 2-core machine (one client, server-side timing)."""
     size = len(header) + 4 * floats
     raw = np.empty(size + _LINE - 1, np.uint8)
-    pad = -(raw.ctypes.data + len(header)) % _LINE
+    pad = -(address_of(raw) + len(header)) % _LINE
     memoryview(raw)[pad:pad + len(header)] = header  # (a memoryview copies fastest)
     values = raw[pad + len(header):pad + size].view(np.float32)
     return raw[pad:pad + size].data, values
