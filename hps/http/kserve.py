@@ -346,6 +346,9 @@ def fill_output(server: HierarchicalParameterServer, model: str, plan: InferPlan
                 keys: np.ndarray, out: np.ndarray) -> None:
     """Write OUTPUT0 into `out` (float32 [plan.size], C-contiguous): each table's vectors
     looked up in place, a lookup per table over an array of keys."""
+    if len(plan.counts) == 1:  # one table (the common case): no slices to make
+        server.lookup_into(model, 0, keys, out.reshape(plan.counts[0], plan.dims[0]))
+        return
     for i, count in enumerate(plan.counts):
         if count:
             rows = out[plan.offsets[i]:plan.offsets[i + 1]].reshape(count, plan.dims[i])
