@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hps.config import HttpConfig
+from hps.http.direct import direct_answers
 from hps.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.http")
@@ -98,8 +99,11 @@ def protocol_base() -> type[asyncio.Protocol]:
 
 def guarded_protocol(guard: ConnectionGuard,
                      base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:
-    """`base` (uvicorn's HTTP protocol) with the deadlines and the bound of `guard`."""
+    """`base` (uvicorn's HTTP protocol) with the deadlines and the bound of `guard`; the
+    httptools protocol also answers the lookup routes directly (hps/http/direct.py)."""
     parent: Any = base or protocol_base()
+    if getattr(parent, "on_headers_complete", None) is not None:  # httptools' callbacks
+        parent = direct_answers(parent)
 
     class GuardedProtocol(parent):  # type: ignore[misc, valid-type]
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

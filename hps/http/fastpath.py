@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 #: what a handler answers: the response headers and the body, in one or more parts
 Answer = tuple[list[tuple[bytes, bytes]], Sequence[bytes | memoryview]]
 Handler = Callable[["ServiceState", Mapping[str, str], "Receive", dict[str, str | None]],
-                   Awaitable[Answer]]
+                   Coroutine[Any, Any, Answer]]
 ErrorAnswer = Callable[["ServiceState", Request, Exception], Response]
 
 #: the request headers the handlers read (ASGI gives names in lower case)
@@ -49,8 +49,22 @@ class FastRoute:
 
 def request_headers(scope: Scope) -> dict[str, str]:
     """The request headers the handlers read, names in lower case."""
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
-            if k in READ_HEADERS}
+    return read_headers(scope["headers"])
+
+
+def read_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The headers the handlers read of raw (lower-case name, value) pairs."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in raw if k in READ_HEADERS}
+
+
+def _whole_receive(body: bytes) -> Receive:
+    """An ASGI receive channel that gives `body` whole, at once."""
+    message = {"type": "http.request", "body": body, "more_body": False}
+
+    async def receive() -> dict[str, Any]:
+        return message
+
+    return receive
 
 
 async def send_answer(send: Send, headers: list[tuple[bytes, bytes]],
@@ -68,6 +82,7 @@ class FastPath:
     def __init__(self, state: ServiceState, routes: Sequence[FastRoute]) -> None:
         self.state = state
         self.routes = tuple(routes)
+        self.answered_directly = 0  # requests `answer` took (hps/http/direct.py)
 
     def match(self, scope: Scope) -> tuple[FastRoute, dict[str, str | None]] | None:
         """(route, path parameters) of a request the fast path answers, else None."""
@@ -77,6 +92,10 @@ class FastPath:
         root = scope.get("root_path", "")
         if root and path.startswith(root):
             path = path[len(root):]
+        return self.match_path(path)
+
+    def match_path(self, path: str) -> tuple[FastRoute, dict[str, str | None]] | None:
+        """(route, path parameters) of a POST to `path` (below the root path), else None."""
         for route in self.routes:
             match = route.pattern.match(path)
             if match is not None:  # ASGI paths come percent-decoded: the names as sent
@@ -103,8 +122,32 @@ class FastPath:
             status = response.status_code
             await response(scope, receive, send)
         finally:
-            self.state.metrics.observe_request(route.route.path, "POST", status,
-                                               time.perf_counter() - started)
+            self.observe(route, status, time.perf_counter() - started)
+
+    def answer(self, route: FastRoute, params: dict[str, str | None],
+               headers: Mapping[str, str], body: bytes, scope: Scope
+               ) -> tuple[int, list[tuple[bytes, bytes]], Sequence[bytes | memoryview]]:
+        """(status, headers, body parts) of a request of `route` whose whole `body` is in,
+        answered without waiting (hps/http/direct.py: only where `lookup_threads` is 0,
+        so the handler never waits on a thread). The caller counts it (`observe`)."""
+        scope["route"] = route.route
+        self.answered_directly += 1
+        try:
+            handling = route.handle(self.state, headers, _whole_receive(body), params)
+            try:
+                handling.send(None)
+            except StopIteration as done:
+                answer_headers, parts = done.value
+                return 200, answer_headers, parts
+            handling.close()
+            raise RuntimeError(f"{route.route.path} waited outside a task")
+        except Exception as exc:
+            response = route.on_error(self.state, Request(scope), exc)
+            return response.status_code, response.raw_headers, (response.body,)
+
+    def observe(self, route: FastRoute, status: int, seconds: float) -> None:
+        """Count one request of `route` answered with `status` after `seconds`."""
+        self.state.metrics.observe_request(route.route.path, "POST", status, seconds)
 
 
 async def respond(handle: Handler, state: ServiceState, request: Request,
