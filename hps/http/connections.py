@@ -122,16 +122,20 @@ def guarded_protocol(guard: ConnectionGuard,
             super().data_received(data)
             if self._hps_closed is not None:
                 return
-            cycle = self.cycle
-            if cycle is None or cycle.response_complete:
-                return  # still waiting for a request's headers: the deadline stands
-            if getattr(cycle, "more_body", False):  # a body is coming: part by part
-                if cycle is not self._hps_cycle or self._hps_timer is not None:
-                    self._hps_cycle = cycle
+            # a request answered directly (hps/http/direct.py) whose body is coming
+            request: Any = getattr(self, "_hps_pending", None)
+            if request is None:
+                request = self.cycle
+                if request is None or request.response_complete:
+                    return  # still waiting for a request's headers: the deadline stands
+            if request is not self.cycle or getattr(request, "more_body", False):
+                # a body is coming: part by part
+                if request is not self._hps_cycle or self._hps_timer is not None:
+                    self._hps_cycle = request
                     guard.waiting(self)
                     self._arm(guard.body_timeout, "body_timeout")
             else:  # the request is in: the server works on it
-                self._hps_cycle = cycle
+                self._hps_cycle = request
                 self._disarm()
                 guard.busy(self)
 

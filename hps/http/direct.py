@@ -10,7 +10,7 @@ whole work is a short compiled lookup that is most of the server's own time: on 
 answering the same bodies costs 85-88 µs and p50 163-174 µs (one client, `http.client`).
 
 `direct_answers(base)` subclasses uvicorn's httptools protocol. A request is answered
-directly, inside the `data_received` call that completed it, when every one of these
+directly, inside the `data_received` call that completes it, when every one of these
 holds; otherwise it goes to uvicorn's ASGI cycle exactly as before:
 
 - it is a POST to a route `FastPath` answers, its handlers run without waiting
@@ -18,9 +18,10 @@ holds; otherwise it goes to uvicorn's ASGI cycle exactly as before:
   limit to apply;
 - no earlier request of the connection is still being answered (pipelining keeps its
   order) and the connection is not holding back writes for a slow reader;
-- it declares a Content-Length within the body limit, sends no `Expect: 100-continue`,
-  and its whole body arrived with its headers (one read; a body still coming when the
-  read ends is handed to the ASGI cycle with what came so far).
+- it declares a Content-Length within the body limit and sends no
+  `Expect: 100-continue`. Its body is kept as it comes (at most that length; the
+  connection's body deadline applies between its parts, hps/http/connections.py) and the
+  request is answered in the read that completes it.
 
 The answer is the same: `FastPath.answer` runs the route's handler and error answer as
 `FastPath.__call__` does and counts the request in the metrics; the response carries
@@ -146,19 +147,6 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                 return
             self._hps_pending = None
             self._hps_answer(pending)
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            pending = self._hps_pending
-            if pending is not None:  # its body is still coming: the ASGI cycle takes it
-                self._hps_pending = None
-                if self.transport.is_closing():  # (a bad request the parser refused)
-                    return
-                super().on_headers_complete()
-                cycle = self.cycle
-                if cycle is not None and pending.body:
-                    cycle.body = b"".join(pending.body)
-                    cycle.message_event.set()
 
         def _hps_answer(self, pending: _Pending) -> None:
             fast = self.config.app.fast_path

@@ -143,16 +143,18 @@ def test_pipelined_requests_are_answered_in_order(live: Live, rng: np.random.Gen
 
 
 def test_a_body_in_parts_and_closing_requests(live: Live, rng: np.random.Generator) -> None:
-    """A body still coming when a read ends is answered by the ASGI path with all of it;
-    `Connection: close` and HTTP/1.0 requests are answered and the connection closed."""
+    """A request whose headers and body come in several reads is answered directly once
+    the last part is in; `Connection: close` and HTTP/1.0 requests are answered and the
+    connection closed."""
     body, expected = _keys(live, rng)
     sock = _connect(live)
     request = _request(LOOKUP, body)
-    sock.sendall(request[:-100])
-    time.sleep(0.2)  # the server reads the first part alone
-    sock.sendall(request[-100:])
+    direct_before = live.app.fast_path.answered_directly
+    for part in (request[:-len(body)], request[-len(body):-100], request[-100:]):
+        sock.sendall(part)  # headers, then the body in two parts
+        time.sleep(0.1)  # each read alone
     status, _, answer = _Reader(sock).response()
-    assert status == 200
+    assert status == 200 and live.app.fast_path.answered_directly == direct_before + 1
     np.testing.assert_array_equal(np.frombuffer(answer, "<f4").reshape(40, -1), expected)
     sock.close()
 
