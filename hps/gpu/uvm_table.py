@@ -41,14 +41,15 @@ runs while queries count may lose a few increments.
 Host reads: a batch of `grouped_reads_from` keys or more reads its host rows grouped by
 2 MiB region of host memory (cuda/uvm_table.cu says why: random reads over gigabytes of
 host memory are bound by address translation): the query kernel serves GPU rows and misses
-and lists the host rows, three small kernels order the list by region and read the rows;
+and notes the host rows by batch position, three small kernels put them in region order
+and read them;
 the miss count is published after the last of them. Smaller batches read host rows at once
 (fewer launches: their latency counts more than the bus).
 
 Memory: GPU slots × 16 B (key, GPU row link, hits) + gpu_rows × (row bytes + 4); pinned
 host (slots + 1) × row bytes (`device_bytes_required`, `host_bytes_required`). Too little
 host memory is a ConfigError before anything is allocated. A thread's grouped reads use
-16 B per key of its largest batch and 8 B per host region of GPU memory (CuPy's pool).
+12 B per key of its largest batch and 8 B per host region of GPU memory (CuPy's pool).
 """
 
 from __future__ import annotations
@@ -94,9 +95,9 @@ _MAX_REGIONS = 32768  # uvm_region_scan: one block of 1024 threads, 32 regions e
 _SCAN_BLOCK = 1024
 _QUERY_SIGNATURE = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32 ptr ptr ptr"
 _GROUPED_KERNELS = (  # name, signature
-    ("uvm_query_grouped", _QUERY_SIGNATURE + " ptr ptr ptr ptr i32"),
+    ("uvm_query_grouped", _QUERY_SIGNATURE + " ptr ptr i32"),
     ("uvm_region_scan", "ptr ptr u32 ptr"),
-    ("uvm_region_scatter", "ptr ptr ptr ptr i32 ptr ptr"),
+    ("uvm_region_scatter", "i64 ptr ptr i32 ptr ptr"),
     ("uvm_gather", "ptr ptr ptr ptr ptr i32 ptr ptr"),
 )
 
@@ -111,21 +112,21 @@ def region_shift(num_rows: int, row_bytes: int, region_bytes: int = REGION_BYTES
 
 
 class _HostReadLists:
-    """One workspace's buffers for grouped host reads (device): the list's length (u32
-    [2]: being filled, filled), the listed slots and positions, the same in region order
-    (u32 [capacity] each), and per region its count and its start in the order. Between
-    queries lengths[0] and every count are 0 (the kernels leave them so)."""
+    """One workspace's buffers for grouped host reads (device): the number of deferred
+    host rows (u32 [1]), the slot deferred at each batch position (NO_ROW where none), the
+    deferred slots and their positions in region order (u32 [capacity] each), and per
+    region its count and its start in the order. Between queries every count is 0 (the
+    kernels leave them so)."""
 
     def __init__(self, cupy: Any, capacity: int, regions: int) -> None:
         self.capacity = capacity
-        self.lengths = cupy.zeros(2, np.uint32)
-        self.lists = cupy.empty((4, capacity), np.uint32)  # slot, pos, ordered slot, pos
+        self.listed = cupy.zeros(1, np.uint32)
+        self.lists = cupy.empty((3, capacity), np.uint32)  # by position, ordered slot, pos
         self.region_count = cupy.zeros(regions, np.uint32)
         self.region_start = cupy.empty(regions, np.uint32)
         base, row = int(self.lists.data.ptr), capacity * 4
-        self.ptrs = (int(self.lengths.data.ptr), base, base + row, base + 2 * row,
-                     base + 3 * row, int(self.region_count.data.ptr),
-                     int(self.region_start.data.ptr))
+        self.ptrs = (int(self.listed.data.ptr), base, base + row, base + 2 * row,
+                     int(self.region_count.data.ptr), int(self.region_start.data.ptr))
 
 
 def _host_memory_available() -> int:
@@ -189,8 +190,11 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                          unroll=unroll, storage=storage)
         self._defines["HITS_CAP"] = HITS_CAP
         with self._device:
-            self._gpu_row = self._alloc((self.num_slots + 1,), np.uint32)
-            self._hits = self._alloc((self.num_slots + 1,), np.uint32)
+            # each slot's GPU row link and hit count side by side (cuda/uvm_table.cu: a
+            # query reads both); the two are strided views of the pairs
+            self._links = self._alloc((self.num_slots + 1, 2), np.uint32)
+            self._gpu_row = self._links[:, 0]
+            self._hits = self._links[:, 1]
             self._gpu_vecs = self._alloc(*self._row_array(max(self.gpu_rows, 1)))
             self._owner = self._alloc((max(self.gpu_rows, 1),), np.uint32)
             with self._stream:
@@ -282,7 +286,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(memory, 0))
 
     def _free_extra(self) -> None:
-        self._gpu_row = self._hits = self._gpu_vecs = self._owner = None
+        self._links = self._gpu_row = self._hits = self._gpu_vecs = self._owner = None
         self._host_rows_view = None
         if self._host_mem is not None:
             self._host_mem.close()
@@ -333,7 +337,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         current, ws reserved): four launches on the stream, the last publishing the miss
         count."""
         lists = self._lists_for(ws, n)
-        length, slots, positions, order_slots, order_positions, counts, starts = lists.ptrs
+        listed, by_pos, order_slots, order_positions, counts, starts = lists.ptrs
         query, scan, scatter, gather = self._grouped_launches(out_type)
         vec4 = int(self._out_dim_vec[out_type] and out_ptr % 16 == 0)
         shift = self._region_shift
@@ -344,11 +348,11 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         query(blocks, BLOCK, stream_ptr, keys_ptr, n, self._keys_ptr, self._vecs_ptr,
               self.num_sets, self._flags_ptr, out_ptr, vec4, ws.ctl_ptr, ws.host_ptr,
               ws.positions_ptr, ws.keys_ptr, default, self._gpu_row_ptr, self._gpu_vecs_ptr,
-              self._hits_ptr, length, slots, positions, counts, shift)
-        scan(1, _SCAN_BLOCK, stream_ptr, counts, starts, self._regions, length)
-        scatter(min(-(-n // BLOCK), self._sms * 16), BLOCK, stream_ptr, length, slots,
-                positions, starts, shift, order_slots, order_positions)
-        gather(min(-(-(n * self._group) // BLOCK), self._sms * 16), BLOCK, stream_ptr, length,
+              self._hits_ptr, by_pos, counts, shift)
+        scan(1, _SCAN_BLOCK, stream_ptr, counts, starts, self._regions, listed)
+        scatter(min(-(-n // BLOCK), self._sms * 16), BLOCK, stream_ptr, n, by_pos, starts,
+                shift, order_slots, order_positions)
+        gather(min(-(-(n * self._group) // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed,
                order_slots, order_positions, self._vecs_ptr, out_ptr, vec4, ws.ctl_ptr,
                ws.host_ptr)
 
