@@ -8,7 +8,8 @@
 //   GROUP      lanes that serve one key (a power of two, 1..32)
 //   SET_SIZE   slots per set (dynamic cache) or per bucket (static table); multiple of GROUP
 //   UNROLL     keys a lane group serves per loop round (more loads in flight)
-//   HINTS      1: streaming cache hints on row reads and output writes
+//   HINTS      bits: 1 streaming cache hints on row reads and output writes; 2 bucket
+//              reads of the static table's index ask L2 to keep their lines
 //   EMPTY_KEY  the key of a free slot (2^63 - 1)
 //   RANK_BITS  low bits of an LRU stamp that hold the key's rank in its insert batch
 //   STORAGE    how rows are stored: 0 float32, 1 float16, 2 bfloat16, 3 int8 (row-wise
@@ -168,7 +169,7 @@ __device__ __forceinline__ void hps_load_row(const float4* __restrict__ row, int
 #pragma unroll
     for (int v = 0; v < VPL; ++v) {
         const int c = gl + v * GROUP;
-#if HINTS
+#if HINTS & 1
         if (c < ROW4) r[v] = __ldcs(row + c);
 #else
         if (c < ROW4) r[v] = row[c];
@@ -184,7 +185,7 @@ __device__ __forceinline__ void hps_store_out(float* out_row, int gl, const floa
 #pragma unroll
         for (int v = 0; v < VPL; ++v) {
             const int c = gl + v * GROUP;
-#if HINTS
+#if HINTS & 1
             if (c < ROW4) __stcs(o + c, r[v]);
 #else
             if (c < ROW4) o[c] = r[v];
@@ -269,7 +270,7 @@ struct hps_lane_row {
 
 template <typename T>
 __device__ __forceinline__ T hps_ld(const T* p) {
-#if HINTS
+#if HINTS & 1
     return __ldcs(p);
 #else
     return *p;
@@ -278,7 +279,7 @@ __device__ __forceinline__ T hps_ld(const T* p) {
 
 template <typename T>
 __device__ __forceinline__ void hps_st(T* p, const T& v) {
-#if HINTS
+#if HINTS & 1
     __stcs(p, v);
 #else
     *p = v;

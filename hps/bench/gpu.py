@@ -58,12 +58,16 @@ def _event_ms(cp: Any, fn: Callable[[int], None], repeats: int, warmup: int = 3,
 
 def _variants(dim: int, sweep: bool, default: tuple[int, ...]
               ) -> list[tuple[int, int, int, int]]:
-    """(group, unroll, waves, hints) launch shapes to time."""
+    """(group, unroll, waves, hints) launch shapes to time: other lane groups and unrolls
+    with the table's hints, then its own shape capped at 16 waves, then with each hint bit
+    flipped."""
+    hints = default[3]
     if not sweep:
-        return [(default[0], default[1], 0, 0)]
+        return [(default[0], default[1], 0, hints)]
     shapes = [(2, 2), (4, 2), (4, 4), (8, 2)] if dim <= 32 else [(4, 1), (8, 1), (8, 2)]
-    out = [(g, u, 0, 0) for g, u in shapes]
-    return out + [(default[0], default[1], 16, 0), (default[0], default[1], 0, 1)]
+    out = [(g, u, 0, hints) for g, u in shapes]
+    return out + [(default[0], default[1], 16, hints), (default[0], default[1], 0, hints ^ 1),
+                  (default[0], default[1], 0, hints ^ 2)]
 
 
 def bench_throughput(dim: int, slots: int = 1 << 24, batch: int = 1 << 20, repeats: int = 20,

@@ -189,9 +189,9 @@ def bench_storage(dim: int = 128, n: int = 1 << 20, table_keys: int = 1 << 20,
     return result
 
 
-# launch shapes (lanes per key, keys in flight per lane group, streaming cache hints) the
-# sweep tries
-SWEEP_SHAPES = ((8, 2, 0), (8, 2, 1), (8, 4, 1), (4, 2, 0), (4, 2, 1), (4, 4, 1))
+# launch shapes (lanes per key, keys in flight per lane group, cache hint bits: see
+# hps/gpu/device_table.py's default_hints) the sweep tries
+SWEEP_SHAPES = ((8, 2, 2), (8, 2, 3), (8, 4, 3), (4, 2, 2), (4, 2, 3), (4, 4, 3))
 
 
 def _floors(dim: int, table_keys: int, picks: list[np.ndarray], dev: Any, rounds: int,

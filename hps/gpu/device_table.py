@@ -75,13 +75,24 @@ def default_unroll(dim: int) -> int:
 
 
 def default_hints(storage: StorageType) -> int:
-    """Streaming cache hints on row reads and output writes (HINTS): on for compact rows
-    only. H100, 1M all-hit keys at dim 128, each pair timed in one block: with compact rows
-    (`hps bench gpu --profile storage --sweep`, static table, public call) float16 rows
-    into float16 outputs 3.83 against 3.48 G keys/s without, into float32 3.08 against
-    2.83, int8 3.12 against 2.98; with float32 rows (`--only throughput --sweep`, kernel
-    time) they lose: static 2.23 against 2.40, dynamic 1.94 against 2.26."""
-    return 1 if storage.compact else 0
+    """The cache hints of a table's kernels (HINTS, bits; cuda/hps_common.cuh).
+
+    Bit 1, streaming hints on row reads and output writes: compact rows only. H100, 1M
+    all-hit keys at dim 128, each pair timed in one block: with compact rows (`hps bench
+    gpu --profile storage --sweep`, static table, public call) float16 rows into float16
+    outputs 3.83 against 3.48 G keys/s without, into float32 3.08 against 2.83, int8 3.12
+    against 2.98; with float32 rows (`--only throughput --sweep`, kernel time) they lose:
+    static 2.23 against 2.40, dynamic 1.94 against 2.26.
+
+    Bit 2, the static and uvm tables' bucket reads keep their L2 lines ahead of the
+    streamed rows (the dynamic cache ignores it): every type. H100, static table of 1M
+    keys at dim 128, 1M uniform keys through the public call, calls alternating with and
+    without (`python scripts/index_hint_probe.py`, two runs): float32 rows 2.53-2.55
+    against 2.28-2.29 G keys/s, float16 into float32 3.19-3.24 against 2.94-2.96, int8
+    3.20-3.31 against 2.98-3.00, float16 into float16 3.71-3.80 against 3.65-3.71, every
+    output the same bit for bit; over 8M keys at dim 64 (an index larger than L2) it
+    still gained 1-2%."""
+    return (1 if storage.compact else 0) | 2
 
 
 def row_floats(dim: int) -> int:
