@@ -59,7 +59,7 @@ extern "C" __global__ void cache_query(
         hps_key k[UNROLL][KPL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
-            if (key[u] != HPS_EMPTY_KEY) hps_load_set_keys(slot_keys + (u64)set[u] * SET_SIZE, gl, k[u]);
+            if (key[u] != HPS_EMPTY_KEY) hps_load_index_keys(slot_keys + (u64)set[u] * SET_SIZE, gl, k[u]);
         long long slot[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {

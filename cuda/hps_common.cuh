@@ -8,8 +8,8 @@
 //   GROUP      lanes that serve one key (a power of two, 1..32)
 //   SET_SIZE   slots per set (dynamic cache) or per bucket (static table); multiple of GROUP
 //   UNROLL     keys a lane group serves per loop round (more loads in flight)
-//   HINTS      bits: 1 streaming cache hints on row reads and output writes; 2 bucket
-//              reads of the static table's index ask L2 to keep their lines
+//   HINTS      bits: 1 streaming cache hints on row reads and output writes; 2 queries'
+//              reads of the index (set or bucket keys) ask L2 to keep their lines
 //   EMPTY_KEY  the key of a free slot (2^63 - 1)
 //   RANK_BITS  low bits of an LRU stamp that hold the key's rank in its insert batch
 //   STORAGE    how rows are stored: 0 float32, 1 float16, 2 bfloat16, 3 int8 (row-wise
@@ -148,6 +148,30 @@ __device__ __forceinline__ void hps_load_set_keys(const hps_key* set_keys, int g
 #else
 #pragma unroll
     for (int j = 0; j < KPL; ++j) k[j] = p[j];
+#endif
+}
+
+// hps_load_set_keys for a kernel that reads sets no kernel running beside it writes (the
+// queries): with HINTS bit 2 the lines are kept in L2 ahead of the streamed rows (an
+// evict_last policy), since a lookup reads a row once and the index again and again.
+__device__ __forceinline__ void hps_load_index_keys(const hps_key* set_keys, int gl,
+                                                    hps_key (&k)[KPL]) {
+#if (HINTS & 2) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u64 policy;
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    const hps_key* p = set_keys + gl * KPL;
+#if (KPL % 2) == 0
+#pragma unroll
+    for (int j = 0; j < KPL; j += 2)
+        asm("ld.global.nc.L2::cache_hint.v2.s64 {%0, %1}, [%2], %3;"
+            : "=l"(k[j]), "=l"(k[j + 1]) : "l"(p + j), "l"(policy));
+#else
+#pragma unroll
+    for (int j = 0; j < KPL; ++j)
+        asm("ld.global.nc.L2::cache_hint.s64 %0, [%1], %2;" : "=l"(k[j]) : "l"(p + j), "l"(policy));
+#endif
+#else
+    hps_load_set_keys(set_keys, gl, k);
 #endif
 }
 

@@ -70,30 +70,6 @@ extern "C" __global__ void static_build(
 #error "PROBE_WINDOW must be passed by hps/gpu/kernels.py"
 #endif
 
-// Loads this lane's keys of a bucket, as hps_load_set_keys does; with HINTS bit 2 the lines
-// are kept in L2 before the streamed rows (an evict_last policy): a lookup reads rows
-// once, the index again and again.
-__device__ __forceinline__ void static_load_bucket(const hps_key* bucket_keys, int gl,
-                                                   hps_key (&k)[KPL]) {
-#if (HINTS & 2) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    u64 policy;
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    const hps_key* p = bucket_keys + gl * KPL;
-#if (KPL % 2) == 0
-#pragma unroll
-    for (int j = 0; j < KPL; j += 2)
-        asm("ld.global.nc.L2::cache_hint.v2.s64 {%0, %1}, [%2], %3;"
-            : "=l"(k[j]), "=l"(k[j + 1]) : "l"(p + j), "l"(policy));
-#else
-#pragma unroll
-    for (int j = 0; j < KPL; ++j)
-        asm("ld.global.nc.L2::cache_hint.s64 %0, [%1], %2;" : "=l"(k[j]) : "l"(p + j), "l"(policy));
-#endif
-#else
-    hps_load_set_keys(bucket_keys, gl, k);
-#endif
-}
-
 // Probes from bucket b on, PROBE_WINDOW buckets at a time (their loads in flight together);
 // returns the slot of key or -1 (group-cooperative). A key never lies past a bucket that
 // has an empty slot, so a window that shows one ends the search.
@@ -106,7 +82,7 @@ __device__ __forceinline__ long long static_probe(const hps_key* __restrict__ sl
 #pragma unroll
         for (int w = 0; w < PROBE_WINDOW; ++w) {
             at[w] = (b + w) % num_buckets;
-            static_load_bucket(slot_keys + (u64)at[w] * SET_SIZE, gl, k[w]);
+            hps_load_index_keys(slot_keys + (u64)at[w] * SET_SIZE, gl, k[w]);
         }
 #pragma unroll
         for (int w = 0; w < PROBE_WINDOW; ++w) {
@@ -155,7 +131,7 @@ __device__ __forceinline__ void static_find_slots(
     hps_key k[UNROLL][KPL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u)
-        if (key[u] != HPS_EMPTY_KEY) static_load_bucket(slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
+        if (key[u] != HPS_EMPTY_KEY) hps_load_index_keys(slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         slot[u] = -1;

@@ -1,10 +1,11 @@
-"""Probe: the static table's bucket reads with and without an L2 evict_last policy.
+"""Probe: a GPU table's index reads with and without an L2 evict_last policy.
 
     python scripts/index_hint_probe.py [--dim 128] [--table-keys 1048576] [--storages ...]
+                                       [--cache-type static|dynamic]
 
-For each storage type, two HPS over the same model folder (a static GPU table of every
-key): one with the table's shipped launch (its HINTS), one with HINTS bit 2 added (the
-index's bucket lines kept in L2 before the streamed rows: cuda/static_table.cu). Both
+For each storage type, two HPS over the same model folder (a GPU table of every key): one
+with HINTS bit 2 cleared ("0"), one with it set ("2": the queries' set or bucket lines kept
+in L2 ahead of the streamed rows, cuda/hps_common.cuh's hps_load_index_keys). Both
 answer the same 1M-key uniform draws through `HPS.lookup_fromdlpack` into torch outputs;
 calls alternate between the two, round by round, each followed by a stream sync (wall
 clock around both). Prints the median call, G keys/s, each case over float32 storage of
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--storages", default="float32,float16,int8")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--calls", type=int, default=6)
+    parser.add_argument("--cache-type", default="static")
     parser.add_argument("--shapes", default="",
                         help="also compact rows at these launch shapes, with bit 2: "
                              "'group,unroll;group,unroll'")
@@ -56,13 +58,14 @@ def main() -> None:
             variants = [0, 2] + ([(g, u) for g, u in shapes] if storage != "float32" else [])
             for bit in variants:
                 hps = server_over_folder(folder, args.dim, args.batch, 0,
-                                         embedding_storage_dtype=storage)
+                                         embedding_storage_dtype=storage,
+                                         embedding_cache_type=args.cache_type)
                 table = hps.server.model(MODEL).tables[0].gpu[0]._table
                 if isinstance(bit, tuple):
                     table.set_launch(bit[0], bit[1], table._waves, table._hints | 2)
-                elif bit:
+                else:
                     table.set_launch(table._group, table._unroll, table._waves,
-                                     table._hints | bit)
+                                     (table._hints & ~2) | bit)
                 servers[(storage, bit)] = hps
                 print(f"{storage} hints {table._hints}: ready", flush=True)
         draws = [torch.as_tensor(keys[rng.integers(0, args.table_keys, args.batch)],
@@ -94,7 +97,8 @@ def main() -> None:
                             samples[(case, bit)].append(clock() - t0)
         med = {k: statistics.median(v) for k, v in samples.items()}
         base = cases[0]
-        print(f"\ndim {args.dim}, table {args.table_keys:,} keys, batch {args.batch:,}")
+        print(f"\n{args.cache_type}, dim {args.dim}, table {args.table_keys:,} keys, "
+              f"batch {args.batch:,}")
         print(f"{'case':28} {'launch':>6} {'us':>8} {'Gkeys/s':>8} {'x f32':>6} {'x bit0':>6}")
         for case in cases:
             for bit in [b for (st, b) in servers if st == case[0]]:

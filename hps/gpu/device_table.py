@@ -84,14 +84,16 @@ def default_hints(storage: StorageType) -> int:
     against 2.98; with float32 rows (`--only throughput --sweep`, kernel time) they lose:
     static 2.23 against 2.40, dynamic 1.94 against 2.26.
 
-    Bit 2, the static and uvm tables' bucket reads keep their L2 lines ahead of the
-    streamed rows (the dynamic cache ignores it): every type. H100, static table of 1M
-    keys at dim 128, 1M uniform keys through the public call, calls alternating with and
-    without (`python scripts/index_hint_probe.py`, two runs): float32 rows 2.53-2.55
-    against 2.28-2.29 G keys/s, float16 into float32 3.19-3.24 against 2.94-2.96, int8
-    3.20-3.31 against 2.98-3.00, float16 into float16 3.71-3.80 against 3.65-3.71, every
-    output the same bit for bit; over 8M keys at dim 64 (an index larger than L2) it
-    still gained 1-2%."""
+    Bit 2, queries' reads of the index (the dynamic cache's sets, the static and uvm
+    tables' buckets) keep their L2 lines ahead of the streamed rows: every type. H100,
+    1M keys at dim 128, 1M uniform keys through the public call, calls alternating with
+    and without (`python scripts/index_hint_probe.py [--cache-type dynamic]`): static
+    table (three runs) float32 rows 2.50-2.55 against 2.25-2.29 G keys/s, float16 into
+    float32 3.18-3.24 against 2.91-2.96, int8 3.20-3.31 against 2.93-3.00, float16 into
+    float16 3.67-3.80 against 3.57-3.71; dynamic cache float32 2.43 against 2.20, float16
+    into float32 3.10 against 2.83, int8 3.16 against 2.86, float16 into float16 3.48
+    against 3.38; every output the same bit for bit. Over 8M keys at dim 64 (an index
+    larger than L2) the static table still gained 1-2%."""
     return (1 if storage.compact else 0) | 2
 
 
