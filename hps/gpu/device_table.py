@@ -162,7 +162,7 @@ class QueryWorkspace:
         self._keys_finalizer: Any = None
         # the query launches bound to these buffers (see DeviceTable._bind_query)
         # by output type (row_format.OUTPUT_CODES)
-        self.launches: dict[int, list[tuple[int, kernels.Launch, int, Any]]] = {}
+        self.launches: dict[int, list[tuple[int, kernels.Launch, int, Any, int]]] = {}
         self.generation = -1
         self.insert_launch: kernels.Launch | None = None
         self.insert_cells: list[Any] | None = None
@@ -518,26 +518,27 @@ class DeviceTable:
         """The query parameters that stay fixed for a workspace: position → value."""
         raise NotImplementedError
 
-    def _query_kernels(self, out_type: int) -> list[tuple[int, Any, int]]:
-        """(most keys, kernel, keys per lane group) of the query kernels writing
-        `out_type`, by batch size."""
-        return [(kernels.MAX_BATCH, self._kernel(self._query_kernel, out_type), self._unroll)]
+    def _query_kernels(self, out_type: int) -> list[tuple[int, Any, int, int]]:
+        """(most keys, kernel, keys per lane group, most blocks or 0) of the query kernels
+        writing `out_type`, by batch size."""
+        return [(kernels.MAX_BATCH, self._kernel(self._query_kernel, out_type), self._unroll, 0)]
 
     def _bind_query(self, ws: QueryWorkspace, out_type: int
-                    ) -> list[tuple[int, kernels.Launch, int, Any]]:
+                    ) -> list[tuple[int, kernels.Launch, int, Any, int]]:
         launches = []
         fixed = self._fixed_query_params(ws)
         k, c, o, v, d = self._query_slots
         if ws.generation != self._generation:
             ws.launches = {}
-        for limit, fn, unroll in self._query_kernels(out_type):
+        for limit, fn, unroll, most_blocks in self._query_kernels(out_type):
             launch = kernels.Launch(fn, self._query_signature)
             for i, value in fixed.items():
                 launch.set(i, value)
             cells = launch.values
             tick = cells[self._tick_slot] if self._tick_slot >= 0 else None
             launches.append((limit, launch, unroll * (32 // self._group),
-                             (cells[k], cells[c], cells[o], cells[v], cells[d], tick)))
+                             (cells[k], cells[c], cells[o], cells[v], cells[d], tick),
+                             most_blocks))
         ws.launches[out_type] = launches
         ws.generation = self._generation
         return launches
@@ -554,7 +555,7 @@ class DeviceTable:
             if n <= entry[0]:
                 chosen = entry
                 break
-        _, launch, keys_per_warp, (k, c, o, v, d, tick) = chosen
+        _, launch, keys_per_warp, (k, c, o, v, d, tick), most_blocks = chosen
         k.value = keys_ptr
         c.value = n
         o.value = out_ptr
@@ -566,6 +567,8 @@ class DeviceTable:
         blocks = -(-n // (keys_per_warp * (BLOCK // 32)))
         if self._waves:
             blocks = min(blocks, self._sms * self._waves)
+        if most_blocks:
+            blocks = min(blocks, most_blocks)
         launch.go(blocks, BLOCK, stream_ptr)
 
     def query_ptr(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,

@@ -146,6 +146,14 @@ def multiprocessors(device_id: int) -> int:
     return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
 
 
+def resident_blocks(fn: Any, block: int) -> int:
+    """Blocks of `block` threads of kernel `fn` (from `function`) that fit one SM at once:
+    the grid of a kernel whose blocks loop over their work is this times the SMs."""
+    cupy = cupy_module()
+    ptr = int(getattr(fn, "kernel", fn).ptr)
+    return max(1, int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(ptr, block, 0)))
+
+
 def grid(device_id: int, threads: int, block: int = 256, waves: int = 16) -> int:
     """Blocks for `threads` threads, capped at `waves` blocks per SM (kernels loop over
     the rest); waves 0: no cap."""

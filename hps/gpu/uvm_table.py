@@ -156,6 +156,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     _query_kernel = "uvm_query"
     _query_signature = _QUERY_SIGNATURE
     _update_kernel = "uvm_update"
+    _pipelined_kernel = None  # uvm_query serves every batch it does not group
 
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *, gpu_rows: int,
                  load_factor: float = DEFAULT_LOAD_FACTOR,
