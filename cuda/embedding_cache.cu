@@ -23,6 +23,67 @@
 #endif
 #define HPS_RANK_MAX ((1LL << RANK_BITS) - 1)
 
+// The slots of one lane group's keys in one query round: keys[base + u * KPW + g] for
+// u < UNROLL (g: the group's index in its warp). pos, key and slot of each (slot -1: not
+// held; positions past n get key HPS_EMPTY_KEY and slot -1). Every lane of the warp must
+// call it.
+__device__ __forceinline__ void cache_find_slots(
+    const hps_key* __restrict__ keys, const long long n, const long long base, const int g,
+    const int gl, const u32 gmask, const hps_key* __restrict__ slot_keys, const u32 num_sets,
+    const bool special_present, long long (&pos)[UNROLL], hps_key (&key)[UNROLL],
+    long long (&slot)[UNROLL]) {
+    u32 set[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        pos[u] = base + u * KPW + g;
+        key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
+        set[u] = hps_set_of(key[u], num_sets);
+    }
+    hps_key k[UNROLL][KPL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+        if (key[u] != HPS_EMPTY_KEY) hps_load_index_keys(slot_keys + (u64)set[u] * SET_SIZE, gl, k[u]);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        int way = key[u] != HPS_EMPTY_KEY ? hps_match(k[u], key[u], gl) : -1;
+        way = __reduce_max_sync(gmask, way);
+        slot[u] = way >= 0 ? (long long)set[u] * SET_SIZE + way : -1;
+        if (key[u] == HPS_EMPTY_KEY && pos[u] < n && special_present)
+            slot[u] = (long long)num_sets * SET_SIZE;
+    }
+}
+
+// The end of one query round: hits' rows (loaded into r) to out[pos], their slots stamped;
+// misses filled with default_value and appended to the miss lists. Every lane of the warp
+// must call it.
+__device__ __forceinline__ void cache_answer_round(
+    const long long n, const long long (&pos)[UNROLL], const hps_key (&key)[UNROLL],
+    const long long (&slot)[UNROLL], const hps_lane_row (&r)[UNROLL], const int gl,
+    const int lane, const long long special_slot, u64* __restrict__ stamps,
+    hps_out_t* __restrict__ out, const bool vec4, int* __restrict__ ctl,
+    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const u64 tick,
+    const float default_value) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const bool valid = pos[u] < n;
+        if (valid) {
+            hps_out_t* orow = out + pos[u] * DIM;
+            if (slot[u] >= 0) {
+                hps_store_out(orow, gl, r[u], vec4);
+                bool stamp = gl == 0 && slot[u] != special_slot;
+#if STAMP_SHIFT > 0
+                stamp = stamp && (hps_murmur3_fmix64((u64)key[u] ^ tick) & ((1ULL << STAMP_SHIFT) - 1)) == 0;
+#endif
+                if (stamp) stamps[slot[u]] = tick;
+            } else {
+                hps_fill_out(orow, gl, default_value, vec4);
+            }
+        }
+        hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
+                          miss_pos, miss_keys);
+    }
+}
+
 // Hits: the row is copied to out[pos] and the slot stamped with `tick` (the query's tick
 // shifted left by RANK_BITS); with STAMP_SHIFT s > 0, only hits whose
 // hps_murmur3_fmix64(key ^ tick) has its low s bits zero are stamped (sampled LRU: 1 in 2^s).
@@ -43,53 +104,72 @@ extern "C" __global__ void cache_query(
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const long long special_slot = (long long)num_sets * SET_SIZE;
     const bool special_present = flags[0] != 0;
-    const bool vec4 = out_vec4 != 0;
 
     // warp-uniform loop: every lane runs every round, so warp-wide ballots are legal
     for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
         long long pos[UNROLL];
         hps_key key[UNROLL];
-        u32 set[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            pos[u] = base + u * KPW + g;
-            key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
-            set[u] = hps_set_of(key[u], num_sets);
-        }
-        hps_key k[UNROLL][KPL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (key[u] != HPS_EMPTY_KEY) hps_load_index_keys(slot_keys + (u64)set[u] * SET_SIZE, gl, k[u]);
         long long slot[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            int way = key[u] != HPS_EMPTY_KEY ? hps_match(k[u], key[u], gl) : -1;
-            way = __reduce_max_sync(gmask, way);
-            slot[u] = way >= 0 ? (long long)set[u] * SET_SIZE + way : -1;
-            if (key[u] == HPS_EMPTY_KEY && pos[u] < n && special_present) slot[u] = special_slot;
-        }
+        cache_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_sets, special_present,
+                         pos, key, slot);
         hps_lane_row r[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
             if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW_STRIDE, gl, r[u]);
+        cache_answer_round(n, pos, key, slot, r, gl, lane, special_slot, stamps, out,
+                           out_vec4 != 0, ctl, miss_pos, miss_keys, tick, default_value);
+    }
+    hps_finish_query(ctl, host_count);
+}
+
+// cache_query software-pipelined, for large batches into 16-bit outputs of short rows: the
+// rows of one round in flight while the next round probes, every warp looping over the
+// batch in a grid of one wave (as static_query_pipelined in cuda/static_table.cu, which
+// says why). At most 51 registers (5 blocks of 256 an SM).
+extern "C" __global__ void __launch_bounds__(256, 5) cache_query_pipelined(
+    const hps_key* __restrict__ keys, const long long n,
+    const hps_key* __restrict__ slot_keys, u64* __restrict__ stamps,
+    const hps_row_t* __restrict__ vecs, const u32 num_sets, const int* __restrict__ flags,
+    hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
+    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys,
+    const u64 tick, const float default_value) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const int g = lane / GROUP;
+    const u32 gmask = hps_group_mask(lane);
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const long long special_slot = (long long)num_sets * SET_SIZE;
+    const bool special_present = flags[0] != 0;
+    const long long step = nwarps * (KPW * UNROLL);
+
+    long long base = warp * (KPW * UNROLL);
+    long long pos[UNROLL];
+    hps_key key[UNROLL];
+    long long slot[UNROLL];
+    if (base < n)
+        cache_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_sets, special_present,
+                         pos, key, slot);
+    while (base < n) {  // warp-uniform
+        hps_lane_row r[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW_STRIDE, gl, r[u]);
+        const long long next = base + step;
+        long long next_pos[UNROLL];
+        hps_key next_key[UNROLL];
+        long long next_slot[UNROLL];
+        if (next < n)
+            cache_find_slots(keys, n, next, g, gl, gmask, slot_keys, num_sets,
+                             special_present, next_pos, next_key, next_slot);
+        cache_answer_round(n, pos, key, slot, r, gl, lane, special_slot, stamps, out,
+                           out_vec4 != 0, ctl, miss_pos, miss_keys, tick, default_value);
+        base = next;
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const bool valid = pos[u] < n;
-            if (valid) {
-                hps_out_t* orow = out + pos[u] * DIM;
-                if (slot[u] >= 0) {
-                    hps_store_out(orow, gl, r[u], vec4);
-                    bool stamp = gl == 0 && slot[u] != special_slot;
-#if STAMP_SHIFT > 0
-                    stamp = stamp && (hps_murmur3_fmix64((u64)key[u] ^ tick) & ((1ULL << STAMP_SHIFT) - 1)) == 0;
-#endif
-                    if (stamp) stamps[slot[u]] = tick;
-                } else {
-                    hps_fill_out(orow, gl, default_value, vec4);
-                }
-            }
-            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
-                              miss_pos, miss_keys);
+            pos[u] = next_pos[u];
+            key[u] = next_key[u];
+            slot[u] = next_slot[u];
         }
     }
     hps_finish_query(ctl, host_count);

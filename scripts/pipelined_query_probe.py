@@ -1,8 +1,10 @@
-"""Probe: the static table's large batches into 16-bit outputs with and without the
-pipelined kernel (cuda/static_table.cu static_query_pipelined).
+"""Probe: a GPU table's large batches into 16-bit outputs with and without its pipelined
+query kernel (cuda/static_table.cu static_query_pipelined, cuda/embedding_cache.cu
+cache_query_pipelined).
 
     python scripts/pipelined_query_probe.py [--dims 32,64,128,256] [--table-keys 1048576]
                                             [--batches 131072,1048576]
+                                            [--cache-type static|dynamic]
 
 For each width: one HPS with float32 rows (the reference of the issue's ratios) and, for
 float16 and bfloat16 rows, two HPS over the same model folder: "on" as shipped, "off" with
@@ -36,6 +38,7 @@ def main() -> None:
     parser.add_argument("--batches", default="131072,1048576")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--cache-type", default="static")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     most = max(batches)
@@ -48,7 +51,7 @@ def main() -> None:
                 ("bfloat16", "on"), ("bfloat16", "off")]
     draws = [torch.as_tensor(keys[rng.integers(0, args.table_keys, most)], device=dev)
              for _ in range(4)]
-    print(f"static table, {args.table_keys:,} keys; 16-bit rows into 16-bit outputs")
+    print(f"{args.cache_type}, {args.table_keys:,} keys; 16-bit rows into 16-bit outputs")
     print(f"{'dim':>4} {'rows':9} {'batch':>8} {'on us':>8} {'off us':>8} {'on/off':>6} "
           f"{'G keys/s':>8} {'x f32':>6}")
     for dim in (int(d) for d in args.dims.split(",")):
@@ -60,7 +63,7 @@ def main() -> None:
             for storage, mode in variants:
                 hps = server_over_folder(folder, dim, most, 0,
                                          embedding_storage_dtype=storage,
-                                         embedding_cache_type="static")
+                                         embedding_cache_type=args.cache_type)
                 if mode == "off":
                     table = hps.server.model(MODEL).tables[0].gpu[0]._table
                     with table._lock:

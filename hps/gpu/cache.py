@@ -118,6 +118,7 @@ class EmbeddingCache(DeviceTable):
     _kind = "embedding cache"
     _source = "embedding_cache.cu"
     _query_kernel = "cache_query"
+    _pipelined_kernel = "cache_query_pipelined"
     _query_signature = "ptr i64 ptr ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr u64 f32"
     _dump_kernel = "cache_dump"
     _update_kernel = "cache_update"

@@ -52,6 +52,15 @@ from hps.raw_memory import wait_while
 from hps.storage import FLOAT32, StorageType, decode
 
 BLOCK = 256
+# Batches of more keys than PIPELINED_AFTER into 16-bit outputs, of rows up to
+# PIPELINED_ROW_BYTES, take a table's pipelined query kernel (cuda/static_table.cu
+# static_query_pipelined says why). H100, 1M keys, the public call, static table,
+# alternating with it off (scripts/pipelined_query_probe.py): float16 / bfloat16 rows at
+# dim 32 1.09x / 1.10x, dim 64 1.19x / 1.20x, dim 128 1.13x / 1.05x; at dim 256 (512-byte
+# rows) 0.96x / 1.04x, as float32 rows of 512 bytes gained nothing (kernel time 417-424
+# against 408 us).
+PIPELINED_AFTER = 1 << 16
+PIPELINED_ROW_BYTES = 256
 _MAPPED_PINNED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
 # The miss count's place holds this until the query kernel writes the count; the host
 # reads it this many times (GIL released, well under a millisecond) before it waits on
@@ -518,10 +527,26 @@ class DeviceTable:
         """The query parameters that stay fixed for a workspace: position → value."""
         raise NotImplementedError
 
+    # the query kernel for batches of more than PIPELINED_AFTER keys into 16-bit outputs,
+    # rows up to PIPELINED_ROW_BYTES (None: none)
+    _pipelined_kernel: str | None = None
+
     def _query_kernels(self, out_type: int) -> list[tuple[int, Any, int, int]]:
         """(most keys, kernel, keys per lane group, most blocks or 0) of the query kernels
         writing `out_type`, by batch size."""
-        return [(kernels.MAX_BATCH, self._kernel(self._query_kernel, out_type), self._unroll, 0)]
+        fn = self._kernel(self._query_kernel, out_type)
+        if (out_type == OUT_FLOAT32 or self._pipelined_kernel is None
+                or self._row_bytes > PIPELINED_ROW_BYTES):
+            return [(kernels.MAX_BATCH, fn, self._unroll, 0)]
+        # one key per lane group and round (the kernel's register cap), one wave of blocks
+        pipelined = self._fn.get(("pipelined query", out_type))
+        if pipelined is None:
+            pipelined = kernels.function(
+                self._source, self._pipelined_kernel, self.device_id,
+                **self._out_defines({**self._defines, "UNROLL": 1}, out_type))
+            self._fn[("pipelined query", out_type)] = pipelined
+        wave = self._sms * kernels.resident_blocks(pipelined, BLOCK)
+        return [(PIPELINED_AFTER, fn, self._unroll, 0), (kernels.MAX_BATCH, pipelined, 1, wave)]
 
     def _bind_query(self, ws: QueryWorkspace, out_type: int
                     ) -> list[tuple[int, kernels.Launch, int, Any, int]]:

@@ -30,7 +30,7 @@ from hps.gpu.device_table import (
     default_unroll,
 )
 from hps.gpu.kernels import SET_SIZE
-from hps.gpu.row_format import OUT_FLOAT32, stored_row_bytes, table_storage
+from hps.gpu.row_format import stored_row_bytes, table_storage
 from hps.storage import FLOAT32, StorageType
 
 DEFAULT_LOAD_FACTOR = 0.8
@@ -39,12 +39,6 @@ DEFAULT_LOAD_FACTOR = 0.8
 # bandwidth to spare; larger batches probe one bucket per step.
 SMALL_BATCH = 1 << 16
 _WINDOW = 4
-# Larger batches into 16-bit outputs take the pipelined kernel (cuda/static_table.cu) where
-# rows are at most this long. H100, 1M keys, the public call, alternating with the kernel
-# off (scripts/pipelined_query_probe.py): float16 / bfloat16 rows at dim 32 1.09x / 1.10x,
-# dim 64 1.19x / 1.20x, dim 128 1.13x / 1.05x; at dim 256 (512-byte rows) 0.96x / 1.04x,
-# as float32 rows of 512 bytes gained nothing (kernel time 417-424 against 408 us).
-PIPELINED_ROW_BYTES = 256
 
 
 def _num_buckets(num_keys: int, load_factor: float) -> int:
@@ -104,8 +98,6 @@ class StaticEmbeddingTable(DeviceTable):
         return {2: self._keys_ptr, 3: self._vecs_ptr, 4: self.num_sets, 5: self._flags_ptr,
                 8: ws.ctl_ptr, 9: ws.host_ptr, 10: ws.positions_ptr, 11: ws.keys_ptr}
 
-    # the large-batch kernel for 16-bit outputs of rows up to PIPELINED_ROW_BYTES (None:
-    # the uvm table, whose rows live elsewhere, has none)
     _pipelined_kernel: str | None = "static_query_pipelined"
 
     def _query_kernels(self, out_type: int) -> list[tuple[int, Any, int, int]]:
@@ -117,20 +109,8 @@ class StaticEmbeddingTable(DeviceTable):
             fn = kernels.function(self._source, self._query_kernel, self.device_id,
                                   **self._out_defines(defines, out_type))
             self._fn[("small query", out_type)] = fn
-        small = (SMALL_BATCH, fn, 1, 0)
-        if (out_type == OUT_FLOAT32 or self._pipelined_kernel is None
-                or self._row_bytes > PIPELINED_ROW_BYTES):
-            return [small, *super()._query_kernels(out_type)]
-        # larger batches into 16-bit outputs: the pipelined kernel, one key per lane group
-        # and round (its register cap: cuda/static_table.cu), in one wave of blocks
-        fn = self._fn.get(("pipelined query", out_type))
-        if fn is None:
-            defines = {**self._defines, "UNROLL": 1}
-            fn = kernels.function(self._source, self._pipelined_kernel, self.device_id,
-                                  **self._out_defines(defines, out_type))
-            self._fn[("pipelined query", out_type)] = fn
-        wave = self._sms * kernels.resident_blocks(fn, BLOCK)
-        return [small, (kernels.MAX_BATCH, fn, 1, wave)]
+        larger = [k for k in super()._query_kernels(out_type) if k[0] > SMALL_BATCH]
+        return [(SMALL_BATCH, fn, 1, 0), *larger]
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),

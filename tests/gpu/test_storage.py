@@ -17,8 +17,9 @@ from hps import write_sparse_model
 from hps.api import HPS
 from hps.errors import ConfigError, LookupInputError, OutputBufferError
 from hps.gpu.cache import EMPTY_KEY, EmbeddingCache
+from hps.gpu.device_table import PIPELINED_AFTER
 from hps.gpu.row_format import OUTPUT_CODES, stored_row_bytes
-from hps.gpu.static_table import SMALL_BATCH, StaticEmbeddingTable
+from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.uvm_table import NO_ROW, UvmEmbeddingTable
 from hps.storage import decode, encode, error_bound, storage_type
 
@@ -132,14 +133,15 @@ def test_lookups_decode_as_the_reference(cp: Any, rng: np.random.Generator, seed
         _check_values(storage, got, fresh[:500], f"{kind} after update")
 
 
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("dim", [128, 20])
 @pytest.mark.parametrize("storage", ["float16", "bfloat16"])
 def test_large_batches_into_16_bit_outputs(cp: Any, rng: np.random.Generator, seed: int,
-                                           storage: str, dim: int) -> None:
-    """Batches past SMALL_BATCH into 16-bit outputs take the static table's pipelined
-    kernel (every warp over several rounds of the batch): the same bits, misses and
+                                           storage: str, dim: int, kind: str) -> None:
+    """Batches past PIPELINED_AFTER keys into 16-bit outputs take the pipelined query
+    kernels (every warp over several rounds of the batch): the same bits, misses and
     defaults as the reference; 20 takes the scalar 16-bit stores."""
-    n = SMALL_BATCH + 3000
+    n = PIPELINED_AFTER + 3000
     keys, rows = _keys(rng, n), _rows(rng, n, dim, storage)
     absent = rng.choice(2**61, 900) + 2**61  # disjoint from the table's keys
     query = np.r_[keys, absent, keys[:700]].astype(np.int64)
@@ -147,8 +149,9 @@ def test_large_batches_into_16_bit_outputs(cp: Any, rng: np.random.Generator, se
     query = query[order]
     want = np.r_[rows, np.zeros((900, dim), np.float32), rows[:700]][order]
     missed = np.r_[np.zeros(n, bool), np.ones(900, bool), np.zeros(700, bool)][order]
-    with _open("static", n, dim, storage) as table:
-        table.build(keys, rows)
+    with _open(kind, n, dim, storage) as table:
+        _fill(table, keys, rows)
+        assert table.size() == n
         got, positions = _query(cp, table, query,
                                 np.float16 if storage == "float16" else np.uint16)
         assert ("pipelined query", OUTPUT_CODES[storage]) in table._fn, "not the pipelined kernel"
