@@ -122,10 +122,9 @@ extern "C" __global__ void cache_query(
     hps_finish_query(ctl, host_count);
 }
 
-// cache_query software-pipelined, for large batches into 16-bit outputs of short rows: the
-// rows of one round in flight while the next round probes, every warp looping over the
-// batch in a grid of one wave (as static_query_pipelined in cuda/static_table.cu, which
-// says why). At most 51 registers (5 blocks of 256 an SM).
+// cache_query software-pipelined (hps_pipelined_rounds), for large batches into 16-bit
+// outputs of short rows, in a grid of one wave (static_query_pipelined in
+// cuda/static_table.cu says why). At most 51 registers (5 blocks of 256 an SM).
 extern "C" __global__ void __launch_bounds__(256, 5) cache_query_pipelined(
     const hps_key* __restrict__ keys, const long long n,
     const hps_key* __restrict__ slot_keys, u64* __restrict__ stamps,
@@ -137,41 +136,20 @@ extern "C" __global__ void __launch_bounds__(256, 5) cache_query_pipelined(
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
     const u32 gmask = hps_group_mask(lane);
-    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const long long special_slot = (long long)num_sets * SET_SIZE;
     const bool special_present = flags[0] != 0;
-    const long long step = nwarps * (KPW * UNROLL);
-
-    long long base = warp * (KPW * UNROLL);
-    long long pos[UNROLL];
-    hps_key key[UNROLL];
-    long long slot[UNROLL];
-    if (base < n)
-        cache_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_sets, special_present,
-                         pos, key, slot);
-    while (base < n) {  // warp-uniform
-        hps_lane_row r[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW_STRIDE, gl, r[u]);
-        const long long next = base + step;
-        long long next_pos[UNROLL];
-        hps_key next_key[UNROLL];
-        long long next_slot[UNROLL];
-        if (next < n)
-            cache_find_slots(keys, n, next, g, gl, gmask, slot_keys, num_sets,
-                             special_present, next_pos, next_key, next_slot);
-        cache_answer_round(n, pos, key, slot, r, gl, lane, special_slot, stamps, out,
-                           out_vec4 != 0, ctl, miss_pos, miss_keys, tick, default_value);
-        base = next;
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            pos[u] = next_pos[u];
-            key[u] = next_key[u];
-            slot[u] = next_slot[u];
-        }
-    }
+    hps_pipelined_rounds(
+        n, vecs, gl,
+        [&](long long base, long long (&pos)[UNROLL], hps_key (&key)[UNROLL],
+            long long (&slot)[UNROLL]) {
+            cache_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_sets, special_present,
+                             pos, key, slot);
+        },
+        [&](const long long (&pos)[UNROLL], const hps_key (&key)[UNROLL],
+            const long long (&slot)[UNROLL], const hps_lane_row (&r)[UNROLL]) {
+            cache_answer_round(n, pos, key, slot, r, gl, lane, special_slot, stamps, out,
+                               out_vec4 != 0, ctl, miss_pos, miss_keys, tick, default_value);
+        });
     hps_finish_query(ctl, host_count);
 }
 

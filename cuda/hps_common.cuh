@@ -501,6 +501,44 @@ __device__ __forceinline__ void hps_copy_in(hps_row_t* __restrict__ dst, const f
 
 #endif  // STORAGE
 
+// The round loop of the pipelined queries (static_query_pipelined, cache_query_pipelined):
+// each warp serves rounds base, base + step, ... of a batch of n keys, and issues one
+// round's row reads before it probes the next round, so rows are in flight while the next
+// keys and sets are read. find(base, pos, key, slot) probes the round at base (slot -1:
+// not held); answer(pos, key, slot, r) writes a round whose rows are in r. Every lane of
+// the warp must call it (the loop is warp-uniform).
+template <typename Find, typename Answer>
+__device__ __forceinline__ void hps_pipelined_rounds(const long long n,
+                                                     const hps_row_t* __restrict__ vecs,
+                                                     const int gl, Find find, Answer answer) {
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long step = (((long long)gridDim.x * blockDim.x) >> 5) * (KPW * UNROLL);
+    long long base = warp * (KPW * UNROLL);
+    long long pos[UNROLL];
+    hps_key key[UNROLL];
+    long long slot[UNROLL];
+    if (base < n) find(base, pos, key, slot);
+    while (base < n) {
+        hps_lane_row r[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW_STRIDE, gl, r[u]);
+        const long long next = base + step;
+        long long next_pos[UNROLL];
+        hps_key next_key[UNROLL];
+        long long next_slot[UNROLL];
+        if (next < n) find(next, next_pos, next_key, next_slot);
+        answer(pos, key, slot, r);
+        base = next;
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            pos[u] = next_pos[u];
+            key[u] = next_key[u];
+            slot[u] = next_slot[u];
+        }
+    }
+}
+
 // Appends (position, key) of the misses of one warp round to the miss lists with one
 // atomic per warp on ctl[0]. Every lane of the warp must call it.
 __device__ __forceinline__ void hps_record_misses(bool leader_miss, long long pos, hps_key key,

@@ -153,6 +153,26 @@ __device__ __forceinline__ void static_find_slots(
 #endif
 }
 
+// The end of one query round: hits' rows (loaded into r) to out[pos]; misses filled with
+// default_value and appended to the miss lists. Every lane of the warp must call it.
+__device__ __forceinline__ void static_answer_round(
+    const long long n, const long long (&pos)[UNROLL], const hps_key (&key)[UNROLL],
+    const long long (&slot)[UNROLL], const hps_lane_row (&r)[UNROLL], const int gl,
+    const int lane, hps_out_t* __restrict__ out, const bool vec4, int* __restrict__ ctl,
+    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const bool valid = pos[u] < n;
+        if (valid) {
+            hps_out_t* orow = out + pos[u] * DIM;
+            if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
+            else hps_fill_out(orow, gl, default_value, vec4);
+        }
+        hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
+                          miss_pos, miss_keys);
+    }
+}
+
 // Same contract as cache_query of the dynamic cache, without stamps: hits copied to
 // out[pos], misses filled with default_value and appended to the miss lists.
 extern "C" __global__ void static_query(
@@ -167,7 +187,6 @@ extern "C" __global__ void static_query(
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const bool special_present = flags[0] != 0;
-    const bool vec4 = out_vec4 != 0;
 
     for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
         long long pos[UNROLL];
@@ -179,31 +198,22 @@ extern "C" __global__ void static_query(
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
             if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW_STRIDE, gl, r[u]);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const bool valid = pos[u] < n;
-            if (valid) {
-                hps_out_t* orow = out + pos[u] * DIM;
-                if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
-                else hps_fill_out(orow, gl, default_value, vec4);
-            }
-            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
-                              miss_pos, miss_keys);
-        }
+        static_answer_round(n, pos, key, slot, r, gl, lane, out, out_vec4 != 0, ctl, miss_pos,
+                            miss_keys, default_value);
     }
     hps_finish_query(ctl, host_count);
 }
 
-// static_query software-pipelined, for large batches into 16-bit outputs: every warp loops
-// over the batch (a grid of one wave, sized by occupancy in hps/gpu/static_table.py) and
-// issues the row reads of one round before it probes the next, so rows stay in flight
-// while the next keys and buckets are read. In static_query a warp has rows in flight only
-// after its probe, and 256-byte rows in and out left too few bytes in flight to keep the
-// memory busy (H100, 1M keys at dim 128: 59% of DRAM bandwidth, occupancy 3 blocks an SM
-// by registers). At most 51 registers (5 blocks of 256 an SM). Kernel time on the H100,
-// 1M keys at dim 128, float16 rows into float16 outputs: 226 against 262 us, bfloat16 227
-// against 240; into float32 outputs it gained nothing (323-329 against 316), nor for
-// float32 rows (417-424 against 408), so those keep static_query.
+// static_query software-pipelined (hps_pipelined_rounds), for large batches into 16-bit
+// outputs: every warp loops over the batch (a grid of one wave, sized by occupancy in
+// hps/gpu/device_table.py) and issues the row reads of one round before it probes the
+// next. In static_query a warp has rows in flight only after its probe, and 256-byte rows
+// in and out left too few bytes in flight to keep the memory busy (H100, 1M keys at dim
+// 128: 59% of DRAM bandwidth, occupancy 3 blocks an SM by registers). At most 51
+// registers (5 blocks of 256 an SM). Kernel time on the H100, 1M keys at dim 128, float16
+// rows into float16 outputs: 226 against 254-262 us, bfloat16 227-230 against 240-243
+// (scripts/query_time_breakdown.py); into float32 outputs it gained nothing (323-329
+// against 316), nor for float32 rows (417-424 against 408), so those keep static_query.
 extern "C" __global__ void __launch_bounds__(256, 5) static_query_pipelined(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
     const hps_row_t* __restrict__ vecs, const u32 num_buckets, const int* __restrict__ flags,
@@ -213,51 +223,19 @@ extern "C" __global__ void __launch_bounds__(256, 5) static_query_pipelined(
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
     const u32 gmask = hps_group_mask(lane);
-    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const bool special_present = flags[0] != 0;
-    const bool vec4 = out_vec4 != 0;
-    const long long step = nwarps * (KPW * UNROLL);
-
-    long long base = warp * (KPW * UNROLL);
-    long long pos[UNROLL];
-    hps_key key[UNROLL];
-    long long slot[UNROLL];
-    if (base < n)
-        static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
-                          pos, key, slot);
-    while (base < n) {  // warp-uniform
-        hps_lane_row r[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (slot[u] >= 0) hps_load_row(vecs + slot[u] * ROW_STRIDE, gl, r[u]);
-        // the next round's probe while this round's rows are on their way
-        const long long next = base + step;
-        long long next_pos[UNROLL];
-        hps_key next_key[UNROLL];
-        long long next_slot[UNROLL];
-        if (next < n)
-            static_find_slots(keys, n, next, g, gl, gmask, slot_keys, num_buckets,
-                              special_present, next_pos, next_key, next_slot);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const bool valid = pos[u] < n;
-            if (valid) {
-                hps_out_t* orow = out + pos[u] * DIM;
-                if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
-                else hps_fill_out(orow, gl, default_value, vec4);
-            }
-            hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
-                              miss_pos, miss_keys);
-        }
-        base = next;
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            pos[u] = next_pos[u];
-            key[u] = next_key[u];
-            slot[u] = next_slot[u];
-        }
-    }
+    hps_pipelined_rounds(
+        n, vecs, gl,
+        [&](long long base, long long (&pos)[UNROLL], hps_key (&key)[UNROLL],
+            long long (&slot)[UNROLL]) {
+            static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets,
+                              special_present, pos, key, slot);
+        },
+        [&](const long long (&pos)[UNROLL], const hps_key (&key)[UNROLL],
+            const long long (&slot)[UNROLL], const hps_lane_row (&r)[UNROLL]) {
+            static_answer_round(n, pos, key, slot, r, gl, lane, out, out_vec4 != 0, ctl,
+                                miss_pos, miss_keys, default_value);
+        });
     hps_finish_query(ctl, host_count);
 }
 
