@@ -24,6 +24,7 @@ from hps import (
     UnknownModelError,
     UnknownTableError,
 )
+from hps.config import parse_model_block
 from hps.server import HierarchicalParameterServer
 from tests.conftest import make_table, model_config, write_table
 
@@ -197,6 +198,25 @@ def test_gpu_cache_request_without_cuda_warns_once(
             np.testing.assert_array_equal(hps.lookup(keys[:10], "m", 0), vectors[:10])
     warnings = [r for r in caplog.records if "GPU cache" in r.getMessage()]
     assert len(warnings) == 1 and "served from the database tiers" in warnings[0].getMessage()
+
+
+def test_model_added_with_a_gpu_cache_without_cuda_warns_once(
+    two_tables: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model added at runtime asking for a GPU cache, to a server started without any:
+    the same one warning, and it serves from the tiers."""
+    config = copy.deepcopy(two_tables["config"])
+    block = {**config["models"][0], "model": "added", "gpucache": True}
+    with HierarchicalParameterServer(config) as server:
+        with caplog.at_level(logging.WARNING, logger="hps"):
+            server.add_model(parse_model_block(block))
+            server.unload_model("added")
+            server.add_model(parse_model_block(block))
+        keys, vectors = two_tables["tables"][0]
+        np.testing.assert_array_equal(server.lookup("added", 0, keys[:10]), vectors[:10])
+        assert not server.gpu_enabled
+    warnings = [r for r in caplog.records if "GPU cache" in r.getMessage()]
+    assert len(warnings) == 1 and "added" in warnings[0].getMessage()
 
 
 def test_concurrent_lookups(two_tables: dict[str, Any]) -> None:
