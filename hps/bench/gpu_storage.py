@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from hps.bench.gpu_public import MODEL, server_over_folder
+from hps.bench.tiers import current_rss_bytes
 from hps.gpu.row_format import stored_row_bytes
 from hps.storage import STORAGE_NAMES, decode, encode, error_bound, storage_type
 
@@ -48,11 +49,7 @@ _CHECKED = 1 << 16  # rows of the first batch checked against the reference
 
 
 def _rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return current_rss_bytes() or 0
 
 
 def _expected(storage: str, out: str, rows: np.ndarray) -> np.ndarray:

@@ -22,15 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from hps.bench.tiers import current_rss_bytes
+
 BASE, ADDED = "base", "added"
 
 
 def _rss_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return current_rss_bytes() or 0
 
 
 def _device_used(cupy: Any) -> int:
