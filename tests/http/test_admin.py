@@ -54,8 +54,12 @@ class Reader:
 
     def __init__(self, live: Live) -> None:
         self.live, self.done, self.errors, self.count = live, threading.Event(), [], 0
+        self.answered = threading.Event()  # its first answer came: it reads throughout
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+        # on a loaded machine the add and remove below can finish before the thread's
+        # first request does: then nothing would be read while they run
+        assert self.answered.wait(30), "the reader got no answer"
 
     def _run(self) -> None:
         keys = self.live.model.keys[1][:200]
@@ -69,6 +73,7 @@ class Reader:
                                                      self.live.model.vectors[1][:200]):
                     self.errors.append(answer.text[:200])
                 self.count += 1
+                self.answered.set()
 
     def stop(self) -> None:
         self.done.set()
