@@ -535,18 +535,26 @@ class DeviceTable:
         """(most keys, kernel, keys per lane group, most blocks or 0) of the query kernels
         writing `out_type`, by batch size."""
         fn = self._kernel(self._query_kernel, out_type)
+        pipelined = self._pipelined_query(out_type)
+        if pipelined is None:
+            return [(kernels.MAX_BATCH, fn, self._unroll, 0)]
+        return [(PIPELINED_AFTER, fn, self._unroll, 0), pipelined]
+
+    def _pipelined_query(self, out_type: int) -> tuple[int, Any, int, int] | None:
+        """The _query_kernels entry of the pipelined kernel writing `out_type` (for batches
+        past PIPELINED_AFTER keys), or None where it does not apply: one key per lane group
+        and round (the kernel's register cap), one wave of blocks."""
         if (out_type == OUT_FLOAT32 or self._pipelined_kernel is None
                 or self._row_bytes > PIPELINED_ROW_BYTES):
-            return [(kernels.MAX_BATCH, fn, self._unroll, 0)]
-        # one key per lane group and round (the kernel's register cap), one wave of blocks
-        pipelined = self._fn.get(("pipelined query", out_type))
-        if pipelined is None:
-            pipelined = kernels.function(
+            return None
+        fn = self._fn.get(("pipelined query", out_type))
+        if fn is None:
+            fn = kernels.function(
                 self._source, self._pipelined_kernel, self.device_id,
                 **self._out_defines({**self._defines, "UNROLL": 1}, out_type))
-            self._fn[("pipelined query", out_type)] = pipelined
-        wave = self._sms * kernels.resident_blocks(pipelined, BLOCK)
-        return [(PIPELINED_AFTER, fn, self._unroll, 0), (kernels.MAX_BATCH, pipelined, 1, wave)]
+            self._fn[("pipelined query", out_type)] = fn
+        wave = self._sms * kernels.resident_blocks(fn, BLOCK)
+        return (kernels.MAX_BATCH, fn, 1, wave)
 
     def _bind_query(self, ws: QueryWorkspace, out_type: int
                     ) -> list[tuple[int, kernels.Launch, int, Any, int]]:

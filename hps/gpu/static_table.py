@@ -109,7 +109,9 @@ class StaticEmbeddingTable(DeviceTable):
             fn = kernels.function(self._source, self._query_kernel, self.device_id,
                                   **self._out_defines(defines, out_type))
             self._fn[("small query", out_type)] = fn
-        larger = [k for k in super()._query_kernels(out_type) if k[0] > SMALL_BATCH]
+        # larger ones: the pipelined kernel where it applies, else static_query
+        pipelined = self._pipelined_query(out_type)
+        larger = [pipelined] if pipelined is not None else super()._query_kernels(out_type)
         return [(SMALL_BATCH, fn, 1, 0), *larger]
 
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:

@@ -88,6 +88,30 @@ def _bits16(storage: str, rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(encode(storage, rows)).view(np.uint16)
 
 
+def _mixed_query(rng: np.random.Generator, keys: np.ndarray, rows: np.ndarray, absent: int,
+                 repeated: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A shuffled query of every key, `absent` keys the table lacks and the first
+    `repeated` keys again: (query, the rows it should read, missed mask, the absent keys)."""
+    n, dim = rows.shape
+    lacking = rng.choice(2**61, absent) + 2**61  # disjoint from the table's keys
+    order = rng.permutation(n + absent + repeated)
+    query = np.r_[keys, lacking, keys[:repeated]].astype(np.int64)[order]
+    want = np.r_[rows, np.zeros((absent, dim), np.float32), rows[:repeated]][order]
+    missed = np.r_[np.zeros(n, bool), np.ones(absent, bool), np.zeros(repeated, bool)][order]
+    return query, want, missed, lacking
+
+
+def _check_16_bit(storage: str, got: np.ndarray, positions: np.ndarray, want: np.ndarray,
+                  missed: np.ndarray, what: str = "") -> None:
+    """A 16-bit output of `storage`: the misses where expected, the held rows' encoded bit
+    patterns, the default's in the misses."""
+    np.testing.assert_array_equal(positions, np.flatnonzero(missed), err_msg=what)
+    bits = got.view(np.uint16)
+    np.testing.assert_array_equal(bits[~missed], _bits16(storage, want[~missed]))
+    default = _bits16(storage, np.full((1, 1), DEFAULT, np.float32))[0, 0]
+    assert (bits[missed] == default).all()
+
+
 def _query(cp: Any, table: Any, keys: np.ndarray, dtype: Any
            ) -> tuple[np.ndarray, np.ndarray]:
     """(rows looked up as `dtype`, sorted miss positions)."""
@@ -104,12 +128,7 @@ def test_lookups_decode_as_the_reference(cp: Any, rng: np.random.Generator, seed
                                          kind: str, storage: str) -> None:
     n, dim = 3000, DIMS[kind]
     keys, rows = _keys(rng, n), _rows(rng, n, DIMS[kind], storage)
-    absent = rng.choice(2**61, 400) + 2**61  # disjoint from the table's keys
-    query = np.r_[keys, absent, keys[:50]].astype(np.int64)
-    order = rng.permutation(query.size)
-    query = query[order]
-    want_rows = np.r_[rows, np.zeros((400, dim), np.float32), rows[:50]][order]
-    missed = np.r_[np.zeros(n, bool), np.ones(400, bool), np.zeros(50, bool)][order]
+    query, want_rows, missed, absent = _mixed_query(rng, keys, rows, 400, 50)
     with _open(kind, n, dim, storage) as table:
         _fill(table, keys, rows)
         assert table.size() == n, f"seed={seed}"
@@ -120,11 +139,7 @@ def test_lookups_decode_as_the_reference(cp: Any, rng: np.random.Generator, seed
         if storage != "int8":  # a 16-bit output of the storage's own type: no widening
             got16, positions = _query(cp, table, query,
                                       np.float16 if storage == "float16" else np.uint16)
-            np.testing.assert_array_equal(positions, np.flatnonzero(missed))
-            bits = got16.view(np.uint16)
-            np.testing.assert_array_equal(bits[~missed], _bits16(storage, want_rows[~missed]))
-            default = _bits16(storage, np.full((1, 1), DEFAULT, np.float32))[0, 0]
-            assert (bits[missed] == default).all()
+            _check_16_bit(storage, got16, positions, want_rows, missed)
         # updates are encoded the same way; keys not held are skipped
         fresh = _rows(rng, 600, dim, storage)[::-1].copy()
         upd = np.r_[keys[:500], absent[:100]]
@@ -143,23 +158,14 @@ def test_large_batches_into_16_bit_outputs(cp: Any, rng: np.random.Generator, se
     defaults as the reference; 20 takes the scalar 16-bit stores."""
     n = PIPELINED_AFTER + 3000
     keys, rows = _keys(rng, n), _rows(rng, n, dim, storage)
-    absent = rng.choice(2**61, 900) + 2**61  # disjoint from the table's keys
-    query = np.r_[keys, absent, keys[:700]].astype(np.int64)
-    order = rng.permutation(query.size)
-    query = query[order]
-    want = np.r_[rows, np.zeros((900, dim), np.float32), rows[:700]][order]
-    missed = np.r_[np.zeros(n, bool), np.ones(900, bool), np.zeros(700, bool)][order]
+    query, want, missed, _ = _mixed_query(rng, keys, rows, 900, 700)
     with _open(kind, n, dim, storage) as table:
         _fill(table, keys, rows)
         assert table.size() == n
         got, positions = _query(cp, table, query,
                                 np.float16 if storage == "float16" else np.uint16)
         assert ("pipelined query", OUTPUT_CODES[storage]) in table._fn, "not the pipelined kernel"
-        np.testing.assert_array_equal(positions, np.flatnonzero(missed), err_msg=f"seed={seed}")
-        bits = got.view(np.uint16)
-        np.testing.assert_array_equal(bits[~missed], _bits16(storage, want[~missed]))
-        default = _bits16(storage, np.full((1, 1), DEFAULT, np.float32))[0, 0]
-        assert (bits[missed] == default).all()
+        _check_16_bit(storage, got, positions, want, missed, f"seed={seed}")
 
 
 @pytest.mark.parametrize("grouped", [False, True])
