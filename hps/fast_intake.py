@@ -1,13 +1,18 @@
 """The lookup path's common case, read in the fewest calls.
 
-Nearly every GPU lookup brings int64 keys and a float32 output, both C-contiguous, both
-on one CUDA device, from one producer (two torch tensors, two CuPy arrays or two DLPack
-capsules). `device_pair(keys, out)` reads exactly what such a call needs, as one tuple:
+Nearly every GPU lookup brings int64 keys and a float32 output (or, for a table of
+compact rows, the storage's own float16 / bfloat16), both C-contiguous, both on one CUDA
+device, from one producer (two torch tensors, two CuPy arrays or two DLPack capsules).
+`device_pair(keys, out)` reads exactly what such a call needs, as one tuple:
 
-    (keys address, key count, output address, output elements, device, stream)
+    (keys address, key count, output address, output elements, device, stream,
+     output type)
 
-and returns None for everything else: other dtypes, strides, host memory, mixed
-producers, devices that differ. The caller then takes the general path (hps/producers.py
+the output type being hps/gpu/row_format.py's code (0 float32, 1 float16, 2 bfloat16;
+CuPy has no bfloat16), and returns None for everything else: other dtypes, strides, host
+memory, mixed producers, devices that differ. Whether the table may write that output
+type is the caller's check (a float16 output of a float32 table goes the general path,
+which refuses it). The caller then takes the general path (hps/producers.py
 `array_ref` with the checks of hps/keys.py), which serves the rest and explains what it
 refuses, so this module decides nothing a user could see except speed.
 
@@ -30,37 +35,47 @@ import numpy as np
 
 from hps import producers
 
-Pair = tuple[int, int, int, int, int, int]
+Pair = tuple[int, int, int, int, int, int, int]
 
 _INT64 = np.dtype(np.int64)
+# CuPy's output dtypes (np.dtype of a builtin type is one object: `is` holds)
 _FLOAT32 = np.dtype(np.float32)
+_FLOAT16 = np.dtype(np.float16)
 
 _torch_int64: Any = None
-_torch_float32: Any = None
+_torch_outputs: dict[Any, int] = {}  # torch output dtype → output type
 _torch_stream: Any = None  # producers.torch_stream_reader(), once torch is in use
 
 
 def _torch_pair(keys: Any, out: Any) -> Pair | None:
-    global _torch_int64, _torch_float32, _torch_stream
+    global _torch_int64, _torch_stream
     if _torch_int64 is None:
         torch = sys.modules["torch"]
-        _torch_int64, _torch_float32 = torch.int64, torch.float32
+        _torch_outputs.update({torch.float32: 0, torch.float16: 1, torch.bfloat16: 2})
+        _torch_int64 = torch.int64
         _torch_stream = producers.torch_stream_reader()
-    if (keys.dtype is not _torch_int64 or out.dtype is not _torch_float32
-            or not keys.is_cuda or not out.is_cuda):
+    out_type = _torch_outputs.get(out.dtype)
+    if (out_type is None or keys.dtype is not _torch_int64 or not keys.is_cuda
+            or not out.is_cuda):
         return None
     device = keys.get_device()
     if out.get_device() != device or not keys.is_contiguous() or not out.is_contiguous():
         return None
     return (keys.data_ptr(), keys.numel(), out.data_ptr(), out.numel(), device,
-            _torch_stream(device))
+            _torch_stream(device), out_type)
 
 
 def _cupy_pair(keys: Any, out: Any) -> Pair | None:
     # `_c_contiguous`: CuPy's own flag, a readonly attribute of every CuPy ndarray (where
     # `flags` builds a Flags object per read); _reader_for checks that it is there
-    if (keys.dtype is not _INT64 or out.dtype is not _FLOAT32 or not keys._c_contiguous
-            or not out._c_contiguous):
+    if keys.dtype is not _INT64 or not keys._c_contiguous or not out._c_contiguous:
+        return None
+    dtype = out.dtype
+    if dtype is _FLOAT32:
+        out_type = 0
+    elif dtype is _FLOAT16:
+        out_type = 1
+    else:
         return None
     key_memory = keys.data
     out_memory = out.data
@@ -68,7 +83,7 @@ def _cupy_pair(keys: Any, out: Any) -> Pair | None:
     if out_memory.device_id != device:
         return None
     return (key_memory.ptr, keys.size, out_memory.ptr, out.size, device,
-            producers.cupy_stream(device))
+            producers.cupy_stream(device), out_type)
 
 
 # (raw_memory.capsule_pair, its name argument) where it reads this interpreter's capsules
@@ -86,10 +101,11 @@ def _capsule_pair(keys: Any, out: Any) -> Pair | None:
     if _capsule_pair_reader is None:  # this interpreter's capsules are read through ctypes
         return None
     read, name = _capsule_pair_reader
-    keys_data, n, out_data, out_size, device = read(id(keys), id(out), name)
+    keys_data, n, out_data, out_size, device, out_type = read(id(keys), id(out), name)
     if device < 0:
         return None
-    return keys_data, n, out_data, out_size, device, producers.cupy_stream(device)
+    return (keys_data, n, out_data, out_size, device, producers.cupy_stream(device),
+            out_type)
 
 
 def _reader_for(kind: type) -> Callable[[Any, Any], Pair | None] | None:
@@ -107,9 +123,10 @@ _readers: dict[type, Callable[[Any, Any], Pair | None] | None] = {}
 
 
 def device_pair(keys: Any, out: Any) -> Pair | None:
-    """(keys address, key count, output address, output elements, device, stream) for
-    int64 keys and a float32 output, both C-contiguous on one CUDA device and of one
-    producer type; None otherwise (the general path serves it)."""
+    """(keys address, key count, output address, output elements, device, stream, output
+    type) for int64 keys and a float32, float16 or bfloat16 output, both C-contiguous on
+    one CUDA device and of one producer type; None otherwise (the general path serves
+    it)."""
     kind = type(keys)
     if type(out) is not kind:
         return None

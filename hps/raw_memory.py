@@ -107,24 +107,35 @@ def capsule_fields(address: int, name: np.ndarray) -> tuple[int, ...]:
     return (ndim, data + offset, device_type, device_id, dtype_word, d0, d1, contiguous)
 
 
-# capsule_pair's result: (keys' data, key count, output's data, output elements, device)
-_PAIR = types.UniTuple(types.int64, 5)
-_DL_INT64, _DL_FLOAT32 = 0 | 64 << 8 | 1 << 16, 2 | 32 << 8 | 1 << 16  # dtype words
+# capsule_pair's result: (keys' data, key count, output's data, output elements, device,
+# output type: hps/gpu/row_format.py's OUTPUT_CODES, 0 float32, 1 float16, 2 bfloat16)
+_PAIR = types.UniTuple(types.int64, 6)
+_DL_INT64 = 0 | 64 << 8 | 1 << 16  # DLPack dtype words: code | bits << 8 | lanes << 16
+_DL_FLOAT32, _DL_FLOAT16, _DL_BFLOAT16 = 2 | 32 << 8 | 1 << 16, 2 | 16 << 8 | 1 << 16, \
+    4 | 16 << 8 | 1 << 16
 _DL_CUDA = 2
 
 
 @kernel([_PAIR(types.int64, types.int64, numba.typeof(DLTENSOR_NAME))])
 def capsule_pair(keys_address: int, out_address: int, name: np.ndarray) -> tuple[int, ...]:
     """capsule_fields of a lookup's keys and output capsules in one call, reduced to
-    what the lookup path's common case needs: int64 keys and a float32 output, both
-    contiguous on one CUDA device. The device is -1 for any other pair."""
+    what the lookup path's common case needs: int64 keys and a float32, float16 or
+    bfloat16 output, both contiguous on one CUDA device. The device is -1 for any other
+    pair."""
     k = capsule_fields(keys_address, name)
     o = capsule_fields(out_address, name)
-    if (k[0] < 0 or o[0] < 0 or k[4] != _DL_INT64 or o[4] != _DL_FLOAT32
+    out_type = -1
+    if o[4] == _DL_FLOAT32:
+        out_type = 0
+    elif o[4] == _DL_FLOAT16:
+        out_type = 1
+    elif o[4] == _DL_BFLOAT16:
+        out_type = 2
+    if (k[0] < 0 or o[0] < 0 or k[4] != _DL_INT64 or out_type < 0
             or k[2] != _DL_CUDA or o[2] != _DL_CUDA or o[3] != k[3]
             or k[7] == 0 or o[7] == 0):
-        return (0, 0, 0, 0, -1)
-    return (k[1], k[5] * k[6], o[1], o[5] * o[6], k[3])
+        return (0, 0, 0, 0, -1, 0)
+    return (k[1], k[5] * k[6], o[1], o[5] * o[6], k[3], out_type)
 
 
 @kernel([types.int32(types.int64, types.int32, types.int64)])

@@ -83,6 +83,8 @@ def test_capsule_pair_takes_only_the_cuda_common_case():
         (tdl.to_dlpack(keys), tdl.to_dlpack(out)),
         (tdl.to_dlpack(keys.int()), tdl.to_dlpack(out)),
         (tdl.to_dlpack(keys), tdl.to_dlpack(out.double())),
+        (tdl.to_dlpack(keys), tdl.to_dlpack(out.half())),
+        (tdl.to_dlpack(keys), tdl.to_dlpack(out.bfloat16())),
         (tdl.to_dlpack(torch.arange(12)[::2]), tdl.to_dlpack(out)),
     ]
     consumed = tdl.to_dlpack(keys)
@@ -90,3 +92,13 @@ def test_capsule_pair_takes_only_the_cuda_common_case():
     pairs.append((consumed, tdl.to_dlpack(out)))
     for k, o in pairs:
         assert raw_memory.capsule_pair(id(k), id(o), raw_memory.DLTENSOR_NAME)[4] == -1
+
+
+def test_capsule_pair_knows_torch_dtype_words_of_each_output_type():
+    # the words capsule_pair maps to output types 0, 1, 2 are those torch's capsules carry
+    out = torch.zeros((2, 4))
+    for tensor, word in ((out, raw_memory._DL_FLOAT32), (out.half(), raw_memory._DL_FLOAT16),
+                         (out.bfloat16(), raw_memory._DL_BFLOAT16),
+                         (torch.arange(3), raw_memory._DL_INT64)):
+        capsule = tdl.to_dlpack(tensor)
+        assert raw_memory.capsule_fields(id(capsule), raw_memory.DLTENSOR_NAME)[4] == word

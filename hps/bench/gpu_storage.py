@@ -15,7 +15,9 @@ and after its server was made: the GPU table, its workspaces), the table's own f
 Beside them, two floors of each type, rows of that type's stored size gathered from a
 dense table on the same draws: `torch.index_select` and cuda/rows.cu's float4 gather, each
 with its ratio to the same floor of float32 rows (what the GPU's memory gives for rows of
-that size, before any hash probe or decode).
+that size, before any hash probe or decode); and a third for int8, its rows widened into
+float32 outputs by a dense gather (cuda/rows.cu dense_gather_int8) against float32 rows'
+float4 gather: the bound of the int8 -> float32 case's gain.
 
 Every case is checked first against hps/storage.py's reference (the first 65,536 rows of
 a batch): its output equals the reference decode of the reference encode bit for bit (a
@@ -36,7 +38,7 @@ import numpy as np
 
 from hps.bench.gpu_public import MODEL, server_over_folder
 from hps.bench.tiers import current_rss_bytes
-from hps.gpu.row_format import stored_row_bytes
+from hps.gpu.row_format import STORAGE_CODES, stored_row_bytes
 from hps.storage import STORAGE_NAMES, decode, encode, error_bound, storage_type
 
 # (storage, output dtype) pairs timed, float32 → float32 first: the baseline of the ratios
@@ -46,6 +48,8 @@ CASES = (("float32", "float32"), ("float16", "float32"), ("float16", "float16"),
 TARGETS = {("float16", "float32"): 1.25, ("float16", "float16"): 1.8,
            ("int8", "float32"): 1.45}
 _CHECKED = 1 << 16  # rows of the first batch checked against the reference
+# the floor of int8 rows into float32 outputs (cuda/rows.cu dense_gather_int8)
+INT8_WIDENED = "float4 gather widened to float32"
 
 
 def _rss_bytes() -> int:
@@ -172,11 +176,12 @@ def bench_storage(dim: int = 128, n: int = 1 << 20, table_keys: int = 1 << 20,
                        / memory["float32"]["table_mib"],
                        "wrong_rows": wrong, "err_vs_bound": worst})
     for (storage, how), took in floors.items():
+        base_floor = floors[("float32", "float4 gather" if how == INT8_WIDENED else how)]
         result.append({"bench": "storage", "dim": dim, "batch": n,
                        "mode": f"floor: {how} of {storage} rows "
                                f"({stored_row_bytes(dim, storage_type(storage))} B)",
                        "gkeys_s": n / took / 1e9, "p50_us": took * 1e6,
-                       "vs_float32": floors[("float32", how)] / took})
+                       "vs_float32": base_floor / took})
     for storage, out, group, unroll, hints, took, wrong in swept:
         result.append({"bench": "storage", "dim": dim, "batch": n,
                        "mode": f"{cache_type}, {storage} rows -> {out} (sweep)",
@@ -223,6 +228,18 @@ def _floors(dim: int, table_keys: int, picks: list[np.ndarray], dev: Any, rounds
         cases[(storage, "float4 gather")] = _gather_launch(
             kernels.function("rows.cu", "dense_gather", dev.index, DIM=width),
             -(-(n * width // 4) // 256), args, on)
+    # int8 rows widened into float32 outputs, as its lookups write them: the bound of the
+    # int8 -> float32 case's gain, set against float32 rows' float4 gather
+    int8_bytes = stored_row_bytes(dim, storage_type("int8"))
+    int8_table = torch.randint(0, 256, (table_keys, int8_bytes), dtype=torch.uint8, device=dev)
+    int8_table.view(torch.float32)[:, -2:] = 0.5  # scale and bias of every row
+    widened = torch.empty((n, -(-dim // 4) * 4), dtype=torch.float32, device=dev)
+    cases[("int8", INT8_WIDENED)] = _gather_launch(
+        kernels.function("rows.cu", "dense_gather_int8", dev.index, DIM=dim,
+                         STORAGE=STORAGE_CODES["int8"]),
+        -(-(n * dim // 4) // 256),
+        [(cp.from_dlpack(i), np.int64(n), cp.from_dlpack(int8_table), cp.from_dlpack(widened))
+         for i in index], on)
     samples: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
     clock = time.perf_counter
     for r in range(rounds + 1):  # round 0 warms up; the cases take turns as the lookups do

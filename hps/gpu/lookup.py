@@ -244,17 +244,19 @@ class GpuEmbeddingTable:
             if previous != dev:
                 rt.setDevice(previous)
 
-    def serve_contiguous(self, keys_ptr: int, n: int, out_ptr: int, stream: int) -> None:
+    def serve_contiguous(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
+                         out_type: int = OUT_FLOAT32) -> None:
         """serve() for the common case, already read and checked by the caller
-        (hps/fast_intake.py): n > 0 int64 keys and a float32 output of at least n × dim
-        elements, both C-contiguous on this table's device, work queued on `stream`."""
+        (hps/fast_intake.py): n > 0 int64 keys and an output of at least n × dim elements
+        of type `out_type` (hps/gpu/row_format.py: float32, or the storage's own 16-bit
+        type), both C-contiguous on this table's device, work queued on `stream`."""
         rt = self._rt
         dev = self.device_id
         previous = rt.getDevice()
         if previous != dev:
             rt.setDevice(dev)
         try:
-            self._lookup_ptr(keys_ptr, n, out_ptr, stream, self._state())
+            self._lookup_ptr(keys_ptr, n, out_ptr, stream, self._state(), out_type)
         finally:
             if previous != dev:
                 rt.setDevice(previous)

@@ -198,15 +198,17 @@ class HierarchicalParameterServer:
                     self._host.fetch_into(t, keys, out)
                     return int(keys.size)
             else:
-                # the common case (int64 keys, float32 output, contiguous, one CUDA device)
-                # read in a few calls; anything else, or out of bounds: the general path
+                # the common case (int64 keys, a float32 output or the storage's own
+                # 16-bit one, contiguous, one CUDA device) read in a few calls; anything
+                # else, or out of bounds: the general path, which explains its refusals
                 pair = device_pair(keys, out)
                 if pair is not None:
-                    keys_ptr, n, out_ptr, out_size, device, stream = pair
+                    keys_ptr, n, out_ptr, out_size, device, stream, out_type = pair
                     gpu = t.gpu.get(device)
                     if (gpu is not None and (device_id is None or device_id == device)
-                            and 0 < n <= t.max_keys and out_size >= n * t.dim):
-                        gpu.serve_contiguous(keys_ptr, n, out_ptr, stream)
+                            and 0 < n <= t.max_keys and out_size >= n * t.dim
+                            and (out_type == 0 or out_type == t.narrow_output_type)):
+                        gpu.serve_contiguous(keys_ptr, n, out_ptr, stream, out_type)
                         return n
             kref = t.checked_ref(keys)
             n = kref.size

@@ -1,6 +1,7 @@
-"""hps/fast_intake.py on CUDA arrays: the common case (int64 keys, float32 output, both
-contiguous on one device, one producer) read as what it is, and every deviation left to
-the general path; a public call through it checks sizes and batch limits as before."""
+"""hps/fast_intake.py on CUDA arrays: the common case (int64 keys, a float32, float16 or
+bfloat16 output, both contiguous on one device, one producer) read as what it is, and
+every deviation left to the general path; a public call through it checks sizes, batch
+limits and the output types the table allows as before."""
 
 from __future__ import annotations
 
@@ -25,13 +26,29 @@ def test_each_producer_pair_is_read_as_it_is(cp: Any) -> None:
     keys = torch.arange(6, dtype=torch.int64, device="cuda")
     out = torch.zeros((6, 4), device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
-    assert device_pair(keys, out) == (keys.data_ptr(), 6, out.data_ptr(), 24, 0, stream)
+    assert device_pair(keys, out) == (keys.data_ptr(), 6, out.data_ptr(), 24, 0, stream, 0)
     ck, co = cp.arange(6, dtype=cp.int64), cp.zeros((3, 8), cp.float32)
-    assert device_pair(ck, co) == (ck.data.ptr, 6, co.data.ptr, 24, 0,
-                                   cp.cuda.get_current_stream().ptr)
+    cupy_stream = cp.cuda.get_current_stream().ptr
+    assert device_pair(ck, co) == (ck.data.ptr, 6, co.data.ptr, 24, 0, cupy_stream, 0)
     kc, oc = tdl.to_dlpack(keys.view(2, 3)), tdl.to_dlpack(out)
-    assert device_pair(kc, oc) == (keys.data_ptr(), 6, out.data_ptr(), 24, 0,
-                                   cp.cuda.get_current_stream().ptr)
+    assert device_pair(kc, oc) == (keys.data_ptr(), 6, out.data_ptr(), 24, 0, cupy_stream, 0)
+
+
+def test_16_bit_outputs_are_read_with_their_type(cp: Any) -> None:
+    import torch
+    import torch.utils.dlpack as tdl
+
+    keys = torch.arange(6, dtype=torch.int64, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    cupy_stream = cp.cuda.get_current_stream().ptr
+    for dtype, code in ((torch.float16, 1), (torch.bfloat16, 2)):
+        out = torch.zeros((6, 4), dtype=dtype, device="cuda")
+        assert device_pair(keys, out) == (keys.data_ptr(), 6, out.data_ptr(), 24, 0, stream,
+                                          code)
+        assert device_pair(tdl.to_dlpack(keys), tdl.to_dlpack(out)) == (
+            keys.data_ptr(), 6, out.data_ptr(), 24, 0, cupy_stream, code)
+    ck, co = cp.arange(6, dtype=cp.int64), cp.zeros((6, 4), cp.float16)
+    assert device_pair(ck, co) == (ck.data.ptr, 6, co.data.ptr, 24, 0, cupy_stream, 1)
 
 
 def test_every_other_case_goes_to_the_general_path(cp: Any) -> None:
@@ -41,7 +58,9 @@ def test_every_other_case_goes_to_the_general_path(cp: Any) -> None:
     out = torch.zeros((6, 4), device="cuda")
     others = {
         "int32 keys": (keys.to(torch.int32), out),
-        "float16 output": (keys, out.half()),
+        "float64 output": (keys, out.double()),
+        "int16 output": (keys, out.to(torch.int16)),
+        "cupy uint16 output": (cp.arange(6), cp.zeros((6, 4), cp.uint16)),
         "strided keys": (torch.arange(12, device="cuda")[::2], out),
         "strided output": (keys, torch.zeros((6, 8), device="cuda")[:, :4]),
         "host keys": (keys.cpu(), out),
@@ -86,3 +105,47 @@ def test_public_calls_through_it_keep_their_checks(cp: Any, tmp_path: Path) -> N
                                   torch.empty((65, 8), device="cuda"), "m", 0)
         empty = torch.empty((0,), dtype=torch.int64, device="cuda")
         hps.lookup_fromdlpack(empty, torch.empty((0, 8), device="cuda"), "m", 0)
+
+
+@pytest.mark.parametrize("storage", ["float16", "bfloat16"])
+def test_16_bit_public_calls_through_it(cp: Any, tmp_path: Path, storage: str) -> None:
+    """A float16 / bfloat16 table's own outputs take the common case and get the stored
+    bits; the other 16-bit type, or a 16-bit output of a float32 table, is refused as
+    before (the general path names the dtypes allowed) and nothing is written."""
+    import torch
+
+    from hps.storage import encode
+
+    rng = np.random.default_rng(5)
+    keys = rng.choice(2**40, 5000, replace=False).astype(np.int64)
+    rows = rng.standard_normal((5000, 8)).astype(np.float32)
+    write_sparse_model(tmp_path / "t0", keys, rows)
+    models = []
+    for name, dtype in (("m", storage), ("plain", "float32")):
+        models.append({
+            "model": name, "sparse_files": [str(tmp_path / "t0")],
+            "embedding_vecsize_per_table": [8],
+            "maxnum_catfeature_query_per_table_per_sample": [64],
+            "default_value_for_each_table": [0.5], "deployed_device_list": [0],
+            "max_batch_size": 1, "gpucache": True, "embedding_cache_type": "static",
+            "embedding_storage_dtype": dtype})
+    own = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+    other = torch.bfloat16 if storage == "float16" else torch.float16
+    with HPS({"supportlonglong": True, "models": models}) as hps:
+        picked = np.concatenate([keys[:60], [-5, 7, 2**41, keys[3]]])  # misses, a repeat
+        tk = torch.as_tensor(picked, device="cuda")
+        out = torch.full((64, 8), 9.0, dtype=own[storage], device="cuda")
+        hps.lookup_fromdlpack(tk, out, "m", 0)
+        want = encode(storage, rows[np.r_[0:60, 0, 0, 0, 3]]).view(np.uint16).copy()
+        want[60:63] = encode(storage, np.full((3, 8), 0.5, np.float32)).view(np.uint16)
+        got = out.view(torch.int16).cpu().numpy().view(np.uint16)
+        np.testing.assert_array_equal(got, want)
+        for model, dtype in (("m", other), ("plain", own[storage])):
+            wrong = torch.full((64, 8), 9.0, dtype=dtype, device="cuda")
+            with pytest.raises(OutputBufferError, match="float32"):
+                hps.lookup_fromdlpack(tk, wrong, model, 0)
+            assert (wrong == 9.0).all(), "a refused call wrote into the output"
+        short = torch.full((63, 8), 9.0, dtype=own[storage], device="cuda")
+        with pytest.raises(OutputBufferError):
+            hps.lookup_fromdlpack(tk, short, "m", 0)
+        assert (short == 9.0).all()
