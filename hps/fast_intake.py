@@ -34,13 +34,16 @@ from typing import Any
 import numpy as np
 
 from hps import producers
+from hps.gpu.row_format import OUTPUT_CODES
 
 Pair = tuple[int, int, int, int, int, int, int]
 
 _INT64 = np.dtype(np.int64)
-# CuPy's output dtypes (np.dtype of a builtin type is one object: `is` holds)
+# CuPy's output dtypes (np.dtype of a builtin type is one object: `is` holds; CuPy has no
+# bfloat16, and a uint16 output is not read as one)
 _FLOAT32 = np.dtype(np.float32)
 _FLOAT16 = np.dtype(np.float16)
+_OUT_FLOAT32, _OUT_FLOAT16 = OUTPUT_CODES["float32"], OUTPUT_CODES["float16"]
 
 _torch_int64: Any = None
 _torch_outputs: dict[Any, int] = {}  # torch output dtype → output type
@@ -51,7 +54,7 @@ def _torch_pair(keys: Any, out: Any) -> Pair | None:
     global _torch_int64, _torch_stream
     if _torch_int64 is None:
         torch = sys.modules["torch"]
-        _torch_outputs.update({torch.float32: 0, torch.float16: 1, torch.bfloat16: 2})
+        _torch_outputs.update({getattr(torch, name): code for name, code in OUTPUT_CODES.items()})
         _torch_int64 = torch.int64
         _torch_stream = producers.torch_stream_reader()
     out_type = _torch_outputs.get(out.dtype)
@@ -72,9 +75,9 @@ def _cupy_pair(keys: Any, out: Any) -> Pair | None:
         return None
     dtype = out.dtype
     if dtype is _FLOAT32:
-        out_type = 0
+        out_type = _OUT_FLOAT32
     elif dtype is _FLOAT16:
-        out_type = 1
+        out_type = _OUT_FLOAT16
     else:
         return None
     key_memory = keys.data

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from hps.compiled import array, kernel, numba, types
+from hps.gpu.row_format import OUTPUT_CODES
 
 
 def _load_intrinsic(bits: int, atomic: bool) -> Any:
@@ -114,6 +115,8 @@ _DL_INT64 = 0 | 64 << 8 | 1 << 16  # DLPack dtype words: code | bits << 8 | lane
 _DL_FLOAT32, _DL_FLOAT16, _DL_BFLOAT16 = 2 | 32 << 8 | 1 << 16, 2 | 16 << 8 | 1 << 16, \
     4 | 16 << 8 | 1 << 16
 _DL_CUDA = 2
+_OUT_FLOAT32, _OUT_FLOAT16, _OUT_BFLOAT16 = (OUTPUT_CODES[name] for name in
+                                             ("float32", "float16", "bfloat16"))
 
 
 @kernel([_PAIR(types.int64, types.int64, numba.typeof(DLTENSOR_NAME))])
@@ -126,11 +129,11 @@ def capsule_pair(keys_address: int, out_address: int, name: np.ndarray) -> tuple
     o = capsule_fields(out_address, name)
     out_type = -1
     if o[4] == _DL_FLOAT32:
-        out_type = 0
+        out_type = _OUT_FLOAT32
     elif o[4] == _DL_FLOAT16:
-        out_type = 1
+        out_type = _OUT_FLOAT16
     elif o[4] == _DL_BFLOAT16:
-        out_type = 2
+        out_type = _OUT_BFLOAT16
     if (k[0] < 0 or o[0] < 0 or k[4] != _DL_INT64 or out_type < 0
             or k[2] != _DL_CUDA or o[2] != _DL_CUDA or o[3] != k[3]
             or k[7] == 0 or o[7] == 0):

@@ -56,6 +56,13 @@ def row_unit_bytes(storage: StorageType) -> int:
     return 4 if storage.name == "int8" else 16
 
 
+def narrow_output_code(storage: StorageType) -> int:
+    """OUT_TYPE of the storage's own 16-bit output (float16, bfloat16), which lookups fill
+    without widening; -1 for a storage that has none (float32, int8)."""
+    narrow = storage.narrow_output
+    return OUTPUT_CODES[narrow] if narrow is not None else -1
+
+
 def output_code(out: Any, storage: StorageType) -> int:
     """OUT_TYPE of an output ArrayRef (hps/producers.py) whose dtype hps/keys.py
     output_ref accepted for a table of `storage` (float32, or the storage's own 16-bit

@@ -10,7 +10,7 @@ import numpy as np
 
 from hps.config import ModelConfig
 from hps.errors import BatchTooLargeError, UnknownTableError
-from hps.gpu.row_format import OUTPUT_CODES
+from hps.gpu.row_format import narrow_output_code
 from hps.keys import key_array, key_ref
 from hps.loader import TableSource
 from hps.producers import ArrayRef
@@ -67,12 +67,12 @@ class LoadedTable:
     #: the model's embedding_storage_dtype: how the hash map and GPU tables store rows,
     #: and which output dtypes a lookup accepts (hps/storage.py)
     storage: StorageType = FLOAT32
-    #: the output type (hps/gpu/row_format.py OUTPUT_CODES) of the storage's own 16-bit
-    #: outputs, which the GPU path fills without widening; -1 for storages that have none
+    #: the output type of the storage's own 16-bit outputs (row_format.narrow_output_code),
+    #: read once here for the lookup path's common case
     narrow_output_type: int = field(init=False, default=-1)
 
     def __post_init__(self) -> None:
-        self.narrow_output_type = OUTPUT_CODES.get(self.storage.narrow_output or "", -1)
+        self.narrow_output_type = narrow_output_code(self.storage)
 
     def checked_ref(self, keys: Any) -> ArrayRef:
         """Where `keys` are (hps/keys.py `key_ref`), checked to be integers and at most

@@ -19,6 +19,7 @@ from hps.db import Tiers, open_tiers
 from hps.db.base import Tier
 from hps.errors import DeviceError, UnknownModelError
 from hps.fast_intake import device_pair
+from hps.gpu.row_format import OUT_FLOAT32
 from hps.io.formats import DEFAULT_CHUNK_BYTES
 from hps.keys import is_device_array, key_array, output_array, output_ref
 from hps.loader import LoadProgress
@@ -207,7 +208,8 @@ class HierarchicalParameterServer:
                     gpu = t.gpu.get(device)
                     if (gpu is not None and (device_id is None or device_id == device)
                             and 0 < n <= t.max_keys and out_size >= n * t.dim
-                            and (out_type == 0 or out_type == t.narrow_output_type)):
+                            and (out_type == OUT_FLOAT32
+                                 or out_type == t.narrow_output_type)):
                         gpu.serve_contiguous(keys_ptr, n, out_ptr, stream, out_type)
                         return n
             kref = t.checked_ref(keys)
