@@ -44,7 +44,7 @@ SERVE_TIMEOUT_S = 120
 
 def check_compiled_tier(folder: Path) -> Path:
     """`hps demo` at a small scale: load into hash map + RocksDB, check every vector."""
-    from hps.demo import run_demo
+    from hps.tools.demo import run_demo
 
     report = run_demo(folder, scale=0.002)
     assert report.ok, f"demo checks failed: {report}"
@@ -71,13 +71,13 @@ def _get(url: str, body: bytes | None = None) -> tuple[int, bytes]:
 
 def check_http(config: Path, folder: Path) -> None:
     """`hps serve` over a socket: ready, then one JSON lookup equal to the files."""
-    from hps.io.formats.sparse_folder import SparseModelReader
+    from hps.modelfiles.formats.sparse_folder import SparseModelReader
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     # the model's relative RocksDB path resolves against the config's folder
     server = subprocess.Popen(
-        [sys.executable, "-m", "hps.cli", "serve", str(config), "--port", str(port)],
+        [sys.executable, "-m", "hps.tools.cli", "serve", str(config), "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + SERVE_TIMEOUT_S
@@ -111,8 +111,8 @@ def check_s3() -> None:
     """The S3 source's client and an STS client, from the models botocore kept."""
     import boto3
 
-    from hps.io.s3 import S3Source
-    from hps.io.source import SourceOptions
+    from hps.modelfiles.s3 import S3Source
+    from hps.modelfiles.source import SourceOptions
 
     # placeholder credentials of its own: signing needs some, nothing is sent
     os.environ.update(AWS_ACCESS_KEY_ID="smoke", AWS_SECRET_ACCESS_KEY="smoke")
@@ -133,7 +133,7 @@ def check_redis() -> None:
     """redis-py with hiredis, hps's Redis tier and update source (importable)."""
     import redis.utils
 
-    import hps.db.redis.tier  # noqa: F401
+    import hps.tiers.redis.tier  # noqa: F401
     import hps.updates.redis_stream  # noqa: F401
 
     assert redis.utils.HIREDIS_AVAILABLE, "redis-py does not find hiredis"

@@ -41,7 +41,7 @@ from hps.errors import (
     UpdateSourceUnavailableError,
 )
 from hps.inference import *  # noqa: F403 - HugeCTR's names: hps.inference lists them
-from hps.io.formats.sparse_folder import SparseModelReader, write_sparse_model
+from hps.modelfiles.formats.sparse_folder import SparseModelReader, write_sparse_model
 from hps.server import HierarchicalParameterServer
 
 __version__ = "0.1.0"

@@ -20,12 +20,12 @@ import numpy as np
 
 from hps.config import PSConfig
 from hps.errors import ConfigError
-from hps.hugectr_config import as_ps_config
-from hps.loader import LoadProgress
+from hps.hugectr.params import as_ps_config
+from hps.server.loader import LoadProgress
 from hps.server import HierarchicalParameterServer
 
 if TYPE_CHECKING:
-    from hps.hugectr_config import ParameterServerConfig
+    from hps.hugectr.params import ParameterServerConfig
 
 
 class HPS:

@@ -25,8 +25,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hps.errors import ConfigError
-from hps.io.formats.spec import TableSpec
-from hps.storage import StorageName, StorageType, storage_type
+from hps.modelfiles.formats.spec import TableSpec
+from hps.rows.storage_types import StorageName, StorageType, storage_type
 
 UNBOUNDED = 2**63 - 1
 #: widest vector a table may have (floats): a 4 MiB row
@@ -186,7 +186,7 @@ class ModelConfig(_Section):
 
     A `sparse_files` entry is a path or URI (HugeCTR's form; the format comes from the
     suffix or the folder's contents), or an object `{"path": …, "format": …, options}`
-    (see hps.io.formats.spec.TableSpec): Parquet, NumPy and safetensors files as well.
+    (see hps.modelfiles.formats.spec.TableSpec): Parquet, NumPy and safetensors files as well.
     """
 
     model: str = Field(pattern=r"^[A-Za-z0-9_-]{1,120}$")
@@ -204,7 +204,7 @@ class ModelConfig(_Section):
     # hps extension: vectors with NaN or infinity are refused at load unless this is set
     allow_non_finite_vectors: bool = False
     # hps extension: the type the in-process hash map and the GPU tables store rows in
-    # (hps/storage.py); Redis and RocksDB keep HugeCTR's float32 rows
+    # (hps/rows/storage_types.py); Redis and RocksDB keep HugeCTR's float32 rows
     embedding_storage_dtype: StorageName = "float32"
     cache_refresh_percentage_per_iteration: float = Field(0.0, ge=0.0)
     embedding_cache_type: Literal["dynamic", "static", "uvm"] = "dynamic"
@@ -288,7 +288,7 @@ class ModelConfig(_Section):
 
     @property
     def storage(self) -> StorageType:
-        """The StorageType of `embedding_storage_dtype` (hps/storage.py)."""
+        """The StorageType of `embedding_storage_dtype` (hps/rows/storage_types.py)."""
         return storage_type(self.embedding_storage_dtype)
 
     @property

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from hps.api import HPS
-from hps.hugectr_config import (
+from hps.hugectr.params import (
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
     EmbeddingCacheType_t,

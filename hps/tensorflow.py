@@ -8,7 +8,7 @@
     pooled = hps.SparseLookupLayer("m", 1, 16, tf.float32)(sp_ids, None, combiner="mean")
 
 - `Init` is optional, as in the plugin since v23: a layer given `ps_config_file` starts
-  (or shares) the server itself. Servers are shared with hps.torch (hps/registry.py).
+  (or shares) the server itself. Servers are shared with hps.torch (hps/server/shared.py).
 - Eagerly, keys reach the server through DLPack without a copy; inside `tf.function`
   (and Keras `fit`/`predict`) the lookup runs as a `tf.py_function`, i.e. in Python.
   Output rows are host memory for host keys; for keys on a GPU they are a CuPy array on
@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from hps.errors import ConfigError, KeyTypeError, MissingExtraError
-from hps.registry import servers
+from hps.server.shared import servers
 
 try:
     import tensorflow as tf

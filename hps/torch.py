@@ -9,7 +9,7 @@
   layer without a graph break. Outside compilation the layer calls the op's
   implementation directly: the dispatcher would add its own cost to every call and does
   nothing for a tensor that needs no autograd.
-- Layers built from the same config share one server (hps/registry.py: a file path by
+- Layers built from the same config share one server (hps/server/shared.py: a file path by
   its real path, any other config object by its identity), also with hps.tensorflow's
   layers. Building layers and looking up from many threads is safe, `torch.jit.fork`
   included.
@@ -36,8 +36,8 @@ from typing import Any
 from hps.errors import ConfigError, MissingExtraError, UnknownTableError
 from hps.gpu import overlap
 from hps.gpu.streams import same_stream
-from hps.producers import torch_stream_reader
-from hps.registry import servers
+from hps.intake.array_ref import torch_stream_reader
+from hps.server.shared import servers
 
 try:
     import torch

@@ -5,7 +5,7 @@
 # tests/gpu, then the GPU benchmark, and prints a short table last.
 #
 #   bash scripts/gpu_check.sh [benchmark options, e.g. --profile public or --sweep]
-#     (default: every profile of python -m hps.bench.gpu: the kernels, the public calls'
+#     (default: every profile of python -m hps.tools.bench.gpu: the kernels, the public calls'
 #     latency, HugeCTR's profile, 1M-key misses, the torch layer, and every GPU at once where there are two)
 #   GPU_CHECK_TESTS=0 bash scripts/gpu_check.sh    # benchmark only
 #   GPU_CHECK_BENCH=0 bash scripts/gpu_check.sh    # tests only
@@ -58,7 +58,7 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     [ "$(python3 -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')" -lt 2 ] \
       || set -- "$@" --profile devices
   fi
-  python3 -m hps.bench.gpu "$@" 2>&1 | tee "$logs/bench.log"
+  python3 -m hps.tools.bench.gpu "$@" 2>&1 | tee "$logs/bench.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then

@@ -27,7 +27,7 @@ def main() -> None:
     import torch
 
     from hps import write_sparse_model
-    from hps.bench.gpu_public import MODEL, server_over_folder
+    from hps.tools.bench.gpu_public import MODEL, server_over_folder
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=128)

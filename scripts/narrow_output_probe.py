@@ -1,4 +1,4 @@
-"""Probe: what the common-case intake (hps/fast_intake.py) saves a lookup into a 16-bit
+"""Probe: what the common-case intake (hps/intake/fast.py) saves a lookup into a 16-bit
 output, through the public call.
 
     python scripts/narrow_output_probe.py [--dim 64] [--batches 1,16,256,2000,65536,1048576]
@@ -6,7 +6,7 @@ output, through the public call.
 One static table of `--table-keys` keys per storage type (float16, bfloat16), served by
 `HPS`, looked up with `lookup_fromdlpack(torch keys, torch output)` into the storage's own
 16-bit output: "common" as shipped, "general" with the common-case reader turned off in
-this process (every call through hps/producers.py and hps/keys.py, as 16-bit outputs went
+this process (every call through hps/intake/array_ref.py and hps/intake/keys.py, as 16-bit outputs went
 before). Beside them, on the same draws and taking turns call by call: the same table into
 a float32 output (common case), and the floor, `torch.index_select` of the same 16-bit rows
 from a dense torch table. Each call is followed by a sync of the stream (wall clock around
@@ -28,7 +28,7 @@ import numpy as np
 
 
 def _general_only(keys: Any, out: Any) -> None:
-    return None  # hps/fast_intake.py's reader, turned off: every call the general path
+    return None  # hps/intake/fast.py's reader, turned off: every call the general path
 
 
 def _caller(call: Callable[..., Any], table: Any, outs: dict[str, Any], draws: list[Any],
@@ -36,7 +36,7 @@ def _caller(call: Callable[..., Any], table: Any, outs: dict[str, Any], draws: l
     """looked(name, i, b): case `name` on the first b keys of draw i (see the docstring)."""
     import torch
 
-    from hps.bench.gpu_public import MODEL
+    from hps.tools.bench.gpu_public import MODEL
     from hps.server import parameter_server
 
     common_reader = parameter_server.device_pair
@@ -59,7 +59,7 @@ def main() -> None:
     import torch
 
     from hps import write_sparse_model
-    from hps.bench.gpu_public import server_over_folder
+    from hps.tools.bench.gpu_public import server_over_folder
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dim", type=int, default=64)

@@ -74,7 +74,7 @@ def main() -> None:
 
     from hps.gpu import kernels
     from hps.gpu.device_table import BLOCK
-    from hps.gpu.row_format import OUTPUT_CODES
+    from hps.rows.gpu_layout import OUTPUT_CODES
     from hps.gpu.static_table import StaticEmbeddingTable
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -8,7 +8,7 @@ host rows grouped by region (cuda/uvm_table.cu): the query, the region scan, the
 into region order and the gather of the host rows. Prints the wall time of a batch, and
 with CUDA events recorded between the four launches, each kernel's median time, beside
 the pinned host-to-device copy bandwidth of the same run. A diagnostic of the table
-itself: the public call's figures are `python -m hps.bench.gpu_uvm`'s.
+itself: the public call's figures are `python -m hps.tools.bench.gpu_uvm`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ KERNELS = ("query", "scan", "scatter", "gather")
 def main() -> None:
     import cupy as cp
 
-    from hps.bench.gpu_uvm import h2d_bandwidth
+    from hps.tools.bench.gpu_uvm import h2d_bandwidth
     from hps.gpu.uvm_table import UvmEmbeddingTable
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

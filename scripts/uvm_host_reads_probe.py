@@ -38,7 +38,7 @@ import time
 import cupy as cp
 import numpy as np
 
-from hps.bench.gpu_uvm import h2d_bandwidth
+from hps.tools.bench.gpu_uvm import h2d_bandwidth
 
 _MAPPED_PORTABLE = 3  # cudaHostAllocPortable | cudaHostAllocMapped (same bits for Register)
 _SLICE = 128 << 20

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.redis_servers import RedisClusterProcs, RedisServer
+from tests.support.redis_servers import RedisClusterProcs, RedisServer
 
 
 def write_table(folder: Path, keys: np.ndarray, vectors: np.ndarray) -> Path:

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from hps.background import BackgroundWorker, PeriodicTask
+from hps.runtime.background import BackgroundWorker, PeriodicTask
 
 
 class Gate:
@@ -85,7 +85,7 @@ def test_close_with_a_stuck_handler_gives_up_and_drops_the_queue(
     assert gate.entered.wait(10)
     worker.submit(1)
     worker.submit(2)
-    with caplog.at_level(logging.WARNING, logger="hps.background"):
+    with caplog.at_level(logging.WARNING, logger="hps.runtime.background"):
         assert not worker.close(0.05)
     assert "2 queued items dropped" in caplog.text
     gate.release.set()
@@ -157,7 +157,7 @@ def test_periodic_task_runs_until_closed_and_survives_errors(
         if len(runs) == 1:
             raise RuntimeError("first run fails")
 
-    with caplog.at_level(logging.ERROR, logger="hps.background"):
+    with caplog.at_level(logging.ERROR, logger="hps.runtime.background"):
         task = PeriodicTask("hps-test-periodic", 0.001, run)
         assert third.wait(10)
         assert task.close(10)

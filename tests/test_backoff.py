@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from hps.backoff import Backoff
+from hps.runtime.backoff import Backoff
 
 
 def test_delays_double_up_to_the_cap_without_jitter() -> None:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def hps(*args: str, cwd: Path | None = None, columns: int = 200,
         pythonpath: str = str(ROOT)) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "hps.cli", *args], capture_output=True, text=True, cwd=cwd,
+        [sys.executable, "-m", "hps.tools.cli", *args], capture_output=True, text=True, cwd=cwd,
         timeout=300, env={"COLUMNS": str(columns), "PATH": "/usr/bin:/bin",
                           "HOME": str(cwd or "/tmp"), "PYTHONPATH": pythonpath},
     )
@@ -69,8 +69,8 @@ def test_inspect(two_tables: dict[str, Any]) -> None:
     assert result.returncode == 0, result.stderr
     assert "3,000" in result.stdout and "width" in result.stdout and "yes" in result.stdout
     assert f"{keys.min():,}" in result.stdout
-    # what a GPU cache of the table would take, extra slots included (hps/gpu/cache.py)
-    from hps.gpu.cache import cache_memory_bytes
+    # what a GPU cache of the table would take, extra slots included (hps/gpu/dynamic_cache.py)
+    from hps.gpu.dynamic_cache import cache_memory_bytes
 
     mib = cache_memory_bytes(keys.size, 8, 0.5) / 2**20
     assert "gpucacheper 0.5" in result.stdout and f"{mib:,.1f} MiB per device" in result.stdout

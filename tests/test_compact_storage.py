@@ -1,6 +1,6 @@
 """`embedding_storage_dtype` through the public calls (HPS.lookup, lookup_fromdlpack) on
 the host path, against real RocksDB files and a real redis-server: what each storage type
-serves (the NumPy reference decode, hps/storage.py), which outputs it accepts, what a
+serves (the NumPy reference decode, hps/rows/storage_types.py), which outputs it accepts, what a
 load refuses, and the process memory a compact table saves."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hps import HPS, ModelFileError, OutputBufferError
-from hps.storage import decode, encode, error_bound, storage_type
+from hps.rows.storage_types import decode, encode, error_bound, storage_type
 from tests.conftest import make_table, model_config, write_table
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hps import compiled
+from hps.runtime import compiled
 
 
 def test_explicit_numba_cache_dir_wins(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,7 +40,7 @@ def test_kernels_load_from_a_fresh_cache_dir(tmp_path: Path) -> None:
     """A process with its own NUMBA_CACHE_DIR compiles the hash map kernels there at import,
     and a second process loads them from that cache."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    code = ("import sys, hps.db.hash_map_kernels as k; s = k.fetch.stats; "
+    code = ("import sys, hps.tiers.hash_map_loops as k; s = k.fetch.stats; "
             "print(sum(s.cache_hits.values()), sum(s.cache_misses.values()))")
     runs = [subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=600,
                            capture_output=True, text=True).stdout.split() for _ in range(2)]
@@ -53,6 +53,6 @@ def test_kernels_load_from_a_fresh_cache_dir(tmp_path: Path) -> None:
 
 
 def _fetch_signatures() -> list[object]:
-    from hps.db import hash_map_kernels
+    from hps.tiers import hash_map_loops as hash_map_kernels
 
     return list(hash_map_kernels.fetch.signatures)

@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.http.conftest import start, write_model
-from tests.redis_servers import RedisServer
+from tests.support.redis_servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"

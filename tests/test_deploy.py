@@ -36,9 +36,9 @@ import pytest
 import typer.main
 import yaml
 
-from hps.cli import app as cli_app
+from hps.tools.cli import app as cli_app
 from hps.config import load_config
-from tests.redis_servers import RedisClusterProcs, RedisServer, free_port
+from tests.support.redis_servers import RedisClusterProcs, RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -272,7 +272,7 @@ class NativeRoot:
             out[out.index("--port") + 1] = str(port)
             out[out.index("--host") + 1] = "127.0.0.1"
         if out[0] == "hps":
-            out[:1] = [sys.executable, "-m", "hps.cli"]
+            out[:1] = [sys.executable, "-m", "hps.tools.cli"]
         elif out[0] == "python":
             out[0] = sys.executable
         return out

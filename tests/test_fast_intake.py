@@ -1,4 +1,4 @@
-"""hps/fast_intake.py without a GPU: host arrays of every producer are never read as the
+"""hps/intake/fast.py without a GPU: host arrays of every producer are never read as the
 common CUDA case (they take the general path, which serves and checks them)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.utils.dlpack as tdl
 
-from hps.fast_intake import device_pair
+from hps.intake.fast import device_pair
 
 
 def test_host_arrays_and_mixed_producers_are_left_to_the_general_path() -> None:

@@ -1,6 +1,6 @@
-"""HugeCTR's Python surface: the config objects (hps/hugectr_config.py), `HPS` called as
+"""HugeCTR's Python surface: the config objects (hps/hugectr/params.py), `HPS` called as
 HugeCTR's tests call it, and `hps config dump`. The flows are HugeCTR's
-test/inference/hps scripts re-created on synthetic files (tests/hugectr_flows.py); on
+test/inference/hps scripts re-created on synthetic files (tests/support/hugectr_flows.py); on
 this CPU machine the GPU cache types run without a GPU cache (the server says so) and
 the test checks what their config becomes. tests/gpu/test_hugectr_compat.py runs the
 same flows on a GPU."""
@@ -23,8 +23,8 @@ import torch
 import hps.inference as hugectr  # what HugeCTR code imports as hugectr.inference
 from hps import BatchTooLargeError, ConfigError, HPSError, load_config
 from hps.config import ModelConfig, PersistentDBConfig, UpdateSourceConfig, VolatileDBConfig
-from hps.hugectr_config import SIZE_MAX, as_ps_config
-from tests.hugectr_flows import (
+from hps.hugectr.params import SIZE_MAX, as_ps_config
+from tests.support.hugectr_flows import (
     CACHE_TYPES,
     MODEL,
     Model,
@@ -294,7 +294,7 @@ def test_every_option_maps_or_is_ignored() -> None:
 def test_config_dump_prints_the_equivalent_ps_json(model: Model, tmp_path: Path) -> None:
     script = tmp_path / "make_config.py"
     script.write_text(
-        "from tests.hugectr_flows import ps_config\n"
+        "from tests.support.hugectr_flows import ps_config\n"
         "from hps.inference import EmbeddingCacheType_t\n"
         f"ps_config_uvm = ps_config({model.files!r}, max_batchsize=10,\n"
         "                          cache_type=EmbeddingCacheType_t.UVM)\n"
@@ -315,7 +315,7 @@ def test_config_dump_prints_the_equivalent_ps_json(model: Model, tmp_path: Path)
 
 
 def _cli_args(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hps.cli", *args]
+    return [sys.executable, "-m", "hps.tools.cli", *args]
 
 
 def _cli(*args: str) -> str:
@@ -332,7 +332,7 @@ def test_ignored_options_are_logged_once_per_process(model: Model) -> None:
     code = (
         "import logging, sys\n"
         "logging.basicConfig(stream=sys.stdout, format='%(levelname)s %(message)s')\n"
-        "from tests.hugectr_flows import ps_config\n"
+        "from tests.support.hugectr_flows import ps_config\n"
         "from hps.inference import VolatileDatabaseParams\n"
         f"files = {model.files!r}\n"
         "for _ in range(3):\n"

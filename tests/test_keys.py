@@ -6,7 +6,7 @@ import torch
 from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from hps.errors import KeyTypeError, OutputBufferError
-from hps.keys import as_key_array, as_output_array, device_output_view, key_view, output_view
+from hps.intake.keys import as_key_array, as_output_array, device_output_view, key_view, output_view
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint32, np.int16, np.uint64])

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from hps import ConfigError, ModelFileError
-from hps.db.rocksdb import RocksDBTier
-from hps.loader import available_memory, open_reader, served_chunks
+from hps.tiers.rocksdb.tier import RocksDBTier
+from hps.server.loader import available_memory, open_reader, served_chunks
 from hps.server import HierarchicalParameterServer
 from tests.conftest import model_config, write_table
 
@@ -84,7 +84,7 @@ def test_duplicate_keys_are_counted_and_the_last_row_wins_in_every_tier(
     last = {k: i for i, k in enumerate(keys.tolist())}  # the row each key must serve
     distinct = np.array(sorted(last), dtype=np.int64)
     served = vectors[[last[k] for k in distinct.tolist()]]
-    caplog.set_level(logging.WARNING, logger="hps.loader")
+    caplog.set_level(logging.WARNING, logger="hps.server.loader")
     config = one_table(tmp_path, keys, vectors, persistent=persistent)
     config["volatile_db"] = dict(volatile)
     if volatile["type"] == "redis":

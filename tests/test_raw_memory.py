@@ -1,4 +1,4 @@
-"""hps/raw_memory.py: the compiled capsule reader agrees with the ctypes reader on every
+"""hps/runtime/raw_memory.py: the compiled capsule reader agrees with the ctypes reader on every
 capsule shape it takes, and hands the rest back; the spin wait returns what it reads."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.utils.dlpack as tdl
 
-from hps import producers, raw_memory
+from hps.intake import array_ref as producers
+from hps.runtime import raw_memory
 
 CASES = [
     ((2000,), np.int64), ((7,), np.uint32), ((), np.int64), ((0,), np.int64),

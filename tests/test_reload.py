@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hps import ModelFileError, UnknownModelError
-from hps.loader import LoadProgress
+from hps.server.loader import LoadProgress
 from hps.server import STAGING_SUFFIX, HierarchicalParameterServer
 from tests.conftest import write_table
 

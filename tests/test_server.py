@@ -151,7 +151,7 @@ def test_malformed_model_changes_nothing(two_tables: dict[str, Any]) -> None:
     with pytest.raises(ModelFileError, match="width 32"):
         HPS(config)
     from hps.config import PersistentDBConfig
-    from hps.db.rocksdb import RocksDBTier
+    from hps.tiers.rocksdb.tier import RocksDBTier
 
     db = RocksDBTier(PersistentDBConfig(type="rocks_db", path=config["persistent_db"]["path"]))
     try:

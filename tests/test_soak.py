@@ -5,7 +5,7 @@ or be wrong (each answer equals one version of the model, whole). `hps bench soa
 
 from __future__ import annotations
 
-from hps.bench.soak import print_result, soak
+from hps.tools.bench.soak import print_result, soak
 
 
 def test_soak_60_seconds() -> None:

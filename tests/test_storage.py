@@ -1,4 +1,4 @@
-"""The storage types' reference codecs (hps/storage.py): layouts, error bounds on random
+"""The storage types' reference codecs (hps/rows/storage_types.py): layouts, error bounds on random
 and adversarial rows, and what each type refuses."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hps.storage import (
+from hps.rows.storage_types import (
     BFLOAT16,
     FLOAT16,
     FLOAT32,

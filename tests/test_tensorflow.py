@@ -18,8 +18,8 @@ import tensorflow as tf  # noqa: E402
 import hps.tensorflow as hps_tf  # noqa: E402
 from hps import ConfigError, KeyTypeError  # noqa: E402
 from hps.inference import HPS  # noqa: E402
-from hps.registry import servers  # noqa: E402
-from tests.hugectr_flows import MODEL, Model, native_lookup, ps_config, write_model  # noqa: E402
+from hps.server.shared import servers  # noqa: E402
+from tests.support.hugectr_flows import MODEL, Model, native_lookup, ps_config, write_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from hps import ConfigError, KeyTypeError, UnknownModelError, UnknownTableError
-from hps.bench.torch_layer import bench_torch_layer
-from hps.registry import servers
+from hps.tools.bench.torch_layer import bench_torch_layer
+from hps.server.shared import servers
 from hps.torch import LookupLayer, close_servers
-from tests.hugectr_flows import MODEL, Model, ps_config, write_model
+from tests.support.hugectr_flows import MODEL, Model, ps_config, write_model
 
 
 @pytest.fixture(autouse=True)

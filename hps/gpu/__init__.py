@@ -9,8 +9,8 @@
 - reference.py     a NumPy model of EmbeddingCache, for the GPU tests
 - lookup.py        GpuEmbeddingTable: the lookup path the server uses; cuda_available()
 
-Keys and outputs are checked by hps/keys.py (key_view, output_view), not here.
+Keys and outputs are checked by hps/intake/keys.py (key_view, output_view), not here.
 
-Nothing here imports CuPy at import time: without it, `hps.gpu.lookup.cuda_available()`
+Nothing here imports CuPy at import time: without it, `hps.gpu.table.cuda_available()`
 is False and building a cache raises MissingExtraError naming the 'gpu' extra.
 """

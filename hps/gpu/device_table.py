@@ -2,7 +2,7 @@
 
 `DeviceTable` holds one table's slots on one device (keys int64 [num_sets * SET_SIZE],
 rows in the table's storage type (float32 padded to float4, float16, bfloat16 or int8
-rows: hps/gpu/row_format.py), a few int32 flags), its own stream, the per-thread query
+rows: hps/rows/gpu_layout.py), a few int32 flags), its own stream, the per-thread query
 workspaces, and the launches of the query, update and dump kernels. Rows come in as
 float32 and are encoded on the device; a query writes float32 or, from 16-bit storage,
 that same 16-bit type (its output type, picked per call). The policies built
@@ -17,7 +17,7 @@ ordered with CUDA events: a write waits for the queries in flight and for the ca
 stream (whose arrays it reads); a query waits for the writes before it. No device-wide
 synchronize is ever used. All methods are thread-safe.
 
-Keys and outputs are checked by hps/keys.py (`key_view`, `device_output_view`); the
+Keys and outputs are checked by hps/intake/keys.py (`key_view`, `device_output_view`); the
 methods here that end in `_checked` or take codes (`insert_by_set`) take views already
 checked.
 """
@@ -38,7 +38,7 @@ import numpy as np
 from hps.errors import DeviceError, LookupInputError
 from hps.gpu import kernels, overlap
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
-from hps.gpu.row_format import (
+from hps.rows.gpu_layout import (
     OUT_FLOAT32,
     OUTPUT_CODES,
     STORAGE_CODES,
@@ -47,9 +47,9 @@ from hps.gpu.row_format import (
     table_storage,
 )
 from hps.gpu.streams import same_stream
-from hps.keys import as_key_array, device_output_view, key_view
-from hps.raw_memory import wait_while
-from hps.storage import FLOAT32, StorageType, decode
+from hps.intake.keys import as_key_array, device_output_view, key_view
+from hps.runtime.raw_memory import wait_while
+from hps.rows.storage_types import FLOAT32, StorageType, decode
 
 BLOCK = 256
 # Batches of more keys than PIPELINED_AFTER into 16-bit outputs, of rows up to
@@ -74,7 +74,7 @@ def _is_cupy(array: Any) -> bool:
 
 
 def default_group(dim: int) -> int:
-    """Lanes that serve one key (measured on an H100, hps/bench/gpu.py --sweep)."""
+    """Lanes that serve one key (measured on an H100, hps/tools/bench/gpu.py --sweep)."""
     return 2 if dim <= 32 else 8
 
 
@@ -349,7 +349,7 @@ class DeviceTable:
         """Kernel launch shape: lanes per key (a power of two dividing SET_SIZE), keys
         per lane group in flight, the grid cap in blocks per SM (0: no cap), streaming
         cache hints (1) or not (0). The layout is unchanged; this is for tuning
-        (hps/bench/gpu.py)."""
+        (hps/tools/bench/gpu.py)."""
         if group not in (1, 2, 4, 8) or SET_SIZE % group or unroll not in (1, 2, 4):
             raise LookupInputError(f"unsupported launch shape group={group} unroll={unroll}")
         with self._lock:
@@ -383,11 +383,11 @@ class DeviceTable:
     @staticmethod
     def _host_keys(keys: np.ndarray) -> np.ndarray:
         """Host keys of any integer width and shape, widened and flattened to int64 [n]
-        (checked by hps/keys.py)."""
+        (checked by hps/intake/keys.py)."""
         return key_view(as_key_array(keys))  # type: ignore[no-any-return]
 
     def _device_keys(self, keys: Any) -> Any:
-        """int64 1-D keys on this device, checked by hps/keys.py (host arrays: see
+        """int64 1-D keys on this device, checked by hps/intake/keys.py (host arrays: see
         _host_keys, then copied over)."""
         if isinstance(keys, np.ndarray):
             host = self._host_keys(keys)
@@ -398,7 +398,7 @@ class DeviceTable:
     def _device_rows(self, vectors: Any, n: int) -> Any:
         """float32 [n, dim] C-contiguous rows on this device (host arrays copied over).
         Raises LookupInputError for the wrong shape or dtype and, for compact storage,
-        for rows it cannot hold (see hps/storage.py)."""
+        for rows it cannot hold (see hps/rows/storage_types.py)."""
         rows = self._device_rows_unchecked(vectors, n)
         if self.storage.compact and n:
             with self._device:
@@ -608,7 +608,7 @@ class DeviceTable:
                   ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> int:
         """The query on raw pointers: keys int64 [n] and out [n, dim] of output type
         `out_type` (float32, or the table's own 16-bit storage type: see
-        hps/gpu/row_format.py, not checked here), both C-contiguous on this table's device
+        hps/rows/gpu_layout.py, not checked here), both C-contiguous on this table's device
         (current), on stream `stream_ptr`. Writes the rows of held keys and
         `default_value` into the others; returns the miss count, the misses being in `ws`
         (ws.misses(count)) until its next query. Waits on the host for the miss count
@@ -649,7 +649,7 @@ class DeviceTable:
 
     def out_type(self, out: Any) -> int:
         """The output type (row_format.OUTPUT_CODES) of a CuPy output checked by
-        hps/keys.py device_output_view for this table's storage: float32, float16 or
+        hps/intake/keys.py device_output_view for this table's storage: float32, float16 or
         uint16 (the bit patterns of bfloat16, which CuPy lacks)."""
         if out.dtype == np.float32:
             return OUT_FLOAT32

@@ -10,7 +10,7 @@ define none of them (they stop with #error when one is missing), so Python and C
 cannot disagree:
 - the slot layout, the same for every table: SET_SIZE, EMPTY_KEY, RANK_BITS (below);
 - per table, from its caller: DIM, the storage type STORAGE and output type OUT_TYPE
-  (codes of hps/gpu/row_format.py; float32 by default), and the launch shape GROUP,
+  (codes of hps/rows/gpu_layout.py; float32 by default), and the launch shape GROUP,
   UNROLL, HINTS, STAMP_SHIFT, PROBE_WINDOW (defaults below for the kernels that do not
   set them);
 - derived here: ROW_BYTES, the bytes of a stored row of DIM in STORAGE
@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from hps.errors import DeviceError, MissingExtraError
-from hps.gpu.row_format import STORAGE_CODES, stored_row_bytes
-from hps.storage import storage_type
+from hps.rows.gpu_layout import STORAGE_CODES, stored_row_bytes
+from hps.rows.storage_types import storage_type
 
 # The slot layout shared by the Python side and every kernel.
 SET_SIZE = 8  # slots per set (dynamic cache) or bucket (static table): 64 B of keys

@@ -4,7 +4,7 @@
 SET_SIZE slots for `num_keys` keys at `load_factor` (0.8: on average 1.15 bucket reads per
 lookup), with each row stored beside its key's slot (no indirection: one bucket read and
 one row read per hit; rows stored as float32 or a compact storage type,
-hps/gpu/row_format.py). `build(keys, vectors)` adds keys (float32 rows, encoded on the
+hps/rows/gpu_layout.py). `build(keys, vectors)` adds keys (float32 rows, encoded on the
 device), chunk by chunk; after that the
 table is only read (`query`), or its rows rewritten in place by a refresh (`update`).
 Nothing is evicted: more than `num_keys` keys raise an error.
@@ -30,8 +30,8 @@ from hps.gpu.device_table import (
     default_unroll,
 )
 from hps.gpu.kernels import SET_SIZE
-from hps.gpu.row_format import stored_row_bytes, table_storage
-from hps.storage import FLOAT32, StorageType
+from hps.rows.gpu_layout import stored_row_bytes, table_storage
+from hps.rows.storage_types import FLOAT32, StorageType
 
 DEFAULT_LOAD_FACTOR = 0.8
 # Batches up to this many keys probe 4 buckets per step: the batch waits for its longest

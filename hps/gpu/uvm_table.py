@@ -29,7 +29,7 @@ task, every `promotion_interval` seconds while lookups come, on the table's stre
    as hot as the candidates from swapping back and forth;
 3. every count is halved (older accesses weigh less).
 
-hps/gpu/uvm_reference.py models this in NumPy, slot for slot.
+tests/support/uvm_reference.py models this in NumPy, slot for slot.
 
 A move never blocks a lookup on the host and never lets one read a half-copied row: the
 demoted slots are unlinked first (a tiny kernel that later queries wait for on the GPU);
@@ -63,15 +63,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hps.background import PeriodicTask
+from hps.runtime.background import PeriodicTask
 from hps.errors import ConfigError, LookupInputError
 from hps.gpu import kernels
 from hps.gpu.device_table import BLOCK, QueryWorkspace, decode_rows
 from hps.gpu.host_memory import MappedHostMemory
 from hps.gpu.kernels import SET_SIZE
-from hps.gpu.row_format import OUT_FLOAT32, stored_row_bytes, table_storage
+from hps.rows.gpu_layout import OUT_FLOAT32, stored_row_bytes, table_storage
 from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
-from hps.storage import FLOAT32, StorageType
+from hps.rows.storage_types import FLOAT32, StorageType
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig
@@ -237,7 +237,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
 
     @staticmethod
     def gpu_row_bytes(dim: int, storage: str | StorageType = FLOAT32) -> int:
-        """GPU bytes of one hot row: the stored row (hps/gpu/row_format.py) and its owner
+        """GPU bytes of one hot row: the stored row (hps/rows/gpu_layout.py) and its owner
         link."""
         return stored_row_bytes(dim, table_storage(storage)) + 4
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from hps.config import HttpConfig
 from hps.http.direct import direct_answers
-from hps.throttled_log import ThrottledLog
+from hps.runtime.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.http")
 

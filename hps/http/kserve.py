@@ -50,7 +50,7 @@ from hps.http.errors import BadBody, BadJSON, UnsupportedMediaType, v2_error_bod
 from hps.http.fastpath import FastRoute, respond
 from hps.http.lookup import encode_json, json_body_limit, read_body, validation_message
 from hps.http.schemas import INT64_MAX, INT64_MIN, JSON, OCTET_STREAM
-from hps.raw_memory import address_of
+from hps.runtime.raw_memory import address_of
 
 if TYPE_CHECKING:
     from starlette.types import Receive

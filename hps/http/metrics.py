@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hps.http.loop_metrics import LoopCounter, LoopHistogram
-from hps.loader import LoadProgress
+from hps.server.loader import LoadProgress
 from hps.server import STAGING_SUFFIX
 
 if TYPE_CHECKING:

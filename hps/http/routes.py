@@ -35,7 +35,7 @@ from hps.http.schemas import (
     ReloadResponse,
 )
 from hps.http.state import ServiceState
-from hps.io.formats.spec import TableSpec
+from hps.modelfiles.formats.spec import TableSpec
 from hps.server import HierarchicalParameterServer, LoadedModel
 
 _bearer = HTTPBearer(auto_error=False, description="The server's token (--token / HPS_TOKEN).")

@@ -79,7 +79,7 @@ def curl_line(server: HierarchicalParameterServer, url: str, token: bool) -> str
         table = loaded.tables[0]
         table_name = table.name
         try:  # real keys from the model's files, so the answer shows real vectors
-            from hps.io.formats import open_model
+            from hps.modelfiles.formats import open_model
 
             with open_model(loaded.config.table_spec(0)) as reader:
                 first, _ = next(reader.chunks(3), (np.zeros(0, np.int64), None))

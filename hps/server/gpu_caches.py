@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hps.config import PSConfig
-from hps.loader import served_chunks
+from hps.server.loader import served_chunks
 from hps.server.host_lookup import HostLookup
 from hps.server.models import LoadedModel, LoadedTable
 
@@ -40,7 +40,7 @@ class GpuCaches:
         """Whether GPU caches can be made; warns, naming the models `wants`, when not."""
         if self._cuda is None:
             try:
-                from hps.gpu.lookup import cuda_available
+                from hps.gpu.table import cuda_available
             except ImportError:  # a build without the GPU tier
                 self._cuda = False
             else:
@@ -61,7 +61,7 @@ class GpuCaches:
         if not (self.enabled or self._cuda_present([loaded.config.model])):
             return
         self.enabled = True
-        from hps.gpu.lookup import GpuEmbeddingTable
+        from hps.gpu.table import GpuEmbeddingTable
 
         cfg = loaded.config
         for table, reader in zip(loaded.tables, readers, strict=True):
@@ -114,7 +114,7 @@ class GpuCaches:
         """Stop the caches of `model` and free their device memory, with what CuPy's pools
         kept cached for them (the warm-up's chunks, pinned staging): without that a
         removed model's 2M-key cache left 510 of 1,142 MiB of device memory and 577 MiB
-        of RSS in use (`python -m hps.bench.model_memory`)."""
+        of RSS in use (`python -m hps.tools.bench.model_memory`)."""
         caches = [gpu for table in model.tables for gpu in table.gpu.values()]
         for gpu in caches:
             gpu.close()

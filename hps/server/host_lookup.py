@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from hps.db import Tiers
+from hps.tiers import Tiers
 from hps.errors import TierError
 from hps.server.models import LoadedTable
-from hps.storage import narrow
+from hps.rows.storage_types import narrow
 
 
 class HostLookup:
@@ -27,7 +27,7 @@ class HostLookup:
     the volatile tier in the background.
 
     Outputs are float32, or the 16-bit type of a table stored as float16 / bfloat16
-    (float16, uint16 bits; hps/keys.py decides which are accepted): a volatile tier that
+    (float16, uint16 bits; hps/intake/keys.py decides which are accepted): a volatile tier that
     stores the table compact writes its rows into those as they are, without widening;
     rows of float32 tiers and default values are rounded to it as the storage rounds.
     """

@@ -10,12 +10,12 @@ import numpy as np
 
 from hps.config import ModelConfig
 from hps.errors import BatchTooLargeError, UnknownTableError
-from hps.gpu.row_format import narrow_output_code
-from hps.keys import key_array, key_ref
-from hps.loader import TableSource
-from hps.producers import ArrayRef
+from hps.rows.gpu_layout import narrow_output_code
+from hps.intake.keys import key_array, key_ref
+from hps.server.loader import TableSource
+from hps.intake.array_ref import ArrayRef
 from hps.server.versions import VersionRefs
-from hps.storage import FLOAT32, StorageType
+from hps.rows.storage_types import FLOAT32, StorageType
 
 
 @dataclass
@@ -65,7 +65,7 @@ class LoadedTable:
     #: (Redis down, full or read-only then) until the background fill is done
     volatile_ready: bool = True
     #: the model's embedding_storage_dtype: how the hash map and GPU tables store rows,
-    #: and which output dtypes a lookup accepts (hps/storage.py)
+    #: and which output dtypes a lookup accepts (hps/rows/storage_types.py)
     storage: StorageType = FLOAT32
     #: the output type of the storage's own 16-bit outputs (row_format.narrow_output_code),
     #: read once here for the lookup path's common case
@@ -75,7 +75,7 @@ class LoadedTable:
         self.narrow_output_type = narrow_output_code(self.storage)
 
     def checked_ref(self, keys: Any) -> ArrayRef:
-        """Where `keys` are (hps/keys.py `key_ref`), checked to be integers and at most
+        """Where `keys` are (hps/intake/keys.py `key_ref`), checked to be integers and at most
         `max_keys` of them. Raises KeyTypeError or BatchTooLargeError."""
         ref = key_ref(keys)
         if ref.size > self.max_keys:

@@ -15,15 +15,15 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig, load_config
-from hps.db import Tiers, open_tiers
-from hps.db.base import Tier
+from hps.tiers import Tiers, open_tiers
+from hps.tiers.contract import Tier
 from hps.errors import DeviceError, UnknownModelError
-from hps.fast_intake import device_pair
-from hps.gpu.row_format import OUT_FLOAT32
-from hps.io.formats import DEFAULT_CHUNK_BYTES
-from hps.keys import is_device_array, key_array, output_array, output_ref
-from hps.loader import LoadProgress
-from hps.producers import HOST, ArrayRef
+from hps.intake.fast import device_pair
+from hps.rows.gpu_layout import OUT_FLOAT32
+from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES
+from hps.intake.keys import is_device_array, key_array, output_array, output_ref
+from hps.server.loader import LoadProgress
+from hps.intake.array_ref import HOST, ArrayRef
 from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import HostLookup
 from hps.server.models import LoadedModel
@@ -183,7 +183,7 @@ class HierarchicalParameterServer:
         """Write the vectors of `keys` into `out` in place; returns the number of keys.
 
         `keys` and `out` may be host or CUDA arrays of any producer (torch, CuPy, NumPy,
-        DLPack capsules, `__dlpack__` objects; hps/producers.py). CUDA arrays are served
+        DLPack capsules, `__dlpack__` objects; hps/intake/array_ref.py). CUDA arrays are served
         by the GPU cache of their device, from any thread, whatever its current device;
         `device_id` (default: the arrays' device, else the model's first deployed device)
         picks the cache for host arrays. Raises an HPSError subclass, writing nothing, for
@@ -329,7 +329,7 @@ def _plain_keys(keys: Any) -> bool:
     """Whether `keys` is the common host form: a 1-D C-contiguous NumPy int64 array.
 
     A table without a GPU cache serves such keys without the general path's reading of
-    producers and devices (hps/producers.py): on the HTTP routes those layers were about
+    producers and devices (hps/intake/array_ref.py): on the HTTP routes those layers were about
     a tenth of a 1,024-key lookup's time. Every other form takes the general path, which
     checks it and raises as documented; so do empty and oversize batches."""
     return (type(keys) is np.ndarray and keys.dtype is _INT64 and keys.ndim == 1

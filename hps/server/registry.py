@@ -20,13 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hps.background import BackgroundWorker
-from hps.backoff import Backoff
+from hps.runtime.background import BackgroundWorker
+from hps.runtime.backoff import Backoff
 from hps.config import ModelConfig, PSConfig
-from hps.db import Tiers
-from hps.db.base import table_name
+from hps.tiers import Tiers
+from hps.tiers.contract import table_name
 from hps.errors import ConfigError, LookupInputError, TierUnavailableError, UnknownModelError
-from hps.loader import LoadProgress, load_table, open_reader, open_readers, return_freed_memory
+from hps.server.loader import LoadProgress, load_table, open_reader, open_readers, return_freed_memory
 from hps.server.gpu_caches import GpuCaches
 from hps.server.models import LoadedModel, LoadedTable
 from hps.server.volatile_fill import VolatileFiller

@@ -14,14 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 from hps.config import PSConfig
-from hps.db import Tiers
-from hps.db.base import TABLE_PREFIX, table_name
+from hps.tiers import Tiers
+from hps.tiers.contract import TABLE_PREFIX, table_name
 from hps.server.gpu_caches import GpuCaches
 from hps.server.models import LoadedModel, LoadedTable
 from hps.server.registry import ModelRegistry, ReloadObserver
 from hps.updates.applier import UpdateApplier, UpdateTarget
 from hps.updates.consumer import UpdateConsumer
-from hps.updates.source import open_source
+from hps.updates.contract import open_source
 from hps.updates.stats import UpdateStats
 
 

@@ -4,7 +4,7 @@ When Redis is down, full or read-only while a model loads, the model loads into 
 persistent tier (and the GPU caches) and serves from there; its tables are marked
 `volatile_ready = False`, so lookups do not read the volatile tier for them (it may hold
 stale rows of an earlier version under the same name). A background worker
-(`hps.background`) then tries, with the package's backoff, until the tier takes them: it
+(`hps.runtime.background`) then tries, with the package's backoff, until the tier takes them: it
 drops what the tier holds under the table's name, writes the table's
 `initial_cache_rate` share from the model files, and only then lets lookups read it.
 Lookups never wait for any of this.
@@ -17,14 +17,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hps.background import BackgroundWorker
-from hps.backoff import Backoff
-from hps.db.base import Tier
+from hps.runtime.background import BackgroundWorker
+from hps.runtime.backoff import Backoff
+from hps.tiers.contract import Tier
 from hps.errors import HPSError, TierError
-from hps.io.formats import ModelReader
-from hps.loader import fill_volatile
+from hps.modelfiles.formats import ModelReader
+from hps.server.loader import fill_volatile
 from hps.server.models import LoadedModel, LoadedTable
-from hps.throttled_log import ThrottledLog
+from hps.runtime.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps")
 

@@ -13,7 +13,7 @@ The server wires a consumer to its models (hps/server/updates.py); docs/updates.
 how to run it.
 """
 
-from hps.updates.source import (
+from hps.updates.contract import (
     UpdateMessage,
     UpdatePublisher,
     UpdateSource,

@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hps.db import Tiers
-from hps.db.base import Tier
+from hps.tiers import Tiers
+from hps.tiers.contract import Tier
 from hps.errors import BadUpdateError, LookupInputError, UnknownTableError
-from hps.storage import FLOAT32, StorageType, first_unencodable_row
+from hps.rows.storage_types import FLOAT32, StorageType, first_unencodable_row
 from hps.updates import codec
 from hps.updates.buffers import RowBuffer, RowBuffers
-from hps.updates.source import UpdateMessage
+from hps.updates.contract import UpdateMessage
 from hps.updates.stats import UpdateStats
 
 #: writes rows to the GPU caches of one table: (keys int64 [n], vectors float32 [n, dim])

@@ -16,7 +16,7 @@ import struct
 import numpy as np
 
 from hps.errors import BadUpdateError
-from hps.io.formats.base import UINT32_KEY_LIMIT
+from hps.modelfiles.formats.base import UINT32_KEY_LIMIT
 
 MAGIC = b"HCTR"
 _HEADER = struct.Struct("<4sI")

@@ -13,7 +13,7 @@ most; batches are written and committed in order), so Redis/Kafka I/O and decodi
 while the tiers are written. A crash re-applies at most two rounds (at-least-once; every
 write is an overwrite, so a replay ends in the same rows). A source that cannot be reached (broker
 or Redis down) and a tier that cannot be written are retried with the package's backoff
-(`hps/backoff.py`, from `failure_backoff_ms` up to `failure_backoff_max_ms`); the state
+(`hps/runtime/backoff.py`, from `failure_backoff_ms` up to `failure_backoff_max_ms`); the state
 ("running", "down") is in `UpdateStats`. Lookups never wait for any of this.
 
 The models followed are asked of `followed()` every round, so a model loaded later is
@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-from hps.backoff import Backoff
+from hps.runtime.backoff import Backoff
 from hps.config import UpdateSourceConfig
 from hps.errors import TierUnavailableError, UpdateSourceUnavailableError
 from hps.updates.applier import Prepared, UpdateApplier
-from hps.updates.source import UpdateMessage, UpdateSource
+from hps.updates.contract import UpdateMessage, UpdateSource
 from hps.updates.stats import UpdateStats
 
 log = logging.getLogger("hps.updates")

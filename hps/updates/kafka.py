@@ -23,8 +23,8 @@ from typing import Any
 
 from hps.config import UpdateSourceConfig
 from hps.errors import BadUpdateError, MissingExtraError, UpdateSourceUnavailableError
-from hps.throttled_log import ThrottledLog
-from hps.updates.source import UpdateMessage, UpdatePublisher, UpdateSource, topic_pattern
+from hps.runtime.throttled_log import ThrottledLog
+from hps.updates.contract import UpdateMessage, UpdatePublisher, UpdateSource, topic_pattern
 
 try:
     import confluent_kafka as ck

@@ -31,9 +31,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from hps.config import UpdateSourceConfig
-from hps.db.base import TABLE_PREFIX, table_name
+from hps.tiers.contract import TABLE_PREFIX, table_name
 from hps.errors import ConfigError, MissingExtraError, UpdateSourceUnavailableError
-from hps.updates.source import UpdateMessage, UpdatePublisher, UpdateSource
+from hps.updates.contract import UpdateMessage, UpdatePublisher, UpdateSource
 
 try:
     import redis

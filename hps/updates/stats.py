@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from hps.throttled_log import ThrottledLog
+from hps.runtime.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.updates")
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hps.gpu.lookup import cuda_available
+from hps.gpu.table import cuda_available
 
 with warnings.catch_warnings():  # CuPy's import-time notices are not test failures
     warnings.simplefilter("ignore")

@@ -1,4 +1,4 @@
-"""EmbeddingCache (hps/gpu/cache.py) against its NumPy model, and its argument checks."""
+"""EmbeddingCache (hps/gpu/dynamic_cache.py) against its NumPy model, and its argument checks."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from hps.errors import DeviceError, KeyTypeError, LookupInputError, OutputBufferError
-from hps.gpu.cache import EMPTY_KEY, SET_SIZE, EmbeddingCache
-from hps.gpu.reference import ReferenceCache
-from hps.storage import decode, encode
+from hps.gpu.dynamic_cache import EMPTY_KEY, SET_SIZE, EmbeddingCache
+from tests.support.gpu_reference import ReferenceCache
+from hps.rows.storage_types import decode, encode
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +52,7 @@ def test_matches_numpy_model_on_random_operations(cp: Any, rng: np.random.Genera
     model = ReferenceCache(num_sets * SET_SIZE, dim, lru_sample_shift=shift)
 
     def stored(rows: np.ndarray) -> np.ndarray:
-        """What the cache holds of float32 rows: hps/storage.py's encode, decoded (the
+        """What the cache holds of float32 rows: hps/rows/storage_types.py's encode, decoded (the
         device encodes bit for bit as it does)."""
         return decode(storage, encode(storage, rows), dim)
 

@@ -1,4 +1,4 @@
-"""hps/fast_intake.py on CUDA arrays: the common case (int64 keys, a float32, float16 or
+"""hps/intake/fast.py on CUDA arrays: the common case (int64 keys, a float32, float16 or
 bfloat16 output, both contiguous on one device, one producer) read as what it is, and
 every deviation left to the general path; a public call through it checks sizes, batch
 limits and the output types the table allows as before."""
@@ -14,7 +14,7 @@ import pytest
 from hps import write_sparse_model
 from hps.api import HPS
 from hps.errors import BatchTooLargeError, OutputBufferError
-from hps.fast_intake import device_pair
+from hps.intake.fast import device_pair
 
 pytestmark = pytest.mark.gpu
 
@@ -114,7 +114,7 @@ def test_16_bit_public_calls_through_it(cp: Any, tmp_path: Path, storage: str) -
     before (the general path names the dtypes allowed) and nothing is written."""
     import torch
 
-    from hps.storage import encode
+    from hps.rows.storage_types import encode
 
     rng = np.random.default_rng(5)
     keys = rng.choice(2**40, 5000, replace=False).astype(np.int64)

@@ -1,13 +1,13 @@
-"""The compiled host side of the miss path (hps/gpu/host_kernels.py) against NumPy."""
+"""The compiled host side of the miss path (hps/gpu/host_loops.py) against NumPy."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hps.gpu.cache import EMPTY_KEY
-from hps.gpu.cache import set_codes as numpy_set_codes
-from hps.gpu.host_kernels import dedupe, set_codes
+from hps.gpu.dynamic_cache import EMPTY_KEY
+from hps.gpu.dynamic_cache import set_codes as numpy_set_codes
+from hps.gpu.host_loops import dedupe, set_codes
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 300, 5000])

@@ -1,5 +1,5 @@
 """HugeCTR's HPS test flows on a GPU: the same calls, shapes and config objects as
-tests/test_hugectr_compat.py (tests/hugectr_flows.py), now with the GPU cache attached:
+tests/test_hugectr_compat.py (tests/support/hugectr_flows.py), now with the GPU cache attached:
 Dynamic, UVM and Static agreeing (each served by its own table), torch CPU and CUDA
 capsules agreeing with `lookup`, and hps.torch.LookupLayer on CUDA keys, eager and
 compiled."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hps.inference import HPS, EmbeddingCacheType_t
-from tests.hugectr_flows import (
+from tests.support.hugectr_flows import (
     CACHE_TYPES,
     MODEL,
     Model,

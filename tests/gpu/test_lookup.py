@@ -1,4 +1,4 @@
-"""GpuEmbeddingTable (hps/gpu/lookup.py): the lookup path, warm-up, refresh, concurrency,
+"""GpuEmbeddingTable (hps/gpu/table.py): the lookup path, warm-up, refresh, concurrency,
 every DLPack producer, and the HPS API over a GPU cache."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 from hps.config import ModelConfig
 from hps.errors import DeviceError, KeyTypeError, OutputBufferError
-from hps.gpu.cache import EmbeddingCache, cache_slots
-from hps.gpu.lookup import GpuEmbeddingTable, cuda_available
-from hps.gpu.reference import ReferenceCache
+from hps.gpu.dynamic_cache import EmbeddingCache, cache_slots
+from hps.gpu.table import GpuEmbeddingTable, cuda_available
+from tests.support.gpu_reference import ReferenceCache
 from hps.gpu.static_table import StaticEmbeddingTable
 
 pytestmark = pytest.mark.gpu
@@ -269,7 +269,7 @@ def test_argument_errors(cp: Any, rng: np.random.Generator) -> None:
         table.lookup(cp.arange(3), cp.empty((3, dim), cp.float32))
 
 
-# -- intake of any DLPack producer (hps/keys.py) and the HPS API ------------------------
+# -- intake of any DLPack producer (hps/intake/keys.py) and the HPS API ------------------------
 
 def _producers(cp: Any, torch: Any, keys: np.ndarray, n: int, dim: int
                ) -> list[tuple[str, Any, Any, Any]]:
@@ -376,7 +376,7 @@ def test_large_miss_batches_are_exact(cp: Any, rng: np.random.Generator,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """More misses than the host dedupe takes (HOST_MISSES): no dedupe, set codes sorted on
     the device, rows fetched in chunks on the fetch threads and sent chunk by chunk."""
-    from hps.gpu import lookup as lookup_module
+    from hps.gpu import table as lookup_module
 
     monkeypatch.setattr(lookup_module, "CHUNK_BYTES", 1 << 16)  # many chunks
     dim = 12

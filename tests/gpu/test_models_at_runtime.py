@@ -1,13 +1,13 @@
 """A model added and removed at runtime through the admin routes of a real uvicorn server
-(hps/bench/model_memory.py): its GPU cache serves exact rows, and removing it returns its
+(hps/tools/bench/model_memory.py): its GPU cache serves exact rows, and removing it returns its
 device memory."""
 
 from __future__ import annotations
 
 import pytest
 
-from hps.bench.model_memory import BASE, measure
-from hps.gpu.cache import EmbeddingCache
+from hps.tools.bench.model_memory import BASE, measure
+from hps.gpu.dynamic_cache import EmbeddingCache
 from hps.gpu.static_table import StaticEmbeddingTable
 
 pytestmark = pytest.mark.gpu

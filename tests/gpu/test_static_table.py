@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hps.gpu.cache import EMPTY_KEY
+from hps.gpu.dynamic_cache import EMPTY_KEY
 from hps.gpu.static_table import SMALL_BATCH, StaticEmbeddingTable, TableFullError
 
 pytestmark = pytest.mark.gpu

@@ -1,5 +1,5 @@
-"""Compact storage in the GPU tiers (hps/gpu/row_format.py): for each cache type (dynamic,
-static, uvm) and storage type (float16, bfloat16, int8), lookups against hps/storage.py's
+"""Compact storage in the GPU tiers (hps/rows/gpu_layout.py): for each cache type (dynamic,
+static, uvm) and storage type (float16, bfloat16, int8), lookups against hps/rows/storage_types.py's
 reference (random and adversarial rows: constant rows, huge ranges, tiny values, an
 outlier), bit for bit and within the type's error bound; misses and defaults exact;
 16-bit outputs; updates and uvm promotion; memory figures against the device's own
@@ -16,12 +16,12 @@ import pytest
 from hps import write_sparse_model
 from hps.api import HPS
 from hps.errors import ConfigError, LookupInputError, OutputBufferError
-from hps.gpu.cache import EMPTY_KEY, EmbeddingCache
+from hps.gpu.dynamic_cache import EMPTY_KEY, EmbeddingCache
 from hps.gpu.device_table import PIPELINED_AFTER
-from hps.gpu.row_format import OUTPUT_CODES, stored_row_bytes
+from hps.rows.gpu_layout import OUTPUT_CODES, stored_row_bytes
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.uvm_table import NO_ROW, UvmEmbeddingTable
-from hps.storage import decode, encode, error_bound, storage_type
+from hps.rows.storage_types import decode, encode, error_bound, storage_type
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +30,7 @@ COMPACT = ("float16", "bfloat16", "int8")
 # ones, 20 float32 vectors but scalar 16-bit outputs (20 % 8 != 0)
 DIMS = {"dynamic": 37, "static": 128, "uvm": 20}
 DEFAULT = -0.75
-# the largest values each type is tested with (below hps/storage.py's max_magnitude)
+# the largest values each type is tested with (below hps/rows/storage_types.py's max_magnitude)
 BIG = {"float16": 6.0e4, "bfloat16": 3.0e38, "int8": 1.0e37}
 
 
@@ -73,7 +73,7 @@ def _rows(rng: np.random.Generator, n: int, dim: int, storage: str) -> np.ndarra
 
 
 def _check_values(storage: str, got: np.ndarray, rows: np.ndarray, what: str) -> None:
-    """`got` (float32) is hps/storage.py's decode of its encode of `rows`, each value
+    """`got` (float32) is hps/rows/storage_types.py's decode of its encode of `rows`, each value
     within the type's error bound of the row's."""
     err = np.abs(got.astype(np.float64) - rows)
     over = err > error_bound(storage, rows)

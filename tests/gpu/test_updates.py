@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from hps.config import ModelConfig, UpdateSourceConfig
-from hps.gpu.lookup import GpuEmbeddingTable
+from hps.gpu.table import GpuEmbeddingTable
 from hps.updates import codec
-from hps.updates.source import open_publisher
-from tests.redis_servers import RedisServer, eventually
+from hps.updates.contract import open_publisher
+from tests.support.redis_servers import RedisServer, eventually
 
 pytestmark = pytest.mark.gpu
 

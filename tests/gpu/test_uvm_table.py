@@ -1,6 +1,6 @@
 """UvmEmbeddingTable (hps/gpu/uvm_table.py): every key exact whether its row is in GPU or
 mapped host memory, before and after promotion, under concurrent lookups, updates and
-passes; placement and counts slot for slot against hps/gpu/uvm_reference.py; the uvm
+passes; placement and counts slot for slot against tests/support/uvm_reference.py; the uvm
 cache type through GpuEmbeddingTable and the server; memory figures and config errors."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 from hps.config import ModelConfig
 from hps.errors import ConfigError
-from hps.gpu.cache import EMPTY_KEY
+from hps.gpu.dynamic_cache import EMPTY_KEY
 from hps.gpu.static_table import SMALL_BATCH
-from hps.gpu.uvm_reference import UvmReference
+from tests.support.uvm_reference import UvmReference
 from hps.gpu.uvm_table import NO_ROW, UvmEmbeddingTable, region_shift, uvm_gpu_rows
 
 gpu = pytest.mark.gpu
@@ -331,7 +331,7 @@ def test_too_little_host_memory_is_a_config_error() -> None:
 
 @gpu
 def test_uvm_through_the_lookup_path(cp: Any, rng: np.random.Generator) -> None:
-    from hps.gpu.lookup import GpuEmbeddingTable
+    from hps.gpu.table import GpuEmbeddingTable
 
     dim, n = 16, 3000
     keys = _keys(rng, n)

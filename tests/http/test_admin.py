@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pytest
 
-from hps.bench.redis_servers import free_port
+from hps.tools.bench.redis_servers import free_port
 from tests.conftest import make_table, write_table
 from tests.http.conftest import DIMS, MODEL, TABLE_NAMES, Live, ModelFiles, start, write_model
 
@@ -165,7 +165,7 @@ def test_admin_needs_the_token(roots: tuple[ModelFiles, ModelFiles], tmp_path: P
 
 
 def _hps(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hps.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hps.tools.cli", *args], capture_output=True,
                           text=True, env=env, timeout=300)
 
 
@@ -187,7 +187,7 @@ def test_hps_models_cli_and_memory_returned(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     env = {**{k: v for k, v in os.environ.items() if k != "HPS_TOKEN"},
            "PYTHONPATH": str(ROOT), "COLUMNS": "80", "HPS_URL": url}
-    proc = subprocess.Popen([sys.executable, "-m", "hps.cli", "serve", str(config), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "hps.tools.cli", "serve", str(config), "--port",
                              str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=env)
     try:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.http.conftest import MODEL, TABLE_NAMES, Live, ModelFiles, start, wait_until
-from tests.redis_servers import RedisServer
+from tests.support.redis_servers import RedisServer
 
 LOOKUP_ROUTE = "/v1/models/{model}/tables/{table}/lookup"
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.http.conftest import DIMS, MODEL, Live, ModelFiles, serving, wait_until, write_model
-from tests.redis_servers import RedisServer
+from tests.support.redis_servers import RedisServer
 
 NAMES = ["hps_et.m.items", "hps_et.m.users"]  # sorted
 

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from hps.bench.redis_servers import free_port
+from hps.tools.bench.redis_servers import free_port
 from tests.http.conftest import MODEL, ModelFiles
 
 
@@ -109,7 +109,7 @@ def test_serve_prints_a_working_curl_line(config_file: Path, model_files: ModelF
                                           cli_env: dict[str, str]) -> None:
     port = free_port()
     env = {**cli_env, "HPS_TOKEN": "tok-123"}
-    proc = Process([sys.executable, "-m", "hps.cli", "serve", str(config_file),
+    proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", str(config_file),
                     "--port", str(port)], env)
     try:
         proc.wait_for(f"http://127.0.0.1:{port}")
@@ -128,7 +128,7 @@ def test_serve_prints_a_working_curl_line(config_file: Path, model_files: ModelF
 def test_serve_fails_clearly_on_a_bad_config(tmp_path: Path, cli_env: dict[str, str]) -> None:
     bad = tmp_path / "ps.json"
     bad.write_text('{"models": []}')
-    done = subprocess.run([sys.executable, "-m", "hps.cli", "serve", str(bad), "--port",
+    done = subprocess.run([sys.executable, "-m", "hps.tools.cli", "serve", str(bad), "--port",
                            str(free_port())], capture_output=True, text=True, env=cli_env,
                           timeout=60)
     assert done.returncode == 2
@@ -138,7 +138,7 @@ def test_serve_fails_clearly_on_a_bad_config(tmp_path: Path, cli_env: dict[str, 
 def test_demo_serves_with_serve_and_ends_without(tmp_path: Path,
                                                  cli_env: dict[str, str]) -> None:
     port = free_port()
-    proc = Process([sys.executable, "-m", "hps.cli", "demo", "--scale", "0.01", "--folder",
+    proc = Process([sys.executable, "-m", "hps.tools.cli", "demo", "--scale", "0.01", "--folder",
                     str(tmp_path / "demo"), "--serve", "--port", str(port)], cli_env)
     try:
         line = proc.wait_for("curl ", timeout=90)
@@ -151,7 +151,7 @@ def test_demo_serves_with_serve_and_ends_without(tmp_path: Path,
         assert f'"keys": [{", ".join(map(str, keys))}]' in line
     finally:
         assert proc.interrupt() in (0, 130)  # 130: the conventional exit after Ctrl-C
-    done = subprocess.run([sys.executable, "-m", "hps.cli", "demo", "--scale", "0.01",
+    done = subprocess.run([sys.executable, "-m", "hps.tools.cli", "demo", "--scale", "0.01",
                            "--folder", str(tmp_path / "again")], capture_output=True,
                           text=True, env=cli_env, timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -165,7 +165,7 @@ def test_a_taken_port_is_one_line_and_exit_1(config_file: Path,
     taken.listen()
     port = taken.getsockname()[1]
     try:
-        done = subprocess.run([sys.executable, "-m", "hps.cli", "serve", str(config_file),
+        done = subprocess.run([sys.executable, "-m", "hps.tools.cli", "serve", str(config_file),
                                "--port", str(port)], capture_output=True, text=True,
                               env=cli_env, timeout=60)
     finally:
@@ -183,13 +183,13 @@ def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
     clone = tmp_path / "clone"
     (clone / "configs").mkdir(parents=True)
     shutil.copy(ROOT / "configs" / "demo.json", clone / "configs" / "demo.json")
-    demo = subprocess.run([sys.executable, "-m", "hps.cli", "demo", "--scale", "0.01"],
+    demo = subprocess.run([sys.executable, "-m", "hps.tools.cli", "demo", "--scale", "0.01"],
                           capture_output=True, text=True, env=cli_env, cwd=clone, timeout=120)
     assert demo.returncode == 0, demo.stdout + demo.stderr
     folder = clone / "models" / "demo"
     assert (folder / "user_item" / "key").is_file()
     port = free_port()
-    proc = Process([sys.executable, "-m", "hps.cli", "serve", "configs/demo.json", "--port",
+    proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", "configs/demo.json", "--port",
                     str(port)], cli_env, cwd=clone)
     try:
         proc.wait_for("curl ", timeout=90)
@@ -199,7 +199,7 @@ def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
             rows = np.fromfile(folder / table / "emb_vector", "<f4").reshape(-1, dim)
             assert np.fromfile(folder / table / "key", "<i8")[:3].tolist() == [17, 42, -3]
             np.testing.assert_array_equal(np.asarray(answer["vectors"], np.float32), rows[:3])
-        lookup = [sys.executable, "-m", "hps.cli", "lookup", "configs/demo.json", "-m", "demo",
+        lookup = [sys.executable, "-m", "hps.tools.cli", "lookup", "configs/demo.json", "-m", "demo",
                   "-t", "item_category", "--json", "--", "17", "42", "-3"]
         locked = subprocess.run(lookup, capture_output=True, text=True, env=cli_env,
                                 cwd=clone, timeout=60)

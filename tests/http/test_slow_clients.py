@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hps.bench.slow_clients import (
+from hps.tools.bench.slow_clients import (
     PARTIAL_HEADER,
     Slowloris,
     open_fds,

@@ -16,9 +16,9 @@ import pytest
 
 from hps.config import UpdateSourceConfig
 from hps.updates import codec
-from hps.updates.source import open_publisher
+from hps.updates.contract import open_publisher
 from tests.http.conftest import DIMS, Live, start, wait_until, write_model
-from tests.redis_servers import RedisServer
+from tests.support.redis_servers import RedisServer
 
 USERS = "hps_et.m.users"
 

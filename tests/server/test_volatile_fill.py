@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from hps.config import VolatileDBConfig
-from hps.db.redis import RedisTier
+from hps.tiers.redis import RedisTier
 from hps.server import HierarchicalParameterServer
-from tests.redis_servers import RedisServer, eventually, free_port
+from tests.support.redis_servers import RedisServer, eventually, free_port
 
 NAMES = ["hps_et.m.sparse_embedding0", "hps_et.m.sparse_embedding1"]
 

@@ -16,9 +16,9 @@ import pytest
 from hps import HierarchicalParameterServer
 from hps.config import UpdateSourceConfig
 from hps.updates import codec
-from hps.updates.source import UpdatePublisher, open_publisher
+from hps.updates.contract import UpdatePublisher, open_publisher
 from tests.conftest import make_table, model_config, write_table
-from tests.redis_servers import RedisServer, eventually
+from tests.support.redis_servers import RedisServer, eventually
 
 DIM = 8
 TOPIC = "hps_et.m.sparse_embedding0"

@@ -15,11 +15,11 @@ import redis
 
 from hps import HierarchicalParameterServer
 from hps.errors import BadUpdateError, UnknownModelError, UnknownTableError
-from hps.loader import LoadProgress
+from hps.server.loader import LoadProgress
 from hps.updates import codec
 from hps.updates.publish import publish_arrays, publish_table
 from tests.conftest import write_table
-from tests.redis_servers import RedisServer
+from tests.support.redis_servers import RedisServer
 from tests.updates.conftest import DIM, TOPIC, Model, wait_rows, wait_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,7 +146,7 @@ def test_hps_publish_cli(model: Model, redis_updates: dict[str, Any],
     np.save(tmp_path / "v.npy", rows)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "hps.cli", "publish", str(config_path),
+        return subprocess.run([sys.executable, "-m", "hps.tools.cli", "publish", str(config_path),
                                *args], cwd=REPO, capture_output=True, text=True, timeout=120)
 
     done = run("m", "--table", "sparse_embedding0", "--keys", str(tmp_path / "k.npy"),

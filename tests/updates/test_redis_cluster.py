@@ -15,9 +15,9 @@ from redis.crc import key_slot
 
 from hps import HierarchicalParameterServer
 from hps.config import UpdateSourceConfig
-from hps.updates.source import UpdatePublisher, open_publisher
+from hps.updates.contract import UpdatePublisher, open_publisher
 from tests.conftest import make_table, model_config, write_table
-from tests.redis_servers import RedisClusterProcs
+from tests.support.redis_servers import RedisClusterProcs
 from tests.updates.conftest import publish, wait_status
 
 #: three tables whose streams hash to slots of the three masters (12992, 8929, 4738)
@@ -82,7 +82,7 @@ def cluster_publisher(cluster: RedisClusterProcs) -> Iterator[UpdatePublisher]:
 
 def _wait_rows(server: HierarchicalParameterServer, table: int, keys: np.ndarray,
                vectors: np.ndarray) -> None:
-    from tests.redis_servers import eventually
+    from tests.support.redis_servers import eventually
 
     eventually(lambda: np.testing.assert_array_equal(server.lookup("m", table, keys),
                                                      vectors),
@@ -148,7 +148,7 @@ def test_a_restart_resumes_after_what_it_committed_on_a_cluster(
 def test_a_cluster_that_does_not_answer_is_an_outage(tmp_path: Path,
                                                      rng: np.random.Generator) -> None:
     """Seeds that do not answer: the source is down, retried, and the model serves."""
-    from tests.redis_servers import free_port
+    from tests.support.redis_servers import free_port
 
     files, tables = _tables(tmp_path, rng, 1)
     seeds = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"

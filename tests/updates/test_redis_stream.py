@@ -12,11 +12,11 @@ import pytest
 
 from hps import BadUpdateError, HierarchicalParameterServer
 from hps.config import UpdateSourceConfig
-from hps.loader import LoadProgress
+from hps.server.loader import LoadProgress
 from hps.updates import codec
-from hps.updates.source import UpdatePublisher, open_publisher
+from hps.updates.contract import UpdatePublisher, open_publisher
 from tests.conftest import write_table
-from tests.redis_servers import RedisServer, eventually
+from tests.support.redis_servers import RedisServer, eventually
 from tests.updates.conftest import (
     DIM,
     TOPIC,
@@ -232,7 +232,7 @@ def test_a_volatile_redis_outage_holds_the_batch_until_it_is_back(
 def test_updates_of_a_compact_table_are_stored_compact_and_checked_for_range(
         model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
         rng: np.random.Generator, storage: str) -> None:
-    from hps.storage import decode, encode, storage_type
+    from hps.rows.storage_types import decode, encode, storage_type
     from hps.updates.publish import publish_arrays
 
     keys = np.concatenate([model.keys[:40], np.arange(5, dtype=np.int64)])  # 5 new keys

@@ -9,7 +9,7 @@ import pytest
 
 from hps.config import load_config
 from hps.errors import ConfigError
-from hps.hugectr_config import ParameterServerConfig, UpdateSourceParams, UpdateSourceType_t
+from hps.hugectr.params import ParameterServerConfig, UpdateSourceParams, UpdateSourceType_t
 
 
 def _config(update_source: dict[str, Any]) -> dict[str, Any]:

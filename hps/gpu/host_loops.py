@@ -1,0 +1,88 @@
+"""The host side of the GPU miss path, compiled: dedupe of missed keys, set codes.
+
+The misses of one lookup are a few hundred keys; NumPy spends tens of microseconds of
+per-call overhead on them (np.unique, a dozen array operations for the set hash) where
+the work itself takes one or two. These are numba kernels (hps/runtime/compiled.py), compiled
+when this module is first imported (or loaded from numba's on-disk cache), never inside
+a lookup; they release the GIL.
+
+- `dedupe(keys, unique, inverse) -> u`: the distinct keys in order of first appearance
+  into unique[:u], and inverse[i] = index in unique of keys[i];
+- `set_codes(keys, num_sets, codes)`: codes[i] = set(keys[i]) << 32 | i, sorted: the
+  insert kernel's input order (hps/gpu/dynamic_cache.py `set_codes` is the NumPy twin and the
+  reference of both);
+- `stage_misses`: both in one call (the lookup path's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hps.runtime.compiled import array, inlined, kernel, types
+
+uint64 = np.uint64
+_M1 = uint64(0xFF51AFD7ED558CCD)
+_M2 = uint64(0xC4CEB9FE1A85EC53)
+_S33 = uint64(33)
+_S32 = uint64(32)
+_KEYS = array(np.int64, readonly=True)
+
+
+@inlined
+def _fmix64(k: np.uint64) -> np.uint64:
+    k ^= k >> _S33
+    k *= _M1
+    k ^= k >> _S33
+    k *= _M2
+    k ^= k >> _S33
+    return k
+
+
+@kernel([types.int64(_KEYS, array(np.int64), array(np.int32))])
+def dedupe(keys: np.ndarray, unique: np.ndarray, inverse: np.ndarray) -> int:
+    """Distinct keys in order of first appearance (see the module docstring)."""
+    n = keys.size
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = uint64(size - 1)
+    table = np.full(size, -1, np.int32)  # index into unique, -1 free
+    u = 0
+    for i in range(n):
+        key = keys[i]
+        h = _fmix64(uint64(key)) & mask
+        while True:
+            at = table[h]
+            if at < 0:
+                table[h] = u
+                unique[u] = key
+                inverse[i] = u
+                u += 1
+                break
+            if unique[at] == key:
+                inverse[i] = at
+                break
+            h = (h + uint64(1)) & mask
+    return u
+
+
+@kernel([types.void(_KEYS, types.uint32, array(np.uint64))])
+def set_codes(keys: np.ndarray, num_sets: int, codes: np.ndarray) -> None:
+    """Sorted set << 32 | position codes of `keys` (see the module docstring)."""
+    sets = uint64(num_sets)
+    for i in range(keys.size):
+        s = ((_fmix64(uint64(keys[i])) >> _S32) * sets) >> _S32
+        codes[i] = (s << _S32) | uint64(i)
+    codes.sort()
+
+
+@kernel([types.int64(_KEYS, types.uint32, array(np.int64), array(np.int32),
+                     array(np.uint64))])
+def stage_misses(missed: np.ndarray, num_sets: int, unique: np.ndarray, inverse: np.ndarray,
+                 codes: np.ndarray) -> int:
+    """dedupe(missed, unique, inverse), then (num_sets > 0: a dynamic cache) the sorted set
+    codes of unique[:u] into codes[:u], in one call. Returns u."""
+    u = dedupe(missed, unique, inverse)
+    if num_sets > 0:
+        set_codes(unique[:u], num_sets, codes[:u])
+    return u

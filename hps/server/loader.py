@@ -1,0 +1,392 @@
+"""Loading a model's sparse files into the tiers, chunk by chunk.
+
+One read pass per table feeds both database tiers: every chunk goes wholly into the
+persistent tier and `initial_cache_rate` of it into the volatile tier. A load validates
+every table's files before it writes anything (each format's reader checks its headers
+when it opens), so a malformed model changes nothing; what only the rows can show (a
+corrupt page, a key out of range) fails mid-read, and the server drops what was written.
+The GPU cache is warmed afterwards from a second, short read of the files. Files of any
+format come through the ModelReader contract (hps.modelfiles.formats); nothing here knows one.
+
+The volatile tier is a cache over the persistent one: when it cannot take a table (Redis
+down, full or read-only), the load goes on without it and says so in the table's source
+record (`volatile_error`); the server fills it later (`fill_volatile`). Without a
+persistent tier the volatile tier holds the only copy, and its failure fails the load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import logging
+import math
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hps.config import ModelConfig, PSConfig
+from hps.tiers.contract import Tier
+from hps.errors import ConfigError, ModelFileError, TierError
+from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES, ModelReader, ReadOptions, open_model
+from hps.modelfiles.read_ahead import read_ahead
+from hps.modelfiles.source import SourceOptions
+from hps.rows.storage_types import FLOAT32, StorageType, first_unencodable_row
+
+log = logging.getLogger("hps.server.loader")
+
+
+class LoadProgress:
+    """Receives load progress; the CLI draws a progress bar from it. Methods may no-op."""
+
+    def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
+        """A table of `num_keys` keys and `num_bytes` bytes starts loading."""
+
+    def advance(self, keys: int, num_bytes: int) -> None:
+        """`keys` more keys (`num_bytes` bytes of files) were written to the tiers."""
+
+    def finish_table(self, table: str, seconds: float) -> None:
+        """The table finished loading."""
+
+
+@dataclass
+class TableSource:
+    """Where a loaded table came from, for `hps inspect`, the API and reload checks."""
+
+    uri: str
+    num_keys: int
+    vec_size: int
+    num_bytes: int
+    fingerprint: str
+    loaded_at: float = field(default_factory=time.time)
+    load_seconds: float = 0.0
+    reused: bool = False
+    #: rows whose key a later row of the files repeats (the last row of a key wins)
+    duplicate_keys: int = 0
+    #: why the volatile tier did not take this load ("" when it did)
+    volatile_error: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def open_reader(config: PSConfig, model: ModelConfig, index: int,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> ModelReader:
+    """Open and validate the files of table `index` of `model`."""
+    options = SourceOptions(s3_endpoint=config.s3_endpoint,
+                            connect_timeout=config.source_connect_timeout,
+                            read_timeout=config.source_read_timeout,
+                            redirect_hosts=frozenset(
+                                h.lower() for h in config.source_redirect_hosts))
+    read = ReadOptions(model.embedding_vecsize_per_table[index],
+                       uint32_keys=not config.supportlonglong, chunk_bytes=chunk_bytes)
+    return open_model(model.table_spec(index), read, options)
+
+
+def open_readers(config: PSConfig, model: ModelConfig, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+                 ) -> list[ModelReader]:
+    """Open and validate every table's files; raises before anything is written."""
+    readers: list[ModelReader] = []
+    try:
+        for i in range(model.num_tables):
+            readers.append(open_reader(config, model, i, chunk_bytes))
+    except BaseException:
+        for reader in readers:
+            reader.close()
+        raise
+    return readers
+
+
+def _volatile_rows(n: int, rate: float) -> int:
+    return n if rate >= 1.0 else int(math.ceil(n * rate))
+
+
+def fill_volatile(name: str, reader: ModelReader, volatile: Tier, rate: float,
+                  stored: Tier | None = None) -> int:
+    """Write the `rate` share of every chunk of a table into the volatile tier, as a load
+    does (for a fill after the load, when the tier could not take it then); returns the
+    keys written. The rows come from `stored` (the persistent tier, which keeps the rows
+    online updates wrote since the load) where it holds them, else from the files.
+    Raises TierError when the tier cannot take them."""
+    written = 0
+    for keys, vectors in reader.chunks():
+        m = _volatile_rows(len(keys), rate)
+        rows = vectors[:m] if stored is None else stored_rows(stored, name, keys[:m],
+                                                               vectors[:m])
+        volatile.insert(name, keys[:m], rows)
+        written += m
+    return written
+
+
+def stored_rows(persistent: Tier, name: str, keys: np.ndarray, file_rows: np.ndarray
+                ) -> np.ndarray:
+    """The rows the persistent tier holds for `keys`, the file's where it holds none."""
+    stored, found = persistent.fetch(name, keys)
+    if not found.all():
+        stored[~found] = file_rows[~found]
+    return stored
+
+
+def served_chunks(name: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]],
+                  whole: Tier) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`chunks` of a table's files with each row replaced by the row `whole` (the tier
+    holding the whole table: persistent, else volatile) holds for its key, the file's
+    where it holds none. A GPU cache warms up from these when the files repeat keys: every
+    tier serves a key's last row, which a chunk read before it does not have."""
+    for keys, vectors in chunks:
+        yield keys, stored_rows(whole, name, keys, vectors)
+
+
+def return_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's malloc_trim; elsewhere a no-op).
+
+    A dropped table frees its arrays, and a load frees its buffers (some on worker
+    threads' heaps), but glibc keeps freed heap memory for reuse unless asked; without
+    this the RSS of a server stays at its peak after a model is unloaded or loaded.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, looked up once (finding libc runs a subprocess); None elsewhere."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can give this process now (Linux MemAvailable), None
+    where it cannot tell."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(name: str, rows: int, dim: int, tier: Tier | None,
+                 storage: StorageType = FLOAT32) -> None:
+    """ConfigError, before anything is allocated, when an in-process tier cannot hold
+    `rows` rows of width `dim` (8 bytes of key and the stored row each at least: 4 × dim
+    bytes as float32) in the memory available."""
+    if tier is None or not tier.in_process or rows <= 0:
+        return
+    stored = storage if tier.compact_storage else FLOAT32
+    need = rows * (8 + stored.row_bytes(dim))
+    free = available_memory()
+    if free is not None and need > free:
+        raise ConfigError(
+            f"{name}: {rows:,} keys of width {dim} need at least {need / 2**30:.1f} GiB in "
+            f"the in-process {tier.name} tier, and {free / 2**30:.1f} GiB are available: "
+            "check embedding_vecsize_per_table, lower volatile_db.initial_cache_rate over a "
+            "persistent_db, or use Redis")
+
+
+def check_finite(reader: ModelReader, first_row: int, vectors: np.ndarray) -> None:
+    """ModelFileError naming the row and the file when a chunk holds NaN or infinity."""
+    # NaN spreads into the least and the greatest value, an infinity is one of them: two
+    # passes without a mask the size of the chunk
+    if vectors.size == 0 or (np.isfinite(vectors.min()) and np.isfinite(vectors.max())):
+        return
+    finite = np.isfinite(vectors)
+    row = int(np.flatnonzero(~finite.all(axis=1))[0])
+    raise ModelFileError(
+        f"{reader.uri}: row {first_row + row:,} holds NaN or infinity (and maybe more "
+        "rows after it): a model trained to non-finite values is refused; set "
+        "allow_non_finite_vectors: true in the model's config to load it anyway")
+
+
+def check_encodable(reader: ModelReader, first_row: int, vectors: np.ndarray,
+                    storage: StorageType) -> None:
+    """ModelFileError naming the row and the file when a chunk holds a row that a compact
+    storage type cannot hold: NaN, infinity, or a value at or past its range."""
+    bad = first_unencodable_row(storage, vectors)
+    if bad is None:
+        return
+    row = vectors[bad]
+    what = ("NaN or infinity" if not np.isfinite(row).all() else
+            f"{float(row[np.argmax(np.abs(row))]):g}, past the range of {storage.name} "
+            f"(magnitudes below {storage.max_magnitude:g})")
+    raise ModelFileError(
+        f"{reader.uri}: row {first_row + bad:,} holds {what} (and maybe more rows after "
+        f"it): the model stores its rows as {storage.name} (embedding_storage_dtype), "
+        "which holds finite values in its range only; use float32 storage to load it")
+
+
+def load_table(
+    name: str,
+    reader: ModelReader,
+    volatile: Tier | None,
+    persistent: Tier | None,
+    initial_cache_rate: float,
+    progress: LoadProgress,
+    *,
+    allow_non_finite: bool = False,
+    storage: StorageType = FLOAT32,
+) -> TableSource:
+    """Write one table into the tiers; returns its source record.
+
+    The persistent tier is skipped when it already holds these exact files (same
+    fingerprint), which makes restarting a server over a filled RocksDB fast; the volatile
+    tier then takes its rows from the persistent tier, which keeps the rows online updates
+    wrote since the files were loaded. A volatile tier that fails (TierError) while a
+    persistent tier takes the table is left out of the rest of the load:
+    `volatile_error` of the record says why.
+
+    Checks: an in-process tier must have the memory for its rows before any is
+    allocated (ConfigError); a row with NaN or infinity fails the load naming the row and
+    the file (ModelFileError) unless `allow_non_finite`; keys the files hold more than
+    once are counted in `duplicate_keys` and logged; with a compact `storage` (the
+    model's embedding_storage_dtype, kept by tiers with `compact_storage`) a row it cannot
+    hold fails the load naming the row and the file; every tier keeps the last row of a
+    key (a volatile share taken before a later row of its key is written again, from the
+    persistent tier).
+    """
+    started = time.perf_counter()
+    dim = reader.vec_size
+    mark = reader.fingerprint()
+    source = TableSource(reader.uri, reader.num_keys, dim, reader.num_bytes, mark)
+    for tier in (volatile, persistent):
+        if tier is not None:
+            tier.create_table(name, dim, storage)
+
+    reuse = False
+    stored: dict[str, Any] | None = None
+    if persistent is not None:
+        stored = persistent.metadata(name) if mark else None
+        # a read-only store serves what it holds
+        reuse = persistent.read_only or (stored is not None
+                                         and stored.get("fingerprint") == mark)
+    # Without a persistent tier the volatile tier is the only copy: it takes everything.
+    rate = initial_cache_rate if persistent is not None else 1.0
+    write_volatile = volatile is not None and rate > 0.0
+
+    # progress counts file bytes, which compressed formats do not spend evenly per row
+    bytes_per_row = reader.num_bytes / max(1, reader.num_keys)
+
+    read = 0
+
+    def checked() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The files' chunks, each checked (on the read-ahead thread: the check, and the
+        first touch of the chunk's pages, overlap the tiers' writes of the one before)."""
+        first = 0
+        for keys, vectors in reader.chunks():
+            if storage.compact:
+                check_encodable(reader, first, vectors, storage)
+            elif not allow_non_finite:
+                check_finite(reader, first, vectors)
+            first += len(keys)
+            yield keys, vectors
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        nonlocal read
+        for keys, vectors in read_ahead(checked()):
+            read += len(keys)
+            if write_volatile and not source.volatile_error:
+                m = _volatile_rows(len(keys), rate)
+                try:
+                    rows = vectors[:m]
+                    if reuse:  # the store may hold newer rows (online updates) than files
+                        rows = stored_rows(persistent, name, keys[:m], rows)  # type: ignore[arg-type]
+                    volatile.insert(name, keys[:m], rows)  # type: ignore[union-attr]
+                except TierError as exc:
+                    if persistent is None:
+                        raise TierError(
+                            f"the {volatile.name} tier holds the only copy of {name} "  # type: ignore[union-attr]
+                            f"(no persistent_db) and cannot take it: {exc}") from exc
+                    _leave_out_volatile(source, name, volatile, exc)  # type: ignore[arg-type]
+            progress.advance(len(keys), int(len(keys) * bytes_per_row))
+            yield keys, vectors
+
+    if write_volatile:
+        check_memory(name, _volatile_rows(reader.num_keys, rate), dim, volatile, storage)
+        volatile.reserve(name, _volatile_rows(reader.num_keys, rate))  # type: ignore[union-attr]
+    progress.start_table(name, reader.num_keys, reader.num_bytes)
+    if persistent is not None and not reuse:
+        persistent.drop_table(name)
+        persistent.create_table(name, dim, storage)
+        if (write_volatile and rate >= 1.0 and volatile.can_export  # type: ignore[union-attr]
+                and not (storage.compact and volatile.compact_storage)):  # type: ignore[union-attr]
+            # The volatile tier ends up holding the whole table, repeats resolved: read it
+            # back in the persistent tier's order instead of sorting a second copy (not
+            # when it holds compact rows: the persistent tier keeps the files' float32).
+            for _ in chunks():
+                pass
+            if source.volatile_error:  # it could not take the table after all: the files
+                persistent.reserve(name, reader.num_keys)
+                persistent.load(name, read_ahead(reader.chunks()))
+            else:
+                with volatile.sorted_rows(  # type: ignore[union-attr]
+                        name, persistent.bulk_sorted) as (keys, rows, positions):
+                    persistent.load_sorted(name, keys, rows, positions)
+        else:
+            persistent.reserve(name, reader.num_keys)
+            persistent.load(name, chunks())
+        source.duplicate_keys = _duplicates(name, reader, persistent)
+        if (source.duplicate_keys and write_volatile and rate < 1.0
+                and not source.volatile_error):
+            _rewrite_share(name, reader, volatile, persistent, rate, source)  # type: ignore[arg-type]
+        persistent.set_metadata(name, {k: v for k, v in source.as_dict().items()
+                                       if k not in ("reused", "volatile_error")})
+    elif write_volatile:
+        for _ in chunks():
+            pass
+        if persistent is None:  # the volatile tier holds the whole table
+            source.duplicate_keys = _duplicates(name, reader, volatile)  # type: ignore[arg-type]
+    if reuse and stored is not None:
+        source.duplicate_keys = int(stored.get("duplicate_keys", 0))
+    source.reused = reuse
+    return_freed_memory()  # the load's buffers: the process keeps what the tiers hold
+    source.load_seconds = time.perf_counter() - started
+    progress.finish_table(name, source.load_seconds)
+    log.info("loaded %s: %d keys, width %d, %.2fs%s", name, reader.num_keys, dim,
+             source.load_seconds, " (persistent tier already held it)" if reuse else "")
+    return source
+
+
+def _leave_out_volatile(source: TableSource, name: str, volatile: Tier, exc: TierError
+                        ) -> None:
+    """The load goes on without the volatile tier, which says why in the source record
+    (the server fills it once it can)."""
+    source.volatile_error = str(exc)
+    log.warning("%s: the %s tier cannot take it now (%s); loading on without it, it is "
+                "filled once it can", name, volatile.name, exc)
+
+
+def _rewrite_share(name: str, reader: ModelReader, volatile: Tier, persistent: Tier,
+                   rate: float, source: TableSource) -> None:
+    """Write the volatile tier's share of a table whose files repeat keys again, with the
+    rows the persistent tier kept.
+
+    A share of each chunk went to the volatile tier as it was read, so a key's earlier
+    row may be in it while its last row, later in the files, was not. Every tier serves
+    the last row of a key (RocksDB kept it), so the share is written again from there:
+    a second read of the files, only for tables with repeated keys.
+    """
+    try:
+        fill_volatile(name, reader, volatile, rate, stored=persistent)
+    except TierError as exc:
+        _leave_out_volatile(source, name, volatile, exc)
+
+
+def _duplicates(name: str, reader: ModelReader, whole: Tier) -> int:
+    """Rows of the files whose key another row repeats: the rows read less the keys the
+    tier holding the whole table has (it kept the last row of each key)."""
+    try:
+        repeats = reader.num_keys - whole.size(name)
+    except TierError:  # Redis gone since: the count is unknown, not an error of the load
+        return 0
+    if repeats > 0:
+        log.warning("%s: %s holds %d rows whose key a later row repeats; the last row of "
+                    "each key is served", name, reader.uri, repeats)
+    return max(0, repeats)

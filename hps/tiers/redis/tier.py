@@ -1,0 +1,493 @@
+"""The Redis volatile tier: fetch, insert, remove and overflow over HugeCTR's layout.
+
+Keys are grouped by partition (`layout.group_by_partition`: argsort + bincount, never a
+loop over keys); a fetch sends one `HMGET` per partition and `max_batch_size` chunk, to
+every node at once, and decodes each reply while later ones are still on the wire (one
+scatter per reply). Inserts are `HSET`s of packed field/value records, followed (when
+`overflow_margin` is bounded) by pruning every partition that grew past it, by
+`overflow_policy`. Connections, the cluster topology and failures are `connection.py`'s;
+background writes (`insert_async`, eviction metadata refreshed on fetch) run on
+`hps.runtime.background` workers that drop, and count, what they cannot keep up with.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hps.runtime.background import BackgroundWorker
+from hps.config import UNBOUNDED, VolatileDBConfig
+from hps.tiers.contract import Tier, as_keys, as_rows
+from hps.tiers.redis.connection import HAVE_REDIS, Cmd, RedisClient, Topology
+from hps.tiers.redis.layout import (
+    FIELD_WIDTH,
+    LFU_SCRIPT,
+    TableLayout,
+    command,
+    eviction_scores,
+    group_by_partition,
+    head,
+    pack_fields,
+    pack_pairs,
+    parse_keys,
+    table_layout,
+)
+from hps.rows.stored_values import decode_rows
+from hps.errors import MissingExtraError, TierError, TierUnavailableError
+from hps.runtime.throttled_log import ThrottledLog
+
+log = logging.getLogger("hps.tiers.redis")
+
+_WINDOW_KEYS = 1 << 18  # keys per insert round trip: bounds the packed request in memory
+
+
+class RedisTier(Tier):
+    """The volatile tier on a Redis server or a Redis Cluster (detected from the server).
+
+    `config.address` is a comma list of `host:port` seeds; the first one that answers says
+    whether it is a cluster (`cluster_enabled` in INFO) and, if so, where every slot lives.
+
+    Beyond the `Tier` contract:
+    - `insert_async(table, keys, vectors)` queues an insert on a background thread (for
+      `cache_missed_embeddings`): never blocks, drops and counts when the queue is full.
+    - `failures`: failures by kind ("connection", "timeout", "cluster", "loading", "auth",
+      "metadata", "pool", and "rejected" for calls failed fast while the breaker was open);
+      `dropped`: keys whose background write was dropped ("insert", "metadata");
+      `stats()` bundles them with the state for metrics.
+    - `wait_idle(timeout)` waits for the background writes queued so far.
+
+    `fetch`, `insert`, `remove`, `size` and `drop_table` raise `TierUnavailableError` when
+    Redis cannot answer (at once while the breaker is open), `TierError` when Redis holds
+    data that is not this table's layout (rows of another width, a key of another type).
+    """
+
+    name = "redis"
+
+    def __init__(
+        self, config: VolatileDBConfig, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        super().__init__()
+        if not HAVE_REDIS:
+            raise MissingExtraError("redis", "redis", "the Redis volatile tier")
+        self.config = config
+        self.failures: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
+        self._dropped_lock = threading.Lock()
+        self._clock = clock
+        self._layouts: dict[str, TableLayout] = {}
+        self._bad_log = ThrottledLog(log)  # bad rows, full Redis: once per kind per minute
+        self._client = RedisClient(config, self.failures)
+        self._inserter: BackgroundWorker[tuple[str, np.ndarray, np.ndarray]] = BackgroundWorker(
+            "hps-redis-insert", config.async_queue_size, self._run_inserts, log=log)
+        self._toucher: BackgroundWorker[tuple[str, np.ndarray]] = BackgroundWorker(
+            "hps-redis-metadata", config.async_queue_size, self._run_touches, log=log)
+        self._client.start()
+
+    def _table_layout(self, table: str) -> TableLayout:
+        layout = self._layouts.get(table)
+        if layout is None:
+            layout = table_layout(table, self.config.num_partitions)
+            self._layouts[table] = layout
+        return layout
+
+    # -- reads --------------------------------------------------------------------------
+
+    def fetch(self, table: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of `keys` (int64[n]) from Redis: `(float32[n, dim], bool[n] found)`.
+
+        Raises TierUnavailableError when Redis cannot answer (at once while the breaker
+        is open). Stored rows that are not `dim` float32 wide, and partitions whose hash
+        name holds another type (WRONGTYPE), answer "not found" for their keys, so that
+        they fall through to the next tier; they are counted in `failures` ("bad_row",
+        "wrong_type", in keys) and logged once per kind per minute, naming the partition.
+        """
+        dim = self.dim(table)
+        keys = as_keys(keys)
+        n = keys.size
+        vectors = np.zeros((n, dim), dtype=np.float32)
+        found = np.zeros(n, dtype=bool)
+        if n == 0:
+            return vectors, found
+        self._client.check()
+        grouped = group_by_partition(keys, self.config.num_partitions)
+        fields = pack_fields(grouped.keys)
+        layout = self._table_layout(table)
+        order = grouped.order
+
+        def decode(p: int, a: int, b: int) -> Callable[[Any], None]:
+            def on_reply(reply: list[Any]) -> None:
+                rows, good, bad = decode_rows(reply, dim)
+                if bad:
+                    self._bad_data("bad_row", bad, table, layout.values[p],
+                                   f"{bad} row(s) not {dim} float32 wide")
+                if not rows.shape[0]:
+                    return
+                at = order[a:b]
+                if rows.shape[0] < b - a:
+                    at = at[good]
+                vectors[at] = rows
+                found[at] = True
+
+            return on_reply
+
+        def refused(p: int, a: int, b: int) -> Callable[[BaseException], None]:
+            def on_error(exc: BaseException) -> None:  # WRONGTYPE: the keys fall through
+                self._bad_data("wrong_type", b - a, table, layout.values[p], str(exc))
+
+            return on_error
+
+        def build(topology: Topology) -> list[Cmd]:
+            node_of = topology.node_of(layout)
+            return [
+                Cmd(int(node_of[p]),
+                     [head(2 + b - a, b"HMGET", layout.values[p]),
+                      fields[a * FIELD_WIDTH:b * FIELD_WIDTH]],
+                     decode(p, a, b), on_error=refused(p, a, b))
+                for p, a, b in grouped.chunks(self.config.max_batch_size)
+            ]
+
+        self._client.execute(build, f"fetch from {table!r}")
+        if self._touch_on_fetch:
+            hit = found[order]
+            if hit.any():
+                self._queue_touch(table, grouped.keys[hit])
+        return vectors, found
+
+    @property
+    def _touch_on_fetch(self) -> bool:
+        policy = self.config.overflow_policy
+        return policy == "evict_least_used" or (
+            policy == "evict_oldest" and self.config.refresh_time_after_fetch
+        )
+
+    def size(self, table: str) -> int:
+        """Keys `table` holds now (HLEN of every partition, summed)."""
+        self.dim(table)  # UnknownTableError for tables never created
+        layout = self._table_layout(table)
+        total = np.zeros(1, dtype=np.int64)
+
+        def add(reply: int) -> None:
+            total[0] += int(reply)
+
+        def build(topology: Topology) -> list[Cmd]:
+            total[0] = 0
+            node_of = topology.node_of(layout)
+            return [Cmd(int(node_of[p]), [command(b"HLEN", name)], add)
+                    for p, name in enumerate(layout.values)]
+
+        self._client.execute(build, f"size of {table!r}")
+        return int(total[0])
+
+    # -- writes -------------------------------------------------------------------------
+
+    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Write rows (HSET per partition), then prune partitions over `overflow_margin`.
+
+        Raises TierUnavailableError when Redis cannot answer; nothing is retried.
+        """
+        keys, vectors = as_rows(keys, vectors, self.dim(table))
+        if keys.size == 0:
+            return
+        self._client.check()
+        for start in range(0, keys.size, _WINDOW_KEYS):
+            stop = start + _WINDOW_KEYS
+            self._insert_window(table, keys[start:stop], vectors[start:stop])
+
+    def _insert_window(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        config = self.config
+        grouped = group_by_partition(keys, config.num_partitions)
+        layout = self._table_layout(table)
+        rows = np.ascontiguousarray(vectors[grouped.order], dtype="<f4").view(np.uint8)
+        pairs, width = pack_pairs(grouped.keys, rows)
+        meta = self._meta_writer(grouped.keys, layout)
+        bounded = config.overflow_margin < UNBOUNDED
+        sizes = np.zeros(config.num_partitions, dtype=np.int64)
+
+        def store_size(p: int) -> Callable[[Any], None]:
+            def on_reply(reply: int) -> None:
+                sizes[p] = int(reply)
+
+            return on_reply
+
+        def build(topology: Topology) -> list[Cmd]:
+            node_of = topology.node_of(layout)
+            cmds = []
+            last = -1
+            for p, a, b in grouped.chunks(config.max_batch_size):
+                node = int(node_of[p])
+                cmds.append(Cmd(node, [head(2 + 2 * (b - a), b"HSET", layout.values[p]),
+                                        pairs[a * width:b * width]]))
+                if meta is not None:
+                    cmds.append(meta(node, p, a, b))
+                if bounded and p != last:
+                    cmds.append(Cmd(node, [command(b"HLEN", layout.values[p])], store_size(p)))
+                last = p
+            return cmds
+
+        self._client.execute(build, f"insert into {table!r}")
+        if bounded:
+            over = np.flatnonzero(sizes > config.overflow_margin)
+            if over.size:
+                self._resolve_overflow(table, over)
+
+    def _meta_writer(
+        self, keys: np.ndarray, layout: TableLayout
+    ) -> Callable[[int, int, int, int], Cmd] | None:
+        """The `t`-hash write that goes with an insert or a touch of sorted `keys`."""
+        policy = self.config.overflow_policy
+        if policy == "evict_random":
+            return None
+        if policy == "evict_least_used":
+            fields = pack_fields(keys)
+
+            def lfu(node: int, p: int, a: int, b: int) -> Cmd:
+                header = head(4 + b - a, b"EVAL", LFU_SCRIPT, b"1", layout.metas[p])
+                return Cmd(node, [header, fields[a * FIELD_WIDTH:b * FIELD_WIDTH]],
+                            best_effort=True)
+
+            return lfu
+        now = np.full(keys.size, int(self._clock()), dtype="<i8").view(np.uint8).reshape(-1, 8)
+        pairs, width = pack_pairs(keys, now)
+
+        def lru(node: int, p: int, a: int, b: int) -> Cmd:
+            header = head(2 + 2 * (b - a), b"HSET", layout.metas[p])
+            return Cmd(node, [header, pairs[a * width:b * width]], best_effort=True)
+
+        return lru
+
+    def remove(self, table: str, keys: np.ndarray) -> int:
+        """Delete `keys` (and their metadata); returns how many were present."""
+        self.dim(table)
+        keys = np.unique(as_keys(keys))
+        if keys.size == 0:
+            return 0
+        self._client.check()
+        grouped = group_by_partition(keys, self.config.num_partitions)
+        layout = self._table_layout(table)
+        fields = pack_fields(grouped.keys)
+        removed = np.zeros(1, dtype=np.int64)
+
+        def add(reply: int) -> None:
+            removed[0] += int(reply)
+
+        def build(topology: Topology) -> list[Cmd]:
+            removed[0] = 0
+            node_of = topology.node_of(layout)
+            cmds = []
+            for p, a, b in grouped.chunks(self.config.max_batch_size):
+                body = fields[a * FIELD_WIDTH:b * FIELD_WIDTH]
+                node = int(node_of[p])
+                cmds.append(Cmd(node, [head(2 + b - a, b"HDEL", layout.values[p]), body], add))
+                cmds.append(Cmd(node, [head(2 + b - a, b"HDEL", layout.metas[p]), body]))
+            return cmds
+
+        self._client.execute(build, f"remove from {table!r}")
+        return int(removed[0])
+
+    def drop_table(self, table: str) -> None:
+        """Delete every partition hash of `table` (rows and metadata), then forget it."""
+        layout = self._table_layout(table)
+
+        def build(topology: Topology) -> list[Cmd]:
+            node_of = topology.node_of(layout)
+            return [Cmd(int(node_of[p]), [command(b"UNLINK", layout.values[p], layout.metas[p])])
+                    for p in range(len(layout.values))]
+
+        self._client.execute(build, f"drop of {table!r}")
+        super().drop_table(table)
+
+    # -- overflow -------------------------------------------------------------------------
+
+    def _resolve_overflow(self, table: str, partitions: np.ndarray) -> None:
+        """Prune every partition in `partitions` to overflow_margin × resolution target.
+
+        Victims: random keys, the least used (lowest count) or the oldest (lowest time);
+        keys without metadata count as least used / oldest. Metadata of keys that are no
+        longer in the value hash is deleted too.
+        """
+        config = self.config
+        layout = self._table_layout(table)
+        target = int(config.overflow_margin * config.overflow_resolution_target)
+        policy = config.overflow_policy
+        present: dict[int, list[bytes]] = {}
+        metadata: dict[int, list[bytes]] = {}
+
+        def keep(into: dict[int, list[bytes]], p: int) -> Callable[[Any], None]:
+            def on_reply(reply: list[bytes]) -> None:
+                into[p] = reply
+
+            return on_reply
+
+        def survey(topology: Topology) -> list[Cmd]:
+            node_of = topology.node_of(layout)
+            cmds = []
+            for p in partitions.tolist():
+                node = int(node_of[p])
+                cmds.append(Cmd(node, [command(b"HKEYS", layout.values[p])], keep(present, p)))
+                if policy != "evict_random":
+                    cmds.append(Cmd(node, [command(b"HGETALL", layout.metas[p])],
+                                     keep(metadata, p)))
+            return cmds
+
+        self._client.execute(survey, f"overflow survey of {table!r}")
+
+        victims: dict[int, np.ndarray] = {}
+        orphans: dict[int, np.ndarray] = {}
+        for p in partitions.tolist():
+            keys = parse_keys(present.get(p, []))
+            excess = keys.size - target
+            if policy == "evict_random":
+                if excess > 0:
+                    rng = np.random.default_rng()
+                    victims[p] = keys[rng.choice(keys.size, size=excess, replace=False)]
+                continue
+            score, stale = eviction_scores(keys, metadata.get(p, []), policy)
+            if excess > 0:
+                victims[p] = keys[np.argsort(score, kind="stable")[:excess]]
+            if stale.size:
+                orphans[p] = stale
+
+        if not victims and not orphans:
+            return
+        none = np.empty(0, dtype=np.int64)
+        delete_v = victims
+        delete_t = {p: np.concatenate([victims.get(p, none), orphans.get(p, none)])
+                    for p in set(victims) | set(orphans)}
+
+        def prune(topology: Topology) -> list[Cmd]:
+            node_of = topology.node_of(layout)
+            cmds = []
+            for names, doomed in ((layout.values, delete_v), (layout.metas, delete_t)):
+                for p, keys in doomed.items():
+                    fields = pack_fields(keys)
+                    for a in range(0, keys.size, config.max_batch_size):
+                        b = min(a + config.max_batch_size, keys.size)
+                        cmds.append(Cmd(int(node_of[p]), [
+                            head(2 + b - a, b"HDEL", names[p]),
+                            fields[a * FIELD_WIDTH:b * FIELD_WIDTH]]))
+            return cmds
+
+        self._client.execute(prune, f"overflow pruning of {table!r}")
+        log.debug("redis tier: pruned %d keys of %s in %d partitions", sum(
+            k.size for k in victims.values()), table, len(victims))
+
+    # -- background writes ----------------------------------------------------------------
+
+    def insert_async(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> bool:
+        """Queue an insert on the background writer; returns False if it was dropped.
+
+        Never blocks and never raises for Redis being down: the write is dropped (counted
+        in `dropped["insert"]`, in keys) when the queue is full or the breaker is open.
+        Takes copies, so the caller may reuse its buffers.
+        """
+        keys, vectors = as_rows(keys, vectors, self.dim(table))
+        keys, vectors = keys.copy(), vectors.copy()  # the caller may reuse its buffers
+        if keys.size == 0:
+            return True
+        if self._client.breaker.is_open or not self._inserter.submit((table, keys, vectors)):
+            self._drop("insert", keys.size)
+            return False
+        return True
+
+    def _run_inserts(self, batch: list[tuple[str, np.ndarray, np.ndarray]]) -> None:
+        for table, keys, vectors in batch:
+            if table not in self._dims:
+                continue  # dropped meanwhile
+            try:
+                self.insert(table, keys, vectors)
+            except TierUnavailableError as exc:
+                self._drop("insert", keys.size)
+                log.debug("redis tier: background insert skipped: %s", exc)
+            except TierError as exc:  # Redis full, a key of another type: no traceback
+                self._drop("insert", keys.size)
+                self._bad_log.warning("insert", "redis tier: background insert of %d keys "
+                                      "into %r dropped: %s", keys.size, table, exc)
+
+    def _queue_touch(self, table: str, keys: np.ndarray) -> None:
+        if not self._toucher.submit((table, keys)):
+            self._drop("metadata", keys.size)
+
+    def _run_touches(self, batch: list[tuple[str, np.ndarray]]) -> None:
+        for table, keys in batch:
+            try:
+                self._touch(table, keys)
+            except TierUnavailableError as exc:
+                self._drop("metadata", keys.size)
+                log.debug("redis tier: metadata refresh skipped: %s", exc)
+            except TierError as exc:
+                self._drop("metadata", keys.size)
+                self._bad_log.warning("metadata", "redis tier: metadata refresh of %r "
+                                      "dropped: %s", table, exc)
+
+    def _touch(self, table: str, keys: np.ndarray) -> None:
+        """Write the eviction metadata of fetched `keys` (their count or time)."""
+        grouped = group_by_partition(keys, self.config.num_partitions)
+        layout = self._table_layout(table)
+        meta = self._meta_writer(grouped.keys, layout)
+        if meta is None:
+            return
+
+        def build(topology: Topology) -> list[Cmd]:
+            node_of = topology.node_of(layout)
+            return [meta(int(node_of[p]), p, a, b)
+                    for p, a, b in grouped.chunks(self.config.max_batch_size)]
+
+        self._client.execute(build, f"metadata refresh of {table!r}")
+
+    def _bad_data(self, kind: str, keys: int, table: str, partition: bytes,
+                  what: str) -> None:
+        self._client.breaker.count(kind, keys)
+        self._bad_log.warning(
+            kind, "redis tier: %s in partition %s of %r (%s); those keys fall through to "
+            "the next tier", kind.replace("_", " "), partition.decode(), table, what)
+
+    def _drop(self, kind: str, count: int) -> None:
+        with self._dropped_lock:
+            self.dropped[kind] = self.dropped.get(kind, 0) + int(count)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until the background inserts and metadata writes queued so far are done."""
+        return self._inserter.wait_idle(timeout) and self._toucher.wait_idle(timeout)
+
+    # -- state ----------------------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        """False while the breaker is open (Redis is considered down)."""
+        return self._client.available
+
+    @property
+    def cluster(self) -> bool | None:
+        """True for a Redis Cluster, False for a standalone server, None before connecting."""
+        topology = self._client.topology
+        return None if topology is None else topology.cluster
+
+    def nodes(self) -> list[str]:
+        """`host:port` of the masters in use (empty before the first connection)."""
+        topology = self._client.topology
+        return [] if topology is None else [n.address for n in topology.nodes]
+
+    def stats(self) -> dict[str, Any]:
+        """State and counters, for metrics."""
+        return {
+            "available": self.available,
+            "cluster": self.cluster,
+            "nodes": self.nodes(),
+            "episodes": self._client.breaker.episodes,
+            "failures": dict(self.failures),
+            "dropped": dict(self.dropped),
+        }
+
+    def close(self) -> None:
+        """Finish queued background writes (a few seconds at most), stop reconnecting,
+        close every connection."""
+        if self._client.closed:
+            return
+        self._inserter.close(timeout=5.0)
+        self._toucher.close(timeout=5.0)
+        self._client.close()

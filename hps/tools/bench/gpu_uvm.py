@@ -1,0 +1,349 @@
+"""The uvm cache type beside dynamic and static, through the public call
+(`python -m hps.tools.bench.gpu_uvm`; needs CuPy and a CUDA device).
+
+One table of `keys` keys (default 20M) of width `dim` (64) is written as a HugeCTR sparse
+model and loaded by one `HPS` as three models over the same files:
+
+- uvm: `gpucacheper` (0.1) of the rows in GPU memory beside the index of every key, the
+  rest in pinned, device-mapped host memory;
+- dynamic: an LRU cache given the same GPU memory as the uvm table (so it holds more
+  rows: no index of the other keys), warmed up from the file, misses served
+  synchronously from the in-process hash map (`hit_rate_threshold` above 1, so every
+  lookup returns the real vectors, as uvm's do);
+- static: the whole table in GPU memory (the upper bound; it takes about 7× the memory).
+
+Draws: power-law ranks (alpha 1.2) mapped to keys by a random permutation (the hot keys
+are spread over the file, so file-order placement does not favour uvm), and uniform keys
+over the whole table. Timed through `HPS.lookup_fromdlpack` with CuPy keys and outputs on
+the device: 2,000 power-law keys p50/p99 (wall clock around the call, which returns with
+the output complete), and 1M-key batches in G keys/s. Before timing, power-law batches run
+until uvm's background promotion passes settle (and the dynamic cache has filled).
+
+Baseline in the same run: the pinned host-to-device copy bandwidth (cudaMemcpyAsync of
+256 MiB); uvm's uniform figure is printed as keys/s × row bytes over it (HierarchicalKV's
+hybrid mode on an H100 measured 0.92 of it, 0.196 G keys/s, as timed on the same kind of machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_H2D = 1  # cudaMemcpyHostToDevice
+
+
+def h2d_bandwidth(nbytes: int = 256 << 20, repeats: int = 10) -> float:
+    """Pinned host-to-device copy bandwidth, bytes/s (median of `repeats` copies)."""
+    import cupy as cp
+
+    host = cp.cuda.alloc_pinned_memory(nbytes)
+    np.frombuffer(host, np.uint8, nbytes)[:] = 1
+    dev = cp.empty(nbytes, np.uint8)
+    stream = cp.cuda.get_current_stream()
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(repeats + 2):
+        e0.record()
+        cp.cuda.runtime.memcpyAsync(dev.data.ptr, host.ptr, nbytes, _H2D, stream.ptr)
+        e1.record()
+        e1.synchronize()
+        if i >= 2:
+            times.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+    return float(nbytes / statistics.median(times))
+
+
+class PowerLaw:
+    """Keys drawn with P(rank r) ∝ r^-alpha over a permutation of `keys`."""
+
+    def __init__(self, keys: np.ndarray, alpha: float, rng: np.random.Generator) -> None:
+        weights = np.arange(1, keys.size + 1, dtype=np.float64) ** -alpha
+        self.cdf = np.cumsum(weights)
+        self.cdf /= self.cdf[-1]
+        self.by_rank = rng.permutation(keys)
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        ranks = np.minimum(np.searchsorted(self.cdf, rng.random(n)), self.cdf.size - 1)
+        return self.by_rank[ranks]
+
+
+def _model(name: str, files: str, dim: int, device_id: int, **extra: Any) -> dict[str, Any]:
+    return {"model": name, "sparse_files": [files], "embedding_vecsize_per_table": [dim],
+            "maxnum_catfeature_query_per_table_per_sample": [1 << 20], "max_batch_size": 1,
+            "deployed_device_list": [device_id], "gpucache": True, "hit_rate_threshold": 1.1,
+            **extra}
+
+
+def _time_batches(cp: Any, hps: Any, model: str, batches: list[Any], out: Any,
+                  repeats: int, device_id: int) -> float:
+    """G keys/s of lookup_fromdlpack over the batches (wall clock, output complete)."""
+    n = int(batches[0].size)
+    hps.lookup_fromdlpack(batches[0], out, model, 0, device_id)
+    cp.cuda.get_current_stream().synchronize()
+    t0 = time.perf_counter()
+    for i in range(repeats):
+        hps.lookup_fromdlpack(batches[i % len(batches)], out, model, 0, device_id)
+    cp.cuda.get_current_stream().synchronize()
+    return n * repeats / (time.perf_counter() - t0) / 1e9
+
+
+def _latency(hps: Any, model: str, batches: list[Any], out: Any, iters: int,
+             device_id: int) -> tuple[float, float]:
+    """p50 and p99 microseconds of lookup_fromdlpack (it returns with `out` complete)."""
+    wall = []
+    for i in range(iters + 100):
+        b = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        hps.lookup_fromdlpack(b, out, model, 0, device_id)
+        t1 = time.perf_counter()
+        if i >= 100:
+            wall.append((t1 - t0) * 1e6)
+    return statistics.median(wall), float(np.percentile(wall, 99))
+
+
+def _settle(cp: Any, hps: Any, gpu: Any, batches: list[Any], out: Any,
+            seconds: float, device_id: int) -> dict[str, Any]:
+    """Runs power-law batches until the uvm table's passes move few rows (or `seconds`)."""
+    start = time.monotonic()
+    last = gpu.stats()
+    rounds = 0
+    while time.monotonic() - start < seconds:
+        for b in batches:
+            hps.lookup_fromdlpack(b, out, "uvm", 0, device_id)
+        cp.cuda.get_current_stream().synchronize()
+        time.sleep(0.25)  # passes run between
+        now = gpu.stats()
+        rounds += 1
+        moved = now["rows_moved"] - last["rows_moved"]
+        if rounds >= 5 and moved <= max(100, now["gpu_rows"] // 1000):
+            break
+        last = now
+    stats: dict[str, Any] = gpu.stats()
+    stats["settle_s"] = time.monotonic() - start
+    return stats
+
+
+def bench_host_reads(num_keys: int = 20_000_000, dim: int = 64, device_id: int = 0,
+                     seed: int = 0) -> list[dict[str, Any]]:
+    """The uvm table's host-row reads alone (one GPU row, every other row on the host), for
+    each kind of host memory (hps/gpu/host_memory.py) and each way of reading them (direct,
+    or grouped by region: hps/gpu/uvm_table.py): 1M and 64K uniform keys in G keys/s, 1M
+    as a fraction of the pinned host-to-device copy, and 2,000 uniform keys p50 (table
+    query, not the public call)."""
+    import cupy as cp
+
+    from hps.gpu.uvm_table import UvmEmbeddingTable
+
+    cp.cuda.Device(device_id).use()
+    bandwidth = h2d_bandwidth()
+    rows: list[dict[str, Any]] = []
+    cp.random.seed(seed)
+    keys = cp.arange(num_keys, dtype=cp.int64) * 7 + 11
+
+    def rate(table: Any, batches: list[Any], out: Any, ws: Any, repeats: int) -> float:
+        table.query_misses(batches[0], out, 0.0, ws)
+        cp.cuda.get_current_stream().synchronize()
+        t0 = time.perf_counter()
+        for i in range(repeats):
+            table.query_misses(batches[i % len(batches)], out, 0.0, ws)
+        cp.cuda.get_current_stream().synchronize()
+        return repeats * int(batches[0].size) / (time.perf_counter() - t0) / 1e9
+
+    for huge in (True, False):
+        table = UvmEmbeddingTable(num_keys, dim, device_id, gpu_rows=1, huge_pages=huge,
+                                  promotion_interval=0)
+        try:
+            for i in range(0, num_keys, 1 << 21):
+                part = keys[i:i + (1 << 21)]
+                table.build(part, cp.random.random_sample((part.size, dim), dtype=cp.float32))
+            big = [keys[cp.random.randint(0, num_keys, 1 << 20)] for _ in range(4)]
+            mid = [keys[cp.random.randint(0, num_keys, 1 << 16)] for _ in range(16)]
+            small = [keys[cp.random.randint(0, num_keys, 2000)] for _ in range(16)]
+            out = cp.empty((1 << 20, dim), cp.float32)
+            ws = table.workspace()
+            for path, threshold in (("direct", 2**31), ("grouped", 1)):
+                table.grouped_reads_from = threshold
+                gkeys = rate(table, big, out, ws, 12)
+                mid_gkeys = rate(table, mid, out[:1 << 16], ws, 48)
+                wall = []
+                for i in range(600):
+                    t0 = time.perf_counter()
+                    table.query_misses(small[i % 16], out[:2000], 0.0, ws)
+                    if i >= 100:
+                        wall.append((time.perf_counter() - t0) * 1e6)
+                rows.append({"bench": "host reads",
+                             "mode": f"{table.memory_stats()['host_memory_kind']}, {path}",
+                             "uniform_gkeys_s": gkeys,
+                             "uniform_vs_h2d": gkeys * 1e9 * dim * 4 / bandwidth,
+                             "uniform_64k_gkeys_s": mid_gkeys,
+                             "p50_us": statistics.median(wall)})
+        finally:
+            table.close()
+    return rows
+
+
+def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0.1,
+              alpha: float = 1.2, seed: int = 0, workdir: str | None = None,
+              modes: tuple[str, ...] = ("uvm", "dynamic", "static"),
+              settle_seconds: float = 60.0, device_id: int = 0) -> list[dict[str, Any]]:
+    """Rows: the copy bandwidth, then per mode its memory, 2,000 power-law keys p50/p99,
+    1M power-law and 1M uniform G keys/s; then uvm's ratios."""
+    import cupy as cp
+
+    from hps.api import HPS
+    from hps.gpu.dynamic_cache import EmbeddingCache
+    from hps.gpu.uvm_table import UvmEmbeddingTable
+    from hps.modelfiles.formats.sparse_folder import write_sparse_model
+
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, Any]] = []
+    cp.cuda.Device(device_id).use()
+    bandwidth = h2d_bandwidth()
+    rows.append({"bench": "baseline", "mode": "pinned H2D copy, 256 MiB",
+                 "gb_s": bandwidth / 1e9})
+    keys = rng.permutation(np.arange(num_keys, dtype=np.int64) * 7 + 11)
+    folder = Path(workdir or tempfile.mkdtemp(prefix="hps-uvm-bench-"))
+    t0 = time.perf_counter()
+    chunk = 1 << 20
+    vectors = np.empty((num_keys, dim), np.float32)
+    for i in range(0, num_keys, chunk):
+        vectors[i:i + chunk] = rng.random((min(chunk, num_keys - i), dim), np.float32)
+    write_sparse_model(folder / "t0", keys, vectors)
+    probe_at = rng.choice(num_keys, 4096, replace=False)
+    probe_keys, probe_rows = keys[probe_at], vectors[probe_at]
+    del vectors
+    write_s = time.perf_counter() - t0
+    uvm_rows = int(np.ceil(gpu_fraction * num_keys))
+    uvm_bytes = UvmEmbeddingTable.device_bytes_required(num_keys, dim, uvm_rows)
+    per_slot = EmbeddingCache.memory_required(num_keys, dim) / num_keys
+    dyn_pct = min(1.0, uvm_bytes / per_slot / num_keys)
+    files = str(folder / "t0")
+    models = {
+        "uvm": _model("uvm", files, dim, device_id, embedding_cache_type="uvm",
+                      gpucacheper=gpu_fraction),
+        "dynamic": _model("dynamic", files, dim, device_id, gpucacheper=dyn_pct,
+                          cache_refresh_percentage_per_iteration=1.0),
+        "static": _model("static", files, dim, device_id, embedding_cache_type="static"),
+    }
+    config = {"supportlonglong": True, "models": [models[m] for m in modes],
+              "volatile_db": {"type": "hash_map"}}
+    t0 = time.perf_counter()
+    hps = HPS(config)
+    load_s = time.perf_counter() - t0
+    rows.append({"bench": "setup", "mode": f"{num_keys} keys dim {dim}",
+                 "write_s": write_s, "load_s": load_s})
+    try:
+        power = PowerLaw(keys, alpha, rng)
+        big_power = [cp.asarray(power.draw(rng, 1 << 20)) for _ in range(8)]
+        big_uniform = [cp.asarray(rng.choice(keys, 1 << 20)) for _ in range(8)]
+        small_power = [cp.asarray(power.draw(rng, 2000)) for _ in range(64)]
+        big_out = cp.empty((1 << 20, dim), np.float32)
+        small_out = cp.empty((2000, dim), np.float32)
+        results: dict[str, dict[str, Any]] = {}
+        for mode in modes:
+            gpu = hps.server.model(mode).tables[0].gpu[device_id]
+            if mode == "uvm":
+                settled = _settle(cp, hps, gpu, big_power, big_out, settle_seconds, device_id)
+            else:
+                for b in big_power * 3:  # the dynamic cache fills
+                    hps.lookup_fromdlpack(b, big_out, mode, 0, device_id)
+                settled = gpu.stats()
+            p50, p99 = _latency(hps, mode, small_power, small_out, 2000, device_id)
+            power_g = _time_batches(cp, hps, mode, big_power, big_out, 16, device_id)
+            uniform_g = _time_batches(cp, hps, mode, big_uniform, big_out, 8, device_id)
+            stats = gpu.stats()
+            row = {"bench": "uvm", "mode": mode, "gpu_mib": stats["memory_bytes"] / 2**20,
+                   "host_mib": stats.get("host_memory_bytes", 0) / 2**20,
+                   "p50_us": p50, "p99_us": p99, "power_gkeys_s": power_g,
+                   "uniform_gkeys_s": uniform_g}
+            if mode == "uvm":
+                row["settle_s"] = settled["settle_s"]
+                row["rows_moved"] = settled["rows_moved"]
+            if mode == "dynamic":
+                row["gpucacheper"] = dyn_pct
+            results[mode] = row
+            rows.append(row)
+        for mode in modes:  # the timed path returns the file's rows
+            out = cp.empty((probe_keys.size, dim), np.float32)
+            hps.lookup_fromdlpack(cp.asarray(probe_keys), out, mode, 0, device_id)
+            np.testing.assert_array_equal(out.get(), probe_rows)
+        uvm = results.get("uvm")
+        if uvm is not None:
+            row_bytes = dim * 4
+            ratios: dict[str, Any] = {
+                "bench": "ratio", "mode": "uvm",
+                "uniform_vs_h2d": uvm["uniform_gkeys_s"] * 1e9 * row_bytes / bandwidth}
+            dyn = results.get("dynamic")
+            if dyn is not None:
+                ratios["power_vs_dynamic"] = uvm["power_gkeys_s"] / dyn["power_gkeys_s"]
+                ratios["uniform_vs_dynamic"] = uvm["uniform_gkeys_s"] / dyn["uniform_gkeys_s"]
+                ratios["p50_vs_dynamic"] = uvm["p50_us"] / dyn["p50_us"]
+            rows.append(ratios)
+    finally:
+        hps.close()
+        if workdir is None:
+            shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+COLUMNS = ("bench", "mode", "gb_s", "write_s", "load_s", "gpu_mib", "host_mib", "gpucacheper",
+           "p50_us", "p99_us", "power_gkeys_s", "uniform_gkeys_s", "uniform_64k_gkeys_s",
+           "settle_s", "rows_moved",
+           "uniform_vs_h2d", "power_vs_dynamic", "uniform_vs_dynamic", "p50_vs_dynamic")
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 12's uvm targets, read off the rows: (target, measured, met)."""
+    uvm = next((r for r in rows if r["bench"] == "uvm" and r["mode"] == "uvm"), None)
+    ratio = next((r for r in rows if r["bench"] == "ratio"), {})
+    if uvm is None:
+        return []
+    out = []
+    for name, value, ok in (
+        ("2,000 power-law keys p50 <= 40 us", uvm["p50_us"], uvm["p50_us"] <= 40),
+        ("1M power-law >= 3 G keys/s", uvm["power_gkeys_s"], uvm["power_gkeys_s"] >= 3),
+        ("1M uniform >= 0.2 G keys/s", uvm["uniform_gkeys_s"], uvm["uniform_gkeys_s"] >= 0.2),
+        ("1M uniform >= 0.9 of pinned H2D", ratio.get("uniform_vs_h2d"),
+         ratio.get("uniform_vs_h2d", 0) >= 0.9),
+        ("uniform faster than dynamic at equal GPU memory", ratio.get("uniform_vs_dynamic"),
+         ratio.get("uniform_vs_dynamic", 0) > 1),
+    ):
+        out.append({"target": name, "measured": value, "met": "yes" if ok else "NO"})
+    return out
+
+
+def main() -> None:
+    from hps.tools.bench.gpu import format_rows
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=20_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--gpu-fraction", type=float, default=0.1)
+    parser.add_argument("--modes", default="uvm,dynamic,static")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--settle-seconds", type=float, default=60.0)
+    parser.add_argument("--device", type=int, default=0)
+    parser.add_argument("--host-reads", action="store_true",
+                        help="instead: the host-row reads alone, for each kind of host memory")
+    args = parser.parse_args()
+    if args.host_reads:
+        print(format_rows(bench_host_reads(args.keys, args.dim, args.device), COLUMNS))
+        return
+    rows = bench_uvm(args.keys, args.dim, args.gpu_fraction, workdir=args.workdir,
+                     modes=tuple(args.modes.split(",")), settle_seconds=args.settle_seconds,
+                     device_id=args.device)
+    print(format_rows(rows, COLUMNS))
+    summary = targets(rows)
+    if summary:
+        print()
+        print(format_rows(summary, ("target", "measured", "met")))
+
+
+if __name__ == "__main__":
+    main()

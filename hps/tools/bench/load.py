@@ -1,0 +1,394 @@
+"""`hps bench load`: how fast a model loads, through the call a user makes.
+
+`bench_load_formats`: the same rows written as a HugeCTR sparse folder and in each other
+format (Parquet, NumPy, safetensors, by hps's own streaming writers), each loaded by
+`HPS(config)` into the same embedded tiers (in-process hash map over RocksDB, on a fresh
+store every time), in interleaved rounds so machine load hits every format alike. Each
+format's median load rate is printed beside the sparse folder's, as a ratio. The files
+are hot in the page cache for every format alike (they were just written).
+
+`time_load(config)` is the one timed step (a full `HPS(config)` construction): other
+load benchmarks (scale curves) build on it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from hps.tools.bench import load_files
+from hps.tools.bench.tiers import make_table, peak_rss_bytes
+from hps.modelfiles.formats import FORMATS, open_writer
+
+#: where each format's copy of the table is written, inside the work folder
+FORMAT_FILES = {
+    "sparse_folder": "sparse_folder",
+    "parquet": "table.parquet",
+    "numpy": "numpy_folder",
+    "safetensors": "table.safetensors",
+}
+BASELINE = "sparse_folder"
+
+
+def load_config(files: str, dim: int, rocks_path: str) -> dict[str, Any]:
+    """A ps config of one table read from `files` into the hash map over RocksDB."""
+    return {
+        "supportlonglong": True,
+        "models": [{
+            "model": "bench",
+            "sparse_files": [files],
+            "embedding_vecsize_per_table": [dim],
+            "maxnum_catfeature_query_per_table_per_sample": [1],
+            "max_batch_size": 1024,
+            "deployed_device_list": [0],
+            "gpucache": False,
+        }],
+        "volatile_db": {"type": "hash_map"},
+        "persistent_db": {"type": "rocks_db", "path": rocks_path},
+    }
+
+
+def time_load(config: dict[str, Any], check_keys: np.ndarray | None = None
+              ) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) `HPS(config)` takes to load every
+    table; optionally checks that a few keys are served.
+
+    CPU seconds count every thread of the process (readers, RocksDB's own threads): the
+    work done, which other processes on a busy machine do not inflate as they do wall time.
+    """
+    from hps.api import HPS
+
+    start, cpu = time.perf_counter(), time.process_time()
+    hps = HPS(config)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    try:
+        if check_keys is not None:
+            vectors = hps.lookup(check_keys, "bench", 0)
+            if not np.any(vectors):
+                raise AssertionError("loaded table answered only default vectors")
+    finally:
+        hps.close()
+    return seconds, cpu
+
+
+def write_formats(folder: str, keys: np.ndarray, vectors: np.ndarray,
+                  formats: Sequence[str], chunk_rows: int = 1 << 18) -> dict[str, str]:
+    """The table written once per format under `folder`; format → path."""
+    paths = {}
+    for fmt in formats:
+        path = os.path.join(folder, FORMAT_FILES[fmt])
+        with open_writer(path, fmt, len(keys), vectors.shape[1]) as writer:
+            for start in range(0, len(keys), chunk_rows):
+                writer.write(keys[start : start + chunk_rows], vectors[start : start + chunk_rows])
+        paths[fmt] = path
+    return paths
+
+
+def bench_load_formats(
+    formats: Sequence[str] = FORMATS,
+    num_keys: int = 2_000_000,
+    dim: int = 64,
+    rounds: int = 3,
+    path: str | None = None,
+) -> list[dict[str, Any]]:
+    """Load rate of each format beside the sparse folder's on the same rows; one row each.
+
+    An untimed round first loads every format once; then every round loads every format
+    once (the order rotating), each into a fresh RocksDB store; a row reports the median
+    seconds and keys/s of the format and of the sparse folder, and their ratio (format
+    keys/s ÷ sparse folder keys/s); the same ratio of the best (fastest) rounds, and of
+    the process's CPU seconds (both steadier than the median wall time on a busy machine).
+    """
+    unknown = [f for f in formats if f not in FORMAT_FILES]
+    if unknown:
+        raise ValueError(f"unknown format(s) {', '.join(unknown)}: pick from {', '.join(FORMATS)}")
+    wanted = [BASELINE, *[f for f in formats if f != BASELINE]]
+    keys, vectors = make_table(num_keys, dim)
+    order = np.random.default_rng(3).permutation(num_keys)  # files hold keys unsorted
+    keys, vectors = keys[order], vectors[order]
+    check = keys[:: max(1, num_keys // 1000)]
+    work = tempfile.mkdtemp(prefix="hps-bench-load-", dir=path)
+    try:
+        files = write_formats(work, keys, vectors, wanted)
+        sizes = {f: _size(p) for f, p in files.items()}
+        del order, vectors
+        times: dict[str, list[float]] = {f: [] for f in wanted}
+        cpu: dict[str, list[float]] = {f: [] for f in wanted}
+        # round -1 is not timed: a process's first load of each format also loads compiled
+        # kernels and libraries once, which would count against whichever format came first
+        for i in range(-1, rounds):
+            shift = i % len(wanted)
+            for fmt in wanted[shift:] + wanted[:shift]:
+                rocks = os.path.join(work, f"rocks-{fmt}-{i}")
+                wall, used = time_load(load_config(files[fmt], dim, rocks), check)
+                if i >= 0:
+                    times[fmt].append(wall)
+                    cpu[fmt].append(used)
+                shutil.rmtree(rocks, ignore_errors=True)
+        base = statistics.median(times[BASELINE])
+        base_cpu = statistics.median(cpu[BASELINE])
+        rows = []
+        for fmt in wanted:
+            seconds, cpu_seconds = statistics.median(times[fmt]), statistics.median(cpu[fmt])
+            rows.append({
+                "name": fmt,
+                "num_keys": num_keys,
+                "dim": dim,
+                "file_bytes": sizes[fmt],
+                "keys_per_s": num_keys / seconds,
+                "sparse_folder_keys_per_s": num_keys / base,
+                "ratio": base / seconds,
+                "best_ratio": min(times[BASELINE]) / min(times[fmt]),
+                "cpu_seconds": cpu_seconds,
+                "cpu_ratio": base_cpu / cpu_seconds,
+                "seconds": seconds,
+                "rounds": rounds,
+                "peak_rss_bytes": peak_rss_bytes(),
+            })
+        return rows
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _size(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
+    return os.path.getsize(path)
+
+
+# -- the scale curve ---------------------------------------------------------------------
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'1M,10M' / '250k' / '2000000' → key counts; ValueError for anything else."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip().lower().replace("_", "")
+        scale = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}.get(part[-1:], 1)
+        number = part[:-1] if scale > 1 else part
+        try:
+            value = float(number) * scale
+        except ValueError:
+            raise ValueError(f"not a key count: {part!r} (e.g. 1M, 250k, 2000000)") from None
+        if value < 1 or value != int(value):
+            raise ValueError(f"not a key count: {part!r} (e.g. 1M, 250k, 2000000)")
+        sizes.append(int(value))
+    return sizes
+
+
+#: rows of each size the baseline (rocksdict's own SstFileWriter, one core, a Python call
+#: per key) writes: its rate per key does not depend on the table size, and at 100M keys
+#: writing them all would take longer than the load it is a baseline for
+BASELINE_ROWS = 2_000_000
+#: keys whose rows the measured process looks up and compares after its load
+CHECK_KEYS = 1024
+
+
+def sst_writer_keys_per_s(keys: np.ndarray, vectors: np.ndarray, folder: str,
+                          file_bytes: int = 64 << 20) -> float:
+    """Keys/s of rocksdict's own `SstFileWriter` writing these rows, already sorted in
+    RocksDB's order, as table files of `file_bytes` (as REFERENCE.md §15 measured it: the
+    raw bytes made by NumPy, a `put` per key driven by `map`, no compression)."""
+    import collections
+
+    import rocksdict
+
+    options = rocksdict.Options(raw_mode=True)
+    options.set_compression_type(rocksdict.DBCompressionType.none())
+    dim = vectors.shape[1]
+    per_file = max(1, file_bytes // (4 * dim))
+    start = time.perf_counter()
+    for i, first in enumerate(range(0, len(keys), per_file)):
+        writer = rocksdict.SstFileWriter(options)
+        writer.open(os.path.join(folder, f"raw-{i:05d}.sst"))
+        key_bytes = keys[first : first + per_file].astype("<i8").view("V8").tolist()
+        rows = vectors[first : first + per_file].view(f"V{4 * dim}").reshape(-1).tolist()
+        collections.deque(map(writer.__setitem__, key_bytes, rows), maxlen=0)
+        writer.finish()
+    return len(keys) / (time.perf_counter() - start)
+
+
+def baseline_keys_per_s(num_keys: int, dim: int, folder: str) -> float:
+    """`sst_writer_keys_per_s` on the first `BASELINE_ROWS` rows of the synthetic table
+    (all of them when it is smaller), sorted in RocksDB's order, under `folder` (removed)."""
+    from hps.tiers.rocksdb.bulk import bytewise_order
+
+    count = min(num_keys, BASELINE_ROWS)
+    keys = load_files.keys_of(np.arange(count, dtype=np.int64))
+    keys = keys[bytewise_order(keys)]
+    os.makedirs(folder)
+    try:
+        return sst_writer_keys_per_s(keys, load_files.rows_of(keys, dim), folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure_load(config_path: str, num_keys: int | None = None) -> dict[str, float]:
+    """Run in a fresh process: `HPS(config)` from the config file, timed (wall and CPU
+    seconds), with the process's RSS before (the tiers' compiled code loaded, nothing
+    else), after (the server still open) and at its peak. With `num_keys` (a table of
+    `hps.tools.bench.load_files`), afterwards the rows of CHECK_KEYS keys spread over the table
+    are looked up and compared with what the files hold (AssertionError on a difference)."""
+    import gc
+    import json
+    import resource
+
+    import psutil
+
+    from hps.api import HPS
+    from hps.tiers.hash_map import HashMapTier  # noqa: F401 - compiled kernels: not the load's
+    from hps.tiers.rocksdb.tier import RocksDBTier  # noqa: F401
+
+    with open(config_path) as f:
+        config = json.load(f)
+    process = psutil.Process()
+    gc.collect()
+    before = process.memory_info().rss
+    start, cpu = time.perf_counter(), time.process_time()
+    hps = HPS(config)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    try:
+        gc.collect()
+        after = process.memory_info().rss
+        if num_keys is not None:
+            _check_rows(hps, num_keys, config["models"][0]["embedding_vecsize_per_table"][0])
+    finally:
+        hps.close()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"seconds": seconds, "cpu_seconds": cpu, "rss_before": before,
+            "rss_after": after, "rss_peak": peak}
+
+
+def _check_rows(hps: Any, num_keys: int, dim: int) -> None:
+    """AssertionError unless keys spread over the table get exactly the files' rows."""
+    rows = np.linspace(0, num_keys - 1, min(num_keys, CHECK_KEYS)).astype(np.int64)
+    keys = load_files.keys_of(rows)
+    got = hps.lookup(keys, "bench", 0)
+    wrong = np.flatnonzero(~np.all(got == load_files.rows_of(keys, dim), axis=1))
+    if wrong.size:
+        raise AssertionError(f"{wrong.size} of {keys.size} checked keys got other rows than "
+                             f"the files hold (first: key {int(keys[wrong[0]])})")
+
+
+def _load_in_child(config: dict[str, Any], folder: str, num_keys: int) -> dict[str, float]:
+    import json
+    import subprocess
+    import sys
+
+    path = os.path.join(folder, "ps.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-m", "hps.tools.bench.load", "measure", path,
+                           str(num_keys)], capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the measured load failed:\n{done.stderr[-4000:]}")
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def disk_needed(num_keys: int, dim: int) -> int:
+    """Bytes of disk one size of the scale curve takes at once: the files, the RocksDB
+    store a load writes (keys as 16-byte internal keys, a few bytes of framing a row),
+    the baseline's table files."""
+    raw = num_keys * (8 + 4 * dim)
+    store = num_keys * (16 + 4 * dim + 8)
+    baseline = min(num_keys, BASELINE_ROWS) * (16 + 4 * dim + 8)
+    return raw + store + baseline
+
+
+def scale_rows(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
+               path: str | None = None, progress: Any = None) -> Iterator[dict[str, Any]]:
+    """The scale curve a size at a time (see `bench_load_scale`). `progress(text)`, when
+    given, hears each step as it starts (a run cut off still shows where it was)."""
+    say = progress or (lambda text: None)
+    for num_keys in sizes:
+        work = tempfile.mkdtemp(prefix="hps-bench-scale-", dir=path)
+        try:
+            need, free = disk_needed(num_keys, dim), shutil.disk_usage(work).free
+            if need > free:
+                raise ValueError(f"{num_keys:,} keys of width {dim} need about "
+                                 f"{need / 2**30:.1f} GiB of disk under {work}, "
+                                 f"{free / 2**30:.1f} GiB are free")
+            say(f"{num_keys:,} keys: writing the files ({num_keys * (8 + 4 * dim) / 2**30:.2f}"
+                f" GiB) …")
+            started = time.perf_counter()
+            load_files.write_table(os.path.join(work, "table"), num_keys, dim)
+            written = time.perf_counter() - started
+            say(f"{num_keys:,} keys: files written in {written:.1f} s; the baseline "
+                f"(SstFileWriter, {min(num_keys, BASELINE_ROWS):,} rows) …")
+            baseline = baseline_keys_per_s(num_keys, dim, os.path.join(work, "raw"))
+            raw = num_keys * (8 + 4 * dim)
+            results = []
+            for i in range(rounds):
+                say(f"{num_keys:,} keys: load {i + 1} of {rounds} …")
+                config = load_config(os.path.join(work, "table"), dim,
+                                     os.path.join(work, f"rocks-{i}"))
+                results.append(_load_in_child(config, work, num_keys))
+                shutil.rmtree(os.path.join(work, f"rocks-{i}"), ignore_errors=True)
+            seconds = statistics.median(r["seconds"] for r in results)
+            yield {
+                "num_keys": num_keys, "dim": dim, "rounds": rounds,
+                "keys_per_s": num_keys / seconds,
+                "cpu_seconds": statistics.median(r["cpu_seconds"] for r in results),
+                "seconds": seconds,
+                "rss_growth_over_raw": statistics.median(
+                    (r["rss_after"] - r["rss_before"]) / raw for r in results),
+                "peak_rss_growth_over_raw": statistics.median(
+                    (r["rss_peak"] - r["rss_before"]) / raw for r in results),
+                "sst_writer_keys_per_s": baseline,
+                "ratio": num_keys / seconds / baseline,
+                "files_seconds": written,
+            }
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def bench_load_scale(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
+                     path: str | None = None) -> list[dict[str, Any]]:
+    """For each table size: `HPS(config)` loading a sparse folder of that many random
+    keys (`hps.tools.bench.load_files`: written once per size, fsynced, reused by every round,
+    removed before the next size) into the hash map over RocksDB (a fresh process and
+    store per load; median of `rounds`; every load checked against the files on spread
+    keys), its keys/s and CPU seconds, the process's RSS growth over the raw key +
+    vector bytes (after the load, and at its peak), beside the keys/s of rocksdict's own
+    SST writer on the first BASELINE_ROWS rows (presorted) measured in the same run.
+    ValueError before writing a size's files when its disk need is not free."""
+    return list(scale_rows(sizes, dim, rounds, path))
+
+
+SCALE_HEADER = (f"{'keys':>12} {'dim':>4} {'load keys/s':>12} {'CPU s':>7} {'RSS/raw':>8} "
+                f"{'peak/raw':>8} {'SstFileWriter keys/s':>21} {'ratio':>6}")
+
+
+def format_scale_row(r: dict[str, Any]) -> str:
+    """One size of the scale curve as a line under SCALE_HEADER."""
+    return (f"{r['num_keys']:>12,} {r['dim']:>4} {r['keys_per_s']:>12,.0f} "
+            f"{r['cpu_seconds']:>7.2f} {r['rss_growth_over_raw']:>8.3f} "
+            f"{r['peak_rss_growth_over_raw']:>8.3f} {r['sst_writer_keys_per_s']:>21,.0f} "
+            f"{r['ratio']:>5.2f}×")
+
+
+def format_scale(rows: list[dict[str, Any]]) -> str:
+    """The scale curve as a plain-text table."""
+    return "\n".join([SCALE_HEADER, *map(format_scale_row, rows)])
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    if len(sys.argv) in (3, 4) and sys.argv[1] == "measure":
+        print(json.dumps(measure_load(sys.argv[2], *map(int, sys.argv[3:]))))
+    else:
+        sys.exit("usage: python -m hps.tools.bench.load measure CONFIG [NUM_KEYS] (run by "
+                 "bench_load_scale)")

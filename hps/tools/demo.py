@@ -1,0 +1,163 @@
+"""`hps demo`: a synthetic model in HugeCTR's format, loaded and checked end to end.
+
+Writes two tables (widths 16 and 64, about one million keys in all) as sparse model
+folders plus the matching ps.json, loads them into the embedded default tiers
+(in-process hash map over RocksDB), runs lookups, checks every returned vector against
+the files, and reports keys loaded, load time, lookup rate and memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hps.api import HPS
+from hps.modelfiles.formats.sparse_folder import SparseModelReader, write_sparse_model
+from hps.server.loader import LoadProgress
+
+MODEL = "demo"
+TABLES = (("user_item", 600_000, 16), ("item_category", 400_000, 64))
+BATCH = 16_384
+#: keys every demo table holds, first in its files: the README's examples use them
+EXAMPLE_KEYS = (17, 42, -3)
+
+
+def write_model(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
+    """Write the demo's sparse model folders and ps.json under `folder`; returns ps.json."""
+    rng = np.random.default_rng(seed)
+    files, dims = [], []
+    for name, count, dim in TABLES:
+        n = max(len(EXAMPLE_KEYS), int(count * scale))
+        # sparse, signed 64-bit keys, as hashed categorical features are
+        keys = rng.choice(np.int64(2**62), size=n, replace=False) - np.int64(2**61)
+        keys = np.concatenate([EXAMPLE_KEYS, np.setdiff1d(keys, EXAMPLE_KEYS,
+                                                          assume_unique=True)])[:n]
+        rng.shuffle(keys[len(EXAMPLE_KEYS):])
+        vectors = rng.standard_normal((n, dim), dtype=np.float32)
+        write_sparse_model(folder / name, keys, vectors)
+        files.append(name)
+        dims.append(dim)
+    config = ps_config(files, dims)
+    path = folder / "ps.json"
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def ps_config(files: list[str], dims: list[int]) -> dict[str, Any]:
+    """The demo's ps.json: HugeCTR keys, embedded tiers, GPU cache when CUDA is there."""
+    try:
+        from hps.gpu.table import cuda_available
+
+        gpu = cuda_available()
+    except ImportError:
+        gpu = False
+    return {
+        "supportlonglong": True,
+        "models": [{
+            "model": MODEL,
+            "sparse_files": files,
+            "embedding_table_names": [name for name, _, _ in TABLES],
+            "embedding_vecsize_per_table": dims,
+            "maxnum_catfeature_query_per_table_per_sample": [16, 16],
+            "default_value_for_each_table": [0.0, 0.0],
+            "deployed_device_list": [0],
+            "max_batch_size": BATCH // 16,
+            "gpucache": gpu,
+            "gpucacheper": 0.5,
+            "cache_refresh_percentage_per_iteration": 0.2,
+        }],
+        "volatile_db": {"type": "hash_map", "num_partitions": 16},
+        "persistent_db": {"type": "rocks_db", "path": "rocksdb"},
+    }
+
+
+@dataclass
+class DemoReport:
+    keys_loaded: int
+    load_seconds: float
+    lookup_keys_per_s: float
+    keys_checked: int
+    mismatches: int
+    unknown_keys_defaulted: bool
+    rss_bytes: int
+    volatile_bytes: int
+    persistent_disk_bytes: int
+
+    def rows(self) -> list[tuple[str, str]]:
+        mib = 1 << 20
+        return [
+            ("keys loaded", f"{self.keys_loaded:,}"),
+            ("load time", f"{self.load_seconds:.2f} s "
+                          f"({self.keys_loaded / self.load_seconds:,.0f} keys/s)"),
+            ("lookup rate", f"{self.lookup_keys_per_s:,.0f} keys/s (batches of {BATCH:,})"),
+            ("vectors checked against files", f"{self.keys_checked:,}, "
+                                              f"{self.mismatches} mismatches"),
+            ("unknown keys get the default", "yes" if self.unknown_keys_defaulted else "NO"),
+            ("process memory (RSS)", f"{self.rss_bytes / mib:,.0f} MiB"),
+            ("in-process tier", f"{self.volatile_bytes / mib:,.0f} MiB"),
+            ("RocksDB on disk", f"{self.persistent_disk_bytes / mib:,.0f} MiB"),
+        ]
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0 and self.unknown_keys_defaulted
+
+
+def _disk_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def run_demo(folder: Path, progress: LoadProgress | None = None, scale: float = 1.0,
+             seed: int = 7) -> DemoReport:
+    """Write, load, look up, check. `scale` shrinks the model (tests use small ones)."""
+    import psutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = write_model(folder, seed=seed, scale=scale)
+    started = time.perf_counter()
+    hps = HPS(str(config_path), progress=progress)
+    load_seconds = time.perf_counter() - started
+    try:
+        rng = np.random.default_rng(seed + 1)
+        keys_loaded = checked = mismatches = 0
+        lookup_seconds = 0.0
+        looked_up = 0
+        defaulted = True
+        for index, (name, _, _) in enumerate(TABLES):
+            reader = SparseModelReader(str(folder / name))
+            keys_loaded += reader.num_keys
+            file_keys = reader.read_keys(0, reader.num_keys)
+            file_vectors = reader.read_vectors(0, reader.num_keys)
+            for _ in range(8):
+                rows = rng.integers(0, reader.num_keys, size=min(BATCH, reader.num_keys))
+                t0 = time.perf_counter()
+                got = hps.lookup(file_keys[rows], MODEL, index)
+                lookup_seconds += time.perf_counter() - t0
+                looked_up += rows.size
+                checked += rows.size
+                mismatches += int(np.count_nonzero(~np.all(got == file_vectors[rows], axis=1)))
+            unknown = np.setdiff1d(np.arange(-50, 50, dtype=np.int64), file_keys)
+            defaulted &= bool(np.all(hps.lookup(unknown, MODEL, index) == 0.0))
+        server = hps.server
+        volatile_bytes = sum(
+            server.volatile.memory_bytes(t.storage_name)
+            for t in server.model(MODEL).tables) if server.volatile else 0
+        return DemoReport(
+            keys_loaded=keys_loaded,
+            load_seconds=load_seconds,
+            lookup_keys_per_s=looked_up / lookup_seconds,
+            keys_checked=checked,
+            mismatches=mismatches,
+            unknown_keys_defaulted=defaulted,
+            rss_bytes=psutil.Process(os.getpid()).memory_info().rss,
+            volatile_bytes=volatile_bytes,
+            persistent_disk_bytes=_disk_bytes(folder / "rocksdb"),
+        )
+    finally:
+        hps.close()

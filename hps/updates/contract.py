@@ -1,0 +1,153 @@
+"""The contract of an update source (where the consumer reads messages) and of an update
+publisher (where `hps publish` writes them), and `open_source` / `open_publisher`, the one
+place that maps `update_source.type` to a class.
+
+A source delivers messages of topics `hps_et.<model>.<table>` (a Kafka topic, a Redis
+stream) in order per topic, and forgets them only when they are committed: a consumer
+that stops before `commit` gets them again (at-least-once). A group seen for the first
+time starts at the earliest message the source still holds.
+
+Like the tiers (db/base.py), a source declares what it can do instead of callers probing
+for methods: `reports_backlog` says whether `backlog()` answers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from hps.config import UpdateSourceConfig
+from hps.tiers.contract import TABLE_PREFIX
+
+
+@dataclass(frozen=True)
+class UpdateMessage:
+    """One message as a source delivered it.
+
+    topic      hps_et.<model>.<table>
+    payload    the HCTR message (codec.py)
+    position   where it sits in its topic, as the source spells it ("3:1207": partition
+               and offset; "1718000000000-0": a stream entry id)
+    offset     the same as one number where the source has one (Kafka), else None
+    published  when the source took the message, seconds since the epoch
+    """
+
+    topic: str
+    payload: bytes
+    position: str
+    offset: int | None
+    published: float
+
+
+class UpdateSource(ABC):
+    """The consumer's side of a message log, for one consumer group.
+
+    Thread safety: one thread (the consumer's) calls every method but `close`.
+    """
+
+    #: short name for logs and metric labels ("kafka", "redis_stream")
+    name: str = "source"
+    #: whether `backlog()` answers (else it raises NotImplementedError)
+    reports_backlog: bool = False
+
+    @abstractmethod
+    def follow(self, tables: Mapping[str, Sequence[str]]) -> None:
+        """Read the topics of these models from now on (`tables`: model name → its table
+        names): every `hps_et.<model>.*` topic, also topics of tables the model lacks
+        (their messages are rejected as "unknown_table") and topics created later (found
+        within `metadata_refresh_interval_ms`). Raises UpdateSourceUnavailableError."""
+
+    @abstractmethod
+    def rewind(self) -> None:
+        """Deliver every message the source holds again, from the earliest, whatever this
+        group committed: for a server whose tiers lost the rows at its restart (an
+        in-process tier alone), the log is the only record of them. Call before
+        `follow`."""
+
+    @abstractmethod
+    def poll(self, max_messages: int, timeout: float) -> list[UpdateMessage]:
+        """Up to `max_messages` messages not yet committed, in order per topic, waiting
+        at most `timeout` seconds for the first. Raises UpdateSourceUnavailableError when
+        the source cannot be reached."""
+
+    @abstractmethod
+    def commit(self, messages: Sequence[UpdateMessage]) -> None:
+        """Mark `messages` (some earlier `poll`'s, applied) as done for this group, so a
+        restart resumes after them. Raises UpdateSourceUnavailableError."""
+
+    def backlog(self) -> dict[str, int]:
+        """Messages of each followed topic not yet delivered to this group. May do I/O;
+        raises UpdateSourceUnavailableError, or NotImplementedError unless
+        `reports_backlog`."""
+        raise NotImplementedError(f"{type(self).__name__} does not report its backlog")
+
+    @abstractmethod
+    def close(self) -> None:
+        """Leave the group (keeping its committed position) and release connections."""
+
+
+class UpdatePublisher(ABC):
+    """The producer's side: appends messages to topics."""
+
+    name: str = "publisher"
+
+    @abstractmethod
+    def publish(self, topic: str, payloads: Sequence[bytes]) -> None:
+        """Append `payloads` to `topic` in order. Raises UpdateSourceUnavailableError."""
+
+    @abstractmethod
+    def flush(self, timeout: float) -> None:
+        """Wait until everything published so far is stored by the source."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush and release connections."""
+
+
+def topic_pattern(model: str) -> str:
+    """The regular expression of every topic of `model` (`^hps_et\\.<model>\\.`)."""
+    return f"^{re.escape(TABLE_PREFIX)}\\.{re.escape(model)}\\..+$"
+
+
+def default_group() -> str:
+    """The consumer group of a replica that names none: `hps-<host name>`."""
+    return f"hps-{socket.gethostname() or os.getpid()}"
+
+
+def open_source(config: UpdateSourceConfig) -> UpdateSource:
+    """The source `config.type` names, not yet following any model.
+
+    Raises ConfigError for type "null" and MissingExtraError when the client library of
+    the type is not installed.
+    """
+    group = config.group or default_group()
+    if config.type == "kafka_message_queue":
+        from hps.updates.kafka import KafkaSource
+
+        return KafkaSource(config, group)
+    if config.type == "redis_stream":
+        from hps.updates.redis_stream import RedisStreamSource
+
+        return RedisStreamSource(config, group)
+    from hps.errors import ConfigError
+
+    raise ConfigError("update_source.type is 'null': there is no update source to read")
+
+
+def open_publisher(config: UpdateSourceConfig) -> UpdatePublisher:
+    """The publisher for `config.type` (see open_source for what is raised)."""
+    if config.type == "kafka_message_queue":
+        from hps.updates.kafka import KafkaPublisher
+
+        return KafkaPublisher(config)
+    if config.type == "redis_stream":
+        from hps.updates.redis_stream import RedisStreamPublisher
+
+        return RedisStreamPublisher(config)
+    from hps.errors import ConfigError
+
+    raise ConfigError("update_source.type is 'null': there is nowhere to publish updates")

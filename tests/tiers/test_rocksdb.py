@@ -1,0 +1,366 @@
+"""The RocksDB tier beyond the Tier contract (tests/tiers/test_tier_contract.py), on real
+stores in temporary directories: key bytes, HugeCTR layout, persistence, read-only,
+bulk loads through SST ingestion, threads."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import rocksdict
+
+from hps.config import PersistentDBConfig
+from hps.tiers.rocksdb.tier import META_CF, RocksDBTier, key_bytes
+from hps.errors import LookupInputError, TierError, TierSetupError
+from tests.support.rows import vectors_of
+
+T = "hps_et.model.table0"
+
+
+def config(path: Path, **kw: Any) -> PersistentDBConfig:
+    return PersistentDBConfig.model_validate({"type": "rocks_db", "path": str(path), **kw})
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "rocks"
+
+
+@pytest.fixture
+def tier(store: Path) -> Iterator[RocksDBTier]:
+    t = RocksDBTier(config(store))
+    t.create_table(T, 4)
+    yield t
+    t.close()
+
+
+def reopen(tier: RocksDBTier, **kw: Any) -> RocksDBTier:
+    path = Path(tier.path)
+    tier.close()
+    gc.collect()
+    return RocksDBTier(config(path, **kw))
+
+
+def test_key_bytes_keep_trailing_zero_bytes() -> None:
+    keys = np.array([0, 1, 256, -1, 2**63 - 1, -(2**63)], dtype=np.int64)
+    raw = key_bytes(keys)
+    assert all(type(b) is bytes and len(b) == 8 for b in raw)
+    assert raw == [struct.pack("<q", int(k)) for k in keys]
+
+
+def test_many_keys_over_several_multi_gets(store: Path) -> None:
+    tier = RocksDBTier(config(store, max_batch_size=100, num_threads=4))
+    tier.create_table(T, 3)
+    keys = np.random.default_rng(1).integers(-(2**62), 2**62, 5000)
+    tier.insert(T, keys, vectors_of(keys, 3))
+    query = np.concatenate([keys[::-1], keys[:100] + 1])
+    got, found = tier.fetch(T, query)
+    present = np.isin(query, keys)
+    assert np.array_equal(found, present)
+    assert np.array_equal(got[found], vectors_of(query[found], 3))
+    tier.close()
+
+
+def test_rows_of_another_width_fall_through(tier: RocksDBTier,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Values of another width answer "not found" (the key gets the default value), are
+    counted as failures of kind bad_row and logged once per minute."""
+    tier.insert(T, np.array([1, 2]), np.ones((2, 4)))
+    tier = reopen(tier)
+    tier.create_table(T, 8)  # keeps the 4-wide contents
+    caplog.set_level(logging.WARNING, logger="hps.tiers.rocksdb.tier")
+    for _ in range(2):
+        vectors, found = tier.fetch(T, np.array([1, 2, 1]))
+        assert not found.any() and not vectors.any()
+    assert tier.stats()["failures"] == {"bad_row": 4}
+    assert [r.getMessage() for r in caplog.records if "not 8 float32 wide" in r.getMessage()
+            ] and len(caplog.records) == 1
+    tier.close()
+
+
+# -- persistence and layout ------------------------------------------------------------
+
+
+def test_reopen_keeps_tables_widths_and_metadata(tier: RocksDBTier) -> None:
+    keys = np.arange(-50, 50)
+    tier.create_table("hps_et.model.empty", 2)
+    tier.insert(T, keys, vectors_of(keys, 4))
+    tier.set_metadata(T, {"uri": "s3://bucket/t0", "num_keys": 100})
+    tier = reopen(tier)
+    assert tier.stored_tables() == ["hps_et.model.empty", T]
+    assert tier.tables() == [T]  # the empty one's width is unknown until created
+    assert tier.dim(T) == 4
+    assert tier.metadata(T) == {"uri": "s3://bucket/t0", "num_keys": 100}
+    assert tier.metadata("hps_et.model.empty") is None
+    got, found = tier.fetch(T, keys)
+    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+    assert tier.size(T) == 100
+    tier.close()
+
+
+def test_layout_is_hugectrs(tier: RocksDBTier) -> None:
+    keys = np.array([1, 256, -2])
+    vecs = vectors_of(keys, 4)
+    tier.insert(T, keys, vecs)
+    tier.set_metadata(T, {"a": 1})
+    path = tier.path
+    tier.close()
+    gc.collect()
+    options = rocksdict.Options(raw_mode=True)
+    assert set(rocksdict.Rdict.list_cf(path, options)) == {"default", T, META_CF}
+    db = rocksdict.Rdict(path, options, column_families={T: options, META_CF: options})
+    cf = db.get_column_family(T)
+    stored = dict(cf.items())
+    assert stored == {struct.pack("<q", int(k)): v.tobytes() for k, v in zip(keys, vecs,
+                                                                            strict=True)}
+    assert db.get_column_family(META_CF)[T.encode()] == b'{"a": 1}'
+    del cf
+    db.close()
+
+
+def test_serves_a_store_written_in_hugectr_layout(store: Path) -> None:
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    db = rocksdict.Rdict(str(store), options)
+    cf = db.create_column_family(T, options)
+    for k in (7, 8, 2**40):
+        cf[struct.pack("<q", k)] = struct.pack("<3f", k, k + 0.5, -k)
+    del cf
+    db.close()
+    gc.collect()
+    tier = RocksDBTier(config(store))
+    assert tier.tables() == [T] and tier.dim(T) == 3
+    got, found = tier.fetch(T, np.array([8, 9, 2**40]))
+    assert found.tolist() == [True, False, True]
+    assert got[0].tolist() == [8.0, 8.5, -8.0]
+    tier.close()
+
+
+def test_drop_table_removes_column_family_and_metadata(tier: RocksDBTier) -> None:
+    tier.insert(T, np.array([1]), np.ones((1, 4)))
+    tier.set_metadata(T, {"a": 1})
+    tier.drop_table(T)
+    assert T not in tier.stored_tables() and tier.metadata(T) is None
+    tier = reopen(tier)
+    assert T not in tier.stored_tables()
+    tier.close()
+
+
+def test_second_writer_is_refused(tier: RocksDBTier) -> None:
+    with pytest.raises(TierSetupError, match="cannot open RocksDB"):
+        RocksDBTier(config(Path(tier.path)))
+
+
+# -- read-only -------------------------------------------------------------------------
+
+
+def test_read_only(tier: RocksDBTier) -> None:
+    tier.insert(T, np.array([1, 2]), np.ones((2, 4)))
+    tier.set_metadata(T, {"a": 1})
+    ro = reopen(tier, read_only=True)
+    assert ro.read_only
+    assert ro.fetch(T, np.array([1, 3]))[1].tolist() == [True, False]
+    assert ro.metadata(T) == {"a": 1} and ro.size(T) == 2
+    ro.create_table(T, 4)  # an existing table is fine
+    writes = [
+        lambda: ro.insert(T, np.array([5]), np.ones((1, 4))),
+        lambda: ro.remove(T, np.array([1])),
+        lambda: ro.load(T, [(np.array([5]), np.ones((1, 4)))]),
+        lambda: ro.drop_table(T),
+        lambda: ro.set_metadata(T, {}),
+    ]
+    for write in writes:
+        with pytest.raises(TierSetupError, match="open read-only"):
+            write()
+    with pytest.raises(TierSetupError, match="read-only and has no table"):
+        ro.create_table("hps_et.model.other", 4)
+    assert ro.fetch(T, np.array([1, 2]))[1].all()
+    ro.close()
+
+
+def test_read_only_needs_an_existing_store(store: Path) -> None:
+    with pytest.raises(TierSetupError, match="does not exist"):
+        RocksDBTier(config(store, read_only=True))
+
+
+# -- bulk load -------------------------------------------------------------------------
+
+
+def test_load_leaves_no_files_and_is_counted_on_reopen(tier: RocksDBTier) -> None:
+    keys = np.random.default_rng(4).permutation(np.arange(-3000, 3000))
+    assert tier.load(T, [(c, vectors_of(c, 4)) for c in np.array_split(keys, 5)]) == 6000
+    assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
+    tier = reopen(tier)
+    assert tier.size(T) == 6000  # counted again, by iterating
+    tier.close()
+
+
+def test_load_makes_one_sorted_run(tier: RocksDBTier) -> None:
+    keys = np.random.default_rng(5).permutation(20_000)
+    tier.load(T, [(c, vectors_of(c, 4)) for c in np.array_split(keys, 4)])
+    files = tier.raw_table(T).live_files()
+    assert files and {f["level"] for f in files} == {6}  # ingested at the bottom level
+
+
+def test_load_in_several_runs(store: Path) -> None:
+    tier = RocksDBTier(config(store), load_run_bytes=16 * 1000)  # 1000 rows of 4 floats
+    tier.create_table(T, 4)
+    keys = np.random.default_rng(6).permutation(np.arange(-2500, 2500))
+    chunks = [(c, vectors_of(c, 4)) for c in np.array_split(keys, 7)]
+    chunks.append((keys[:10], vectors_of(keys[:10], 4, salt=0.5)))  # a later run wins
+    assert tier.load(T, chunks) == 5010
+    got, found = tier.fetch(T, keys)
+    assert found.all()
+    assert np.array_equal(got[:10], vectors_of(keys[:10], 4, salt=0.5))
+    assert np.array_equal(got[10:], vectors_of(keys[10:], 4))
+    assert tier.size(T) == 5000
+    assert {f["level"] for f in tier.raw_table(T).live_files()} == {6}  # compacted
+    tier.close()
+
+
+@pytest.mark.parametrize("run_bytes, spilled", [(256 << 20, False), (16 * 1000, True)])
+def test_one_chunk_over_held_rows_keeps_the_last_row_of_each_key(
+        store: Path, monkeypatch: pytest.MonkeyPatch, run_bytes: int, spilled: bool) -> None:
+    """A load of one chunk (a round of online updates) within load_run_bytes is sorted in
+    memory, a larger one spilled; either way over rows the table holds, the last row of a
+    repeated key wins and the rows it does not name stay."""
+    from hps.tiers.rocksdb import bulk as rocksdb_bulk
+
+    spills: list[int] = []
+    add = rocksdb_bulk.BucketSpill.add
+    monkeypatch.setattr(rocksdb_bulk.BucketSpill, "add",
+                        lambda self, k, v: (spills.append(k.size), add(self, k, v))[1])
+    tier = RocksDBTier(config(store), load_run_bytes=run_bytes)
+    tier.create_table(T, 4)
+    held = np.arange(3000)
+    tier.load(T, [(c, vectors_of(c, 4)) for c in np.array_split(held, 3)])
+    spills.clear()
+    rng = np.random.default_rng(8)
+    keys = rng.integers(1000, 5000, 4000)  # repeats; half of them new keys
+    rows = rng.standard_normal((keys.size, 4)).astype(np.float32)
+    assert tier.load(T, [(keys, rows)]) == keys.size
+    assert bool(spills) == spilled
+    last = dict(zip(keys.tolist(), rows, strict=True))
+    want = np.array(sorted(last))
+    got, found = tier.fetch(T, want)
+    assert found.all() and np.array_equal(got, np.stack([last[k] for k in want.tolist()]))
+    untouched = np.setdiff1d(held, keys)
+    got, found = tier.fetch(T, untouched)
+    assert found.all() and np.array_equal(got, vectors_of(untouched, 4))
+    assert tier.size(T) == np.union1d(held, keys).size
+    tier.close()
+
+
+def test_files_of_a_cut_short_load_are_removed_on_open(tier: RocksDBTier) -> None:
+    stale = Path(tier.path) / "hps_ingest_crashed"
+    stale.mkdir()
+    (stale / "rows.f32").write_bytes(b"0" * 64)
+    tier = reopen(tier)
+    assert not stale.exists()
+    tier.close()
+
+
+def test_load_is_durable(tier: RocksDBTier) -> None:
+    keys = np.arange(2000)
+    tier.load(T, [(keys, vectors_of(keys, 4))])
+    tier = reopen(tier)
+    got, found = tier.fetch(T, keys)
+    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+    tier.close()
+
+
+# -- threads ---------------------------------------------------------------------------
+
+
+def test_threads_insert_and_fetch(store: Path) -> None:
+    tier = RocksDBTier(config(store, num_threads=4, max_batch_size=500))
+    tier.create_table(T, 4)
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        try:
+            for c in np.array_split(np.arange(w * 5000, (w + 1) * 5000), 10):
+                tier.insert(T, c, vectors_of(c, 4))
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    def reader(r: int) -> None:
+        try:
+            rng = np.random.default_rng(r)
+            for _ in range(20):
+                q = rng.integers(0, 15_000, 2000)
+                got, found = tier.fetch(T, q)
+                assert np.array_equal(got[found], vectors_of(q[found], 4))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)]
+    threads += [threading.Thread(target=reader, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert tier.size(T) == 15_000
+    tier.close()
+
+
+def test_load_ordered_writes_rows_as_they_come(tier: RocksDBTier) -> None:
+    keys = np.random.default_rng(7).permutation(np.arange(-4000, 4000))
+    ordered = keys[tier.bulk_order(keys)]
+    assert tier.load_ordered(T, [(c, vectors_of(c, 4)) for c in np.array_split(ordered, 5)]
+                             ) == 8000
+    got, found = tier.fetch(T, keys)
+    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+    assert tier.size(T) == 8000
+    assert {f["level"] for f in tier.raw_table(T).live_files()} == {6}
+
+
+def test_load_sorted_writes_each_key_the_row_its_position_names(tier: RocksDBTier) -> None:
+    """The whole table as arrays, rows anywhere in a larger array (as the hash map holds
+    them): files are encoded from the rows where they lie, one sorted run ingested."""
+    rng = np.random.default_rng(11)
+    keys = rng.choice(np.arange(-50_000, 50_000), 40_000, replace=False).astype(np.int64)
+    rows = np.zeros((50_000, 4), np.float32)
+    where = rng.permutation(50_000)[: keys.size]  # row of keys[i]: rows[where[i]]
+    rows[where] = vectors_of(keys, 4)
+    ordered, order = tier.bulk_sorted(keys)
+    assert np.array_equal(ordered, keys[order])
+    assert tier.load_sorted(T, ordered, rows, where[order]) == keys.size
+    got, found = tier.fetch(T, keys)
+    assert found.all() and np.array_equal(got, vectors_of(keys, 4))
+    assert tier.size(T) == keys.size
+    assert {f["level"] for f in tier.raw_table(T).live_files()} == {6}
+
+
+def test_load_sorted_refuses_bad_arrays_and_ingests_nothing(tier: RocksDBTier) -> None:
+    keys = np.arange(1000, dtype=np.int64)
+    ordered, order = tier.bulk_sorted(keys)
+    rows = vectors_of(keys, 4)
+    for bad_rows, positions in ((rows.astype(np.float64), order), (rows[:, :3].copy(), order),
+                                (rows, order[:10]), (rows[:10], None)):
+        with pytest.raises(LookupInputError, match="load_sorted"):
+            tier.load_sorted(T, ordered, bad_rows, positions)
+    with pytest.raises(TierError, match="bytewise order"):
+        tier.load_sorted(T, keys[::-1].copy(), rows, None)  # out of RocksDB's order
+    assert tier.size(T) == 0 and not tier.fetch(T, keys)[1].any()
+    assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
+
+
+def test_load_ordered_refuses_rows_out_of_order_and_ingests_nothing(tier: RocksDBTier) -> None:
+    keys = np.arange(1000)
+    ordered = keys[tier.bulk_order(keys)]
+    chunks = [(ordered[:600], vectors_of(ordered[:600], 4)),
+              (ordered[500:], vectors_of(ordered[500:], 4))]  # overlaps the first chunk
+    with pytest.raises(TierError, match="bytewise order"):
+        tier.load_ordered(T, chunks)
+    assert tier.size(T) == 0 and not tier.fetch(T, keys)[1].any()
+    assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
