@@ -13,13 +13,13 @@
 //   EMPTY_KEY  the key of a free slot (2^63 - 1)
 //   RANK_BITS  low bits of an LRU stamp that hold the key's rank in its insert batch
 //   STORAGE    how rows are stored: 0 float32, 1 float16, 2 bfloat16, 3 int8 (row-wise
-//              codes with a float32 scale and bias; hps/storage.py's layout)
+//              codes with a float32 scale and bias; hps/rows/storage_types.py's layout)
 //   OUT_TYPE   what a query writes: 0 float32 (compact rows widened in registers), or the
 //              storage's own 16-bit type (1 float16, 2 bfloat16), copied without widening
-//   ROW_BYTES  bytes of one stored row (hps/gpu/row_format.py), checked below
+//   ROW_BYTES  bytes of one stored row (hps/rows/gpu_layout.py), checked below
 // and, for one source each, STAMP_SHIFT (embedding_cache.cu), PROBE_WINDOW (static_table.cu),
 // HITS_CAP (uvm_table.cu). Rows arrive as float32 (inserts, updates) and are encoded here,
-// bit for bit as hps/storage.py's reference encoder does.
+// bit for bit as hps/rows/storage_types.py's reference encoder does.
 #pragma once
 
 typedef long long hps_key;
@@ -84,7 +84,7 @@ typedef unsigned short hps_out_t;  // the 16-bit patterns
 #error "unknown OUT_TYPE"
 #endif
 
-// Conversions, IEEE round-to-nearest-even (NumPy's astype; hps/storage.py's bfloat16 rule).
+// Conversions, IEEE round-to-nearest-even (NumPy's astype; hps/rows/storage_types.py's bfloat16 rule).
 __device__ __forceinline__ float hps_half_to_float(u32 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
@@ -111,7 +111,7 @@ __device__ __forceinline__ hps_out_t hps_narrow(float f) {
 #endif
 }
 
-// MurmurHash3's 64-bit finalizer (fmix64); murmur3_fmix64 in hps/gpu/cache.py mirrors it
+// MurmurHash3's 64-bit finalizer (fmix64); murmur3_fmix64 in hps/gpu/dynamic_cache.py mirrors it
 // bit for bit.
 __device__ __forceinline__ u64 hps_murmur3_fmix64(u64 k) {
     k ^= k >> 33;
@@ -408,7 +408,7 @@ __device__ __forceinline__ void hps_fill_out(hps_out_t* out_row, int gl, float v
 }
 
 // Encodes a caller's float32 row (DIM floats) into a stored row, bit for bit as
-// hps/storage.py's encode does. Every lane of the group must call it (int8 rows reduce
+// hps/rows/storage_types.py's encode does. Every lane of the group must call it (int8 rows reduce
 // their minimum and maximum over the group).
 __device__ __forceinline__ void hps_copy_in(hps_row_t* __restrict__ dst, const float* __restrict__ src,
                                             int gl, bool vec4) {

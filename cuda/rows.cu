@@ -29,7 +29,7 @@ extern "C" __global__ void noop() {}
 #if STORAGE == HPS_INT8 && OUT_TYPE == HPS_F32
 // The floor of int8 rows into float32 outputs: out[i] = the decode of table[idx[i]] for a
 // dense table of stored int8 rows (ROW_BYTES each: DIM codes, then scale and bias, as
-// hps/storage.py lays them out), DIM % 4 == 0, one float4 of output per thread. What the
+// hps/rows/storage_types.py lays them out), DIM % 4 == 0, one float4 of output per thread. What the
 // GPU's memory gives an int8 table into float32 outputs before any hash probe: its rows are
 // a quarter of float32's, its outputs the same 4 bytes a value.
 extern "C" __global__ void dense_gather_int8(const long long* __restrict__ idx, const long long n,
