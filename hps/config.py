@@ -22,7 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hps.errors import ConfigError
 from hps.modelfiles.formats.spec import TableSpec
@@ -192,10 +200,11 @@ class ModelConfig(_Section):
     model: str = Field(pattern=r"^[A-Za-z0-9_-]{1,120}$")
     sparse_files: list[str | TableSpec] = Field(min_length=1)
     dense_file: str = ""
-    embedding_table_names: list[str] = Field(default_factory=list)
+    embedding_table_names: list[str] = Field(default_factory=list, validate_default=True)
     embedding_vecsize_per_table: list[int]
     maxnum_catfeature_query_per_table_per_sample: list[int]
-    default_value_for_each_table: list[float] = Field(default_factory=list)
+    default_value_for_each_table: list[float] = Field(default_factory=list,
+                                                      validate_default=True)
     deployed_device_list: list[int]
     max_batch_size: int = Field(64, ge=1)
     hit_rate_threshold: float = Field(0.9, ge=0.0)
@@ -243,13 +252,21 @@ class ModelConfig(_Section):
             specs.append(entry)
         return specs
 
+    @field_validator("embedding_table_names", "default_value_for_each_table")
+    @classmethod
+    def _one_per_table(cls, value: list[Any], info: ValidationInfo) -> list[Any]:
+        # HugeCTR's defaults for a list left out or empty: one entry per table (sparse_files
+        # comes first, so it is validated here; absent when it was refused)
+        files = info.data.get("sparse_files")
+        if value or files is None:
+            return value
+        if info.field_name == "embedding_table_names":
+            return [f"sparse_embedding{i}" for i in range(len(files))]
+        return [0.0] * len(files)
+
     @model_validator(mode="after")
     def _per_table_lists(self) -> ModelConfig:
         n = len(self.sparse_files)
-        if not self.embedding_table_names:
-            self.__dict__["embedding_table_names"] = [f"sparse_embedding{i}" for i in range(n)]
-        if not self.default_value_for_each_table:
-            self.__dict__["default_value_for_each_table"] = [0.0] * n
         for key in (
             "embedding_table_names",
             "embedding_vecsize_per_table",
@@ -437,23 +454,28 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike[str] | None = 
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, name_path)) from None
     if base_dir is not None:
-        _resolve_paths(config, Path(base_dir))
+        config = _resolve_paths(config, Path(base_dir))
     return config
 
 
-def _resolve_paths(config: PSConfig, base: Path) -> None:
+def _resolve_paths(config: PSConfig, base: Path) -> PSConfig:
+    """`config` with its relative local paths resolved from `base` (copies of the blocks
+    that change; the paths are not validated again)."""
     def resolve(path: str) -> str:
         return str(base / path) if "://" not in path and not os.path.isabs(path) else path
 
-    for m in config.models:
-        m.__dict__["sparse_files"] = [
-            resolve(f) if isinstance(f, str) else dataclasses.replace(f, path=resolve(f.path))
-            for f in m.sparse_files
-        ]
+    update: dict[str, Any] = {"models": [m.model_copy(update={"sparse_files": [
+        resolve(f) if isinstance(f, str) else dataclasses.replace(f, path=resolve(f.path))
+        for f in m.sparse_files
+    ]}) for m in config.models]}
     db = config.persistent_db
     if db.enabled and not os.path.isabs(db.path):
-        db.__dict__["path"] = str(base / db.path)
-    config.http.__dict__["allowed_sources"] = [resolve(s) for s in config.http.allowed_sources]
+        update["persistent_db"] = db.model_copy(update={"path": str(base / db.path)})
+    http = config.http
+    if http.allowed_sources:
+        update["http"] = http.model_copy(update={
+            "allowed_sources": [resolve(s) for s in http.allowed_sources]})
+    return config.model_copy(update=update)
 
 
 def parse_model_block(raw: Any) -> ModelConfig:

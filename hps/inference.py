@@ -6,17 +6,18 @@
 from __future__ import annotations
 
 from hps.api import HPS
-from hps.hugectr.params import (
+from hps.hugectr.databases import (
+    PersistentDatabaseParams,
+    UpdateSourceParams,
+    VolatileDatabaseParams,
+)
+from hps.hugectr.enums import (
     DatabaseOverflowPolicy_t,
     DatabaseType_t,
     EmbeddingCacheType_t,
-    InferenceParams,
-    ParameterServerConfig,
-    PersistentDatabaseParams,
-    UpdateSourceParams,
     UpdateSourceType_t,
-    VolatileDatabaseParams,
 )
+from hps.hugectr.params import InferenceParams, ParameterServerConfig
 
 __all__ = [
     "HPS",

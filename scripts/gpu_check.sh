@@ -2,7 +2,8 @@
 # The GPU check, for a machine with CUDA and CuPy (the device machine): installs nothing
 # from the network (wheels carried in .whl/ are installed to a temp dir if present, and
 # redis-server unpacked in .redis/ is used; scripts/device_wheels.sh makes both), runs
-# tests/gpu, then the GPU benchmark, and prints a short table last.
+# the GPU tests (every test marked `gpu`, wherever it lives under tests/), then the GPU
+# benchmark, and prints a short table last.
 #
 #   bash scripts/gpu_check.sh [benchmark options, e.g. --profile public or --sweep]
 #     (default: every profile of python -m hps.tools.bench.gpu: the kernels, the public calls'
@@ -39,10 +40,13 @@ status=0
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   # tests of several GPUs run where there are several (and must pass there)
   devices="$(python3 -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')"
-  select=()
-  [ "$devices" -ge 2 ] || select=(-m "not multi_gpu")
-  timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" python3 -m pytest tests/gpu -q -p no:cacheprovider \
-    ${select[@]+"${select[@]}"} -rs --durations=8 2>&1 | tee "$logs/pytest.log"
+  select="gpu"
+  [ "$devices" -ge 2 ] || select="gpu and not multi_gpu"
+  # the GPU tests live beside their topics; only the files that hold some are collected
+  # (the other tests' packages, TensorFlow, httpx, hypothesis, ..., are not carried here)
+  mapfile -t files < <(grep -rlE --include='test_*.py' 'pytest\.mark\.gpu\b' tests | sort)
+  timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" python3 -m pytest "${files[@]}" -m "$select" -q \
+    -p no:cacheprovider -rs --durations=8 2>&1 | tee "$logs/pytest.log"
   status=${PIPESTATUS[0]}
   # on a GPU machine every GPU test must run: none passed, or any skipped, is a failure
   summary="$(tail -n 1 "$logs/pytest.log")"
@@ -62,6 +66,6 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
-  echo "tests/gpu: $(tail -n 1 "$logs/pytest.log")"
+  echo "GPU tests: $(tail -n 1 "$logs/pytest.log")"
 fi
 exit "$status"

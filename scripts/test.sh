@@ -5,7 +5,7 @@
 # tests, all within constraints.txt (versions known to work together). redis-server comes
 # from apt-get where it is missing. The Redis, S3 (moto), Kafka (librdkafka's mock
 # cluster) and HTTP (uvicorn) servers the tests talk to are started by the tests' own
-# fixtures on loopback ports. GPU tests (tests/gpu) need CUDA and run on a GPU machine
+# fixtures on loopback ports. GPU tests (marked `gpu`) need CUDA and run on a GPU machine
 # through scripts/gpu_check.sh instead. Arguments are passed to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,4 +39,4 @@ fi
   || { echo "missing test dependencies after install" >&2; exit 1; }
 
 echo "== running tests"
-"$py" -m pytest tests --ignore=tests/gpu "$@"
+"$py" -m pytest tests -m "not gpu" "$@"

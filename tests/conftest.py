@@ -11,6 +11,9 @@ import pytest
 
 from tests.support.redis_servers import RedisClusterProcs, RedisServer
 
+# cp, seed and rng (seeded, replayable with HPS_SEED) for every folder
+pytest_plugins = ["tests.support.gpu_fixtures"]
+
 
 def write_table(folder: Path, keys: np.ndarray, vectors: np.ndarray) -> Path:
     """Write a sparse model folder the way HugeCTR's own tests do: raw tofile()."""
@@ -39,11 +42,6 @@ def model_config(files: list[str], dims: list[int], name: str = "m", **extra: An
     }
     model.update(extra)
     return model
-
-
-@pytest.fixture
-def rng() -> np.random.Generator:
-    return np.random.default_rng()
 
 
 @pytest.fixture

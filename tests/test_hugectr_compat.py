@@ -1,8 +1,8 @@
-"""HugeCTR's Python surface: the config objects (hps/hugectr/params.py), `HPS` called as
+"""HugeCTR's Python surface: the config objects (hps/hugectr/), `HPS` called as
 HugeCTR's tests call it, and `hps config dump`. The flows are HugeCTR's
 test/inference/hps scripts re-created on synthetic files (tests/support/hugectr_flows.py); on
 this CPU machine the GPU cache types run without a GPU cache (the server says so) and
-the test checks what their config becomes. tests/gpu/test_hugectr_compat.py runs the
+the test checks what their config becomes. tests/test_hugectr_compat_gpu.py runs the
 same flows on a GPU."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch
 import hps.inference as hugectr  # what HugeCTR code imports as hugectr.inference
 from hps import BatchTooLargeError, ConfigError, HPSError, load_config
 from hps.config import ModelConfig, PersistentDBConfig, UpdateSourceConfig, VolatileDBConfig
-from hps.hugectr.params import SIZE_MAX, as_ps_config
+from hps.hugectr.databases import SIZE_MAX
+from hps.hugectr.params import as_ps_config
 from tests.support.hugectr_flows import (
     CACHE_TYPES,
     MODEL,
@@ -135,8 +136,8 @@ def test_required_arguments_are_required() -> None:
 
 
 def test_importable_from_hps_and_hps_inference() -> None:
-    """hps.inference holds the names of hugectr.inference that HugeCTR users imported
-    (issue 18), each also importable from hps as the same object."""
+    """hps.inference holds the names of hugectr.inference that HugeCTR users imported, so
+    the import is their only change; each also importable from hps as the same object."""
     import hps
 
     assert set(hugectr.__all__) == {

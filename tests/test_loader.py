@@ -1,4 +1,4 @@
-"""Model files the loader refuses or reports (issue 14 item 7): NaN/inf rows, duplicate
+"""Model files the loader refuses or reports: NaN/inf rows, duplicate
 keys, widths and sizes beyond memory; and the two ways a load writes RocksDB (from the
 volatile tier's whole copy, or from the files). Real RocksDB on temp dirs, the in-process
 tier."""

@@ -1,4 +1,4 @@
-"""The bounded soak of issue 14: `hps serve` (Redis over RocksDB) for 60 s with 8
+"""A bounded soak: `hps serve` (Redis over RocksDB) for 60 s with 8
 clients, a reload every 5 s and Redis killed and restarted twice: not one lookup may fail
 or be wrong (each answer equals one version of the model, whole). `hps bench soak
 --minutes N` runs the same for longer."""

@@ -1,6 +1,6 @@
 """hps.torch.LookupLayer on CPU tensors: shapes, values, the shared server registry,
 torch.compile(fullgraph=True) through the custom op, concurrency, and its benchmark.
-tests/gpu/test_hugectr_compat.py runs the layer on CUDA tensors."""
+tests/test_hugectr_compat_gpu.py runs the layer on CUDA tensors."""
 
 from __future__ import annotations
 

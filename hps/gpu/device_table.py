@@ -1,12 +1,13 @@
-"""What the GPU caches share: device memory, streams, query workspaces and kernel launches.
+"""What the GPU tables share: device memory, streams, query workspaces and kernel launches.
 
 `DeviceTable` holds one table's slots on one device (keys int64 [num_sets * SET_SIZE],
 rows in the table's storage type (float32 padded to float4, float16, bfloat16 or int8
 rows: hps/rows/gpu_layout.py), a few int32 flags), its own stream, the per-thread query
-workspaces, and the launches of the query, update and dump kernels. Rows come in as
-float32 and are encoded on the device; a query writes float32 or, from 16-bit storage,
-that same 16-bit type (its output type, picked per call). The policies built
-on it (`EmbeddingCache` in cache.py, `StaticEmbeddingTable` in static_table.py) say which
+workspaces (hps/gpu/workspace.py), and the launches of the query, update and dump kernels
+(their shape: hps/gpu/launch_shape.py). Rows come in as float32 and are encoded on the
+device; a query writes float32 or, from 16-bit storage, that same 16-bit type (its output
+type, picked per call). The tables built on it (`EmbeddingCache` in dynamic_cache.py,
+`StaticEmbeddingTable` in static_table.py, `UvmEmbeddingTable` in uvm_table.py) say which
 kernels and which arguments; this module says where the memory lives and how work is
 ordered.
 
@@ -17,27 +18,30 @@ ordered with CUDA events: a write waits for the queries in flight and for the ca
 stream (whose arrays it reads); a query waits for the writes before it. No device-wide
 synchronize is ever used. All methods are thread-safe.
 
-Keys and outputs are checked by hps/intake/keys.py (`key_view`, `device_output_view`); the
-methods here that end in `_checked` or take codes (`insert_by_set`) take views already
-checked.
+Keys and outputs are checked by hps/intake/keys.py (`key_view`, `device_output_view`),
+keys and rows brought to the device by hps/gpu/device_arrays.py; the methods here that
+take raw pointers (`query_ptr`, `insert_staged`) or set codes (`insert_by_set`) take
+arguments already checked.
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
-import weakref
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from hps.errors import DeviceError, LookupInputError
 from hps.gpu import kernels, overlap
+from hps.gpu.device_arrays import device_keys, device_rows
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
+from hps.gpu.launch_shape import BLOCK, PIPELINED_AFTER, PIPELINED_ROW_BYTES, default_hints
+from hps.gpu.streams import same_stream
+from hps.gpu.workspace import QueryWorkspace
+from hps.intake.keys import device_output_view
 from hps.rows.gpu_layout import (
     OUT_FLOAT32,
     OUTPUT_CODES,
@@ -46,64 +50,14 @@ from hps.rows.gpu_layout import (
     stored_row_bytes,
     table_storage,
 )
-from hps.gpu.streams import same_stream
-from hps.intake.keys import as_key_array, device_output_view, key_view
-from hps.runtime.raw_memory import wait_while
 from hps.rows.storage_types import FLOAT32, StorageType, decode
+from hps.runtime.raw_memory import wait_while
 
-BLOCK = 256
-# Batches of more keys than PIPELINED_AFTER into 16-bit outputs, of rows up to
-# PIPELINED_ROW_BYTES, take a table's pipelined query kernel (cuda/static_table.cu
-# static_query_pipelined says why). H100, 1M keys, the public call, static table,
-# alternating with it off (scripts/pipelined_query_probe.py): float16 / bfloat16 rows at
-# dim 32 1.09x / 1.10x, dim 64 1.19x / 1.20x, dim 128 1.13x / 1.05x; at dim 256 (512-byte
-# rows) 0.96x / 1.04x, as float32 rows of 512 bytes gained nothing (kernel time 417-424
-# against 408 us).
-PIPELINED_AFTER = 1 << 16
-PIPELINED_ROW_BYTES = 256
-_MAPPED_PINNED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
 # The miss count's place holds this until the query kernel writes the count; the host
 # reads it this many times (GIL released, well under a millisecond) before it waits on
 # the query's event instead.
 _NO_COUNT = -1
 _SPINS = 1 << 16
-
-
-def _is_cupy(array: Any) -> bool:
-    return type(array).__module__.startswith("cupy")
-
-
-def default_group(dim: int) -> int:
-    """Lanes that serve one key (measured on an H100, hps/tools/bench/gpu.py --sweep)."""
-    return 2 if dim <= 32 else 8
-
-
-def default_unroll(dim: int) -> int:
-    """Keys a lane group has in flight at once (measured likewise)."""
-    return 2
-
-
-def default_hints(storage: StorageType) -> int:
-    """The cache hints of a table's kernels (HINTS, bits; cuda/hps_common.cuh).
-
-    Bit 1, streaming hints on row reads and output writes: compact rows only. H100, 1M
-    all-hit keys at dim 128, each pair timed in one block: with compact rows (`hps bench
-    gpu --profile storage --sweep`, static table, public call) float16 rows into float16
-    outputs 3.83 against 3.48 G keys/s without, into float32 3.08 against 2.83, int8 3.12
-    against 2.98; with float32 rows (`--only throughput --sweep`, kernel time) they lose:
-    static 2.23 against 2.40, dynamic 1.94 against 2.26.
-
-    Bit 2, queries' reads of the index (the dynamic cache's sets, the static and uvm
-    tables' buckets) keep their L2 lines ahead of the streamed rows: every type. H100,
-    1M keys at dim 128, 1M uniform keys through the public call, calls alternating with
-    and without (`python scripts/index_hint_probe.py [--cache-type dynamic]`): static
-    table (three runs) float32 rows 2.50-2.55 against 2.25-2.29 G keys/s, float16 into
-    float32 3.18-3.24 against 2.91-2.96, int8 3.20-3.31 against 2.93-3.00, float16 into
-    float16 3.67-3.80 against 3.57-3.71; dynamic cache float32 2.43 against 2.20, float16
-    into float32 3.10 against 2.83, int8 3.16 against 2.86, float16 into float16 3.48
-    against 3.38; every output the same bit for bit. Over 8M keys at dim 64 (an index
-    larger than L2) the static table still gained 1-2%."""
-    return (1 if storage.compact else 0) | 2
 
 
 def row_floats(dim: int) -> int:
@@ -119,115 +73,6 @@ def decode_rows(raw: np.ndarray, dim: int, storage: StorageType) -> np.ndarray:
     if storage.name == "int8":
         return decode(storage, raw, dim)
     return decode(storage, raw.view(storage.stored_dtype)[:, :dim], dim)
-
-
-@dataclass
-class Misses:
-    """The misses of one query: `count` positions into the batch (device) and their keys
-    (host: the query kernel writes them straight into mapped pinned memory)."""
-
-    positions: Any  # cupy int32 [count]
-    keys: np.ndarray  # int64 [count], host
-    count: int
-
-
-class QueryWorkspace:
-    """Reusable buffers of one thread's queries of one table: the miss positions (device),
-    the missed keys (mapped pinned host memory the kernel writes directly), the kernels'
-    counters (ctl: miss count, blocks done; reset by each query kernel itself), the miss
-    count's landing place (mapped pinned), the query launches bound to these buffers, and
-    the events of this thread's queries and writes.
-
-    One per thread and table (reused by every query of that thread). `release(stream)`
-    marks that work still queued on `stream` reads the miss positions; the next query
-    waits for it before it overwrites them.
-    """
-
-    def __init__(self, cupy: Any, device_id: int) -> None:
-        self._cp = cupy
-        rt = cupy.cuda.runtime
-        self._rt = rt
-        self.device_id = device_id
-        with cupy.cuda.Device(device_id):
-            self.ctl = cupy.zeros(2, dtype=np.int32)
-            cupy.cuda.get_current_stream().synchronize()
-            self.event = cupy.cuda.Event(block=False, disable_timing=True)
-            self.write_done = cupy.cuda.Event(block=False, disable_timing=True)
-            self._released = cupy.cuda.Event(block=False, disable_timing=True)
-            # mapped pinned memory: with unified addressing the kernel writes it directly
-            self.host_ptr = int(rt.hostAlloc(8, _MAPPED_PINNED))
-        weakref.finalize(self, rt.freeHost, self.host_ptr).atexit = False
-        self.host_count = np.ctypeslib.as_array((ctypes.c_int32 * 2).from_address(self.host_ptr))
-        self.host_count[:] = 0
-        self.ctl_ptr = int(self.ctl.data.ptr)
-        self.event_ptr = int(self.event.ptr)
-        self._pending = False
-        self._released_ptr = 0
-        self.capacity = 0
-        self.positions: Any = None
-        self.host_keys: np.ndarray = np.empty(0, np.int64)
-        self.positions_ptr = 0
-        self.keys_ptr = 0
-        self._keys_finalizer: Any = None
-        # the query launches bound to these buffers (see DeviceTable._bind_query)
-        # by output type (row_format.OUTPUT_CODES)
-        self.launches: dict[int, list[tuple[int, kernels.Launch, int, Any, int]]] = {}
-        self.generation = -1
-        self.insert_launch: kernels.Launch | None = None
-        self.insert_cells: list[Any] | None = None
-        self.scatter_launch: kernels.Launch | None = None
-        self.scatter_cells: list[Any] | None = None
-        self.scatter_type = 0  # the output type scatter_launch writes
-        self.insert_type = 0  # the output type insert_launch scatters into
-
-    def reserve(self, n: int) -> None:
-        if n <= self.capacity:
-            return
-        if self._pending:  # queued work may still read the buffers about to be freed
-            self._rt.eventSynchronize(self._released_ptr)
-            self._pending = False
-        cap = max(n, 2 * self.capacity, 1024)
-        with self._cp.cuda.Device(self.device_id):
-            self.positions = self._cp.empty(cap, dtype=np.int32)
-            keys_ptr = int(self._rt.hostAlloc(cap * 8, _MAPPED_PINNED))
-        if self._keys_finalizer is not None:
-            self._keys_finalizer()
-        self._keys_finalizer = weakref.finalize(self, self._rt.freeHost, keys_ptr)
-        self._keys_finalizer.atexit = False
-        self.host_keys = np.ctypeslib.as_array((ctypes.c_int64 * cap).from_address(keys_ptr))
-        # only the query kernel writes it; read-only, it matches the compiled miss path's
-        # signature exactly (numba's dispatch converts a writable array ~0.4 µs slower)
-        self.host_keys.flags.writeable = False
-        self.positions_ptr = int(self.positions.data.ptr)
-        self.keys_ptr = keys_ptr
-        self.capacity = cap
-        self.launches = {}  # bound to the old buffers
-
-    def misses(self, count: int) -> Misses:
-        """The misses of the last query (views, valid until the next one)."""
-        if count == 0:
-            self.reserve(1)
-        return Misses(self.positions[:count], self.host_keys[:count], count)
-
-    def release(self, stream_ptr: int) -> None:
-        """Work queued on the stream still reads the miss positions."""
-        self._rt.eventRecord(self._released.ptr, stream_ptr)
-        self.released_by(int(self._released.ptr))
-
-    def released_by(self, event_ptr: int) -> None:
-        """Work before `event_ptr` (an event just recorded by the caller) still reads the
-        miss positions."""
-        self._released_ptr = event_ptr
-        self._pending = True
-
-    def wait_released(self, stream_ptr: int) -> None:
-        """Orders a query on `stream_ptr` after the work that still reads the miss
-        positions. Also on that work's own stream, where the order is already the
-        stream's: skipping these driver calls there measured no faster, and seemingly
-        slower, on the HugeCTR profile (see DeviceTable.query_ptr)."""
-        if self._pending:
-            self._rt.streamWaitEvent(stream_ptr, self._released_ptr, 0)
-            self._pending = False
 
 
 class DeviceTable:
@@ -380,64 +225,15 @@ class DeviceTable:
         if self._closed:
             raise DeviceError(f"the {self._kind} on device {self.device_id} is closed")
 
-    @staticmethod
-    def _host_keys(keys: np.ndarray) -> np.ndarray:
-        """Host keys of any integer width and shape, widened and flattened to int64 [n]
-        (checked by hps/intake/keys.py)."""
-        return key_view(as_key_array(keys))  # type: ignore[no-any-return]
-
     def _device_keys(self, keys: Any) -> Any:
-        """int64 1-D keys on this device, checked by hps/intake/keys.py (host arrays: see
-        _host_keys, then copied over)."""
-        if isinstance(keys, np.ndarray):
-            host = self._host_keys(keys)
-            with self._device:
-                return self._cp.asarray(host)
-        return key_view(keys, self.device_id)
+        """int64 1-D keys on this device (hps/gpu/device_arrays.py device_keys)."""
+        return device_keys(self._cp, keys, self._device, self.device_id)
 
     def _device_rows(self, vectors: Any, n: int) -> Any:
-        """float32 [n, dim] C-contiguous rows on this device (host arrays copied over).
-        Raises LookupInputError for the wrong shape or dtype and, for compact storage,
-        for rows it cannot hold (see hps/rows/storage_types.py)."""
-        rows = self._device_rows_unchecked(vectors, n)
-        if self.storage.compact and n:
-            with self._device:
-                limit = np.float32(self.storage.max_magnitude)
-                unfit = ~(self._cp.abs(rows) < limit).all(axis=1)  # NaN compares False
-                bad = int(self._cp.flatnonzero(unfit)[0]) if bool(unfit.any()) else None
-            if bad is not None:
-                raise LookupInputError(
-                    f"row {bad} holds NaN, infinity or a value of magnitude "
-                    f"≥ {self.storage.max_magnitude:g}, which the {self._kind}'s "
-                    f"{self.storage.name} storage cannot hold")
-        return rows
-
-    def _device_rows_unchecked(self, vectors: Any, n: int) -> Any:
-        cp = self._cp
-        if isinstance(vectors, np.ndarray):
-            vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-            if vectors.shape != (n, self.dim):
-                raise LookupInputError(
-                    f"vectors must have shape ({n}, {self.dim}), got {vectors.shape}"
-                )
-            with self._device:
-                return cp.asarray(vectors)
-        if not _is_cupy(vectors):
-            raise LookupInputError(
-                f"vectors must be a CuPy or NumPy array, got {type(vectors).__name__}"
-            )
-        if vectors.dtype != np.float32:
-            raise LookupInputError(f"vectors must be float32, got dtype {vectors.dtype.name}")
-        if tuple(vectors.shape) != (n, self.dim):
-            raise LookupInputError(
-                f"vectors must have shape ({n}, {self.dim}), got {tuple(vectors.shape)}"
-            )
-        if vectors.device.id != self.device_id:
-            raise DeviceError(
-                f"vectors are on device {vectors.device.id}, the {self._kind} on device "
-                f"{self.device_id}"
-            )
-        return vectors if vectors.flags.c_contiguous else cp.ascontiguousarray(vectors)
+        """float32 [n, dim] C-contiguous rows on this device that its storage holds
+        (hps/gpu/device_arrays.py device_rows)."""
+        return device_rows(self._cp, vectors, n, self.dim, self._device, self.device_id,
+                           self.storage, self._kind)
 
     def _vec4(self, array: Any) -> np.int32:
         return np.int32(self.dim % 4 == 0 and array.data.ptr % 16 == 0)
@@ -604,15 +400,41 @@ class DeviceTable:
             blocks = min(blocks, most_blocks)
         launch.go(blocks, BLOCK, stream_ptr)
 
+    def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
+        """Writes the rows of held keys into `out` (device, [n, dim], C-contiguous; float32
+        widens compact rows, a 16-bit output of the storage's own type copies them:
+        float16, or uint16 holding bfloat16) and `default_value` into the rows of the
+        others, on the caller's current stream. Returns (miss_positions, miss_count): the
+        positions (cupy int32, in no particular order) of the keys not held. Raises
+        KeyTypeError, OutputBufferError or DeviceError for arguments hps/intake/keys.py
+        refuses. Waits on the host only for the miss count."""
+        keys = self._device_keys(keys)
+        n = int(keys.shape[0])
+        device_output_view(out, n, self.dim, self.device_id, self.storage)
+        ws = self.workspace()
+        with self._device:
+            stream = self._cp.cuda.get_current_stream().ptr
+            count = self.query_ptr(int(keys.data.ptr), n, int(out.data.ptr),
+                                   float(default_value), ws, stream, self.out_type(out))
+            ws.reserve(max(count, 1))
+            positions = ws.positions[:count].copy()
+            ws.release(stream)
+        return positions, count
+
+    # The lookup path's query (hps/gpu/table.py): it skips query()'s checks of the keys
+    # and the output (hps/intake/keys.py read them once for the whole lookup), the device
+    # switch and the copy of the miss positions (the miss path reads them in `ws`), and
+    # waits on the host for the miss count alone. H100, 2,000 held keys at dim 64, p50 of
+    # the call, five rounds taking turns in one process: static table 15.4-15.8 µs against
+    # query()'s 25.5-26.5, dynamic cache 13.3-14.1 against 23.6-28.0.
     def query_ptr(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,
                   ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> int:
-        """The query on raw pointers: keys int64 [n] and out [n, dim] of output type
+        """query() on raw pointers: keys int64 [n] and out [n, dim] of output type
         `out_type` (float32, or the table's own 16-bit storage type: see
         hps/rows/gpu_layout.py, not checked here), both C-contiguous on this table's device
         (current), on stream `stream_ptr`. Writes the rows of held keys and
         `default_value` into the others; returns the miss count, the misses being in `ws`
-        (ws.misses(count)) until its next query. Waits on the host for the miss count
-        only."""
+        (positions on the device, keys in host memory) until its next query."""
         if n == 0:
             return 0
         if n > ws.capacity:
@@ -648,54 +470,12 @@ class DeviceTable:
         return count
 
     def out_type(self, out: Any) -> int:
-        """The output type (row_format.OUTPUT_CODES) of a CuPy output checked by
-        hps/intake/keys.py device_output_view for this table's storage: float32, float16 or
-        uint16 (the bit patterns of bfloat16, which CuPy lacks)."""
+        """The output type (hps/rows/gpu_layout.py OUTPUT_CODES) of a CuPy output checked
+        by hps/intake/keys.py device_output_view for this table's storage: float32,
+        float16 or uint16 (the bit patterns of bfloat16, which CuPy lacks)."""
         if out.dtype == np.float32:
             return OUT_FLOAT32
         return OUTPUT_CODES[self.storage.name]
-
-    def query_misses(self, keys: Any, out: Any, default_value: float = 0.0,
-                     workspace: QueryWorkspace | None = None) -> Misses:
-        """Writes the rows of held keys into `out` (device, [n, dim], C-contiguous; float32
-        widens compact rows, a 16-bit output of the storage's own type copies them:
-        float16, or uint16 holding bfloat16) and `default_value` into the rows of the others,
-        on the caller's current stream. Raises OutputBufferError for other outputs.
-
-        Returns the misses as views into `workspace` (this thread's by default), valid
-        until the workspace's next query. Waits on the host only for the miss count.
-        """
-        keys = self._device_keys(keys)
-        device_output_view(out, int(keys.shape[0]), self.dim, self.device_id, self.storage)
-        ws = workspace if workspace is not None else self.workspace()
-        with self._device:
-            return self.query_checked(keys, out, float(default_value), ws)
-
-    def query_checked(self, keys: Any, out: Any, default_value: float,
-                      ws: QueryWorkspace) -> Misses:
-        """query_misses for arguments already checked, with this table's device current."""
-        n = int(keys.shape[0])
-        count = self.query_ptr(int(keys.data.ptr), n, int(out.data.ptr), default_value, ws,
-                               self._cp.cuda.get_current_stream().ptr, self.out_type(out))
-        return ws.misses(count)
-
-    def enqueue_query(self, keys: Any, n: int, out: Any, default_value: float,
-                      ws: QueryWorkspace, stream_ptr: int) -> None:
-        """Queues the query kernel on the stream, nothing else (the benchmark times
-        this). Call with the lock held and the device current."""
-        ws.reserve(n)
-        self._enqueue(int(keys.data.ptr), n, int(out.data.ptr), default_value, ws, stream_ptr,
-                      self.out_type(out))
-
-    def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
-        """(miss_positions, miss_count): positions (cupy int32, in no particular order) of
-        the keys not held; their rows of `out` get `default_value`. See query_misses."""
-        ws = self.workspace()
-        misses = self.query_misses(keys, out, default_value, ws)
-        with self._device:
-            positions = misses.positions.copy()
-            ws.release(self._cp.cuda.get_current_stream().ptr)
-        return positions, misses.count
 
     # -- reads on the table's stream ------------------------------------------------------
 

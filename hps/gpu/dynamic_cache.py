@@ -30,41 +30,31 @@ of a hit at small widths, and sampling halves it while keeping recency close to 
 `lru_sample_shift=0` stamps every hit (exact LRU).
 An insert of a key that is not held takes the first free way of its set, else evicts the
 way with the smallest stamp (the lowest way on ties). Keys of one insert batch that map to
-one set are inserted in batch order. `tests/support/gpu_reference.py` is a NumPy model of exactly
-this.
+one set are inserted in batch order. `tests/support/gpu_reference.py` is a NumPy model of
+exactly this.
+
+Which table a model's table gets (this cache, or the static or uvm table) and its sizing:
+hps/gpu/open.py.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hps.errors import LookupInputError
 from hps.gpu import kernels
-from hps.gpu.device_table import (
-    BLOCK,
-    DeviceTable,
-    QueryWorkspace,
-    decode_rows,
-    default_group,
-    default_unroll,
-)
+from hps.gpu.device_arrays import host_keys
+from hps.gpu.device_table import DeviceTable, decode_rows
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
+from hps.gpu.launch_shape import BLOCK, default_group, default_unroll
+from hps.gpu.workspace import QueryWorkspace
 from hps.rows.gpu_layout import OUT_FLOAT32, stored_row_bytes, table_storage
-from hps.gpu.static_table import StaticEmbeddingTable
-from hps.gpu.uvm_table import UvmEmbeddingTable, uvm_gpu_rows
 from hps.rows.storage_types import FLOAT32, StorageType
 
-if TYPE_CHECKING:
-    from hps.config import ModelConfig
-
-__all__ = ["CACHE_LOAD", "DEFAULT_LRU_SAMPLE_SHIFT", "EMPTY_KEY", "RANK_BITS", "SET_SIZE",
-           "WHOLE_TABLE", "EmbeddingCache", "cache_capacity", "cache_mode", "cache_slots",
-           "cache_memory_bytes", "holds_whole_table", "murmur3_fmix64", "open_device_table",
-           "set_codes", "set_of", "warm_up"]
+__all__ = ["DEFAULT_LRU_SAMPLE_SHIFT", "EMPTY_KEY", "RANK_BITS", "SET_SIZE", "EmbeddingCache",
+           "murmur3_fmix64", "set_codes", "set_of"]
 
 # Stamp 1 in 2**shift hits (sampled LRU). The stamp is a partial-sector write per hit, the
 # largest cost of a hit at small widths (H100, dim 16, 1M uniform hits: exact 5.6 G keys/s,
@@ -196,7 +186,7 @@ class EmbeddingCache(DeviceTable):
         of full sets. Repeated keys: the last row wins. Host keys are ordered by set on
         the host; device keys by a device sort."""
         if isinstance(keys, np.ndarray):
-            host = self._host_keys(keys)
+            host = host_keys(keys)
             vectors = self._device_rows(vectors, host.size)
             if host.size:
                 codes = set_codes(host, self.num_sets)
@@ -231,7 +221,6 @@ class EmbeddingCache(DeviceTable):
                  self._stamps, self._vecs, np.uint32(self.num_sets), self._flags,
                  self._next_tick()),
             )
-
 
     def insert_staged(self, keys_ptr: int, rows_ptr: int, codes_ptr: int, n: int,
                       ws: QueryWorkspace, stream_ptr: int,
@@ -331,103 +320,3 @@ class EmbeddingCache(DeviceTable):
                     "size": int(self._flags.get(stream=s)[1]),
                     "tick": np.uint64(self._tick),
                 }
-
-
-# -- which table a model gets, and what a warm-up puts in it -------------------------------
-
-def cache_mode(model: ModelConfig) -> str:
-    """The model's effective embedding_cache_type: "static" (the whole table on the GPU,
-    read-only, misses never inserted), "uvm" (the whole table's index on the GPU, hot rows
-    in GPU memory, the others in mapped host memory; misses never inserted) or "dynamic"
-    (an LRU cache)."""
-    return model.cache_type
-
-
-# What a cache promises: after a warm-up it holds at least 0.97 of min(table keys, its
-# capacity). Sets filled slot for key cannot: keys that land in a full 8-way set are lost,
-# and 8-way sets filled to 100% hold 86% of what was inserted (a Poisson overflow). So the
-# sets are sized for capacity / CACHE_LOAD slots: at a load of 0.6, full warm-ups held 98%
-# of their keys in the NumPy model of this policy (tests/support/gpu_reference.py; tests/gpu checks
-# the promise on the GPU). The extra slots are in memory_bytes.
-CACHE_LOAD = 0.6
-# From gpucacheper 1.0 on the cache is asked to hold the whole table: a set-associative cache
-# cannot promise that (some sets overflow at any load), so such a cache is an open-addressing
-# table (the static table's layout, hps/gpu/static_table.py) that misses are inserted into:
-# it evicts nothing and holds every key it takes up to its capacity.
-WHOLE_TABLE = 1.0
-
-
-def cache_capacity(model: ModelConfig, num_keys: int) -> int:
-    """Keys a dynamic cache of the model's table promises to hold: gpucacheper × keys."""
-    return max(1, math.ceil(model.gpucacheper * int(num_keys)))
-
-
-def cache_slots(capacity: int) -> int:
-    """Slots of a set-associative cache that promises `capacity` keys (see CACHE_LOAD)."""
-    return max(1, math.ceil(capacity / CACHE_LOAD))
-
-
-def holds_whole_table(model: ModelConfig) -> bool:
-    """Whether the model's dynamic caches are open-addressing tables (see WHOLE_TABLE)."""
-    return model.cache_type == "dynamic" and model.gpucacheper >= WHOLE_TABLE
-
-
-def cache_memory_bytes(num_keys: int, dim: int, gpucacheper: float,
-                       storage: str | StorageType = FLOAT32) -> int:
-    """Device bytes of one dynamic cache (per deployed device) of a table of `num_keys`
-    keys of width `dim` at `gpucacheper`, rows stored as `storage`: what `hps inspect`
-    tells a user to plan for."""
-    capacity = max(1, math.ceil(gpucacheper * int(num_keys)))
-    if gpucacheper >= WHOLE_TABLE:
-        return StaticEmbeddingTable.memory_required(capacity, dim, storage=storage)
-    return EmbeddingCache.memory_required(cache_slots(capacity), dim, storage)
-
-
-def open_device_table(model: ModelConfig, mode: str, num_keys: int, dim: int, device_id: int,
-                      *, lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT
-                      ) -> EmbeddingCache | StaticEmbeddingTable:
-    """The device table of one model table in `mode` (see cache_mode): a static or uvm
-    table sized for all `num_keys` keys (uvm: GPU rows from hps/gpu/uvm_table.py
-    uvm_gpu_rows), an open-addressing table of gpucacheper × num_keys keys that misses
-    are inserted into (gpucacheper ≥ 1: see WHOLE_TABLE), or a set-associative cache
-    sized for gpucacheper × num_keys keys (see CACHE_LOAD). Rows are stored as the
-    model's embedding_storage_dtype."""
-    storage = table_storage(model.embedding_storage_dtype)
-    if mode == "static":
-        return StaticEmbeddingTable(max(int(num_keys), 1), dim, device_id, storage=storage)
-    if mode == "uvm":
-        rows = uvm_gpu_rows(model, num_keys, dim, device_id)
-        return UvmEmbeddingTable(max(int(num_keys), 1), dim, device_id, gpu_rows=rows,
-                                 storage=storage)
-    if holds_whole_table(model):
-        return StaticEmbeddingTable(cache_capacity(model, num_keys), dim, device_id,
-                                    storage=storage)
-    return EmbeddingCache(cache_slots(cache_capacity(model, num_keys)), dim, device_id,
-                          lru_sample_shift=lru_sample_shift, storage=storage)
-
-
-def warm_up(table: EmbeddingCache | StaticEmbeddingTable,
-            chunks: Iterable[tuple[np.ndarray, np.ndarray]], capacity: int | None = None
-            ) -> int:
-    """Inserts (keys int64 [n], vectors float32 [n, dim]) chunks in order until the
-    cache holds `capacity` keys' worth (default: its slots), the last chunk included (cut
-    to fit); the static and uvm tables take every chunk (an open-addressing cache, up to
-    `capacity`). Returns the keys inserted."""
-    inserted = 0
-    if isinstance(table, StaticEmbeddingTable) and capacity is None:
-        for keys, vectors in chunks:
-            table.build(keys, vectors)
-            inserted += int(keys.shape[0])
-        return inserted
-    limit = table.capacity if capacity is None else capacity
-    for keys, vectors in chunks:
-        room = limit - inserted
-        if room <= 0:
-            break
-        keys, vectors = keys[:room], vectors[:room]
-        if isinstance(table, StaticEmbeddingTable):
-            table.build(keys, vectors)
-        else:
-            table.insert(keys, vectors)
-        inserted += int(keys.shape[0])
-    return inserted

@@ -14,7 +14,7 @@ cannot disagree:
   UNROLL, HINTS, STAMP_SHIFT, PROBE_WINDOW (defaults below for the kernels that do not
   set them);
 - derived here: ROW_BYTES, the bytes of a stored row of DIM in STORAGE
-  (row_format.stored_row_bytes), which the header checks against its own layout.
+  (hps/rows/gpu_layout.py stored_row_bytes), which the header checks against its own layout.
 
 Sources are found in the installed package (`hps/cuda/`, shipped in the wheel) or, in a
 source checkout, in the repository's top-level `cuda/` folder.

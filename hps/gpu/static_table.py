@@ -22,14 +22,10 @@ import numpy as np
 
 from hps.errors import LookupInputError
 from hps.gpu import kernels
-from hps.gpu.device_table import (
-    BLOCK,
-    DeviceTable,
-    QueryWorkspace,
-    default_group,
-    default_unroll,
-)
+from hps.gpu.device_table import DeviceTable
 from hps.gpu.kernels import SET_SIZE
+from hps.gpu.launch_shape import BLOCK, default_group, default_unroll
+from hps.gpu.workspace import QueryWorkspace
 from hps.rows.gpu_layout import stored_row_bytes, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
 

@@ -55,26 +55,24 @@ host memory is a ConfigError before anything is allocated. A thread's grouped re
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from hps.runtime.background import PeriodicTask
 from hps.errors import ConfigError, LookupInputError
 from hps.gpu import kernels
-from hps.gpu.device_table import BLOCK, QueryWorkspace, decode_rows
+from hps.gpu.device_table import decode_rows
 from hps.gpu.host_memory import MappedHostMemory
 from hps.gpu.kernels import SET_SIZE
-from hps.rows.gpu_layout import OUT_FLOAT32, stored_row_bytes, table_storage
+from hps.gpu.launch_shape import BLOCK
 from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
+from hps.gpu.workspace import QueryWorkspace
+from hps.rows.gpu_layout import OUT_FLOAT32, stored_row_bytes, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
-
-if TYPE_CHECKING:
-    from hps.config import ModelConfig
+from hps.runtime.background import PeriodicTask
 
 log = logging.getLogger("hps.gpu")
 
@@ -515,30 +513,3 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
             self._promoter.close(timeout=30)
         with self._pass_lock:  # a pass from another thread finishes first
             super().close()
-
-
-def uvm_gpu_rows(model: ModelConfig, num_keys: int, dim: int, device_id: int) -> int:
-    """GPU rows of a model's uvm table: `gpu_memory_budget_mb` (index included) when set,
-    else gpucacheper × num_keys. Raises ConfigError for a budget larger than the device's
-    memory or smaller than the index of all keys."""
-    budget_mb = model.gpu_memory_budget_mb
-    if budget_mb is None:
-        return max(1, math.ceil(model.gpucacheper * int(num_keys)))
-    budget = int(budget_mb * 2**20)
-    index = UvmEmbeddingTable.index_bytes(num_keys)
-    if budget < index:
-        raise ConfigError(
-            f"model {model.model}: gpu_memory_budget_mb {budget_mb:g} does not hold the "
-            f"index of the table's {num_keys} keys ({index / 2**20:.1f} MiB on the GPU); "
-            f"raise it or use embedding_cache_type 'dynamic'"
-        )
-    cp = kernels.cupy_module()
-    with cp.cuda.Device(device_id):
-        total = int(cp.cuda.runtime.memGetInfo()[1])
-    if budget > total:
-        raise ConfigError(
-            f"model {model.model}: gpu_memory_budget_mb {budget_mb:g} is more than device "
-            f"{device_id} has ({total / 2**20:.0f} MiB)"
-        )
-    return (budget - index) // UvmEmbeddingTable.gpu_row_bytes(
-        dim, model.embedding_storage_dtype)

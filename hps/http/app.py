@@ -20,14 +20,15 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hps.errors import HPSError
 from hps.http.admin import build_admin_router
 from hps.http.errors import ApiError, ErrorBody, error_body, v2_error_body
-from hps.http.fastpath import FastPath, FastRoute
-from hps.http.kserve import build_v2_router, infer_fast_route
+from hps.http.hot_routes import HotRoute, HotRoutes
+from hps.http.kserve.infer import handle_infer
+from hps.http.kserve.routes import build_v2_router
+from hps.http.kserve.schemas import INFER_PATH, INFER_RE
 from hps.http.lookup import LOOKUP_PATH, LOOKUP_RE, handle_lookup
 from hps.http.metrics import Metrics, MetricsMiddleware
 from hps.http.roots import default_roots, normalise_root
@@ -106,49 +107,43 @@ def create_app(
                   lifespan=lifespan, **_NO_OTEL)
     app.state.hps = state
     router = build_router(state)
-    lookup_route = next(r for r in router.routes
-                        if isinstance(r, APIRoute) and r.path == LOOKUP_PATH)
     v2_router = build_v2_router(state, token_guard(state))
     app.include_router(router)
     app.include_router(v2_router)
     app.include_router(build_admin_router(state))
     _add_error_handlers(app, state)
-    app.fast_path = FastPath(state, [FastRoute(LOOKUP_RE, lookup_route, handle_lookup, _v1_error),
-                                     infer_fast_route(v2_router.routes, state)])
+    app.hot_routes = HotRoutes(state, [
+        HotRoute.declared(router.routes, LOOKUP_PATH, LOOKUP_RE, handle_lookup, error_body),
+        HotRoute.declared(v2_router.routes, INFER_PATH, INFER_RE, handle_infer, v2_error_body)])
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # every other answer
     return app
 
 
 class ServiceApp(FastAPI):
-    """FastAPI, with the lookup routes answered by `fast_path` before its middleware stack.
+    """FastAPI, with the hot routes answered by `hot_routes` ahead of its middleware stack
+    (`HotRoutes.__call__` says what that skips and what it saves).
 
-    A lookup is a short run of compiled code: each ASGI layer around it (FastAPI's error,
-    telemetry and body-limit middleware, the metrics middleware) was a measurable share
-    of the request. Every other request goes through FastAPI as usual. Middleware added
-    to the app (`add_middleware`) therefore does not see the lookup routes: wrap the app
-    itself (`Middleware(app)`) for something every request must pass through."""
+    Every other request goes through FastAPI as usual. Middleware added to the app
+    (`add_middleware`) therefore does not see the hot routes: wrap the app itself
+    (`Middleware(app)`) for something every request must pass through."""
 
-    fast_path: FastPath | None = None
+    hot_routes: HotRoutes | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        fast = self.fast_path
-        hit = fast.match(scope) if fast is not None else None
+        hot = self.hot_routes
+        hit = hot.match(scope) if hot is not None else None
         if hit is None:
             await super().__call__(scope, receive, send)
             return
-        assert fast is not None
+        assert hot is not None
         scope["app"] = self
-        await fast(scope, receive, send, *hit)
+        await hot(scope, receive, send, *hit)
 
 
 def _version() -> str:
     from hps import __version__
 
     return __version__
-
-
-def _v1_error(state: ServiceState, request: Request, exc: Exception) -> JSONResponse:
-    return state.error_response(request, exc)
 
 
 def _body_for(request: Request) -> ErrorBody:

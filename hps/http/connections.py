@@ -100,7 +100,7 @@ def protocol_base() -> type[asyncio.Protocol]:
 def guarded_protocol(guard: ConnectionGuard,
                      base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:
     """`base` (uvicorn's HTTP protocol) with the deadlines and the bound of `guard`; the
-    httptools protocol also answers the lookup routes directly (hps/http/direct.py)."""
+    httptools protocol also answers the hot routes directly (hps/http/direct.py)."""
     parent: Any = base or protocol_base()
     if getattr(parent, "on_headers_complete", None) is not None:  # httptools' callbacks
         parent = direct_answers(parent)

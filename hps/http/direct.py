@@ -1,21 +1,15 @@
-"""Direct answers: the lookup routes answered by the HTTP protocol itself, without an
-ASGI task, when nothing about the request needs one.
-
-uvicorn answers each request by making an ASGI cycle (an `asyncio.Event`, a task, the
-proxy-headers middleware, the app's `__call__` chain, two `send` calls that re-check
-every header) and running it on the next turn of the event loop. For a request whose
-whole work is a short compiled lookup that is most of the server's own time: on the
-2-core development machine a bare ASGI app on uvicorn answering 256 KB costs the server
-143-151 µs a request and its client sees p50 214-237 µs, while a plain uvloop protocol
-answering the same bodies costs 85-88 µs and p50 163-174 µs (one client, `http.client`).
+"""Direct answers: uvicorn's httptools protocol answering the hot routes itself, inside
+the `data_received` call that completes a request, without an ASGI task, when nothing
+about the request needs one (`HotRoutes.answer_whole` says what that skips and what it
+saves).
 
 `direct_answers(base)` subclasses uvicorn's httptools protocol. A request is answered
-directly, inside the `data_received` call that completes it, when every one of these
-holds; otherwise it goes to uvicorn's ASGI cycle exactly as before:
+directly when every one of these holds; otherwise it goes to uvicorn's ASGI cycle exactly
+as before:
 
-- it is a POST to a route `FastPath` answers, its handlers run without waiting
-  (`lookup_threads` 0: in-memory tiers) and the app has no access log or concurrency
-  limit to apply;
+- it is a POST to a hot route, its handlers run without waiting
+  (`HotRoutes.answers_whole`: `lookup_threads` 0, in-memory tiers) and the app has no
+  access log or concurrency limit to apply;
 - no earlier request of the connection is still being answered (pipelining keeps its
   order) and the connection is not holding back writes for a slow reader;
 - it declares a Content-Length within the body limit and sends no
@@ -23,11 +17,11 @@ holds; otherwise it goes to uvicorn's ASGI cycle exactly as before:
   connection's body deadline applies between its parts, hps/http/connections.py) and the
   request is answered in the read that completes it.
 
-The answer is the same: `FastPath.answer` runs the route's handler and error answer as
-`FastPath.__call__` does and counts the request in the metrics; the response carries
-uvicorn's default headers (date, server) and closes the connection where the request or
-HTTP/1.0 asks. The connection's timers and keep-alive are uvicorn's own (its
-`on_response_complete` runs after each direct answer, as after an ASGI one).
+The answer is the same: `HotRoutes.answer_whole` runs the route's handler and error
+answer as the ASGI path does, and the request is counted in the metrics alike; the
+response carries uvicorn's default headers (date, server) and closes the connection where
+the request or HTTP/1.0 asks. The connection's timers and keep-alive are uvicorn's own
+(its `on_response_complete` runs after each direct answer, as after an ASGI one).
 """
 
 from __future__ import annotations
@@ -37,12 +31,13 @@ import time
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from hps.http.fastpath import read_headers
+from hps.http.bodies import declared_length
+from hps.http.hot_routes import read_headers
 
 if TYPE_CHECKING:
     import asyncio
 
-    from hps.http.fastpath import FastPath, FastRoute
+    from hps.http.hot_routes import HotRoute, HotRoutes
 
 #: what may not appear in a header value (uvicorn's own check of what an app sends)
 _BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
@@ -65,32 +60,31 @@ _SERVER_ERROR = b"Internal Server Error"
 class _Pending:
     """A request to be answered directly once its body is in."""
 
-    __slots__ = ("route", "params", "headers", "body", "limit", "keep_alive")
+    __slots__ = ("route", "params", "headers", "body", "keep_alive")
 
-    def __init__(self, route: FastRoute, params: dict[str, str | None],
-                 headers: dict[str, str], limit: int, keep_alive: bool) -> None:
+    def __init__(self, route: HotRoute, params: dict[str, str | None],
+                 headers: dict[str, str], keep_alive: bool) -> None:
         self.route = route
         self.params = params
         self.headers = headers
         self.body: list[bytes] = []
-        self.limit = limit
         self.keep_alive = keep_alive
 
 
 def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol `base`, answering the lookup routes directly."""
+    """uvicorn's httptools protocol `base`, answering the hot routes directly."""
     parent: Any = base
 
     class DirectProtocol(parent):  # type: ignore[misc]
         _hps_pending: _Pending | None = None  # a request to answer once its body is in
 
-        def _hps_fast_path(self) -> FastPath | None:
-            """The app's FastPath when requests may be answered directly, else None."""
-            fast = getattr(self.config.app, "fast_path", None)
-            if (fast is None or fast.state.lookup_threads != 0 or self.access_log
+        def _hps_hot_routes(self) -> HotRoutes | None:
+            """The app's HotRoutes when requests may be answered directly, else None."""
+            hot = getattr(self.config.app, "hot_routes", None)
+            if (hot is None or not hot.answers_whole or self.access_log
                     or self.limit_concurrency is not None):
                 return None
-            return fast  # type: ignore[no-any-return]
+            return hot  # type: ignore[no-any-return]
 
         def on_headers_complete(self) -> None:
             pending = self._hps_direct_request()
@@ -106,20 +100,19 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                     or (cycle is not None and not cycle.response_complete)
                     or self.parser.get_method() != b"POST" or self.parser.should_upgrade()):
                 return None
-            fast = self._hps_fast_path()
-            if fast is None:
+            hot = self._hps_hot_routes()
+            if hot is None:
                 return None
             raw_path = self.url.split(b"?", 1)[0]
             path = raw_path.decode("ascii", "replace")
             if "%" in path:
                 path = urllib.parse.unquote(path)
-            hit = fast.match_path(path)
+            hit = hot.match_path(path)
             if hit is None:
                 return None
             headers = read_headers(self.headers)
-            declared = headers.get("content-length", "")
-            limit = fast.state.max_body_bytes
-            if (not declared.isascii() or not declared.isdigit() or int(declared) > limit
+            declared = declared_length(headers)
+            if (declared is None or declared > hot.state.max_body_bytes
                     or "transfer-encoding" in headers):
                 return None  # the ASGI path refuses or streams these
             version = self.parser.get_http_version()
@@ -130,7 +123,7 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             scope["path"] = self.root_path + path
             scope["raw_path"] = self.root_path.encode("ascii") + raw_path
             scope["query_string"] = self.url.partition(b"?")[2].split(b"#", 1)[0]
-            return _Pending(hit[0], hit[1], headers, limit,
+            return _Pending(hit[0], hit[1], headers,
                             version != "1.0" and self.parser.should_keep_alive())
 
         def on_body(self, body: bytes) -> None:
@@ -149,12 +142,12 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             self._hps_answer(pending)
 
         def _hps_answer(self, pending: _Pending) -> None:
-            fast = self.config.app.fast_path
+            hot = self.config.app.hot_routes
             body = pending.body[0] if len(pending.body) == 1 else b"".join(pending.body)
             self.scope["app"] = self.config.app
             started = time.perf_counter()
-            status, headers, parts = fast.answer(pending.route, pending.params,
-                                                 pending.headers, body, self.scope)
+            status, headers, parts = hot.answer_whole(pending.route, pending.params,
+                                                      pending.headers, body, self.scope)
             keep_alive = pending.keep_alive
             head = [_STATUS_LINES[status]]
             for name, value in self.server_state.default_headers:
@@ -176,7 +169,7 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                 transport.write(b"".join(head))
                 for part in parts:
                     transport.write(part)
-            fast.observe(pending.route, status, time.perf_counter() - started)
+            hot.observe(pending.route, status, time.perf_counter() - started)
             if not keep_alive:
                 transport.close()
             self.on_response_complete()

@@ -6,31 +6,38 @@ rows with `X-HPS-Keys`/`X-HPS-Width` headers; or JSON `{"keys": [...]}` → JSON
 a memoryview of the rows out; JSON through pydantic-core and orjson or `.tolist()`),
 never key by key.
 
-The lookup itself runs on the app's lookup thread pool (`ServiceState.executor`), never
-on the event loop. Measured on 2 cores, a dedicated `ThreadPoolExecutor` reached through
-`loop.run_in_executor` costs about a third of anyio's `to_thread` (starlette's
+The lookup itself runs through `ServiceState.run_lookup`: on the app's lookup thread pool
+(`ServiceState.executor`), or on the event loop when every tier is in process memory
+(`lookup_threads` 0). Measured on 2 cores, a dedicated `ThreadPoolExecutor` reached
+through `loop.run_in_executor` costs about a third of anyio's `to_thread` (starlette's
 `run_in_threadpool`) per call under concurrency, which on this route is a large share of
 the whole request.
 
-`handle_lookup` is the route's `fastpath.Handler`: `FastPath` calls it before FastAPI's
-router; the route's FastAPI declaration (`routes.py`) calls it through `fastpath.respond`.
+`handle_lookup` is the route's `hot_routes.Handler`: every way the route is answered
+(`hot_routes.HotRoutes`) goes through it.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import re
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import ValidationError
-from starlette.requests import ClientDisconnect
 
 from hps.errors import BatchTooLargeError
-from hps.http.errors import BadBody, BadJSON, BodyTooLarge, UnsupportedMediaType
+from hps.http.bodies import (
+    JSON_BYTES_PER_KEY,
+    declared_length,
+    encode_json,
+    json_answer,
+    json_body_limit,
+    read_body,
+    validation_message,
+)
+from hps.http.errors import BadBody, BadJSON, UnsupportedMediaType
 from hps.http.schemas import (
     JSON,
     KEYS_HEADER,
@@ -44,7 +51,7 @@ from hps.http.schemas import (
 if TYPE_CHECKING:
     from starlette.types import Receive
 
-    from hps.http.fastpath import Answer
+    from hps.http.hot_routes import Answer
     from hps.http.state import ServiceState
     from hps.server import HierarchicalParameterServer, LoadedTable
 
@@ -54,18 +61,7 @@ _MODEL, _TABLE = MODEL_HEADER.lower().encode(), TABLE_HEADER.lower().encode()
 LOOKUP_RE = re.compile(r"^/v1/models/(?P<model>[^/]+)/tables/(?P<table>[^/]+)/lookup$")
 
 
-def _optional(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError:  # pragma: no cover - depends on the environment
-        return None
-
-
-#: orjson writes float32 arrays directly, several times faster than json + tolist()
-orjson = _optional("orjson")
-
-
-# -- bodies -------------------------------------------------------------------------------
+# -- the request's keys -------------------------------------------------------------------
 
 def media_type_of(headers: Mapping[str, str]) -> str:
     """The body's media type, lower-case, without parameters; 415 unless one we read."""
@@ -77,37 +73,6 @@ def media_type_of(headers: Mapping[str, str]) -> str:
             f"lookup bodies are {OCTET_STREAM} (little-endian int64 keys) or {JSON} "
             f'({{"keys": [...]}}); got {got}')
     return media
-
-
-async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) -> bytes:
-    """The whole body, refusing (413) one larger than `limit` before reading it all."""
-    declared = headers.get("content-length")
-    if declared is not None and declared.isascii() and declared.isdigit() and (
-            int(declared) > limit):
-        raise BodyTooLarge(f"body of {int(declared):,} bytes exceeds the limit of {limit:,}")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"body exceeds the limit of {limit:,} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def validation_message(exc: ValidationError) -> str:
-    """The first few errors of a pydantic validation, one line."""
-    parts = []
-    for err in exc.errors()[:3]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{where}: {err['msg']}")
-    more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
-    return "; ".join(parts) + more
 
 
 def parse_json_keys(body: bytes) -> np.ndarray:
@@ -130,30 +95,6 @@ def parse_binary_keys(body: bytes) -> np.ndarray:
     return np.frombuffer(body, dtype="<i8")
 
 
-def encode_json(payload: dict[str, Any]) -> bytes:
-    """`payload` as JSON bytes; NumPy arrays in it (C-contiguous) become (nested) lists,
-    their non-finite values null."""
-    if orjson is not None:
-        return bytes(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
-    return encode_json_stdlib(payload)
-
-
-def encode_json_stdlib(payload: dict[str, Any]) -> bytes:
-    """`encode_json` without orjson: `.tolist()` and the json module."""
-    return json.dumps(payload, separators=(",", ":"), default=_array_cells).encode()
-
-
-def _array_cells(value: Any) -> Any:
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-    finite = np.isfinite(value)
-    if finite.all():
-        return value.tolist()
-    cells = value.astype(object)  # JSON has no NaN/inf: write null, as orjson does
-    cells[~finite] = None
-    return cells.tolist()
-
-
 # -- the lookups (run on the lookup thread pool) ------------------------------------------
 
 def lookup_binary(server: HierarchicalParameterServer, model: str, table: LoadedTable,
@@ -173,26 +114,12 @@ def lookup_json(server: HierarchicalParameterServer, model: str, table: LoadedTa
                         "count": int(keys.size), "vectors": np.ascontiguousarray(vectors)})
 
 
-#: bytes a JSON body may spend per key: 20 digits, a sign, a comma and a space, rounded up
-JSON_BYTES_PER_KEY = 24
-
-
-def json_body_limit(max_keys: int) -> int:
-    """The largest JSON lookup body worth parsing for a table of `max_keys` keys a lookup.
-
-    Parsing makes a Python object per key (about 200 times the bytes of the body): a
-    body is refused before parsing when it is larger than `max_keys` keys can be written
-    in, so a parse is bounded by the table's own limit, not by the body limit."""
-    return 256 + JSON_BYTES_PER_KEY * max_keys
-
-
 def _refuse_early(headers: Mapping[str, str], table: LoadedTable, media: str) -> None:
     """BatchTooLargeError, before a byte of the body is read, when its declared length
     is more than the table's key limit can take."""
-    declared = headers.get("content-length", "")
-    if not (declared.isascii() and declared.isdigit()):
+    size = declared_length(headers)
+    if size is None:
         return
-    size = int(declared)
     if media == OCTET_STREAM and size // 8 > table.max_keys:
         raise BatchTooLargeError(
             f"{size // 8} keys exceed the limit of {table.max_keys} for table "
@@ -233,5 +160,4 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
         ], (data,)
     payload = await state.run_lookup(lookup_json, state.server, model, loaded_table, body)
     state.metrics.observe_lookup(model, loaded_table.name, time.perf_counter() - started)
-    return [(b"content-type", JSON.encode()),
-            (b"content-length", str(len(payload)).encode())], (payload,)
+    return json_answer(payload)

@@ -2,7 +2,7 @@
 
 Three sources feed `GET /metrics`:
 - request metrics, observed per request by `MetricsMiddleware` (a plain ASGI
-  middleware) and, for the lookup routes, by `fastpath.FastPath`: requests and latency
+  middleware) and, for the hot routes, by `hot_routes.HotRoutes`: requests and latency
   per route template, method and status code, and each lookup's latency per table (kept
   lock-free on the event loop: `loop_metrics.py`);
 - errors by kind, counted where an error becomes a JSON answer;
@@ -27,8 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hps.http.loop_metrics import LoopCounter, LoopHistogram
-from hps.server.loader import LoadProgress
 from hps.server import STAGING_SUFFIX
+from hps.server.loader import LoadProgress
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -192,9 +192,9 @@ class ServerCollector(Collector):
             "hps_tier_tables_pending", "Tables a load could not write to the tier (down, "
             "full or read-only then), filled in the background.", labels=["tier"])
         degraded = self.server.degraded()
-        for tier in self.server.tiers:
-            pending.add_metric([tier.name], len(
-                degraded.get(tier.name, {}).get("tables_pending", [])))
+        for each in self.server.tiers:
+            pending.add_metric([each.name], len(
+                degraded.get(each.name, {}).get("tables_pending", [])))
         yield pending
 
 
@@ -281,7 +281,7 @@ def _numbers(stats: dict[str, Any]) -> Iterator[tuple[str, float]]:
 class MetricsMiddleware:
     """Counts and times every HTTP request by route template, method and status.
 
-    The hot routes do not pass through it: `fastpath.FastPath` answers them before the
+    The hot routes do not pass through it: `hot_routes.HotRoutes` answers them before the
     middleware stack and counts them itself (`Metrics.observe_request`)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:

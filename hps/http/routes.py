@@ -1,7 +1,8 @@
 """The routes: model listing, reload, health, metrics, and the lookup route's declaration.
 
-The lookup route itself lives in `lookup.py` (its hot path answers before FastAPI's
-router); it is declared here so that OpenAPI describes it, with both body forms.
+The lookup route's handler lives in `lookup.py` (a hot route: `hot_routes.HotRoutes`
+answers it ahead of FastAPI's router); it is declared here so that OpenAPI describes it,
+with both body forms, and metrics label it.
 Model listing and reload call the tiers and load files, so they run in the threadpool.
 """
 
@@ -18,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from hps.config import ModelConfig
 from hps.errors import ConfigError
-from hps.http.fastpath import respond
+from hps.http.hot_routes import HotRoutes
 from hps.http.lookup import LOOKUP_PATH, handle_lookup
 from hps.http.roots import check_sources
 from hps.http.schemas import (
@@ -83,8 +84,8 @@ def admin_guard(state: ServiceState) -> list[Any]:
 
 
 def build_router(state: ServiceState) -> APIRouter:
-    """All routes of one app, bound to its state (the v2 protocol's: `kserve.py`; adding
-    and removing models: `admin.py`)."""
+    """All routes of one app, bound to its state (the v2 protocol's: `kserve/routes.py`;
+    adding and removing models: `admin.py`)."""
     protected = token_guard(state)
     router = APIRouter()
     server = state.server
@@ -160,7 +161,8 @@ def build_router(state: ServiceState) -> APIRouter:
         little-endian float32 rows (`X-HPS-Keys` × `X-HPS-Width` floats). JSON: send
         `{"keys": [...]}`; the answer is `{"vectors": [[...]], ...}`.
         """
-        return await respond(handle_lookup, state, request, {"model": model, "table": table})
+        return await HotRoutes.respond(handle_lookup, state, request,
+                                       {"model": model, "table": table})
 
     @router.post("/v1/models/{model}/reload", response_model=ReloadResponse,
                  dependencies=admin_guard(state), tags=["admin"],

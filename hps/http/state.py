@@ -261,6 +261,3 @@ class ServiceState:
                 self.on_ready()
             except Exception:  # a print hook must not take the loader down
                 log.exception("on_ready hook failed")
-
-    def loading_busy(self) -> bool:
-        return self.loader is not None and self.loader.is_alive()

@@ -1,0 +1,1 @@
+"""HugeCTR's Python configuration objects (`hugectr.inference`), as front ends of PSConfig."""

@@ -1,4 +1,7 @@
-"""HugeCTR's Python configuration objects (`hugectr.inference`), as front ends of PSConfig.
+"""HugeCTR's Python configuration objects (`hugectr.inference`), as front ends of PSConfig:
+here `InferenceParams` (one model) and `ParameterServerConfig` (the whole config), and
+`as_ps_config` / `dump_json` for any config source; the enums are enums.py's, the
+database blocks databases.py's, what every object shares base.py's.
 
 Code that built its HPS configuration as Python objects runs with the import changed:
 
@@ -31,322 +34,20 @@ gives the same PSConfig.
 
 from __future__ import annotations
 
-import logging
 import os
-import re
-import tempfile
-import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from enum import Enum, EnumMeta
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from pydantic import BaseModel
-
-from hps.config import UNBOUNDED, PSConfig, config_to_json, load_config, parse_config
+from hps.config import PSConfig, config_to_json, load_config, parse_config
 from hps.errors import ConfigError
-
-log = logging.getLogger("hps")
-
-#: HugeCTR's "no limit" for overflow_margin (size_t max); ps.json's is UNBOUNDED
-SIZE_MAX = 2**64 - 1
-
-
-#: words HugeCTR's CamelCase member names spell in capitals
-_ACRONYMS = {"db": "DB", "uvm": "UVM"}
-
-
-def _other_spelling(name: str) -> str:
-    """The other spelling of a member name: CamelCase for snake_case (rocks_db → RocksDB),
-    snake_case for CamelCase (UVM → uvm)."""
-    if name.islower():
-        return "".join(_ACRONYMS.get(word, word.capitalize()) for word in name.split("_"))
-    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
-
-
-class _TwoSpellings(EnumMeta):
-    """HugeCTR's pybind enums answer to two spellings of each member: snake_case
-    (`DatabaseType_t.redis_cluster`) and CamelCase (`DatabaseType_t.RedisCluster`). A
-    member is declared once, in the spelling HugeCTR lists first (its `name`; its value is
-    ps.json's string); the other spelling is resolved here, as an attribute, by
-    `Enum[name]` and in `dir()`."""
-
-    def _aliases(cls) -> dict[str, Any]:
-        return {_other_spelling(name): member
-                for name, member in cls.__dict__.get("_member_map_", {}).items()}
-
-    def __getattr__(cls, name: str) -> Any:
-        member = None if name.startswith("_") else cls._aliases().get(name)
-        if member is None:
-            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
-        return member
-
-    def __getitem__(cls, name: str) -> Any:
-        member = cls.__members__.get(name) or cls._aliases().get(name)
-        if member is None:
-            raise KeyError(name)
-        return member
-
-    def __dir__(cls) -> list[str]:
-        return [*super().__dir__(), *cls._aliases()]
-
-
-class DatabaseType_t(str, Enum, metaclass=_TwoSpellings):  # noqa: N801 - HugeCTR's name
-    """Database backends; the values are ps.json's `type` strings."""
-
-    disabled = "disabled"
-    hash_map = "hash_map"
-    parallel_hash_map = "parallel_hash_map"
-    multi_process_hash_map = "multi_process_hash_map"
-    redis_cluster = "redis_cluster"
-    rocks_db = "rocks_db"
-
-
-class DatabaseOverflowPolicy_t(str, Enum, metaclass=_TwoSpellings):  # noqa: N801
-    """What a full volatile-database partition evicts."""
-
-    evict_random = "evict_random"
-    evict_least_used = "evict_least_used"
-    evict_oldest = "evict_oldest"
-
-
-class UpdateSourceType_t(str, Enum, metaclass=_TwoSpellings):  # noqa: N801
-    """Where online updates come from."""
-
-    null = "null"
-    kafka_message_queue = "kafka_message_queue"
-    redis_stream = "redis_stream"  # hps: Redis Streams (not in HugeCTR)
-
-
-class EmbeddingCacheType_t(str, Enum, metaclass=_TwoSpellings):  # noqa: N801
-    """The GPU cache's kind (`stochastic` is HugeCTR's and is refused by the config)."""
-
-    Dynamic = "dynamic"
-    UVM = "uvm"
-    Static = "static"
-    Stochastic = "stochastic"
-
-
-E = TypeVar("E", bound=Enum)
-
-
-def _enum(cls: type[E], value: Any, where: str) -> E:
-    """`value` as a member of `cls`: a member, its ps.json string, or either spelling of
-    its name."""
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, str):
-        try:
-            return cls[value]
-        except KeyError:
-            pass
-        try:
-            return cls(value)
-        except ValueError:
-            pass
-    names = ", ".join(sorted({m.name for m in cls}))
-    raise ConfigError(f"{where}: expected a {cls.__name__} ({names}), got {value!r}")
-
-
-def _plain(value: Any) -> Any:
-    """A value as ps.json holds it (enum members become their strings)."""
-    return value.value if isinstance(value, Enum) else value
-
-
-class _Params:
-    """What every HugeCTR config object shares: defaults, ignored options, JSON mapping."""
-
-    #: attribute → ps.json key, for the attributes that have one
-    _JSON: ClassVar[dict[str, str]] = {}
-    #: attributes `hps` accepts and does nothing with
-    _IGNORED: ClassVar[tuple[str, ...]] = ()
-
-    hps_options: dict[str, Any]
-
-    @classmethod
-    def _default(cls, name: str) -> Any:
-        for f in fields(cls):  # type: ignore[arg-type]
-            if f.name == name:
-                return f.default_factory() if callable(f.default_factory) else f.default
-        raise AttributeError(name)
-
-    def _given_ignored(self) -> dict[str, Any]:
-        """Ignored options set to something other than HugeCTR's default."""
-        return {f"{type(self).__name__}.{name}": getattr(self, name) for name in self._IGNORED
-                if getattr(self, name) != self._default(name)}
-
-    def _section_json(self, where: str) -> dict[str, Any]:
-        raw = {key: _plain(getattr(self, attr)) for attr, key in self._JSON.items()}
-        _merge_options(raw, self.hps_options, where, self._JSON)
-        return raw
-
-    @classmethod
-    def _kwargs_from(cls, section: BaseModel) -> dict[str, Any]:
-        raw = section.model_dump(mode="json")
-        kwargs = {attr: raw[key] for attr, key in cls._JSON.items()}
-        kwargs["hps_options"] = _extras(section, cls._JSON.values())
-        return kwargs
-
-
-B = TypeVar("B", bound="_Block")
-#: attribute → its enum (a class attribute named `type` hides the builtin in class bodies)
-_EnumArgs = dict[str, type[Enum]]
-
-
-class _Block(_Params):
-    """An object that is one block of ps.json (`volatile_db`, `persistent_db`,
-    `update_source`): its enum arguments taken as members, written and read as that block."""
-
-    #: attribute → its enum (given as a member, its ps.json string or either name)
-    _ENUMS: ClassVar[_EnumArgs] = {}
-
-    def __post_init__(self) -> None:
-        for attr, enum in self._ENUMS.items():
-            where = f"{type(self).__name__}.{attr}"
-            setattr(self, attr, _enum(enum, getattr(self, attr), where))
-
-    def to_json(self) -> dict[str, Any]:
-        """This object's block of ps.json."""
-        return self._section_json(type(self).__name__)
-
-    @classmethod
-    def from_section(cls: type[B], section: BaseModel) -> B:
-        """The object that stands for a typed config block (hps.config)."""
-        return cls(**cls._kwargs_from(section))
-
-
-def _merge_options(raw: dict[str, Any], options: Mapping[str, Any], where: str,
-                   mapping: Mapping[str, str]) -> None:
-    """Add `hps_options` to ps.json contents; a key HugeCTR has an argument for is refused."""
-    if not isinstance(options, Mapping):
-        raise ConfigError(f"{where}.hps_options must be a dict of ps.json keys")
-    by_key = {key: attr for attr, key in mapping.items()}
-    for key in options:
-        if key in raw:
-            raise ConfigError(
-                f"{where}.hps_options[{key!r}] contradicts the argument "
-                f"{by_key.get(key, key)!r}: set it there instead"
-            )
-    raw.update(options)
-
-
-def _extras(section: BaseModel, mapped: Iterable[str]) -> dict[str, Any]:
-    """Fields of a typed config section outside the mapping that differ from the default."""
-    skip = set(mapped)
-    dumped = section.model_dump(mode="json")
-    return {name: dumped[name] for name, info in type(section).model_fields.items()
-            if name not in skip
-            and getattr(section, name) != info.get_default(call_default_factory=True)}
-
-
-def _default_partitions() -> int:
-    return min(16, os.cpu_count() or 1)
-
-
-@dataclass
-class VolatileDatabaseParams(_Block):
-    """`volatile_db`: the in-process hash map or Redis (Cluster)."""
-
-    type: DatabaseType_t = DatabaseType_t.parallel_hash_map
-    address: str = "127.0.0.1:7000"
-    user_name: str = "default"
-    password: str = ""
-    num_partitions: int = field(default_factory=_default_partitions)
-    allocation_rate: int = 256 << 20
-    shared_memory_size: int = 16 << 30
-    shared_memory_name: str = "hctr_mp_hash_map_database"
-    shared_memory_auto_remove: bool = True
-    num_node_connections: int = 5
-    max_batch_size: int = 65536
-    enable_tls: bool = False
-    tls_ca_certificate: str = "cacertbundle.crt"
-    tls_client_certificate: str = "client_cert.pem"
-    tls_client_key: str = "client_key.pem"
-    tls_server_name_identification: str = "redis.localhost"
-    overflow_margin: int = SIZE_MAX
-    overflow_policy: DatabaseOverflowPolicy_t = DatabaseOverflowPolicy_t.evict_random
-    overflow_resolution_target: float = 0.8
-    initialize_after_startup: bool = True
-    initial_cache_rate: float = 1.0
-    cache_missed_embeddings: bool = False
-    update_filters: list[str] = field(default_factory=lambda: ["^hps_.+$"])
-    hps_options: dict[str, Any] = field(default_factory=dict, kw_only=True)
-
-    _JSON: ClassVar[dict[str, str]] = {name: name for name in (
-        "type", "address", "user_name", "password", "num_partitions", "num_node_connections",
-        "max_batch_size", "enable_tls", "tls_ca_certificate", "tls_client_certificate",
-        "tls_client_key", "tls_server_name_identification", "overflow_margin",
-        "overflow_policy", "overflow_resolution_target", "initial_cache_rate",
-        "cache_missed_embeddings", "update_filters")}
-    _IGNORED: ClassVar[tuple[str, ...]] = (
-        "allocation_rate", "shared_memory_size", "shared_memory_name",
-        "shared_memory_auto_remove", "initialize_after_startup")
-
-    _ENUMS: ClassVar[_EnumArgs] = {
-        "type": DatabaseType_t, "overflow_policy": DatabaseOverflowPolicy_t}
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.type is DatabaseType_t.multi_process_hash_map:
-            raise ConfigError(
-                "VolatileDatabaseParams.type: the multi-process (shared memory) hash map is "
-                "not served by hps; use parallel_hash_map (in-process) or redis_cluster"
-            )
-
-    def to_json(self) -> dict[str, Any]:
-        """The `volatile_db` block of ps.json."""
-        raw = super().to_json()
-        if isinstance(self.overflow_margin, int) and self.overflow_margin >= UNBOUNDED:
-            raw["overflow_margin"] = UNBOUNDED
-        return raw
-
-    @classmethod
-    def from_section(cls, section: BaseModel) -> VolatileDatabaseParams:
-        params = super().from_section(section)
-        if params.overflow_margin >= UNBOUNDED:
-            params.overflow_margin = SIZE_MAX
-        return params
-
-
-@dataclass
-class PersistentDatabaseParams(_Block):
-    """`persistent_db`: RocksDB (HugeCTR calls its type argument `backend`)."""
-
-    backend: DatabaseType_t = DatabaseType_t.disabled
-    path: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(), "rocksdb"))
-    num_threads: int = 16
-    read_only: bool = False
-    max_batch_size: int = 65536
-    initialize_after_startup: bool = True
-    update_filters: list[str] = field(default_factory=lambda: ["^hps_.+$"])
-    hps_options: dict[str, Any] = field(default_factory=dict, kw_only=True)
-
-    _JSON: ClassVar[dict[str, str]] = {
-        "backend": "type", "path": "path", "num_threads": "num_threads",
-        "read_only": "read_only", "max_batch_size": "max_batch_size",
-        "update_filters": "update_filters"}
-    _IGNORED: ClassVar[tuple[str, ...]] = ("initialize_after_startup",)
-    _ENUMS: ClassVar[_EnumArgs] = {"backend": DatabaseType_t}
-
-
-@dataclass
-class UpdateSourceParams(_Block):
-    """`update_source`: where online updates come from."""
-
-    type: UpdateSourceType_t = UpdateSourceType_t.null
-    brokers: str = "127.0.0.1:9092"
-    metadata_refresh_interval_ms: int = 30_000
-    receive_buffer_size: int = 256 * 1024
-    poll_timeout_ms: int = 500
-    max_batch_size: int = 8192
-    failure_backoff_ms: int = 50
-    max_commit_interval: int = 32
-    hps_options: dict[str, Any] = field(default_factory=dict, kw_only=True)
-
-    _JSON: ClassVar[dict[str, str]] = {name: name for name in (
-        "type", "brokers", "metadata_refresh_interval_ms", "receive_buffer_size",
-        "poll_timeout_ms", "max_batch_size", "failure_backoff_ms", "max_commit_interval")}
-    _ENUMS: ClassVar[_EnumArgs] = {"type": UpdateSourceType_t}
+from hps.hugectr.base import Params, hps_options_of, json_value, merge_options, report_ignored
+from hps.hugectr.databases import (
+    PersistentDatabaseParams,
+    UpdateSourceParams,
+    VolatileDatabaseParams,
+)
+from hps.hugectr.enums import EmbeddingCacheType_t, member_of
 
 
 class _Required:
@@ -370,7 +71,7 @@ _DATABASES = ("volatile_db", "persistent_db", "update_source")
 
 
 @dataclass
-class InferenceParams(_Params):
+class InferenceParams(Params):
     """One model: HugeCTR's `InferenceParams`, in its argument order with its defaults.
 
     `model_name`, `max_batchsize`, `hit_rate_threshold`, `dense_model_file`,
@@ -451,7 +152,7 @@ class InferenceParams(_Params):
         if missing:
             raise TypeError("InferenceParams() missing required argument(s): "
                             + ", ".join(repr(n) for n in missing))
-        self.embedding_cache_type = _enum(
+        self.embedding_cache_type = member_of(
             EmbeddingCacheType_t, self.embedding_cache_type,
             f"InferenceParams({self.model_name!r}).embedding_cache_type")
 
@@ -459,7 +160,7 @@ class InferenceParams(_Params):
         return f"inference_params_array[{index}] (model {self.model_name!r})"
 
     def _check(self, index: int, maps: dict[str, Mapping[str, Any]],
-               databases: dict[str, _Params]) -> None:
+               databases: dict[str, Params]) -> None:
         """Raise ConfigError where this model's options contradict each other or the maps."""
         where = self._where(index)
         for attr, (map_name, _) in _TABLE_LISTS.items():
@@ -492,13 +193,13 @@ class InferenceParams(_Params):
                               f"deployed_devices={devices}")
 
     def _model_json(self, index: int, maps: dict[str, Mapping[str, Any]]) -> dict[str, Any]:
-        raw = {key: _plain(getattr(self, attr)) for attr, key in self._JSON.items()}
+        raw = {key: json_value(getattr(self, attr)) for attr, key in self._JSON.items()}
         for map_name, key in _TABLE_LISTS.values():
             raw[key] = list(maps[map_name][self.model_name])
         defaults, tables = raw["default_value_for_each_table"], raw["sparse_files"]
         if isinstance(defaults, list) and isinstance(tables, list) and len(defaults) == 1:
             raw["default_value_for_each_table"] = defaults * len(tables)  # HugeCTR broadcast
-        _merge_options(raw, self.hps_options, self._where(index), self._JSON)
+        merge_options(raw, self.hps_options, self._where(index), self._JSON)
         return raw
 
 
@@ -513,7 +214,7 @@ _SECTION_ATTR = {
 
 
 @dataclass
-class ParameterServerConfig(_Params):
+class ParameterServerConfig(Params):
     """HugeCTR's `ParameterServerConfig`: per-model maps of table names, widths and keys
     per sample, the models' InferenceParams, and the databases every model shares.
 
@@ -583,7 +284,7 @@ class ParameterServerConfig(_Params):
             "persistent_db": self.persistent_db.to_json(),
             "update_source": self.update_source.to_json(),
         }
-        _merge_options(raw, self.hps_options, "ParameterServerConfig", {})
+        merge_options(raw, self.hps_options, "ParameterServerConfig", {})
         return raw
 
     def _error_path(self, loc: tuple[Any, ...]) -> str:
@@ -615,7 +316,7 @@ class ParameterServerConfig(_Params):
         Raises ConfigError for contradicting options and bad values.
         """
         config = self._validated()
-        _report_ignored(self._given_ignored())
+        report_ignored(self._given_ignored())
         return config
 
     def _given_ignored(self) -> dict[str, Any]:
@@ -646,7 +347,7 @@ class ParameterServerConfig(_Params):
             params.append(InferenceParams(
                 **kwargs, i64_input_key=config.supportlonglong, volatile_db=volatile,
                 persistent_db=persistent, update_source=updates,
-                hps_options=_extras(model, mapped)))
+                hps_options=hps_options_of(model, mapped)))
         return cls(
             emb_table_name=maps["emb_table_name"],
             embedding_vec_size=maps["embedding_vec_size"],
@@ -656,24 +357,8 @@ class ParameterServerConfig(_Params):
             volatile_db=volatile,
             persistent_db=persistent,
             update_source=updates,
-            hps_options=_extras(config, ("supportlonglong", "models", *_DATABASES)),
+            hps_options=hps_options_of(config, ("supportlonglong", "models", *_DATABASES)),
         )
-
-
-# -- reporting ignored options ------------------------------------------------------------
-
-_reported: set[str] = set()
-_reported_lock = threading.Lock()
-
-
-def _report_ignored(given: dict[str, Any]) -> None:
-    """Log the ignored options not logged before in this process, in one warning."""
-    with _reported_lock:
-        fresh = {name: value for name, value in given.items() if name not in _reported}
-        _reported.update(fresh)
-    if fresh:
-        listed = ", ".join(f"{name}={value!r}" for name, value in fresh.items())
-        log.warning("hps ignores these HugeCTR options (they have no effect here): %s", listed)
 
 
 def as_ps_config(source: Any) -> PSConfig:

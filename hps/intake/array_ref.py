@@ -232,8 +232,8 @@ def _torch_setup() -> None:
 
 
 def torch_stream_reader() -> Callable[[int], int]:
-    """`f(device) -> int`: torch's current raw stream of a CUDA device (hps/intake/fast.py
-    reads it without the checks of this module)."""
+    """`f(device) -> int`: torch's current raw stream of a CUDA device (`device_pair`,
+    hps/intake/keys.py, reads it without the checks of this module)."""
     if _raw_stream is None:
         _torch_setup()
     return _raw_stream  # type: ignore[return-value]
@@ -271,10 +271,6 @@ _capsule_name.argtypes = [ctypes.py_object]
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
-def _is_capsule(obj: Any) -> bool:
-    return type(obj).__name__ == "PyCapsule"
 
 
 # DLPack dtype word (code | bits << 8 | lanes << 16) → NumPy dtype, for the compiled reader

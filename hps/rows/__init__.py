@@ -1,0 +1,1 @@
+"""Row formats: how an embedding row is stored (`embedding_storage_dtype`) in every tier."""

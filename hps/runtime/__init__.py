@@ -1,0 +1,1 @@
+"""Runtime helpers every layer may use: background threads, retries, breakers, compiled code."""

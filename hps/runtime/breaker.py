@@ -14,8 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from hps.runtime.backoff import Backoff
 from hps.errors import TierSetupError, TierUnavailableError
+from hps.runtime.backoff import Backoff
 
 
 class CircuitBreaker:

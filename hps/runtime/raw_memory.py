@@ -11,15 +11,15 @@ v2 answer's buffer.
   ctypes' `PyCapsule_GetPointer` on a capsule made for the purpose (CPython with the GIL,
   64-bit); elsewhere hps/intake/array_ref.py reads capsules through ctypes.
 - `capsule_pair(id(keys), id(out), DLTENSOR_NAME)`: both capsules of a lookup read at
-  once, for hps/intake/fast.py (one compiled call instead of two, and no Python-level
-  comparison of sixteen fields).
+  once, for `device_pair` (hps/intake/keys.py): one compiled call instead of two, and no
+  Python-level comparison of sixteen fields.
 - `wait_while(address, sentinel, spins)` spins on an int32 that a kernel will overwrite,
   with the GIL released, and returns what it read (the sentinel when `spins` ran out).
   The query kernel's last block writes the miss count there after a system-scope fence,
   so the host learns it as soon as the write lands, before the kernel retires and its
   event completes (2-3 µs sooner on an H100); callers fall back to an event wait.
 
-- `address_of(buffer)`: where a byte array starts, for hps/http/kserve.py's answers
+- `address_of(buffer)`: where a byte array starts, for hps/http/kserve/encode.py's answers
   (whose values start on a cache line).
 
 The loads are LLVM loads at an integer address: the caller guarantees the address is
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from hps.runtime.compiled import array, kernel, numba, types
 from hps.rows.gpu_layout import OUTPUT_CODES
+from hps.runtime.compiled import array, kernel, numba, types
 
 
 def _load_intrinsic(bits: int, atomic: bool) -> Any:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig
+from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import Tier
 from hps.errors import ConfigError, ModelFileError, TierError
 from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES, ModelReader, ReadOptions, open_model
@@ -226,8 +227,8 @@ def check_encodable(reader: ModelReader, first_row: int, vectors: np.ndarray,
 def load_table(
     name: str,
     reader: ModelReader,
-    volatile: Tier | None,
-    persistent: Tier | None,
+    volatile: BulkLoadTier | None,
+    persistent: BulkLoadTier | None,
     initial_cache_rate: float,
     progress: LoadProgress,
     *,

@@ -4,7 +4,7 @@ Lookup path (docs/architecture.md): keys → GPU cache (when there is one) → v
 persistent tier → the table's default value. The parts live beside this file:
 `registry.py` (versioned loads and swaps), `host_lookup.py` (the tiers, top down),
 `gpu_caches.py` (GPU caches), `updates.py` (online updates from Kafka or Redis
-Streams); the tiers themselves come from `db.open_tiers`.
+Streams); the tiers themselves come from `open_tiers` (hps/tiers/open.py).
 """
 
 from __future__ import annotations
@@ -15,20 +15,27 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig, load_config
-from hps.tiers import Tiers, open_tiers
-from hps.tiers.contract import Tier
 from hps.errors import DeviceError, UnknownModelError
-from hps.intake.fast import device_pair
-from hps.rows.gpu_layout import OUT_FLOAT32
-from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES
-from hps.intake.keys import is_device_array, key_array, output_array, output_ref
-from hps.server.loader import LoadProgress
 from hps.intake.array_ref import HOST, ArrayRef
+from hps.intake.keys import (
+    device_pair,
+    is_device_array,
+    key_array,
+    output_array,
+    output_ref,
+    plain_host_keys,
+    plain_host_output,
+)
+from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES
+from hps.rows.gpu_layout import OUT_FLOAT32
 from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import HostLookup
+from hps.server.loader import LoadProgress
 from hps.server.models import LoadedModel
 from hps.server.registry import ModelRegistry
 from hps.server.updates import ServerUpdates
+from hps.tiers import Tiers, open_tiers
+from hps.tiers.contract import Tier
 
 
 class HierarchicalParameterServer:
@@ -121,8 +128,9 @@ class HierarchicalParameterServer:
         return loaded
 
     def _set_models(self, models: list[ModelConfig]) -> None:
-        # past validation on purpose: a server may serve no model once the last is removed
-        self.config.__dict__["models"] = models
+        # a copy, not validated on purpose: a server may serve no model once the last is
+        # removed (ps.json must name one); readers see the old config or the new one whole
+        self.config = self.config.model_copy(update={"models": models})
 
     def reload_model(self, name: str, sparse_files: Sequence[str] | None = None,
                      progress: LoadProgress | None = None) -> LoadedModel:
@@ -156,7 +164,7 @@ class HierarchicalParameterServer:
         loaded = self._registry.acquire(model)
         try:
             t = loaded.table(table)
-            if not t.gpu and device_id is None and _plain_keys(keys) and (
+            if not t.gpu and device_id is None and plain_host_keys(keys) and (
                     0 < keys.size <= t.max_keys):
                 out = np.empty((keys.size, t.dim), np.float32)
                 self._host.fetch_into(t, keys, out)
@@ -168,7 +176,7 @@ class HierarchicalParameterServer:
             device = _serving_device(loaded, kref, None, device_id)
             gpu = t.gpu.get(device) if t.gpu else None
             if gpu is not None:
-                gpu.serve(kref, output_ref(out, kref.size, t.dim))
+                gpu.lookup(kref, output_ref(out, kref.size, t.dim))
                 return out
             host_keys = key_array(kref)
             if is_device_array(host_keys):
@@ -194,8 +202,8 @@ class HierarchicalParameterServer:
         try:
             t = loaded.table(table)
             if not t.gpu:
-                if (device_id is None and _plain_keys(keys) and 0 < keys.size <= t.max_keys
-                        and _plain_output(out, keys.size, t.dim)):
+                if (device_id is None and plain_host_keys(keys) and 0 < keys.size <= t.max_keys
+                        and plain_host_output(out, keys.size, t.dim)):
                     self._host.fetch_into(t, keys, out)
                     return int(keys.size)
             else:
@@ -210,7 +218,7 @@ class HierarchicalParameterServer:
                             and 0 < n <= t.max_keys and out_size >= n * t.dim
                             and (out_type == OUT_FLOAT32
                                  or out_type == t.narrow_output_type)):
-                        gpu.serve_contiguous(keys_ptr, n, out_ptr, stream, out_type)
+                        gpu.lookup_contiguous(keys_ptr, n, out_ptr, stream, out_type)
                         return n
             kref = t.checked_ref(keys)
             n = kref.size
@@ -223,7 +231,7 @@ class HierarchicalParameterServer:
                 return 0
             gpu = t.gpu.get(device) if t.gpu else None
             if gpu is not None:
-                gpu.serve(kref, oref)
+                gpu.lookup(kref, oref)
                 return n
             host_keys = key_array(kref)
             if is_device_array(host_keys):
@@ -319,29 +327,6 @@ class HierarchicalParameterServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_INT64 = np.dtype(np.int64)
-_FLOAT32 = np.dtype(np.float32)
-
-
-def _plain_keys(keys: Any) -> bool:
-    """Whether `keys` is the common host form: a 1-D C-contiguous NumPy int64 array.
-
-    A table without a GPU cache serves such keys without the general path's reading of
-    producers and devices (hps/intake/array_ref.py): on the HTTP routes those layers were about
-    a tenth of a 1,024-key lookup's time. Every other form takes the general path, which
-    checks it and raises as documented; so do empty and oversize batches."""
-    return (type(keys) is np.ndarray and keys.dtype is _INT64 and keys.ndim == 1
-            and keys.flags.c_contiguous)
-
-
-def _plain_output(out: Any, n: int, dim: int) -> bool:
-    """Whether `out` is a writable C-contiguous NumPy float32 [n, dim] array."""
-    if type(out) is not np.ndarray or out.dtype is not _FLOAT32 or out.shape != (n, dim):
-        return False
-    flags = out.flags
-    return flags.c_contiguous and flags.writeable
 
 
 def _serving_device(loaded: LoadedModel, keys: ArrayRef, out: ArrayRef | None,

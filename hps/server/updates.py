@@ -21,7 +21,7 @@ from hps.server.models import LoadedModel, LoadedTable
 from hps.server.registry import ModelRegistry, ReloadObserver
 from hps.updates.applier import UpdateApplier, UpdateTarget
 from hps.updates.consumer import UpdateConsumer
-from hps.updates.contract import open_source
+from hps.updates.open import open_source
 from hps.updates.stats import UpdateStats
 
 

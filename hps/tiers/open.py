@@ -2,7 +2,9 @@
 
 This is the one place that knows which class serves which `volatile_db.type` and
 `persistent_db.type`; everything above it (the loader, the server, metrics) sees only the
-`Tier` contract of `db/base.py` through a `Tiers` object.
+tier contracts through a `Tiers` object: `Tier` (hps/tiers/contract.py) for lookups and
+updates, `BulkLoadTier` (hps/tiers/bulk_load.py), which every tier opened here keeps, for
+model loads.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hps.config import PersistentDBConfig, PSConfig, VolatileDBConfig
-from hps.tiers.contract import Tier
 from hps.errors import TierUnavailableError
 from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES
+from hps.tiers.bulk_load import BulkLoadTier
 
 
 @dataclass(frozen=True)
@@ -25,10 +27,10 @@ class Tiers:
     through them.
     """
 
-    volatile: Tier | None = None
-    persistent: Tier | None = None
+    volatile: BulkLoadTier | None = None
+    persistent: BulkLoadTier | None = None
 
-    def __iter__(self) -> Iterator[Tier]:
+    def __iter__(self) -> Iterator[BulkLoadTier]:
         return iter([t for t in (self.volatile, self.persistent) if t is not None])
 
     def sizes(self, table: str) -> dict[str, int | None]:
@@ -70,7 +72,7 @@ def open_tiers(config: PSConfig, *, load_chunk_bytes: int = DEFAULT_CHUNK_BYTES)
     return Tiers(volatile, persistent)
 
 
-def _open_volatile(db: VolatileDBConfig) -> Tier | None:
+def _open_volatile(db: VolatileDBConfig) -> BulkLoadTier | None:
     if not db.enabled:
         return None
     if db.is_redis:
@@ -82,10 +84,10 @@ def _open_volatile(db: VolatileDBConfig) -> Tier | None:
     return HashMapTier(db)
 
 
-def _open_persistent(db: PersistentDBConfig, load_chunk_bytes: int) -> Tier | None:
+def _open_persistent(db: PersistentDBConfig, load_chunk_bytes: int) -> BulkLoadTier | None:
     if not db.enabled:
         return None
-    from hps.tiers.rocksdb.tier import RocksDBTier
+    from hps.tiers.rocksdb import RocksDBTier
 
     # a bulk-load run of four chunks keeps a load's memory at a few chunks
     return RocksDBTier(db, load_run_bytes=4 * load_chunk_bytes)

@@ -1,0 +1,1 @@
+"""Tools off the serving path: the `hps` command (cli/), benchmarks (bench/), the demo."""

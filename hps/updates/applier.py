@@ -10,7 +10,7 @@ A batch (the messages of one poll) is applied in two steps:
    never change a row. Nothing is written.
 2. `write`: per table, the rows of all its messages (the last row of a key wins, as the
    log's order says) go to the persistent tier (a large batch through its bulk path,
-   `Tier.load`), then the volatile tier, then every GPU cache of the table (rows it holds
+   `BulkLoadTier.load`), then the volatile tier, then every GPU cache of the table (rows it holds
    are overwritten in place; missing keys inserted where `gpu_cache_insert` asks), in
    that order. A tier's `update_filters` (HugeCTR's
    regular expressions over `hps_et.<model>.<table>`) decide whether it takes updates.
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hps.tiers import Tiers
-from hps.tiers.contract import Tier
 from hps.errors import BadUpdateError, LookupInputError, UnknownTableError
 from hps.rows.storage_types import FLOAT32, StorageType, first_unencodable_row
+from hps.tiers import Tiers
+from hps.tiers.bulk_load import BulkLoadTier
 from hps.updates import codec
 from hps.updates.buffers import RowBuffer, RowBuffers
 from hps.updates.contract import UpdateMessage
@@ -52,7 +52,7 @@ CacheWrite = Callable[[np.ndarray, np.ndarray], None]
 #: lookups on other threads get their turn between chunks (16 Ki rows of width 64: 4 MiB)
 WRITE_CHUNK_BYTES = 4 << 20
 #: a table's batch of at least this many rows goes to the persistent tier through its bulk
-#: path (`Tier.load`: RocksDB ingests a sorted SST file, ~3x a WriteBatch here, durable on
+#: path (`BulkLoadTier.load`: RocksDB ingests a sorted SST file, ~3x a WriteBatch here, durable on
 #: return, newer than what it holds); smaller ones through `insert`
 BULK_ROWS = 1 << 16
 
@@ -289,7 +289,7 @@ class UpdateApplier:
         for tier in self.tiers:
             tier.trim()
 
-    def _tier(self, role: str, topic: str) -> Tier | None:
+    def _tier(self, role: str, topic: str) -> BulkLoadTier | None:
         """The tier of `role` when it takes updates of `topic` (enabled, writable, and one
         of its update_filters matches)."""
         tier = self.tiers.persistent if role == "persistent" else self.tiers.volatile

@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-from hps.runtime.backoff import Backoff
 from hps.config import UpdateSourceConfig
 from hps.errors import TierUnavailableError, UpdateSourceUnavailableError
+from hps.runtime.backoff import Backoff
 from hps.updates.applier import Prepared, UpdateApplier
 from hps.updates.contract import UpdateMessage, UpdateSource
 from hps.updates.stats import UpdateStats

@@ -1,26 +1,22 @@
 """The contract of an update source (where the consumer reads messages) and of an update
-publisher (where `hps publish` writes them), and `open_source` / `open_publisher`, the one
-place that maps `update_source.type` to a class.
+publisher (where `hps publish` writes them); open.py opens the one a config names.
 
 A source delivers messages of topics `hps_et.<model>.<table>` (a Kafka topic, a Redis
 stream) in order per topic, and forgets them only when they are committed: a consumer
 that stops before `commit` gets them again (at-least-once). A group seen for the first
 time starts at the earliest message the source still holds.
 
-Like the tiers (db/base.py), a source declares what it can do instead of callers probing
-for methods: `reports_backlog` says whether `backlog()` answers.
+Like the tiers (hps/tiers/contract.py), a source declares what it can do instead of
+callers probing for methods: `reports_backlog` says whether `backlog()` answers.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hps.config import UpdateSourceConfig
 from hps.tiers.contract import TABLE_PREFIX
 
 
@@ -111,43 +107,3 @@ class UpdatePublisher(ABC):
 def topic_pattern(model: str) -> str:
     """The regular expression of every topic of `model` (`^hps_et\\.<model>\\.`)."""
     return f"^{re.escape(TABLE_PREFIX)}\\.{re.escape(model)}\\..+$"
-
-
-def default_group() -> str:
-    """The consumer group of a replica that names none: `hps-<host name>`."""
-    return f"hps-{socket.gethostname() or os.getpid()}"
-
-
-def open_source(config: UpdateSourceConfig) -> UpdateSource:
-    """The source `config.type` names, not yet following any model.
-
-    Raises ConfigError for type "null" and MissingExtraError when the client library of
-    the type is not installed.
-    """
-    group = config.group or default_group()
-    if config.type == "kafka_message_queue":
-        from hps.updates.kafka import KafkaSource
-
-        return KafkaSource(config, group)
-    if config.type == "redis_stream":
-        from hps.updates.redis_stream import RedisStreamSource
-
-        return RedisStreamSource(config, group)
-    from hps.errors import ConfigError
-
-    raise ConfigError("update_source.type is 'null': there is no update source to read")
-
-
-def open_publisher(config: UpdateSourceConfig) -> UpdatePublisher:
-    """The publisher for `config.type` (see open_source for what is raised)."""
-    if config.type == "kafka_message_queue":
-        from hps.updates.kafka import KafkaPublisher
-
-        return KafkaPublisher(config)
-    if config.type == "redis_stream":
-        from hps.updates.redis_stream import RedisStreamPublisher
-
-        return RedisStreamPublisher(config)
-    from hps.errors import ConfigError
-
-    raise ConfigError("update_source.type is 'null': there is nowhere to publish updates")

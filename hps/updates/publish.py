@@ -23,15 +23,16 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig, load_config
-from hps.tiers.contract import table_name
 from hps.errors import BadUpdateError, UnknownModelError, UnknownTableError
 from hps.modelfiles.formats import ReadOptions, open_model
 from hps.modelfiles.formats.spec import TableSpec
 from hps.modelfiles.source import SourceOptions
-from hps.server.loader import LoadProgress
 from hps.rows.storage_types import FLOAT32, StorageType, first_unencodable_row
+from hps.server.loader import LoadProgress
+from hps.tiers.contract import table_name
 from hps.updates import codec
-from hps.updates.contract import UpdatePublisher, open_publisher
+from hps.updates.contract import UpdatePublisher
+from hps.updates.open import open_publisher
 
 #: messages handed to the publisher at once (one Redis pipeline, one produce burst)
 _MESSAGES_PER_CALL = 16

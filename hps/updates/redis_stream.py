@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from hps.config import UpdateSourceConfig
-from hps.tiers.contract import TABLE_PREFIX, table_name
 from hps.errors import ConfigError, MissingExtraError, UpdateSourceUnavailableError
+from hps.tiers.contract import TABLE_PREFIX, table_name
 from hps.updates.contract import UpdateMessage, UpdatePublisher, UpdateSource
 
 try:

@@ -10,8 +10,8 @@ import pytest
 
 from hps.errors import DeviceError, KeyTypeError, LookupInputError, OutputBufferError
 from hps.gpu.dynamic_cache import EMPTY_KEY, SET_SIZE, EmbeddingCache
-from tests.support.gpu_reference import ReferenceCache
 from hps.rows.storage_types import decode, encode
+from tests.support.gpu_reference import ReferenceCache
 
 pytestmark = pytest.mark.gpu
 

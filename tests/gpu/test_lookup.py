@@ -13,10 +13,11 @@ import pytest
 
 from hps.config import ModelConfig
 from hps.errors import DeviceError, KeyTypeError, OutputBufferError
-from hps.gpu.dynamic_cache import EmbeddingCache, cache_slots
+from hps.gpu.dynamic_cache import EmbeddingCache
+from hps.gpu.open import cache_slots
+from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.table import GpuEmbeddingTable, cuda_available
 from tests.support.gpu_reference import ReferenceCache
-from hps.gpu.static_table import StaticEmbeddingTable
 
 pytestmark = pytest.mark.gpu
 
@@ -299,7 +300,7 @@ def _producers(cp: Any, torch: Any, keys: np.ndarray, n: int, dim: int
 def test_every_dlpack_producer_through_keys_intake(cp: Any, rng: np.random.Generator) -> None:
     import torch
 
-    from hps import keys as keys_mod
+    from hps.intake import keys as keys_mod
 
     dim = 16
     store = _store(rng, 3000, dim, span=2**31)  # int32-representable keys

@@ -15,9 +15,10 @@ import pytest
 from hps.config import ModelConfig
 from hps.errors import ConfigError
 from hps.gpu.dynamic_cache import EMPTY_KEY
+from hps.gpu.open import uvm_gpu_rows
 from hps.gpu.static_table import SMALL_BATCH
+from hps.gpu.uvm_table import NO_ROW, UvmEmbeddingTable, region_shift
 from tests.support.uvm_reference import UvmReference
-from hps.gpu.uvm_table import NO_ROW, UvmEmbeddingTable, region_shift, uvm_gpu_rows
 
 gpu = pytest.mark.gpu
 

@@ -18,9 +18,9 @@ import numpy as np
 import psutil
 import pytest
 
-from hps.tools.bench.redis_servers import free_port
 from tests.conftest import make_table, write_table
 from tests.http.conftest import DIMS, MODEL, TABLE_NAMES, Live, ModelFiles, start, write_model
+from tests.support.redis_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -101,13 +101,13 @@ def test_direct_and_asgi_answers_are_the_same(live: Live, rng: np.random.Generat
     reader = _Reader(sock)
     statuses: list[int] = []
     for path, payload, headers in cases:
-        direct_before = live.app.fast_path.answered_directly
+        direct_before = live.app.hot_routes.answered_directly
         sock.sendall(_request(path, payload, headers))
         direct = reader.response()
-        assert live.app.fast_path.answered_directly == direct_before + 1, path
+        assert live.app.hot_routes.answered_directly == direct_before + 1, path
         sock.sendall(_request(path, payload, headers, chunked=True))
         asgi = reader.response()
-        assert live.app.fast_path.answered_directly == direct_before + 1, path
+        assert live.app.hot_routes.answered_directly == direct_before + 1, path
         assert direct[0] == asgi[0] and direct[2] == asgi[2], (path, direct, asgi)
         statuses.append(direct[0])
         without_date = [{k: v for k, v in a[1].items() if k != "date"} for a in (direct, asgi)]
@@ -149,12 +149,12 @@ def test_a_body_in_parts_and_closing_requests(live: Live, rng: np.random.Generat
     body, expected = _keys(live, rng)
     sock = _connect(live)
     request = _request(LOOKUP, body)
-    direct_before = live.app.fast_path.answered_directly
+    direct_before = live.app.hot_routes.answered_directly
     for part in (request[:-len(body)], request[-len(body):-100], request[-100:]):
         sock.sendall(part)  # headers, then the body in two parts
         time.sleep(0.1)  # each read alone
     status, _, answer = _Reader(sock).response()
-    assert status == 200 and live.app.fast_path.answered_directly == direct_before + 1
+    assert status == 200 and live.app.hot_routes.answered_directly == direct_before + 1
     np.testing.assert_array_equal(np.frombuffer(answer, "<f4").reshape(40, -1), expected)
     sock.close()
 
@@ -177,14 +177,14 @@ def test_direct_answers_are_counted(live: Live, rng: np.random.Generator) -> Non
     body, _ = _keys(live, rng)
     before = {code: live.metric("hps_http_requests_total", route=LOOKUP_ROUTE,
                                 method="POST", code=code) for code in ("200", "404")}
-    direct_before = live.app.fast_path.answered_directly
+    direct_before = live.app.hot_routes.answered_directly
     sock = _connect(live)
     sock.sendall(_request(LOOKUP, body) * 3
                  + _request(f"/v1/models/{MODEL}/tables/nope/lookup", body))
     reader = _Reader(sock)
     assert [reader.response()[0] for _ in range(4)] == [200, 200, 200, 404]
     sock.close()
-    assert live.app.fast_path.answered_directly == direct_before + 4
+    assert live.app.hot_routes.answered_directly == direct_before + 4
     assert live.metric("hps_http_requests_total", route=LOOKUP_ROUTE, method="POST",
                        code="200") == before["200"] + 3
     assert live.metric("hps_http_requests_total", route=LOOKUP_ROUTE, method="POST",

@@ -1,4 +1,4 @@
-"""Hostile and careless clients (issue 14): every input a client controls ends in a 4xx
+"""Hostile and careless clients: every input a client controls ends in a 4xx
 with a JSON body, never a 5xx; admin routes accept only the server's own names, JSON
 bodies and sources under the allowed roots. Real uvicorn over a socket, httpx clients."""
 

@@ -16,8 +16,8 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from hps.http import kserve
-from hps.http.kserve import header_and_values
+import hps.http.kserve.plan as plans
+from hps.http.kserve.encode import header_and_values
 from tests.http.conftest import DIMS, MAX_KEYS, MODEL, Live
 
 HEADER = "Inference-Header-Content-Length"
@@ -307,7 +307,7 @@ def test_plans_and_answer_heads_follow_each_request(live: Live, rng: np.random.G
               "adds up to 65 keys but KEYS has 64")
 
     served = weakref.ref(live.server.model(MODEL))
-    assert served() in kserve._PLANS
+    assert served() in plans._PLANS
     live.server.load_model(live.server.model(MODEL).config)  # a new version replaces it
     assert live.server.wait_retired(10)
     gc.collect()

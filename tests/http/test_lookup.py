@@ -9,7 +9,6 @@ import httpx
 import numpy as np
 import pytest
 
-from hps.http import lookup as routes
 from tests.http.conftest import DIMS, MAX_KEYS, MODEL, TABLE_NAMES, Live, ModelFiles, start
 
 
@@ -103,17 +102,6 @@ def test_concurrent_clients_get_their_own_answers(live: Live) -> None:
 
     with ThreadPoolExecutor(8) as pool:
         assert all(n > 0 for n in pool.map(client_run, range(8)))
-
-
-def test_json_encoders_agree_and_write_null_for_non_finite() -> None:
-    vectors = np.array([[0.1, -2.5e-8, 3.4e38], [np.nan, np.inf, -np.inf]], dtype=np.float32)
-    payload = {"model": "m", "table": "t", "width": 3, "count": 2}
-    plain = json.loads(routes.encode_json_stdlib({**payload, "vectors": vectors}))
-    fast = json.loads(routes.encode_json({**payload, "vectors": vectors}))
-    assert plain == {**payload, "vectors": [[float(np.float32(0.1)), float(np.float32(-2.5e-8)),
-                                             float(np.float32(3.4e38))], [None, None, None]]}
-    assert np.array_equal(np.asarray(fast["vectors"][0], np.float32), vectors[0])
-    assert fast["vectors"][1] == [None, None, None]
 
 
 def test_event_loop_and_thread_pool_answer_alike(model_files: ModelFiles,

@@ -20,8 +20,8 @@ import httpx
 import numpy as np
 import pytest
 
-from hps.tools.bench.redis_servers import free_port
 from tests.http.conftest import MODEL, ModelFiles
+from tests.support.redis_servers import free_port
 
 
 class Process:
@@ -199,8 +199,8 @@ def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
             rows = np.fromfile(folder / table / "emb_vector", "<f4").reshape(-1, dim)
             assert np.fromfile(folder / table / "key", "<i8")[:3].tolist() == [17, 42, -3]
             np.testing.assert_array_equal(np.asarray(answer["vectors"], np.float32), rows[:3])
-        lookup = [sys.executable, "-m", "hps.tools.cli", "lookup", "configs/demo.json", "-m", "demo",
-                  "-t", "item_category", "--json", "--", "17", "42", "-3"]
+        lookup = [sys.executable, "-m", "hps.tools.cli", "lookup", "configs/demo.json",
+                  "-m", "demo", "-t", "item_category", "--json", "--", "17", "42", "-3"]
         locked = subprocess.run(lookup, capture_output=True, text=True, env=cli_env,
                                 cwd=clone, timeout=60)
         assert locked.returncode == 2 and "--read-only" in locked.stderr, locked.stderr

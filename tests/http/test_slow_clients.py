@@ -1,8 +1,8 @@
 """Slow and idle clients against `hps serve` (a real process): header, body and
 keep-alive deadlines close them; 2,000 slowloris connections leave a normal client
-answered and the server's file descriptors bounded (issue 14: 1,100 half-header
-connections held 1,123 descriptors 30 s later and, under a 1,024 limit, stopped the
-server answering anyone)."""
+answered and the server's file descriptors bounded (without the deadlines, 1,100
+half-header connections held 1,123 descriptors 30 s later and, under a 1,024 limit,
+stopped the server answering anyone)."""
 
 from __future__ import annotations
 

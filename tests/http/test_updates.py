@@ -16,7 +16,7 @@ import pytest
 
 from hps.config import UpdateSourceConfig
 from hps.updates import codec
-from hps.updates.contract import open_publisher
+from hps.updates.open import open_publisher
 from tests.http.conftest import DIMS, Live, start, wait_until, write_model
 from tests.support.redis_servers import RedisServer
 

@@ -1,4 +1,4 @@
-"""The model-source modules import each other without a circle (issue 15).
+"""The model-source modules import each other without a circle.
 
 Read from the source text, not from `sys.modules`: `import hps` loads the whole package,
 so only the import statements themselves show who depends on whom. Imports inside
@@ -69,6 +69,6 @@ def test_remote_sources_import_only_the_base_types() -> None:
 
 
 def test_circle_finder_sees_a_circle() -> None:
-    # the checker itself must be able to fail: the layout issue 15 removed
+    # the checker itself must be able to fail: a circle between the URI and a backend
     graph = {"hps.modelfiles.uri": {"hps.modelfiles.s3"}, "hps.modelfiles.s3": {"hps.modelfiles.uri"}}
     assert find_circle(graph) == ["hps.modelfiles.s3", "hps.modelfiles.uri", "hps.modelfiles.s3"]

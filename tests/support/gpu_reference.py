@@ -3,7 +3,8 @@
 Same sets (MurmurHash3's finalizer scaled to the set count), same associativity, same
 least-recently-used eviction, same tick bookkeeping, so after any sequence of operations
 applied to both, the model's slots hold exactly the keys, stamps and rows the GPU cache
-holds, way for way. tests/gpu compares the two on random operation sequences.
+holds, way for way. tests/gpu/test_cache.py and test_lookup.py compare the two on random
+operation sequences; tests/gpu/test_reference.py holds this model to a naive per-key one.
 
 Semantics modelled (see hps/gpu/dynamic_cache.py):
 - every non-empty `query` and `insert` call takes the next tick; a hit stamps its slot

@@ -6,7 +6,7 @@ C1..C26). Each slot owns a contiguous key range; a sample's keys are the slot va
 shifted by the slots' cumulative sizes, as the scripts compute `cat_input`. The slot sizes
 and vectors here are synthetic (and smaller), written in HugeCTR's sparse folder format.
 
-Used by tests/test_hugectr_compat.py (CPU) and tests/gpu/test_hugectr_compat.py (GPU).
+Used by tests/test_hugectr_compat.py (CPU) and tests/test_hugectr_compat_gpu.py (GPU).
 """
 
 from __future__ import annotations

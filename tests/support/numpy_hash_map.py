@@ -1,9 +1,10 @@
-"""The hash map's former pure-NumPy path, kept as a reference for tests only.
+"""A pure-NumPy hash map: the reference the compiled tier (`hps.tiers.hash_map`) is checked
+against on insert / fetch / remove sequences, for tests only.
 
-Same table layout as `hps.tiers.hash_map` before it was compiled (int32 slots over dense
-rows, home slot from the top bits of rrxmrrxmsx_0, linear probing in whole-batch rounds,
-tombstones on removal, the last row moved into a freed one). No overflow policies: the
-compiled tier is checked against it on insert / fetch / remove sequences.
+A simpler layout than the compiled table's (`hps.tiers.hash_map.table`): int32 slots over
+dense rows without tags, home slot from the top bits of rrxmrrxmsx_0, linear probing in
+whole-batch rounds, tombstones on removal, the last row moved into a freed one. No
+overflow policies. Only answers and the keys held are compared, never the slots.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A NumPy model of the uvm table's placement (hps/gpu/uvm_table.py), for the GPU tests.
+"""A NumPy model of the uvm table's placement (hps/gpu/uvm_table.py), for
+tests/gpu/test_uvm_table.py.
 
 The model works on slots, as the table does: which slot a key landed in depends on the
 order of a parallel build, so a test reads the table's slots (`UvmEmbeddingTable.state()`)

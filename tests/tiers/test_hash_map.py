@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hps.config import VolatileDBConfig
-from hps.tiers import hash_map
-from hps.tiers.hash_map import HashMapTier
-from hps.tiers.partition import partition_of
 from hps.errors import ConfigError, LookupInputError
+from hps.tiers.hash_map import HashMapTier, bulk
+from hps.tiers.hash_map import loops as kernels
+from hps.tiers.hash_map import tier as hash_map_tier
+from hps.tiers.partition import partition_of
 from tests.support.numpy_hash_map import NumpyHashMap
 from tests.support.rows import vectors_of
 
@@ -339,13 +340,13 @@ def test_an_insert_split_over_the_cores_answers_like_the_numpy_path(
     freed by removals, and the keys whose probes reach a region's end (inserted after,
     on one thread) all end as on the NumPy path, partition counts included."""
     rng = np.random.default_rng()
-    monkeypatch.setattr(hash_map, "PARALLEL_KEYS", 2048)  # many regions at a test's size
+    monkeypatch.setattr(hash_map_tier, "PARALLEL_KEYS", 2048)  # many regions at a test's size
     tier = HashMapTier(config(num_partitions=8))
     tier._workers = workers
     seams: list[int] = []
-    real = HashMapTier._insert_parallel
-    monkeypatch.setattr(HashMapTier, "_insert_parallel", lambda self, *a: (
-        lambda left: (seams.append(left[0].size), left)[1])(real(self, *a)))
+    real = bulk.split_insert
+    monkeypatch.setattr(bulk, "split_insert", lambda *a: (
+        lambda left: (seams.append(left[0].size), left)[1])(real(*a)))
     tier.create_table(T, 3)
     tier.reserve(T, 300_000)
     reference = NumpyHashMap(3)
@@ -437,8 +438,6 @@ def test_reserve_allocates_once_and_keeps_contents(tier: HashMapTier) -> None:
 def test_kernels_release_the_gil_and_never_compile_in_a_lookup() -> None:
     """Each kernel was compiled for its declared signatures at import, without the GIL;
     a call with other types raises instead of compiling on the lookup path."""
-    from hps.tiers import hash_map_loops as kernels
-
     # one signature each, but for the stored row types (float32, 16-bit, int8 rows) and
     # fetch's decodes (hps.rows.decode_loops)
     counts = {"fetch": 5, "insert": 3, "remove": 3}
@@ -458,8 +457,6 @@ def test_slot_tags_only_narrow_the_probe(tag_bits: int | None) -> None:
     probe falls back to comparing keys), of 2 bits (many false matches), and as wide as
     the slot array leaves them: inserts, overwrites, removals (which move rows and their
     slots) and fetches of held and absent keys agree with a dict."""
-    from hps.tiers import hash_map_loops as kernels
-
     capacity, width = 4099, 3
     bits = kernels.row_bits(capacity) if tag_bits is None else 31 - tag_bits
     slots = np.full(capacity, -1, np.int32)

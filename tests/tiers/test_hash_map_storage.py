@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from hps.config import VolatileDBConfig
-from hps.tiers.hash_map import PARALLEL_KEYS, RESERVE_LOAD_MIN, HashMapTier
 from hps.errors import ConfigError, LookupInputError
 from hps.rows.storage_types import decode, encode, error_bound, storage_type
+from hps.tiers.hash_map import HashMapTier
+from hps.tiers.hash_map.table import RESERVE_LOAD_MIN
+from hps.tiers.hash_map.tier import PARALLEL_KEYS
 
 T = "hps_et.m.t"
 COMPACT = ("float16", "bfloat16", "int8")

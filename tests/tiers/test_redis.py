@@ -22,10 +22,10 @@ import pytest
 import redis
 
 from hps.config import VolatileDBConfig
+from hps.errors import TierSetupError, TierUnavailableError
 from hps.tiers.partition import partition_of
 from hps.tiers.redis import RedisTier, meta_hash, value_hash
 from hps.tiers.redis.layout import pack_fields
-from hps.errors import TierSetupError, TierUnavailableError
 from tests.support.redis_servers import (
     RedisBinaryMissing,
     RedisClusterProcs,

@@ -18,8 +18,8 @@ import pytest
 import rocksdict
 
 from hps.config import PersistentDBConfig
-from hps.tiers.rocksdb.tier import META_CF, RocksDBTier, key_bytes
 from hps.errors import LookupInputError, TierError, TierSetupError
+from hps.tiers.rocksdb.tier import META_CF, RocksDBTier, key_bytes
 from tests.support.rows import vectors_of
 
 T = "hps_et.model.table0"

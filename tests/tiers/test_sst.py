@@ -1,5 +1,6 @@
-"""Table files written by hps.tiers.rocksdb.sst, against rocksdict's own SstFileWriter, and the bulk
-load paths of hps.tiers.rocksdb.bulk (sink, spill), on real files and live RocksDB stores."""
+"""Table files written by hps.tiers.rocksdb.sst, against rocksdict's own SstFileWriter, and
+the bulk load paths of hps.tiers.rocksdb.bulk (sink, spill), on real files and live RocksDB
+stores."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import numpy as np
 import pytest
 import rocksdict
 
+from hps.errors import TierError
 from hps.tiers.rocksdb import sst
 from hps.tiers.rocksdb.bulk import BucketSpill, SstSink, _FileWriter, bytewise_order, swapped_keys
-from hps.errors import TierError
 from tests.support.rows import vectors_of
 
 # -- reading a table file back (enough of the format to compare two writers) ------------

@@ -1,96 +1,29 @@
 """The contract of `hps.tiers.contract.Tier`, run against every tier on real backends.
 
-One suite, four backends: the in-process hash map, Redis standalone, a 3-master Redis
-Cluster (both real `redis-server` processes from tests/tiers/conftest.py) and RocksDB in a
-temporary folder. What a single tier does beyond the contract (layouts, overflow
-policies, faults, bulk-load files, memory bounds) is tested in its own file.
+One suite, four backends (`backend` in tests/tiers/conftest.py): the in-process hash map,
+Redis standalone, a 3-master Redis Cluster (both real `redis-server` processes) and RocksDB
+in a temporary folder. The bulk-load contract has its suite beside this one
+(tests/tiers/test_bulk_load.py); the dict model below mixes loads into its sequences. What a
+single tier does beyond the contracts (layouts, overflow policies, faults, bulk-load files,
+memory bounds) is tested in its own file.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hps.config import PersistentDBConfig, VolatileDBConfig
-from hps.tiers.contract import Tier
-from hps.tiers.hash_map import HashMapTier
-from hps.tiers.redis import RedisTier
-from hps.tiers.rocksdb.tier import RocksDBTier
 from hps.errors import LookupInputError, UnknownTableError
-from tests.support.rows import vectors_of
+from hps.tiers.bulk_load import BulkLoadTier
+from hps.tiers.contract import Tier
 from tests.support.redis_servers import eventually
-
-DIM = 4
-
-
-@dataclass
-class Backend:
-    """Opens tiers over one backing store (the same store on every call).
-
-    `durable`: a closed tier's rows are still there for the next tier opened over it.
-    `examples`: how many sequences the dict model tries (fewer where every call crosses a
-    socket or the disk).
-    """
-
-    name: str
-    make: Callable[[], Tier]
-    durable: bool
-    examples: int = 60
-    opened: list[Tier] = field(default_factory=list)
-
-    def open(self) -> Tier:
-        tier = self.make()
-        self.opened.append(tier)
-        return tier
-
-    def close(self, tier: Tier) -> None:
-        self.opened.remove(tier)
-        tier.close()
-
-
-def redis_backend(name: str, address: str) -> Backend:
-    config = VolatileDBConfig.model_validate({
-        "type": "redis_cluster", "address": address,
-        "reconnect_backoff": 0.05, "reconnect_backoff_max": 0.2,
-    })
-    return Backend(name, lambda: RedisTier(config), durable=True)
-
-
-@pytest.fixture(params=["hash_map", "redis_standalone", "redis_cluster", "rocksdb"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    kind = request.param
-    if kind == "hash_map":
-        volatile = VolatileDBConfig.model_validate({})
-        made = Backend(kind, lambda: HashMapTier(volatile), durable=False, examples=150)
-    elif kind == "rocksdb":
-        persistent = PersistentDBConfig.model_validate(
-            {"type": "rocks_db", "path": str(tmp_path / "rocks")})
-        made = Backend(kind, lambda: RocksDBTier(persistent), durable=True)
-    else:
-        made = redis_backend(kind, request.getfixturevalue(kind).address)
-    yield made
-    for tier in list(made.opened):
-        made.close(tier)
-
-
-@pytest.fixture
-def tier(backend: Backend) -> Tier:
-    return backend.open()
-
-
-@pytest.fixture
-def table(tier: Tier) -> str:
-    """A fresh table of width DIM (unique: the Redis servers live for the whole session)."""
-    name = f"hps_et.contract.t{uuid.uuid4().hex[:12]}"
-    tier.create_table(name, DIM)
-    return name
+from tests.support.rows import vectors_of
+from tests.tiers.conftest import DIM, Backend
 
 
 # -- tables -----------------------------------------------------------------------------
@@ -131,9 +64,8 @@ def test_unknown_table_is_an_error_everywhere(tier: Tier, table: str) -> None:
 
 def test_drop_table(tier: Tier, table: str) -> None:
     tier.insert(table, np.array([1]), np.ones((1, DIM)))
-    tier.set_metadata(table, {"a": 1})
     tier.drop_table(table)
-    assert table not in tier.tables() and tier.metadata(table) is None
+    assert table not in tier.tables()
     with pytest.raises(UnknownTableError):
         tier.fetch(table, np.array([1]))
     tier.create_table(table, DIM)  # comes back empty
@@ -265,34 +197,6 @@ def test_remove(tier: Tier, table: str) -> None:
     assert tier.size(table) == 998
 
 
-# -- bulk load --------------------------------------------------------------------------
-
-
-def test_load(tier: Tier, table: str) -> None:
-    keys = np.random.default_rng(4).permutation(np.arange(-3000, 3000))
-    chunks = [(c, vectors_of(c, DIM)) for c in np.array_split(keys, 5)]
-    assert tier.load(table, chunks) == 6000
-    assert tier.size(table) == 6000
-    got, found = tier.fetch(table, keys)
-    assert found.all() and np.array_equal(got, vectors_of(keys, DIM))
-
-
-def test_load_duplicates_last_wins_and_keeps_other_rows(tier: Tier, table: str) -> None:
-    tier.insert(table, np.array([100, 1]), vectors_of(np.array([100, 1]), DIM, salt=0.25))
-    chunks = [
-        (np.array([1, 2, 1, 3]), np.arange(16, dtype=np.float32).reshape(4, DIM)),
-        (np.array([3, 4]), np.full((2, DIM), 7.0, np.float32)),
-        (np.array([], dtype=np.int64), np.zeros((0, DIM), np.float32)),
-    ]
-    assert tier.load(table, chunks) == 6
-    got, found = tier.fetch(table, np.array([1, 2, 3, 4, 100]))
-    assert found.all()
-    assert got[0].tolist() == [8, 9, 10, 11]  # last of the chunk
-    assert got[2].tolist() == [7, 7, 7, 7]  # the later chunk overrides
-    assert np.array_equal(got[4], vectors_of(np.array([100]), DIM, salt=0.25)[0])
-    assert tier.size(table) == 5
-
-
 # -- health ----------------------------------------------------------------------------
 
 
@@ -334,7 +238,7 @@ ops = st.lists(
 )
 
 
-def test_answers_like_a_dict(backend: Backend, tier: Tier) -> None:
+def test_answers_like_a_dict(backend: Backend, tier: BulkLoadTier) -> None:
     """Random sequences of inserts, loads and removes answer as a dict would."""
 
     @settings(max_examples=backend.examples, deadline=None)

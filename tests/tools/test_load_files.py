@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hps.tools.bench import load_files
 from hps.modelfiles.formats.sparse_folder import SparseModelReader
+from hps.tools.bench import load_files
 
 
 def test_a_written_table_holds_distinct_keys_and_the_rows_rows_of_gives(tmp_path: Path

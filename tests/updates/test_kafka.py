@@ -43,7 +43,7 @@ def test_a_broker_down_and_up_again_is_an_outage_then_recovery(
     same port: the source is down meanwhile and lookups go on, then updates published
     after it came back arrive, and what was committed before is not applied again."""
     from hps.config import UpdateSourceConfig
-    from hps.updates.contract import open_publisher
+    from hps.updates.open import open_publisher
     from tests.updates.conftest import MockBrokers, publish, wait_rows
 
     with MockBrokers() as mock:

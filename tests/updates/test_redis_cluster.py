@@ -15,7 +15,8 @@ from redis.crc import key_slot
 
 from hps import HierarchicalParameterServer
 from hps.config import UpdateSourceConfig
-from hps.updates.contract import UpdatePublisher, open_publisher
+from hps.updates.contract import UpdatePublisher
+from hps.updates.open import open_publisher
 from tests.conftest import make_table, model_config, write_table
 from tests.support.redis_servers import RedisClusterProcs
 from tests.updates.conftest import publish, wait_status

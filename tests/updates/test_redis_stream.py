@@ -14,7 +14,8 @@ from hps import BadUpdateError, HierarchicalParameterServer
 from hps.config import UpdateSourceConfig
 from hps.server.loader import LoadProgress
 from hps.updates import codec
-from hps.updates.contract import UpdatePublisher, open_publisher
+from hps.updates.contract import UpdatePublisher
+from hps.updates.open import open_publisher
 from tests.conftest import write_table
 from tests.support.redis_servers import RedisServer, eventually
 from tests.updates.conftest import (
@@ -137,7 +138,7 @@ def test_a_bad_address_is_a_config_error(bad: str) -> None:
 def test_a_large_batch_takes_the_persistent_tiers_bulk_path(
         model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
         rng: np.random.Generator) -> None:
-    """A round of more than BULK_ROWS rows reaches RocksDB through Tier.load (an ingested
+    """A round of more than BULK_ROWS rows reaches RocksDB through BulkLoadTier.load (an ingested
     SST file): still the last row of each key, beside the rows it did not touch."""
     from hps.updates.applier import BULK_ROWS
 

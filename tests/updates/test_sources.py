@@ -13,7 +13,8 @@ import numpy as np
 from hps import HierarchicalParameterServer
 from hps.config import UpdateSourceConfig
 from hps.updates import codec
-from hps.updates.contract import UpdatePublisher, open_source
+from hps.updates.contract import UpdatePublisher
+from hps.updates.open import open_source
 from tests.support.redis_servers import eventually
 from tests.updates.conftest import (
     SOURCE_NAMES,

@@ -9,7 +9,9 @@ import pytest
 
 from hps.config import load_config
 from hps.errors import ConfigError
-from hps.hugectr.params import ParameterServerConfig, UpdateSourceParams, UpdateSourceType_t
+from hps.hugectr.databases import UpdateSourceParams
+from hps.hugectr.enums import UpdateSourceType_t
+from hps.hugectr.params import ParameterServerConfig
 
 
 def _config(update_source: dict[str, Any]) -> dict[str, Any]:

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from hps.config import VolatileDBConfig
+from hps.errors import TierError, TierSetupError, TierUnavailableError
 from hps.runtime.backoff import Backoff
 from hps.runtime.breaker import CircuitBreaker
-from hps.config import VolatileDBConfig
 from hps.tiers.redis.layout import NUM_SLOTS, TableLayout, command
-from hps.errors import TierError, TierSetupError, TierUnavailableError
 
 try:
     import redis

@@ -20,9 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from hps.runtime.background import BackgroundWorker
 from hps.config import UNBOUNDED, VolatileDBConfig
-from hps.tiers.contract import Tier, as_keys, as_rows
+from hps.errors import MissingExtraError, TierError, TierUnavailableError
+from hps.rows.stored_values import decode_rows
+from hps.runtime.background import BackgroundWorker
+from hps.runtime.throttled_log import ThrottledLog
+from hps.tiers.bulk_load import BulkLoadTier
+from hps.tiers.contract import as_keys, as_rows
 from hps.tiers.redis.connection import HAVE_REDIS, Cmd, RedisClient, Topology
 from hps.tiers.redis.layout import (
     FIELD_WIDTH,
@@ -37,16 +41,13 @@ from hps.tiers.redis.layout import (
     parse_keys,
     table_layout,
 )
-from hps.rows.stored_values import decode_rows
-from hps.errors import MissingExtraError, TierError, TierUnavailableError
-from hps.runtime.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.tiers.redis")
 
 _WINDOW_KEYS = 1 << 18  # keys per insert round trip: bounds the packed request in memory
 
 
-class RedisTier(Tier):
+class RedisTier(BulkLoadTier):
     """The volatile tier on a Redis server or a Redis Cluster (detected from the server).
 
     `config.address` is a comma list of `host:port` seeds; the first one that answers says
@@ -60,6 +61,8 @@ class RedisTier(Tier):
       `dropped`: keys whose background write was dropped ("insert", "metadata");
       `stats()` bundles them with the state for metrics.
     - `wait_idle(timeout)` waits for the background writes queued so far.
+
+    Bulk loads take the `BulkLoadTier` contract's general path: inserts, chunk by chunk.
 
     `fetch`, `insert`, `remove`, `size` and `drop_table` raise `TierUnavailableError` when
     Redis cannot answer (at once while the breaker is open), `TierError` when Redis holds
@@ -301,7 +304,7 @@ class RedisTier(Tier):
         self._client.execute(build, f"drop of {table!r}")
         super().drop_table(table)
 
-    # -- overflow -------------------------------------------------------------------------
+    # -- overflow -----------------------------------------------------------------------
 
     def _resolve_overflow(self, table: str, partitions: np.ndarray) -> None:
         """Prune every partition in `partitions` to overflow_margin × resolution target.
@@ -376,7 +379,7 @@ class RedisTier(Tier):
         log.debug("redis tier: pruned %d keys of %s in %d partitions", sum(
             k.size for k in victims.values()), table, len(victims))
 
-    # -- background writes ----------------------------------------------------------------
+    # -- background writes --------------------------------------------------------------
 
     def insert_async(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> bool:
         """Queue an insert on the background writer; returns False if it was dropped.
@@ -454,7 +457,7 @@ class RedisTier(Tier):
         """Wait until the background inserts and metadata writes queued so far are done."""
         return self._inserter.wait_idle(timeout) and self._toucher.wait_idle(timeout)
 
-    # -- state ----------------------------------------------------------------------------
+    # -- state --------------------------------------------------------------------------
 
     @property
     def available(self) -> bool:

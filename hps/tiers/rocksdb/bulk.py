@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from hps.errors import TierError
 from hps.runtime.compiled import array, inlined, kernel, types
 from hps.runtime.cores import usable_cores
 from hps.tiers.rocksdb import sst
-from hps.errors import TierError
 
 #: bytes of values per table file
 FILE_BYTES = 64 << 20

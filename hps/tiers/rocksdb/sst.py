@@ -34,7 +34,6 @@ own writer with the same options, and ingests the files into a live store.
 
 from __future__ import annotations
 
-import os
 import secrets
 import string
 import struct
@@ -333,12 +332,3 @@ def write_file(path: str, keys: np.ndarray, rows: np.ndarray,
         f.write(buf[:written].data)
         f.write(end)
     return written + len(end)
-
-
-def fsync_path(path: str) -> None:
-    """Make a written file durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -18,16 +18,17 @@ NumPy `V8` view and rows come back through one `b"".join` and `np.frombuffer`; t
 per-key work left is inside rocksdict's C extension (rocksdict has no bulk put either:
 writes call it once per key, driven by `map`, never by a Python loop).
 
-Bulk loads write table files (SST) of their own and have RocksDB ingest them into its
-bottom level (no WAL, no memtable, no compaction): one sorted run, so a read touches one
-file (`hps.tiers.rocksdb.bulk`, `hps.tiers.rocksdb.sst`). Rows in any order are spilled by key range
-and sorted a range at a time (`load`), with memory bounded by `load_run_bytes`; a load
-that is one chunk within that bound (a round of online updates) is sorted in memory; rows
-already in bytewise order (`load_ordered`, from a tier that holds the table) go straight
-to the files. Loads are durable when they return. Values are stored uncompressed (float
-rows do not compress), table files are read through mmap, and tables written through
-`insert` carry a bloom filter (bulk-loaded files have none: a lookup of an absent key
-reads one data block of the one file whose range holds it).
+Bulk loads (the `BulkLoadTier` contract) write table files (SST) of their own and have
+RocksDB ingest them into its bottom level (no WAL, no memtable, no compaction): one sorted
+run, so a read touches one file (`hps.tiers.rocksdb.bulk`, `hps.tiers.rocksdb.sst`). Rows
+in any order are spilled by key range and sorted a range at a time (`load`), with memory
+bounded by `load_run_bytes`; a load that is one chunk within that bound (a round of
+online updates) is sorted in memory; rows already in bytewise order (`load_ordered`, from
+a tier that holds the table) go straight to the files. Loads are durable when they
+return. Values are stored uncompressed (float rows do not compress), table files are read
+through mmap, and tables written through `insert` carry a bloom filter (bulk-loaded files
+have none: a lookup of an absent key reads one data block of the one file whose range
+holds it): the store's options and its opening are `hps.tiers.rocksdb.store`'s.
 
 Thread safety: RocksDB is thread-safe; the tier's own state (the column-family handles)
 changes under a lock.
@@ -40,8 +41,6 @@ import itertools
 import json
 import logging
 import math
-import os
-import shutil
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
@@ -52,8 +51,18 @@ import numpy as np
 import rocksdict
 
 from hps.config import PersistentDBConfig
+from hps.errors import (
+    ConfigError,
+    LookupInputError,
+    TierSetupError,
+    UnknownTableError,
+)
+from hps.rows.storage_types import StorageType
+from hps.rows.stored_values import decode_rows
 from hps.runtime.cores import usable_cores
-from hps.tiers.contract import Tier, as_keys, as_rows
+from hps.runtime.throttled_log import ThrottledLog
+from hps.tiers.bulk_load import BulkLoadTier
+from hps.tiers.contract import as_keys, as_rows
 from hps.tiers.rocksdb.bulk import (
     FILE_BYTES,
     BucketSpill,
@@ -63,25 +72,21 @@ from hps.tiers.rocksdb.bulk import (
     bytewise_sorted,
     last_of_each,
 )
-from hps.rows.stored_values import decode_rows
-from hps.errors import (
-    ConfigError,
-    LookupInputError,
-    TierSetupError,
-    UnknownTableError,
+from hps.tiers.rocksdb.store import (
+    DEFAULT_CF,
+    INGEST_PREFIX,
+    open_store,
+    remove_stale_loads,
+    store_options,
 )
-from hps.rows.storage_types import StorageType
-from hps.runtime.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.tiers.rocksdb.tier")
 
 META_CF = "hps_meta"
-DEFAULT_CF = "default"
 #: RocksDB block cache shared by all tables of one store
 DEFAULT_BLOCK_CACHE_BYTES = 256 << 20
 #: keys per multi_get call handed to one worker thread
 _MIN_SLICE = 2048
-_INGEST_PREFIX = "hps_ingest_"
 #: vector bytes a bulk load sorts at once (a few load chunks: memory stays bounded)
 DEFAULT_LOAD_RUN_BYTES = 256 << 20
 #: key ranges a bulk load spills to when it was not told the table's size
@@ -109,7 +114,7 @@ def row_bytes(vectors: np.ndarray) -> list[bytes]:
     return raw
 
 
-class RocksDBTier(Tier):
+class RocksDBTier(BulkLoadTier):
     """The persistent tier (`persistent_db.type` "rocks_db").
 
     `RocksDBTier(config: PersistentDBConfig, *, block_cache_bytes=256 MiB,
@@ -140,12 +145,12 @@ class RocksDBTier(Tier):
         self._lock = threading.Lock()
         self._failures: dict[str, int] = {}
         self._bad_log = ThrottledLog(log)
-        self._options = self._make_options(block_cache_bytes)
+        self._options = store_options(self.config, block_cache_bytes)
         self._read_options = rocksdict.ReadOptions()
         self._read_options.set_verify_checksums(False)
-        self._db = self._open()
+        self._db, self._families = open_store(self.path, self._options, self.read_only)
         if not self.read_only:
-            self._remove_stale_loads()
+            remove_stale_loads(self.path)
         self._cfs: dict[str, Any] = {}
         self._handles: dict[str, Any] = {}
         # exact counts, each with the write generation it was taken at
@@ -163,60 +168,7 @@ class RocksDBTier(Tier):
             if dim is not None:
                 self._dims[cf_name] = dim
 
-    # -- opening ------------------------------------------------------------------------
-
-    def _make_options(self, block_cache_bytes: int) -> Any:
-        opt = rocksdict.Options(raw_mode=True)
-        opt.create_if_missing(not self.read_only)
-        opt.create_missing_column_families(not self.read_only)
-        opt.increase_parallelism(max(2, int(self.config.num_threads)))
-        opt.set_max_subcompactions(max(1, min(int(self.config.num_threads), usable_cores())))
-        opt.set_compression_type(rocksdict.DBCompressionType.none())
-        # Reads map the table files: no pread call and no copy per block (half the time
-        # of a random read where the files sit in the page cache).
-        opt.set_allow_mmap_reads(True)
-        table = rocksdict.BlockBasedOptions()
-        table.set_bloom_filter(10, False)
-        table.set_block_cache(rocksdict.Cache(block_cache_bytes))
-        opt.set_block_based_table_factory(table)
-        return opt
-
-    def _open(self) -> Any:
-        where = f"RocksDB at {self.path!r}"
-        if self.read_only and not os.path.isdir(self.path):
-            raise TierSetupError(
-                f"{where} does not exist; persistent_db.read_only needs an existing store"
-            )
-        try:
-            families = {n: self._options for n in self._list_cfs() if n != DEFAULT_CF}
-            self._families = set(families)
-            if self.read_only:
-                return rocksdict.Rdict(
-                    self.path,
-                    self._options,
-                    column_families=families,
-                    access_type=rocksdict.AccessType.read_only(False),
-                )
-            return rocksdict.Rdict(self.path, self._options, column_families=families)
-        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
-            if "lock" in str(exc).lower():
-                raise TierSetupError(
-                    f"cannot open {where}: another process (a running `hps serve`?) has it "
-                    "open for writing. Read it meanwhile with `hps lookup --read-only`, or "
-                    "set persistent_db.read_only: true in the config") from exc
-            raise TierSetupError(f"cannot open {where}: {exc}") from exc
-
-    def _remove_stale_loads(self) -> None:
-        """Delete spill and SST files that a load cut short (a crash) left in the store."""
-        for entry in os.scandir(self.path):
-            if entry.name.startswith(_INGEST_PREFIX) and entry.is_dir():
-                shutil.rmtree(entry.path, ignore_errors=True)
-
-    def _list_cfs(self) -> list[str]:
-        if not os.path.exists(os.path.join(self.path, "CURRENT")):
-            return []
-        names: list[str] = rocksdict.Rdict.list_cf(self.path, self._options)
-        return names
+    # -- column families ----------------------------------------------------------------
 
     def stored_tables(self) -> list[str]:
         """Names of the tables the store holds (its column families, less `hps_meta`)."""
@@ -396,6 +348,8 @@ class RocksDBTier(Tier):
         with self._lock:
             self._generations[table] = self._generations.get(table, 0) + 1
 
+    # -- bulk loads ---------------------------------------------------------------------
+
     def reserve(self, table: str, num_keys: int) -> None:
         """Note that the next load of `table` brings about `num_keys` keys: it then
         spills to as many key ranges as keep each within `load_run_bytes`."""
@@ -518,7 +472,7 @@ class RocksDBTier(Tier):
         start_generation = self._generations.get(table, 0)
         was_empty = self._is_empty(cf)
         # Inside the store: same file system, so ingestion links the files, never copies.
-        with tempfile.TemporaryDirectory(dir=self.path, prefix=_INGEST_PREFIX) as work:
+        with tempfile.TemporaryDirectory(dir=self.path, prefix=INGEST_PREFIX) as work:
             sink = SstSink(work, self._workers, file_bytes or self._file_bytes(), writers)
             try:
                 for keys, rows, positions in runs(work):
@@ -565,17 +519,7 @@ class RocksDBTier(Tier):
         del it
         return empty
 
-    def stats(self) -> dict[str, Any]:
-        """The contract's health and counters, plus RocksDB's estimate of the keys its
-        tables hold (`estimated_keys`: from SST and memtable metadata, no scan)."""
-        with self._lock:
-            families = [cf for name, cf in self._cfs.items() if name in self._dims]
-        estimated = sum(int(cf.property_int_value(_ESTIMATED_KEYS) or 0) for cf in families)
-        with self._lock:
-            failures = dict(self._failures)
-        return {**super().stats(), "failures": failures, "estimated_keys": estimated}
-
-    # -- metadata -----------------------------------------------------------------------
+    # -- the load record ----------------------------------------------------------------
 
     def metadata(self, table: str) -> dict[str, Any] | None:
         """The JSON record stored for `table` by `set_metadata`, or None."""
@@ -593,6 +537,18 @@ class RocksDBTier(Tier):
         options = rocksdict.WriteOptions()
         options.sync = True
         self._meta.put(table.encode(), json.dumps(record, sort_keys=True).encode(), options)
+
+    # -- health -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The contract's health and counters, plus RocksDB's estimate of the keys its
+        tables hold (`estimated_keys`: from SST and memtable metadata, no scan)."""
+        with self._lock:
+            families = [cf for name, cf in self._cfs.items() if name in self._dims]
+        estimated = sum(int(cf.property_int_value(_ESTIMATED_KEYS) or 0) for cf in families)
+        with self._lock:
+            failures = dict(self._failures)
+        return {**super().stats(), "failures": failures, "estimated_keys": estimated}
 
     def close(self) -> None:
         """Flush and close the store; further calls are undefined."""

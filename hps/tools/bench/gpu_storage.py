@@ -36,15 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from hps.tools.bench.gpu_public import MODEL, server_over_folder
-from hps.tools.bench.tiers import current_rss_bytes
 from hps.rows.gpu_layout import STORAGE_CODES, stored_row_bytes
 from hps.rows.storage_types import STORAGE_NAMES, decode, encode, error_bound, storage_type
+from hps.tools.bench.gpu_public import MODEL, server_over_folder
+from hps.tools.bench.tiers import current_rss_bytes
 
 # (storage, output dtype) pairs timed, float32 → float32 first: the baseline of the ratios
 CASES = (("float32", "float32"), ("float16", "float32"), ("float16", "float16"),
          ("bfloat16", "float32"), ("bfloat16", "bfloat16"), ("int8", "float32"))
-# issue 12's targets: ratio to float32 storage into float32
+# the compact storage's targets: ratio to float32 storage into float32
 TARGETS = {("float16", "float32"): 1.25, ("float16", "float16"): 1.8,
            ("int8", "float32"): 1.45}
 _CHECKED = 1 << 16  # rows of the first batch checked against the reference
@@ -192,7 +192,7 @@ def bench_storage(dim: int = 128, n: int = 1 << 20, table_keys: int = 1 << 20,
 
 
 # launch shapes (lanes per key, keys in flight per lane group, cache hint bits: see
-# hps/gpu/device_table.py's default_hints) the sweep tries
+# hps/gpu/launch_shape.py's default_hints) the sweep tries
 SWEEP_SHAPES = ((8, 2, 2), (8, 2, 3), (8, 4, 3), (4, 2, 2), (4, 2, 3), (4, 4, 3))
 
 
@@ -303,7 +303,7 @@ def _sweep(servers: dict[str, Any], outs: dict[str, Any], t_keys: list[Any],
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 12's storage targets, read off the rows: (target, measured, met)."""
+    """The compact storage's targets, read off the rows: (target, measured, met)."""
     out = []
     for r in rows:
         if r["bench"] != "storage" or "(sweep)" in r["mode"]:

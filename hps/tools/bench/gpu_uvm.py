@@ -147,13 +147,16 @@ def bench_host_reads(num_keys: int = 20_000_000, dim: int = 64, device_id: int =
     keys = cp.arange(num_keys, dtype=cp.int64) * 7 + 11
 
     def rate(table: Any, batches: list[Any], out: Any, ws: Any, repeats: int) -> float:
-        table.query_misses(batches[0], out, 0.0, ws)
-        cp.cuda.get_current_stream().synchronize()
+        # the lookup path's query (query_ptr) on the current stream, in batches[0].size keys
+        n, out_ptr, stream = int(batches[0].size), int(out.data.ptr), cp.cuda.get_current_stream()
+        keys_ptrs = [int(b.data.ptr) for b in batches]
+        table.query_ptr(keys_ptrs[0], n, out_ptr, 0.0, ws, stream.ptr)
+        stream.synchronize()
         t0 = time.perf_counter()
         for i in range(repeats):
-            table.query_misses(batches[i % len(batches)], out, 0.0, ws)
-        cp.cuda.get_current_stream().synchronize()
-        return repeats * int(batches[0].size) / (time.perf_counter() - t0) / 1e9
+            table.query_ptr(keys_ptrs[i % len(batches)], n, out_ptr, 0.0, ws, stream.ptr)
+        stream.synchronize()
+        return repeats * n / (time.perf_counter() - t0) / 1e9
 
     for huge in (True, False):
         table = UvmEmbeddingTable(num_keys, dim, device_id, gpu_rows=1, huge_pages=huge,
@@ -172,9 +175,11 @@ def bench_host_reads(num_keys: int = 20_000_000, dim: int = 64, device_id: int =
                 gkeys = rate(table, big, out, ws, 12)
                 mid_gkeys = rate(table, mid, out[:1 << 16], ws, 48)
                 wall = []
+                small_ptrs = [int(b.data.ptr) for b in small]
+                out_ptr, stream_ptr = int(out.data.ptr), cp.cuda.get_current_stream().ptr
                 for i in range(600):
                     t0 = time.perf_counter()
-                    table.query_misses(small[i % 16], out[:2000], 0.0, ws)
+                    table.query_ptr(small_ptrs[i % 16], 2000, out_ptr, 0.0, ws, stream_ptr)
                     if i >= 100:
                         wall.append((time.perf_counter() - t0) * 1e6)
                 rows.append({"bench": "host reads",
@@ -299,7 +304,7 @@ COLUMNS = ("bench", "mode", "gb_s", "write_s", "load_s", "gpu_mib", "host_mib", 
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 12's uvm targets, read off the rows: (target, measured, met)."""
+    """The uvm table's targets, read off the rows: (target, measured, met)."""
     uvm = next((r for r in rows if r["bench"] == "uvm" and r["mode"] == "uvm"), None)
     ratio = next((r for r in rows if r["bench"] == "ratio"), {})
     if uvm is None:
@@ -319,7 +324,7 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    from hps.tools.bench.gpu import format_rows
+    from hps.tools.bench.gpu_rows import format_rows
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=20_000_000)

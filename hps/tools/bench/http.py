@@ -393,11 +393,11 @@ def bench_http(
     servers run on one half of the CPUs and the clients on the other, as when they are
     different machines; the split is restored at the end.
     """
+    from hps.config import VolatileDBConfig
+    from hps.modelfiles.formats.sparse_folder import write_sparse_model
+    from hps.tiers.redis import RedisTier
     from hps.tools.bench.redis_servers import RedisServer
     from hps.tools.bench.tiers import make_table
-    from hps.config import VolatileDBConfig
-    from hps.tiers.redis import RedisTier
-    from hps.modelfiles.formats.sparse_folder import write_sparse_model
 
     keys, vectors = make_table(num_keys, dim, seed=seed)
     rng = np.random.default_rng(seed + 1)

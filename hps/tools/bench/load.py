@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from hps.modelfiles.formats import FORMATS, open_writer
 from hps.tools.bench import load_files
 from hps.tools.bench.tiers import make_table, peak_rss_bytes
-from hps.modelfiles.formats import FORMATS, open_writer
 
 #: where each format's copy of the table is written, inside the work folder
 FORMAT_FILES = {
@@ -282,10 +282,13 @@ def _load_in_child(config: dict[str, Any], folder: str, num_keys: int) -> dict[s
     import subprocess
     import sys
 
+    import hps
+
     path = os.path.join(folder, "ps.json")
     with open(path, "w") as f:
         json.dump(config, f)
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # the folder holding this hps package: the child imports the same copy of it
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(hps.__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}
     done = subprocess.run([sys.executable, "-m", "hps.tools.bench.load", "measure", path,
@@ -308,8 +311,16 @@ def disk_needed(num_keys: int, dim: int) -> int:
 
 def scale_rows(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
                path: str | None = None, progress: Any = None) -> Iterator[dict[str, Any]]:
-    """The scale curve a size at a time (see `bench_load_scale`). `progress(text)`, when
-    given, hears each step as it starts (a run cut off still shows where it was)."""
+    """The scale curve, a size at a time: for each table size, `HPS(config)` loading a
+    sparse folder of that many random keys (`hps.tools.bench.load_files`: written once per
+    size, fsynced, reused by every round, removed before the next size) into the hash map
+    over RocksDB (a fresh process and store per load; median of `rounds`; every load
+    checked against the files on spread keys), its keys/s and CPU seconds, the process's
+    RSS growth over the raw key + vector bytes (after the load, and at its peak), beside
+    the keys/s of rocksdict's own SST writer on the first BASELINE_ROWS rows (presorted)
+    measured in the same run. ValueError before writing a size's files when its disk need
+    is not free. `progress(text)`, when given, hears each step as it starts (a run cut off
+    still shows where it was)."""
     say = progress or (lambda text: None)
     for num_keys in sizes:
         work = tempfile.mkdtemp(prefix="hps-bench-scale-", dir=path)
@@ -353,19 +364,6 @@ def scale_rows(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
             shutil.rmtree(work, ignore_errors=True)
 
 
-def bench_load_scale(sizes: Sequence[int], dim: int = 64, rounds: int = 3,
-                     path: str | None = None) -> list[dict[str, Any]]:
-    """For each table size: `HPS(config)` loading a sparse folder of that many random
-    keys (`hps.tools.bench.load_files`: written once per size, fsynced, reused by every round,
-    removed before the next size) into the hash map over RocksDB (a fresh process and
-    store per load; median of `rounds`; every load checked against the files on spread
-    keys), its keys/s and CPU seconds, the process's RSS growth over the raw key +
-    vector bytes (after the load, and at its peak), beside the keys/s of rocksdict's own
-    SST writer on the first BASELINE_ROWS rows (presorted) measured in the same run.
-    ValueError before writing a size's files when its disk need is not free."""
-    return list(scale_rows(sizes, dim, rounds, path))
-
-
 SCALE_HEADER = (f"{'keys':>12} {'dim':>4} {'load keys/s':>12} {'CPU s':>7} {'RSS/raw':>8} "
                 f"{'peak/raw':>8} {'SstFileWriter keys/s':>21} {'ratio':>6}")
 
@@ -378,11 +376,6 @@ def format_scale_row(r: dict[str, Any]) -> str:
             f"{r['ratio']:>5.2f}×")
 
 
-def format_scale(rows: list[dict[str, Any]]) -> str:
-    """The scale curve as a plain-text table."""
-    return "\n".join([SCALE_HEADER, *map(format_scale_row, rows)])
-
-
 if __name__ == "__main__":
     import json
     import sys
@@ -391,4 +384,4 @@ if __name__ == "__main__":
         print(json.dumps(measure_load(sys.argv[2], *map(int, sys.argv[3:]))))
     else:
         sys.exit("usage: python -m hps.tools.bench.load measure CONFIG [NUM_KEYS] (run by "
-                 "bench_load_scale)")
+                 "_load_in_child)")

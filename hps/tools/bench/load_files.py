@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from hps.modelfiles.formats.sparse_folder import KEY_FILE, VECTOR_FILE
 from hps.runtime.compiled import array, inlined, kernel, types
 from hps.runtime.cores import usable_cores
-from hps.modelfiles.formats.sparse_folder import KEY_FILE, VECTOR_FILE
 
 #: bytes of rows a thread fills and writes at once
 BLOCK_BYTES = 32 << 20

@@ -74,10 +74,10 @@ def bench_redis(
     is detected. None: start a standalone server (or a 3-master cluster if `cluster`).
     The table is dropped at the end.
     """
-    from hps.tools.bench.tiers import make_table
     from hps.config import VolatileDBConfig
     from hps.tiers.partition import partition_of
     from hps.tiers.redis import RedisTier, value_hash
+    from hps.tools.bench.tiers import make_table
 
     keys, vectors = make_table(num_keys, dim)
     rng = np.random.default_rng(1)

@@ -137,8 +137,8 @@ def slow_model_server(folder: Path, http_settings: dict[str, Any] | None = None,
                       num_keys: int = 10_000, dim: int = 16) -> Iterator[tuple[int, int]]:
     """`hps serve` over a table of `num_keys` keys (model "slow") with `http_settings`
     (the config's `http` block); yields (port, server pid) once it is ready."""
-    from hps.tools.bench.http import _free_port, _http_server
     from hps.modelfiles.formats.sparse_folder import write_sparse_model
+    from hps.tools.bench.http import _free_port, _http_server
 
     keys = np.arange(num_keys, dtype=np.int64)
     vectors = np.random.default_rng(0).standard_normal((num_keys, dim)).astype(np.float32)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from hps.rows.storage_types import STORAGE_NAMES, decode, encode, narrow
 from hps.tools.bench.load import _load_in_child, load_config
 from hps.tools.bench.tiers import (
     _interleaved_medians,
@@ -29,7 +30,6 @@ from hps.tools.bench.tiers import (
     _query_batches,
     public_model_name,
 )
-from hps.rows.storage_types import STORAGE_NAMES, decode, encode, narrow
 
 #: the extra row: a float16 table into a float16 output, beside float32 into float32
 HALF_OUT = "float16 → float16 out"

@@ -230,10 +230,10 @@ def bench_bulk_load(
 ) -> dict[str, Any]:
     """RocksDBTier.load (sorted SST files, ingested, then compacted) vs WriteBatch inserts.
 
-    The baseline is the generic `Tier.load`: one WriteBatch `insert` per chunk, WAL on,
+    The baseline is the generic `BulkLoadTier.load`: one WriteBatch `insert` per chunk, WAL on,
     as HugeCTR loaded RocksDB. Each runs on its own fresh store.
     """
-    from hps.tiers.contract import Tier
+    from hps.tiers.bulk_load import BulkLoadTier
 
     keys, vectors = make_table(num_keys, dim)
     rng = np.random.default_rng(3)
@@ -243,7 +243,7 @@ def bench_bulk_load(
     work = tempfile.mkdtemp(prefix="hps-bench-load-", dir=path)
     try:
         timings = {}
-        for name, loader in (("ours", None), ("baseline", Tier.load)):
+        for name, loader in (("ours", None), ("baseline", BulkLoadTier.load)):
             store = os.path.join(work, name)
             tier = _rocksdb_tier(store)
             tier.create_table(TABLE, dim)
@@ -263,7 +263,7 @@ def bench_bulk_load(
             "dim": dim,
             "batch": chunk_keys,
             "ours_keys_per_s": num_keys / timings["ours"],
-            "baseline": "Tier.load: a WriteBatch insert per chunk",
+            "baseline": "BulkLoadTier.load: a WriteBatch insert per chunk",
             "baseline_keys_per_s": num_keys / timings["baseline"],
             "ratio": timings["baseline"] / timings["ours"],
             "ours_seconds": timings["ours"],

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from hps.tools.bench.tiers import _interleaved_medians
 from hps.modelfiles.formats.sparse_folder import write_sparse_model
+from hps.tools.bench.tiers import _interleaved_medians
 
 MODEL = "bench"
 

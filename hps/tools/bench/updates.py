@@ -35,7 +35,8 @@ import numpy as np
 
 from hps.config import UpdateSourceConfig
 from hps.updates import codec
-from hps.updates.contract import UpdatePublisher, open_publisher
+from hps.updates.contract import UpdatePublisher
+from hps.updates.open import open_publisher
 
 MODEL = "bench"
 TOPIC = f"hps_et.{MODEL}.table0"

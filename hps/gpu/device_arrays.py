@@ -1,0 +1,93 @@
+"""Keys and rows as a GPU table takes them: on its device, int64 keys and float32 rows.
+
+The GPU tables' checked calls (query, insert, build, update, remove) accept NumPy or CuPy
+arrays; these functions bring them to the table's device in the form the kernels read:
+
+- `host_keys(keys)`: host keys of any integer width and shape as int64 [n] (checked by
+  hps/intake/keys.py);
+- `device_keys(...)`: int64 [n] keys on the device (host keys copied over);
+- `device_rows(...)`: float32 [n, dim] C-contiguous rows on the device (host rows copied
+  over), checked to fit the table's storage type (hps/rows/storage_types.py).
+
+They raise KeyTypeError (keys), LookupInputError (rows of the wrong shape, dtype or
+values) and DeviceError (arrays on another device) before anything is written. The
+lookup path (hps/gpu/table.py) reads its arrays through hps/intake/keys.py instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from hps.errors import DeviceError, LookupInputError
+from hps.intake.keys import as_key_array, key_view
+from hps.rows.storage_types import StorageType
+
+
+def _is_cupy(array: Any) -> bool:
+    return type(array).__module__.startswith("cupy")
+
+
+def host_keys(keys: np.ndarray) -> np.ndarray:
+    """Host keys of any integer width and shape, widened and flattened to int64 [n]
+    (checked by hps/intake/keys.py)."""
+    return key_view(as_key_array(keys))  # type: ignore[no-any-return]
+
+
+def device_keys(cp: Any, keys: Any, device: Any, device_id: int) -> Any:
+    """int64 1-D keys on device `device_id` (`device`: its cupy.cuda.Device), checked by
+    hps/intake/keys.py (host arrays: see host_keys, then copied over)."""
+    if isinstance(keys, np.ndarray):
+        host = host_keys(keys)
+        with device:
+            return cp.asarray(host)
+    return key_view(keys, device_id)
+
+
+def device_rows(cp: Any, vectors: Any, n: int, dim: int, device: Any, device_id: int,
+                storage: StorageType, kind: str) -> Any:
+    """float32 [n, dim] C-contiguous rows on device `device_id` (host arrays copied over)
+    for a table (`kind`, named in errors) stored as `storage`. Raises LookupInputError for
+    the wrong shape or dtype and, for compact storage, for rows it cannot hold (see
+    hps/rows/storage_types.py)."""
+    rows = _device_rows_unchecked(cp, vectors, n, dim, device, device_id, kind)
+    if storage.compact and n:
+        with device:
+            limit = np.float32(storage.max_magnitude)
+            unfit = ~(cp.abs(rows) < limit).all(axis=1)  # NaN compares False
+            bad = int(cp.flatnonzero(unfit)[0]) if bool(unfit.any()) else None
+        if bad is not None:
+            raise LookupInputError(
+                f"row {bad} holds NaN, infinity or a value of magnitude "
+                f"≥ {storage.max_magnitude:g}, which the {kind}'s "
+                f"{storage.name} storage cannot hold")
+    return rows
+
+
+def _device_rows_unchecked(cp: Any, vectors: Any, n: int, dim: int, device: Any,
+                           device_id: int, kind: str) -> Any:
+    if isinstance(vectors, np.ndarray):
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if vectors.shape != (n, dim):
+            raise LookupInputError(
+                f"vectors must have shape ({n}, {dim}), got {vectors.shape}"
+            )
+        with device:
+            return cp.asarray(vectors)
+    if not _is_cupy(vectors):
+        raise LookupInputError(
+            f"vectors must be a CuPy or NumPy array, got {type(vectors).__name__}"
+        )
+    if vectors.dtype != np.float32:
+        raise LookupInputError(f"vectors must be float32, got dtype {vectors.dtype.name}")
+    if tuple(vectors.shape) != (n, dim):
+        raise LookupInputError(
+            f"vectors must have shape ({n}, {dim}), got {tuple(vectors.shape)}"
+        )
+    if vectors.device.id != device_id:
+        raise DeviceError(
+            f"vectors are on device {vectors.device.id}, the {kind} on device "
+            f"{device_id}"
+        )
+    return vectors if vectors.flags.c_contiguous else cp.ascontiguousarray(vectors)

@@ -1,0 +1,84 @@
+"""The v2 routes as FastAPI declares them: server metadata, health, model metadata,
+readiness and configuration, and infer (whose requests `hot_routes.HotRoutes` answers
+ahead of FastAPI; its declaration describes it to OpenAPI and labels its metrics)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Request, Response
+
+from hps.errors import UnknownModelError
+from hps.http.errors import v2_error_body
+from hps.http.hot_routes import HotRoutes
+from hps.http.kserve.infer import handle_infer
+from hps.http.kserve.schemas import INFER_OPENAPI, check_version, model_config, model_metadata
+
+if TYPE_CHECKING:
+    from hps.http.state import ServiceState
+
+
+def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
+    """The v2 routes of one app; `protected` are the token's dependencies."""
+    router = APIRouter(prefix="/v2", tags=["kserve-v2"])
+
+    def not_ready(message: str) -> Response:
+        # the protocol's "false" is a 4xx; 400 as Triton answers
+        return state.answer(400, "not_ready", message, body=v2_error_body)
+
+    @router.get("", dependencies=protected, summary="Server metadata")
+    async def server_metadata() -> dict[str, Any]:
+        from hps import __version__
+
+        return {"name": "hps", "version": __version__,
+                "extensions": ["binary_tensor_data", "model_configuration"]}
+
+    @router.get("/health/live", summary="Alive (answers while models load)")
+    async def live() -> dict[str, bool]:
+        return {"live": True}
+
+    @router.get("/health/ready", summary="Ready: every model of the config is loaded",
+                responses={400: {"description": "Not every model is loaded."}})
+    async def ready() -> Any:
+        if state.ready():
+            return {"ready": True}
+        return not_ready(f"models not loaded yet: {', '.join(state.pending()) or '-'}"
+                         + (f"; failed: {', '.join(sorted(state.failed))}"
+                            if state.failed else ""))
+
+    async def metadata(model: str, version: str | None = None) -> dict[str, Any]:
+        check_version(model, version)
+        state.model(model)
+        return model_metadata(model)
+
+    async def model_ready(model: str, version: str | None = None) -> Any:
+        check_version(model, version)
+        try:
+            state.model(model)
+        except UnknownModelError:
+            raise
+        except Exception as exc:  # loading or failed: "not ready", the reason in the body
+            return not_ready(str(exc))
+        return {"name": model, "ready": True}
+
+    async def config(model: str, version: str | None = None) -> dict[str, Any]:
+        check_version(model, version)
+        state.model(model)
+        return model_config(model)
+
+    async def infer(request: Request, model: str, version: str | None = None) -> Response:
+        """Inference: KEYS (INT64) and NUMKEYS (INT32) → OUTPUT0 (FP32), JSON or binary."""
+        return await HotRoutes.respond(handle_infer, state, request,
+                                       {"model": model, "version": version})
+
+    for base in ("/models/{model}", "/models/{model}/versions/{version}"):
+        router.add_api_route(base, metadata, methods=["GET"], dependencies=protected,
+                             summary="Model metadata: KEYS, NUMKEYS → OUTPUT0")
+        router.add_api_route(base + "/ready", model_ready, methods=["GET"],
+                             dependencies=protected, summary="Model ready (200) or not (400)")
+        router.add_api_route(base + "/config", config, methods=["GET"],
+                             dependencies=protected, summary="Triton model configuration")
+        router.add_api_route(base + "/infer", infer, methods=["POST"], dependencies=protected,
+                             summary="Inference (JSON or binary tensor data)",
+                             response_class=Response, openapi_extra=INFER_OPENAPI)
+    return router

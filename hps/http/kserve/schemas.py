@@ -1,0 +1,116 @@
+"""What the v2 protocol declares of an HPS model: its tensors, its one version, the JSON
+schema of an inference request, and the metadata and configuration bodies.
+
+    inputs   KEYS     INT64 [-1]   every table's keys, concatenated in table order
+             NUMKEYS  INT32 [-1]   keys per table, in table order
+    output   OUTPUT0  FP32  [-1]   the vectors of all keys, rows concatenated
+
+`InferRequest` is the JSON header of `POST …/infer` (pydantic: validated in pydantic-core,
+no Python loop over a tensor's elements).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from hps.errors import UnknownModelError
+from hps.http.schemas import INT64_MAX, INT64_MIN, JSON, OCTET_STREAM
+
+KEYS_INPUT, NUMKEYS_INPUT, OUTPUT = "KEYS", "NUMKEYS", "OUTPUT0"
+#: the one version each model is served as
+VERSION = "1"
+PLATFORM = "hps"
+HEADER_LENGTH = "inference-header-content-length"
+INFER_PATH = "/v2/models/{model}/infer"
+INFER_RE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
+#: the input tensors: name → (datatype, little-endian NumPy dtype)
+INPUTS: dict[str, tuple[str, np.dtype[Any]]] = {
+    KEYS_INPUT: ("INT64", np.dtype("<i8")), NUMKEYS_INPUT: ("INT32", np.dtype("<i4"))}
+INT32_MAX = 2**31 - 1
+
+
+def check_version(model: str, version: str | None) -> None:
+    """UnknownModelError unless `version` is absent or the one served."""
+    if version not in (None, "", VERSION):
+        raise UnknownModelError(f"model {model!r} has no version {version!r} (served: "
+                                f"{VERSION})")
+
+
+# -- the request header (JSON) ------------------------------------------------------------
+
+#: an element of a JSON tensor: an integer (no fraction, string or bool) in the int64 range
+Element = Annotated[int, Field(strict=True, ge=INT64_MIN, le=INT64_MAX)]
+
+
+class InferInput(BaseModel):
+    """One input tensor: its data inline (JSON) or in the binary part of the body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    shape: list[Annotated[int, Field(strict=True, ge=0)]]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Element] | list[list[Element]] | None = None
+
+
+class InferOutput(BaseModel):
+    """An output asked for; `parameters.binary_data` asks for it in binary form."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class InferRequest(BaseModel):
+    """The JSON header of an inference request (KServe v2)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = None
+    parameters: dict[str, Any] | None = None
+    inputs: list[InferInput]
+    outputs: list[InferOutput] | None = None
+
+
+# -- what the metadata routes answer ------------------------------------------------------
+
+def model_metadata(model: str) -> dict[str, Any]:
+    """GET /v2/models/{model}: the tensors as Triton's HPS backend declared them."""
+    return {
+        "name": model, "versions": [VERSION], "platform": PLATFORM,
+        "inputs": [{"name": KEYS_INPUT, "datatype": "INT64", "shape": [-1]},
+                   {"name": NUMKEYS_INPUT, "datatype": "INT32", "shape": [-1]}],
+        "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1]}],
+    }
+
+
+def model_config(model: str) -> dict[str, Any]:
+    """GET /v2/models/{model}/config: Triton's configuration of an HPS backend model."""
+    return {
+        "name": model, "backend": PLATFORM, "platform": PLATFORM, "max_batch_size": 0,
+        "input": [{"name": KEYS_INPUT, "data_type": "TYPE_INT64", "dims": [-1]},
+                  {"name": NUMKEYS_INPUT, "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": OUTPUT, "data_type": "TYPE_FP32", "dims": [-1]}],
+    }
+
+
+#: OpenAPI of the infer body: a JSON request, or JSON header + binary tensors
+INFER_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": (
+            "A KServe v2 inference request with inputs KEYS (INT64) and NUMKEYS (INT32). "
+            "With the binary tensor data extension the body is the JSON header "
+            "(Inference-Header-Content-Length bytes) followed by the inputs' raw bytes."),
+        "content": {
+            JSON: {"schema": InferRequest.model_json_schema()},
+            OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}},
+        },
+    },
+}

@@ -1,0 +1,108 @@
+"""The root of the `hps` command and what every command shares.
+
+The root typer app (-v, --version), the two consoles (results on stdout; errors, log
+records and progress bars on stderr), the one-line error exit, and the progress bar a
+load, a conversion or a publish reports to. Output is made for an 80-column terminal:
+help in click's plain layout, tables with few columns and human labels, error messages on
+one line. Log records and Python warnings share one format (rich's log handler on stderr).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+
+from hps.server.loader import LoadProgress
+
+#: -h beside --help
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+# rich_markup_mode=None: click's plain help (no metavar column, wraps at the terminal)
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  context_settings=HELP_OPTIONS,
+                  help="Hierarchical parameter server for recommender embeddings.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+class BarProgress(LoadProgress):
+    """A rich progress bar per table: bytes, bytes/s, keys."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: TaskID | None = None
+        self.keys = 0
+
+    def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
+        self.keys = 0
+        self.task = self.progress.add_task(table, total=num_bytes, keys="0")
+
+    def advance(self, keys: int, num_bytes: int) -> None:
+        self.keys += keys
+        if self.task is not None:
+            self.progress.update(self.task, advance=num_bytes, keys=f"{self.keys:,}")
+
+    def finish_table(self, table: str, seconds: float) -> None:
+        if self.task is not None:
+            task = self.progress.tasks[self.task]
+            self.progress.update(self.task, completed=task.total)
+
+
+def progress_bars() -> Progress:
+    """The progress bars of one command, on stderr (stdout keeps its results)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TextColumn("{task.fields[keys]} keys"), TimeElapsedColumn(),
+        console=err_console, transient=False,
+    )
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(message)s",
+        handlers=[RichHandler(console=err_console, show_path=False)], force=True,
+    )
+    warnings.showwarning = _log_warning
+
+
+def _log_warning(message: Warning | str, category: type[Warning], filename: str,
+                 lineno: int, file: Any = None, line: str | None = None) -> None:
+    """Python warnings as log records, in the log's one format (not warnings' own)."""
+    logging.getLogger("py.warnings").warning("%s: %s", category.__name__, message)
+
+
+def fail(exc: Exception, code: int = 2) -> None:
+    """Exit with `code` after one line on stderr saying what went wrong (no traceback)."""
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+    raise typer.Exit(code=code)
+
+
+def _version(show: bool) -> None:
+    if show:
+        from hps import __version__
+
+        console.print(f"hps {__version__} (distribution hps-server)", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    _setup_logging(verbose)

@@ -1,0 +1,66 @@
+"""`hps demo`: write a demo model, load it, check every looked-up vector; --serve serves it.
+
+The model and its checks are hps.tools.demo's; this is the command around them: a progress
+bar while it loads, a table of the figures, exit status 1 when a vector does not match.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from hps.errors import HPSError
+from hps.tools.cli.app import BarProgress, console, err_console, fail, progress_bars
+from hps.tools.cli.serve import DEFAULT_MAX_BODY, serve_config
+
+
+def demo(
+    folder: Path = typer.Option(
+        Path("models/demo"), help="Where to write the demo model; configs/demo.json reads "
+        "models/demo of the repository."),
+    scale: float = typer.Option(1.0, help="Model size relative to the default ~1M keys."),
+    serve_after: bool = typer.Option(
+        False, "--serve/--no-serve",
+        help="After the checks, serve the demo model over HTTP until Ctrl-C."),
+    host: str = typer.Option("127.0.0.1", help="With --serve: address to bind."),
+    port: int = typer.Option(8000, help="With --serve: port."),
+) -> None:
+    """Write a demo model, load it, check every looked-up vector.
+
+    The model (HugeCTR's format: tables user_item, width 16, and item_category, width
+    64; keys 17, 42 and -3 are in both) and its ps.json go to --folder, by default
+    models/demo, which configs/demo.json serves: `hps serve configs/demo.json`. With
+    --serve the demo model is then served over HTTP; without it the demo ends.
+    """
+    from hps.tools.demo import TABLES, run_demo
+
+    if serve_after:  # before minutes of demo, not after
+        try:
+            import hps.http  # noqa: F401
+        except HPSError as exc:
+            fail(exc)
+    total = sum(int(c * scale) for _, c, _ in TABLES)
+    console.print(f"Writing a {total:,}-key model (widths 16 and 64) to {folder} …")
+    try:
+        with progress_bars() as bars:
+            report = run_demo(folder, progress=BarProgress(bars), scale=scale)
+    except HPSError as exc:
+        fail(exc)
+    table = Table(title="hps demo: embedded tiers (hash map over RocksDB)")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    for name, value in report.rows():
+        table.add_row(name, value)
+    console.print(table)
+    if not report.ok:
+        err_console.print("[bold red]demo check FAILED[/]")
+        raise typer.Exit(code=1)
+    console.print("[green]all looked-up vectors match the model files[/]")
+    if not serve_after:
+        console.print(f"Serve it over HTTP: [bold]hps serve {folder / 'ps.json'}[/] "
+                      "(or [bold]hps demo --serve[/])", soft_wrap=True)
+        return
+    serve_config(folder / "ps.json", host=host, port=port, token=None,
+                 max_body_bytes=DEFAULT_MAX_BODY, access_log=False)

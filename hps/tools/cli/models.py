@@ -1,0 +1,115 @@
+"""`hps models list|add|remove`: the models of a running server, through its admin routes.
+
+Also `print_models`, the table of loaded models that `hps load` prints too: one row per
+table, the keys each tier holds, the sources listed below it (whole paths, 80 columns).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from hps.errors import HPSError
+from hps.tools.admin_client import DEFAULT_URL
+from hps.tools.cli.app import HELP_OPTIONS, console, fail
+
+models_app = typer.Typer(add_completion=False, rich_markup_mode=None,
+                         context_settings=HELP_OPTIONS, no_args_is_help=True,
+                         help="Models of a running server: list, add, remove.")
+
+#: where the running server is, and its token: the options of every models command
+_URL = typer.Option(DEFAULT_URL, "--url", envvar="HPS_URL", show_envvar=True,
+                   help="The running server.")
+_TOKEN = typer.Option(None, "--token", envvar="HPS_TOKEN", show_envvar=True,
+                      help="The server's token.")
+
+
+@models_app.command("list")
+def models_list(url: str = _URL, token: Optional[str] = _TOKEN) -> None:
+    """List the models a running server serves, loads or failed to load."""
+    from hps.tools.admin_client import call
+
+    try:
+        answer = call(url, "GET", "/v1/models", token)
+    except HPSError as exc:
+        fail(exc)
+    if answer["models"]:
+        print_models(answer["models"])
+    else:
+        console.print("no model is served")
+    for name in answer.get("loading", []):
+        console.print(f"{name}: loading", highlight=False)
+    for name, why in answer.get("failed", {}).items():
+        console.print(f"{name}: failed: {why}", highlight=False, markup=False, soft_wrap=True)
+
+
+@models_app.command("add")
+def models_add(
+    file: Path = typer.Argument(..., help="A model block, or a ps.json / YAML config."),
+    model: Optional[str] = typer.Option(None, "--model", "-m",
+                                        help="The model to add when FILE has several."),
+    url: str = _URL, token: Optional[str] = _TOKEN,
+) -> None:
+    """Add a model to a running server; the others keep serving.
+
+    Relative paths in FILE resolve from its folder; the server reads only under its
+    allowed roots (hps serve --allow-root).
+    """
+    from hps.tools.admin_client import call, model_block
+
+    try:
+        answer = call(url, "POST", "/v1/models", token, model_block(file, model))
+    except HPSError as exc:
+        fail(exc)
+    tables = ", ".join(t["name"] for t in answer["tables"])
+    console.print(f"added model {answer['model']} (tables {tables}) in "
+                  f"{answer['seconds']:.2f} s", highlight=False, soft_wrap=True)
+
+
+@models_app.command("remove")
+def models_remove(name: str = typer.Argument(..., help="The model to remove."),
+                  url: str = _URL, token: Optional[str] = _TOKEN) -> None:
+    """Remove a model from a running server; the others keep serving."""
+    from urllib.parse import quote
+
+    from hps.tools.admin_client import call
+
+    try:
+        call(url, "DELETE", f"/v1/models/{quote(name, safe='')}", token)
+    except HPSError as exc:
+        fail(exc)
+    console.print(f"removed model {name}", highlight=False)
+
+
+#: what users call the tiers (tier.name is the config's spelling)
+_TIER_LABELS = {"hash_map": "in-process", "rocksdb": "RocksDB", "redis": "Redis"}
+
+
+def print_models(models: list[dict[str, Any]]) -> None:
+    """One row per table, keys held per tier; sources listed below (80 columns)."""
+    tiers = list(dict.fromkeys(k for m in models for t in m["tables"] for k in t["tiers"]))
+    table = Table(title="loaded models", caption="keys: in the model's files; "
+                  + ", ".join(_TIER_LABELS.get(t, t) for t in tiers) + ": keys the tier holds")
+    table.add_column("model")
+    table.add_column("table")
+    table.add_column("width", justify="right")
+    table.add_column("keys", justify="right")
+    for tier in tiers:
+        table.add_column(_TIER_LABELS.get(tier, tier), justify="right")
+    table.add_column("load", justify="right")
+    sources = []
+    for m in models:
+        for t in m["tables"]:
+            src = t["source"]
+            held = [t["tiers"].get(tier, {}) for tier in tiers]
+            table.add_row(m["model"] if t["index"] == 0 else "", t["name"], str(t["dim"]),
+                          f"{src['num_keys']:,}",
+                          *[f"{h['keys']:,}" if h.get("keys") is not None else "unavailable"
+                            for h in held],
+                          "reused" if src["reused"] else f"{src['load_seconds']:.2f} s")
+            sources.append(f"{m['model']} / {t['name']} ({t['storage_name']}): {src['uri']}")
+    console.print(table)
+    console.print("sources:\n  " + "\n  ".join(sources), highlight=False, soft_wrap=True)
