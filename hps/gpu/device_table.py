@@ -373,9 +373,9 @@ class DeviceTable:
         return launches
 
     def _enqueue(self, keys_ptr: int, n: int, out_ptr: int, default: float,
-                 ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> None:
-        """Queues the query kernel writing `out_type` (the lock held, the device current,
-        ws reserved)."""
+                 ws: QueryWorkspace, stream_ptr: int, out_type: int, event_ptr: int) -> None:
+        """Queues the query kernel writing `out_type`, then records `event_ptr` after it
+        (the lock held, the device current, ws reserved)."""
         launches = ws.launches.get(out_type)
         if launches is None or ws.generation != self._generation:
             launches = self._bind_query(ws, out_type)
@@ -398,7 +398,7 @@ class DeviceTable:
             blocks = min(blocks, self._sms * self._waves)
         if most_blocks:
             blocks = min(blocks, most_blocks)
-        launch.go(blocks, BLOCK, stream_ptr)
+        launch.go_recorded(blocks, BLOCK, stream_ptr, event_ptr)
 
     def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
         """Writes the rows of held keys into `out` (device, [n, dim], C-contiguous; float32
@@ -449,12 +449,13 @@ class DeviceTable:
                 self._check_open()
             if self._write_event is not None:
                 self._wait_for_writes(stream_ptr)
-            self._enqueue(keys_ptr, n, out_ptr, default_value, ws, stream_ptr, out_type)
-            # kept on the lookup path although the spin below does not need it: without
-            # it the HugeCTR profile's mean went from 82-87 to 127-172 µs in the same run
-            # (our reading: the driver defers submitting a launch queued behind busy work
-            # until the next driver call, and a host spinning on memory makes none)
-            rt.eventRecord(event, stream_ptr)
+            # the event recorded after the kernel is kept on the lookup path although the
+            # spin below does not need it: without it the HugeCTR profile's mean went from
+            # 82-87 to 127-172 µs in the same run (our reading: the driver defers
+            # submitting a launch queued behind busy work until the next driver call, and
+            # a host spinning on memory makes none)
+            self._enqueue(keys_ptr, n, out_ptr, default_value, ws, stream_ptr, out_type,
+                          event)
             self._inflight[event] = stream_ptr
         try:
             overlap.run_task()  # the caller's host work, while the kernel runs

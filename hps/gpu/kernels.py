@@ -161,6 +161,47 @@ def grid(device_id: int, threads: int, block: int = 256, waves: int = 16) -> int
     return min(need, multiprocessors(device_id) * waves) if waves else need
 
 
+@lru_cache(maxsize=1)
+def _held_launcher() -> Any:
+    """cuLaunchKernel then cuEventRecord in one compiled call that keeps the GIL, or None
+    where libcuda or numba cannot give one (launches then go through CuPy).
+
+    Why keep the GIL for a few microseconds of driver calls: with several caller threads,
+    every call that releases the GIL (CuPy's launch, CuPy's event record, the runtime's
+    device query) is a point where the GIL passes to another thread, and getting it back
+    waits for that thread's next release and a futex wake. On the H100, 2 threads on their
+    own streams got half of one thread's keys/s through `lookup_fromdlpack` (2,000 keys,
+    50.6 -> 27.1 M keys/s, `hps bench gpu --profile threads`); the driver serialises
+    launches on its context lock anyway, so holding the GIL over them costs no overlap."""
+    import ctypes.util
+
+    try:
+        from hps.runtime.compiled import numba, types
+
+        lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
+    except (ImportError, OSError):
+        return None
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    cu_launch = lib.cuLaunchKernel
+    # pointers passed as 64-bit integers: the same registers on the x86-64 and AArch64 ABIs
+    cu_launch.argtypes = [u64, u32, u32, u32, u32, u32, u32, u32, u64, u64, u64]
+    cu_launch.restype = ctypes.c_int32
+    cu_record = lib.cuEventRecord
+    cu_record.argtypes = [u64, u64]
+    cu_record.restype = ctypes.c_int32
+
+    def launch_recorded(fn: int, grid: int, block: int, stream: int, params: int,
+                        event: int) -> int:
+        status = cu_launch(fn, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
+        if status == 0 and event != 0:
+            status = cu_record(event, stream)
+        return status
+
+    # not nogil (the point), not cached (it calls through addresses of this process)
+    return numba.njit(types.int32(types.uint64, types.uint32, types.uint32, types.uint64,
+                                  types.uint64, types.uint64))(launch_recorded)
+
+
 _Scalar = ctypes.c_uint64 | ctypes.c_int64 | ctypes.c_uint32 | ctypes.c_int32 | ctypes.c_float
 _CTYPES: dict[str, type[_Scalar]] = {
     "ptr": ctypes.c_uint64, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
@@ -198,6 +239,7 @@ class Launch:
         except AttributeError:  # a CuPy without the kernel handle: convert per call
             self._fptr = None
         self._launch = cupy.cuda.driver.launchKernel
+        self._held = _held_launcher() if self._fptr is not None else None
 
     def set(self, index: int, value: float) -> None:
         """Fixes parameter `index` for the launches that follow."""
@@ -216,6 +258,18 @@ class Launch:
             self._fn((grid,), (block,), args, stream=self._cp.cuda.ExternalStream(stream_ptr))
             return
         self._launch(self._fptr, grid, 1, 1, block, 1, 1, 0, stream_ptr, self._params, 0)
+
+    def go_recorded(self, grid: int, block: int, stream_ptr: int, event_ptr: int) -> None:
+        """go(), then `event_ptr` recorded on the stream after the kernel, both with the
+        GIL held (see _held_launcher) where the driver can be called directly."""
+        held = self._held
+        if held is None:
+            self.go(grid, block, stream_ptr)
+            self._cp.cuda.runtime.eventRecord(event_ptr, stream_ptr)
+            return
+        status = held(self._fptr, grid, block, stream_ptr, self._params, event_ptr)
+        if status:
+            self._cp.cuda.driver.check_status(status)
 
     def __call__(self, grid: int, block: int, stream_ptr: int, *args: float) -> None:
         for value, arg in zip(self._values, args, strict=True):

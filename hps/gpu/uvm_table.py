@@ -70,7 +70,7 @@ from hps.gpu.kernels import SET_SIZE
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
 from hps.gpu.workspace import QueryWorkspace
-from hps.rows.gpu_layout import OUT_FLOAT32, stored_row_bytes, table_storage
+from hps.rows.gpu_layout import stored_row_bytes, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
 from hps.runtime.background import PeriodicTask
 
@@ -298,12 +298,14 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                 14: self._gpu_vecs_ptr, 15: self._hits_ptr}
 
     def _enqueue(self, keys_ptr: int, n: int, out_ptr: int, default: float,
-                 ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> None:
+                 ws: QueryWorkspace, stream_ptr: int, out_type: int, event_ptr: int) -> None:
         self._lookups += 1  # under the lock; a background pass runs only when this moved
         if n < self.grouped_reads_from:
-            super()._enqueue(keys_ptr, n, out_ptr, default, ws, stream_ptr, out_type)
+            super()._enqueue(keys_ptr, n, out_ptr, default, ws, stream_ptr, out_type,
+                             event_ptr)
         else:
             self._enqueue_grouped(keys_ptr, n, out_ptr, default, ws, stream_ptr, out_type)
+            self._rt.eventRecord(event_ptr, stream_ptr)
 
     def _lists_for(self, ws: QueryWorkspace, n: int) -> _HostReadLists:
         """ws's grouped-read buffers, grown to n keys (the lock held, the device

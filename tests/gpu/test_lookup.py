@@ -206,9 +206,12 @@ def test_refresh_interval_runs_in_the_background(cp: Any, rng: np.random.Generat
     with GpuEmbeddingTable(_model(dim, gpucacheper=1.0, refresh_interval=0.05),
                            0, 10_000, 0, store.fetch) as table:
         table.warm_up(_chunks(store, 1000))
+        # a pass already running when the rows change may have read the old ones: wait
+        # for two whole passes after the change, so that one of them began after it
+        before = table.stats()["refreshed"]
         store.set(store.keys, np.full((1000, dim), 3.0, dtype=np.float32))
         deadline = time.time() + 10
-        while table.stats()["refreshed"] < 1000 and time.time() < deadline:
+        while table.stats()["refreshed"] < before + 2000 and time.time() < deadline:
             time.sleep(0.02)
         out = cp.empty((1000, dim), dtype=np.float32)
         table.lookup(cp.asarray(store.keys), out)

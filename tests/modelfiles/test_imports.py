@@ -20,7 +20,7 @@ def io_imports() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in IO_DIR.rglob("*.py"):
         parts = path.relative_to(IO_DIR).with_suffix("").parts
-        module = ".".join(("hps", "io", *parts)).removesuffix(".__init__")
+        module = ".".join(("hps", "modelfiles", *parts)).removesuffix(".__init__")
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:

@@ -377,13 +377,15 @@ def bench_gpu(dims: tuple[int, ...] = (16, 64, 128), slots: int = 1 << 24,
     return rows
 
 
-PROFILES = ("kernels", "public", "hugectr", "misses", "uvm", "devices", "storage", "torch")
+PROFILES = ("kernels", "public", "threads", "hugectr", "misses", "uvm", "devices", "storage",
+            "torch")
 #: the bound on hps.torch.LookupLayer's cost over lookup_fromdlpack, µs a call
 LAYER_OVERHEAD_US = 5.0
 
 
 def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict[str, Any]]:
-    """The rows of one profile: "public" (hps/tools/bench/gpu_public.py), "hugectr" or "misses"
+    """The rows of one profile: "public" (hps/tools/bench/gpu_public.py), "threads"
+    (hps/tools/bench/gpu_threads.py: 1-8 caller threads on their own streams), "hugectr" or "misses"
     (hps/tools/bench/gpu_misses.py), "uvm" (hps/tools/bench/gpu_uvm.py), "devices"
     (hps/tools/bench/gpu_devices.py: every GPU at once), "storage" (hps/tools/bench/gpu_storage.py:
     each embedding_storage_dtype beside float32), "torch" (hps/tools/bench/torch_layer.py:
@@ -393,6 +395,10 @@ def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict
         from hps.tools.bench.gpu_public import bench_public_latency
 
         return bench_public_latency(device_id=device_id, **options)
+    if profile == "threads":
+        from hps.tools.bench.gpu_threads import bench_threads
+
+        return bench_threads(device_id=device_id, **options)
     if profile == "hugectr":
         from hps.tools.bench.gpu_misses import bench_hugectr_profile
 

@@ -1,0 +1,210 @@
+"""Many callers on one GPU through the public call (`hps bench gpu --profile threads`).
+
+A model server calls `lookup_fromdlpack` from several threads at once, each on its own
+CUDA stream. Here N threads (1, 2, 4, 8), each with its own torch stream, keys and output,
+loop `HPS.lookup_fromdlpack(keys, out, model, 0)` with 2,000 keys and then synchronize
+their stream (host clock around both: a complete lookup), for `seconds` per point. The
+floor, from the same threads and streams in the same run: `torch.index_select` of the same
+rows of a dense [table_keys, dim] torch table into the same outputs, then the same sync.
+
+Workloads (`hit_rate_threshold` 1.0: every miss is fetched before the call returns):
+- "all hits, power law": a dynamic cache holding the whole table, keys drawn with
+  P(rank r) ∝ r^-alpha (alpha 1.1) over a random permutation of the keys;
+- "cache 25%, power law": the same draws, a dynamic cache of a quarter of the table,
+  warmed by a first pass of draws;
+- "all hits, uniform": uniform draws over the whole cached table.
+
+Rows: keys/s of all threads together and the p99 of one call, hps beside the floor at the
+same N, with the ratio. After the timing, every output of every thread is compared with the
+model's rows. `--switch-interval` sets `sys.setswitchinterval` for the run: a diagnostic
+of how much of the loss is the GIL's hand-off between threads (CPython's default is 5 ms).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hps.tools.bench.gpu_public import MODEL, server_over_files
+
+THREAD_COUNTS = (1, 2, 4, 8)
+WORKLOADS = ("all hits, power law", "cache 25%, power law", "all hits, uniform")
+
+
+def _draws(rng: np.random.Generator, table_keys: int, n: int, count: int, alpha: float,
+           uniform: bool) -> list[np.ndarray]:
+    """`count` batches of n row positions: uniform, or power law over a permutation."""
+    if uniform:
+        return [rng.integers(0, table_keys, n) for _ in range(count)]
+    weights = np.arange(1, table_keys + 1, dtype=np.float64) ** -alpha
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    order = rng.permutation(table_keys)
+    return [order[np.minimum(np.searchsorted(cdf, rng.random(n)), table_keys - 1)]
+            for _ in range(count)]
+
+
+def _drive(threads: int, seconds: float, call: Any) -> tuple[float, float]:
+    """keys/s of `threads` threads running call(thread, i) for `seconds` (each call a
+    complete lookup of n keys, returning n), and the p99 of one call in µs."""
+    lat: list[list[float]] = [[] for _ in range(threads)]
+    done = [0] * threads
+    barrier = threading.Barrier(threads + 1)
+
+    def run(t: int) -> None:
+        barrier.wait()
+        stop = time.perf_counter() + seconds
+        i = 0
+        record = lat[t].append
+        clock = time.perf_counter
+        while True:
+            start = clock()
+            done[t] += call(t, i)
+            end = clock()
+            record(end - start)
+            i += 1
+            if end >= stop:
+                break
+
+    workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    begin = time.perf_counter()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - begin
+    samples = [s for per in lat for s in per]
+    return sum(done) / elapsed, float(np.percentile(samples, 99)) * 1e6
+
+
+def bench_threads(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
+                  alpha: float = 1.1, seconds: float = 2.0, device_id: int = 0,
+                  switch_interval: float | None = None, seed: int = 0,
+                  workloads: tuple[str, ...] = WORKLOADS) -> list[dict[str, Any]]:
+    """The rows of the threads profile (see the module docstring)."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(2**40, table_keys, replace=False).astype(np.int64)
+    rows = rng.standard_normal((table_keys, dim)).astype(np.float32)
+    dense = torch.as_tensor(rows, device=f"cuda:{device_id}")
+    device_keys = torch.as_tensor(keys, device=f"cuda:{device_id}")
+    most = max(THREAD_COUNTS)
+    streams = [torch.cuda.Stream(device=device_id) for _ in range(most)]
+    outs = [torch.empty((n, dim), device=f"cuda:{device_id}") for _ in range(most)]
+    previous = sys.getswitchinterval()
+    if switch_interval is not None:
+        sys.setswitchinterval(switch_interval)
+    result: list[dict[str, Any]] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            from hps import write_sparse_model
+
+            write_sparse_model(folder / "t0", keys, rows)
+            for workload in workloads:
+                result += _workload(workload, folder, keys, rows, dense, device_keys,
+                                    streams, outs, rng, n, dim, table_keys, alpha, seconds,
+                                    device_id, switch_interval or previous)
+    finally:
+        sys.setswitchinterval(previous)
+    return result
+
+
+def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, dense: Any,
+              device_keys: Any, streams: list[Any], outs: list[Any],
+              rng: np.random.Generator, n: int, dim: int, table_keys: int, alpha: float,
+              seconds: float, device_id: int, interval: float) -> list[dict[str, Any]]:
+    import torch
+
+    from hps.tools.bench.gpu_public import server_over_folder
+
+    cached = 0.25 if "25%" in workload else 1.0
+    batches = 8
+    positions = [[torch.as_tensor(p, device=f"cuda:{device_id}")
+                  for p in _draws(rng, table_keys, n, batches, alpha, "uniform" in workload)]
+                 for _ in range(max(THREAD_COUNTS))]
+    key_batches = [[device_keys[p].contiguous() for p in per] for per in positions]
+    hps = server_over_folder(folder, dim, n, device_id, embedding_cache_type="dynamic",
+                             gpucacheper=cached, hit_rate_threshold=1.0,
+                             cache_refresh_percentage_per_iteration=0.0 if cached < 1 else 1.0)
+    rows_out: list[dict[str, Any]] = []
+    try:
+        def lookup(t: int, i: int) -> int:
+            stream = streams[t]
+            with torch.cuda.stream(stream):
+                hps.lookup_fromdlpack(key_batches[t][i % batches], outs[t], MODEL, 0)
+            stream.synchronize()
+            return n
+
+        def floor(t: int, i: int) -> int:
+            stream = streams[t]
+            with torch.cuda.stream(stream):
+                torch.index_select(dense, 0, positions[t][i % batches], out=outs[t])
+            stream.synchronize()
+            return n
+
+        for t in range(max(THREAD_COUNTS)):  # warm-up: workspaces, launches, the cache
+            for i in range(batches * (4 if cached < 1 else 1)):
+                lookup(t, i)
+        for threads in THREAD_COUNTS:
+            floor_rate, floor_p99 = _drive(threads, seconds, floor)
+            rate, p99 = _drive(threads, seconds, lookup)
+            rows_out.append({
+                "bench": "threads", "dim": dim, "batch": n,
+                "mode": f"{workload}, {threads} thread{'s' if threads > 1 else ''}",
+                "mkeys_s": rate / 1e6, "p99_us": p99, "floor_mkeys_s": floor_rate / 1e6,
+                "floor_p99_us": floor_p99, "vs_floor": rate / floor_rate,
+                "switch_interval_us": interval * 1e6})
+        wrong = 0
+        for t in range(max(THREAD_COUNTS)):  # every thread's last output, exact
+            lookup(t, 0)
+            want = rows[positions[t][0].cpu().numpy()]
+            wrong += int((outs[t].cpu().numpy() != want).any(axis=1).sum())
+        for row in rows_out:
+            row["wrong_rows"] = wrong
+    finally:
+        hps.close()
+    return rows_out
+
+
+def format_threads(rows: list[dict[str, Any]]) -> str:
+    """The rows as the table of the profile: hps beside the floor at each N."""
+    lines = [f"{'workload, callers':36s} {'hps M keys/s':>13s} {'p99 us':>8s} "
+             f"{'floor M keys/s':>15s} {'p99 us':>8s} {'x floor':>8s} {'wrong':>6s}"]
+    for r in rows:
+        lines.append(f"{r['mode']:36s} {r['mkeys_s']:13.1f} {r['p99_us']:8.0f} "
+                     f"{r['floor_mkeys_s']:15.1f} {r['floor_p99_us']:8.0f} "
+                     f"{r['vs_floor']:8.2f} {r['wrong_rows']:6d}")
+    if rows:
+        lines.append(f"(GIL switch interval {rows[0]['switch_interval_us']:.0f} us; "
+                     f"median x floor {statistics.median(r['vs_floor'] for r in rows):.2f})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--table-keys", type=int, default=1 << 22)
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="sys.setswitchinterval for the run, seconds (a diagnostic)")
+    parser.add_argument("--workload", action="append", choices=WORKLOADS)
+    args = parser.parse_args()
+    rows = bench_threads(seconds=args.seconds, table_keys=args.table_keys,
+                         switch_interval=args.switch_interval,
+                         workloads=tuple(args.workload or WORKLOADS))
+    print(format_threads(rows), flush=True)
+
+
+if __name__ == "__main__":
+    main()
