@@ -9,6 +9,10 @@ Code written for `hugectr.inference.HPS` runs unchanged apart from the import:
 
 The argument names are HugeCTR's (`ps_config` / `hps_json_config_file`, `h_keys`,
 `out_tensor`), so calls that name them run unchanged too.
+
+Every `HPS` and every hps.torch / hps.tensorflow layer built from the same config in one
+process shares one server (hps/server/shared.py): a file by its real path, any other
+config object by its identity. `close()` lets go of it; the last user closes it.
 """
 
 from __future__ import annotations
@@ -20,9 +24,8 @@ import numpy as np
 
 from hps.config import PSConfig
 from hps.errors import ConfigError
-from hps.hugectr.params import as_ps_config
 from hps.server.loader import LoadProgress
-from hps.server import HierarchicalParameterServer
+from hps.server.shared import SourceKey, servers
 
 if TYPE_CHECKING:
     from hps.hugectr.params import ParameterServerConfig
@@ -42,8 +45,9 @@ class HPS:
         if (ps_config is None) == (hps_json_config_file is None):
             raise ConfigError("HPS() takes one config: ps_config (a ParameterServerConfig, "
                               "PSConfig, dict or path) or hps_json_config_file (a path)")
-        config = as_ps_config(ps_config if ps_config is not None else hps_json_config_file)
-        self.server = HierarchicalParameterServer(config, progress=progress)
+        source = ps_config if ps_config is not None else hps_json_config_file
+        key, self.server = servers.open(source, progress=progress)
+        self._key: SourceKey | None = key
 
     def lookup(self, h_keys: Any, model_name: str, table_id: int | str,
                device_id: int | None = None) -> np.ndarray:
@@ -77,8 +81,11 @@ class HPS:
         return self.server.refresh(model_name)
 
     def close(self) -> None:
-        """Stop background work and close the tiers."""
-        self.server.close()
+        """Let go of the server: the last of its users (this and other `HPS` of the same
+        config, the framework layers) stops its background work and closes its tiers."""
+        key, self._key = self._key, None
+        if key is not None:
+            servers.release(key)
 
     def __enter__(self) -> HPS:
         return self

@@ -2,8 +2,11 @@
 
 Every key of HugeCTR's HPS config is accepted with HugeCTR's default and meaning (HugeCTR's
 `ps.json` documentation). Keys `hps` does not know are reported as `UnknownConfigKeyWarning`
-with their path and the nearest known key, so a misspelling never passes silently. A bad
-value raises `ConfigError` naming the key path and the expected form.
+with their path and the nearest known key, so a misspelling never passes silently; the
+warning points at the caller's line, not at this module. A bad value raises `ConfigError`
+naming the key path and the expected form. Types are strict where JSON has them: a string
+for a boolean, integer or number key ("yes", "256") is an error, not converted.
+`deployed_device_list` may be left out of a model without a GPU cache (`gpucache`: false).
 
 The same objects can be built in Python:
 
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+import pydantic
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -35,6 +39,8 @@ from pydantic import (
 from hps.errors import ConfigError
 from hps.modelfiles.formats.spec import TableSpec
 from hps.rows.storage_types import StorageName, StorageType, storage_type
+from hps.runtime.caller_line import caller_stacklevel
+from hps.runtime.strict_scalars import check_strict
 
 UNBOUNDED = 2**63 - 1
 #: widest vector a table may have (floats): a 4 MiB row
@@ -47,6 +53,15 @@ class UnknownConfigKeyWarning(UserWarning):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="ignore", validate_assignment=True, frozen=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_scalars(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads "yes" as true and "256" as 256: a quoted value in a
+        # config is a mistake more often than not, so it is refused with the fix named
+        if info.field_name is not None:
+            check_strict(cls.model_fields[info.field_name].annotation, value)
+        return value
 
 
 class VolatileDBConfig(_Section):
@@ -129,6 +144,8 @@ class HttpConfig(_Section):
     body_timeout         seconds a client may take between two parts of a request body
     keep_alive_timeout   seconds an idle keep-alive connection stays open
     max_connections      connections served at once; further ones are closed at once
+    grpc_port            the port of the KServe v2 gRPC service beside HTTP (`hps serve
+                         --grpc-port`; Triton's is 8001); None: no gRPC
     """
 
     allowed_sources: list[str] = Field(default_factory=list)
@@ -137,6 +154,7 @@ class HttpConfig(_Section):
     body_timeout: float = Field(30.0, gt=0.0)
     keep_alive_timeout: float = Field(5.0, gt=0.0)
     max_connections: int = Field(512, ge=1)
+    grpc_port: int | None = Field(None, ge=0, le=65535)
 
 
 class UpdateSourceConfig(_Section):
@@ -234,6 +252,19 @@ class ModelConfig(_Section):
     label_dim: int = 1
     slot_num: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _devices_without_cache(cls, data: Any) -> Any:
+        # the device list places GPU caches; a model without one is served from the host
+        # tiers, and device 0 is only the id its host lookups report
+        if isinstance(data, dict) and "deployed_device_list" not in data:
+            if data.get("gpucache") is False:
+                return {**data, "deployed_device_list": [0]}
+            raise ValueError("deployed_device_list is required: the GPU ids whose caches "
+                             "serve the model, e.g. [0] (it may be left out with gpucache: "
+                             "false)")
+        return data
+
     @field_validator("sparse_files", mode="before")
     @classmethod
     def _table_specs(cls, value: Any) -> Any:
@@ -290,7 +321,8 @@ class ModelConfig(_Section):
         if any(not math.isfinite(v) for v in self.default_value_for_each_table):
             raise ValueError("default_value_for_each_table entries must be finite numbers")
         if not self.deployed_device_list:
-            raise ValueError("deployed_device_list must name at least one device id")
+            raise ValueError("deployed_device_list must name at least one device id (it may "
+                             "be left out when gpucache is false)")
         if self.allow_non_finite_vectors and self.storage.compact:
             raise ValueError(
                 f"allow_non_finite_vectors cannot be combined with embedding_storage_dtype "
@@ -380,6 +412,11 @@ _SECTIONS: dict[str, type[BaseModel]] = {
 }
 
 
+#: the folders whose frames a config warning skips to reach the caller's line
+_INTERNAL = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
+                  for f in (__file__, pydantic.__file__))
+
+
 def _warn_unknown(raw: dict[str, Any], known: type[BaseModel], path: str) -> None:
     _warn_unknown_names(raw, tuple(known.model_fields), path)
 
@@ -389,11 +426,12 @@ def _warn_unknown_names(raw: dict[str, Any], known: tuple[str, ...], path: str) 
     for key in raw:
         if key not in fields:
             near = difflib.get_close_matches(str(key), fields, n=1)
-            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            hint = (f" (did you mean '{near[0]}'?)" if near else
+                    " (docs/configuration.md lists every key)")
             warnings.warn(
                 f"unknown config key '{path}{key}' is ignored{hint}",
                 UnknownConfigKeyWarning,
-                stacklevel=5,
+                stacklevel=caller_stacklevel(_INTERNAL),
             )
 
 

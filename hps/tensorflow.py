@@ -8,7 +8,9 @@
     pooled = hps.SparseLookupLayer("m", 1, 16, tf.float32)(sp_ids, None, combiner="mean")
 
 - `Init` is optional, as in the plugin since v23: a layer given `ps_config_file` starts
-  (or shares) the server itself. Servers are shared with hps.torch (hps/server/shared.py).
+  (or shares) the server itself. Servers are shared with hps.torch and with an `HPS` of
+  the same config open in the process (hps/server/shared.py).
+- Lookups carry no gradient: the tables are served, not trained.
 - Eagerly, keys reach the server through DLPack without a copy; inside `tf.function`
   (and Keras `fit`/`predict`) the lookup runs as a `tf.py_function`, i.e. in Python.
   Output rows are host memory for host keys; for keys on a GPU they are a CuPy array on
@@ -79,7 +81,7 @@ class _TableLayer(tf.keras.layers.Layer):  # type: ignore[misc]
                 raise ConfigError("no HPS config: call hps.tensorflow.Init(global_batch_size, "
                                   "ps_config_file) or pass ps_config_file to the layer")
             handle = servers.acquire(source)
-            table = servers.server(handle).server.model(self.model_name).table(self.table_id)
+            table = servers.server(handle).model(self.model_name).table(self.table_id)
             if table.dim != self.emb_vec_size:
                 raise ConfigError(f"emb_vec_size={self.emb_vec_size} but table "
                                   f"{self.table_id} of model {self.model_name!r} has width "
@@ -92,7 +94,7 @@ class _TableLayer(tf.keras.layers.Layer):  # type: ignore[misc]
         import numpy as np
 
         server = self._server()
-        loaded = server.server.model(self.model_name)
+        loaded = server.model(self.model_name)
         shape = (*keys.shape, self.emb_vec_size)
         spec = tf.DeviceSpec.from_string(keys.device or "/cpu:0")
         if spec.device_type == "GPU":
@@ -100,14 +102,14 @@ class _TableLayer(tf.keras.layers.Layer):  # type: ignore[misc]
 
             with cupy.cuda.Device(spec.device_index or 0):
                 out = cupy.empty(shape, dtype=cupy.float32)
-                server.lookup_fromdlpack(tf.experimental.dlpack.to_dlpack(keys), out,
-                                         self.model_name, self.table_id,
-                                         spec.device_index or 0)
+                server.lookup_into(self.model_name, self.table_id,
+                                   tf.experimental.dlpack.to_dlpack(keys), out,
+                                   spec.device_index or 0)
                 return tf.experimental.dlpack.from_dlpack(out.toDlpack())
         host = np.empty(shape, dtype=np.float32)
-        server.lookup_fromdlpack(tf.experimental.dlpack.to_dlpack(keys), host,
-                                 self.model_name, self.table_id,
-                                 loaded.config.deployed_device_list[0])
+        server.lookup_into(self.model_name, self.table_id,
+                           tf.experimental.dlpack.to_dlpack(keys), host,
+                           loaded.config.deployed_device_list[0])
         return tf.convert_to_tensor(host)
 
     def _lookup(self, keys: tf.Tensor) -> tf.Tensor:

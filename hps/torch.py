@@ -11,8 +11,11 @@
   nothing for a tensor that needs no autograd.
 - Layers built from the same config share one server (hps/server/shared.py: a file path by
   its real path, any other config object by its identity), also with hps.tensorflow's
-  layers. Building layers and looking up from many threads is safe, `torch.jit.fork`
-  included.
+  layers and with an `HPS` of that config open in the process. Building layers and
+  looking up from many threads is safe, `torch.jit.fork` included.
+- The output carries no gradient: the vectors are served, not trained (`requires_grad`
+  is False and nothing flows back to the table). Train the tables elsewhere and load
+  them; a model can still train its dense layers on top of the looked-up vectors.
 - The output is allocated on the keys' device; keys on a CUDA device are looked up on
   that device (it must be in the model's `deployed_device_list`), host keys on the
   model's first deployed device. For CUDA keys the layer allocates the output of its next
@@ -25,7 +28,7 @@
   the allocator takes back an output the caller dropped there, not on the caller's time
   (through the allocator as ever: streams recorded on the output are still waited for).
 - Servers live until `close_servers()` (or the process) ends them, as the plugin's
-  single global server did.
+  single global server did; one that an open `HPS` still uses stays open for it.
 """
 
 from __future__ import annotations
@@ -44,9 +47,12 @@ try:
 except ImportError:
     raise MissingExtraError("torch", "torch", "hps.torch.LookupLayer") from None
 
+from hps.torch_deltas import DeltaPublisher  # noqa: E402 - needs torch, checked above
+
 
 def close_servers() -> None:
-    """Close every server the layers started; layers built before fail afterwards."""
+    """Let go of every server the layers use (closed unless an `HPS` still holds it);
+    layers built before fail afterwards."""
     servers.close_all()
 
 
@@ -68,7 +74,7 @@ def _lookup(keys: torch.Tensor, handle: int, model_name: str, table_id: int,
             emb_vec_size: int, device_id: int) -> torch.Tensor:
     # new_empty: the keys' device without building a torch.device (a few µs a call)
     out = keys.new_empty((*keys.shape, emb_vec_size), dtype=torch.float32)
-    servers.server(handle).lookup_fromdlpack(keys, out, model_name, table_id, device_id)
+    servers.server(handle).lookup_into(model_name, table_id, keys, out, device_id)
     return out
 
 
@@ -90,7 +96,8 @@ class LookupLayer(torch.nn.Module):
 
     `ps_config_file_or_object`: a ps.json/YAML path, a ParameterServerConfig, a PSConfig
     or a dict. `forward(keys)` takes an integer tensor of any shape (int64; int32 is
-    widened) and returns `keys.shape + (emb_vec_size,)` float32 on the keys' device. Raises
+    widened) and returns `keys.shape + (emb_vec_size,)` float32 on the keys' device, with
+    no gradient (the tables are served, not trained: `requires_grad` is False). Raises
     ConfigError when `emb_vec_size` is not the table's width, UnknownModelError or
     UnknownTableError for a model or table the config does not serve.
     """
@@ -99,7 +106,7 @@ class LookupLayer(torch.nn.Module):
                  model_name: str, table_id: int, emb_vec_size: int) -> None:
         super().__init__()
         self._handle = servers.acquire(ps_config_file_or_object)
-        loaded = servers.server(self._handle).server.model(model_name)
+        loaded = servers.server(self._handle).model(model_name)
         table = loaded.table(table_id)
         if isinstance(table_id, str):
             raise UnknownTableError(f"table_id must be the table's index, got {table_id!r} "
@@ -152,8 +159,8 @@ class LookupLayer(torch.nn.Module):
         if small:
             overlap.set_task(self._make_spare, keys)
         try:
-            servers.server(self._handle).lookup_fromdlpack(
-                keys, out, self.model_name, self.table_id, device_id)
+            servers.server(self._handle).lookup_into(
+                self.model_name, self.table_id, keys, out, device_id)
         finally:
             overlap.set_task(None)
         if small:
@@ -186,4 +193,4 @@ class LookupLayer(torch.nn.Module):
                 f"emb_vec_size={self.emb_vec_size}")
 
 
-__all__ = ["LookupLayer", "close_servers", "lookup"]
+__all__ = ["DeltaPublisher", "LookupLayer", "close_servers", "lookup"]

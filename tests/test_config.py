@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from hps import ConfigError, ModelConfig, PSConfig, UnknownConfigKeyWarning, load_config
+from hps import HPS, ConfigError, ModelConfig, PSConfig, UnknownConfigKeyWarning, load_config
 from hps.config import config_to_json
+from hps.modelfiles.formats.sparse_folder import write_sparse_model
 
 
 def minimal(**model: object) -> dict:
@@ -157,3 +160,79 @@ def test_built_in_python() -> None:
     config = PSConfig(models=[model])
     assert load_config(config) is config
     assert config.models[0].embedding_table_names == ["sparse_embedding0"]
+
+
+@pytest.mark.parametrize(
+    ("where", "change", "message"),
+    [
+        ("model", {"gpucache": "yes"},
+         "models[0].gpucache: must be true or false, got 'yes' (a string: write true or "
+         "false without quotes)"),
+        ("model", {"max_batch_size": "256"},
+         "models[0].max_batch_size: must be an integer, got '256' (a string: write 256 "
+         "without quotes)"),
+        ("model", {"gpucacheper": "0.5"}, "models[0].gpucacheper: must be a number, got '0.5'"),
+        ("model", {"gpucache": 1}, "models[0].gpucache: must be true or false, got 1"),
+        ("model", {"max_batch_size": True}, "models[0].max_batch_size: must be an integer"),
+        ("model", {"embedding_vecsize_per_table": [16, "64"]},
+         "models[0].embedding_vecsize_per_table: entry [1] must be an integer, got '64'"),
+        ("model", {"gpu_memory_budget_mb": "lots"},
+         "must be a number, got 'lots' (a string: write a number without quotes)"),
+        ("volatile_db", {"num_partitions": "8"}, "volatile_db.num_partitions: must be an integer"),
+        ("persistent_db", {"read_only": "false"}, "persistent_db.read_only: must be true or false"),
+        ("top", {"supportlonglong": "true"}, "supportlonglong: must be true or false"),
+    ],
+)
+def test_strings_for_booleans_and_numbers_are_refused(where: str, change: dict,
+                                                      message: str) -> None:
+    raw = minimal(**change) if where == "model" else minimal()
+    if where == "top":
+        raw.update(change)
+    elif where != "model":
+        raw[where] = {"type": "hash_map" if where == "volatile_db" else "rocks_db", **change}
+    with pytest.raises(ConfigError) as err:
+        load_config(raw)
+    assert message in str(err.value)
+
+
+def test_python_objects_are_strict_too() -> None:
+    with pytest.raises(ValueError, match="must be an integer, got '256'"):
+        ModelConfig(**{**minimal()["models"][0], "max_batch_size": "256"})
+    model = load_config(minimal()).models[0]
+    with pytest.raises(ValueError, match="must be true or false"):
+        model.gpucache = "no"  # type: ignore[assignment]
+    assert model.gpucache is True
+
+
+def test_numbers_keep_their_json_forms() -> None:
+    m = load_config(minimal(max_batch_size=256.0, gpucacheper=1, hit_rate_threshold=1)).models[0]
+    assert (m.max_batch_size, m.gpucacheper, m.hit_rate_threshold) == (256, 1.0, 1.0)
+    assert load_config(minimal(gpu_memory_budget_mb=None)).models[0].gpu_memory_budget_mb is None
+
+
+def test_deployed_device_list_is_needed_only_with_a_gpu_cache() -> None:
+    without = minimal(gpucache=False)
+    del without["models"][0]["deployed_device_list"]
+    assert load_config(without).models[0].deployed_device_list == [0]
+    with_cache = minimal()
+    del with_cache["models"][0]["deployed_device_list"]
+    with pytest.raises(ConfigError, match=r"deployed_device_list is required.*gpucache: false"):
+        load_config(with_cache)
+
+
+def test_unknown_key_warning_points_at_the_callers_line(tmp_path: Path) -> None:
+    raw = minimal(gpucachepr=0.5, gpucache=False)
+    raw["models"][0]["sparse_files"] = [str(tmp_path / "t0")]
+    raw["models"][0].update(embedding_vecsize_per_table=[4],
+                            maxnum_catfeature_query_per_table_per_sample=[1])
+    write_sparse_model(tmp_path / "t0", np.arange(3, dtype=np.int64),
+                       np.zeros((3, 4), np.float32))
+    with pytest.warns(UnknownConfigKeyWarning, match="did you mean 'gpucacheper'") as record:
+        load_config(raw)
+    assert record[0].filename == __file__
+    with pytest.warns(UnknownConfigKeyWarning) as record:
+        HPS(raw).close()  # through HPS, its server and the config: still this line
+    line = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
+    assert (record[0].filename, record[0].lineno) == (__file__, line)
+    with pytest.warns(UnknownConfigKeyWarning, match="docs/configuration.md lists every key"):
+        load_config(minimal(zzz=1))

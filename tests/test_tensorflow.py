@@ -63,6 +63,21 @@ def test_init_then_lookup_eager_and_in_tf_function(model: Model, config_file: st
                                   model.vectors_of(1, other.flatten()))
 
 
+def test_layers_share_the_server_of_an_open_hps(model: Model, tmp_path: Path,
+                                                rng: np.random.Generator) -> None:
+    raw = ps_config(model.files, max_batchsize=64).to_json()
+    raw["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocksdb")}
+    config = tmp_path / "rocks.json"
+    config.write_text(json.dumps(raw))
+    with HPS(str(config)) as hps:  # holds the RocksDB store: the layer must share it
+        layer = hps_tf.LookupLayer(MODEL, 1, 16, tf.float32, ps_config_file=str(config))
+        assert servers.server(layer._handle) is hps.server
+        rows = _rows(model, rng, 4)[:, 2:]
+        np.testing.assert_array_equal(layer(tf.constant(rows)).numpy().reshape(-1, 16),
+                                      hps.lookup(rows, MODEL, 1))
+        assert not layer.trainable_weights  # lookups carry no gradient
+
+
 def test_ragged_keys_and_a_keras_model(model: Model, config_file: str,
                                        rng: np.random.Generator) -> None:
     layer = hps_tf.LookupLayer(MODEL, 1, 16, tf.float32, ps_config_file=config_file)

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from hps import ConfigError, KeyTypeError, UnknownModelError, UnknownTableError
-from hps.tools.bench.torch_layer import bench_torch_layer
+from hps import ConfigError, KeyTypeError, TierSetupError, UnknownModelError, UnknownTableError
+from hps.inference import HPS
 from hps.server.shared import servers
+from hps.tools.bench.torch_layer import bench_torch_layer
 from hps.torch import LookupLayer, close_servers
 from tests.support.hugectr_flows import MODEL, Model, ps_config, write_model
 
@@ -64,6 +65,7 @@ def test_forward_shape_values_and_device(model: Model, config_file: Path,
     layer = LookupLayer(str(config_file), MODEL, 1, 16)
     _, deep = _keys(model, rng, 32)
     out = layer(deep)
+    assert not out.requires_grad and out.grad_fn is None  # served, not trained
     assert out.shape == (32, 26, 16) and out.dtype == torch.float32 and out.device == deep.device
     np.testing.assert_array_equal(out.reshape(-1, 16).numpy(),
                                   model.vectors_of(1, deep.reshape(-1).numpy()))
@@ -85,6 +87,48 @@ def test_layers_share_one_server_per_config(model: Model, config_file: Path, tmp
     assert other._handle not in (first._handle, by_path[0]._handle)
 
 
+def _rocksdb_config(model: Model, tmp_path: Path, name: str) -> Path:
+    raw = ps_config(model.files, max_batchsize=32).to_json()
+    raw["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocksdb")}
+    path = tmp_path / name
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def test_layer_shares_the_server_of_an_open_hps(model: Model, tmp_path: Path,
+                                                rng: np.random.Generator) -> None:
+    """An HPS and a layer of the same config share one server: a second one would find
+    the RocksDB store locked by the first."""
+    config = _rocksdb_config(model, tmp_path, "ps.json")
+    hps = HPS(str(config))
+    layer = LookupLayer(config, MODEL, 1, 16)  # the same file, spelled as a Path
+    assert servers.server(layer._handle) is hps.server
+    with HPS(tmp_path / "." / "ps.json") as again:  # a third user, let go at once
+        assert again.server is hps.server
+    _, deep = _keys(model, rng, 8)
+    want = model.vectors_of(1, deep.reshape(-1).numpy())
+    np.testing.assert_array_equal(hps.lookup(deep.numpy(), MODEL, 1), want)
+    keys = deep.numpy().reshape(-1)  # uint64, as the KeyTypeError message lists it
+    np.testing.assert_array_equal(hps.lookup(keys.view(np.uint64), MODEL, 1), want)
+    hps.close()  # the layer still holds the server
+    hps.close()  # a second close changes nothing
+    np.testing.assert_array_equal(layer(deep).reshape(-1, 16).numpy(), want)
+    close_servers()  # the last user: the store is closed and can be opened anew
+    with HPS(config) as reopened:
+        np.testing.assert_array_equal(reopened.lookup(deep.numpy(), MODEL, 1), want)
+
+
+def test_a_store_open_in_this_process_is_named_so(model: Model, tmp_path: Path) -> None:
+    """Two configs naming one RocksDB path cannot share a server: the error says that
+    this very process holds the store, not another one."""
+    with HPS(_rocksdb_config(model, tmp_path, "first.json")):
+        with pytest.raises(TierSetupError, match="this process already has it open") as err:
+            LookupLayer(_rocksdb_config(model, tmp_path, "second.json"), MODEL, 1, 16)
+        assert "another process" not in str(err.value)
+        assert "same config file" in str(err.value)  # the fix
+    assert len(servers) == 0  # the failed layer registered nothing
+
+
 def test_bad_arguments_and_keys(config_file: Path) -> None:
     with pytest.raises(ConfigError, match="emb_vec_size=8 but table 1 .* has width 16"):
         LookupLayer(config_file, MODEL, 1, 8)
@@ -95,7 +139,8 @@ def test_bad_arguments_and_keys(config_file: Path) -> None:
     with pytest.raises(UnknownTableError, match="table_id must be the table's index"):
         LookupLayer(config_file, MODEL, "sparse_embedding1", 16)  # type: ignore[arg-type]
     layer = LookupLayer(config_file, MODEL, 1, 16)
-    with pytest.raises(KeyTypeError, match="integers"):
+    with pytest.raises(KeyTypeError, match=r"integers \(int64, uint64, int32, uint32 or "
+                                           r"narrower\), got dtype float32"):
         layer(torch.zeros(4))
 
 

@@ -9,16 +9,14 @@ the last lookup reading them is done, and the memory goes back to the OS.
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body
 from starlette.concurrency import run_in_threadpool
 
 from hps.config import parse_model_block
-from hps.errors import ConfigError
 from hps.http.errors import ApiError
-from hps.http.roots import check_sources, is_uri, source_path
+from hps.http.roots import check_absolute, check_sources
 from hps.http.routes import admin_guard, load_summary
 from hps.http.schemas import ERROR_RESPONSES, ErrorBody, ReloadResponse
 from hps.http.state import ServiceState
@@ -56,6 +54,7 @@ def build_admin_router(state: ServiceState) -> APIRouter:
                                         "roots."),
                             404: _error("A source does not exist."),
                             409: _error("A model of that name is served or loading."),
+                            415: _error("A body that is not application/json."),
                             422: _error("Not a valid model block, or the files are not a "
                                         "valid model.")})
     async def add_model(block: Annotated[Any, Body(examples=[_ADD_EXAMPLE])]
@@ -66,10 +65,7 @@ def build_admin_router(state: ServiceState) -> APIRouter:
         URIs under the server's allowed roots (`hps serve --allow-root`).
         """
         model = parse_model_block(block)
-        relative = [source_path(f) for f in model.sparse_files
-                    if not is_uri(source_path(f)) and not os.path.isabs(source_path(f))]
-        if relative:
-            raise ConfigError(f"sparse_files must be absolute paths or URIs, got {relative}")
+        check_absolute(model.sparse_files)
         check_sources(model.sparse_files, state.allowed_roots)
         if model.model in state.server.models or model.model in state.configured():
             raise ModelExists(f"model {model.model!r} is already served or loading: reload "
@@ -82,6 +78,7 @@ def build_admin_router(state: ServiceState) -> APIRouter:
                               403: _error("Admin routes need a token unless the server is "
                                           "bound to loopback."),
                               404: _error("Unknown model."),
+                              415: _error("A body that is not application/json."),
                               503: _error("The model is still loading.")})
     async def remove_model(model: str) -> dict[str, Any]:
         """Stop serving a model. Lookups already running finish; its tables leave the

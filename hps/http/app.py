@@ -24,7 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hps.errors import HPSError
 from hps.http.admin import build_admin_router
+from hps.http.docs_page import add_docs_page
 from hps.http.errors import ApiError, ErrorBody, error_body, v2_error_body
+from hps.http.gate import RequestGate, body_form
 from hps.http.hot_routes import HotRoute, HotRoutes
 from hps.http.kserve.infer import handle_infer
 from hps.http.kserve.routes import build_v2_router
@@ -33,7 +35,7 @@ from hps.http.lookup import LOOKUP_PATH, LOOKUP_RE, handle_lookup
 from hps.http.metrics import Metrics, MetricsMiddleware
 from hps.http.roots import default_roots, normalise_root
 from hps.http.routes import build_router, token_guard
-from hps.http.state import DEFAULT_MAX_BODY_BYTES, ServiceState
+from hps.http.state import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED_LOOKUPS, ServiceState
 from hps.server import HierarchicalParameterServer
 
 if TYPE_CHECKING:
@@ -67,6 +69,7 @@ def create_app(
     lookup_threads: int | None = None,
     on_ready: Callable[[], None] | None = None,
     allow_roots: Sequence[str] | None = None,
+    max_queued_lookups: int = DEFAULT_MAX_QUEUED_LOOKUPS,
 ) -> FastAPI:
     """A FastAPI app that serves `server`.
 
@@ -81,6 +84,8 @@ def create_app(
     size of the thread pool lookups run on (the event loop never runs one).
     `allow_roots`: folders or URI prefixes models added over HTTP may be read from
     (default: the folders holding the configured models' folders; see `roots.py`).
+    `max_queued_lookups`: lookups that may wait for or run on the lookup threads; past
+    it a lookup is answered 503 with Retry-After (`ServiceState.admit`).
     """
     if token is not None and not token:
         raise ValueError("token must be a non-empty string or None")
@@ -88,7 +93,7 @@ def create_app(
         raise ValueError("lookup_threads must be 0 (on the event loop) or more")
     state = ServiceState(server=server, metrics=Metrics(server), token=token, host=host,
                          max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
-                         on_ready=on_ready,
+                         on_ready=on_ready, max_queued_lookups=max_queued_lookups,
                          allowed_roots=[normalise_root(r) for r in (
                              default_roots(server.config) if allow_roots is None
                              else allow_roots)] + [normalise_root(r) for r in
@@ -104,14 +109,18 @@ def create_app(
 
     app = ServiceApp(title="hps", summary="Hierarchical parameter server for recommender "
                   "embeddings", description=DESCRIPTION, version=_version(),
-                  lifespan=lifespan, **_NO_OTEL)
+                  lifespan=lifespan, docs_url=None, redoc_url=None, **_NO_OTEL)
+    add_docs_page(app)  # Swagger UI from the package, not a CDN
     app.state.hps = state
     router = build_router(state)
     v2_router = build_v2_router(state, token_guard(state))
     app.include_router(router)
     app.include_router(v2_router)
-    app.include_router(build_admin_router(state))
+    admin_router = build_admin_router(state)
+    app.include_router(admin_router)
     _add_error_handlers(app, state)
+    # the routers' own routes (FastAPI keeps included routers as such, not their routes)
+    app.gate = RequestGate(state, [*router.routes, *v2_router.routes, *admin_router.routes])
     app.hot_routes = HotRoutes(state, [
         HotRoute.declared(router.routes, LOOKUP_PATH, LOOKUP_RE, handle_lookup, error_body),
         HotRoute.declared(v2_router.routes, INFER_PATH, INFER_RE, handle_infer, v2_error_body)])
@@ -128,12 +137,16 @@ class ServiceApp(FastAPI):
     (`Middleware(app)`) for something every request must pass through."""
 
     hot_routes: HotRoutes | None = None
+    gate: RequestGate | None = None  # guards and bounds every other request's body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hot = self.hot_routes
         hit = hot.match(scope) if hot is not None else None
         if hit is None:
-            await super().__call__(scope, receive, send)
+            if self.gate is None:
+                await super().__call__(scope, receive, send)
+            else:
+                await self.gate(scope, receive, send, super().__call__)
             return
         assert hot is not None
         scope["app"] = self
@@ -148,8 +161,7 @@ def _version() -> str:
 
 def _body_for(request: Request) -> ErrorBody:
     """The error body of the protocol a path belongs to: KServe v2's under /v2."""
-    path = request.scope.get("path", "")
-    return v2_error_body if path == "/v2" or path.startswith("/v2/") else error_body
+    return body_form(request.scope.get("path", ""))
 
 
 def _add_error_handlers(app: FastAPI, state: ServiceState) -> None:

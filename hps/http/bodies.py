@@ -1,6 +1,7 @@
 """Bodies of the hot routes (v1 lookup, v2 infer): reading a request body within its
 limit, what a JSON body may cost, and answers in JSON.
 
+- `parse_length`: a length header's value, the one way every length header is read;
 - `declared_length`: the Content-Length a request declares, read the one way every limit
   reads it (the body limit, a table's or model's key limit, the direct answer's check);
 - `read_body`: the whole body from the ASGI receive channel, 413 beyond the limit;
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +28,9 @@ from hps.http.schemas import JSON
 if TYPE_CHECKING:
     from starlette.types import Receive
 
-    from hps.http.hot_routes import Answer
+#: what a hot route's handler answers: the response headers and the body, in one or more
+#: parts (`hot_routes.Handler`)
+Answer = tuple[list[tuple[bytes, bytes]], Sequence[bytes | memoryview]]
 
 _JSON_TYPE = JSON.encode()
 
@@ -45,11 +48,16 @@ orjson = _optional("orjson")
 
 # -- request bodies -----------------------------------------------------------------------
 
+def parse_length(value: str) -> int | None:
+    """A length a header gives, as plain ASCII decimal digits; None for anything else
+    (`str.isdigit` alone accepts '²', which `int` refuses, and '١', which it reads)."""
+    return int(value) if value.isascii() and value.isdigit() else None
+
+
 def declared_length(headers: Mapping[str, str]) -> int | None:
     """The body length the request's Content-Length declares; None without one, or when it
     is not plain decimal digits (such a body is bounded as it is read)."""
-    declared = headers.get("content-length", "")
-    return int(declared) if declared.isascii() and declared.isdigit() else None
+    return parse_length(headers.get("content-length", ""))
 
 
 async def read_body(headers: Mapping[str, str], receive: Receive, limit: int) -> bytes:

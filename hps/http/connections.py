@@ -17,6 +17,11 @@ uvicorn's HTTP protocol class (httptools when installed, else h11) with:
 
 A connection closed for any of these is aborted (its descriptor freed at once) and
 counted in `ConnectionGuard.closed` by reason; the log says so once a minute.
+
+At shutdown (SIGTERM, SIGINT) every connection drains: a request in flight is answered
+with `Connection: close`; an idle kept-alive connection stays open DRAIN_IDLE_SECONDS, so
+a request a client sent on it meanwhile is answered (with `Connection: close`) rather
+than met with a reset, then it is closed ("drained").
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from hps.runtime.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.http")
 
+#: seconds an idle kept-alive connection stays open once the server drains
+DRAIN_IDLE_SECONDS = 2.0
+
 
 @dataclass
 class ConnectionGuard:
@@ -44,6 +52,7 @@ class ConnectionGuard:
     #: connections closed by reason: "header_timeout", "body_timeout", "evicted", "full"
     closed: dict[str, int] = field(default_factory=dict)
     open: int = 0
+    draining: bool = False  # the server shuts down: every answer says Connection: close
     _waiting: OrderedDict[Any, None] = field(default_factory=OrderedDict)
     _log: ThrottledLog = field(default_factory=lambda: ThrottledLog(log))
 
@@ -80,9 +89,13 @@ class ConnectionGuard:
 
 def uvicorn_options(http: HttpConfig) -> dict[str, Any]:
     """The uvicorn.Config settings that apply `http`'s timeouts and connection bound
-    (a fresh `ConnectionGuard`, reachable as the protocol class's `guard`)."""
+    (a fresh `ConnectionGuard`, reachable as the protocol class's `guard`), and the
+    headers of every answer."""
     guard = ConnectionGuard(http.max_connections, http.header_timeout, http.body_timeout)
-    return {"http": guarded_protocol(guard), "timeout_keep_alive": http.keep_alive_timeout}
+    return {"http": guarded_protocol(guard), "timeout_keep_alive": http.keep_alive_timeout,
+            # on every answer, the direct ones too (direct.py writes uvicorn's headers):
+            # a browser never reads an answer as another type than it says
+            "headers": [("X-Content-Type-Options", "nosniff")]}
 
 
 def protocol_base() -> type[asyncio.Protocol]:
@@ -138,6 +151,26 @@ def guarded_protocol(guard: ConnectionGuard,
                 self._hps_cycle = request
                 self._disarm()
                 guard.busy(self)
+
+        def shutdown(self) -> None:
+            """Drain (see the module): answer what is in flight or on its way, then close."""
+            guard.draining = True
+            pending: Any = getattr(self, "_hps_pending", None)
+            if pending is not None:  # a direct answer whose body is coming
+                pending.keep_alive = False
+            elif self.cycle is None or self.cycle.response_complete:
+                self._arm(DRAIN_IDLE_SECONDS, "drained")
+            else:
+                super().shutdown()
+
+        def on_headers_complete(self) -> None:  # httptools' callback (h11 has none)
+            super().on_headers_complete()
+            if guard.draining:  # a request that came during the drain: the last one
+                pending: Any = getattr(self, "_hps_pending", None)
+                if pending is not None:
+                    pending.keep_alive = False
+                elif self.cycle is not None:
+                    self.cycle.keep_alive = False
 
         def on_response_complete(self) -> None:
             super().on_response_complete()

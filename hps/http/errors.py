@@ -89,6 +89,20 @@ class ModelNotReady(ApiError):
     kind = "model_loading"
 
 
+class Overloaded(ApiError):
+    """More lookups wait than the server's admission queue holds: shed, not queued."""
+
+    status = 503
+    kind = "overloaded"
+
+
+class DeadlineExceeded(ApiError):
+    """The request's deadline (`X-HPS-Deadline-Ms`) passed before its answer was ready."""
+
+    status = 504
+    kind = "deadline_exceeded"
+
+
 #: HPSError class → HTTP status; the first class in the error's MRO found here wins
 _STATUS: dict[type[Exception], int] = {
     hps_errors.UnknownModelError: 404,

@@ -1,10 +1,13 @@
 """Which requests admin routes (reload, adding and removing models) accept, beyond the
 token: the server's own names, and JSON bodies.
 
-- Host: the request's `Host` header (and its `Origin`, when a browser sends one) must name
-  one of the server's names (`http.allowed_hosts`; by default the loopback names and the
-  bound address), so a page elsewhere cannot reach a loopback server through DNS
-  rebinding or a cross-site form.
+- Host: the request's `Host` header must name one of the server's names
+  (`http.allowed_hosts`; by default the loopback names and the bound address), so a page
+  elsewhere cannot reach a loopback server through DNS rebinding.
+- Origin, when a browser sends one: scheme, host and port must be one of the server's own
+  origins (one of its names on the scheme and port the request came in on, or an
+  `http.allowed_hosts` entry written as an origin, `https://hps.example`), so a page on
+  another port of the same machine (`http://localhost:3000`) cannot post a form to it.
 - Body: a request that carries one must say `Content-Type: application/json` (a browser
   cannot send that cross-site without asking first).
 
@@ -14,11 +17,15 @@ Where admin routes may read from is `roots.py`'s.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from hps.config import PSConfig
 from hps.http.errors import Forbidden, UnsupportedMediaType
 from hps.http.schemas import JSON
+
+if TYPE_CHECKING:
+    from starlette.types import Scope
 
 #: names every server answers to on its own machine
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -53,9 +60,52 @@ def allowed_hosts(config: PSConfig, bound: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def check_admin_request(headers: Mapping[str, str], hosts: frozenset[str]) -> None:
-    """HostNotAllowed (403) for a foreign Host or Origin, UnsupportedMediaType (415) for
-    a body that is not JSON."""
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(value: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an origin (`http://localhost:8000`), the port made explicit;
+    None for what is not an http(s) origin."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def allowed_origins(config: PSConfig) -> frozenset[tuple[str, str, int]]:
+    """The `http.allowed_hosts` entries written as origins (a proxy's `https://name`)."""
+    entries = (origin_of(h) for h in config.http.allowed_hosts or () if "://" in h)
+    return frozenset(e for e in entries if e is not None)
+
+
+def check_origin(origin: str, hosts: frozenset[str], listed: frozenset[tuple[str, str, int]],
+                 scheme: str, port: int | None) -> None:
+    """HostNotAllowed unless `origin` is one of the server's own: one of `hosts` on the
+    `scheme` and `port` the request came in on, or one of the `listed` origins."""
+    own = origin_of(origin)
+    if own is None or not (own in listed or (
+            own[1] in hosts and own[0] == scheme and port is not None and own[2] == port)):
+        raise HostNotAllowed(f"admin routes refuse requests from pages at {origin!r} (this "
+                             f"server's origins are {scheme}://<its names>:{port})")
+
+
+def request_port(scope: Scope) -> int | None:
+    """The port a request came in on (None on a Unix socket)."""
+    server = scope.get("server")
+    return int(server[1]) if server and server[1] is not None else None
+
+
+def check_admin_request(headers: Mapping[str, str], hosts: frozenset[str],
+                        origins: frozenset[tuple[str, str, int]] = frozenset(),
+                        scheme: str = "http", port: int | None = None) -> None:
+    """HostNotAllowed (403) for a foreign Host or Origin (`check_origin`; `scheme` and
+    `port`: where the request came in), UnsupportedMediaType (415) for a body that is not
+    JSON."""
     host = host_of(headers.get("host", ""))
     if host not in hosts:
         raise HostNotAllowed(
@@ -65,8 +115,8 @@ def check_admin_request(headers: Mapping[str, str], hosts: frozenset[str]) -> No
     origin = headers.get("origin")
     if origin == "null":
         raise HostNotAllowed("admin routes refuse requests from opaque origins")
-    if origin is not None and host_of(origin) not in hosts:
-        raise HostNotAllowed(f"admin routes refuse requests from pages at {origin!r}")
+    if origin is not None:
+        check_origin(origin, hosts, origins, scheme, port)
     has_body = headers.get("content-length", "0") not in ("", "0") or (
         "transfer-encoding" in headers)
     media = headers.get("content-type", "").split(";", 1)[0].strip().lower()

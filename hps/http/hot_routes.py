@@ -31,20 +31,21 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from hps.http.bodies import Answer
+
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
 
     from hps.http.errors import ErrorBody
     from hps.http.state import ServiceState
 
-#: what a handler answers: the response headers and the body, in one or more parts
-Answer = tuple[list[tuple[bytes, bytes]], Sequence[bytes | memoryview]]
 Handler = Callable[["ServiceState", Mapping[str, str], "Receive", dict[str, str | None]],
                    Coroutine[Any, Any, Answer]]
 
 #: the request headers the handlers read (ASGI gives names in lower case)
 READ_HEADERS = frozenset({b"content-type", b"content-length", b"authorization",
-                          b"content-encoding", b"inference-header-content-length"})
+                          b"content-encoding", b"inference-header-content-length",
+                          b"x-hps-deadline-ms"})
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,7 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
     """
     model, table = params["model"] or "", params["table"] or ""
     state.check_token(headers.get("authorization"))
+    deadline = state.admit(headers)
     media = media_type_of(headers)
     loaded_table = state.model(model).table(table)
     _refuse_early(headers, loaded_table, media)
@@ -150,7 +151,7 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
     started = time.perf_counter()
     if media == OCTET_STREAM:
         data, count, width = await state.run_lookup(
-            lookup_binary, state.server, model, loaded_table, body)
+            lookup_binary, state.server, model, loaded_table, body, deadline=deadline)
         state.metrics.observe_lookup(model, loaded_table.name, time.perf_counter() - started)
         return [
             (b"content-type", OCTET_STREAM.encode()),
@@ -158,6 +159,7 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
             (_KEYS, str(count).encode()), (_WIDTH, str(width).encode()),
             (_MODEL, model.encode()), (_TABLE, loaded_table.name.encode()),
         ], (data,)
-    payload = await state.run_lookup(lookup_json, state.server, model, loaded_table, body)
+    payload = await state.run_lookup(lookup_json, state.server, model, loaded_table, body,
+                                     deadline=deadline)
     state.metrics.observe_lookup(model, loaded_table.name, time.perf_counter() - started)
     return json_answer(payload)

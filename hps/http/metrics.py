@@ -71,6 +71,12 @@ class Metrics:
         self.errors = Counter(
             "hps_http_errors", "Error answers, by kind (as in the JSON error body).",
             ["kind", "code"], registry=r)
+        self.shed = Counter(
+            "hps_http_shed", "Lookups refused (503) because the admission queue was full.",
+            registry=r)
+        self.expired = Counter(
+            "hps_http_deadline_expired", "Lookups answered 504 because their deadline "
+            "(X-HPS-Deadline-Ms) passed before the answer was ready.", registry=r)
         self.load_keys = Counter(
             "hps_load_keys", "Keys written to the tiers by model loads.", ["model"], registry=r)
         self.load_bytes = Counter(
@@ -233,7 +239,11 @@ def _update_metrics(status: dict[str, Any]) -> Iterator[Any]:
                                    labels=table)
     rejected = CounterMetricFamily(
         "hps_update_rejected", "Update messages skipped, by reason (magic, value_size, "
-        "truncated, unknown_table, non_finite, key_range).", labels=[*table, "reason"])
+        "truncated, unknown_table, non_finite, key_range; failed, write_failed: set aside "
+        "after an error of their own).", labels=[*table, "reason"])
+    failing = GaugeMetricFamily(
+        "hps_update_table_failing", "1 while the table's updates cannot be read (its "
+        "stream key is of another type, say), else 0.", labels=table)
     lag = GaugeMetricFamily("hps_update_lag_messages",
                             "Messages of the table not applied yet.", labels=table)
     lag_seconds = GaugeMetricFamily(
@@ -245,6 +255,7 @@ def _update_metrics(status: dict[str, Any]) -> Iterator[Any]:
                               "Publish time of the last applied message.", labels=table)
     for topic, t in status["tables"].items():
         rows.add_metric([topic], t["rows"])
+        failing.add_metric([topic], 1.0 if t.get("failing") else 0.0)
         messages.add_metric([topic], t["messages"])
         for reason, count in sorted(t["rejected"].items()):
             rejected.add_metric([topic, reason], count)
@@ -268,7 +279,8 @@ def _update_metrics(status: dict[str, Any]) -> Iterator[Any]:
                                   "Polls, writes and commits retried after a failure.",
                                   labels=["source"])
     retries.add_metric(source, status["retries"])
-    yield from (rows, messages, rejected, lag, lag_seconds, offset, stamp, up, rate, retries)
+    yield from (rows, messages, rejected, failing, lag, lag_seconds, offset, stamp, up, rate,
+                retries)
 
 
 def _numbers(stats: dict[str, Any]) -> Iterator[tuple[str, float]]:

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from hps.config import PSConfig
-from hps.errors import ConfigError
+from hps.errors import ConfigError, SourceNotFoundError
 from hps.http.errors import Forbidden
 
 
@@ -84,9 +84,20 @@ def check_text(source: str) -> None:
                               f"(here {host!r} stands where the path's root belongs)")
 
 
+def check_absolute(entries: Sequence[Any]) -> None:
+    """ConfigError unless every `sparse_files` entry is an absolute path, a `file:///`
+    URI (the same path) or another URI: the one rule of adding and of reloading."""
+    relative = [source_path(e) for e in entries
+                if not is_uri(source_path(e))
+                and not os.path.isabs(source_path(e).removeprefix("file://"))]
+    if relative:
+        raise ConfigError(f"sparse_files must be absolute paths or URIs, got {relative}")
+
+
 def check_sources(entries: Sequence[Any], roots: Sequence[str]) -> None:
     """ConfigError for a malformed entry (`check_text`), then Forbidden naming the first
-    `sparse_files` entry outside every root."""
+    `sparse_files` entry outside every root, then SourceNotFoundError (404) for a local
+    one that does not exist, whether named as a string or an object."""
     for entry in entries:
         check_text(source_path(entry))
     for entry in entries:
@@ -95,3 +106,7 @@ def check_sources(entries: Sequence[Any], roots: Sequence[str]) -> None:
             allowed = ", ".join(roots) or "none"
             raise Forbidden(f"{source!r} is not under an allowed root (allowed: {allowed}); "
                             "start the server with --allow-root to read from elsewhere")
+    for entry in entries:  # only once all are under a root: nothing is said of others
+        source = source_path(entry)
+        if not is_uri(source) and not os.path.exists(_local(source)):
+            raise SourceNotFoundError(f"{source!r} does not exist")

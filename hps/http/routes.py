@@ -19,9 +19,10 @@ from starlette.concurrency import run_in_threadpool
 
 from hps.config import ModelConfig
 from hps.errors import ConfigError
+from hps.http.guards import request_port
 from hps.http.hot_routes import HotRoutes
 from hps.http.lookup import LOOKUP_PATH, handle_lookup
-from hps.http.roots import check_sources
+from hps.http.roots import check_absolute, check_sources
 from hps.http.schemas import (
     ERROR_RESPONSES,
     JSON,
@@ -64,6 +65,10 @@ def model_infos(server: HierarchicalParameterServer) -> list[dict[str, Any]]:
 
 # -- the router ---------------------------------------------------------------------------
 
+#: the guards of a route (`guard_of`), which `gate.RequestGate` applies before any body
+ADMIN, TOKEN = "admin", "token"
+
+
 def token_guard(state: ServiceState) -> list[Any]:
     """The dependencies of a route the token protects (none when no token is set)."""
 
@@ -71,6 +76,7 @@ def token_guard(state: ServiceState) -> list[Any]:
         # `credentials` only documents the scheme in OpenAPI; the check reads the header
         state.check_token(request.headers.get("authorization"))
 
+    require_token.hps_guard = TOKEN  # type: ignore[attr-defined]
     return [Depends(require_token)] if state.token is not None else []
 
 
@@ -78,9 +84,17 @@ def admin_guard(state: ServiceState) -> list[Any]:
     """The dependencies of an admin route: the token, or without one a loopback server."""
 
     async def require_admin(request: Request, credentials: Credentials) -> None:
-        state.check_admin(request.headers)
+        state.check_admin(request.headers, request.url.scheme, request_port(request.scope))
 
+    require_admin.hps_guard = ADMIN  # type: ignore[attr-defined]
     return [*token_guard(state), Depends(require_admin)]
+
+
+def guard_of(route: Any) -> str | None:
+    """ADMIN, TOKEN or None: the strictest guard among a route's dependencies."""
+    guards = {getattr(d.dependency, "hps_guard", None)
+              for d in getattr(route, "dependencies", ())}
+    return ADMIN if ADMIN in guards else TOKEN if TOKEN in guards else None
 
 
 def build_router(state: ServiceState) -> APIRouter:
@@ -91,7 +105,8 @@ def build_router(state: ServiceState) -> APIRouter:
     server = state.server
 
     @router.get("/healthz", response_model=Health, tags=["health"],
-                summary="Alive (answers while models load)")
+                summary="Alive (answers while models load)",
+                responses={413: ERROR_RESPONSES[413]})
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
@@ -103,7 +118,8 @@ def build_router(state: ServiceState) -> APIRouter:
     @router.get("/readyz", response_model=Readiness, tags=["health"],
                 summary="Ready: every model of the config is loaded",
                 responses={503: {"model": Readiness, "description": "Not every model is "
-                                 "loaded (yet, or a load failed)."}})
+                                 "loaded (yet, or a load failed)."},
+                           413: ERROR_RESPONSES[413]})
     async def readyz() -> Response:
         loaded = sorted(server.models)
         ready = state.ready()
@@ -115,10 +131,8 @@ def build_router(state: ServiceState) -> APIRouter:
         if updates is not None:
             body["updates"] = updates
         if not ready:
-            body["error"] = {"kind": "not_ready", "message":
-                             f"models not served yet: {', '.join(state.pending()) or '-'}"
-                             + (f"; failed: {', '.join(state.failed)} (why: GET /v1/models)"
-                                if state.failed else "")}
+            body["error"] = {"kind": "not_ready", "message": _not_ready(state.pending(),
+                                                                         sorted(state.failed))}
         return Response(json.dumps(body).encode(), status_code=200 if ready else 503,
                         media_type=JSON)
 
@@ -126,14 +140,14 @@ def build_router(state: ServiceState) -> APIRouter:
                 summary="Prometheus metrics", response_class=Response,
                 responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                                  "description": "Prometheus text format."},
-                           401: ERROR_RESPONSES[401]})
+                           401: ERROR_RESPONSES[401], 413: ERROR_RESPONSES[413]})
     async def metrics() -> Response:
         data = await run_in_threadpool(generate_latest, state.metrics.registry)
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/v1/models", response_model=ModelList, dependencies=protected,
                 tags=["models"], summary="Loaded models: tables, widths, sources, tiers",
-                responses={401: ERROR_RESPONSES[401]})
+                responses={401: ERROR_RESPONSES[401], 413: ERROR_RESPONSES[413]})
     async def list_models() -> dict[str, Any]:
         models = await run_in_threadpool(model_infos, server)
         return {"models": models, "loading": state.pending(), "failed": dict(state.failed)}
@@ -211,9 +225,7 @@ def _with_sources(config: ModelConfig, files: list[str | dict[str, Any]]) -> Mod
         raise ConfigError(f"sparse_files has {len(files)} entries but model "
                           f"{config.model!r} has {config.num_tables} tables")
     specs = [_table_spec(i, f) for i, f in enumerate(files)]
-    relative = [s.path for s in specs if "://" not in s.path and not os.path.isabs(s.path)]
-    if relative:
-        raise ConfigError(f"sparse_files must be absolute paths or URIs, got {relative}")
+    check_absolute(specs)
     entries = [f if isinstance(f, str) else spec for f, spec in zip(files, specs, strict=True)]
     return config.model_copy(update={"sparse_files": entries})
 
@@ -232,10 +244,26 @@ def _table_spec(index: int, entry: str | dict[str, Any]) -> TableSpec:
         raise ConfigError(f"sparse_files[{index}]: {exc}") from None
 
 
+def _not_ready(pending: list[str], failed: list[str]) -> str:
+    """Why /readyz answers 503, naming only the lists that have models in them."""
+    parts = []
+    if pending:
+        parts.append(f"still loading: {', '.join(pending)}")
+    if failed:
+        parts.append(f"failed to load: {', '.join(failed)} (why: GET /v1/models)")
+    return "models not served yet: " + ("; ".join(parts) or "starting")
+
+
 def _update_state(server: Any) -> dict[str, Any] | None:
     """The update source's state for /readyz (details are in /metrics, which is guarded)."""
     status = server.update_status()
     if status is None:
         return None
+    tables = status.get("tables", {})
     return {"source": status["source"], "state": status["state"],
-            "since": status["state_since"]}
+            "since": status["state_since"],
+            # tables whose source cannot be read (the others' updates go on), and tables
+            # with messages waiting (how many)
+            "failing": {k: t["failing"] for k, t in tables.items() if t.get("failing")},
+            "lagging": {k: t["lag_messages"] for k, t in tables.items()
+                        if t.get("lag_messages")}}

@@ -112,6 +112,12 @@ class UpdateSourceState(BaseModel):
                        "read), 'retrying' (a tier cannot take the writes) or 'stopped'; "
                        "both failures are retried with backoff while lookups are served.")
     since: float = Field(description="When the state began, seconds since the epoch.")
+    failing: dict[str, str] = Field(
+        default_factory=dict, description="Tables whose updates cannot be read now (a "
+        "stream key of another type, say), with why; the other tables' updates go on.")
+    lagging: dict[str, int] = Field(
+        default_factory=dict, description="Tables with update messages waiting, and how "
+        "many.")
 
 
 class Readiness(BaseModel):
@@ -137,8 +143,29 @@ def _error_response(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
 
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema with its `$defs` written in place: a schema put in the
+    OpenAPI document by hand (`openapi_extra`) cannot refer to `#/$defs/...`, which would
+    be read from the document's root and not be found."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)  # type: ignore[no-any-return]
+
+
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: _error_response("A token is set and the request has none, or a wrong one."),
+    413: _error_response("A body larger than the server's limit (--max-body-bytes)."),
     422: _error_response("A parameter is not of the expected form."),
 }
 
@@ -148,7 +175,10 @@ LOOKUP_ERRORS: dict[int | str, dict[str, Any]] = {
     404: _error_response("Unknown model or table."),
     413: _error_response("Body larger than the server's limit."),
     415: _error_response("Content type other than application/octet-stream or JSON."),
-    503: _error_response("The model is still loading."),
+    503: _error_response("The model is still loading, or more lookups wait than the "
+                         "server takes (kind overloaded; Retry-After says when to retry)."),
+    504: _error_response("The request's deadline (X-HPS-Deadline-Ms) passed before its "
+                         "answer was ready."),
 }
 
 #: OpenAPI of the lookup route's request body: the binary and the JSON form
@@ -161,7 +191,7 @@ LOOKUP_REQUEST_OPENAPI: dict[str, Any] = {
         ),
         "content": {
             OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}},
-            JSON: {"schema": LookupRequest.model_json_schema()},
+            JSON: {"schema": inline_schema(LookupRequest)},
         },
     },
 }

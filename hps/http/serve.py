@@ -7,12 +7,14 @@ A port that is taken is a `BindError` before anything is opened or announced.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +106,11 @@ def serve(
     log_level: str = "info",
     echo: Callable[[str], None] = print,
     allow_roots: Sequence[str] | None = None,
+    grpc_port: int | None = None,
 ) -> None:
-    """Serve every model of `config` over HTTP until interrupted (SIGINT/SIGTERM).
+    """Serve every model of `config` over HTTP until interrupted (SIGINT/SIGTERM), and
+    over gRPC (KServe v2, `hps.http.grpc`) on `grpc_port` (else the config's
+    `http.grpc_port`; None: no gRPC), both stopped together.
 
     The address is bound first (BindError if the port is taken), then the tiers are set
     up (a bad config or an unreachable Redis fails here, before anything is served);
@@ -119,7 +124,7 @@ def serve(
     except BaseException:
         sock.close()
         raise
-    uv: uvicorn.Server | None = None
+    uv: _Server | None = None
 
     def announce() -> None:
         while uv is not None and not uv.started and not uv.should_exit:
@@ -135,10 +140,12 @@ def serve(
     app = create_app(server, token=token, host=host, max_body_bytes=max_body_bytes,
                      lookup_threads=lookup_threads, on_ready=on_ready,
                      allow_roots=allow_roots)
+    grpc_server = _grpc_server(app, host, grpc_port if grpc_port is not None
+                               else server.config.http.grpc_port, sock)
     if token is None and not is_loopback(host):
         log.warning("serving on %s without a token: reads are open to the network, admin "
                     "routes (reload) are refused", host)
-    uv = uvicorn.Server(uvicorn.Config(
+    uv = _Server(uvicorn.Config(
         app, access_log=access_log, log_level=log_level, log_config=None,
         lifespan="on", ws="none", timeout_graceful_shutdown=5,
         **uvicorn_options(server.config.http)))
@@ -147,11 +154,54 @@ def serve(
     sock.listen(2048)
     echo(f"hps: serving on {base_url(host, int(sock.getsockname()[1]))} (models load in the "
          "background; GET /readyz turns 200 when they are in, docs at /docs)")
+    if grpc_server is not None:
+        echo(f"hps: serving KServe v2 over gRPC on {grpc_server.start()}")
     try:
         uv.run(sockets=[sock])
     finally:
+        if grpc_server is not None:  # served through uvicorn's drain; its calls in
+            grpc_server.stop(grace=5).wait()  # flight then get as long to finish
         sock.close()
         _close(app.state.hps.loader, server)
+    if uv.stopped_by:
+        echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in uv.stopped_by)}: "
+             "drained, every tier closed")
+
+
+def _grpc_server(app: Any, host: str, port: int | None, sock: socket.socket) -> Any:
+    """The gRPC service of `app`'s state bound to `host:port` (None: none); a taken
+    port closes the HTTP socket and raises BindError before anything is served."""
+    if port is None:
+        return None
+    try:
+        from hps.http.grpc import GrpcServer
+
+        return GrpcServer(app.state.hps, host, port)
+    except BaseException:
+        sock.close()
+        raise
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM or SIGINT drains (connections.py says how) and
+    then returns, so `serve` closes every tier and the process exits 0.
+
+    uvicorn raises the signal again once it has drained, with the default handler back:
+    the process then died of it (status 143) before the tiers were closed (RocksDB left
+    its WAL to replay at the next start). The signals it caught are noted in `stopped_by`
+    instead."""
+
+    stopped_by: tuple[int, ...] = ()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:  # before uvicorn's own exit raises them again
+                self.stopped_by = tuple(getattr(self, "_captured_signals", ()))
+                if hasattr(self, "_captured_signals"):
+                    self._captured_signals.clear()
 
 
 def _close(loader: threading.Thread | None, server: HierarchicalParameterServer) -> None:

@@ -23,17 +23,21 @@ from starlette.responses import JSONResponse
 
 from hps.config import ModelConfig
 from hps.errors import HPSError, UnknownModelError
+from hps.http.bodies import parse_length
 from hps.http.errors import (
     ApiError,
+    BadBody,
+    DeadlineExceeded,
     ErrorBody,
     Forbidden,
     ModelNotReady,
+    Overloaded,
     Unauthorized,
     error_body,
     kind_of,
     status_of,
 )
-from hps.http.guards import allowed_hosts, check_admin_request
+from hps.http.guards import allowed_hosts, allowed_origins, check_admin_request
 from hps.http.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -46,6 +50,13 @@ T = TypeVar("T")
 
 #: default limit of a request body: 16 MiB (2 M binary keys)
 DEFAULT_MAX_BODY_BYTES = 16 << 20
+#: default bound of the admission queue: lookups waiting for or on a lookup thread. Past
+#: it a lookup is answered 503 at once: queueing more only makes every answer later
+DEFAULT_MAX_QUEUED_LOOKUPS = 64
+#: the header a client gives its deadline in: milliseconds from when the server has the
+#: request's headers
+DEADLINE_HEADER = "x-hps-deadline-ms"
+
 #: default size of the lookup thread pool when a tier is on the network, on disk or on a
 #: GPU: enough to overlap round trips, few enough that lookups do not fight over the GIL
 DEFAULT_LOOKUP_THREADS = 2
@@ -75,6 +86,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class _Expired(Exception):
+    """A lookup whose deadline passed while it waited for a thread (not started)."""
+
+
+def _before(deadline: float | None, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on a lookup thread, unless `deadline` passed while it waited."""
+    if deadline is not None and time.monotonic() >= deadline:
+        raise _Expired()
+    return fn(*args)
+
+
 @dataclass
 class ServiceState:
     """The shared state of one app (one per `create_app` call)."""
@@ -86,6 +108,9 @@ class ServiceState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     lookup_threads: int | None = None  # None: auto_lookup_threads(server)
     on_ready: Callable[[], None] | None = None
+    #: lookups that may wait for or run on the lookup threads (see `admit`)
+    max_queued_lookups: int = DEFAULT_MAX_QUEUED_LOOKUPS
+    queued_lookups: int = 0  # event loop only
     #: where models added over HTTP may be read from (normalised; see roots.py)
     allowed_roots: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
@@ -93,6 +118,8 @@ class ServiceState:
     executor: ThreadPoolExecutor = field(init=False)
     #: Host names admin routes accept (see guards.py)
     admin_hosts: frozenset[str] = field(init=False)
+    #: origins of `http.allowed_hosts` admin routes accept besides the server's own
+    admin_origins: frozenset[tuple[str, str, int]] = field(init=False)
 
     def __post_init__(self) -> None:
         if self.lookup_threads is None:
@@ -100,14 +127,55 @@ class ServiceState:
         self.executor = ThreadPoolExecutor(max(1, self.lookup_threads),
                                            thread_name_prefix="hps-lookup")
         self.admin_hosts = allowed_hosts(self.server.config, self.host)
+        self.admin_origins = allowed_origins(self.server.config)
 
-    async def run_lookup(self, fn: Callable[..., T], *args: Any) -> T:
+    # -- admission: the one rule of every lookup route, on every path to it ---------------
+
+    def admit(self, headers: Mapping[str, str]) -> float | None:
+        """Before a lookup's body is read: Overloaded (503, Retry-After) when the admission
+        queue is full, else the request's deadline (`time.monotonic()` seconds; None
+        without `X-HPS-Deadline-Ms`). Every hot route's handler calls it, so the general
+        path and both shortcuts (`hot_routes.py`, `direct.py`) apply the same rule."""
+        if self.queued_lookups >= self.max_queued_lookups:
+            self.metrics.shed.inc()
+            raise Overloaded(f"{self.queued_lookups} lookups are waiting (the server's "
+                             "bound): try again shortly", headers={"Retry-After": "1"})
+        given = headers.get(DEADLINE_HEADER)
+        if given is None:
+            return None
+        ms = parse_length(given.strip())
+        if ms is None:
+            raise BadBody(f"X-HPS-Deadline-Ms {given!r} is not a whole number of "
+                          "milliseconds")
+        return time.monotonic() + ms / 1000.0
+
+    def check_deadline(self, deadline: float | None) -> None:
+        """DeadlineExceeded (504) once `deadline` has passed."""
+        if deadline is not None and time.monotonic() >= deadline:
+            self.metrics.expired.inc()
+            raise DeadlineExceeded("the request's deadline (X-HPS-Deadline-Ms) passed "
+                                   "before its answer was ready")
+
+    async def run_lookup(self, fn: Callable[..., T], *args: Any,
+                         deadline: float | None = None) -> T:
         """`fn(*args)` on the lookup thread pool; with `lookup_threads` 0, right here on
         the event loop (no thread handoff: for in-memory tiers, whose lookups are short
-        compiled code, this is the fastest; a network or disk tier would stall the loop)."""
+        compiled code, this is the fastest; a network or disk tier would stall the loop).
+        Counted in the admission queue while it waits and runs; not started, and not
+        answered, once `deadline` has passed (504 rather than served late)."""
+        self.check_deadline(deadline)
         if self.lookup_threads == 0:
             return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        self.queued_lookups += 1
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                self.executor, _before, deadline, fn, *args)
+        except _Expired:
+            result = None  # the deadline has passed: check_deadline raises
+        finally:
+            self.queued_lookups -= 1
+        self.check_deadline(deadline)
+        return result
 
     # -- auth ---------------------------------------------------------------------------
 
@@ -116,15 +184,17 @@ class ServiceState:
         """Admin routes are open without a token only on a loopback-bound server."""
         return self.token is None and is_loopback(self.host)
 
-    def check_admin(self, headers: Mapping[str, str]) -> None:
+    def check_admin(self, headers: Mapping[str, str], scheme: str = "http",
+                    port: int | None = None) -> None:
         """Raise unless an admin request may go on: token (when set, or the server is
-        bound to loopback), then Host/Origin and content type (`guards.py`)."""
+        bound to loopback), then Host/Origin and content type (`guards.py`; `scheme` and
+        `port`: where the request came in, which an Origin must match)."""
         if self.token is None and not self.admin_open:
             raise Forbidden(
                 f"admin routes are refused on a server bound to {self.host} without a "
                 "token: start it with --token (or HPS_TOKEN), or bind it to 127.0.0.1")
         self.check_token(headers.get("authorization"))
-        check_admin_request(headers, self.admin_hosts)
+        check_admin_request(headers, self.admin_hosts, self.admin_origins, scheme, port)
 
     def check_token(self, authorization: str | None) -> None:
         """Unauthorized unless no token is set or `authorization` is 'Bearer <token>'."""

@@ -86,7 +86,8 @@ def key_ref(keys: Any) -> ArrayRef:
     dtype = ref.dtype
     if dtype is None or dtype.kind not in "iu":
         raise KeyTypeError(
-            f"keys must be integers (int64, int32 or uint32), got dtype {ref.dtype_name}"
+            "keys must be integers (int64, uint64, int32, uint32 or narrower), "
+            f"got dtype {ref.dtype_name}"
         )
     return ref
 

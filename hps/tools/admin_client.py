@@ -3,7 +3,7 @@
 Standard library only (`urllib`), so `hps models` works without the server extra.
 `model_block(path, name)` reads the model block to add from a ps.json / YAML file (one
 block, or a whole config and the model's name) with its relative paths made absolute,
-as the server requires.
+as the server requires; `absolute_sources` does the same for the files of a reload.
 """
 
 from __future__ import annotations
@@ -56,6 +56,18 @@ def _message(raw: bytes) -> str:
     return str(error.get("message", error) if isinstance(error, dict) else error)
 
 
+def absolute_sources(sources: list[Any], base: Path) -> list[Any]:
+    """`sparse_files` entries with relative local paths resolved from `base` (URIs and
+    absolute paths kept; an entry that is an object has its `path` resolved)."""
+    def absolute(source: str) -> str:
+        return source if "://" in source or os.path.isabs(source) else str(base / source)
+
+    return [absolute(f) if isinstance(f, str) else
+            {**f, "path": absolute(f["path"])} if isinstance(f, dict)
+            and isinstance(f.get("path"), str) else f
+            for f in sources]
+
+
 def model_block(path: Path, name: str | None = None) -> dict[str, Any]:
     """The model block to add: `path` holds one, or a config with `models` (pick `name`
     when there are several). Relative `sparse_files` resolve from the file's folder."""
@@ -79,16 +91,7 @@ def model_block(path: Path, name: str | None = None) -> dict[str, Any]:
             raise ConfigError(f"{path} holds models {', '.join(names)}: pick one with --model")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a model block (an object)")
-    base = path.resolve().parent
-
-    def absolute(source: str) -> str:
-        return source if "://" in source or os.path.isabs(source) else str(base / source)
-
     files = raw.get("sparse_files")
     if isinstance(files, list):
-        raw = {**raw, "sparse_files": [
-            absolute(f) if isinstance(f, str) else
-            {**f, "path": absolute(f["path"])} if isinstance(f, dict)
-            and isinstance(f.get("path"), str) else f
-            for f in files]}
+        raw = {**raw, "sparse_files": absolute_sources(files, path.resolve().parent)}
     return raw

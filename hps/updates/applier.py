@@ -7,7 +7,9 @@ A batch (the messages of one poll) is applied in two steps:
    malformed messages, unknown tables, NaN/inf rows, out-of-range keys and values a
    compact table's storage type cannot hold (float16 past ±65504, ...: "value_range")
    are rejected here (counted in `UpdateStats`, logged with a rate limit), so they
-   never change a row. Nothing is written.
+   never change a row. Nothing is written. A message whose decoding fails for any other
+   reason is set aside the same way (reason "failed"): it never stops the messages
+   after it.
 2. `write`: per table, the rows of all its messages (the last row of a key wins, as the
    log's order says) go to the persistent tier (a large batch through its bulk path,
    `BulkLoadTier.load`), then the volatile tier, then every GPU cache of the table (rows it holds
@@ -15,7 +17,8 @@ A batch (the messages of one poll) is applied in two steps:
    that order. A tier's `update_filters` (HugeCTR's
    regular expressions over `hps_et.<model>.<table>`) decide whether it takes updates.
    A `TierUnavailableError` leaves the batch to be written again (every write is an
-   overwrite, so a replay ends in the same rows).
+   overwrite, so a replay ends in the same rows); any other failure of one table's write
+   sets that table's messages aside ("write_failed") and the other tables are written.
 
 Every tier writes a row whole (a hash-map insert under its table lock, one Redis HSET
 field, a RocksDB WriteBatch or ingested SST file, a GPU kernel ordered after the queries
@@ -37,7 +40,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hps.errors import BadUpdateError, LookupInputError, UnknownTableError
+from hps.errors import (
+    BadUpdateError,
+    LookupInputError,
+    TierUnavailableError,
+    UnknownTableError,
+)
 from hps.rows.storage_types import FLOAT32, StorageType, first_unencodable_row
 from hps.tiers import Tiers
 from hps.tiers.bulk_load import BulkLoadTier
@@ -197,26 +205,29 @@ class UpdateApplier:
             try:
                 rows = codec.records(message.payload, dim=target.dim,
                                      key_bytes=self.key_bytes)
-            except BadUpdateError as exc:
+            except Exception as exc:  # noqa: BLE001 - one message never stops the others
                 self._reject(message, exc)
                 continue
             groups.setdefault((message.topic, target.dim, target.storage), []).append(
                 (message, rows))
         prepared = Prepared([], held, pool=self.buffers)
         for (topic, dim, storage), items in groups.items():
-            buffer = self.buffers.take(sum(rows.size for _, rows in items), dim)
+            size = sum(rows.size for _, rows in items)
+            buffer = self.buffers.take(size, dim)
             prepared.buffers.append(buffer)
-            batch = self._unpack(topic, dim, storage, items, buffer)
+            batch = self._unpack(topic, dim, storage, items, buffer, size)
             if batch.messages:  # else every message of the table was rejected
                 prepared.batches.append(batch)
         return prepared
 
     def _unpack(self, topic: str, dim: int, storage: StorageType,
-                items: list[tuple[UpdateMessage, np.ndarray]], buffer: RowBuffer
-                ) -> TableBatch:
-        """One table's messages, copied into `buffer` one after the other; a message
-        whose rows fail the checks is counted and overwritten by the next."""
-        keys, vectors = buffer.rows(buffer.capacity, dim)
+                items: list[tuple[UpdateMessage, np.ndarray]], buffer: RowBuffer,
+                size: int) -> TableBatch:
+        """One table's messages (`size` rows in all), copied into `buffer` one after the
+        other; a message whose rows fail the checks is counted and overwritten by the
+        next. The buffer may be larger than the rows, for rows of another width: only
+        its first `size` rows of width `dim` are viewed."""
+        keys, vectors = buffer.rows(size, dim)
         end = 0
         last, count = None, 0
         for message, rows in items:
@@ -225,14 +236,19 @@ class UpdateApplier:
                 codec.unpack(rows, keys[end:stop], vectors[end:stop],
                              uint32_keys=self.uint32_keys)
                 _check_storage(storage, vectors[end:stop])
-            except BadUpdateError as exc:
+            except Exception as exc:  # noqa: BLE001 - one message never stops the others
                 self._reject(message, exc)
                 continue
             end, last, count = stop, message, count + 1
         return TableBatch(topic, dim, keys[:end], vectors[:end], last, count)
 
-    def _reject(self, message: UpdateMessage, exc: BadUpdateError) -> None:
-        self.stats.rejected(message.topic, exc.reason, f"{exc} (at {message.position})")
+    def _reject(self, message: UpdateMessage, exc: Exception) -> None:
+        """Set `message` aside: counted by reason (a failure that is not a bad message:
+        "failed"), its id kept as the table's last rejected one, logged (rate-limited)."""
+        reason = exc.reason if isinstance(exc, BadUpdateError) else "failed"
+        detail = str(exc) if isinstance(exc, BadUpdateError) else f"{type(exc).__name__}: {exc}"
+        self.stats.rejected(message.topic, reason, f"{detail} (at {message.position})",
+                            position=message.position)
 
     # -- step 2: write --------------------------------------------------------------------
 
@@ -249,16 +265,24 @@ class UpdateApplier:
                                         "updates were decoded")
                     continue
                 rows = batch.rows
+                last = batch.last
+                assert last is not None
                 try:
                     self._write_rows(target, batch.keys, batch.vectors)
                 except (UnknownTableError, LookupInputError) as exc:
                     self.stats.rejected(batch.topic, "unknown_table", str(exc))
                     continue
+                except TierUnavailableError:
+                    raise  # the whole batch is written again once the tier is back
+                except Exception as exc:  # noqa: BLE001 - one table never stops the others
+                    self.stats.rejected(batch.topic, "write_failed",
+                                        f"{type(exc).__name__}: {exc} ({batch.messages} "
+                                        f"message(s) up to {last.position})",
+                                        position=last.position)
+                    continue
                 journal = self._journals.get(target.model)
                 if journal is not None:  # a copy: the batch's buffer is used again
                     journal.setdefault(target.table, []).append(batch.keys.copy())
-                last = batch.last
-                assert last is not None
                 self.stats.applied(batch.topic, rows, batch.messages,
                                    last.position, last.offset, last.published)
                 total += rows

@@ -22,7 +22,9 @@ import numpy as np
 KEEP = 4
 
 
-@dataclass(frozen=True)
+# eq=False: the pool tells buffers apart by identity (list.remove comparing their arrays
+# by value raises once the pool is full)
+@dataclass(frozen=True, eq=False)
 class RowBuffer:
     """Room for `capacity` rows: their keys, and their float32 values (any width)."""
 

@@ -105,6 +105,7 @@ class UpdateConsumer:
         self._follow()
         messages = self._retried(
             lambda: self.source.poll(self._max_messages, self._timeout))
+        self.stats.faults(self.source.faults())
         if messages:
             prepared = self.applier.prepare(messages)
             self._wait_written()

@@ -81,6 +81,11 @@ class UpdateSource(ABC):
         `reports_backlog`."""
         raise NotImplementedError(f"{type(self).__name__} does not report its backlog")
 
+    def faults(self) -> dict[str, str]:
+        """Followed topics that cannot be read now, with why (a key of another type where
+        a stream should be); the source reads the others meanwhile. No I/O."""
+        return {}
+
     @abstractmethod
     def close(self) -> None:
         """Leave the group (keeping its committed position) and release connections."""

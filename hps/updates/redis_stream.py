@@ -175,6 +175,12 @@ class RedisStreamSource(UpdateSource):
         self._streams: dict[str, str] = {}  # stream → id to read after (_PENDING…, or _NEW)
         self._rewind = False
         self._closed = threading.Event()
+        #: streams of followed tables whose key is not a stream (WRONGTYPE) → why; tried
+        #: again at every scan, never read meanwhile, so they never stall the others
+        self._broken: dict[str, str] = {}
+
+    def faults(self) -> dict[str, str]:
+        return dict(self._broken)
 
     def rewind(self) -> None:
         self._rewind = True
@@ -183,6 +189,7 @@ class RedisStreamSource(UpdateSource):
         self._tables = {m: tuple(t) for m, t in tables.items()}
         prefixes = tuple(f"{TABLE_PREFIX}.{m}." for m in self._tables)
         self._streams = {s: at for s, at in self._streams.items() if s.startswith(prefixes)}
+        self._broken = {s: why for s, why in self._broken.items() if s.startswith(prefixes)}
         with _reachable("joining the streams", self.address):
             self._join_tables()
         self._rescan_at = 0.0
@@ -198,13 +205,19 @@ class RedisStreamSource(UpdateSource):
         try:
             self._conn.client.xgroup_create(stream, self.group, id="0", mkstream=create)
         except redis.ResponseError as exc:
+            if "WRONGTYPE" in str(exc):
+                self._broken[stream] = f"key {stream} is not a stream: {exc}"
+                return
             if "BUSYGROUP" not in str(exc):
                 raise
             if self._rewind:  # the group exists: read it from the start again
                 self._conn.client.xgroup_setid(stream, self.group, id="0")
+        self._broken.pop(stream, None)
         self._streams[stream] = _PENDING
 
     def _discover(self) -> None:
+        for stream in list(self._broken):  # fixed meanwhile (the key deleted, say)?
+            self._join(stream, create=True)
         for model in self._tables:
             pattern = _glob(f"{TABLE_PREFIX}.{model}.") + "*"
             for key in self._conn.client.scan_iter(match=pattern, count=1000, _type="STREAM"):
@@ -215,6 +228,11 @@ class RedisStreamSource(UpdateSource):
             try:
                 return self._poll(max_messages, timeout)
             except redis.ResponseError as exc:
+                if "WRONGTYPE" in str(exc):
+                    # a stream's key was replaced by another type: set it (and only it)
+                    # aside, read the others at once
+                    self._set_aside_non_streams()
+                    return []
                 if "NOGROUP" not in str(exc):
                     raise
                 # the stream or its group went away (deleted, Redis restarted empty):
@@ -223,6 +241,18 @@ class RedisStreamSource(UpdateSource):
                 self._join_tables()
                 self._rescan_at = 0.0
                 return []
+
+    def _set_aside_non_streams(self) -> None:
+        """Move the followed keys that are no longer streams to the broken ones."""
+        streams = list(self._streams)
+        pipe = self._conn.client.pipeline(transaction=False)
+        for stream in streams:
+            pipe.type(stream)
+        for stream, kind in zip(streams, pipe.execute(), strict=True):
+            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+            if kind not in ("stream", "none"):
+                del self._streams[stream]
+                self._broken[stream] = f"key {stream} is a {kind}, not a stream"
 
     @contextmanager
     def _pending_again_on_failure(self) -> Iterator[None]:

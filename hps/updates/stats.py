@@ -1,8 +1,10 @@
 """Counters and state of one update consumer, read by metrics, `/readyz` and the CLI.
 
 Per table (labelled by its topic, `hps_et.<model>.<table>`): rows and messages applied,
-messages rejected by reason, the last applied position and publish time, and the lag
-(messages not yet delivered, and how old the newest applied message is while some are).
+messages set aside by reason and the id of the last one (the dead letter), the last
+applied position and publish time, the lag (messages not yet delivered, and how old the
+newest applied message is while some are), and whether its source is broken (`failing`:
+a stream key of another type, say), which never stops the other tables.
 For the consumer: the state ("starting", "running", "down": the source cannot be read,
 "retrying": a tier cannot take the writes, "stopped"), rows applied per second over the
 last few seconds, and retries.
@@ -40,6 +42,10 @@ class TableUpdates:
     last_published: float | None = None
     lag_messages: int | None = None
     lag_seconds: float | None = None
+    #: id (stream id, partition:offset) of the last message set aside: the dead letter
+    last_rejected: str | None = None
+    #: why the table's updates cannot be read now (its source is broken), else None
+    failing: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "rejected": dict(self.rejected)}
@@ -96,13 +102,35 @@ class UpdateStats:
             self._applied.append((now, rows))
             self._forget_before(now - RATE_WINDOW)
 
-    def rejected(self, topic: str, reason: str, detail: str) -> None:
-        """Count one rejected message and log it (once a minute per table and reason)."""
+    def rejected(self, topic: str, reason: str, detail: str,
+                 position: str | None = None) -> None:
+        """Count one message set aside, keep its id (`position`) as the table's last, and
+        log it (once a minute per table and reason)."""
         with self._lock:
             t = self._table(topic)
             t.rejected[reason] = t.rejected.get(reason, 0) + 1
+            if position is not None:
+                t.last_rejected = position
         self._rejections.warning(f"{topic}/{reason}", "update message of %s skipped (%s): %s",
                                  topic, reason, detail)
+
+    def faults(self, failing: dict[str, str]) -> None:
+        """Record which tables' sources are broken now (topic → why); the others are not.
+        A table that turns failing is logged once, and once more when it recovers."""
+        changes = []
+        with self._lock:
+            for topic in set(failing) | {k for k, v in self._tables.items() if v.failing}:
+                t = self._table(topic)
+                why = failing.get(topic)
+                if why != t.failing:
+                    changes.append((topic, why))
+                    t.failing = why
+        for topic, why in changes:
+            if why is None:
+                log.info("updates of %s are read again", topic)
+            else:
+                log.warning("updates of %s cannot be read (%s); the other tables' go on",
+                            topic, why)
 
     def lag(self, backlog: dict[str, int]) -> None:
         """Record each table's backlog (messages not delivered yet)."""

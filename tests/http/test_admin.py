@@ -225,3 +225,28 @@ def test_hps_models_cli_and_memory_returned(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_file_uris_and_missing_paths_alike_in_add_and_reload(
+        live_admin: Live, roots: tuple[ModelFiles, ModelFiles], tmp_path: Path) -> None:
+    """`file:///abs/path` is accepted by adding as by reloading (adding refused it as a
+    relative path), and a missing path is one error whatever form names it (it was 422
+    `model_file` as a string and 404 `source_not_found` as an object)."""
+    uris = [f"file://{roots[1].dir / t}" for t in TABLE_NAMES]
+    added = live_admin.client.post("/v1/models", json={**_block(roots[1], "extra"),
+                                                       "sparse_files": uris})
+    assert added.status_code == 201, added.text
+    reloaded = live_admin.client.post("/v1/models/extra/reload", json={"sparse_files": uris})
+    assert reloaded.status_code == 200, reloaded.text
+    gone = [str(tmp_path / "models" / "no" / t) for t in TABLE_NAMES]
+    answers = [
+        live_admin.client.post("/v1/models", json={**_block(roots[1], "y"),
+                                                   "sparse_files": gone}),
+        live_admin.client.post("/v1/models", json={**_block(roots[1], "y"),
+                                                   "sparse_files": [{"path": p} for p in gone]}),
+        live_admin.client.post(f"/v1/models/{MODEL}/reload", json={"sparse_files": gone}),
+        live_admin.client.post(f"/v1/models/{MODEL}/reload",
+                               json={"sparse_files": [{"path": p} for p in gone]}),
+    ]
+    seen = {(a.status_code, a.json()["error"]["kind"]) for a in answers}
+    assert seen == {(404, "source_not_found")}, [a.text for a in answers]

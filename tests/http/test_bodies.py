@@ -16,6 +16,8 @@ def test_declared_length_reads_only_plain_decimal_digits() -> None:
     for value in ("", " 8", "-8", "8.0", "0x10", "\u0661"):  # (a digit, not ASCII)
         assert bodies.declared_length({"content-length": value}) is None, value
     assert bodies.declared_length({}) is None
+    for value in ("\u00b2", "1\u00b2", "\u0661"):  # digits to str.isdigit, not to int
+        assert bodies.parse_length(value) is None, value
 
 
 def test_json_encoders_agree_and_write_null_for_non_finite() -> None:

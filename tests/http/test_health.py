@@ -33,7 +33,8 @@ def test_ready_after_background_load(model_files: ModelFiles) -> None:
             ready = client.get("/readyz")
             assert ready.status_code == 503
             assert ready.json()["status"] == "loading" and ready.json()["loading"] == [MODEL]
-            assert ready.json()["error"]["kind"] == "not_ready"
+            assert ready.json()["error"] == {
+                "kind": "not_ready", "message": f"models not served yet: still loading: {MODEL}"}
             answer = client.post(f"/v1/models/{MODEL}/tables/0/lookup", json={"keys": [1]})
             assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
             assert answer.json()["error"]["kind"] == "model_loading"
@@ -74,6 +75,8 @@ def test_failed_load_keeps_readyz_503(tmp_path: Path, model_files: ModelFiles) -
             ready = client.get("/readyz")
             assert ready.status_code == 503
             assert ready.json()["failed"] == [MODEL]
+            assert ready.json()["error"]["message"] == (  # no empty "-" list of loading ones
+                f"models not served yet: failed to load: {MODEL} (why: GET /v1/models)")
             assert "missing" not in ready.text  # no paths on an open route
             assert "missing" in client.get("/v1/models").json()["failed"][MODEL]
             assert client.get("/healthz").status_code == 200

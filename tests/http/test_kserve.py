@@ -230,6 +230,9 @@ def test_bad_binary_bodies(live: Live) -> None:
     body, headers = _binary_body(keys, numkeys)
     cases = [
         (body, {HEADER: "x"}, "Inference-Header-Content-Length"),
+        # str.isdigit accepts a superscript two, int refuses it: a 400, not a 500
+        (body, {HEADER: "\u00b2".encode("latin-1")}, "Inference-Header-Content-Length"),
+        (body, {HEADER: "1\u00b2".encode("latin-1")}, "Inference-Header-Content-Length"),
         (body, {HEADER: str(len(body) + 1)}, "within the body"),
         (body + b"\0", headers, "1 bytes"),  # trailing bytes after the inputs
         (body[:-1], headers, "binary_data_size"),  # NUMKEYS cut short

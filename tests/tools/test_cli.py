@@ -172,6 +172,64 @@ def test_convert_and_inspect_any_format(tmp_path: Path) -> None:
     assert wrong.returncode == 1 and "tensor do(es) not apply to format 'parquet'" in wrong.stderr
 
 
+def test_convert_checks_before_it_reads(two_tables: dict[str, Any], tmp_path: Path) -> None:
+    source = str(two_tables["dir"] / "t0")
+    unknown = hps("convert", source, str(tmp_path / "x.csv"))
+    assert unknown.returncode == 2 and "name the format with --to" in unknown.stderr
+    assert not (tmp_path / "x.csv").exists()
+    named = hps("convert", source, str(tmp_path / "x.csv"), "--to", "parquet")
+    assert named.returncode == 0, named.stderr
+    assert "writing " in named.stderr and "reading" not in named.stderr  # the progress bar
+    (tmp_path / "x.parquet").write_bytes(b"keep me")
+    exists = hps("convert", source, str(tmp_path / "x.parquet"))
+    assert exists.returncode == 2 and "pass --force to replace it" in exists.stderr
+    assert (tmp_path / "x.parquet").read_bytes() == b"keep me"
+    forced = hps("convert", source, str(tmp_path / "x.parquet"), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert (tmp_path / "x.parquet").read_bytes()[:4] == b"PAR1"
+    # a pyarrow that cannot be imported stands for an install without the parquet extra
+    shadow = tmp_path / "shadow" / "pyarrow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ImportError(\"No module named 'pyarrow'\", name='pyarrow')\n")
+    missing = hps("convert", source, str(tmp_path / "y.parquet"),
+                  pythonpath=f"{tmp_path / 'shadow'}:{ROOT}")
+    assert missing.returncode == 2 and "pip install 'hps-server[parquet]'" in missing.stderr
+    assert "writing Parquet" in missing.stderr and "keys" not in missing.stderr  # no bar
+    assert not (tmp_path / "y.parquet").exists()
+
+
+def test_bench_counts_read_one_way(tmp_path: Path) -> None:
+    from hps.tools.cli.key_counts import parse_count, parse_counts
+
+    assert [parse_count(t) for t in ("100000", "100k", "1M", "2_000_000", "1.5k")] == [
+        100_000, 100_000, 1_000_000, 2_000_000, 1_500]
+    assert parse_counts("1,256,16k") == [1, 256, 16_000]
+    for bad in ("0", "-5", "1.5", "lots", "1e400", "nan", "inf", ""):
+        with pytest.raises(ValueError, match="not a key count"):
+            parse_count(bad)
+    # every bench command reads its counts through it: a bad one is refused at once
+    for argv in (["tiers", "--keys", "x"], ["updates", "--rows", "lots"],
+                 ["http", "--batch", "64,0"], ["gpu", "--slots", "1.5"]):
+        done = hps("bench", *argv, cwd=tmp_path)
+        assert done.returncode == 2 and "not a key count: " in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("argv", [["redis", "--keys", "1k"], ["http", "--keys", "1k"],
+                                  ["soak", "--minutes", "0.01"],
+                                  ["updates", "--rows", "1k", "--table-keys", "1k"]],
+                         ids=["redis", "http", "soak", "updates"])
+def test_bench_without_redis_server_names_the_fix(tmp_path: Path, argv: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "hps.tools.cli", "bench", *argv],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env={"PATH": str(tmp_path), "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
+             "COLUMNS": "200"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "'redis-server' is not on PATH: install it" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_pickled_pytorch_is_refused_with_the_fix(tmp_path: Path) -> None:
     (tmp_path / "model.pt").write_bytes(b"\x80\x04not really a pickle")
     result = hps("convert", str(tmp_path / "model.pt"), str(tmp_path / "out.parquet"))
@@ -217,7 +275,8 @@ def test_bench_http_prints_every_path_and_plots(tmp_path: Path) -> None:
         assert f"keys/s, {ratio}: " in done.stdout
     assert "client: http.client, one keep-alive connection per thread" in done.stdout
     cpu_rows = [line for line in done.stdout.splitlines() if "server CPU µs/req" in line]
-    assert len(cpu_rows) == 4 and not any("nan" in line for line in cpu_rows), cpu_rows
+    # per batch size: the HTTP and the gRPC tables, of many clients and of one client
+    assert len(cpu_rows) == 8 and not any("nan" in line for line in cpu_rows), cpu_rows
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -236,7 +295,7 @@ def test_bench_plot_checks_the_plot_extra_first(tmp_path: Path) -> None:
 @pytest.mark.parametrize("batches", ["1,x", "0", ""])
 def test_bench_batches_must_be_key_counts(tmp_path: Path, command: str, batches: str) -> None:
     done = hps("bench", command, "--batches", batches, cwd=tmp_path)
-    assert done.returncode == 2 and "--batches takes positive key counts" in done.stderr
+    assert done.returncode == 2 and "'--batches': takes positive key counts" in done.stderr
     assert "Traceback" not in done.stderr
     assert "loading a table" not in done.stdout  # refused before any load
 

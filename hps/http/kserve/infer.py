@@ -10,6 +10,7 @@ event loop, `ServiceState.run_lookup`).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -28,13 +29,17 @@ if TYPE_CHECKING:
 
     from hps.http.hot_routes import Answer
     from hps.http.state import ServiceState
-    from hps.server import HierarchicalParameterServer
 
 
-def infer_answer(server: HierarchicalParameterServer, model: str, body: bytes,
-                 header_length: int | None) -> Answer:
-    """Parse, look up, encode: the whole answer to one inference request."""
+def infer_answer(state: ServiceState, model: str, body: bytes, header_length: int | None,
+                 admitted: float) -> Answer:
+    """Parse, look up, encode: the whole answer to one inference request; 504 before the
+    lookup when the request's `timeout` parameter has passed since it was `admitted`
+    (`time.monotonic()`)."""
     call = parse_infer(body, header_length)
+    if call.timeout_us is not None:
+        state.check_deadline(admitted + call.timeout_us / 1e6)
+    server = state.server
     plan = plan_infer(server, model, call.keys, call.numkeys)
     if not call.binary_output:
         vectors = np.empty(plan.size, dtype=np.float32)
@@ -52,6 +57,8 @@ async def handle_infer(state: ServiceState, headers: Mapping[str, str], receive:
                        params: dict[str, str | None]) -> Answer:
     """The answer to `POST /v2/models/{model}[/versions/{version}]/infer`."""
     state.check_token(headers.get("authorization"))
+    deadline = state.admit(headers)
+    admitted = time.monotonic()
     model = params["model"] or ""
     check_version(model, params.get("version"))
     loaded = state.model(model)  # 404 or 503 before the body is read
@@ -77,4 +84,5 @@ async def handle_infer(state: ServiceState, headers: Mapping[str, str], receive:
         raise BatchTooLargeError(
             f"an inference header of {header_length:,} bytes is longer than model "
             f"{model!r}'s key limits take")
-    return await state.run_lookup(infer_answer, state.server, model, body, header_length)
+    return await state.run_lookup(infer_answer, state, model, body, header_length, admitted,
+                                  deadline=deadline)

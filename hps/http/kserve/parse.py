@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from pydantic import ValidationError
 
-from hps.http.bodies import validation_message
+from hps.http.bodies import parse_length, validation_message
 from hps.http.errors import BadBody, BadJSON
 from hps.http.kserve.schemas import (
     INPUTS,
@@ -37,16 +37,18 @@ class InferCall(NamedTuple):
     numkeys: np.ndarray  # int64 [tables given]
     binary_output: bool
     request_id: str | None
+    timeout_us: int | None = None  # the request's `timeout` parameter (microseconds)
 
 
 def parse_header_length(value: str | None, body_size: int) -> int | None:
     """The JSON header's length from `Inference-Header-Content-Length` (None: all JSON)."""
     if value is None:
         return None
-    if not value.strip().isdigit() or int(value) > body_size:
+    length = parse_length(value.strip())
+    if length is None or length > body_size:
         raise BadBody(f"Inference-Header-Content-Length {value!r} is not a length within the "
                       f"body of {body_size} bytes")
-    return int(value)
+    return length
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class BinaryLayout:
     binary_size: int
     binary_output: bool
     request_id: str | None
+    timeout_us: int | None = None
 
     def read(self, binary: memoryview) -> InferCall:
         """The request whose binary part is `binary` (`binary_size` bytes)."""
@@ -69,7 +72,8 @@ class BinaryLayout:
         keys = np.frombuffer(binary, dtype=dtype, count=count, offset=offset)
         dtype, count, offset = self.numkeys
         numkeys = np.frombuffer(binary, dtype=dtype, count=count, offset=offset)
-        return InferCall(keys, numkeys.astype(np.int64), self.binary_output, self.request_id)
+        return InferCall(keys, numkeys.astype(np.int64), self.binary_output, self.request_id,
+                         self.timeout_us)
 
 
 #: layouts of recent binary-only headers by their bytes; parsing one (pydantic) was the
@@ -129,11 +133,23 @@ def _parse(head: bytes, binary: memoryview) -> tuple[InferCall, BinaryLayout | N
         raise BadJSON(f"input {missing[0]!r} is missing: send {KEYS_INPUT} (INT64, every "
                       f"table's keys) and {NUMKEYS_INPUT} (INT32, keys per table)")
     binary_output = _binary_output(request)
+    timeout = _timeout(request)
     call = InferCall(tensors[KEYS_INPUT], tensors[NUMKEYS_INPUT].astype(np.int64),
-                     binary_output, request.id)
+                     binary_output, request.id, timeout)
     every_input_binary = len(places) == len(request.inputs)
     return call, (BinaryLayout(places[KEYS_INPUT], places[NUMKEYS_INPUT], offset,
-                               binary_output, request.id) if every_input_binary else None)
+                               binary_output, request.id, timeout)
+                  if every_input_binary else None)
+
+
+def _timeout(request: InferRequest) -> int | None:
+    """The request's `timeout` parameter: microseconds it will wait (Triton's unit)."""
+    value = (request.parameters or {}).get("timeout")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadJSON(f"parameter timeout {value!r} is not a whole number of microseconds")
+    return value
 
 
 def _tensor(spec: InferInput, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:

@@ -12,10 +12,21 @@ from hps.errors import UnknownModelError
 from hps.http.errors import v2_error_body
 from hps.http.hot_routes import HotRoutes
 from hps.http.kserve.infer import handle_infer
-from hps.http.kserve.schemas import INFER_OPENAPI, check_version, model_config, model_metadata
+from hps.http.kserve.schemas import (
+    INFER_ERRORS,
+    INFER_OPENAPI,
+    V2_ERRORS,
+    check_version,
+    model_config,
+    model_metadata,
+)
 
 if TYPE_CHECKING:
     from hps.http.state import ServiceState
+
+
+_v2_not_ready = {"description": "The model is loading, or its load failed (why, in the "
+                 "body)."}
 
 
 def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
@@ -26,19 +37,22 @@ def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
         # the protocol's "false" is a 4xx; 400 as Triton answers
         return state.answer(400, "not_ready", message, body=v2_error_body)
 
-    @router.get("", dependencies=protected, summary="Server metadata")
+    @router.get("", dependencies=protected, summary="Server metadata",
+                responses={k: V2_ERRORS[k] for k in (401, 413)})
     async def server_metadata() -> dict[str, Any]:
         from hps import __version__
 
         return {"name": "hps", "version": __version__,
                 "extensions": ["binary_tensor_data", "model_configuration"]}
 
-    @router.get("/health/live", summary="Alive (answers while models load)")
+    @router.get("/health/live", summary="Alive (answers while models load)",
+                responses={413: V2_ERRORS[413]})
     async def live() -> dict[str, bool]:
         return {"live": True}
 
     @router.get("/health/ready", summary="Ready: every model of the config is loaded",
-                responses={400: {"description": "Not every model is loaded."}})
+                responses={400: {"description": "Not every model is loaded."},
+                           413: V2_ERRORS[413]})
     async def ready() -> Any:
         if state.ready():
             return {"ready": True}
@@ -73,12 +87,16 @@ def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
 
     for base in ("/models/{model}", "/models/{model}/versions/{version}"):
         router.add_api_route(base, metadata, methods=["GET"], dependencies=protected,
-                             summary="Model metadata: KEYS, NUMKEYS → OUTPUT0")
+                             summary="Model metadata: KEYS, NUMKEYS → OUTPUT0",
+                             responses=V2_ERRORS)
         router.add_api_route(base + "/ready", model_ready, methods=["GET"],
-                             dependencies=protected, summary="Model ready (200) or not (400)")
+                             dependencies=protected, summary="Model ready (200) or not (400)",
+                             responses={**V2_ERRORS, 400: _v2_not_ready})
         router.add_api_route(base + "/config", config, methods=["GET"],
-                             dependencies=protected, summary="Triton model configuration")
+                             dependencies=protected, summary="Triton model configuration",
+                             responses=V2_ERRORS)
         router.add_api_route(base + "/infer", infer, methods=["POST"], dependencies=protected,
                              summary="Inference (JSON or binary tensor data)",
-                             response_class=Response, openapi_extra=INFER_OPENAPI)
+                             response_class=Response, openapi_extra=INFER_OPENAPI,
+                             responses=INFER_ERRORS)
     return router

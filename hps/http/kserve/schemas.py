@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hps.errors import UnknownModelError
-from hps.http.schemas import INT64_MAX, INT64_MIN, JSON, OCTET_STREAM
+from hps.http.schemas import INT64_MAX, INT64_MIN, JSON, OCTET_STREAM, inline_schema
 
 KEYS_INPUT, NUMKEYS_INPUT, OUTPUT = "KEYS", "NUMKEYS", "OUTPUT0"
 #: the one version each model is served as
@@ -100,6 +100,33 @@ def model_config(model: str) -> dict[str, Any]:
     }
 
 
+def _v2_error(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {"type": "string"}}}}}}
+
+
+#: the v2 routes' error answers (`{"error": "..."}`), each route's own besides 401 and 413
+V2_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _v2_error("A token is set and the request has none, or a wrong one."),
+    404: _v2_error("Unknown model, or a version other than 1."),
+    413: _v2_error("A body larger than the server's limit (--max-body-bytes)."),
+    422: _v2_error("A parameter is not of the expected form."),
+    503: _v2_error("The model is still loading."),
+}
+#: the infer route's error answers
+INFER_ERRORS: dict[int | str, dict[str, Any]] = {
+    **V2_ERRORS,
+    400: _v2_error("Not a valid inference request (JSON, inputs, binary sizes)."),
+    413: _v2_error("A body larger than the server's limit, or more keys than the model's "
+                   "limits take."),
+    415: _v2_error("A compressed body (Content-Encoding)."),
+    503: _v2_error("The model is still loading, or more lookups wait than the server "
+                   "takes (Retry-After says when to retry)."),
+    504: _v2_error("The request's deadline (X-HPS-Deadline-Ms) passed before its answer "
+                   "was ready."),
+}
+
 #: OpenAPI of the infer body: a JSON request, or JSON header + binary tensors
 INFER_OPENAPI: dict[str, Any] = {
     "requestBody": {
@@ -109,7 +136,7 @@ INFER_OPENAPI: dict[str, Any] = {
             "With the binary tensor data extension the body is the JSON header "
             "(Inference-Header-Content-Length bytes) followed by the inputs' raw bytes."),
         "content": {
-            JSON: {"schema": InferRequest.model_json_schema()},
+            JSON: {"schema": inline_schema(InferRequest)},
             OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}},
         },
     },

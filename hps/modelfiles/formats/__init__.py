@@ -4,12 +4,16 @@
     parquet         a .parquet file, or a folder of part files       parquet.py
     numpy           keys.npy + vectors.npy folder, or one .npz       numpy.py
     safetensors     a .safetensors file (nn.Embedding, TorchRec)     safetensors.py
+    torch           a torch.save state_dict (.pt, .pth, .bin, .ckpt)  torch_state.py
+    dcp             a torch.distributed.checkpoint folder            dcp.py
 
 Any of them may be local, on HDFS or on S3 (the URI layer, hps.modelfiles.uri). A path names its
 format by suffix (.parquet/.pq, .npz, .safetensors); a path without one is a folder read
-by its contents: `key` → sparse_folder, `keys.npy` → numpy, `*.parquet` parts → parquet.
-`format` in a sparse_files entry overrides the guess. Pickled PyTorch files (.pt, .bin…)
-are refused with how to save them as safetensors.
+by its contents: `key` → sparse_folder, `keys.npy` → numpy, `.metadata` → dcp, `*.parquet`
+parts → parquet. `format` in a sparse_files entry overrides the guess. torch.save files are
+read without unpickling (torch_state.py); plain pickles (.pkl) and pre-1.6 torch.save
+files are refused with how to save them as safetensors. `hps convert` writes the first
+four formats only.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from hps.modelfiles.formats.base import (
 from hps.modelfiles.formats.spec import (
     FORMAT_OPTIONS,
     FORMATS,
+    PICKLE_HINT,
     PICKLE_SUFFIXES,
     SUFFIX_FORMATS,
     TableSpec,
@@ -44,12 +49,9 @@ __all__ = [
     "open_writer",
 ]
 
-PICKLE_HINT = (
-    "is a pickled PyTorch file; hps does not unpickle (loading a pickle can run any code). "
-    "Save the weights as safetensors instead: `from safetensors.torch import save_file; "
-    "save_file(model.state_dict(), 'table.safetensors')` (for one nn.Embedding: "
-    "save_file({'weight': emb.weight.detach().contiguous()}, 'table.safetensors'))"
-)
+#: formats read but not written (PyTorch writes them)
+READ_ONLY_FORMATS = ("torch", "dcp")
+
 
 
 def split_file(path: str) -> tuple[str, str]:
@@ -93,6 +95,8 @@ def folder_format(source: ModelSource) -> tuple[str, list[str]]:
         return "sparse_folder", []
     if source.exists("keys.npy"):
         return "numpy", []
+    if source.exists(".metadata"):
+        return "dcp", []
     from hps.modelfiles.formats.parquet import part_names
 
     try:
@@ -104,8 +108,9 @@ def folder_format(source: ModelSource) -> tuple[str, list[str]]:
     raise ModelFileError(
         f"sparse model {source.uri!r} has no 'key' file, no keys.npy and no *.parquet part "
         f"files (found: {', '.join(names[:8]) or 'nothing'}): expected a HugeCTR folder "
-        "(key, emb_vector), a NumPy folder (keys.npy, vectors.npy), Parquet part files, or a "
-        "file ending in .parquet, .npz or .safetensors"
+        "(key, emb_vector), a NumPy folder (keys.npy, vectors.npy), a DCP checkpoint "
+        "(.metadata), Parquet part files, or a file ending in .parquet, .npz, .safetensors "
+        "or .pt"
     )
 
 
@@ -162,6 +167,16 @@ def _open(fmt: str, spec: TableSpec, source: ModelSource, names: list[str],
         return SafetensorsReader(
             source, name, options, spec.tensor, spec.keys_tensor, spec.key_offset
         )
+    if fmt == "torch":
+        from hps.modelfiles.formats.torch_state import TorchStateReader
+
+        return TorchStateReader(
+            source, name, options, spec.tensor, spec.keys_tensor, spec.key_offset
+        )
+    if fmt == "dcp":
+        from hps.modelfiles.formats.dcp import DcpReader
+
+        return DcpReader(source, options, spec.tensor, spec.key_offset)
     from hps.modelfiles.formats.parquet import ParquetReader, part_names
 
     names = names or part_names(source.names())
@@ -173,7 +188,8 @@ def _open(fmt: str, spec: TableSpec, source: ModelSource, names: list[str],
 
 def is_file_of(fmt: str, spec: TableSpec) -> bool:
     """Whether `spec` names one file of `fmt` (else a folder)."""
-    return fmt == "safetensors" or (fmt != "" and SUFFIX_FORMATS.get(spec.suffix) == fmt)
+    return fmt in ("safetensors", "torch") or (
+        fmt != "" and SUFFIX_FORMATS.get(spec.suffix) == fmt)
 
 
 def writer_format(path: str, fmt: str | None) -> str:
@@ -181,8 +197,14 @@ def writer_format(path: str, fmt: str | None) -> str:
     if fmt is not None:
         if fmt not in FORMATS:
             raise UnsupportedFormatError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
-        return fmt
-    return detect_format(TableSpec(path=path)) or "sparse_folder"
+    else:
+        fmt = detect_format(TableSpec(path=path)) or "sparse_folder"
+    if fmt in READ_ONLY_FORMATS:
+        raise UnsupportedFormatError(
+            f"{path}: hps convert reads {fmt} but does not write it; write safetensors, "
+            "parquet, numpy or sparse_folder"
+        )
+    return fmt
 
 
 def open_writer(path: str, fmt: str | None, num_keys: int, vec_size: int) -> ModelWriter:

@@ -10,6 +10,11 @@ that format:
     numpy           none: a folder with keys.npy + vectors.npy, or one .npz holding both
     safetensors     tensor (the only 2-D tensor, else "weight"), keys_tensor (none: keys
                     are the row index + key_offset), key_offset (0)
+    torch           a torch.save state_dict: the same options as safetensors, `tensor`
+                    being the state_dict key ("embedding.weight",
+                    "ebc.embedding_bags.<table>.weight")
+    dcp             a torch.distributed.checkpoint folder (`.metadata`): tensor (the
+                    state_dict key; default the only 2-D tensor), key_offset (0)
 
 This module is a leaf (it imports nothing from hps but errors) so that the config can
 validate entries with it.
@@ -21,8 +26,8 @@ import posixpath
 from dataclasses import dataclass, fields
 from typing import Literal
 
-FormatName = Literal["sparse_folder", "parquet", "numpy", "safetensors"]
-FORMATS: tuple[str, ...] = ("sparse_folder", "parquet", "numpy", "safetensors")
+FormatName = Literal["sparse_folder", "parquet", "numpy", "safetensors", "torch", "dcp"]
+FORMATS: tuple[str, ...] = ("sparse_folder", "parquet", "numpy", "safetensors", "torch", "dcp")
 
 #: the options each format takes; any other option set for it is a mistake
 FORMAT_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -30,6 +35,8 @@ FORMAT_OPTIONS: dict[str, tuple[str, ...]] = {
     "parquet": ("key_column", "vector_column"),
     "numpy": (),
     "safetensors": ("tensor", "keys_tensor", "key_offset"),
+    "torch": ("tensor", "keys_tensor", "key_offset"),
+    "dcp": ("tensor", "key_offset"),
 }
 
 #: file suffixes that name a format (a path without one is a folder, read by its contents)
@@ -38,10 +45,23 @@ SUFFIX_FORMATS: dict[str, str] = {
     ".pq": "parquet",
     ".npz": "numpy",
     ".safetensors": "safetensors",
+    ".pt": "torch",
+    ".pth": "torch",
+    ".bin": "torch",
+    ".ckpt": "torch",
 }
 
-#: suffixes of pickled PyTorch files, refused: unpickling runs arbitrary code
-PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl", ".pickle")
+#: suffixes of plain pickles, refused: unpickling runs arbitrary code (torch.save's zip
+#: files are read without it: torch_state.py)
+PICKLE_SUFFIXES = (".pkl", ".pickle")
+
+#: why a pickle is refused, and how to save the weights instead
+PICKLE_HINT = (
+    "is a pickled PyTorch file; hps does not unpickle (loading a pickle can run any code). "
+    "Save the weights as safetensors instead: `from safetensors.torch import save_file; "
+    "save_file(model.state_dict(), 'table.safetensors')` (for one nn.Embedding: "
+    "save_file({'weight': emb.weight.detach().contiguous()}, 'table.safetensors'))"
+)
 
 
 @dataclass(frozen=True)

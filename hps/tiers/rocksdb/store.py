@@ -50,8 +50,8 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
     """Open the store at `path` with `options` (`store_options`) and every column family
     it holds. Returns `(Rdict, names of its column families other than "default")`.
 
-    Raises TierSetupError when it cannot be opened: missing while `read_only`, locked by
-    another process that has it open for writing, not a RocksDB directory.
+    Raises TierSetupError when it cannot be opened: missing while `read_only`, open for
+    writing in this process (by another server) or another one, not a RocksDB directory.
     """
     where = f"RocksDB at {path!r}"
     if read_only and not os.path.isdir(path):
@@ -71,6 +71,12 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
             db = rocksdict.Rdict(path, options, column_families=families)
         return db, set(families)
     except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
+        if "hold by current process" in str(exc):  # RocksDB's own words for its lock table
+            raise TierSetupError(
+                f"cannot open {where}: this process already has it open for writing (an "
+                "HPS, a framework layer or a HierarchicalParameterServer not closed yet). "
+                "Build them all from the same config file (one server per config is shared "
+                "in a process), or close the other first") from exc
         if "lock" in str(exc).lower():
             raise TierSetupError(
                 f"cannot open {where}: another process (a running `hps serve`?) has it "

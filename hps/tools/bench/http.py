@@ -66,10 +66,13 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def _http_server(config: Path, port: int, lookup_threads: int | None, cpus: set[int] | None,
-                 timeout: float = 300.0, pids: list[int] | None = None) -> Iterator[str]:
+                 timeout: float = 300.0, pids: list[int] | None = None,
+                 grpc_port: int | None = None) -> Iterator[str]:
     """`hps serve config` in a subprocess (on `cpus`); yields its URL once /readyz is 200.
-    The process id is appended to `pids` when given."""
+    The process id is appended to `pids` when given; `grpc_port`: gRPC served there too."""
     argv = [sys.executable, "-m", "hps.tools.cli", "serve", str(config), "--port", str(port)]
+    if grpc_port is not None:
+        argv += ["--grpc-port", str(grpc_port)]
     if lookup_threads is not None:
         argv += ["--lookup-threads", str(lookup_threads)]
     with _subprocess_server(argv, config.parent / "serve.log", port, "/readyz", cpus,
@@ -365,6 +368,7 @@ def _figures(name: str, batch: int, seconds: float, rounds: list[Round]) -> dict
 
 V1_BINARY, V2_BINARY, V1_JSON = "v1 binary lookup", "v2 binary infer", "v1 JSON lookup"
 REDIS, FLOOR = "redis HMGET (direct)", "bare uvicorn (floor)"
+GRPC, GRPC_FLOOR = "v2 gRPC infer", "bare grpcio (gRPC floor)"
 
 
 def bench_http(
@@ -382,20 +386,22 @@ def bench_http(
     pin: bool = True,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """HTTP lookups (v1 binary and JSON, v2 binary infer) beside direct Redis HMGET and
-    a bare uvicorn app answering bodies of the same size; returns the figures as a dict.
+    """HTTP lookups (v1 binary and JSON, v2 binary infer) and v2 gRPC infer beside direct
+    Redis HMGET, a bare uvicorn app answering bodies of the same size and a bare grpcio
+    server answering messages of the same size; returns the figures as a dict.
 
     Keys: `rows` (one dict per path: requests/s, keys/s, p50/p99 ms and the server's
     CPU µs per request with `clients` clients), `single` (the same of one client alone,
     per HTTP path), the ratios of
     keys/s (medians of per-round ratios): v1 binary and v2 binary over direct Redis, and
-    over the bare floor; the setup, the client (`CLIENT`) and the CPU count. `pin`: the
+    over the bare floor; gRPC over v2 binary and over its floor; the setup, the client (`CLIENT`) and the CPU count. `pin`: the
     servers run on one half of the CPUs and the clients on the other, as when they are
     different machines; the split is restored at the end.
     """
     from hps.config import VolatileDBConfig
     from hps.modelfiles.formats.sparse_folder import write_sparse_model
     from hps.tiers.redis import RedisTier
+    from hps.tools.bench.grpc_paths import GrpcClient, bare_grpc_server, infer_request
     from hps.tools.bench.redis_servers import RedisServer
     from hps.tools.bench.tiers import make_table
 
@@ -423,10 +429,13 @@ def bench_http(
         (tmp / "ps.json").write_text(json.dumps(config))
         started = time.perf_counter()
         pids: list[int] = []
+        grpc_port = _free_port()
         with RedisServer(tmp / "redis") as redis_server, \
                 _http_server(tmp / "ps.json", _free_port(), lookup_threads,
-                             server_cpus, pids=pids) as url, \
-                _bare_server(tmp, _free_port(), dim, server_cpus, pids) as bare_url:
+                             server_cpus, pids=pids, grpc_port=grpc_port) as url, \
+                _bare_server(tmp, _free_port(), dim, server_cpus, pids) as bare_url, \
+                bare_grpc_server(tmp, _free_port(), dim, pids) as bare_grpc:
+            _pin(pids[2], server_cpus)
             assert redis_server.proc is not None
             _pin(redis_server.proc.pid, server_cpus)
             _pin(0, client_cpus)
@@ -444,25 +453,30 @@ def bench_http(
             as_json = [json.dumps({"keys": q.tolist()}).encode() for q in queries]
             as_v2 = [v2_body(q) for q in queries]
             hmget = _prepare_hmget(queries, num_partitions)
+            as_grpc = [infer_request(MODEL, q) for q in queries]
             makers: dict[str, Callable[[], Any]] = {
                 V1_BINARY: lambda: _binary_client(url, binary, dim),
                 V2_BINARY: lambda: _v2_client(url, as_v2, dim),
                 V1_JSON: lambda: _json_client(url, as_json),
                 REDIS: lambda: _RedisHMGET(redis_server.address, hmget, dim),
                 FLOOR: lambda: _bare_client(bare_url, binary, dim),
+                GRPC: lambda: GrpcClient(f"127.0.0.1:{grpc_port}", as_grpc, dim),
+                GRPC_FLOOR: lambda: GrpcClient(bare_grpc, as_grpc, dim),
             }
             fetches = {name: [make() for _ in range(clients)] for name, make in makers.items()}
             serving = {V1_BINARY: pids[0], V2_BINARY: pids[0], V1_JSON: pids[0],
-                       REDIS: redis_server.proc.pid, FLOOR: pids[1]}
+                       REDIS: redis_server.proc.pid, FLOOR: pids[1], GRPC: pids[0],
+                       GRPC_FLOOR: pids[2]}
             for name, per_client in fetches.items():  # same answers, checked before timing
                 for i in (0, 1):
                     got = per_client[0](i)
-                    want = vectors[picks[i]] if name != FLOOR else np.zeros_like(got)
+                    floor = name in (FLOOR, GRPC_FLOOR)
+                    want = np.zeros_like(got) if floor else vectors[picks[i]]
                     if got.shape != (batch, dim) or not np.array_equal(got, want):
                         raise AssertionError(f"{name} answered wrong vectors")
             results: dict[str, list[Round]] = {n: [] for n in fetches}
             single: dict[str, list[Round]] = {
-                n: [] for n in (V1_BINARY, V2_BINARY, FLOOR)}
+                n: [] for n in (V1_BINARY, V2_BINARY, FLOOR, GRPC, GRPC_FLOOR)}
             for _ in range(rounds):
                 for name, per_client in fetches.items():
                     for client in per_client:
@@ -494,6 +508,8 @@ def bench_http(
             "v1 JSON / redis": ratio(V1_JSON, REDIS),
             "v1 binary / bare floor": ratio(V1_BINARY, FLOOR),
             "v2 binary / bare floor": ratio(V2_BINARY, FLOOR),
+            "grpc / v2 binary": ratio(GRPC, V2_BINARY),
+            "grpc / grpc floor": ratio(GRPC, GRPC_FLOOR),
         },
         "latencies_ms": {name: [x * 1e3 for _, lat, _ in r for x in lat]
                          for name, r in {**results,

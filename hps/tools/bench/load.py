@@ -166,23 +166,6 @@ def _size(path: str) -> int:
 # -- the scale curve ---------------------------------------------------------------------
 
 
-def parse_sizes(text: str) -> list[int]:
-    """'1M,10M' / '250k' / '2000000' → key counts; ValueError for anything else."""
-    sizes = []
-    for part in text.split(","):
-        part = part.strip().lower().replace("_", "")
-        scale = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}.get(part[-1:], 1)
-        number = part[:-1] if scale > 1 else part
-        try:
-            value = float(number) * scale
-        except ValueError:
-            raise ValueError(f"not a key count: {part!r} (e.g. 1M, 250k, 2000000)") from None
-        if value < 1 or value != int(value):
-            raise ValueError(f"not a key count: {part!r} (e.g. 1M, 250k, 2000000)")
-        sizes.append(int(value))
-    return sizes
-
-
 #: rows of each size the baseline (rocksdict's own SstFileWriter, one core, a Python call
 #: per key) writes: its rate per key does not depend on the table size, and at 100M keys
 #: writing them all would take longer than the load it is a baseline for
@@ -277,7 +260,10 @@ def _check_rows(hps: Any, num_keys: int, dim: int) -> None:
                              f"the files hold (first: key {int(keys[wrong[0]])})")
 
 
-def _load_in_child(config: dict[str, Any], folder: str, num_keys: int) -> dict[str, float]:
+def _load_in_child(config: dict[str, Any], folder: str,
+                   num_keys: int | None = None) -> dict[str, float]:
+    """`measure_load` of `config` in a fresh process; with `num_keys` (a table written by
+    hps.tools.bench.load_files) its rows are checked after the load."""
     import json
     import subprocess
     import sys
@@ -291,8 +277,9 @@ def _load_in_child(config: dict[str, Any], folder: str, num_keys: int) -> dict[s
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(hps.__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p)}
+    checked = [] if num_keys is None else [str(num_keys)]
     done = subprocess.run([sys.executable, "-m", "hps.tools.bench.load", "measure", path,
-                           str(num_keys)], capture_output=True, text=True, env=env, check=False)
+                           *checked], capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the measured load failed:\n{done.stderr[-4000:]}")
     result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -285,7 +285,7 @@ def _public_model(folder: str, num_keys: int, dim: int,
     tiers, once per embedding_storage_dtype in `storages` (models named by
     `public_model_name`); returns the HPS and the table's keys (sorted) with their rows."""
     from hps.api import HPS
-    from hps.modelfiles.sparse_model import write_sparse_model
+    from hps.modelfiles.formats.sparse_folder import write_sparse_model
 
     keys, vectors = make_table(num_keys, dim)
     shuffled = np.random.default_rng(4).permutation(num_keys)

@@ -56,7 +56,7 @@ def bench_torch_layer(keys: int = 2000, dim: int = 16, table_keys: int = 100_000
     """Rows of {name, us_per_call, over_baseline_us, vs_baseline} (see the module doc)."""
     import torch
 
-    from hps.server.shared import servers
+    from hps.api import HPS
     from hps.torch import LookupLayer, close_servers, lookup
 
     rng = np.random.default_rng(seed)
@@ -65,9 +65,10 @@ def bench_torch_layer(keys: int = 2000, dim: int = 16, table_keys: int = 100_000
         folder = Path(tmp)
         write_sparse_model(folder / "table0", file_keys,
                            rng.standard_normal((table_keys, dim), dtype=np.float32))
+        config = _config(folder, dim, device)
+        server = HPS(config)  # the layer below shares its server (one per config)
         try:
-            layer = LookupLayer(_config(folder, dim, device), MODEL, 0, dim)
-            server = servers.server(layer._handle)
+            layer = LookupLayer(config, MODEL, 0, dim)
             batches = [torch.as_tensor(file_keys[rng.integers(0, table_keys, keys)],
                                        device=device) for _ in range(8)]
             out = torch.empty((keys, dim), dtype=torch.float32, device=device)
@@ -100,6 +101,7 @@ def bench_torch_layer(keys: int = 2000, dim: int = 16, table_keys: int = 100_000
                 {name: rounds_of(fn) for name, fn in measures.items()}, rounds, warmup=3)
         finally:
             close_servers()
+            server.close()
     base = seconds["lookup_fromdlpack"] / calls * 1e6
     rows = []
     for name, s in seconds.items():

@@ -10,9 +10,11 @@ command lives in the module of its job:
 - publish.py: `hps publish` (rows as online updates)
 - files.py: `hps inspect`, `hps convert` (a table's files, any format); sizing.py: the
   memory a table would take, which inspect prints
-- bench.py: `hps bench …` (the benchmarks, each beside its baseline)
-- models.py: `hps models list|add|remove` (the models of a running server)
+- bench.py: `hps bench …` (the benchmarks, each beside its baseline); key_counts.py: the
+  one reading of their key counts (100k, 1M, 2_000_000)
+- models.py: `hps models list|add|reload|remove` (the models of a running server)
 - config.py: `hps config dump` (the ps.json a config, YAML or Python file amounts to)
+- from_torch.py: `hps config from-torch` (the ps.json block of a PyTorch checkpoint)
 - app.py: the root app and what every command shares: consoles, the one-line error exit,
   logging, progress bars
 """
@@ -26,6 +28,7 @@ from hps.tools.cli.bench import bench_app
 from hps.tools.cli.config import config_app
 from hps.tools.cli.demo import demo
 from hps.tools.cli.files import convert, inspect
+from hps.tools.cli.from_torch import from_torch
 from hps.tools.cli.local import load, lookup
 from hps.tools.cli.models import models_app
 from hps.tools.cli.publish import publish
@@ -34,9 +37,12 @@ from hps.tools.cli.serve import serve
 __all__ = ["app", "main"]
 
 for command in (demo, serve, load, lookup, publish, inspect, convert):
-    app.command()(command)
+    # a dash followed by digits is a negative key to lookup (`hps lookup ps.json -m m -3`),
+    # not an option it does not know
+    app.command(context_settings={"ignore_unknown_options": command is lookup})(command)
 app.add_typer(bench_app, name="bench")
 app.add_typer(models_app, name="models")
+config_app.command("from-torch")(from_torch)
 app.add_typer(config_app, name="config")
 
 

@@ -3,6 +3,11 @@
 The measuring is hps.tools.bench's, one module per benchmark; this is the command of each:
 its options, what it says while it runs, and its figures as a table (`_print_bench`: one
 column per run, one row per measure, human labels). Bare `hps bench` runs `tier-fetch`.
+
+Defaults fit a laptop (a table of 1M keys, well under 2 GiB); a command that builds a
+table says the memory it expects before it starts (`_expect_memory`). Every key, row or
+slot count is read by key_counts.py (`100k`, `1M`, `2_000_000`). Options given before the
+command name belong to bare `hps bench`: with a command they are refused, not dropped.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from rich.table import Table
 
 from hps.errors import HPSError
 from hps.tools.cli.app import HELP_OPTIONS, console, err_console, fail
+from hps.tools.cli.key_counts import count_option, counts_option
 
 bench_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                         context_settings=HELP_OPTIONS,
@@ -24,16 +30,38 @@ bench_app = typer.Typer(add_completion=False, rich_markup_mode=None,
 # options several bench commands share
 _DIM = typer.Option(64, help="Vector width.")
 # the options of tier-fetch, which bare `hps bench` takes too
-_TIER_KEYS = typer.Option(10_000_000, help="Keys in the benchmark table.")
-_TIER_BATCH = typer.Option(16_384, help="Keys per fetch.")
+_TIER_KEYS = typer.Option(1_000_000, parser=count_option,
+                          help="Keys in the benchmark table (100k, 1M, 10M …).")
+_TIER_BATCH = typer.Option(16_384, parser=count_option, help="Keys per fetch.")
 
 
 @bench_app.callback(invoke_without_command=True)
 def bench_bare(ctx: typer.Context, keys: int = _TIER_KEYS, dim: int = _DIM,
                batch: int = _TIER_BATCH) -> None:
-    """Bare `hps bench`: tier-fetch (with a command, these options are not used)."""
+    """Bare `hps bench`: tier-fetch. With a command, give the options after it."""
     if ctx.invoked_subcommand is None:
         _tier_fetch(keys, dim, batch)
+        return
+    given = [f"--{name} {ctx.params[name]}" for name in ("keys", "dim", "batch")
+             if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        fail(ValueError(f"options before the command belong to bare `hps bench`; put them "
+                        f"after it: hps bench {ctx.invoked_subcommand} {' '.join(given)}"))
+
+
+#: process memory a table costs per raw byte (8-byte key + 4 bytes per value), and the
+#: process before it: measured peaks of each command at 500k keys, width 64, rounded up
+_MEMORY_PER_RAW_BYTE = {"tier-fetch": 2.8, "tiers": 3.5, "storage": 7.5, "load": 2.5,
+                        "redis": 3.0, "updates": 5.0, "http": 3.0}
+_BASE_MEMORY = 250 << 20
+
+
+def _expect_memory(command: str, num_keys: int, dim: int) -> None:
+    """Say, before a table is built, about how much memory the run will take at its peak."""
+    raw = num_keys * (8 + 4 * dim)
+    peak = _BASE_MEMORY + raw * _MEMORY_PER_RAW_BYTE[command]
+    console.print(f"expected peak memory: about {peak / 2**30:,.1f} GiB "
+                  f"({num_keys:,} keys of width {dim}; fewer with --keys)", highlight=False)
 
 
 @bench_app.command("tier-fetch")
@@ -50,6 +78,7 @@ def bench_tier_fetch_cmd(keys: int = _TIER_KEYS, dim: int = _DIM,
 def _tier_fetch(keys: int, dim: int, batch: int) -> None:
     from hps.tools.bench.tiers import bench_bulk_load, bench_hash_map, bench_rocksdb
 
+    _expect_memory("tier-fetch", keys, dim)
     rows = []
     console.print(f"table of {keys:,} keys, width {dim}, batches of {batch:,} uniform keys")
     for fn in (bench_hash_map, bench_rocksdb):
@@ -66,7 +95,8 @@ def bench_load_cmd(
         [], "--format",
         help="Compare these formats' load rate with the sparse folder's (repeat the option: "
              "parquet, numpy, safetensors). Without it: the scale curve."),
-    keys: str = typer.Option("1M,10M", help="Table sizes, comma-separated (1M, 250k, 2000000)."),
+    keys: str = typer.Option("250k,1M", parser=counts_option,
+                             help="Table sizes, comma-separated (250k,1M,10M)."),
     dim: int = _DIM,
     rounds: int = typer.Option(3, help="Loads per size or format (median reported)."),
 ) -> None:
@@ -78,17 +108,14 @@ def bench_load_cmd(
         SCALE_HEADER,
         bench_load_formats,
         format_scale_row,
-        parse_sizes,
         scale_rows,
     )
 
-    try:
-        sizes = parse_sizes(keys)
-    except ValueError as exc:
-        fail(exc)
+    sizes: list[int] = keys  # type: ignore[assignment]  # counts_option reads the text
+    _expect_memory("load", max(sizes), dim)
     if not formats:
-        console.print(f"sparse folders of {keys} random keys, width {dim}; each loaded "
-                      f"{rounds}× by HPS(config) into the hash map over RocksDB, in a fresh "
+        console.print(f"sparse folders of {', '.join(f'{n:,}' for n in sizes)} random keys, "
+                      f"width {dim}; each loaded {rounds}× by HPS(config) into the hash map over RocksDB, in a fresh "
                       f"process (RSS measured there); {usable_cores()} CPUs …")
         _print_flushed(SCALE_HEADER)
         try:
@@ -120,20 +147,10 @@ def _print_flushed(line: str) -> None:
 
 
 # the options of the benchmarks that look up a table loaded from files (storage, tiers)
-_TABLE_KEYS = typer.Option(1_000_000, help="Keys in the table (a model loaded from files).")
-_BATCHES = typer.Option("1,256,16384", help="Keys per lookup, comma-separated.")
-
-
-def _batch_sizes(text: str) -> tuple[int, ...]:
-    """--batches as key counts; one clear line (exit 2) for anything else."""
-    try:
-        sizes = tuple(int(b) for b in text.split(","))
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        fail(ValueError(f"--batches takes positive key counts, comma-separated (e.g. "
-                         f"1,256,16384), got {text!r}"))
-    return sizes
+_TABLE_KEYS = typer.Option(1_000_000, parser=count_option,
+                           help="Keys in the table (a model loaded from files).")
+_BATCHES = typer.Option("1,256,16384", parser=counts_option,
+                        help="Keys per lookup, comma-separated.")
 
 
 @bench_app.command("storage")
@@ -146,9 +163,10 @@ def bench_storage_cmd(
 ) -> None:
     """Each embedding_storage_dtype beside float32 through HPS.lookup on the embedded
     default (hash map over RocksDB), and the process RSS growth of each type's load."""
-    sizes = _batch_sizes(batches)
+    sizes: tuple[int, ...] = tuple(batches)  # counts_option reads the text
     from hps.tools.bench.storage import bench_storage, format_storage
 
+    _expect_memory("storage", keys, dim)
     console.print(f"loading a table of {keys:,} keys, width {dim}, from files, once per "
                   "storage type; lookups of uniform keys, all hits …")
     result = bench_storage(keys, dim, sizes, repeats)
@@ -162,7 +180,8 @@ def bench_tiers_cmd(
     batches: str = _BATCHES,
     repeats: int = typer.Option(2000, help="Timed lookups per side at 256 keys (fewer for "
                                            "larger batches)."),
-    thread_batch: int = typer.Option(16_384, help="Keys per lookup in the thread scaling."),
+    thread_batch: int = typer.Option(16_384, parser=count_option,
+                                     help="Keys per lookup in the thread scaling."),
     rounds: int = typer.Option(5, help="Rounds of the thread scaling (median)."),
 ) -> None:
     """The public call: HPS.lookup on the embedded default (hash map over RocksDB) vs NumPy
@@ -170,8 +189,10 @@ def bench_tiers_cmd(
 
     The tiers' own calls, without the public call around them: tier-fetch.
     """
-    sizes = _batch_sizes(batches)
+    sizes: tuple[int, ...] = tuple(batches)  # counts_option reads the text
     from hps.tools.bench.tiers import bench_public_lookup, format_public_lookup
+
+    _expect_memory("tiers", keys, dim)
 
     console.print(f"loading a table of {keys:,} keys, width {dim}, from files; lookups of "
                   "uniform keys, all hits …")
@@ -182,11 +203,12 @@ def bench_tiers_cmd(
 
 @bench_app.command("updates")
 def bench_updates_cmd(
-    rows: int = typer.Option(2_000_000, help="Update rows published before the ingest."),
-    table_keys: int = typer.Option(500_000, help="Keys of the served table."),
+    rows: int = typer.Option(500_000, parser=count_option,
+                             help="Update rows published before the ingest."),
+    table_keys: int = typer.Option(500_000, parser=count_option, help="Keys of the served table."),
     dim: int = _DIM,
-    batch: int = typer.Option(1024, help="Keys per lookup."),
-    per_message: int = typer.Option(8192, help="Rows per update message."),
+    batch: int = typer.Option(1024, parser=count_option, help="Keys per lookup."),
+    per_message: int = typer.Option(8192, parser=count_option, help="Rows per update message."),
     seconds: float = typer.Option(5.0, help="Seconds of lookups alone (the baseline)."),
     samples: int = typer.Option(100, help="Visibility samples."),
 ) -> None:
@@ -194,6 +216,7 @@ def bench_updates_cmd(
     beside the lookup rate and p50 without ingest (in-process tier; with RocksDB)."""
     from hps.tools.bench.updates import bench_updates
 
+    _expect_memory("updates", max(rows, table_keys), dim)
     try:
         results = bench_updates(rows, table_keys, dim, batch, per_message, seconds, samples)
     except (HPSError, RuntimeError) as exc:
@@ -206,26 +229,32 @@ def bench_redis_cmd(
     address: Optional[str] = typer.Option(
         None, help="A running Redis or cluster seeds (default: start a standalone server "
                    "and a 3-master cluster on loopback for the run)."),
-    keys: int = typer.Option(1_000_000, help="Keys loaded."),
+    keys: int = typer.Option(1_000_000, parser=count_option, help="Keys loaded."),
     dim: int = _DIM,
-    batch: int = typer.Option(16_384, help="Keys per fetch."),
+    batch: int = typer.Option(16_384, parser=count_option, help="Keys per fetch."),
     repeats: int = typer.Option(30, help="Timed batches per side."),
 ) -> None:
     """Redis tier fetch vs a raw redis-py pipelined HMGET over prepared byte keys."""
     from hps.tools.bench.redis import bench_redis, bench_redis_both
 
-    if address:
-        rows = [bench_redis(address, keys, dim, batch, repeats=repeats)]
-    else:
-        rows = bench_redis_both(keys, dim, batch, repeats)
+    from hps.tools.bench.redis_servers import RedisBinaryMissing
+
+    _expect_memory("redis", keys, dim)
+    try:
+        if address:
+            rows = [bench_redis(address, keys, dim, batch, repeats=repeats)]
+        else:
+            rows = bench_redis_both(keys, dim, batch, repeats)
+    except (HPSError, RedisBinaryMissing) as exc:
+        fail(exc)
     _print_bench(rows)
 
 
 @bench_app.command("gpu")
 def bench_gpu_cmd(
     dims: str = typer.Option("16,64,128", help="Vector widths, comma-separated."),
-    slots: int = typer.Option(1 << 24, help="Cache slots."),
-    batch: int = typer.Option(1 << 20, help="Keys per lookup."),
+    slots: int = typer.Option(1 << 24, parser=count_option, help="Cache slots."),
+    batch: int = typer.Option(1 << 20, parser=count_option, help="Keys per lookup."),
     repeats: int = typer.Option(20, help="Timed runs per measure."),
     device: int = typer.Option(0, help="CUDA device id."),
     profile: list[str] = typer.Option(
@@ -264,9 +293,9 @@ def bench_gpu_cmd(
 @bench_app.command("torch")
 def bench_torch_cmd(
     device: str = typer.Option("cpu", help="cpu or cuda (the GPU cache serves the table)."),
-    keys: int = typer.Option(2000, help="Keys per lookup."),
+    keys: int = typer.Option(2000, parser=count_option, help="Keys per lookup."),
     dim: int = typer.Option(16, help="Vector width."),
-    table_keys: int = typer.Option(100_000, help="Keys in the table."),
+    table_keys: int = typer.Option(100_000, parser=count_option, help="Keys in the table."),
     rounds: int = typer.Option(30, help="Rounds; the measures take turns in each."),
     calls: int = typer.Option(100, help="Calls per measure and round."),
 ) -> None:
@@ -288,10 +317,11 @@ _PLOT = typer.Option(None, "--plot", help="Write a picture of the latency distri
 
 @bench_app.command("http")
 def bench_http_cmd(
-    keys: int = typer.Option(1_000_000, help="Keys in the served table."),
+    keys: int = typer.Option(1_000_000, parser=count_option, help="Keys in the served table."),
     dim: int = _DIM,
-    batch: str = typer.Option("1024", help="Keys per request; a comma list runs each "
-                              "(throughput against batch size, with --plot)."),
+    batch: str = typer.Option("1024", parser=counts_option,
+                              help="Keys per request; a comma list runs each (throughput "
+                                   "against batch size, with --plot)."),
     clients: int = typer.Option(8, help="Concurrent clients (threads, one connection each)."),
     seconds: float = typer.Option(5.0, help="Timed seconds per path and round."),
     rounds: int = typer.Option(3, help="Rounds; the paths take turns in each."),
@@ -304,7 +334,13 @@ def bench_http_cmd(
     """HTTP lookups (v1, v2) beside direct Redis HMGET and a bare uvicorn floor."""
     from hps.tools.bench.http import bench_http
 
-    batches = [int(b) for b in batch.split(",") if b.strip()]
+    from hps.tools.bench.redis_servers import RedisBinaryMissing, redis_binary
+
+    batches: list[int] = batch  # type: ignore[assignment]  # counts_option reads the text
+    try:
+        redis_binary("redis-server")  # the direct-Redis path: checked before the run
+    except RedisBinaryMissing as exc:
+        fail(exc)
     if plot is not None:
         from hps.tools.bench.plot import require_matplotlib
 
@@ -312,6 +348,7 @@ def bench_http_cmd(
             require_matplotlib()  # the plot extra, checked before minutes of benchmark
         except HPSError as exc:
             fail(exc)
+    _expect_memory("http", keys, dim)
     results = []
     for size in batches:
         console.print(f"table of {keys:,} keys, width {dim}; {clients} clients, {size:,} "
@@ -319,14 +356,17 @@ def bench_http_cmd(
         result = bench_http(keys, dim, size, clients, seconds=seconds, rounds=rounds,
                             lookup_threads=lookup_threads, pin=pin)
         results.append(result)
-        _print_bench([{"name": r["path"], "requests/s": r["requests_per_s"],
-                       "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
-                       "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"]}
-                      for r in result["rows"]],
-                     title=f"{clients} clients, {size:,} keys per request")
-        _print_bench([{"name": r["path"], "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"],
-                       "server CPU µs/req": r["server_cpu_us"]}
-                      for r in result["single"]], title="one client alone")
+        # the gRPC paths in tables of their own: seven columns do not fit a terminal
+        for protocol, rows in _by_protocol(result["rows"]):
+            _print_bench([{"name": r["path"], "requests/s": r["requests_per_s"],
+                           "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
+                           "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"]}
+                          for r in rows],
+                         title=f"{protocol}: {clients} clients, {size:,} keys per request")
+        for protocol, rows in _by_protocol(result["single"]):
+            _print_bench([{"name": r["path"], "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"],
+                           "server CPU µs/req": r["server_cpu_us"]}
+                          for r in rows], title=f"{protocol}: one client alone")
         for name, value in result["ratios"].items():
             console.print(f"keys/s, {name}: {value:.2f}×", highlight=False)
         console.print(f"client: {result['client']}; {result['cpus']} CPUs; pinned: "
@@ -338,6 +378,13 @@ def bench_http_cmd(
         console.print(f"plot written to {plot}", highlight=False)
 
 
+def _by_protocol(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The rows of `hps bench http` split into its HTTP paths and its gRPC paths."""
+    grpc = [r for r in rows if "grpc" in str(r["path"]).lower()]
+    http = [r for r in rows if r not in grpc]
+    return [(name, part) for name, part in (("HTTP", http), ("gRPC", grpc)) if part]
+
+
 @bench_app.command("soak")
 def bench_soak_cmd(
     minutes: float = typer.Option(5.0, help="How long to run."),
@@ -346,8 +393,13 @@ def bench_soak_cmd(
     redis_restarts: int = typer.Option(2, help="Times Redis is killed and restarted."),
 ) -> None:
     """hps serve under lookups, reloads and Redis restarts: failed and wrong lookups."""
+    from hps.tools.bench.redis_servers import RedisBinaryMissing, redis_binary
     from hps.tools.bench.soak import print_result, soak
 
+    try:
+        redis_binary("redis-server")  # before the run, not minutes into it
+    except RedisBinaryMissing as exc:
+        fail(exc)
     console.print(f"soak of {minutes:g} min: {clients} clients, a reload every "
                   f"{reload_every:g} s, {redis_restarts} Redis restarts …")
     result = soak(minutes * 60, clients=clients, reload_every=reload_every,

@@ -18,8 +18,7 @@ from hps.tools.cli.serve import DEFAULT_MAX_BODY, serve_config
 
 def demo(
     folder: Path = typer.Option(
-        Path("models/demo"), help="Where to write the demo model; configs/demo.json reads "
-        "models/demo of the repository."),
+        Path("models/demo"), help="Where to write the demo model and its ps.json."),
     scale: float = typer.Option(1.0, help="Model size relative to the default ~1M keys."),
     serve_after: bool = typer.Option(
         False, "--serve/--no-serve",
@@ -31,16 +30,21 @@ def demo(
 
     The model (HugeCTR's format: tables user_item, width 16, and item_category, width
     64; keys 17, 42 and -3 are in both) and its ps.json go to --folder, by default
-    models/demo, which configs/demo.json serves: `hps serve configs/demo.json`. With
-    --serve the demo model is then served over HTTP; without it the demo ends.
+    models/demo: serve it with `hps serve models/demo/ps.json`, or pass --serve. The
+    first run on a machine compiles the kernels (timed apart from the load).
     """
-    from hps.tools.demo import TABLES, run_demo
+    from hps.tools.demo import TABLES, compile_kernels, run_demo
 
     if serve_after:  # before minutes of demo, not after
         try:
             import hps.http  # noqa: F401
         except HPSError as exc:
             fail(exc)
+    if scale <= 0:
+        fail(ValueError(f"--scale must be above 0 (1.0 is ~1M keys), got {scale:g}"))
+    console.print("compiling kernels (first run only) …")
+    console.print(f"compiling kernels (first run only): {compile_kernels():.2f} s",
+                  highlight=False)
     total = sum(int(c * scale) for _, c, _ in TABLES)
     console.print(f"Writing a {total:,}-key model (widths 16 and 64) to {folder} …")
     try:

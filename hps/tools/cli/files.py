@@ -122,10 +122,13 @@ def _print_report(title: str, rows: list[tuple[str, str]]) -> None:
 def convert(
     source: str = typer.Argument(..., help="The table to read: folder or file, path or URI."),
     destination: str = typer.Argument(
-        ..., help="Local path to write: .parquet, .npz, .safetensors, else a folder."),
+        ..., help="Local path to write: .parquet, .npz, .safetensors, or no suffix for a "
+                  "folder."),
     to: Optional[str] = typer.Option(
-        None, help="Format to write (default: from DESTINATION's suffix; a folder is a "
-                   "HugeCTR sparse folder unless --to numpy)."),
+        None, help="Format to write: sparse_folder, parquet, numpy or safetensors "
+                   "(default: from DESTINATION's suffix; without one a HugeCTR sparse "
+                   "folder; another suffix needs --to)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing DESTINATION."),
     *,
     read: _TableRead,
 ) -> None:
@@ -134,7 +137,9 @@ def convert(
     Formats: HugeCTR sparse folder, Parquet, NumPy, safetensors.
 
     Streams chunk by chunk with a progress bar; rows are copied bit for bit (float16 and
-    bfloat16 widened exactly to float32). A failed conversion leaves no DESTINATION.
+    bfloat16 widened exactly to float32). A failed conversion leaves no DESTINATION (and
+    an existing one, replaced with --force, as it was). The destination's format, an
+    existing destination and the packages the formats need are checked before any read.
     """
     from hps.modelfiles.convert import convert as run_convert
 
@@ -142,10 +147,11 @@ def convert(
         spec = read.spec(source)
         with progress_bars() as bars:
             report = run_convert(spec, destination, to, vec_size=read.width,
-                                 progress=BarProgress(bars))
+                                 progress=BarProgress(bars), force=force)
     except HPSError as exc:
         fail(exc)
     _print_report(f"{report.format} {source} → {destination}", report.rows())
     if report.duplicate_keys or report.non_finite_values:
         err_console.print("[yellow]warning:[/] the table has duplicate keys or non-finite "
-                          "values (copied as they are)")
+                          "values (copied as they are); `hps inspect DESTINATION` counts "
+                          "them", soft_wrap=True)

@@ -35,7 +35,7 @@ def load(config: Path = typer.Argument(..., help="ps.json or YAML config.")) -> 
 def lookup(
     config: Path = typer.Argument(..., help="ps.json or YAML config."),
     keys: list[int] = typer.Argument(
-        ..., help="Keys to look up; put -- before them when one is negative."),
+        ..., parser=lambda text: _key(text), help="Keys to look up (negative ones too: -3)."),
     model: str = typer.Option(..., "--model", "-m", help="Model name."),
     table: str = typer.Option("0", "--table", "-t", help="Table index or name."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -67,6 +67,15 @@ def lookup(
     np.set_printoptions(precision=4, suppress=True, linewidth=78)
     for key, row in zip(keys, vectors, strict=True):
         console.print(f"[bold]{key}[/]: {np.array2string(row, threshold=16)}")
+
+
+def _key(text: Any) -> int:
+    """A key of `hps lookup`; what is not one was most likely a mistyped option."""
+    try:
+        return int(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is neither a key (an integer) nor an option of "
+                                 "hps lookup (see hps lookup -h)") from None
 
 
 def _without_updates(path: str) -> Any:

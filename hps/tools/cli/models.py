@@ -1,4 +1,5 @@
-"""`hps models list|add|remove`: the models of a running server, through its admin routes.
+"""`hps models list|add|reload|remove`: the models of a running server, through its admin
+routes.
 
 Also `print_models`, the table of loaded models that `hps load` prints too: one row per
 table, the keys each tier holds, the sources listed below it (whole paths, 80 columns).
@@ -18,7 +19,7 @@ from hps.tools.cli.app import HELP_OPTIONS, console, fail
 
 models_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                          context_settings=HELP_OPTIONS, no_args_is_help=True,
-                         help="Models of a running server: list, add, remove.")
+                         help="Models of a running server: list, add, reload, remove.")
 
 #: where the running server is, and its token: the options of every models command
 _URL = typer.Option(DEFAULT_URL, "--url", envvar="HPS_URL", show_envvar=True,
@@ -66,6 +67,34 @@ def models_add(
         fail(exc)
     tables = ", ".join(t["name"] for t in answer["tables"])
     console.print(f"added model {answer['model']} (tables {tables}) in "
+                  f"{answer['seconds']:.2f} s", highlight=False, soft_wrap=True)
+
+
+@models_app.command("reload")
+def models_reload(
+    name: str = typer.Argument(..., help="The model to reload."),
+    files: Optional[list[str]] = typer.Argument(
+        None, help="New files, one per table, in table order (paths or URIs); without "
+                   "them the model's own files are read again."),
+    url: str = _URL, token: Optional[str] = _TOKEN,
+) -> None:
+    """Reload a model of a running server from its files, or from new ones.
+
+    Lookups get the old version until the new one is whole; a failed reload leaves it
+    serving. Relative paths resolve from the current folder; the server reads only under
+    its allowed roots (hps serve --allow-root).
+    """
+    from urllib.parse import quote
+
+    from hps.tools.admin_client import absolute_sources, call
+
+    body = {"sparse_files": absolute_sources(files, Path.cwd())} if files else None
+    try:
+        answer = call(url, "POST", f"/v1/models/{quote(name, safe='')}/reload", token, body)
+    except HPSError as exc:
+        fail(exc)
+    tables = ", ".join(t["name"] for t in answer["tables"])
+    console.print(f"reloaded model {answer['model']} (tables {tables}) in "
                   f"{answer['seconds']:.2f} s", highlight=False, soft_wrap=True)
 
 

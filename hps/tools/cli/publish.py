@@ -40,8 +40,9 @@ def publish(
     try:
         cfg = load_config(str(config))
         if not cfg.update_source.enabled:
-            raise HPSError(f"{config}: update_source has no type (kafka_message_queue or "
-                           "redis_stream): there is nowhere to publish")
+            raise HPSError(f"{config}: update_source has no type, so there is nowhere to "
+                           "publish: add an update_source block with type kafka_message_queue "
+                           "or redis_stream and its address")
         models = {m.model: m for m in cfg.models}
         if model not in models:
             raise UnknownModelError(f"the config has no model {model!r} (models: "

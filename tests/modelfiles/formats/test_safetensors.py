@@ -140,7 +140,10 @@ def test_keys_out_of_range(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["model.pt", "pytorch_model.bin", "weights.pth"])
 def test_pickled_pytorch_is_refused(tmp_path: Path, name: str) -> None:
-    torch.save(embedding(10, 4).state_dict(), tmp_path / name)
+    # a plain pickle (torch.save's pre-1.6 format); torch.save's zip files are read:
+    # tests/modelfiles/formats/test_torch_state.py
+    torch.save(embedding(10, 4).state_dict(), tmp_path / name,
+               _use_new_zipfile_serialization=False)
     assert_loads_nothing(tmp_path, str(tmp_path / name), 4,
                          r"is a pickled PyTorch file; hps does not unpickle .*save_file\(",
                          error=UnsupportedFormatError)

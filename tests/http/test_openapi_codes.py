@@ -1,0 +1,97 @@
+"""The OpenAPI document describes what the routes answer: every `$ref` resolves (the v2
+infer body's `#/$defs/InferInput` did not), and every status code a route is seen to
+answer below is among the route's documented responses."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.http.conftest import MODEL, Live, ModelFiles, start
+
+LIMIT = 4096
+
+
+@pytest.fixture(scope="module")
+def small(model_files: ModelFiles) -> Iterator[Live]:
+    yield from start(model_files, max_body_bytes=LIMIT)
+
+
+@pytest.fixture(scope="module")
+def locked(model_files: ModelFiles) -> Iterator[Live]:
+    yield from start(model_files, token="s3cret", max_body_bytes=LIMIT)
+
+
+def test_every_ref_resolves(small: Live) -> None:
+    doc = small.client.get("/openapi.json").json()
+    for ref in set(re.findall(r'"\$ref": "([^"]+)"', json.dumps(doc))):
+        node: Any = doc
+        assert ref.startswith("#/"), ref
+        for part in ref[2:].split("/"):
+            assert part in node, f"{ref} does not resolve"
+            node = node[part]
+    infer = doc["paths"]["/v2/models/{model}/infer"]["post"]["requestBody"]
+    schema = infer["content"]["application/json"]["schema"]
+    assert "KEYS" in json.dumps(schema) or "inputs" in schema["properties"]
+
+
+BIG = b"x" * (LIMIT + 1)
+JSON_HEADERS = {"Content-Type": "application/json"}
+#: (method, documented path, path, request options) of requests answered with errors
+CASES: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("GET", "/healthz", "/healthz", {"content": BIG}),
+    ("GET", "/readyz", "/readyz", {"content": BIG}),
+    ("GET", "/metrics", "/metrics", {"content": BIG}),
+    ("GET", "/v1/models", "/v1/models", {"content": BIG}),
+    ("GET", "/v1/models/{model}", "/v1/models/nope", {}),
+    ("POST", "/v1/models", "/v1/models", {"content": BIG, "headers": JSON_HEADERS}),
+    ("POST", "/v1/models", "/v1/models", {"content": b"{}", "headers": {
+        "Content-Type": "text/plain"}}),
+    ("POST", "/v1/models", "/v1/models", {"json": {"model": "x"}}),
+    ("POST", "/v1/models", "/v1/models", {"json": {"model": "x"}, "headers": {
+        "Origin": "http://localhost:3000"}}),
+    ("DELETE", "/v1/models/{model}", "/v1/models/nope", {}),
+    ("POST", "/v1/models/{model}/reload", f"/v1/models/{MODEL}/reload",
+     {"json": {"sparse_files": ["/nowhere/a", "/nowhere/b"]}}),
+    ("POST", "/v1/models/{model}/reload", "/v1/models/nope/reload", {}),
+    ("POST", "/v1/models/{model}/tables/{table}/lookup", f"/v1/models/{MODEL}/tables/9/lookup",
+     {"content": b"\0" * 8, "headers": {"Content-Type": "application/octet-stream"}}),
+    ("POST", "/v1/models/{model}/tables/{table}/lookup", f"/v1/models/{MODEL}/tables/0/lookup",
+     {"content": b"\0" * 7, "headers": {"Content-Type": "application/octet-stream"}}),
+    ("POST", "/v1/models/{model}/tables/{table}/lookup", f"/v1/models/{MODEL}/tables/0/lookup",
+     {"content": b"\0" * 8, "headers": {"Content-Type": "text/plain"}}),
+    ("POST", "/v1/models/{model}/tables/{table}/lookup", f"/v1/models/{MODEL}/tables/0/lookup",
+     {"content": b"\0" * 8, "headers": {"Content-Type": "application/octet-stream",
+                                        "X-HPS-Deadline-Ms": "0"}}),
+    ("GET", "/v2", "/v2", {"content": BIG}),
+    ("GET", "/v2/health/live", "/v2/health/live", {"content": BIG}),
+    ("GET", "/v2/models/{model}", "/v2/models/nope", {}),
+    ("GET", "/v2/models/{model}/ready", "/v2/models/nope/ready", {}),
+    ("GET", "/v2/models/{model}/config", "/v2/models/nope/config", {}),
+    ("GET", "/v2/models/{model}/versions/{version}", f"/v2/models/{MODEL}/versions/2", {}),
+    ("POST", "/v2/models/{model}/infer", f"/v2/models/{MODEL}/infer", {"content": b"{"}),
+    ("POST", "/v2/models/{model}/infer", f"/v2/models/{MODEL}/infer", {"content": BIG * 300,
+                                                                       "headers": {
+        "Inference-Header-Content-Length": "2"}}),
+    ("POST", "/v2/models/{model}/infer", f"/v2/models/{MODEL}/infer", {
+        "content": b"{}", "headers": {"Content-Encoding": "gzip"}}),
+    ("POST", "/v2/models/{model}/infer", "/v2/models/nope/infer", {"content": b"{}"}),
+]
+
+
+@pytest.mark.parametrize(("method", "documented", "path", "options"), CASES)
+def test_answered_codes_are_documented(small: Live, locked: Live, method: str,
+                                       documented: str, path: str,
+                                       options: dict[str, Any]) -> None:
+    doc = small.client.get("/openapi.json").json()
+    codes = set(doc["paths"][documented][method.lower()]["responses"])
+    for live in (small, locked):
+        answer: httpx.Response = live.client.request(method, path, **options)
+        assert answer.status_code >= 400, (path, answer.text)
+        assert str(answer.status_code) in codes, (live.url, method, path,
+                                                  answer.status_code, answer.text)
