@@ -161,9 +161,19 @@ class SafetensorsReader(ModelReader):
         size = source.size(name)
         self.files = [(name, size)]
         data_start, tensors = read_header(source, name, size)
-        rows = self._rows_tensor(tensors, tensor)
         if keys_tensor is None and key_offset is None and DEFAULT_KEYS_TENSOR in tensors:
             keys_tensor = DEFAULT_KEYS_TENSOR
+        self._take_tensors(source, name, data_start, tensors, tensor, keys_tensor, key_offset,
+                           options)
+
+    def _take_tensors(self, source: ModelSource, name: str, data_start: int,
+                      tensors: dict[str, TensorInfo], tensor: str | None,
+                      keys_tensor: str | None, key_offset: int | None,
+                      options: ReadOptions) -> None:
+        """Chooses the rows (and keys) tensor among `tensors`, whose byte ranges start at
+        `data_start` in file `name`, and sets the reader's rows, width, types and keys.
+        Shared by every format of named tensors (safetensors, torch.save)."""
+        rows = self._rows_tensor(tensors, tensor)
         keys = self._keys_tensor(tensors, keys_tensor, rows) if keys_tensor else None
         self.num_keys = rows.shape[0]
         self.vec_size = check_width(self.uri, rows.shape[1], options)

@@ -36,15 +36,8 @@ from typing import Any
 import numpy as np
 
 from hps.errors import ModelFileError, UnsupportedFormatError
-from hps.modelfiles.formats.arrays import RawArray
-from hps.modelfiles.formats.base import INT64_MAX, ReadOptions, check_width
-from hps.modelfiles.formats.safetensors import (
-    DTYPES,
-    KEY_DTYPES,
-    ROW_DTYPES,
-    SafetensorsReader,
-    TensorInfo,
-)
+from hps.modelfiles.formats.base import ReadOptions
+from hps.modelfiles.formats.safetensors import DTYPES, SafetensorsReader, TensorInfo
 from hps.modelfiles.formats.spec import PICKLE_HINT
 from hps.modelfiles.source import ModelSource
 from hps.modelfiles.source_file import SourceFile
@@ -261,20 +254,8 @@ class TorchStateReader(SafetensorsReader):
         self.uri = source.describe(name)
         self.files = [(name, source.size(name))]
         tensors = read_archive(source, name)
-        rows = self._rows_tensor(tensors, tensor)
-        keys = self._keys_tensor(tensors, keys_tensor, rows) if keys_tensor else None
-        self.num_keys = rows.shape[0]
-        self.vec_size = check_width(self.uri, rows.shape[1], options)
-        self.dtype = ROW_DTYPES[rows.dtype]
-        self.tensor, self.keys_tensor, self.key_offset = rows.name, keys_tensor, key_offset or 0
-        if keys is None and self.num_keys and self.key_offset + self.num_keys - 1 > INT64_MAX:
-            raise ModelFileError(f"{self.uri}: key_offset {self.key_offset} overflows int64 keys")
-        self.key_dtype = KEY_DTYPES[keys.dtype] if keys else "row index"
-        self._rows = RawArray(source, name, rows.begin, np.dtype(DTYPES[rows.dtype]), rows.shape)
-        self._keys = None
-        if keys is not None:
-            self._keys = RawArray(source, name, keys.begin, np.dtype(DTYPES[keys.dtype]),
-                                  keys.shape)
+        # the archive's tensors carry their absolute offsets in the file
+        self._take_tensors(source, name, 0, tensors, tensor, keys_tensor, key_offset, options)
 
 
 #: the module names under which TorchRec's collections hold their tables
