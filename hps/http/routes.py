@@ -9,7 +9,6 @@ Model listing and reload call the tiers and load files, so they run in the threa
 from __future__ import annotations
 
 import json
-import os
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hps.tools.bench.gpu_public import MODEL, server_over_files
+from hps.tools.bench.gpu_public import MODEL, server_over_folder
 
 THREAD_COUNTS = (1, 2, 4, 8)
 WORKLOADS = ("all hits, power law", "cache 25%, power law", "all hits, uniform")
@@ -124,8 +124,6 @@ def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, d
               rng: np.random.Generator, n: int, dim: int, table_keys: int, alpha: float,
               seconds: float, device_id: int, interval: float) -> list[dict[str, Any]]:
     import torch
-
-    from hps.tools.bench.gpu_public import server_over_folder
 
     cached = 0.25 if "25%" in workload else 1.0
     batches = 8
