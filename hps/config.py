@@ -28,7 +28,6 @@ from typing import Any, Literal
 import pydantic
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -40,7 +39,7 @@ from hps.errors import ConfigError
 from hps.modelfiles.formats.spec import TableSpec
 from hps.rows.storage_types import StorageName, StorageType, storage_type
 from hps.runtime.caller_line import caller_stacklevel
-from hps.runtime.strict_scalars import check_strict
+from hps.runtime.strict_scalars import StrictSection
 
 UNBOUNDED = 2**63 - 1
 #: widest vector a table may have (floats): a 4 MiB row
@@ -51,20 +50,7 @@ class UnknownConfigKeyWarning(UserWarning):
     """A config key that `hps` does not know (often a misspelling); it is ignored."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="ignore", validate_assignment=True, frozen=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _strict_scalars(cls, value: Any, info: ValidationInfo) -> Any:
-        # pydantic's lax mode reads "yes" as true and "256" as 256: a quoted value in a
-        # config is a mistake more often than not, so it is refused with the fix named
-        if info.field_name is not None:
-            check_strict(cls.model_fields[info.field_name].annotation, value)
-        return value
-
-
-class VolatileDBConfig(_Section):
+class VolatileDBConfig(StrictSection):
     """`volatile_db`: the in-process hash map or Redis (Cluster) tier."""
 
     type: Literal["hash_map", "parallel_hash_map", "redis_cluster", "disabled"] = "hash_map"
@@ -110,7 +96,7 @@ class VolatileDBConfig(_Section):
         return self.type == "redis_cluster"
 
 
-class PersistentDBConfig(_Section):
+class PersistentDBConfig(StrictSection):
     """`persistent_db`: the RocksDB tier."""
 
     type: Literal["rocks_db", "disabled"] = "disabled"
@@ -130,7 +116,7 @@ class PersistentDBConfig(_Section):
         return self.type != "disabled"
 
 
-class HttpConfig(_Section):
+class HttpConfig(StrictSection):
     """`http` (an hps extension): what `hps serve` accepts from the network.
 
     allowed_sources      URI prefixes (or local folders) a reload or an added model may
@@ -157,7 +143,7 @@ class HttpConfig(_Section):
     grpc_port: int | None = Field(None, ge=0, le=65535)
 
 
-class UpdateSourceConfig(_Section):
+class UpdateSourceConfig(StrictSection):
     """`update_source`: where online updates come from (hps/updates, docs/updates.md).
 
     HugeCTR's keys keep HugeCTR's meaning: `type` "kafka_message_queue" reads Kafka at
@@ -207,7 +193,7 @@ class UpdateSourceConfig(_Section):
         return self.type != "null"
 
 
-class ModelConfig(_Section):
+class ModelConfig(StrictSection):
     """One model: its tables, their widths and sources, and the lookup limits.
 
     A `sparse_files` entry is a path or URI (HugeCTR's form; the format comes from the
@@ -353,7 +339,7 @@ class ModelConfig(_Section):
         return self.max_batch_size * self.maxnum_catfeature_query_per_table_per_sample[table_id]
 
 
-class PSConfig(_Section):
+class PSConfig(StrictSection):
     """The whole parameter-server config (the contents of `ps.json`).
 
     `s3_endpoint` is an hps extension (HugeCTR has no such key): the endpoint URL of an

@@ -4,6 +4,8 @@ pydantic's lax mode reads "yes" as true, "256" as 256 and 1 as true; in a config
 quoted number or a number for a flag is a mistake more often than not, so
 `check_strict(annotation, value)` (a before-validator's body) refuses them with the fix
 named. Integers stay accepted for floats; `X | None` and `list[X]` are checked as X.
+`StrictSection` is the base of every config section (hps.config and the sections that
+live beside the code they configure).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import types
 import typing
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 _SCALARS = (bool, int, float)
 _NAMES = {bool: "true or false", int: "an integer", float: "a number"}
@@ -56,3 +60,18 @@ def _check(value: Any, kind: type, where: str) -> None:
             example = _NAMES[kind]
         fix = f" (a string: write {example} without quotes)"
     raise ValueError(f"{where}must be {_NAMES[kind]}, got {value!r}{fix}")
+
+
+class StrictSection(BaseModel):
+    """A config section: unknown keys ignored (hps.config warns about them), scalars strict."""
+
+    model_config = ConfigDict(extra="ignore", validate_assignment=True, frozen=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict_scalars(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads "yes" as true and "256" as 256: a quoted value in a
+        # config is a mistake more often than not, so it is refused with the fix named
+        if info.field_name is not None:
+            check_strict(cls.model_fields[info.field_name].annotation, value)
+        return value
