@@ -80,6 +80,12 @@ class HPS:
         """Re-read GPU-cached vectors from the databases; returns keys refreshed."""
         return self.server.refresh(model_name)
 
+    def prefetch(self, model_name: str, table_id: int | str, keys: Any) -> Any:
+        """Warm the GPU caches and the volatile tier (from the persistent one) with the
+        rows of `keys`, in the background; returns the job: `status`, `as_dict()`,
+        `wait(timeout)` (docs/operating.md#warm-ups)."""
+        return self.server.prefetch(model_name, table_id, keys)
+
     def close(self) -> None:
         """Let go of the server: the last of its users (this and other `HPS` of the same
         config, the framework layers) stops its background work and closes its tiers."""

@@ -23,7 +23,7 @@ import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import (
@@ -36,6 +36,7 @@ from pydantic import (
 )
 
 from hps.errors import ConfigError
+from hps.gate.settings import ValidationConfig
 from hps.modelfiles.formats.spec import TableSpec
 from hps.rows.storage_types import StorageName, StorageType, storage_type
 from hps.runtime.caller_line import caller_stacklevel
@@ -53,7 +54,8 @@ class UnknownConfigKeyWarning(UserWarning):
 class VolatileDBConfig(StrictSection):
     """`volatile_db`: the in-process hash map or Redis (Cluster) tier."""
 
-    type: Literal["hash_map", "parallel_hash_map", "redis_cluster", "disabled"] = "hash_map"
+    type: Literal["hash_map", "parallel_hash_map", "multi_process_hash_map", "redis_cluster",
+                  "disabled"] = "hash_map"
     address: str = "127.0.0.1:7000"
     user_name: str = "default"
     password: str = ""
@@ -81,6 +83,9 @@ class VolatileDBConfig(StrictSection):
     reconnect_backoff: float = Field(0.1, gt=0.0)
     reconnect_backoff_max: float = Field(5.0, gt=0.0)
     async_queue_size: int = Field(64, ge=1)
+    # multi_process_hash_map only (hps/tiers/hash_map/shared.py): the rows a shared table
+    # is made with beyond a load's, as a share of them, for keys online updates add later
+    shared_headroom: float = Field(0.1, ge=0.0, le=16.0)
 
     @field_validator("type", mode="before")
     @classmethod
@@ -132,6 +137,9 @@ class HttpConfig(StrictSection):
     max_connections      connections served at once; further ones are closed at once
     grpc_port            the port of the KServe v2 gRPC service beside HTTP (`hps serve
                          --grpc-port`; Triton's is 8001); None: no gRPC
+    workers              worker processes answering on the port (`hps serve --workers`);
+                         "auto": the usable cores; more than 1 serves the in-process tier
+                         from shared memory (docs/workers.md)
     """
 
     allowed_sources: list[str] = Field(default_factory=list)
@@ -141,6 +149,7 @@ class HttpConfig(StrictSection):
     keep_alive_timeout: float = Field(5.0, gt=0.0)
     max_connections: int = Field(512, ge=1)
     grpc_port: int | None = Field(None, ge=0, le=65535)
+    workers: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = 1
 
 
 class UpdateSourceConfig(StrictSection):
@@ -216,6 +225,8 @@ class ModelConfig(StrictSection):
     gpucacheper: float = Field(0.2, gt=0.0, le=1.0)
     # hps extension: vectors with NaN or infinity are refused at load unless this is set
     allow_non_finite_vectors: bool = False
+    # hps extension: the load gate's limits for this model, over the top-level section's
+    validation: ValidationConfig | None = None
     # hps extension: the type the in-process hash map and the GPU tables store rows in
     # (hps/rows/storage_types.py); Redis and RocksDB keep HugeCTR's float32 rows
     embedding_storage_dtype: StorageName = "float32"
@@ -225,6 +236,15 @@ class ModelConfig(StrictSection):
     # gpucacheper × keys hot rows beside the index
     gpu_memory_budget_mb: float | None = Field(None, gt=0.0)
     use_static_table: bool = False
+    # hps extensions: hot-key sampling (server/key_sketch.py), warm-ups (server/warm_up.py)
+    hot_key_sampling: int = Field(16, ge=0, le=1 << 20)
+    warm_from: str | None = Field(None, min_length=1)
+    warm_timeout: float = Field(30.0, gt=0.0, le=3600.0)
+    # hps extension: "row_wise" splits each table's GPU cache into `gpu_shards` caches by
+    # key hash (default: one per deployed device) instead of a whole cache per device
+    # (hps/gpu/sharded.py)
+    gpu_sharding: Literal["replicated", "row_wise"] = "replicated"
+    gpu_shards: int | None = Field(None, ge=1, le=64)
     num_of_worker_buffer_in_pool: int = Field(1, ge=1)
     num_of_refresher_buffer_in_pool: int = Field(1, ge=1)
     thread_pool_size: int = Field(16, ge=1)
@@ -306,9 +326,18 @@ class ModelConfig(StrictSection):
                              f"{MAX_VEC_SIZE:,} (a 4 MiB row), got {wide[0]:,}")
         if any(not math.isfinite(v) for v in self.default_value_for_each_table):
             raise ValueError("default_value_for_each_table entries must be finite numbers")
+        if self.hot_key_sampling & (self.hot_key_sampling - 1):
+            raise ValueError(f"hot_key_sampling: 0 or a power of two, not {self.hot_key_sampling}")
         if not self.deployed_device_list:
             raise ValueError("deployed_device_list must name at least one device id (it may "
                              "be left out when gpucache is false)")
+        if self.gpu_sharding == "row_wise" and self.cache_type == "uvm":
+            raise ValueError("gpu_sharding row_wise is not available for the uvm cache type "
+                             "(its index holds every key on each device); use dynamic or static")
+        if self.gpu_shards is not None and self.gpu_shards < len(self.deployed_device_list):
+            raise ValueError(f"gpu_shards ({self.gpu_shards}) must be at least the number of "
+                             f"deployed devices ({len(self.deployed_device_list)}): each "
+                             "device serves its keys from a shard of its own")
         if self.allow_non_finite_vectors and self.storage.compact:
             raise ValueError(
                 f"allow_non_finite_vectors cannot be combined with embedding_storage_dtype "
@@ -365,6 +394,7 @@ class PSConfig(StrictSection):
     source_read_timeout: float = Field(30.0, gt=0.0)
     source_redirect_hosts: list[str] = Field(default_factory=list)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    validation: ValidationConfig = Field(default_factory=ValidationConfig)
 
     @field_validator("volatile_db", mode="before")
     @classmethod

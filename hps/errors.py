@@ -15,7 +15,8 @@ on `TierUnavailableError`, and metrics are labelled by `kind`.
     │   ├── BatchTooLargeError      more keys than max_batch_size × maxnum_catfeature…
     │   └── OutputBufferError       output of wrong dtype, size, layout or device
     ├── ModelFileError              model files are missing, truncated, corrupt or inconsistent
-    │   └── UnsupportedFormatError  a format hps does not read (pickled PyTorch, a lone .npy)
+    │   ├── UnsupportedFormatError  a format hps does not read (pickled PyTorch, a lone .npy)
+    │   └── LoadGateError       a version the load gate refused (hps/gate/verdict.py)
     ├── SourceError                 a model URI cannot be read
     │   ├── SourceNotFoundError     the object or file does not exist
     │   ├── SourceAccessError       credentials missing or access denied

@@ -50,10 +50,11 @@ PANELS: tuple[Panel, ...] = (
               Query(f"sum by (instance) (rate(hps_lookup_keys_total[{RATE}]))",
                     "{{instance}}"),
           )),
-    Panel("Lookups", "HTTP latency p99 per route",
-          "99th percentile of every route's answer time.", "s", (
-              Query(_quantile(0.99, "hps_http_request_duration_seconds", "route"),
-                    "{{route}}"),
+    Panel("Lookups", "Latency p99 per route",
+          "99th percentile of every route's answer time, HTTP routes and gRPC methods "
+          "(label protocol).", "s", (
+              Query(_quantile(0.99, "hps_http_request_duration_seconds", "route, protocol"),
+                    "{{protocol}} {{route}}"),
           )),
     Panel("Tiers", "Hit rate per tier",
           "Share of the looked-up keys each database tier served; 'default' is the "
@@ -79,6 +80,17 @@ PANELS: tuple[Panel, ...] = (
               Query(f'sum(rate(hps_tier_failures_total{{table!=""}}[{RATE}]))',
                     "lookups fallen through/s"),
           )),
+    Panel("Tiers", "Keys found in no tier",
+          "Share of looked-up keys no tier holds (they get the default value), per table, "
+          "since its version loaded; GET /v1/models/{m}/tables/{t}/keys?kind=missing says "
+          "which.", "percentunit", (
+              Query("max by (model, table) (hps_missing_rate)", "{{model}}/{{table}}"),
+          )),
+    Panel("Tiers", "Hot keys' share",
+          "Share of the sampled lookups that went to each table's 100 hottest keys: how "
+          "skewed the traffic is, and how small a cache could serve it.", "percentunit", (
+              Query("max by (model, table) (hps_hot_keys_share)", "{{model}}/{{table}}"),
+          )),
     Panel("Tiers", "Tier available",
           "1 while a tier answers, 0 while it is down, per hps service.", "short", (
               Query("hps_tier_available", "{{instance}} {{tier}}"),
@@ -93,6 +105,24 @@ PANELS: tuple[Panel, ...] = (
     Panel("Models", "Load rate",
           "Keys written to the tiers per second by loads and reloads.", "short", (
               Query(f"sum by (instance) (rate(hps_load_keys_total[{RATE}]))", "{{instance}}"),
+          )),
+    Panel("Models", "Load gate",
+          "Versions the load gate refused (the old version kept serving), and drifts it let "
+          "serve with a warning, by check.", "short", (
+              Query(f"sum by (model, table, check) "
+                    f"(increase(hps_load_gate_refusals_total[{RATE}]))",
+                    "{{model}}/{{table}} refused ({{check}})"),
+              Query(f"sum by (model, table, check) "
+                    f"(increase(hps_load_gate_warnings_total[{RATE}]))",
+                    "{{model}}/{{table}} warned ({{check}})"),
+          )),
+    Panel("Models", "Reload drift",
+          "The last reload's row-norm ratio (new over old, on a sample of shared keys) and "
+          "share of keys added or removed.", "short", (
+              Query('max by (model, table) (hps_load_gate_drift{figure="norm_ratio"})',
+                    "{{model}}/{{table}} norm ratio"),
+              Query('max by (model, table) (hps_load_gate_drift{figure="key_churn"})',
+                    "{{model}}/{{table}} key churn"),
           )),
     Panel("Models", "Model ready",
           "1 when the model is loaded and served by the hps service.", "short", (

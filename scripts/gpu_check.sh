@@ -10,6 +10,7 @@
 #     latency, HugeCTR's profile, 1M-key misses, the torch layer, and every GPU at once where there are two)
 #   GPU_CHECK_TESTS=0 bash scripts/gpu_check.sh    # benchmark only
 #   GPU_CHECK_BENCH=0 bash scripts/gpu_check.sh    # tests only
+#   GPU_CHECK_BENCH=0 GPU_CHECK_FILES="tests/gpu/test_sharded.py" bash scripts/gpu_check.sh
 # Logs go to $OUT (or /tmp/hps-gpu-check): pytest.log, bench.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +45,12 @@ if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   [ "$devices" -ge 2 ] || select="gpu and not multi_gpu"
   # the GPU tests live beside their topics; only the files that hold some are collected
   # (the other tests' packages, TensorFlow, httpx, hypothesis, ..., are not carried here)
-  mapfile -t files < <(grep -rlE --include='test_*.py' 'pytest\.mark\.gpu\b' tests | sort)
+  # (GPU_CHECK_FILES="tests/gpu/test_x.py ...": only those, for a check of one change)
+  if [ -n "${GPU_CHECK_FILES:-}" ]; then
+    read -ra files <<<"$GPU_CHECK_FILES"
+  else
+    mapfile -t files < <(grep -rlE --include='test_*.py' 'pytest\.mark\.gpu\b' tests | sort)
+  fi
   timeout "${GPU_CHECK_TEST_TIMEOUT:-300}" python3 -m pytest "${files[@]}" -m "$select" -q \
     -p no:cacheprovider -rs --durations=8 2>&1 | tee "$logs/pytest.log"
   status=${PIPESTATUS[0]}

@@ -36,8 +36,8 @@ import pytest
 import typer.main
 import yaml
 
-from hps.tools.cli import app as cli_app
 from hps.config import load_config
+from hps.tools.cli import app as cli_app
 from tests.support.redis_servers import RedisClusterProcs, RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,6 +18,7 @@ PATH. A command must exit 0. Three kinds are handled apart, each for a stated re
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -27,7 +28,6 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,6 +218,28 @@ def _torch_checkpoints(work: Path) -> None:
 
 
 GIVEN["docs/pytorch.md"] = _torch_checkpoints
+
+
+def _ranking_model(work: Path) -> None:
+    # the page's model `ranking`: table `user` served from models/v1/user; models/v2/user
+    # is a next version whose rows grew 10x (the load gate warns about it); user.keys
+    # are keys to prefetch, raw int64
+    from hps.modelfiles.formats.sparse_folder import write_sparse_model
+
+    rng = np.random.default_rng(0)
+    keys = np.arange(5000, dtype=np.int64)
+    rows = rng.standard_normal((keys.size, 16), dtype=np.float32)
+    write_sparse_model(work / "models" / "v1" / "user", keys, rows)
+    write_sparse_model(work / "models" / "v2" / "user", keys, rows * 10)
+    keys[:100].astype("<i8").tofile(work / "user.keys")
+    (work / "ps.json").write_text(json.dumps({"models": [{
+        "model": "ranking", "sparse_files": ["models/v1/user"],
+        "embedding_table_names": ["user"], "embedding_vecsize_per_table": [16],
+        "maxnum_catfeature_query_per_table_per_sample": [64], "gpucache": False}]}))
+
+
+GIVEN["docs/operating.md"] = _ranking_model
+GIVEN["docs/workers.md"] = _ranking_model
 
 
 # -- running a page ------------------------------------------------------------------------

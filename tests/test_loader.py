@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from hps import ConfigError, ModelFileError
-from hps.tiers.rocksdb.tier import RocksDBTier
-from hps.server.loader import available_memory, open_reader, served_chunks
 from hps.server import HierarchicalParameterServer
+from hps.server.loader import available_memory, open_reader, served_chunks
+from hps.tiers.rocksdb.tier import RocksDBTier
 from tests.conftest import model_config, write_table
 
 TABLE = "hps_et.m.sparse_embedding0"

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from hps import ModelFileError, UnknownModelError
-from hps.server.loader import LoadProgress
 from hps.server import STAGING_SUFFIX, HierarchicalParameterServer
+from hps.server.loader import LoadProgress
 from tests.conftest import write_table
 
 

@@ -148,7 +148,7 @@ def test_bad_input_raises_and_changes_nothing(two_tables: dict[str, Any]) -> Non
 def test_malformed_model_changes_nothing(two_tables: dict[str, Any]) -> None:
     config = copy.deepcopy(two_tables["config"])
     config["models"][0]["embedding_vecsize_per_table"] = [8, 32]  # table 1 is really 16 wide
-    with pytest.raises(ModelFileError, match="width 32"):
+    with pytest.raises(ModelFileError, match="16 wide but embedding_vecsize_per_table says 32"):
         HPS(config)
     from hps.config import PersistentDBConfig
     from hps.tiers.rocksdb.tier import RocksDBTier

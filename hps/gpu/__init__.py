@@ -21,8 +21,9 @@ One table concept, three kinds picked by the model's `embedding_cache_type`:
   pinned staging, compiled host loops, hit-rate threshold, host work during the wait,
   and stream identity
 
-Keys and outputs are checked by hps/intake/keys.py, not here. The NumPy models the GPU
-tests compare with are test support (tests/support/gpu_reference.py, uvm_reference.py).
+Keys and outputs are checked by hps/intake/keys.py, not here. cache_model.py is the NumPy
+model of the dynamic cache (`hps plan` replays key logs through it; the GPU tests compare
+with it); the uvm table's model is test support (tests/support/uvm_reference.py).
 
 Nothing here imports CuPy at import time: without it, `hps.gpu.table.cuda_available()`
 is False and building a table raises MissingExtraError naming the 'gpu' extra.

@@ -11,7 +11,8 @@ arrays; these functions bring them to the table's device in the form the kernels
 
 They raise KeyTypeError (keys), LookupInputError (rows of the wrong shape, dtype or
 values) and DeviceError (arrays on another device) before anything is written. The
-lookup path (hps/gpu/table.py) reads its arrays through hps/intake/keys.py instead.
+lookup path (hps/gpu/table.py, sharded.py) reads its arrays through hps/intake/keys.py
+instead, with `lookup_refs`: what every GPU table's lookup checks of its arguments.
 """
 
 from __future__ import annotations
@@ -20,9 +21,34 @@ from typing import Any
 
 import numpy as np
 
-from hps.errors import DeviceError, LookupInputError
-from hps.intake.keys import as_key_array, key_view
+from hps.errors import DeviceError, LookupInputError, OutputBufferError
+from hps.intake.array_ref import ArrayRef
+from hps.intake.keys import as_key_array, key_ref, key_view, output_ref
+from hps.rows.gpu_layout import output_code
 from hps.rows.storage_types import StorageType
+
+
+def lookup_refs(keys: Any, out: Any, dim: int, storage: StorageType, device_id: int
+                ) -> tuple[ArrayRef, ArrayRef, int]:
+    """(keys, out, output type code) of a lookup into a GPU table on `device_id`: both
+    ArrayRefs the caller read and checked (the server), or arrays of any producer read
+    and checked here (out of shape [n, dim]). Raises KeyTypeError or OutputBufferError
+    for bad arguments, DeviceError for arrays on another device."""
+    if isinstance(keys, ArrayRef):
+        kref, oref = keys, out
+    else:
+        kref = key_ref(keys)
+        shape = tuple(getattr(out, "shape", ()))
+        if shape != (kref.size, dim):
+            raise OutputBufferError(f"out must have shape [{kref.size}, {dim}], got {list(shape)}")
+        oref = output_ref(out, kref.size, dim, storage)
+    out_type = output_code(oref, storage)
+    if (kref.device != device_id and kref.device >= 0
+            or oref.device != device_id and oref.device >= 0):
+        raise DeviceError(
+            f"the GPU cache is on cuda:{device_id} but the keys are on {kref.where()} and "
+            f"the output on {oref.where()}")
+    return kref, oref, out_type
 
 
 def _is_cupy(array: Any) -> bool:

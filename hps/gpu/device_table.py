@@ -304,6 +304,11 @@ class DeviceTable:
             rt.eventRecord(ws.write_done.ptr, stream_ptr)
             self._write_event = ws.write_done
 
+    @property
+    def stream(self) -> Any:
+        """The table's own CuPy stream, where its writes run."""
+        return self._stream
+
     # -- queries --------------------------------------------------------------------------
 
     def workspace(self) -> QueryWorkspace:

@@ -30,7 +30,7 @@ of a hit at small widths, and sampling halves it while keeping recency close to 
 `lru_sample_shift=0` stamps every hit (exact LRU).
 An insert of a key that is not held takes the first free way of its set, else evicts the
 way with the smallest stamp (the lowest way on ties). Keys of one insert batch that map to
-one set are inserted in batch order. `tests/support/gpu_reference.py` is a NumPy model of
+one set are inserted in batch order. `hps/gpu/cache_model.py` is a NumPy model of
 exactly this.
 
 Which table a model's table gets (this cache, or the static or uvm table) and its sizing:
@@ -268,7 +268,6 @@ class EmbeddingCache(DeviceTable):
             cells[16].value = vec4
             blocks += kernels.grid(self.device_id, count * (self.dim // 4 if vec4 else self.dim),
                                    BLOCK)
-        rt = self._rt
         with self._lock:
             if self._closed:
                 self._check_open()
@@ -278,8 +277,8 @@ class EmbeddingCache(DeviceTable):
                 self._wait_for_writes(stream_ptr)
             self._tick += 1
             cells[10].value = self._tick << RANK_BITS
-            ws.insert_launch.go(blocks, BLOCK, stream_ptr)  # type: ignore[union-attr]
-            rt.eventRecord(ws.write_done.ptr, stream_ptr)
+            ws.insert_launch.go_recorded(  # type: ignore[union-attr]
+                blocks, BLOCK, stream_ptr, int(ws.write_done.ptr))  # the GIL kept throughout
             self._write_event = ws.write_done
 
     def codes_on_device(self, keys_ptr: int, n: int, codes_ptr: int, stream_ptr: int) -> None:

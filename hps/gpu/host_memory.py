@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,10 @@ from hps.errors import DeviceError
 
 _HUGE = 2 << 20
 _MAPPED_PORTABLE = 3  # cudaHostAllocPortable | cudaHostAllocMapped (same bits for Register)
+# Lookup results in pinned memory: each up to this size, and this much alive at once;
+# the rest are NumPy arrays in pageable memory (copied through the driver's staging).
+PINNED_RESULT_BYTES = 64 << 20
+PINNED_RESULTS_BYTES = 256 << 20
 
 
 class MappedHostMemory:
@@ -111,3 +117,55 @@ class MappedHostMemory:
 
     def __del__(self) -> None:
         self.close()
+
+
+def mapped_address(cupy: Any, host_ptr: int) -> int:
+    """The address kernels write host memory at `host_ptr` through, where it is pinned
+    and mapped into the device's address space (with unified addressing, all pinned
+    memory CUDA allocated: `pinned_empty`'s, torch's pin_memory), else 0."""
+    try:
+        attrs = cupy.cuda.runtime.pointerGetAttributes(host_ptr)
+    except Exception:  # memory CUDA has never seen, on older runtimes
+        return 0
+    if int(attrs.type) != 1:  # cudaMemoryTypeHost
+        return 0
+    return int(attrs.devicePointer)
+
+
+class _PinnedResults:
+    """The bytes of the pinned results alive now (see pinned_empty)."""
+
+    def __init__(self) -> None:
+        self.alive = 0
+        self.lock = threading.Lock()
+
+    def release(self, nbytes: int) -> None:
+        with self.lock:
+            self.alive -= nbytes
+
+
+_results = _PinnedResults()
+
+
+def pinned_empty(cupy: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A new uninitialized C-contiguous host array, in pinned memory from CuPy's pinned
+    pool when it fits the limits above (returned to the pool when the array goes),
+    else a NumPy array."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    nbytes = count * dtype.itemsize
+    if not 0 < nbytes <= PINNED_RESULT_BYTES:
+        return np.empty(shape, dtype)
+    with _results.lock:
+        if _results.alive + nbytes > PINNED_RESULTS_BYTES:
+            return np.empty(shape, dtype)
+        _results.alive += nbytes
+    try:
+        memory = cupy.cuda.alloc_pinned_memory(nbytes)
+    except Exception:  # no pinned memory to be had: pageable serves the same
+        _results.release(nbytes)
+        return np.empty(shape, dtype)
+    flat = np.frombuffer(memory, dtype, count)
+    # on the flat array: every view of the result (NumPy's bases collapse) refers to it
+    weakref.finalize(flat, _results.release, nbytes).atexit = False
+    return flat.reshape(shape)

@@ -202,6 +202,97 @@ def _held_launcher() -> Any:
                                   types.uint64, types.uint64))(launch_recorded)
 
 
+class HeldCalls:
+    """The driver calls of the miss path that the lookup makes with the GIL held (see
+    _held_launcher for why), each falling back to CuPy's runtime call (which releases
+    it) where libcuda or numba cannot give them:
+
+        held.copy_to_device(dst, src, nbytes, stream)   # cuMemcpyHtoDAsync
+        held.record(event, stream)                      # cuEventRecord
+        held.wait(stream, event)                        # cuStreamWaitEvent
+
+    With a background thread busy (online updates applied meanwhile), each release
+    in a lookup is a point where that thread takes the GIL and the lookup waits for
+    its next release: with 10,000 update rows/s (`hps bench gpu --profile hugectr
+    --updates 10000`, H100), the copy of the missed rows took 152 µs in the slowest 2%
+    of calls through CuPy, 14 µs here (scripts/probe_gpu_tails.py)."""
+
+    def __init__(self) -> None:
+        rt = cupy_module().cuda.runtime
+        compiled = _held_calls()
+        if compiled is None:
+            self.copy_to_device: Any = lambda dst, src, nbytes, stream: rt.memcpyAsync(
+                dst, src, nbytes, 1, stream)
+            self.record: Any = rt.eventRecord
+            self.wait: Any = lambda stream, event: rt.streamWaitEvent(stream, event, 0)
+            return
+        check = cupy_module().cuda.driver.check_status
+        copy, record, wait = compiled
+
+        def copy_to_device(dst: int, src: int, nbytes: int, stream: int) -> None:
+            status = copy(dst, src, nbytes, stream)
+            if status:
+                check(status)
+
+        def record_event(event: int, stream: int) -> None:
+            status = record(event, stream)
+            if status:
+                check(status)
+
+        def wait_event(stream: int, event: int) -> None:
+            status = wait(stream, event)
+            if status:
+                check(status)
+
+        self.copy_to_device = copy_to_device
+        self.record = record_event
+        self.wait = wait_event
+
+
+@lru_cache(maxsize=1)
+def held_calls() -> HeldCalls:
+    """The process's HeldCalls (made on first use)."""
+    return HeldCalls()
+
+
+@lru_cache(maxsize=1)
+def _held_calls() -> tuple[Any, Any, Any] | None:
+    """cuMemcpyHtoDAsync, cuEventRecord and cuStreamWaitEvent as compiled calls that
+    keep the GIL, or None (as _held_launcher)."""
+    import ctypes.util
+
+    try:
+        from hps.runtime.compiled import numba, types
+
+        lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
+    except (ImportError, OSError):
+        return None
+    u64, u32, i32 = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int32
+    cu_copy = lib.cuMemcpyHtoDAsync_v2
+    cu_copy.argtypes = [u64, u64, u64, u64]
+    cu_copy.restype = i32
+    cu_record = lib.cuEventRecord
+    cu_record.argtypes = [u64, u64]
+    cu_record.restype = i32
+    cu_wait = lib.cuStreamWaitEvent
+    cu_wait.argtypes = [u64, u64, u32]
+    cu_wait.restype = i32
+
+    def copy(dst: int, src: int, nbytes: int, stream: int) -> int:
+        return cu_copy(dst, src, nbytes, stream)
+
+    def record(event: int, stream: int) -> int:
+        return cu_record(event, stream)
+
+    def wait(stream: int, event: int) -> int:
+        return cu_wait(stream, event, 0)
+
+    sig2 = types.int32(types.uint64, types.uint64)
+    return (numba.njit(types.int32(types.uint64, types.uint64, types.uint64,
+                                   types.uint64))(copy),
+            numba.njit(sig2)(record), numba.njit(sig2)(wait))
+
+
 _Scalar = ctypes.c_uint64 | ctypes.c_int64 | ctypes.c_uint32 | ctypes.c_int32 | ctypes.c_float
 _CTYPES: dict[str, type[_Scalar]] = {
     "ptr": ctypes.c_uint64, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,

@@ -48,7 +48,7 @@ def cache_mode(model: ModelConfig) -> str:
 # capacity). Sets filled slot for key cannot: keys that land in a full 8-way set are lost,
 # and 8-way sets filled to 100% hold 86% of what was inserted (a Poisson overflow). So the
 # sets are sized for capacity / CACHE_LOAD slots: at a load of 0.6, full warm-ups held 98%
-# of their keys in the NumPy model of this policy (tests/support/gpu_reference.py; tests/gpu
+# of their keys in the NumPy model of this policy (hps/gpu/cache_model.py; tests/gpu
 # checks the promise on the GPU). The extra slots are in memory_bytes.
 CACHE_LOAD = 0.6
 # From gpucacheper 1.0 on the cache is asked to hold the whole table: a set-associative cache

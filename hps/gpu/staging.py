@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from hps.gpu.kernels import held_calls
+
 _H2D = 1  # cudaMemcpyHostToDevice
 _D2H = 2  # cudaMemcpyDeviceToHost
 # Large miss batches send their rows in chunks of this many bytes, each while the host
@@ -79,6 +81,7 @@ class MissStaging:
         self.done_event = cupy.cuda.Event(block=False, disable_timing=True)
         self.done_ptr = int(self.done_event.ptr)
         self._pending = False  # work queued before done_event still uses the buffers
+        self._held = held_calls()  # the copy and the record keep the GIL
         self._layouts: dict[tuple[int, int], tuple[tuple[int, int, int, int], tuple[Any, ...]]]
         self._layouts = {}
         self._offsets = (0, 0, 0, 0)
@@ -143,13 +146,13 @@ class MissStaging:
         self._copy(self._offsets[3] + first * row, (stop - first) * row, stream_ptr)
 
     def _copy(self, offset: int, nbytes: int, stream_ptr: int) -> None:
-        self._rt.memcpyAsync(self.device_ptr + offset, self._host_ptr + offset, nbytes, _H2D,
-                             stream_ptr)
+        self._held.copy_to_device(self.device_ptr + offset, self._host_ptr + offset, nbytes,
+                                  stream_ptr)
 
     def done(self, stream_ptr: int) -> None:
         """Records that the batch's copies and kernels are queued on the stream up to
         here; the next batch waits for them before it reuses the buffers."""
-        self._rt.eventRecord(self.done_ptr, stream_ptr)
+        self._held.record(self.done_ptr, stream_ptr)
         self._pending = True
 
 
@@ -165,13 +168,21 @@ class Scratch:
         self._out: Any = None
         self._pinned: Any = None
         self._pinned_keys: np.ndarray = np.empty(0, np.int64)
+        self._pinned_ptr = 0
+        self._keys_ptr = 0
 
     def device_keys(self, n: int) -> Any:
         """A device int64 [n] buffer."""
+        self._reserve_keys(n)
+        return self._keys[:n]
+
+    def _reserve_keys(self, n: int) -> int:
+        """The device address of a buffer of at least n int64 keys."""
         if self._keys is None or self._keys.size < n:
             self._keys = self._cp.empty(max(n, 2 * (0 if self._keys is None else
                                                     self._keys.size), 1024), dtype=np.int64)
-        return self._keys[:n]
+            self._keys_ptr = int(self._keys.data.ptr)
+        return self._keys_ptr
 
     def device_out(self, n: int, dtype: Any = np.float32) -> Any:
         """A device [n, dim] buffer of `dtype` (float32 or a 16-bit output type)."""
@@ -191,13 +202,13 @@ class Scratch:
             size = max(n, 2 * self._pinned_keys.size, 1024)
             self._pinned = self._cp.cuda.alloc_pinned_memory(size * 8)
             self._pinned_keys = np.frombuffer(self._pinned, dtype=np.int64, count=size)
+            self._pinned_ptr = int(self._pinned.ptr)
         staged = self._pinned_keys[:n]
         if keys.dtype == np.uint64:
             keys = keys.view(np.int64)
         np.copyto(staged, keys.reshape(-1), casting="unsafe")
-        dst = self.device_keys(n)
-        ptr = int(dst.data.ptr)
-        self._rt.memcpyAsync(ptr, staged.ctypes.data, n * 8, _H2D, stream_ptr)
+        ptr = self._reserve_keys(n)  # the address alone: no CuPy view made per call
+        self._rt.memcpyAsync(ptr, self._pinned_ptr, n * 8, _H2D, stream_ptr)
         return ptr
 
     def copy_to_host(self, src_ptr: int, dst_ptr: int, nbytes: int, stream_ptr: int) -> None:

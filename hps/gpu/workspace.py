@@ -7,17 +7,22 @@ and the miss count's landing place, the query launches bound to these buffers
 (hps/gpu/device_table.py binds them) and the events that order this thread's queries and
 writes. The table keeps one per thread (`DeviceTable.workspace`); the lookup path's miss
 handling (hps/gpu/table.py) reads the misses from it until the thread's next query.
+`ThreadState` is all one thread's lookups of one table keep: the workspace, the miss
+staging and scratch buffers (hps/gpu/staging.py) and the thread's counters.
 """
 
 from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hps.gpu import kernels
+
+if TYPE_CHECKING:
+    from hps.gpu.staging import MissStaging, Scratch
 
 _MAPPED_PINNED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
 
@@ -54,6 +59,7 @@ class QueryWorkspace:
         self.event_ptr = int(self.event.ptr)
         self._pending = False
         self._released_ptr = 0
+        self._held = kernels.held_calls()  # the record and the wait keep the GIL
         self.capacity = 0
         self.positions: Any = None
         self.host_keys: np.ndarray = np.empty(0, np.int64)
@@ -96,7 +102,7 @@ class QueryWorkspace:
 
     def release(self, stream_ptr: int) -> None:
         """Work queued on the stream still reads the miss positions."""
-        self._rt.eventRecord(self._released.ptr, stream_ptr)
+        self._held.record(int(self._released.ptr), stream_ptr)
         self.released_by(int(self._released.ptr))
 
     def released_by(self, event_ptr: int) -> None:
@@ -111,5 +117,18 @@ class QueryWorkspace:
         stream's: skipping these driver calls there measured no faster, and seemingly
         slower, on the HugeCTR profile (see DeviceTable.query_ptr)."""
         if self._pending:
-            self._rt.streamWaitEvent(stream_ptr, self._released_ptr, 0)
+            self._held.wait(stream_ptr, self._released_ptr)
             self._pending = False
+
+
+class ThreadState:
+    """One thread's query workspace, staging, scratch and counters for one table."""
+
+    __slots__ = ("ws", "staging", "scratch", "counts")
+
+    def __init__(self, ws: QueryWorkspace, staging: MissStaging, scratch: Scratch,
+                 counts: dict[str, int]) -> None:
+        self.ws = ws
+        self.staging = staging
+        self.scratch = scratch
+        self.counts = counts

@@ -20,6 +20,7 @@ from hps.http.roots import check_absolute, check_sources
 from hps.http.routes import admin_guard, load_summary
 from hps.http.schemas import ERROR_RESPONSES, ErrorBody, ReloadResponse
 from hps.http.state import ServiceState
+from hps.modelfiles.confined import confined
 
 
 class ModelExists(ApiError):
@@ -55,8 +56,13 @@ def build_admin_router(state: ServiceState) -> APIRouter:
                             404: _error("A source does not exist."),
                             409: _error("A model of that name is served or loading."),
                             415: _error("A body that is not application/json."),
-                            422: _error("Not a valid model block, or the files are not a "
-                                        "valid model.")})
+                            422: _error("Not a valid model block, the files are not a "
+                                        "valid model, or the load gate refused them "
+                                        "(kind load_gate: the error names the table, "
+                                        "check, figure and limit)."),
+                            507: _error("The disk of the persistent tier is full: the "
+                                        "message names the file and the bytes not "
+                                        "written; nothing of the model is kept.")})
     async def add_model(block: Annotated[Any, Body(examples=[_ADD_EXAMPLE])]
                         ) -> dict[str, Any]:
         """Load a new model while the others keep serving; answers once it serves.
@@ -70,7 +76,8 @@ def build_admin_router(state: ServiceState) -> APIRouter:
         if model.model in state.server.models or model.model in state.configured():
             raise ModelExists(f"model {model.model!r} is already served or loading: reload "
                               f"it (POST /v1/models/{model.model}/reload) or remove it first")
-        return load_summary(await run_in_threadpool(state.add, model))
+        return load_summary(await run_in_threadpool(confined, state.allowed_roots,
+                                                    state.add, model))
 
     @router.delete("/v1/models/{model}", dependencies=admin,
                    summary="Remove a model; the others keep serving",

@@ -35,7 +35,7 @@ from hps.http.lookup import LOOKUP_PATH, LOOKUP_RE, handle_lookup
 from hps.http.metrics import Metrics, MetricsMiddleware
 from hps.http.roots import default_roots, normalise_root
 from hps.http.routes import build_router, token_guard
-from hps.http.state import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_QUEUED_LOOKUPS, ServiceState
+from hps.http.state import DEFAULT_MAX_BODY_BYTES, ServiceState
 from hps.server import HierarchicalParameterServer
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def create_app(
     lookup_threads: int | None = None,
     on_ready: Callable[[], None] | None = None,
     allow_roots: Sequence[str] | None = None,
-    max_queued_lookups: int = DEFAULT_MAX_QUEUED_LOOKUPS,
+    max_queued_lookups: int | None = None,
 ) -> FastAPI:
     """A FastAPI app that serves `server`.
 
@@ -84,8 +84,9 @@ def create_app(
     size of the thread pool lookups run on (the event loop never runs one).
     `allow_roots`: folders or URI prefixes models added over HTTP may be read from
     (default: the folders holding the configured models' folders; see `roots.py`).
-    `max_queued_lookups`: lookups that may wait for or run on the lookup threads; past
-    it a lookup is answered 503 with Retry-After (`ServiceState.admit`).
+    `max_queued_lookups`: lookups that may wait for or run on the lookup threads (default:
+    a few per thread); past it a lookup is answered 503 with Retry-After
+    (`ServiceState.admit`).
     """
     if token is not None and not token:
         raise ValueError("token must be a non-empty string or None")
@@ -186,6 +187,7 @@ def _add_error_handlers(app: FastAPI, state: ServiceState) -> None:
     handlers: list[tuple[Any, Any]] = [
         (ApiError, on_error), (HPSError, on_error),
         (StarletteHTTPException, on_http), (RequestValidationError, on_validation),
+        (OSError, on_error),  # a full disk (507): answered, not re-raised as a crash is
         (Exception, on_error),
     ]
     for cls, handler in handlers:

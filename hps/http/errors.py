@@ -14,11 +14,14 @@ one of the HTTP layer's own below; metrics count errors by it.
     └── ModelNotReady             503 model_loading / model_failed
 
 Input errors are 4xx and change nothing; a 5xx means the server could not do what a
-valid request asked (a model still loading, a reload whose source failed, a bug).
+valid request asked (a model still loading, a reload whose source failed, a bug). A full
+disk (OSError ENOSPC or EDQUOT, from a reload's writes) is 507 insufficient_storage: the
+message names the file and the bytes not written; the old version keeps serving.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +122,16 @@ _STATUS: dict[type[Exception], int] = {
 }
 
 
+#: errno values of a disk that cannot take a write: no space, or the user's quota spent
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_storage_full(exc: BaseException) -> bool:
+    """Whether `exc` says a disk is full (an OSError ENOSPC / EDQUOT of our own writes)."""
+    return (isinstance(exc, OSError) and not isinstance(exc, hps_errors.HPSError)
+            and exc.errno in _FULL)
+
+
 def status_of(exc: Exception) -> int:
     """The HTTP status an error is answered with."""
     if isinstance(exc, ApiError):
@@ -126,6 +139,8 @@ def status_of(exc: Exception) -> int:
     for cls in type(exc).__mro__:
         if cls in _STATUS:
             return _STATUS[cls]
+    if is_storage_full(exc):
+        return 507
     return 500
 
 
@@ -133,6 +148,8 @@ def kind_of(exc: Exception) -> str:
     """The `kind` of an error for its JSON body and metrics ('internal' for a bug)."""
     if isinstance(exc, (ApiError, hps_errors.HPSError)):
         return exc.kind
+    if is_storage_full(exc):
+        return "insufficient_storage"
     return "internal"
 
 

@@ -18,6 +18,7 @@ so a client cannot grow the registry by sending many distinct URLs.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from hps.http.kserve.stats import InferStats
+from hps.http.load_gate import LoadGateCollector
 from hps.http.loop_metrics import LoopCounter, LoopHistogram
 from hps.server import STAGING_SUFFIX
 from hps.server.loader import LoadProgress
@@ -53,6 +56,8 @@ _TIER_FAILURES = ("hps_tier_failures",
                   "volatile tier (Redis down, timeouts); per tier and kind, the tier's "
                   "failed calls.")
 _TIER_HITS = {"volatile": "volatile_hits", "persistent": "persistent_hits"}
+#: the hot keys whose share of the counted keys `hps_hot_keys_share` reports
+_HOT_TOP = 100
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 
 
@@ -63,11 +68,18 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         # updated per request on the event loop: lock-free (loop_metrics.py says why)
+        # `protocol` "http" or "grpc" (route: the gRPC method's path, method POST, code:
+        # the HTTP status its answer maps from, 200 when OK); a label added at the end,
+        # so queries that sum or match on the others read both protocols as before
         self.requests = LoopCounter(
-            "hps_http_requests", "HTTP requests answered.", ["route", "method", "code"], r)
+            "hps_http_requests", "Requests answered (HTTP, and gRPC by protocol label).",
+            ["route", "method", "code", "protocol"], r)
         self.latency = LoopHistogram(
             "hps_http_request_duration_seconds", "Time from request to last byte of answer.",
-            ["route", "method"], LATENCY_BUCKETS, r)
+            ["route", "method", "protocol"], LATENCY_BUCKETS, r)
+        self._grpc_lock = threading.Lock()  # gRPC counts from its worker threads
+        #: the KServe v2 statistics extension's counters (both protocols)
+        self.infer_stats = InferStats()
         self.errors = Counter(
             "hps_http_errors", "Error answers, by kind (as in the JSON error body).",
             ["kind", "code"], registry=r)
@@ -104,6 +116,7 @@ class Metrics:
         self._request_cells: dict[tuple[str, str, int], tuple[list[int], list[float]]] = {}
         self._lookup_cells: dict[tuple[str, str], list[float]] = {}
         r.register(ServerCollector(server))
+        r.register(LoadGateCollector(server))
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         """Count one HTTP request answered with `status` after `seconds`, by route template
@@ -111,10 +124,18 @@ class Metrics:
         key = (route, method, status)
         cells = self._request_cells.get(key)
         if cells is None:
-            cells = self._request_cells[key] = (self.requests.cells(route, method, str(status)),
-                                                self.latency.cells(route, method))
+            cells = self._request_cells[key] = (
+                self.requests.cells(route, method, str(status), "http"),
+                self.latency.cells(route, method, "http"))
         cells[0][0] += 1
         self.latency.observe(cells[1], seconds)
+
+    def observe_grpc(self, method: str, status: int, seconds: float) -> None:
+        """Count one gRPC call of `method` (its path, /inference.GRPCInferenceService/…)
+        answered with what maps from HTTP `status` after `seconds`. Any thread."""
+        with self._grpc_lock:
+            self.requests.cells(method, "POST", str(status), "grpc")[0] += 1
+            self.latency.observe(self.latency.cells(method, "POST", "grpc"), seconds)
 
     def observe_lookup(self, model: str, table: str, seconds: float) -> None:
         """Count one lookup of `model`/`table` that took `seconds` in the latency histogram.
@@ -174,9 +195,23 @@ class ServerCollector(Collector):
         gpu = GaugeMetricFamily(
             "hps_gpu_cache", "GPU embedding cache figures, per table and device.",
             labels=[*labels, "device", "stat"])
+        missing_rate = GaugeMetricFamily(
+            "hps_missing_rate", "Share of looked-up keys found in no tier, since the "
+            "version loaded (recent: rate of hps_default_keys_total over "
+            "hps_lookup_keys_total).", labels=labels)
+        hot_share = GaugeMetricFamily(
+            "hps_hot_keys_share", f"Share of the keys counted by the hot-key sketch that "
+            f"are its top {_HOT_TOP} (docs/operating.md#hot-and-missing-keys).",
+            labels=labels)
         for name, loaded in sorted(self.server.models.items()):
             for table in loaded.tables:
                 stats = table.stats.as_dict()
+                looked = stats.get("keys", 0)
+                missing_rate.add_metric([name, table.name],
+                                        stats.get("defaults", 0) / looked if looked else 0.0)
+                hot = table.keys_seen.hot.top(_HOT_TOP)
+                hot_share.add_metric([name, table.name], min(
+                    1.0, int(hot["counts"].sum()) / hot["total"]) if hot["total"] else 0.0)
                 for key, family in counters.items():
                     family.add_metric([name, table.name], stats.get(key, 0))
                 failures.add_sample(failures.name + "_total",
@@ -190,6 +225,8 @@ class ServerCollector(Collector):
         yield from counters.values()
         yield hits
         yield gpu
+        yield missing_rate
+        yield hot_share
         yield from _tier_metrics(self.server.tiers.stats(), failures)
         status = self.server.update_status()
         if status is not None:

@@ -1,4 +1,5 @@
-"""The routes: model listing, reload, health, metrics, and the lookup route's declaration.
+"""The routes: model listing, reload, health, metrics, and the lookup route's declaration
+(hot and missing keys and warm-ups: `keys_routes.py`, included here).
 
 The lookup route's handler lives in `lookup.py` (a hot route: `hot_routes.HotRoutes`
 answers it ahead of FastAPI's router); it is declared here so that OpenAPI describes it,
@@ -20,6 +21,7 @@ from hps.config import ModelConfig
 from hps.errors import ConfigError
 from hps.http.guards import request_port
 from hps.http.hot_routes import HotRoutes
+from hps.http.keys_routes import build_keys_router
 from hps.http.lookup import LOOKUP_PATH, handle_lookup
 from hps.http.roots import check_absolute, check_sources
 from hps.http.schemas import (
@@ -36,6 +38,7 @@ from hps.http.schemas import (
     ReloadResponse,
 )
 from hps.http.state import ServiceState
+from hps.modelfiles.confined import confined
 from hps.modelfiles.formats.spec import TableSpec
 from hps.server import HierarchicalParameterServer, LoadedModel
 
@@ -191,7 +194,11 @@ def build_router(state: ServiceState) -> APIRouter:
                                   "missing files."},
                             422: {"model": ErrorBody, "description": "Bad sparse_files, "
                                   "files that are not a valid model, or a source (S3, "
-                                  "HDFS) that could not be read."}})
+                                  "HDFS) that could not be read."},
+                            507: {"model": ErrorBody, "description": "The disk of the "
+                                  "persistent tier is full: the message names the file "
+                                  "and the bytes not written; the old version serves "
+                                  "on."}})
     async def reload(model: str, body: ReloadRequest | None = None) -> dict[str, Any]:
         """Re-read the model's sparse files and swap the new version in atomically.
 
@@ -200,11 +207,14 @@ def build_router(state: ServiceState) -> APIRouter:
         until the new one is complete; a failed reload leaves the old version serving.
         """
         config = state.model_config(model)
+        roots = None  # the config's own files are trusted; what a request names is not
         if body is not None and body.sparse_files is not None:
             config = _with_sources(config, body.sparse_files)
             check_sources(config.sparse_files, state.allowed_roots)
-        return load_summary(await run_in_threadpool(state.load, config))
+            roots = state.allowed_roots
+        return load_summary(await run_in_threadpool(confined, roots, state.load, config))
 
+    router.include_router(build_keys_router(state, protected, admin_guard(state)))
     return router
 
 

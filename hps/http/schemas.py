@@ -50,6 +50,13 @@ class LookupResponse(BaseModel):
 class ErrorDetail(BaseModel):
     kind: str = Field(description="What kind of error: bad_body, unknown_model, …")
     message: str = Field(description="What was wrong and what was expected.")
+    # a version the load gate refused (422 load_gate) says which check, where, and by how much
+    model: str | None = Field(None, description="load_gate: the model refused.")
+    table: str | None = Field(None, description="load_gate: the table that failed a check.")
+    check: str | None = Field(None, description="load_gate: the check that failed (width, "
+                              "finite, duplicates, drift, ...).")
+    figure: float | int | str | None = Field(None, description="load_gate: what was found.")
+    limit: float | int | str | None = Field(None, description="load_gate: what is allowed.")
 
 
 class ErrorBody(BaseModel):

@@ -1,4 +1,5 @@
-"""Running the app under uvicorn: `serve()` (what `hps serve` runs) and `ServerThread`.
+"""Running the app under uvicorn: `serve()` (what `hps serve` runs), `run_app` (one
+process's app on a bound socket, also a worker's: hps/http/workers.py) and `ServerThread`.
 
 `serve` binds first and loads the models in the background: `/healthz` answers at once,
 `/readyz` turns 200 when every model is in, and then a `curl` line that works is printed.
@@ -21,11 +22,12 @@ from typing import Any
 import numpy as np
 import uvicorn
 
-from hps.config import PSConfig
-from hps.errors import BindError
+from hps.config import PSConfig, load_config
+from hps.errors import BindError, ConfigError
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, is_loopback
+from hps.runtime.cores import usable_cores
 from hps.server import HierarchicalParameterServer
 
 log = logging.getLogger("hps.http")
@@ -107,10 +109,15 @@ def serve(
     echo: Callable[[str], None] = print,
     allow_roots: Sequence[str] | None = None,
     grpc_port: int | None = None,
+    workers: int | str | None = None,
 ) -> None:
     """Serve every model of `config` over HTTP until interrupted (SIGINT/SIGTERM), and
     over gRPC (KServe v2, `hps.http.grpc`) on `grpc_port` (else the config's
     `http.grpc_port`; None: no gRPC), both stopped together.
+
+    `workers` (else the config's `http.workers`; "auto": the usable cores): more than
+    one runs that many worker processes on the port over one table in shared memory
+    (hps/http/workers.py); one serves from this process.
 
     The address is bound first (BindError if the port is taken), then the tiers are set
     up (a bad config or an unreachable Redis fails here, before anything is served);
@@ -119,12 +126,22 @@ def serve(
     """
     sock = bind_socket(host, port)
     try:
-        server = HierarchicalParameterServer(
-            str(config) if isinstance(config, Path) else config, load=False)
+        psconfig = load_config(str(config) if isinstance(config, Path) else config)
+        count = worker_count(psconfig.http.workers if workers is None else workers)
+        if count > 1:
+            from hps.http.workers import supervise
+
+            supervise(psconfig, count, sock, url=base_url(host, int(sock.getsockname()[1])),
+                      host=host, token=token,
+                      max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
+                      access_log=access_log, log_level=log_level, echo=echo,
+                      allow_roots=allow_roots, grpc_port=grpc_port)
+            return
+        server = HierarchicalParameterServer(psconfig, load=False)
     except BaseException:
         sock.close()
         raise
-    uv: _Server | None = None
+    uv: DrainingServer | None = None
 
     def announce() -> None:
         while uv is not None and not uv.started and not uv.should_exit:
@@ -137,25 +154,72 @@ def serve(
     def on_ready() -> None:
         threading.Thread(target=announce, name="hps-announce", daemon=True).start()
 
+    def made(server_: DrainingServer) -> None:
+        nonlocal uv
+        uv = server_
+
+    def listening(grpc_server: Any) -> None:
+        # listen before saying "serving": a client that reads the line and connects at
+        # once waits in the backlog until uvicorn accepts, instead of being refused
+        sock.listen(2048)
+        echo(f"hps: serving on {base_url(host, int(sock.getsockname()[1]))} (models load in "
+             "the background; GET /readyz turns 200 when they are in, docs at /docs)")
+        if grpc_server is not None:
+            echo(f"hps: serving KServe v2 over gRPC on {grpc_server.start()}")
+
+    stopped_by = run_app(
+        sock, server, host=host, token=token, max_body_bytes=max_body_bytes,
+        lookup_threads=lookup_threads, access_log=access_log, log_level=log_level,
+        allow_roots=allow_roots, on_ready=on_ready,
+        grpc_port=grpc_port if grpc_port is not None else server.config.http.grpc_port,
+        made=made, listening=listening)
+    if stopped_by:
+        echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in stopped_by)}: "
+             "drained, every tier closed")
+
+
+def worker_count(workers: int | str) -> int:
+    """The worker processes `workers` asks for ("auto": the usable cores). Raises
+    ConfigError for anything but a positive number or "auto"."""
+    if workers == "auto":
+        return usable_cores()
+    try:
+        count = int(workers)
+    except (TypeError, ValueError):
+        count = 0
+    if count < 1 or isinstance(workers, bool) or str(count) != str(workers).strip():
+        raise ConfigError(f"workers must be a positive number or \"auto\", got {workers!r}")
+    return count
+
+
+def run_app(sock: socket.socket, server: HierarchicalParameterServer, *, host: str,
+            token: str | None, max_body_bytes: int, lookup_threads: int | None,
+            access_log: bool, log_level: str, allow_roots: Sequence[str] | None,
+            on_ready: Callable[[], None] | None, grpc_port: int | None,
+            made: Callable[[DrainingServer], None] | None = None,
+            listening: Callable[[Any], None] | None = None,
+            prepare: Callable[[Any], None] | None = None) -> tuple[int, ...]:
+    """Serve `server`'s app on `sock` until a signal drains it, then close the tiers;
+    returns the signals that stopped it. `made` gets the uvicorn server once made,
+    `listening` the gRPC server (or None) when the socket is to listen, `prepare` the
+    app before it serves (a worker merges its metrics there)."""
     app = create_app(server, token=token, host=host, max_body_bytes=max_body_bytes,
                      lookup_threads=lookup_threads, on_ready=on_ready,
                      allow_roots=allow_roots)
-    grpc_server = _grpc_server(app, host, grpc_port if grpc_port is not None
-                               else server.config.http.grpc_port, sock)
+    if prepare is not None:
+        prepare(app)
+    grpc_server = _grpc_server(app, host, grpc_port, sock)
     if token is None and not is_loopback(host):
         log.warning("serving on %s without a token: reads are open to the network, admin "
                     "routes (reload) are refused", host)
-    uv = _Server(uvicorn.Config(
+    uv = DrainingServer(uvicorn.Config(
         app, access_log=access_log, log_level=log_level, log_config=None,
         lifespan="on", ws="none", timeout_graceful_shutdown=5,
         **uvicorn_options(server.config.http)))
-    # listen before saying "serving": a client that reads the line and connects at once
-    # waits in the backlog until uvicorn accepts, instead of being refused
-    sock.listen(2048)
-    echo(f"hps: serving on {base_url(host, int(sock.getsockname()[1]))} (models load in the "
-         "background; GET /readyz turns 200 when they are in, docs at /docs)")
-    if grpc_server is not None:
-        echo(f"hps: serving KServe v2 over gRPC on {grpc_server.start()}")
+    if made is not None:
+        made(uv)
+    if listening is not None:
+        listening(grpc_server)
     try:
         uv.run(sockets=[sock])
     finally:
@@ -163,9 +227,7 @@ def serve(
             grpc_server.stop(grace=5).wait()  # flight then get as long to finish
         sock.close()
         _close(app.state.hps.loader, server)
-    if uv.stopped_by:
-        echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in uv.stopped_by)}: "
-             "drained, every tier closed")
+    return uv.stopped_by
 
 
 def _grpc_server(app: Any, host: str, port: int | None, sock: socket.socket) -> Any:
@@ -182,7 +244,7 @@ def _grpc_server(app: Any, host: str, port: int | None, sock: socket.socket) -> 
         raise
 
 
-class _Server(uvicorn.Server):
+class DrainingServer(uvicorn.Server):
     """uvicorn's server, which on SIGTERM or SIGINT drains (connections.py says how) and
     then returns, so `serve` closes every tier and the process exits 0.
 

@@ -38,6 +38,7 @@ from hps.http.errors import (
     status_of,
 )
 from hps.http.guards import allowed_hosts, allowed_origins, check_admin_request
+from hps.http.load_gate import detailed_body
 from hps.http.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -50,9 +51,15 @@ T = TypeVar("T")
 
 #: default limit of a request body: 16 MiB (2 M binary keys)
 DEFAULT_MAX_BODY_BYTES = 16 << 20
-#: default bound of the admission queue: lookups waiting for or on a lookup thread. Past
-#: it a lookup is answered 503 at once: queueing more only makes every answer later
-DEFAULT_MAX_QUEUED_LOOKUPS = 64
+#: default bound of the admission queue, per lookup thread: lookups waiting for or on a
+#: lookup thread. Past it a lookup is answered 503 at once: queueing more only makes
+#: every answer later. At 64 in all, 64 client processes on the 2-core machine (2 lookup
+#: threads) got 0.63x the peak's rate at a p99 of 663 ms, and none within a 10 ms
+#: deadline (`hps bench http --overload`): a queue deeper than a few lookups per thread
+#: only holds requests until their deadlines pass.
+QUEUED_LOOKUPS_PER_THREAD = 4
+#: ... and never fewer than this in all
+MIN_QUEUED_LOOKUPS = 8
 #: the header a client gives its deadline in: milliseconds from when the server has the
 #: request's headers
 DEADLINE_HEADER = "x-hps-deadline-ms"
@@ -108,8 +115,9 @@ class ServiceState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     lookup_threads: int | None = None  # None: auto_lookup_threads(server)
     on_ready: Callable[[], None] | None = None
-    #: lookups that may wait for or run on the lookup threads (see `admit`)
-    max_queued_lookups: int = DEFAULT_MAX_QUEUED_LOOKUPS
+    #: lookups that may wait for or run on the lookup threads (see `admit`); None: a few
+    #: per lookup thread (QUEUED_LOOKUPS_PER_THREAD, at least MIN_QUEUED_LOOKUPS)
+    max_queued_lookups: int | None = None
     queued_lookups: int = 0  # event loop only
     #: where models added over HTTP may be read from (normalised; see roots.py)
     allowed_roots: list[str] = field(default_factory=list)
@@ -126,6 +134,9 @@ class ServiceState:
             self.lookup_threads = auto_lookup_threads(self.server)
         self.executor = ThreadPoolExecutor(max(1, self.lookup_threads),
                                            thread_name_prefix="hps-lookup")
+        if self.max_queued_lookups is None:
+            self.max_queued_lookups = max(MIN_QUEUED_LOOKUPS,
+                                          QUEUED_LOOKUPS_PER_THREAD * self.lookup_threads)
         self.admin_hosts = allowed_hosts(self.server.config, self.host)
         self.admin_origins = allowed_origins(self.server.config)
 
@@ -227,7 +238,7 @@ class ServiceState:
                 log.warning("%s %s: %s", request.method, request.url.path, exc)
             message = str(exc)
         headers = exc.headers if isinstance(exc, ApiError) else None
-        return self.answer(status, kind, message, headers, body)
+        return self.answer(status, kind, message, headers, detailed_body(exc, body))
 
     def answer(self, status: int, kind: str, message: str,
                headers: dict[str, str] | None = None,

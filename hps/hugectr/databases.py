@@ -15,7 +15,6 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel
 
 from hps.config import UNBOUNDED
-from hps.errors import ConfigError
 from hps.hugectr.base import Params
 from hps.hugectr.enums import (
     DatabaseOverflowPolicy_t,
@@ -100,14 +99,6 @@ class VolatileDatabaseParams(_Block):
 
     _ENUMS: ClassVar[_EnumArgs] = {
         "type": DatabaseType_t, "overflow_policy": DatabaseOverflowPolicy_t}
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.type is DatabaseType_t.multi_process_hash_map:
-            raise ConfigError(
-                "VolatileDatabaseParams.type: the multi-process (shared memory) hash map is "
-                "not served by hps; use parallel_hash_map (in-process) or redis_cluster"
-            )
 
     def to_json(self) -> dict[str, Any]:
         """The `volatile_db` block of ps.json."""

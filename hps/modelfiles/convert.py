@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 
 from hps.errors import MissingExtraError, ModelFileError, UnsupportedFormatError
 from hps.modelfiles.formats import ReadOptions, TableSpec, detect_format, open_model, open_writer
+from hps.modelfiles.formats.spec import SUFFIX_FORMATS
 from hps.modelfiles.inspect import InspectReport, TableStats, describe
 from hps.modelfiles.read_ahead import read_ahead
-from hps.modelfiles.formats.spec import SUFFIX_FORMATS
 from hps.modelfiles.source import SourceOptions
 
 if TYPE_CHECKING:

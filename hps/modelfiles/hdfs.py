@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlencode, urljoin, urlparse
 
-from hps.runtime.backoff import Backoff
 from hps.errors import (
     MissingExtraError,
     SourceAccessError,
@@ -41,6 +40,7 @@ from hps.errors import (
     SourceUnreachableError,
 )
 from hps.modelfiles.source import SUPPORTED_FORMS, RemoteSource, SourceOptions
+from hps.runtime.backoff import Backoff
 
 if TYPE_CHECKING:
     from hdfs_native import Client

@@ -5,6 +5,8 @@ ranged reads of that file. The loader only ever reads in ranges, so a source nev
 to hold a whole file in memory. `open_source` picks the reader by scheme:
 
     /path/to/table0, file:///path        local files                    LocalSource
+                                         (inside `confined(roots, ...)`: ConfinedSource,
+                                         opened beneath an allowed root)
     s3://bucket/prefix/table0            S3 (and S3-compatible stores)  hps.modelfiles.s3.S3Source
     https://bucket.s3.<region>.amazonaws.com/prefix/table0
     https://s3.<region>.amazonaws.com/bucket/prefix/table0
@@ -30,6 +32,7 @@ import os
 from urllib.parse import urlparse
 
 from hps.errors import SourceError, SourceNotFoundError
+from hps.modelfiles.confined import ConfinedSource, current_roots
 
 # The base types live in hps.modelfiles.source (s3.py and hdfs.py import only that module);
 # they are re-exported here, where callers have always found them.
@@ -51,27 +54,36 @@ __all__ = [
     "RemoteSource",
     "SourceOptions",
     "check_length",
+    "local_path",
     "open_source",
     "s3_endpoint",
     "scheme_of",
 ]
 
 
+def local_path(uri: str) -> str:
+    """The path of a local source's URI (a path, or file:///path); SourceError for a
+    file URI naming a host, or a NUL byte."""
+    path = uri
+    if uri.startswith("file://"):
+        parsed = urlparse(uri)
+        if parsed.netloc not in ("", "localhost"):  # file://relative/x: a host, no path
+            raise SourceError(
+                f"{uri!r}: a file URI names an absolute path (file:///path); here "
+                f"{parsed.netloc!r} stands where the path's root belongs")
+        path = parsed.path
+    if "\x00" in path:
+        raise SourceError(f"{uri!r}: a path holds no NUL byte")
+    return path
+
+
 class LocalSource(ModelSource):
-    """A folder on the local file system."""
+    """A folder on the local file system (trusted: links are followed wherever they lead;
+    what a request names is read by hps.modelfiles.confined.ConfinedSource instead)."""
 
     def __init__(self, uri: str) -> None:
         super().__init__(uri)
-        self.path = uri
-        if uri.startswith("file://"):
-            parsed = urlparse(uri)
-            if parsed.netloc not in ("", "localhost"):  # file://relative/x: a host, no path
-                raise SourceError(
-                    f"{uri!r}: a file URI names an absolute path (file:///path); here "
-                    f"{parsed.netloc!r} stands where the path's root belongs")
-            self.path = parsed.path
-        if "\x00" in self.path:
-            raise SourceError(f"{uri!r}: a path holds no NUL byte")
+        self.path = local_path(uri)
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -142,6 +154,9 @@ def open_source(uri: str, options: SourceOptions | None = None) -> ModelSource:
     """
     scheme = scheme_of(uri)
     if scheme == "local":
+        roots = current_roots()
+        if roots is not None:
+            return ConfinedSource(uri, local_path(uri), roots)
         return LocalSource(uri)
     if scheme == "s3":
         from hps.modelfiles.s3 import S3Source

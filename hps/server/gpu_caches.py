@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from hps.config import PSConfig
-from hps.server.loader import served_chunks
+from hps.config import ModelConfig, PSConfig
 from hps.server.host_lookup import HostLookup
+from hps.server.loader import served_chunks
 from hps.server.models import LoadedModel, LoadedTable
 
 log = logging.getLogger("hps")
@@ -35,6 +35,9 @@ class GpuCaches:
         wants = [m.model for m in config.models if m.gpucache]
         self.enabled = bool(wants) and self._cuda_present(wants)
         self.insert_updates = config.update_source.gpu_cache_insert
+        #: called with each version once its caches are attached, before it serves (the
+        #: server's hot-key sampling and its warm-up from a peer: warm_up.py)
+        self.before_serving: Callable[[LoadedModel], None] | None = None
 
     def _cuda_present(self, wants: Sequence[str]) -> bool:
         """Whether GPU caches can be made; warns, naming the models `wants`, when not."""
@@ -55,7 +58,16 @@ class GpuCaches:
 
     def attach(self, loaded: LoadedModel, readers: Sequence[Any]) -> None:
         """Give each table of `loaded` its caches, one per deployed device, warmed up from
-        `readers` (one model reader per table) where the config asks for it."""
+        `readers` (one model reader per table) where the config asks for it; then
+        `before_serving(loaded)`. Every load calls it before the version serves."""
+        self._attach_caches(loaded, readers)
+        for table in loaded.tables:
+            if table.gpu:  # the host path sees only what the caches miss
+                table.keys_seen.source = "gpu_misses"
+        if self.before_serving is not None:
+            self.before_serving(loaded)
+
+    def _attach_caches(self, loaded: LoadedModel, readers: Sequence[Any]) -> None:
         if not loaded.config.gpucache:
             return
         if not (self.enabled or self._cuda_present([loaded.config.model])):
@@ -65,6 +77,9 @@ class GpuCaches:
 
         cfg = loaded.config
         for table, reader in zip(loaded.tables, readers, strict=True):
+            if cfg.gpu_sharding == "row_wise":
+                self._attach_sharded(cfg, table, reader)
+                continue
             for device in cfg.deployed_device_list:
                 fetch = self.host.for_table(table)
                 gpu = GpuEmbeddingTable(cfg, table.index, reader.num_keys, device,
@@ -73,6 +88,20 @@ class GpuCaches:
                 if cfg.init_ec and (pct > 0 or cfg.cache_type in ("static", "uvm")):
                     gpu.warm_up(self._warm_chunks(table, reader, gpu, pct))
                 table.gpu[device] = gpu
+
+    def _attach_sharded(self, cfg: ModelConfig, table: LoadedTable, reader: Any) -> None:
+        """One cache split into shards over the devices (hps/gpu/sharded.py), seen from
+        each device through a view of its own."""
+        from hps.gpu.sharded import ShardedTable
+
+        fetch = self.host.for_table(table)
+        sharded = ShardedTable(cfg, table.index, reader.num_keys, fetch_host=fetch,
+                               fetch_into=fetch.into)
+        pct = cfg.cache_refresh_percentage_per_iteration
+        if cfg.init_ec and (pct > 0 or cfg.cache_type == "static"):
+            sharded.warm_up(self._warm_chunks(table, reader, sharded, pct))
+        for device in cfg.deployed_device_list:
+            table.gpu[device] = sharded.view(device)
 
     def _warm_chunks(self, table: LoadedTable, reader: Any, gpu: Any, pct: float
                      ) -> Iterable[tuple[np.ndarray, np.ndarray]]:
@@ -91,9 +120,19 @@ class GpuCaches:
         total = 0
         for loaded in models:
             for table in loaded.tables:
-                for gpu in table.gpu.values():
+                for gpu in _distinct(table.gpu.values()):
                     total += int(gpu.refresh())
         return total
+
+    def prefetch(self, table: LoadedTable, keys: np.ndarray, vectors: np.ndarray) -> int:
+        """Insert the rows of `keys` (distinct, host int64 [n]; float32 [n, dim]) into
+        every cache of `table` through the caches' insert path (the table's own stream,
+        evicting as a miss does; a static or uvm table only updates the rows it holds).
+        Returns the rows written, each cache counted."""
+        caches = _distinct(table.gpu.values())
+        for gpu in caches:
+            gpu.insert(keys, vectors)
+        return int(keys.size) * len(caches)
 
     def writer(self, table: LoadedTable) -> Callable[[np.ndarray, np.ndarray], None] | None:
         """How online updates reach the caches of `table` (None when it has none)."""
@@ -103,7 +142,7 @@ class GpuCaches:
         """Overwrite the rows of `keys` (unique, host int64 [n]) in every cache of `table`
         that holds them, in place; with `update_source.gpu_cache_insert` the keys a cache
         lacks are inserted too. Called once the tiers hold the new rows."""
-        for gpu in table.gpu.values():
+        for gpu in _distinct(table.gpu.values()):
             if self.insert_updates:
                 gpu.insert(keys, vectors)
             else:
@@ -124,6 +163,16 @@ class GpuCaches:
             # only free blocks go back: other models' arrays and work in flight keep theirs
             cupy.get_default_memory_pool().free_all_blocks()
             cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def _distinct(caches: Iterable[Any]) -> list[Any]:
+    """The caches to write to: a sharded table's views (one per device) share one owner,
+    which takes each write once."""
+    seen: dict[int, Any] = {}
+    for gpu in caches:
+        owner = getattr(gpu, "owner", gpu)
+        seen.setdefault(id(owner), owner)
+    return list(seen.values())
 
 
 def _warm_chunk(gpu: Any, pct: float, reader: Any) -> int:

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from hps.tiers import Tiers
 from hps.errors import TierError
-from hps.server.models import LoadedTable
 from hps.rows.storage_types import narrow
+from hps.server.models import LoadedTable
+from hps.tiers import Tiers
 
 
 class HostLookup:
@@ -24,7 +24,9 @@ class HostLookup:
     and the failure is counted (`TableStats.tier_failures`). Tables a load left out of
     the volatile tier (`volatile_ready` False) skip it until they are filled. With
     `cache_missed_embeddings`, vectors found only in the persistent tier are written to
-    the volatile tier in the background.
+    the volatile tier in the background. Every lookup's keys found in no tier feed the
+    table's missing-key sketch, and every `hot_key_sampling`-th lookup's keys its hot-key
+    sketch (`LoadedTable.keys_seen`; hps/server/key_sketch.py says what that costs).
 
     Outputs are float32, or the 16-bit type of a table stored as float16 / bfloat16
     (float16, uint16 bits; hps/intake/keys.py decides which are accepted): a volatile tier that
@@ -66,7 +68,8 @@ class HostLookup:
             found = np.zeros(n, dtype=bool)
         volatile_hits = int(np.count_nonzero(found))
         if volatile_hits == n:  # the common case: the volatile tier held every key
-            table.stats.add(n, n, 0, 0)
+            if not table.stats.add(n, n, 0, 0) & table.hot_mask:
+                table.keys_seen.hot.feed(keys)
             return
         persistent_hits = 0
         if volatile_hits < n and persistent is not None:
@@ -80,9 +83,12 @@ class HostLookup:
                 self._cache_missed(name, unique[present], rows[present])
         defaults = n - volatile_hits - persistent_hits
         if defaults:
-            out[~found] = _as_output(table, np.full((1, table.dim), table.default_value,
+            absent = ~found
+            out[absent] = _as_output(table, np.full((1, table.dim), table.default_value,
                                                     np.float32), out)
-        table.stats.add(n, volatile_hits, persistent_hits, defaults)
+            table.keys_seen.missing.feed(keys[absent])
+        if not table.stats.add(n, volatile_hits, persistent_hits, defaults) & table.hot_mask:
+            table.keys_seen.hot.feed(keys)
 
     def for_table(self, table: LoadedTable) -> TableFetch:
         """This path for one table, as a GPU cache calls it for its misses."""

@@ -3,8 +3,10 @@
 One read pass per table feeds both database tiers: every chunk goes wholly into the
 persistent tier and `initial_cache_rate` of it into the volatile tier. A load validates
 every table's files before it writes anything (each format's reader checks its headers
-when it opens), so a malformed model changes nothing; what only the rows can show (a
-corrupt page, a key out of range) fails mid-read, and the server drops what was written.
+when it opens; a width other than the config's is the load gate's `width` refusal), so
+a malformed model changes nothing; what only the rows can show (a corrupt page, a key
+out of range, and the load gate's checks: hps/gate/) fails mid-read, and the server
+drops what was written.
 The GPU cache is warmed afterwards from a second, short read of the files. Files of any
 format come through the ModelReader contract (hps.modelfiles.formats); nothing here knows one.
 
@@ -29,13 +31,15 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig
-from hps.tiers.bulk_load import BulkLoadTier
-from hps.tiers.contract import Tier
-from hps.errors import ConfigError, ModelFileError, TierError
+from hps.errors import ConfigError, HPSError, ModelFileError, TierError
+from hps.gate.table_gate import TableGate, width_refusal
+from hps.gate.verdict import GateVerdict
 from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES, ModelReader, ReadOptions, open_model
 from hps.modelfiles.read_ahead import read_ahead
 from hps.modelfiles.source import SourceOptions
-from hps.rows.storage_types import FLOAT32, StorageType, first_unencodable_row
+from hps.rows.storage_types import FLOAT32, StorageType
+from hps.tiers.bulk_load import BulkLoadTier
+from hps.tiers.contract import Tier
 
 log = logging.getLogger("hps.server.loader")
 
@@ -65,26 +69,55 @@ class TableSource:
     loaded_at: float = field(default_factory=time.time)
     load_seconds: float = 0.0
     reused: bool = False
-    #: rows whose key a later row of the files repeats (the last row of a key wins)
+    #: rows whose key another row of the files repeats (validation.duplicates says which
+    #: row serves: the last by default)
     duplicate_keys: int = 0
     #: why the volatile tier did not take this load ("" when it did)
     volatile_error: str = ""
+    #: the load gate's last verdict on this table (GateVerdict.as_dict()): the load that
+    #: made this version, or a later reload it refused (then `served` is false)
+    load_gate: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
 
 
+def source_options(config: PSConfig) -> SourceOptions:
+    """How the config's model sources are reached (S3 endpoint, timeouts, redirects)."""
+    return SourceOptions(s3_endpoint=config.s3_endpoint,
+                         connect_timeout=config.source_connect_timeout,
+                         read_timeout=config.source_read_timeout,
+                         redirect_hosts=frozenset(
+                             h.lower() for h in config.source_redirect_hosts))
+
+
 def open_reader(config: PSConfig, model: ModelConfig, index: int,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> ModelReader:
-    """Open and validate the files of table `index` of `model`."""
-    options = SourceOptions(s3_endpoint=config.s3_endpoint,
-                            connect_timeout=config.source_connect_timeout,
-                            read_timeout=config.source_read_timeout,
-                            redirect_hosts=frozenset(
-                                h.lower() for h in config.source_redirect_hosts))
-    read = ReadOptions(model.embedding_vecsize_per_table[index],
-                       uint32_keys=not config.supportlonglong, chunk_bytes=chunk_bytes)
-    return open_model(model.table_spec(index), read, options)
+    """Open and validate the files of table `index` of `model`; files whose rows are of
+    another width than the config's are the load gate's `width` refusal (LoadGateError)."""
+    options = source_options(config)
+    width = model.embedding_vecsize_per_table[index]
+    read = ReadOptions(width, uint32_keys=not config.supportlonglong, chunk_bytes=chunk_bytes)
+    spec = model.table_spec(index)
+    try:
+        return open_model(spec, read, options)
+    except ModelFileError as exc:
+        found = _own_width(spec, read, options)
+        if found is None or found == width:
+            raise
+        verdict = GateVerdict(model.model, model.embedding_table_names[index], spec.path)
+        raise width_refusal(verdict, found, width) from exc
+
+
+def _own_width(spec: Any, read: ReadOptions, options: SourceOptions) -> int | None:
+    """The width of files that did not open at the config's width, read from the files
+    themselves; None when they do not open that way either (the fault is another)."""
+    try:
+        with open_model(spec, ReadOptions(None, read.uint32_keys, read.chunk_bytes),
+                        options) as reader:
+            return int(reader.vec_size)
+    except HPSError:  # the first error is the one reported
+        return None
 
 
 def open_readers(config: PSConfig, model: ModelConfig, chunk_bytes: int = DEFAULT_CHUNK_BYTES
@@ -193,37 +226,6 @@ def check_memory(name: str, rows: int, dim: int, tier: Tier | None,
             "persistent_db, or use Redis")
 
 
-def check_finite(reader: ModelReader, first_row: int, vectors: np.ndarray) -> None:
-    """ModelFileError naming the row and the file when a chunk holds NaN or infinity."""
-    # NaN spreads into the least and the greatest value, an infinity is one of them: two
-    # passes without a mask the size of the chunk
-    if vectors.size == 0 or (np.isfinite(vectors.min()) and np.isfinite(vectors.max())):
-        return
-    finite = np.isfinite(vectors)
-    row = int(np.flatnonzero(~finite.all(axis=1))[0])
-    raise ModelFileError(
-        f"{reader.uri}: row {first_row + row:,} holds NaN or infinity (and maybe more "
-        "rows after it): a model trained to non-finite values is refused; set "
-        "allow_non_finite_vectors: true in the model's config to load it anyway")
-
-
-def check_encodable(reader: ModelReader, first_row: int, vectors: np.ndarray,
-                    storage: StorageType) -> None:
-    """ModelFileError naming the row and the file when a chunk holds a row that a compact
-    storage type cannot hold: NaN, infinity, or a value at or past its range."""
-    bad = first_unencodable_row(storage, vectors)
-    if bad is None:
-        return
-    row = vectors[bad]
-    what = ("NaN or infinity" if not np.isfinite(row).all() else
-            f"{float(row[np.argmax(np.abs(row))]):g}, past the range of {storage.name} "
-            f"(magnitudes below {storage.max_magnitude:g})")
-    raise ModelFileError(
-        f"{reader.uri}: row {first_row + bad:,} holds {what} (and maybe more rows after "
-        f"it): the model stores its rows as {storage.name} (embedding_storage_dtype), "
-        "which holds finite values in its range only; use float32 storage to load it")
-
-
 def load_table(
     name: str,
     reader: ModelReader,
@@ -231,11 +233,12 @@ def load_table(
     persistent: BulkLoadTier | None,
     initial_cache_rate: float,
     progress: LoadProgress,
+    gate: TableGate,
     *,
-    allow_non_finite: bool = False,
     storage: StorageType = FLOAT32,
 ) -> TableSource:
-    """Write one table into the tiers; returns its source record.
+    """Write one table into the tiers, its rows streamed through `gate` (the load gate:
+    hps/gate/); returns its source record, the gate's verdict in `load_gate`.
 
     The persistent tier is skipped when it already holds these exact files (same
     fingerprint), which makes restarting a server over a filled RocksDB fast; the volatile
@@ -245,13 +248,13 @@ def load_table(
     `volatile_error` of the record says why.
 
     Checks: an in-process tier must have the memory for its rows before any is
-    allocated (ConfigError); a row with NaN or infinity fails the load naming the row and
-    the file (ModelFileError) unless `allow_non_finite`; keys the files hold more than
-    once are counted in `duplicate_keys` and logged; with a compact `storage` (the
-    model's embedding_storage_dtype, kept by tiers with `compact_storage`) a row it cannot
-    hold fails the load naming the row and the file; every tier keeps the last row of a
-    key (a volatile share taken before a later row of its key is written again, from the
-    persistent tier).
+    allocated (ConfigError); the gate's checks (non-finite rows, rows a compact `storage`
+    cannot hold, repeated keys, and a reload's drift) raise LoadGateError naming the
+    check, its figure and its limit. Keys the files hold more than once are counted in
+    `duplicate_keys`; under `duplicates: last` every tier keeps the last row of a key (a
+    volatile share taken before a later row of its key is written again, from the
+    persistent tier), under `first` the gate drops the later rows before any tier sees
+    them.
     """
     started = time.perf_counter()
     dim = reader.vec_size
@@ -270,28 +273,20 @@ def load_table(
                                          and stored.get("fingerprint") == mark)
     # Without a persistent tier the volatile tier is the only copy: it takes everything.
     rate = initial_cache_rate if persistent is not None else 1.0
-    write_volatile = volatile is not None and rate > 0.0
+    # a table another process of the run loaded into shared memory is already whole
+    write_volatile = (volatile is not None and rate > 0.0
+                      and not volatile.loaded_elsewhere(name))
 
     # progress counts file bytes, which compressed formats do not spend evenly per row
     bytes_per_row = reader.num_bytes / max(1, reader.num_keys)
 
     read = 0
 
-    def checked() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The files' chunks, each checked (on the read-ahead thread: the check, and the
-        first touch of the chunk's pages, overlap the tiers' writes of the one before)."""
-        first = 0
-        for keys, vectors in reader.chunks():
-            if storage.compact:
-                check_encodable(reader, first, vectors, storage)
-            elif not allow_non_finite:
-                check_finite(reader, first, vectors)
-            first += len(keys)
-            yield keys, vectors
-
     def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
         nonlocal read
-        for keys, vectors in read_ahead(checked()):
+        # the gate runs on the read-ahead thread: its checks, and the first touch of the
+        # chunk's pages, overlap the tiers' writes of the chunk before
+        for keys, vectors in read_ahead(gate.check(reader.chunks())):
             read += len(keys)
             if write_volatile and not source.volatile_error:
                 m = _volatile_rows(len(keys), rate)
@@ -325,7 +320,7 @@ def load_table(
                 pass
             if source.volatile_error:  # it could not take the table after all: the files
                 persistent.reserve(name, reader.num_keys)
-                persistent.load(name, read_ahead(reader.chunks()))
+                persistent.load(name, read_ahead(gate.replay(reader.chunks())))
             else:
                 with volatile.sorted_rows(  # type: ignore[union-attr]
                         name, persistent.bulk_sorted) as (keys, rows, positions):
@@ -333,20 +328,25 @@ def load_table(
         else:
             persistent.reserve(name, reader.num_keys)
             persistent.load(name, chunks())
-        source.duplicate_keys = _duplicates(name, reader, persistent)
-        if (source.duplicate_keys and write_volatile and rate < 1.0
-                and not source.volatile_error):
+        verdict = gate.finish(_distinct_keys(name, persistent))
+        source.duplicate_keys = verdict.duplicate_keys
+        if (source.duplicate_keys and gate.settings.duplicates == "last" and write_volatile
+                and rate < 1.0 and not source.volatile_error):
             _rewrite_share(name, reader, volatile, persistent, rate, source)  # type: ignore[arg-type]
         persistent.set_metadata(name, {k: v for k, v in source.as_dict().items()
-                                       if k not in ("reused", "volatile_error")})
+                                       if k not in ("reused", "volatile_error", "load_gate")})
     elif write_volatile:
         for _ in chunks():
             pass
-        if persistent is None:  # the volatile tier holds the whole table
-            source.duplicate_keys = _duplicates(name, reader, volatile)  # type: ignore[arg-type]
+        # without a persistent tier the volatile tier holds the whole table
+        verdict = gate.finish(_distinct_keys(name, volatile) if persistent is None else None)
+        source.duplicate_keys = verdict.duplicate_keys
+    else:  # the persistent tier held these files and no volatile tier takes a share
+        verdict = gate.finish(reused=True)
     if reuse and stored is not None:
-        source.duplicate_keys = int(stored.get("duplicate_keys", 0))
+        source.duplicate_keys = verdict.duplicate_keys = int(stored.get("duplicate_keys", 0))
     source.reused = reuse
+    source.load_gate = verdict.as_dict()
     return_freed_memory()  # the load's buffers: the process keeps what the tiers hold
     source.load_seconds = time.perf_counter() - started
     progress.finish_table(name, source.load_seconds)
@@ -380,14 +380,13 @@ def _rewrite_share(name: str, reader: ModelReader, volatile: Tier, persistent: T
         _leave_out_volatile(source, name, volatile, exc)
 
 
-def _duplicates(name: str, reader: ModelReader, whole: Tier) -> int:
-    """Rows of the files whose key another row repeats: the rows read less the keys the
-    tier holding the whole table has (it kept the last row of each key)."""
+def _distinct_keys(name: str, whole: Tier | None) -> int | None:
+    """The keys the tier holding the whole table has (the rows read less the repeats of
+    a key); None when it cannot tell (Redis gone since: the count is unknown, not an error
+    of the load)."""
+    if whole is None:
+        return None
     try:
-        repeats = reader.num_keys - whole.size(name)
-    except TierError:  # Redis gone since: the count is unknown, not an error of the load
-        return 0
-    if repeats > 0:
-        log.warning("%s: %s holds %d rows whose key a later row repeats; the last row of "
-                    "each key is served", name, reader.uri, repeats)
-    return max(0, repeats)
+        return int(whole.size(name))
+    except TierError:
+        return None

@@ -1,4 +1,5 @@
-"""A loaded model and its tables, as the lookup path sees them, with their counters."""
+"""A loaded model and its tables, as the lookup path sees them, with their counters and
+their key sketches (hps/server/key_sketch.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import numpy as np
 
 from hps.config import ModelConfig
 from hps.errors import BatchTooLargeError, UnknownTableError
-from hps.rows.gpu_layout import narrow_output_code
-from hps.intake.keys import key_array, key_ref
-from hps.server.loader import TableSource
 from hps.intake.array_ref import ArrayRef
-from hps.server.versions import VersionRefs
+from hps.intake.keys import key_array, key_ref
+from hps.rows.gpu_layout import narrow_output_code
 from hps.rows.storage_types import FLOAT32, StorageType
+from hps.server.key_sketch import HOT_EVERY, TableKeys
+from hps.server.loader import TableSource
+from hps.server.versions import VersionRefs
 
 
 @dataclass
@@ -30,13 +32,16 @@ class TableStats:
     tier_failures: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, keys: int, volatile: int, persistent: int, defaults: int) -> None:
+    def add(self, keys: int, volatile: int, persistent: int, defaults: int) -> int:
+        """Count one lookup; returns its number (1, 2, ...), which decides whether the
+        lookup feeds the table's hot-key sketch (hps/server/key_sketch.py)."""
         with self.lock:
             self.lookups += 1
             self.keys += keys
             self.volatile_hits += volatile
             self.persistent_hits += persistent
             self.defaults += defaults
+            return self.lookups
 
     def add_tier_failure(self) -> None:
         """Count a lookup that fell through a volatile tier that could not answer."""
@@ -60,6 +65,11 @@ class LoadedTable:
     max_keys: int
     source: TableSource
     stats: TableStats = field(default_factory=TableStats)
+    #: the sketches of its hot keys and of the keys no tier holds
+    keys_seen: TableKeys = field(default_factory=TableKeys, repr=False)
+    #: a lookup whose number (TableStats.add) has none of these bits set feeds the hot
+    #: sketch: every Nth lookup for N a power of two; -1 (never) when sampling is off
+    hot_mask: int = HOT_EVERY - 1
     gpu: dict[int, Any] = field(default_factory=dict)  # device id → GpuEmbeddingTable
     #: lookups read the volatile tier for this table; False while a load left it out
     #: (Redis down, full or read-only then) until the background fill is done
@@ -73,6 +83,13 @@ class LoadedTable:
 
     def __post_init__(self) -> None:
         self.narrow_output_type = narrow_output_code(self.storage)
+
+    def sample_hot_keys(self, every: int) -> None:
+        """Feed the hot-key sketch every `every`-th lookup (a power of two; 0: never),
+        afresh; the missing-key sketch is kept."""
+        seen = self.keys_seen
+        self.keys_seen = TableKeys(every, seen.missing, seen.source)
+        self.hot_mask = every - 1 if every else -1
 
     def checked_ref(self, keys: Any) -> ArrayRef:
         """Where `keys` are (hps/intake/keys.py `key_ref`), checked to be integers and at most

@@ -4,23 +4,26 @@ Lookup path (docs/architecture.md): keys → GPU cache (when there is one) → v
 persistent tier → the table's default value. The parts live beside this file:
 `registry.py` (versioned loads and swaps), `host_lookup.py` (the tiers, top down),
 `gpu_caches.py` (GPU caches), `updates.py` (online updates from Kafka or Redis
-Streams); the tiers themselves come from `open_tiers` (hps/tiers/open.py).
+Streams), `key_sketch.py` (hot and missing keys), `prefetch.py` and `warm_up.py`
+(warm-ups); the tiers themselves come from `open_tiers` (hps/tiers/open.py).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig, load_config
-from hps.errors import DeviceError, UnknownModelError
+from hps.errors import ConfigError, DeviceError, UnknownModelError
 from hps.intake.array_ref import HOST, ArrayRef
 from hps.intake.keys import (
     device_pair,
     is_device_array,
     key_array,
+    key_ref,
     output_array,
     output_ref,
     plain_host_keys,
@@ -32,10 +35,14 @@ from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import HostLookup
 from hps.server.loader import LoadProgress
 from hps.server.models import LoadedModel
+from hps.server.prefetch import Prefetcher, PrefetchJob
 from hps.server.registry import ModelRegistry
 from hps.server.updates import ServerUpdates
+from hps.server.warm_up import warm_up
 from hps.tiers import Tiers, open_tiers
 from hps.tiers.contract import Tier
+
+log = logging.getLogger("hps")
 
 
 class HierarchicalParameterServer:
@@ -58,6 +65,8 @@ class HierarchicalParameterServer:
         self._host = HostLookup(
             self.tiers, cache_missed_embeddings=self.config.volatile_db.cache_missed_embeddings)
         self._gpu = GpuCaches(self.config, self._host)
+        self._prefetch = Prefetcher(self.tiers, self._gpu)
+        self._gpu.before_serving = self._before_serving
         self._registry = ModelRegistry(self.config, self.tiers, self._gpu,
                                        chunk_bytes=chunk_bytes)
         # online updates (update_source): the consumer follows each model once it serves
@@ -170,14 +179,15 @@ class HierarchicalParameterServer:
                 self._host.fetch_into(t, keys, out)
                 return out
             kref = t.checked_ref(keys)
-            out = np.empty((kref.size, t.dim), np.float32)
             if kref.size == 0:
-                return out
+                return np.empty((0, t.dim), np.float32)
             device = _serving_device(loaded, kref, None, device_id)
             gpu = t.gpu.get(device) if t.gpu else None
             if gpu is not None:
+                out = gpu.host_output(kref.size)  # pinned: the rows come back in one copy
                 gpu.lookup(kref, output_ref(out, kref.size, t.dim))
                 return out
+            out = np.empty((kref.size, t.dim), np.float32)
             host_keys = key_array(kref)
             if is_device_array(host_keys):
                 host_keys = host_keys.get()
@@ -246,6 +256,58 @@ class HierarchicalParameterServer:
             return n
         finally:
             loaded.refs.release()
+
+    # -- hot keys and warm-ups --------------------------------------------------------------
+
+    def _before_serving(self, loaded: LoadedModel) -> None:
+        """A version about to serve: its hot-key sampling set, then warmed from its
+        `warm_from` for at most `warm_timeout` seconds (hps/server/warm_up.py)."""
+        for table in loaded.tables:
+            table.sample_hot_keys(loaded.config.hot_key_sampling)
+        try:
+            warm_up(loaded, self._prefetch)
+        except Exception:  # a warm-up is a bonus: the version serves cold rather than not
+            log.exception("warm-up of model %r failed", loaded.config.model)
+
+    def top_keys(self, model: str, table: int | str, kind: str = "hot", top: int = 100
+                 ) -> dict[str, Any]:
+        """The `top` heaviest keys of a table's `kind` sketch ("hot": looked up, sampled;
+        "missing": found in no tier): `keys` int64[m] and `counts` int64[m] (estimates,
+        heaviest first), `error` (each count's bound: the true count lies in [count -
+        error, count]), `total` (the weight counted), `source` and `sampling` (what the
+        sketch sees). Raises UnknownModelError, UnknownTableError, ConfigError (kind)."""
+        if kind not in ("hot", "missing"):
+            raise ConfigError(f"kind must be 'hot' or 'missing', got {kind!r}")
+        loaded = self._registry.acquire(model)
+        try:
+            t = loaded.table(table)
+            seen = t.keys_seen
+            answer = seen.sketch(kind).top(top)
+            answer.update(model=model, table=t.name, kind=kind, sampling=seen.sampling(kind),
+                          source=seen.source if kind == "hot" else "lookups")
+            return answer
+        finally:
+            loaded.refs.release()
+
+    def prefetch(self, model: str, table: int | str, keys: Any) -> PrefetchJob:
+        """Warm the volatile tier (from the persistent one) and the GPU caches of a table
+        with the rows of `keys` (any integer array or list), in the background; returns
+        the job (`status`, counts, `wait(timeout)`). Keys no tier holds are counted and
+        skipped. Raises UnknownModelError, UnknownTableError or KeyTypeError at once."""
+        loaded = self._registry.acquire(model)
+        try:
+            t = loaded.table(table)
+            host_keys = key_array(key_ref(keys))
+            if is_device_array(host_keys):
+                host_keys = host_keys.get()
+        except BaseException:
+            loaded.refs.release()
+            raise
+        return self._prefetch.submit(loaded, t, host_keys, release=loaded.refs.release)
+
+    def prefetch_job(self, job_id: str) -> PrefetchJob | None:
+        """A prefetch job by id (None when unknown or long forgotten)."""
+        return self._prefetch.job(job_id)
 
     # -- maintenance ----------------------------------------------------------------------
 
@@ -319,6 +381,7 @@ class HierarchicalParameterServer:
         """Stop the update consumer and background work, and close every tier."""
         if self.updates is not None:
             self.updates.close()
+        self._prefetch.close()
         self._registry.close()
         self.tiers.close()
 

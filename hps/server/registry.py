@@ -9,6 +9,11 @@ back to HugeCTR's name at the next reload). Lookups hold the version they read
 dropped when the last lookup holding it is done: at once in the reloading thread when
 none is, else on a background worker. Never on a timer. A reload that needs a storage
 name still held by a retiring version waits for that version's last lookup.
+
+Every table streams through the load gate (hps/gate/) as it loads, a reload's drift
+measured against the served version's rows in the tier that holds them whole. A version
+the gate refuses is not swapped in; `gate_ledger` counts the verdicts, and the served
+version's tables carry the refused one's in `source.load_gate`.
 """
 
 from __future__ import annotations
@@ -20,16 +25,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hps.config import ModelConfig, PSConfig
+from hps.errors import (
+    ConfigError,
+    LookupInputError,
+    TierUnavailableError,
+    UnknownModelError,
+    UnknownTableError,
+)
+from hps.gate.drift import ServedRows, TierRows
+from hps.gate.settings import effective
+from hps.gate.table_gate import TableGate
+from hps.gate.verdict import GateLedger, GateVerdict, LoadGateError
 from hps.runtime.background import BackgroundWorker
 from hps.runtime.backoff import Backoff
-from hps.config import ModelConfig, PSConfig
-from hps.tiers import Tiers
-from hps.tiers.contract import table_name
-from hps.errors import ConfigError, LookupInputError, TierUnavailableError, UnknownModelError
-from hps.server.loader import LoadProgress, load_table, open_reader, open_readers, return_freed_memory
 from hps.server.gpu_caches import GpuCaches
+from hps.server.loader import (
+    LoadProgress,
+    load_table,
+    open_reader,
+    open_readers,
+    return_freed_memory,
+)
 from hps.server.models import LoadedModel, LoadedTable
 from hps.server.volatile_fill import VolatileFiller
+from hps.tiers import Tiers
+from hps.tiers.contract import table_name
 
 log = logging.getLogger("hps")
 
@@ -88,8 +109,13 @@ class ModelRegistry:
             initial=db.reconnect_backoff, cap=max(db.reconnect_backoff, db.reconnect_backoff_max)),
             stored=tiers.persistent)
             if tiers.volatile is not None and tiers.persistent is not None else None)
+        if self.filler is not None:  # tables the volatile tier loses later are filled again
+            self.filler.watch(lambda: self._models.values(), lambda model, table: open_reader(
+                self.config, model.config, table.index, self.chunk_bytes))
         #: told when a reload starts, fails, and swaps (see ReloadObserver)
         self.observer = ReloadObserver()
+        #: the load gate's verdicts: counts by model, table and check, for /metrics
+        self.gate_ledger = GateLedger()
 
     @property
     def models(self) -> dict[str, LoadedModel]:
@@ -155,7 +181,12 @@ class ModelRegistry:
 
     def _load(self, model: ModelConfig, progress: LoadProgress) -> LoadedModel:
         """The body of `load` and `add`; the caller holds the load lock."""
-        readers = open_readers(self.config, model, self.chunk_bytes)  # validates first
+        verdicts: list[GateVerdict] = []  # the load gate's, table by table
+        try:
+            readers = open_readers(self.config, model, self.chunk_bytes)  # validates first
+        except LoadGateError as exc:  # a table of another width than the config's
+            self._refused(model, exc, verdicts)
+            raise
         old = self._models.get(model.model)
         names = [_storage_name(model, i, old) for i in range(model.num_tables)]
         self._wait_dropped(names)
@@ -171,7 +202,7 @@ class ModelRegistry:
             for i, reader in enumerate(readers):
                 written.append(names[i])
                 loaded.tables.append(
-                    self._load_table(model, i, names[i], reader, progress))
+                    self._load_table(model, i, names[i], reader, progress, old, verdicts))
             self.gpu.attach(loaded, readers)
             if self.filler is not None:  # pending from the moment the version serves
                 fills = [self.filler.hold(loaded, table, functools.partial(
@@ -181,9 +212,11 @@ class ModelRegistry:
                 self._install(loaded)
             else:
                 self.observer.swap(old, loaded, lambda: self._install(loaded))
-        except BaseException:
+        except BaseException as exc:
             # what a failed load wrote goes away: a reload's staging tables, or the
             # tables of a first load that never became visible
+            if isinstance(exc, LoadGateError):
+                self._refused(model, exc, verdicts)
             if old is not None:
                 self.observer.reload_failed(model.model)
             for fill in fills:
@@ -194,6 +227,8 @@ class ModelRegistry:
         finally:
             for reader in readers:
                 reader.close()
+        for verdict in verdicts:
+            self.gate_ledger.record(verdict)
         if old is not None:
             self._retire(old, keep=set(names))
         for fill in fills:
@@ -241,11 +276,18 @@ class ModelRegistry:
         self._models = {}
 
     def _load_table(self, model: ModelConfig, index: int, storage_name: str, reader: Any,
-                    progress: LoadProgress) -> LoadedTable:
+                    progress: LoadProgress, old: LoadedModel | None,
+                    verdicts: list[GateVerdict]) -> LoadedTable:
+        gate = TableGate(effective(self.config.validation, model.validation),
+                         model=model.model, table=model.embedding_table_names[index],
+                         uri=reader.uri, dim=reader.vec_size, num_keys=reader.num_keys,
+                         storage=model.storage,
+                         allow_non_finite=model.allow_non_finite_vectors,
+                         served=self._served_rows(old, model.embedding_table_names[index]))
+        verdicts.append(gate.verdict)
         source = load_table(
             storage_name, reader, self.tiers.volatile, self.tiers.persistent,
-            self.config.volatile_db.initial_cache_rate, progress,
-            allow_non_finite=model.allow_non_finite_vectors, storage=model.storage,
+            self.config.volatile_db.initial_cache_rate, progress, gate, storage=model.storage,
         )
         return LoadedTable(
             index=index,
@@ -258,6 +300,40 @@ class ModelRegistry:
             volatile_ready=not source.volatile_error,
             storage=model.storage,
         )
+
+    def _served_rows(self, old: LoadedModel | None, table: str) -> ServedRows | None:
+        """The served version's table `table` as the gate's drift reads it: through the
+        tiers as a lookup reads them (volatile, then persistent). None on a first load,
+        for a table the served version lacks, or one no tier holds whole now."""
+        if old is None:
+            return None
+        try:
+            served = old.table(table)
+        except UnknownTableError:
+            return None
+        persistent, volatile = self.tiers.persistent, self.tiers.volatile
+        if volatile is not None and not served.volatile_ready:
+            volatile = None  # it may hold stale rows under the table's name
+        if persistent is None and volatile is None:
+            return None
+        return TierRows(volatile, persistent, served.storage_name, served.dim)
+
+    def _refused(self, model: ModelConfig, exc: LoadGateError,
+                 verdicts: list[GateVerdict]) -> None:
+        """Record a version the load gate refused: counted in the ledger, and, where a
+        version serves, its tables' `load_gate` say what the refused one's gate found."""
+        if exc.verdict not in verdicts:
+            verdicts.append(exc.verdict)
+        for verdict in verdicts:
+            verdict.served = False
+            self.gate_ledger.record(verdict)
+        old = self._models.get(model.model)
+        if old is None:
+            return
+        found = {v.table: v.as_dict() for v in verdicts}
+        for table in old.tables:
+            if table.name in found:
+                table.source.load_gate = found[table.name]
 
     def _drop_leftover_staging(self, names: Sequence[str]) -> None:
         persistent = self.tiers.persistent

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 from hps.config import PSConfig
-from hps.tiers import Tiers
-from hps.tiers.contract import TABLE_PREFIX, table_name
 from hps.server.gpu_caches import GpuCaches
 from hps.server.models import LoadedModel, LoadedTable
 from hps.server.registry import ModelRegistry, ReloadObserver
+from hps.tiers import Tiers
+from hps.tiers.contract import TABLE_PREFIX, table_name
 from hps.updates.applier import UpdateApplier, UpdateTarget
 from hps.updates.consumer import UpdateConsumer
 from hps.updates.open import open_source

@@ -8,25 +8,38 @@ stale rows of an earlier version under the same name). A background worker
 drops what the tier holds under the table's name, writes the table's
 `initial_cache_rate` share from the model files, and only then lets lookups read it.
 Lookups never wait for any of this.
+
+The same fill serves a tier that lost tables behind the server's back (a Redis restarted
+without persistence, flushed, failed over to an empty replica): the tier notices through
+the per-table markers its health probe checks (hps.tiers.redis.tier), lists them in
+`stats()["lost_tables"]`, and `watch` marks the served ones not ready and refills them,
+logging "redis tier available again, refilling N tables"; `/readyz` lists them as
+pending meanwhile. Lookups skip the volatile tier for them until refilled, so answers
+stay exact throughout.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from hps.runtime.background import BackgroundWorker
-from hps.runtime.backoff import Backoff
-from hps.tiers.contract import Tier
 from hps.errors import HPSError, TierError
+from hps.modelfiles.confined import confined, current_roots
 from hps.modelfiles.formats import ModelReader
+from hps.runtime.background import BackgroundWorker, PeriodicTask
+from hps.runtime.backoff import Backoff
+from hps.runtime.throttled_log import ThrottledLog
 from hps.server.loader import fill_volatile
 from hps.server.models import LoadedModel, LoadedTable
-from hps.runtime.throttled_log import ThrottledLog
+from hps.tiers.contract import Tier
 
 log = logging.getLogger("hps")
+
+#: seconds between looks at the tier's lost tables (its own probe runs about as often)
+_WATCH_SECONDS = 1.0
 
 
 @dataclass(eq=False)
@@ -58,6 +71,36 @@ class VolatileFiller:
         self._log = ThrottledLog(log)
         self._worker: BackgroundWorker[_Fill] = BackgroundWorker(
             "hps-volatile-fill", 1 << 16, self._fill_each, log=log)
+        self._watcher: PeriodicTask | None = None
+
+    def watch(self, served: Callable[[], Iterable[LoadedModel]],
+              reopen: Callable[[LoadedModel, LoadedTable], ModelReader]) -> None:
+        """From now on, every `_WATCH_SECONDS`, refill the tables of `served()` the tier
+        reports lost (`refill_lost`); `reopen(model, table)` opens a table's files."""
+        self._watcher = PeriodicTask("hps-volatile-watch", _WATCH_SECONDS,
+                                     lambda: self.refill_lost(served(), reopen), log=log)
+
+    def refill_lost(self, served: Iterable[LoadedModel],
+                    reopen: Callable[[LoadedModel, LoadedTable], ModelReader]) -> int:
+        """Mark the tables of `served` that the tier lists in `stats()["lost_tables"]`
+        not ready (lookups skip the tier for them) and fill them again in the
+        background; returns how many. Tables already pending are left to their fill."""
+        lost = set(self.volatile.stats().get("lost_tables", ()))
+        if not lost:
+            return 0
+        with self._lock:
+            pending = {id(f.table) for f in self._pending}
+        todo = [(model, table) for model in served for table in model.tables
+                if table.storage_name in lost and table.volatile_ready
+                and id(table) not in pending and not model.refs.retired]
+        if not todo:
+            return 0
+        log.warning("%s tier available again, refilling %d tables", self.volatile.name,
+                    len(todo))
+        for model, table in todo:
+            table.volatile_ready = False
+            self.submit(model, table, functools.partial(reopen, model, table))
+        return len(todo)
 
     def submit(self, model: LoadedModel, table: LoadedTable,
                open_reader: Callable[[], ModelReader]) -> None:
@@ -68,8 +111,10 @@ class VolatileFiller:
     def hold(self, model: LoadedModel, table: LoadedTable,
              open_reader: Callable[[], ModelReader]) -> _Fill:
         """Count `table` as pending before its version is served (so readiness never
-        shows a served table as filled), without filling it yet: `start` or `release`."""
-        fill = _Fill(model, table, open_reader)
+        shows a served table as filled), without filling it yet: `start` or `release`.
+        A load confined to allowed roots (a request named its files) reopens them
+        confined the same way on the fill's thread."""
+        fill = _Fill(model, table, functools.partial(confined, current_roots(), open_reader))
         with self._lock:
             self._pending.append(fill)
         return fill
@@ -96,6 +141,8 @@ class VolatileFiller:
         """Stop retrying; fills not done by then are left (the tables stay served from
         the persistent tier)."""
         self._stop.set()
+        if self._watcher is not None:
+            self._watcher.close(timeout)
         self._worker.close(timeout)
 
     def _fill_each(self, batch: list[_Fill]) -> None:

@@ -41,6 +41,12 @@ class BulkLoadTier(Tier):
 
     # -- loading ------------------------------------------------------------------------
 
+    def loaded_elsewhere(self, table: str) -> bool:
+        """Whether another process already wrote `table`'s rows into this tier (a table
+        in shared memory that this process maps): a load then skips writing them. Here:
+        never."""
+        return False
+
     def reserve(self, table: str, num_keys: int) -> None:  # noqa: B027 - a hint
         """Prepare for a load of about `num_keys` keys in all into `table`; a hint (an
         in-process tier allocates once, RocksDB sizes its sort). Here: nothing."""

@@ -79,6 +79,10 @@ def _open_volatile(db: VolatileDBConfig) -> BulkLoadTier | None:
         from hps.tiers.redis import RedisTier
 
         return RedisTier(db)
+    if db.type == "multi_process_hash_map":
+        from hps.tiers.hash_map.shared import SharedHashMapTier
+
+        return SharedHashMapTier(db)
     from hps.tiers.hash_map import HashMapTier
 
     return HashMapTier(db)

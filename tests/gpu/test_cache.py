@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from hps.errors import DeviceError, KeyTypeError, LookupInputError, OutputBufferError
+from hps.gpu.cache_model import ReferenceCache
 from hps.gpu.dynamic_cache import EMPTY_KEY, SET_SIZE, EmbeddingCache
 from hps.rows.storage_types import decode, encode
-from tests.support.gpu_reference import ReferenceCache
 
 pytestmark = pytest.mark.gpu
 

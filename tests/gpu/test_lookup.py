@@ -13,11 +13,11 @@ import pytest
 
 from hps.config import ModelConfig
 from hps.errors import DeviceError, KeyTypeError, OutputBufferError
+from hps.gpu.cache_model import ReferenceCache
 from hps.gpu.dynamic_cache import EmbeddingCache
 from hps.gpu.open import cache_slots
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.table import GpuEmbeddingTable, cuda_available
-from tests.support.gpu_reference import ReferenceCache
 
 pytestmark = pytest.mark.gpu
 

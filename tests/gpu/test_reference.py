@@ -1,4 +1,4 @@
-"""The NumPy model of the cache (tests/support/gpu_reference.py) against a naive per-key model.
+"""The NumPy model of the cache (hps/gpu/cache_model.py) against a naive per-key model.
 
 Runs without a GPU: it checks the vectorized model itself, which the GPU tests then hold
 the CUDA cache to.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hps.gpu.cache_model import ReferenceCache, murmur3_fmix64, set_of
 from hps.gpu.dynamic_cache import EMPTY_KEY, RANK_BITS, SET_SIZE, set_codes
-from tests.support.gpu_reference import ReferenceCache, murmur3_fmix64, set_of
 
 
 class NaiveCache:

@@ -30,8 +30,8 @@ from hps.errors import (
     SourceNotFoundError,
     SourceUnreachableError,
 )
-from hps.modelfiles.hdfs import HdfsLocation, HdfsSource, WebHdfsSource, parse_hdfs_uri
 from hps.modelfiles.formats.sparse_folder import SparseModelReader
+from hps.modelfiles.hdfs import HdfsLocation, HdfsSource, WebHdfsSource, parse_hdfs_uri
 from hps.modelfiles.uri import SourceOptions, open_source
 
 # -- a WebHDFS server --------------------------------------------------------------------

@@ -15,8 +15,12 @@ import numpy as np
 import pytest
 
 from hps.config import VolatileDBConfig
-from hps.tiers.redis import RedisTier
+from hps.modelfiles.confined import confined, current_roots
+from hps.runtime.backoff import Backoff
 from hps.server import HierarchicalParameterServer
+from hps.server.volatile_fill import VolatileFiller
+from hps.tiers.hash_map import HashMapTier
+from hps.tiers.redis import RedisTier
 from tests.support.redis_servers import RedisServer, eventually, free_port
 
 NAMES = ["hps_et.m.sparse_embedding0", "hps_et.m.sparse_embedding1"]
@@ -151,3 +155,21 @@ def test_redis_full_does_not_flood_the_log(two_tables: dict[str, Any],
         assert stats["failures"]["full"] >= 20 and stats["dropped"]["insert"] >= 20 * 1000
     flood = [r for r in caplog.records if r.name.startswith("hps")]
     assert 1 <= len(flood) <= 2 and all(r.exc_info is None for r in flood)
+
+
+def test_a_confined_load_fills_confined(tmp_path: Path) -> None:
+    """A table held by a load that read beneath allowed roots (a request named its files)
+    is reopened for its fill beneath the same roots, on the fill's own thread."""
+    filler = VolatileFiller(HashMapTier(VolatileDBConfig()), 1.0, Backoff(initial=0.01,
+                                                                          cap=0.01))
+    try:
+        roots = [str(tmp_path)]
+        held = confined(roots, filler.hold, None, None, current_roots)
+        trusted = filler.hold(None, None, current_roots)  # type: ignore[arg-type]
+        assert current_roots() is None
+        assert held.open_reader() == tuple(roots)
+        assert trusted.open_reader() is None
+        filler.release(held)
+        filler.release(trusted)
+    finally:
+        filler.close()

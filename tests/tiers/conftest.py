@@ -27,6 +27,7 @@ import pytest
 from hps.config import PersistentDBConfig, VolatileDBConfig
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.hash_map import HashMapTier
+from hps.tiers.hash_map.shared import SharedHashMapTier
 from hps.tiers.redis import RedisTier
 from hps.tiers.rocksdb.tier import RocksDBTier
 from tests.support.redis_servers import RedisClusterProcs, RedisServer
@@ -86,12 +87,16 @@ def redis_backend(name: str, address: str) -> Backend:
     return Backend(name, lambda: RedisTier(config), durable=True)
 
 
-@pytest.fixture(params=["hash_map", "redis_standalone", "redis_cluster", "rocksdb"])
+@pytest.fixture(params=["hash_map", "multi_process_hash_map", "redis_standalone",
+                        "redis_cluster", "rocksdb"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     kind = request.param
     if kind == "hash_map":
         volatile = VolatileDBConfig.model_validate({})
         made = Backend(kind, lambda: HashMapTier(volatile), durable=False, examples=150)
+    elif kind == "multi_process_hash_map":
+        shared = VolatileDBConfig.model_validate({"type": kind})
+        made = Backend(kind, lambda: SharedHashMapTier(shared), durable=False, examples=60)
     elif kind == "rocksdb":
         persistent = PersistentDBConfig.model_validate(
             {"type": "rocks_db", "path": str(tmp_path / "rocks")})

@@ -13,7 +13,6 @@ from hps.tiers.bulk_load import BulkLoadTier
 from tests.support.rows import vectors_of
 from tests.tiers.conftest import DIM
 
-
 # -- loads ------------------------------------------------------------------------------
 
 

@@ -25,7 +25,6 @@ from tests.support.redis_servers import eventually
 from tests.support.rows import vectors_of
 from tests.tiers.conftest import DIM, Backend
 
-
 # -- tables -----------------------------------------------------------------------------
 
 

@@ -108,6 +108,8 @@ def serve_and_manage(work: Path) -> dict[str, Ran]:
         ran["serve"] = Ran(["serve"], 0, "ready", "")
         ran["models list"] = hps("models", "list", cwd=work, env=env)
         ran["models add"] = hps("models", "add", str(extra), cwd=work, env=env)
+        ran["models keys"] = hps("models", "keys", "m", "t0", cwd=work, env=env)
+        ran["models prefetch"] = hps("models", "prefetch", "m", cwd=work, env=env)
         # relative paths: from the folder they are in, resolved by the client
         ran["models reload"] = hps("models", "reload", "m", "t0", "t1",
                                    cwd=work / "models" / "new", env=env)
@@ -204,6 +206,8 @@ def jobs(work: Path, redis: RedisServer) -> tuple[dict[str, Job], dict[str, Job]
                         "--dim", "8", "--batch", "256", "--repeats", "3"],
         "bench gpu": ["bench", "gpu", "--dims", "16", "--slots", "64k", "--batch", "1k"],
         "bench group options": ["bench", "--keys", "50000", "tiers"],
+        "bench warm-start": ["bench", "warm-start", "--keys", "2k", "--dim", "8", "--batch",
+                             "16", "--lookups", "50", "--first", "10"],
         "demo": ["demo", "--scale", "0.005", "--folder", "models/demo"],
         "load": ["load", str(local)],
         "lookup": ["lookup", str(looked), "-m", "m", "-t", "t1", "-3", "--json"],
@@ -211,6 +215,8 @@ def jobs(work: Path, redis: RedisServer) -> tuple[dict[str, Job], dict[str, Job]
         "convert": ["convert", str(described.parent / "t1"),
                     str(work / "inspect" / "t1.parquet")],
         "config dump": ["config", "dump", str(described)],
+        "plan": ["plan", "--table", "clicks:1M:64", "--json"],
+        "validate": ["validate", str(described.parent / "t0"), "--width", "8"],
         "config from-torch": ["config", "from-torch", str(checkpoint), "-m", "m"],
     }
     subprocesses: dict[str, Job] = {"serve": lambda: serve_and_manage(folder("serve")),
@@ -251,6 +257,8 @@ EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "inspect": (("sparse_folder", "500", "valid"), ()),
     "convert": (("parquet",), ("writing ",)),
     "config dump": (('"models"', '"t1"'), ()),
+    "plan": (('"clicks"', '"GPU dynamic cache'), ()),
+    "validate": (("load gate", "width", "ok"), ()),
     "config from-torch": (('"sparse_files"', '"emb"'), ()),
     "publish": (("messages published to redis_stream",), ()),
     "serve": (("ready",), ()),
@@ -260,6 +268,9 @@ EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "reloaded rows": ((), ()),
     "models reload again": (("reloaded model m",), ()),
     "models remove": (("removed model extra",), ()),
+    "models keys": (("hot keys of m / t0",), ()),
+    "models prefetch": (("m / t0: job p", "m / t1: job p"), ()),
+    "bench warm-start": (("warmed", "p99 µs", "the peer's hot set"), ()),
     "bench": (("expected peak memory", "searchsorted", "multi_get"), ()),
     "bench tier-fetch": (("expected peak memory", "2,000 keys", "multi_get"), ()),
     "bench load": (("expected peak memory", "2,000"), ()),

@@ -14,12 +14,19 @@ would answer INTERNAL. A stream (ModelStreamInfer) answers a bad request with
 `error_message` and goes on, as Triton does. Lookups run on the gRPC worker thread that
 took the call: the server's lookups are thread-safe, and a handoff would add a switch.
 Answers to inference are written as bytes (`answers.py`).
+
+Every call is counted in the request metrics with `protocol="grpc"` (route: the method's
+path; code: the HTTP status its answer maps from, 200 when OK; a stream counts each of
+its requests), and inference requests in the statistics extension (ModelStatistics,
+`hps/http/kserve/stats.py`, shared with the HTTP route).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -74,12 +81,15 @@ class InferenceService:
 
     def __init__(self, state: ServiceState) -> None:
         self.state = state
+        # the HTTP status the call on this thread is answered with, for its metrics
+        self.answered = threading.local()
 
     # -- errors -------------------------------------------------------------------------
 
     def _status(self, exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
         """The status code and message an error is answered with (counted by kind)."""
         status, kind = status_of(exc), kind_of(exc)
+        self.answered.status = status
         self.state.metrics.errors.labels(kind, str(status)).inc()
         if kind == "internal":
             log.error("gRPC %s failed", method, exc_info=exc)
@@ -121,7 +131,7 @@ class InferenceService:
 
         return service_pb2.ServerMetadataResponse(
             name="hps", version=__version__,
-            extensions=["binary_tensor_data", "model_configuration"])
+            extensions=["binary_tensor_data", "model_configuration", "statistics"])
 
     def ModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         try:
@@ -144,6 +154,16 @@ class InferenceService:
                                        model_config_pb2.ModelConfig())
         return service_pb2.ModelConfigResponse(config=config)
 
+    def ModelStatistics(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        try:
+            self.state.check_token(_authorization(context))
+            stats = self.state.metrics.infer_stats.model_stats(
+                list(self.state.server.models), request.name, request.version)
+        except Exception as exc:
+            return self._abort(context, exc, "ModelStatistics")
+        return json_format.ParseDict({"model_stats": stats},
+                                     service_pb2.ModelStatisticsResponse())
+
     def _model(self, name: str, version: str, context: grpc.ServicerContext) -> None:
         self.state.check_token(_authorization(context))
         check_version(name, version)
@@ -164,7 +184,10 @@ class InferenceService:
             self.state.check_token(_authorization(context))
         except Exception as exc:
             self._abort(context, exc, "ModelStreamInfer")
+        observe = self.state.metrics.observe_grpc
         for data in requests:
+            started = time.perf_counter()
+            self.answered.status = 200
             try:
                 request = _parse(data, service_pb2.ModelInferRequest)
                 answer = self._infer(request, stream=True)
@@ -172,14 +195,27 @@ class InferenceService:
                 _, message = self._status(exc, "ModelStreamInfer")
                 answer = service_pb2.ModelStreamInferResponse(
                     error_message=message).SerializeToString()
+            observe(_STREAM_PATH, self.answered.status, time.perf_counter() - started)
             yield answer
 
     def _infer(self, request: Any, stream: bool) -> bytes:
         """The serialised answer to one request (a ModelInferResponse, or in a stream a
-        ModelStreamInferResponse): OUTPUT0 as raw little-endian float32."""
+        ModelStreamInferResponse): OUTPUT0 as raw little-endian float32. Counted in the
+        model's statistics once the model is known to be served."""
+        started = time.perf_counter_ns()
         model = request.model_name
         check_version(model, request.model_version)
         self.state.model(model)  # NOT_FOUND or UNAVAILABLE before the inputs are read
+        stats = self.state.metrics.infer_stats
+        try:
+            answer = self._answer(model, request, stream)
+        except Exception:
+            stats.fail(model, time.perf_counter_ns() - started)
+            raise
+        stats.success(model, time.perf_counter_ns() - started)
+        return answer
+
+    def _answer(self, model: str, request: Any, stream: bool) -> bytes:
         keys, numkeys = read_inputs(request)
         server = self.state.server
         plan = plan_infer(server, model, keys, numkeys)
@@ -200,22 +236,33 @@ _UNARY = {
     "ModelMetadata": (service_pb2.ModelMetadataRequest, service_pb2.ModelMetadataResponse),
     "ModelConfig": (service_pb2.ModelConfigRequest, service_pb2.ModelConfigResponse),
     "ModelInfer": (service_pb2.ModelInferRequest, service_pb2.ModelInferResponse),
+    "ModelStatistics": (service_pb2.ModelStatisticsRequest,
+                        service_pb2.ModelStatisticsResponse),
 }
+_STREAM_PATH = f"/{SERVICE}/ModelStreamInfer"
 
 
 def handler(service: InferenceService) -> grpc.GenericRpcHandler:
     """The methods of `service` as grpcio serves them, each request parsed in the method
     (`_parse`); the methods of the proto not listed are UNIMPLEMENTED."""
 
+    observe = service.state.metrics.observe_grpc
+
     def unary(name: str, message: Any) -> Callable[[bytes, grpc.ServicerContext], Any]:
         method = getattr(service, name)
+        path = f"/{SERVICE}/{name}"
 
         def handle(data: bytes, context: grpc.ServicerContext) -> Any:
+            started = time.perf_counter()
+            service.answered.status = 200
             try:
-                request = _parse(data, message)
-            except LookupInputError as exc:
-                return service._abort(context, exc, name)
-            return method(request, context)
+                try:
+                    request = _parse(data, message)
+                except LookupInputError as exc:
+                    return service._abort(context, exc, name)
+                return method(request, context)
+            finally:  # an abort raises through here: its status was noted by _status
+                observe(path, service.answered.status, time.perf_counter() - started)
         return handle
 
     methods = {name: grpc.unary_unary_rpc_method_handler(

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from hps.http.hot_routes import Answer
     from hps.http.state import ServiceState
+    from hps.server import LoadedModel
 
 
 def infer_answer(state: ServiceState, model: str, body: bytes, header_length: int | None,
@@ -55,13 +56,29 @@ def infer_answer(state: ServiceState, model: str, body: bytes, header_length: in
 
 async def handle_infer(state: ServiceState, headers: Mapping[str, str], receive: Receive,
                        params: dict[str, str | None]) -> Answer:
-    """The answer to `POST /v2/models/{model}[/versions/{version}]/infer`."""
+    """The answer to `POST /v2/models/{model}[/versions/{version}]/infer`; counted in
+    the model's statistics (`stats.py`) once the model is known to be served."""
+    started = time.perf_counter_ns()
     state.check_token(headers.get("authorization"))
     deadline = state.admit(headers)
     admitted = time.monotonic()
     model = params["model"] or ""
     check_version(model, params.get("version"))
     loaded = state.model(model)  # 404 or 503 before the body is read
+    stats = state.metrics.infer_stats
+    try:
+        answer = await _read_and_answer(state, headers, receive, model, loaded, admitted,
+                                        deadline)
+    except Exception:
+        stats.fail(model, time.perf_counter_ns() - started)
+        raise
+    stats.success(model, time.perf_counter_ns() - started)
+    return answer
+
+
+async def _read_and_answer(state: ServiceState, headers: Mapping[str, str], receive: Receive,
+                           model: str, loaded: LoadedModel, admitted: float,
+                           deadline: float | None) -> Answer:
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported: send "

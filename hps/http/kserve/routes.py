@@ -43,7 +43,7 @@ def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
         from hps import __version__
 
         return {"name": "hps", "version": __version__,
-                "extensions": ["binary_tensor_data", "model_configuration"]}
+                "extensions": ["binary_tensor_data", "model_configuration", "statistics"]}
 
     @router.get("/health/live", summary="Alive (answers while models load)",
                 responses={413: V2_ERRORS[413]})
@@ -85,7 +85,19 @@ def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
         return await HotRoutes.respond(handle_infer, state, request,
                                        {"model": model, "version": version})
 
+    async def statistics(model: str = "", version: str = "") -> dict[str, Any]:
+        """The statistics extension: inference requests that succeeded and failed, with
+        their cumulative ns, of one model (or of every served model)."""
+        return {"model_stats": state.metrics.infer_stats.model_stats(
+            list(state.server.models), model, version)}
+
+    # before /models/{model}: "stats" is this route's, not a model's name
+    router.add_api_route("/models/stats", statistics, methods=["GET"], dependencies=protected,
+                         summary="Statistics of every served model", responses=V2_ERRORS)
     for base in ("/models/{model}", "/models/{model}/versions/{version}"):
+        router.add_api_route(base + "/stats", statistics, methods=["GET"],
+                             dependencies=protected, summary="Statistics of the model",
+                             responses=V2_ERRORS)
         router.add_api_route(base, metadata, methods=["GET"], dependencies=protected,
                              summary="Model metadata: KEYS, NUMKEYS → OUTPUT0",
                              responses=V2_ERRORS)

@@ -34,7 +34,12 @@ from typing import Any
 import numpy as np
 
 import hps.modelfiles.formats.parquet_thrift as thrift
-from hps.modelfiles.formats.parquet_levels import all_equal, decode_ids, row_start_bytes, rows_of_dim
+from hps.modelfiles.formats.parquet_levels import (
+    all_equal,
+    decode_ids,
+    row_start_bytes,
+    rows_of_dim,
+)
 
 #: codecs as pyarrow's metadata names them → pyarrow's codec names ("LZ4" is Parquet's
 #: LZ4_RAW, a bare LZ4 block; the older Hadoop-framed LZ4 is left to pyarrow)

@@ -1,4 +1,5 @@
-"""The in-process volatile tier (`volatile_db.type` "hash_map"): `HashMapTier`.
+"""The in-process volatile tier (`volatile_db.type` "hash_map"): `HashMapTier`; and the
+same tables in shared memory (`multi_process_hash_map`): `SharedHashMapTier`.
 
     tier.py      `HashMapTier`: the tier contracts over one table per name; fetches and
                  large inserts split over the cores
@@ -9,6 +10,8 @@
                  back in place (`sorted_rows`) or copied out (`export`)
     loops.py     the compiled loops over keys (numba, GIL released): probe, fetch,
                  insert, remove, rebuild
+    shared.py    `SharedHashMapTier`: the tier over tables every process of a run maps
+    shared_table.py  one table's arrays in a shared-memory file; its sequence counter
 """
 
 from hps.tiers.hash_map.tier import HashMapTier

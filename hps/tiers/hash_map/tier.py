@@ -101,13 +101,7 @@ class HashMapTier(BulkLoadTier):
 
         Raises ConfigError if the table exists with another width or storage type.
         """
-        dim = int(dim)
-        if dim < 1:
-            raise ConfigError(f"table {table!r}: width must be positive, got {dim}")
-        try:
-            kind = storage_type(storage)
-        except ValueError as exc:
-            raise ConfigError(f"table {table!r}: {exc}") from None
+        dim, kind = HashMapTier.table_kind(table, dim, storage)
         with self._tables_lock:
             existing = self._tables.get(table)
             if existing is not None:
@@ -125,6 +119,18 @@ class HashMapTier(BulkLoadTier):
             policy = self.overflow.policy if self.overflow.bounded else None
             self._tables[table] = Table(dim, self.overflow.num_partitions, policy, kind)
             super().create_table(table, dim, kind)
+
+    @staticmethod
+    def table_kind(table: str, dim: int, storage: StorageType | str) -> tuple[int, StorageType]:
+        """The width and StorageType a new `table` is made with; ConfigError for a width
+        below 1 or a storage type that is not one."""
+        dim = int(dim)
+        if dim < 1:
+            raise ConfigError(f"table {table!r}: width must be positive, got {dim}")
+        try:
+            return dim, storage_type(storage)
+        except ValueError as exc:
+            raise ConfigError(f"table {table!r}: {exc}") from None
 
     def storage(self, table: str) -> StorageType:
         """The type `table` stores its rows in (hps/rows/storage_types.py)."""

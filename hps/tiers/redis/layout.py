@@ -18,8 +18,15 @@ tag inside the braces is the whole storage name, prefix included:
                                             evict_oldest: time_t seconds, raw 8 bytes LE
                                             evict_random: no metadata
 
+    hps_et{hps_et.<model>.<table>/p<N>}m    this server's marker (a string, "1"): written
+                                            when the table is created, before its rows,
+                                            so a partition whose marker is gone lost its
+                                            rows (a restart without persistence, FLUSHALL,
+                                            a failover to an empty replica); HugeCTR
+                                            ignores it
+
 with N = rrxmrrxmsx_0(key) % num_partitions (`hps.tiers.partition`). The braces make Redis
-Cluster hash only "<tag>/p<N>", so both hashes of a partition live on one node.
+Cluster hash only "<tag>/p<N>", so every key of a partition lives on one node.
 
 Requests are RESP packed with NumPy (a fixed-width record per key), never built key by key
 in Python; replies are decoded with `b"".join` + `np.frombuffer`.
@@ -52,6 +59,11 @@ def value_hash(table: str, partition: int) -> str:
 def meta_hash(table: str, partition: int) -> str:
     """Name of the companion hash with the eviction metadata of the same partition."""
     return f"{TABLE_PREFIX}{{{table}/p{partition}}}t"
+
+
+def marker_key(table: str, partition: int) -> str:
+    """Name of the marker that says this partition's rows were not lost since written."""
+    return f"{TABLE_PREFIX}{{{table}/p{partition}}}m"
 
 
 # -- RESP packing ---------------------------------------------------------------------------
@@ -203,6 +215,7 @@ class TableLayout:
 
     values: list[bytes]
     metas: list[bytes]
+    markers: list[bytes]
     slots: np.ndarray
 
 
@@ -212,5 +225,6 @@ def table_layout(table: str, num_partitions: int) -> TableLayout:
 
     values = [value_hash(table, p).encode() for p in range(num_partitions)]
     metas = [meta_hash(table, p).encode() for p in range(num_partitions)]
+    markers = [marker_key(table, p).encode() for p in range(num_partitions)]
     slots = np.array([key_slot(v) for v in values], dtype=np.int64)
-    return TableLayout(values=values, metas=metas, slots=slots)
+    return TableLayout(values=values, metas=metas, markers=markers, slots=slots)

@@ -22,8 +22,9 @@ import numpy as np
 
 from hps.config import UNBOUNDED, VolatileDBConfig
 from hps.errors import MissingExtraError, TierError, TierUnavailableError
+from hps.rows.storage_types import StorageType
 from hps.rows.stored_values import decode_rows
-from hps.runtime.background import BackgroundWorker
+from hps.runtime.background import BackgroundWorker, PeriodicTask
 from hps.runtime.throttled_log import ThrottledLog
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import as_keys, as_rows
@@ -45,6 +46,9 @@ from hps.tiers.redis.layout import (
 log = logging.getLogger("hps.tiers.redis")
 
 _WINDOW_KEYS = 1 << 18  # keys per insert round trip: bounds the packed request in memory
+#: seconds between marker probes: one EXISTS per partition per table, pipelined, so a
+#: Redis emptied behind the tier's back is refilled within about this long
+_HEALTH_SECONDS = 1.0
 
 
 class RedisTier(BulkLoadTier):
@@ -90,6 +94,13 @@ class RedisTier(BulkLoadTier):
         self._toucher: BackgroundWorker[tuple[str, np.ndarray]] = BackgroundWorker(
             "hps-redis-metadata", config.async_queue_size, self._run_touches, log=log)
         self._client.start()
+        # tables whose markers were found missing (rows lost), and a count per table of
+        # the markers written, so a probe that read before a new marker cannot undo it
+        self._lost: set[str] = set()
+        self._marked: dict[str, int] = {}
+        self._marks_lock = threading.Lock()
+        self._health = PeriodicTask("hps-redis-health", _HEALTH_SECONDS, self.probe_markers,
+                                    log=log)
 
     def _table_layout(self, table: str) -> TableLayout:
         layout = self._layouts.get(table)
@@ -293,16 +304,92 @@ class RedisTier(BulkLoadTier):
         return int(removed[0])
 
     def drop_table(self, table: str) -> None:
-        """Delete every partition hash of `table` (rows and metadata), then forget it."""
+        """Delete every partition hash of `table` (rows, metadata, markers), then forget it."""
         layout = self._table_layout(table)
 
         def build(topology: Topology) -> list[Cmd]:
             node_of = topology.node_of(layout)
-            return [Cmd(int(node_of[p]), [command(b"UNLINK", layout.values[p], layout.metas[p])])
+            return [Cmd(int(node_of[p]), [command(b"UNLINK", layout.values[p], layout.metas[p],
+                                                  layout.markers[p])])
                     for p in range(len(layout.values))]
 
         self._client.execute(build, f"drop of {table!r}")
         super().drop_table(table)
+        with self._marks_lock:
+            self._lost.discard(table)
+            self._marked.pop(table, None)
+
+    # -- markers: rows lost behind the tier's back --------------------------------------
+
+    def create_table(self, table: str, dim: int, storage: StorageType | str = "float32"
+                     ) -> None:
+        """Make `table` known (keeps what Redis holds) and write its markers, before any
+        row: a marker gone later means the rows written after it may be gone too. Redis
+        being down is not an error here (the load's writes fail and say so; the markers
+        are written when the table is filled)."""
+        super().create_table(table, dim, storage)
+        if self._client.breaker.is_open:
+            return  # down: not a failed call to count; the fill after the outage marks it
+        layout = self._table_layout(table)
+
+        def build(topology: Topology) -> list[Cmd]:
+            node_of = topology.node_of(layout)
+            return [Cmd(int(node_of[p]), [command(b"SET", layout.markers[p], b"1")])
+                    for p in range(len(layout.markers))]
+
+        try:
+            self._client.execute(build, f"markers of {table!r}")
+        except TierError as exc:
+            log.debug("redis tier: markers of %r not written now: %s", table, exc)
+            return
+        with self._marks_lock:
+            self._marked[table] = self._marked.get(table, 0) + 1
+            self._lost.discard(table)
+
+    def probe_markers(self) -> list[str]:
+        """Check every known table's markers (one EXISTS per partition, pipelined to
+        every node); returns the tables some marker of which is gone, which `stats()`
+        lists as `lost_tables` until the table is created again. Runs every
+        `_HEALTH_SECONDS` on the tier's health thread; nothing while the breaker is open
+        (the reconnect is the breaker's; the first probe after it finds what the outage
+        lost)."""
+        if self._client.closed or not self.available:
+            return sorted(self._lost)
+        with self._marks_lock:
+            seen = dict(self._marked)
+        tables = list(self._dims)
+        missing: set[str] = set()
+
+        def check(table: str) -> Callable[[Any], None]:
+            def on_reply(reply: int) -> None:
+                if not int(reply):
+                    missing.add(table)
+
+            return on_reply
+
+        def build(topology: Topology) -> list[Cmd]:
+            missing.clear()
+            cmds = []
+            for table in tables:
+                layout = self._table_layout(table)
+                node_of = topology.node_of(layout)
+                cmds += [Cmd(int(node_of[p]), [command(b"EXISTS", layout.markers[p])],
+                             check(table)) for p in range(len(layout.markers))]
+            return cmds
+
+        try:
+            self._client.execute(build, "marker probe")
+        except TierError as exc:
+            log.debug("redis tier: marker probe failed: %s", exc)
+            return sorted(self._lost)
+        with self._marks_lock:
+            for table in missing:
+                if self._marked.get(table, 0) == seen.get(table, 0) and table in self._dims:
+                    if table not in self._lost:
+                        log.warning("redis tier: the rows of %s are gone (Redis restarted "
+                                    "empty, flushed or failed over)", table)
+                    self._lost.add(table)
+            return sorted(self._lost)
 
     # -- overflow -----------------------------------------------------------------------
 
@@ -484,6 +571,8 @@ class RedisTier(BulkLoadTier):
             "episodes": self._client.breaker.episodes,
             "failures": dict(self.failures),
             "dropped": dict(self.dropped),
+            "lost_tables": sorted(self._lost),
+            "tables_lost": len(self._lost),
         }
 
     def close(self) -> None:
@@ -491,6 +580,7 @@ class RedisTier(BulkLoadTier):
         close every connection."""
         if self._client.closed:
             return
+        self._health.close(timeout=5.0)
         self._inserter.close(timeout=5.0)
         self._toucher.close(timeout=5.0)
         self._client.close()

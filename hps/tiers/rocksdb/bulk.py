@@ -194,6 +194,20 @@ def _sort_buckets(ordered: np.ndarray, order: np.ndarray, bounds: np.ndarray, fi
         order[a:e] = rows
 
 
+def _write_all(fd: int, data: memoryview, path: str) -> None:
+    """Write all of `data`: a full disk makes a write short and the next one fail, which
+    raises OSError (ENOSPC) naming `path` and the bytes not written (a short write left
+    unchecked made a truncated table file that ingestion then called corrupt)."""
+    written, size = 0, len(data)
+    try:
+        while written < size:
+            written += os.write(fd, data[written:])
+    except OSError as exc:
+        del data  # the traceback keeps this frame: no view of the caller's buffer with it
+        raise OSError(exc.errno, f"{exc.strerror}: {size - written} of {size} bytes of a "
+                      "table file not written", path) from None
+
+
 class _FileWriter:
     """One worker's reusable, page-aligned encode buffer and the write of a file."""
 
@@ -235,7 +249,7 @@ class _FileWriter:
             self._direct = False
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.write(fd, view[:total])
+                _write_all(fd, view[:total], path)
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -31,6 +31,7 @@ import numpy as np
 from hps.gpu import kernels, overlap
 from hps.gpu.dynamic_cache import EmbeddingCache
 from hps.gpu.static_table import StaticEmbeddingTable
+from hps.tools.bench.gpu_public import PINNED_COPIES
 from hps.tools.bench.gpu_rows import format_rows
 
 # HugeCTR's figures on the same H100 beside the same gather: G keys/s
@@ -377,8 +378,8 @@ def bench_gpu(dims: tuple[int, ...] = (16, 64, 128), slots: int = 1 << 24,
     return rows
 
 
-PROFILES = ("kernels", "public", "threads", "hugectr", "misses", "uvm", "devices", "storage",
-            "torch")
+PROFILES = ("kernels", "public", "threads", "hugectr", "misses", "uvm", "devices", "sharded",
+            "storage", "torch")
 #: the bound on hps.torch.LookupLayer's cost over lookup_fromdlpack, µs a call
 LAYER_OVERHEAD_US = 5.0
 
@@ -387,7 +388,8 @@ def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict
     """The rows of one profile: "public" (hps/tools/bench/gpu_public.py), "threads"
     (hps/tools/bench/gpu_threads.py: 1-8 caller threads on their own streams), "hugectr" or "misses"
     (hps/tools/bench/gpu_misses.py), "uvm" (hps/tools/bench/gpu_uvm.py), "devices"
-    (hps/tools/bench/gpu_devices.py: every GPU at once), "storage" (hps/tools/bench/gpu_storage.py:
+    (hps/tools/bench/gpu_devices.py: every GPU at once), "sharded" (hps/tools/bench/gpu_sharded.py:
+    a table split into shards beside it whole), "storage" (hps/tools/bench/gpu_storage.py:
     each embedding_storage_dtype beside float32), "torch" (hps/tools/bench/torch_layer.py:
     hps.torch.LookupLayer over lookup_fromdlpack, 2,000 CUDA keys); "kernels" is
     bench_gpu."""
@@ -415,6 +417,10 @@ def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict
         from hps.tools.bench.gpu_devices import bench_devices
 
         return bench_devices(**options)
+    if profile == "sharded":
+        from hps.tools.bench.gpu_sharded import bench_sharded
+
+        return bench_sharded(**options)
     if profile == "storage":
         from hps.tools.bench.gpu_storage import bench_storage
 
@@ -466,6 +472,13 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 add(f"{r['mode']}: p50 <= 1.45 x floor", r["vs_floor"], r["vs_floor"] <= 1.45)
             add(f"{r['mode']}: <= 5 us over the inner call", r["over_inner_us"],
                 r["over_inner_us"] <= 5.0)
+        if r["bench"] == "public latency" and r["mode"] == "HPS.lookup, NumPy keys":
+            copies = next((c["p50_us"] for c in rows if c["bench"] == "public latency"
+                           and c["mode"] == PINNED_COPIES), None)
+            if copies is not None:
+                bound = 2 * r["p50_us"] / r["vs_floor"] + copies
+                add(f"HPS.lookup, NumPy keys: p50 <= 2 x floor + pinned copies "
+                    f"({bound:.1f} us)", r["p50_us"], r["p50_us"] <= bound)
         if r["bench"] == "hugectr" and "wrong_rows" in r:
             how = str(r["mode"]).rpartition("; ")[2]
             add(f"hugectr profile ({how}): mean <= 100 us", r["mean_us"],
@@ -514,6 +527,9 @@ def main() -> None:
                              "kernels: the cache kernels (default). Repeatable.")
     parser.add_argument("--table-keys", type=int, default=None,
                         help="table size of the misses profile (default 20M)")
+    parser.add_argument("--updates", type=int, default=0,
+                        help="hugectr profile: rows a second of an update stream applied "
+                             "meanwhile")
     parser.add_argument("--device", type=int, default=0)
     args = parser.parse_args()
     import cupy as cp
@@ -526,6 +542,8 @@ def main() -> None:
                                        if profile == "misses" and args.table_keys else {})
             if profile == "storage" and args.sweep:
                 options["sweep"] = True
+            if profile == "hugectr" and args.updates:
+                options["updates"] = args.updates
             rows += bench_profile(profile, args.device, **options)
         elif args.only == "throughput":
             for dim in dims:

@@ -8,7 +8,11 @@ with NumPy keys. Beside them, in the same process, taking turns round by round:
 
 - the inner call the public ones wrap: `GpuEmbeddingTable.lookup` with CuPy arrays (and
   with NumPy keys and output, the inner call of `lookup`);
-- the floor: `torch.index_select` of the same rows from a dense torch table, then a sync.
+- the floor: `torch.index_select` of the same rows from a dense torch table, then a sync;
+- the host arrays' floor, for `lookup` with NumPy keys: the keys copied in from pinned
+  memory, the same `index_select`, the rows copied out to pinned memory, one sync; and
+  those two pinned copies alone (the bytes at the pinned-copy rate). `lookup`'s target
+  is 2x the floor plus the copies.
 
 Capsules are timed twice: made just before the call (what the call's intake costs) and
 made inside the timed call (what HugeCTR's style costs a caller, torch's to_dlpack
@@ -31,22 +35,26 @@ from typing import Any
 import numpy as np
 
 MODEL = "bench"
+HOST_FLOOR = "host floor: pinned keys in, index_select, pinned rows out + sync"
+PINNED_COPIES = "pinned copies alone: keys in, rows out + sync"
 
 
 def server_over_files(folder: Path, keys: np.ndarray, rows: np.ndarray, n: int,
-                      device_id: int, **model: Any) -> Any:
+                      device_id: int, top: dict[str, Any] | None = None, **model: Any) -> Any:
     """HPS over a model folder of the table (written here): a static GPU table on
-    `device_id`, the in-process tier; `model` overrides the model's config keys."""
+    `device_id`, the in-process tier; `model` overrides the model's config keys, `top`
+    adds server config keys."""
     from hps import write_sparse_model
 
     write_sparse_model(folder / "t0", keys, rows)
-    return server_over_folder(folder, rows.shape[1], n, device_id, **model)
+    return server_over_folder(folder, rows.shape[1], n, device_id, top, **model)
 
 
-def server_over_folder(folder: Path, dim: int, n: int, device_id: int, **model: Any) -> Any:
+def server_over_folder(folder: Path, dim: int, n: int, device_id: int,
+                       top: dict[str, Any] | None = None, **model: Any) -> Any:
     """HPS over the table `server_over_files` wrote into `folder` (of width `dim`), for
     lookups of up to n keys: a static GPU table on `device_id`, the in-process tier;
-    `model` overrides the model's config keys."""
+    `model` overrides the model's config keys, `top` adds server config keys."""
     from hps.api import HPS
 
     config = {
@@ -61,6 +69,7 @@ def server_over_folder(folder: Path, dim: int, n: int, device_id: int, **model: 
             "embedding_cache_type": "static", **model,
         }],
         "volatile_db": {"type": "hash_map"},
+        **(top or {}),
     }
     return HPS(config)
 
@@ -94,6 +103,9 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
             t_idx = [torch.as_tensor(p, device=dev) for p in picks]
             t_table = torch.as_tensor(rows, device=dev)
             t_out = torch.empty((n, dim), dtype=torch.float32, device=dev)
+            pinned_keys = [torch.as_tensor(p).pin_memory() for p in picks]
+            pinned_out = torch.empty((n, dim), dtype=torch.float32).pin_memory()
+            d_idx = torch.empty(n, dtype=torch.int64, device=dev)
             c_out = cp.empty((n, dim), dtype=cp.float32)
             np_out = np.empty((n, dim), dtype=np.float32)
             stream = torch.cuda.current_stream(dev)
@@ -129,6 +141,15 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
             def floor(i: int) -> None:
                 torch.index_select(t_table, 0, t_idx[i % 16], out=t_out)
 
+            def host_floor(i: int) -> None:
+                d_idx.copy_(pinned_keys[i % 16], non_blocking=True)
+                torch.index_select(t_table, 0, d_idx, out=t_out)
+                pinned_out.copy_(t_out, non_blocking=True)
+
+            def pinned_copies(i: int) -> None:
+                d_idx.copy_(pinned_keys[i % 16], non_blocking=True)
+                pinned_out.copy_(t_out, non_blocking=True)
+
             inner = "inner GpuEmbeddingTable.lookup (CuPy)"
             cases: list[tuple[str, str, Callable[..., None], Callable[[int], Any] | None]] = [
                 ("floor: torch.index_select + sync", "", floor, None),
@@ -140,10 +161,14 @@ def bench_public_latency(dim: int = 64, n: int = 2000, table_keys: int = 1 << 18
                 ("inner GpuEmbeddingTable.lookup (NumPy)", "", inner_host, None),
                 ("HPS.lookup, NumPy keys", "inner GpuEmbeddingTable.lookup (NumPy)",
                  public_host, None),
+                (HOST_FLOOR, "", host_floor, None),
+                (PINNED_COPIES, "", pinned_copies, None),
             ]
             # exactness first: every path returns the file's rows
             want = rows[picks[0]]
             for label, _, fn, prep in cases:
+                if label == PINNED_COPIES:  # copies only: no rows of its own to check
+                    continue
                 t_out.fill_(float("nan"))
                 c_out.fill(np.nan)
                 np_out.fill(np.nan)

@@ -10,7 +10,8 @@ from typing import Any
 
 COLUMNS = ("bench", "dim", "batch", "mode", "group", "unroll", "waves", "hints", "gkeys_s",
            "mkeys_s", "vs_float4", "vs_torch", "hugectr", "hit_rate", "mean_us", "p50_us",
-           "p99_us", "floor_mkeys_s", "floor_p99_us", "events_p50_us", "over_inner_us", "vs_floor", "vs_hugectr_mean",
+           "p99_us", "floor_mkeys_s", "floor_p99_us", "events_p50_us", "over_inner_us",
+           "vs_floor", "vs_hugectr_mean",
            "vs_hugectr_p99", "vs_one", "vs_tier_fetch", "wrong_rows", "load_s", "gb_s",
            "write_s", "gpu_mib", "host_mib", "gpucacheper", "power_gkeys_s",
            "uniform_gkeys_s", "settle_s", "rows_moved", "uniform_vs_h2d", "power_vs_dynamic",

@@ -58,6 +58,23 @@ STORAGE_NAME = f"hps_et.{MODEL}.{TABLE}"
 Fetch = Callable[[int], np.ndarray]
 
 
+def one_table_config(dim: int, batch: int, **volatile_db: Any) -> dict[str, Any]:
+    """The ps.json of the benches' one model: table TABLE (a sparse folder of that name
+    beside the config) of width `dim`, lookups of up to `batch` keys, no GPU cache, the
+    in-process hash map with `volatile_db`'s keys."""
+    return {
+        "supportlonglong": True,
+        "models": [{
+            "model": MODEL, "sparse_files": [TABLE], "embedding_table_names": [TABLE],
+            "embedding_vecsize_per_table": [dim],
+            "maxnum_catfeature_query_per_table_per_sample": [batch],
+            "default_value_for_each_table": [0.0], "deployed_device_list": [0],
+            "max_batch_size": 1, "gpucache": False,
+        }],
+        "volatile_db": {"type": "hash_map", **volatile_db},
+    }
+
+
 def _free_port() -> int:
     from hps.tools.bench.redis_servers import free_port
 
@@ -394,7 +411,8 @@ def bench_http(
     CPU µs per request with `clients` clients), `single` (the same of one client alone,
     per HTTP path), the ratios of
     keys/s (medians of per-round ratios): v1 binary and v2 binary over direct Redis, and
-    over the bare floor; gRPC over v2 binary and over its floor; the setup, the client (`CLIENT`) and the CPU count. `pin`: the
+    over the bare floor; gRPC over v2 binary and over its floor; the setup, the client
+    (`CLIENT`) and the CPU count. `pin`: the
     servers run on one half of the CPUs and the clients on the other, as when they are
     different machines; the split is restored at the end.
     """
@@ -415,17 +433,7 @@ def bench_http(
     own_cpus = os.sched_getaffinity(0) if split else None
     try:
         write_sparse_model(tmp / TABLE, keys, vectors)
-        config = {
-            "supportlonglong": True,
-            "models": [{
-                "model": MODEL, "sparse_files": [TABLE], "embedding_table_names": [TABLE],
-                "embedding_vecsize_per_table": [dim],
-                "maxnum_catfeature_query_per_table_per_sample": [batch],
-                "default_value_for_each_table": [0.0], "deployed_device_list": [0],
-                "max_batch_size": 1, "gpucache": False,
-            }],
-            "volatile_db": {"type": "hash_map", "num_partitions": num_partitions},
-        }
+        config = one_table_config(dim, batch, num_partitions=num_partitions)
         (tmp / "ps.json").write_text(json.dumps(config))
         started = time.perf_counter()
         pids: list[int] = []

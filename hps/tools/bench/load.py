@@ -1,11 +1,16 @@
 """`hps bench load`: how fast a model loads, through the call a user makes.
 
 `bench_load_formats`: the same rows written as a HugeCTR sparse folder and in each other
-format (Parquet, NumPy, safetensors, by hps's own streaming writers), each loaded by
+format (Parquet, NumPy, safetensors, by hps's own streaming writers; PyTorch's files as a
+training job writes them: `torch` a `torch.save` state_dict, `dcp` two checkpoint folders
+saved by two processes with the table sharded row-wise and column-wise), each loaded by
 `HPS(config)` into the same embedded tiers (in-process hash map over RocksDB, on a fresh
 store every time), in interleaved rounds so machine load hits every format alike. Each
-format's median load rate is printed beside the sparse folder's, as a ratio. The files
-are hot in the page cache for every format alike (they were just written).
+format's median load rate is printed beside the sparse folder's, as a ratio, and beside
+safetensors' when PyTorch's files are measured (safetensors is then always measured, and
+every file holds keys = row index, as PyTorch's files do: the same keys and rows in every
+format; the safetensors file is then a PyTorch user's, `save_file({"weight": rows})`).
+The files are hot in the page cache for every format alike (they were just written).
 
 `time_load(config)` is the one timed step (a full `HPS(config)` construction): other
 load benchmarks (scale curves) build on it.
@@ -33,12 +38,23 @@ FORMAT_FILES = {
     "parquet": "table.parquet",
     "numpy": "numpy_folder",
     "safetensors": "table.safetensors",
+    "torch": "table.pt",
+    "dcp row-wise": "dcp_row_wise",
+    "dcp column-wise": "dcp_column_wise",
 }
 BASELINE = "sparse_folder"
+#: the formats `--format` names, and what each one measures
+BENCH_FORMATS = {"parquet": ("parquet",), "numpy": ("numpy",),
+                 "safetensors": ("safetensors",), "torch": ("torch",),
+                 "dcp": ("dcp row-wise", "dcp column-wise")}
+#: what PyTorch's files are compared with: the reader of their closest format
+TORCH_BASELINE = "safetensors"
+_TORCH_FILES = ("torch", "dcp row-wise", "dcp column-wise")
 
 
-def load_config(files: str, dim: int, rocks_path: str) -> dict[str, Any]:
-    """A ps config of one table read from `files` into the hash map over RocksDB."""
+def load_config(files: str | dict[str, Any], dim: int, rocks_path: str) -> dict[str, Any]:
+    """A ps config of one table read from `files` (a path, or a sparse_files entry) into
+    the hash map over RocksDB."""
     return {
         "supportlonglong": True,
         "models": [{
@@ -79,16 +95,36 @@ def time_load(config: dict[str, Any], check_keys: np.ndarray | None = None
 
 
 def write_formats(folder: str, keys: np.ndarray, vectors: np.ndarray,
-                  formats: Sequence[str], chunk_rows: int = 1 << 18) -> dict[str, str]:
-    """The table written once per format under `folder`; format → path."""
-    paths = {}
+                  formats: Sequence[str], chunk_rows: int = 1 << 18, *,
+                  by_row_index: bool = False) -> dict[str, str | dict[str, Any]]:
+    """The table written once per format under `folder`; format → its sparse_files entry.
+    PyTorch's files key a row by its index: `keys` must then be 0 … n-1, and
+    `by_row_index` writes safetensors as a PyTorch user does too (`save_file({"weight":
+    rows})`, no keys tensor)."""
+    paths: dict[str, str | dict[str, Any]] = {}
     for fmt in formats:
         path = os.path.join(folder, FORMAT_FILES[fmt])
+        if fmt in _TORCH_FILES or (by_row_index and fmt == "safetensors"):
+            paths[fmt] = _write_torch_files(folder, path, fmt, vectors)
+            continue
         with open_writer(path, fmt, len(keys), vectors.shape[1]) as writer:
             for start in range(0, len(keys), chunk_rows):
                 writer.write(keys[start : start + chunk_rows], vectors[start : start + chunk_rows])
         paths[fmt] = path
     return paths
+
+
+def _write_torch_files(folder: str, path: str, fmt: str, vectors: np.ndarray
+                       ) -> dict[str, Any]:
+    if fmt in ("torch", "safetensors"):
+        write = load_files.write_torch_state if fmt == "torch" else load_files.write_safetensors
+        write(path, vectors)
+        return {"path": path, "format": fmt, "tensor": load_files.TORCH_TENSOR}
+    rows_npy = os.path.join(folder, "dcp_rows.npy")  # what each saving rank reads its shard of
+    if not os.path.exists(rows_npy):
+        np.save(rows_npy, vectors)
+    load_files.write_dcp(path, rows_npy, fmt.removeprefix("dcp "))
+    return {"path": path, "format": "dcp", "tensor": load_files.TORCH_TENSOR}
 
 
 def bench_load_formats(
@@ -100,25 +136,37 @@ def bench_load_formats(
 ) -> list[dict[str, Any]]:
     """Load rate of each format beside the sparse folder's on the same rows; one row each.
 
-    An untimed round first loads every format once; then every round loads every format
-    once (the order rotating), each into a fresh RocksDB store; a row reports the median
-    seconds and keys/s of the format and of the sparse folder, and their ratio (format
-    keys/s ÷ sparse folder keys/s); the same ratio of the best (fastest) rounds, and of
-    the process's CPU seconds (both steadier than the median wall time on a busy machine).
+    `formats` are `--format`'s names (BENCH_FORMATS: `dcp` measures a row-wise and a
+    column-wise checkpoint). An untimed round first loads every format once; then every
+    round loads every format once (the order rotating), each into a fresh RocksDB store; a
+    row reports the median seconds and keys/s of the format and of the sparse folder, and
+    their ratio (format keys/s ÷ sparse folder keys/s); the same ratio of the best
+    (fastest) rounds, and of the process's CPU seconds (both steadier than the median wall
+    time on a busy machine). With PyTorch's files, the same three ratios to safetensors
+    (`safetensors_ratio`, `safetensors_best_ratio`, `safetensors_cpu_ratio`).
     """
-    unknown = [f for f in formats if f not in FORMAT_FILES]
+    unknown = [f for f in formats if f not in BENCH_FORMATS and f != BASELINE]
     if unknown:
-        raise ValueError(f"unknown format(s) {', '.join(unknown)}: pick from {', '.join(FORMATS)}")
-    wanted = [BASELINE, *[f for f in formats if f != BASELINE]]
+        raise ValueError(f"unknown format(s) {', '.join(unknown)}: pick from "
+                         f"{', '.join(BENCH_FORMATS)}")
+    measured = [m for f in formats if f != BASELINE for m in BENCH_FORMATS[f]]
+    torch_files = any(m in _TORCH_FILES for m in measured)
+    if torch_files and TORCH_BASELINE not in measured:
+        measured.insert(0, TORCH_BASELINE)
+    wanted = [BASELINE, *dict.fromkeys(measured)]
     keys, vectors = make_table(num_keys, dim)
-    order = np.random.default_rng(3).permutation(num_keys)  # files hold keys unsorted
-    keys, vectors = keys[order], vectors[order]
+    if torch_files:  # PyTorch's files key a row by its index: every format does the same
+        keys = np.arange(num_keys, dtype=np.int64)
+    else:
+        order = np.random.default_rng(3).permutation(num_keys)  # files hold keys unsorted
+        keys, vectors = keys[order], vectors[order]
+        del order
     check = keys[:: max(1, num_keys // 1000)]
     work = tempfile.mkdtemp(prefix="hps-bench-load-", dir=path)
     try:
-        files = write_formats(work, keys, vectors, wanted)
-        sizes = {f: _size(p) for f, p in files.items()}
-        del order, vectors
+        files = write_formats(work, keys, vectors, wanted, by_row_index=torch_files)
+        sizes = {f: _size(p if isinstance(p, str) else p["path"]) for f, p in files.items()}
+        del vectors
         times: dict[str, list[float]] = {f: [] for f in wanted}
         cpu: dict[str, list[float]] = {f: [] for f in wanted}
         # round -1 is not timed: a process's first load of each format also loads compiled
@@ -126,35 +174,43 @@ def bench_load_formats(
         for i in range(-1, rounds):
             shift = i % len(wanted)
             for fmt in wanted[shift:] + wanted[:shift]:
-                rocks = os.path.join(work, f"rocks-{fmt}-{i}")
+                rocks = os.path.join(work, f"rocks-{fmt.replace(' ', '-')}-{i}")
                 wall, used = time_load(load_config(files[fmt], dim, rocks), check)
                 if i >= 0:
                     times[fmt].append(wall)
                     cpu[fmt].append(used)
                 shutil.rmtree(rocks, ignore_errors=True)
-        base = statistics.median(times[BASELINE])
-        base_cpu = statistics.median(cpu[BASELINE])
         rows = []
         for fmt in wanted:
-            seconds, cpu_seconds = statistics.median(times[fmt]), statistics.median(cpu[fmt])
-            rows.append({
+            row = {
                 "name": fmt,
                 "num_keys": num_keys,
                 "dim": dim,
                 "file_bytes": sizes[fmt],
-                "keys_per_s": num_keys / seconds,
-                "sparse_folder_keys_per_s": num_keys / base,
-                "ratio": base / seconds,
-                "best_ratio": min(times[BASELINE]) / min(times[fmt]),
-                "cpu_seconds": cpu_seconds,
-                "cpu_ratio": base_cpu / cpu_seconds,
-                "seconds": seconds,
+                "keys_per_s": num_keys / statistics.median(times[fmt]),
+                "sparse_folder_keys_per_s": num_keys / statistics.median(times[BASELINE]),
+                **_ratios(times, cpu, fmt, BASELINE, ""),
+                "cpu_seconds": statistics.median(cpu[fmt]),
+                "seconds": statistics.median(times[fmt]),
                 "rounds": rounds,
                 "peak_rss_bytes": peak_rss_bytes(),
-            })
+            }
+            if torch_files:
+                row.update(_ratios(times, cpu, fmt, TORCH_BASELINE, "safetensors_"))
+            rows.append(row)
         return rows
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _ratios(times: dict[str, list[float]], cpu: dict[str, list[float]], fmt: str,
+            base: str, prefix: str) -> dict[str, float]:
+    """`fmt`'s load rate over `base`'s: by median wall time, best round, median CPU time."""
+    return {
+        f"{prefix}ratio": statistics.median(times[base]) / statistics.median(times[fmt]),
+        f"{prefix}best_ratio": min(times[base]) / min(times[fmt]),
+        f"{prefix}cpu_ratio": statistics.median(cpu[base]) / statistics.median(cpu[fmt]),
+    }
 
 
 def _size(path: str) -> int:

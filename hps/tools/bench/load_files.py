@@ -12,6 +12,13 @@ blocks and never held whole in memory (at 100M keys of width 16 the files are 7.
 Each thread fills a block in compiled code (GIL released) and writes it at its offset
 with `pwrite`; the files are fsynced before they are timed against, so a load does not
 compete with their write-back.
+
+And PyTorch's files of a table of rows (keys = row index), as a training job writes them
+(the `torch` extra): `write_torch_state` (`torch.save` of a state_dict `{"weight": rows}`),
+`write_safetensors` (the same dict saved by safetensors) and `write_dcp` (a
+`torch.distributed.checkpoint` folder saved by `ranks` processes, gloo on loopback, the
+table a DTensor sharded row-wise or column-wise over them, each rank holding only its
+own shard).
 """
 
 from __future__ import annotations
@@ -120,3 +127,84 @@ def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
     while view:
         written = os.pwrite(fd, view, offset)
         view, offset = view[written:], offset + written
+
+
+#: the state_dict key of the table in the PyTorch files written here
+TORCH_TENSOR = "weight"
+
+
+def write_torch_state(path: str, rows: np.ndarray) -> None:
+    """`torch.save({"weight": rows}, path)`, fsynced: what `torch.save(model.state_dict())`
+    of one nn.Embedding writes (keys = row index)."""
+    import torch
+
+    torch.save({TORCH_TENSOR: torch.from_numpy(np.ascontiguousarray(rows))}, path)
+    _fsync(path)
+
+
+def write_safetensors(path: str, rows: np.ndarray) -> None:
+    """`safetensors.numpy.save_file({"weight": rows}, path)`, fsynced: how a PyTorch user
+    re-saves an embedding's weight for serving (keys = row index; the `safetensors`
+    extra)."""
+    from safetensors.numpy import save_file
+
+    save_file({TORCH_TENSOR: np.ascontiguousarray(rows)}, path)
+    _fsync(path)
+
+
+def write_dcp(folder: str, rows_npy: str, sharding: str, ranks: int = 2) -> None:
+    """A DCP checkpoint folder of the table in the .npy file `rows_npy` (float32 [n, dim]),
+    saved by `ranks` processes (torch.multiprocessing spawn, gloo on loopback), the table
+    a DTensor sharded `sharding` ("row-wise": Shard(0), "column-wise": Shard(1)) with each
+    rank holding its shard alone; fsynced."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    if sharding not in _SHARD_DIM:
+        raise ValueError(f"sharding must be one of {', '.join(_SHARD_DIM)}, got {sharding!r}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_save_dcp_rank, args=(ranks, folder, rows_npy, _SHARD_DIM[sharding], port),
+             nprocs=ranks)
+    for name in os.listdir(folder):
+        _fsync(os.path.join(folder, name))
+
+
+_SHARD_DIM = {"row-wise": 0, "column-wise": 1}
+
+
+def _save_dcp_rank(rank: int, world: int, folder: str, rows_npy: str, dim: int,
+                   port: int) -> None:
+    """One rank of write_dcp: its shard of the table (torch's own split: even shards, the
+    last ones smaller), saved with dcp.save."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.tensor import DTensor, Shard, init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        table = np.load(rows_npy, mmap_mode="r")
+        size = table.shape[dim]
+        step = -(-size // world)
+        first, last = min(rank * step, size), min((rank + 1) * step, size)
+        shard = table[first:last] if dim == 0 else table[:, first:last]
+        local = torch.from_numpy(np.array(shard))  # the rank's own copy (writable)
+        weight = DTensor.from_local(local, mesh, [Shard(dim)], run_check=False,
+                                    shape=torch.Size(table.shape),
+                                    stride=(table.shape[1], 1))
+        dcp.save({TORCH_TENSOR: weight}, checkpoint_id=folder)
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

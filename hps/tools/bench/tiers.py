@@ -8,6 +8,8 @@
 - `bench_public_lookup`: `HPS.lookup` on the embedded default (hash map over RocksDB, a
   model loaded from files) at 1, 256 and 16,384 keys vs `searchsorted` + `take` of the
   same keys, and the keys/s of two threads calling it over one thread's.
+- `bench_key_sketch`: `HPS.lookup` with the hot- and missing-key sketches vs the same
+  table with them off, at 1, 256 and 2,000 keys.
 
 Each returns a dict of figures: keys/s of ours and of the baseline, their ratio, and the
 peak RSS of the process. Timings are medians of `repeats` runs after `warmup` runs; ours
@@ -49,22 +51,25 @@ def current_rss_bytes() -> int | None:
 
 
 def _interleaved_medians(
-    fns: dict[str, Callable[[int], object]], repeats: int, warmup: int
+    fns: dict[str, Callable[[int], object]], repeats: int, warmup: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
     """Median seconds of each function, run in turns on the same inputs.
 
     Turn i runs every function on input i, starting with a different one each turn, so
     drifting machine load and the caches warmed by whoever ran first hit all alike.
+    `clock` may be `time.thread_time` for work done on the calling thread alone: the time
+    other processes take the core from it is then not counted.
     """
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(warmup + repeats):
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
+            start = clock()
             fns[name](i)
             if i >= warmup:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(clock() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -410,6 +415,98 @@ def format_public_lookup(result: dict[str, Any]) -> str:
         f"two threads / one, {result['thread_batch']:,} keys per call: HPS.lookup "
         f"{result['two_threads_over_one']:.2f}×, searchsorted+take "
         f"{result['baseline_two_threads_over_one']:.2f}×")
+    return "\n".join(lines)
+
+
+def bench_key_sketch(
+    num_keys: int = 1_000_000, dim: int = 64, batches: tuple[int, ...] = (1, 256, 2000),
+    repeats: int = 2000, block: int = 64, path: str | None = None,
+) -> dict[str, Any]:
+    """What the hot- and missing-key sketches cost a lookup: `HPS.lookup` of one table
+    with the default `hot_key_sampling`, in turns with the same lookups with the sampling
+    switched off through the lookup path's own switch (`LoadedTable.hot_mask`, what
+    `hot_key_sampling: 0` sets), on uniform keys (all hits; the sketch's worst case:
+    almost every key it is fed is new to it). One table for both sides, so its memory
+    layout is no difference between them. A sampled lookup pays for the others, so each
+    timing is a block of `block` lookups (a multiple of the sampling), the median of
+    blocks per side, in CPU time of the calling thread; per batch size: µs per lookup of
+    each and the overhead (with / without - 1)."""
+    from hps.server.key_sketch import HOT_EVERY
+
+    work = tempfile.mkdtemp(prefix="hps-bench-sketch-", dir=path)
+    rows: list[dict[str, Any]] = []
+    try:
+        hps, keys, _ = _public_model(work, num_keys, dim)
+        try:
+            table = hps.server.model("bench").tables[0]
+            sampled_mask = table.hot_mask
+            for batch in batches:
+                count = max(50, min(repeats, repeats * 256 // max(batch, 1)) // 10)
+                queries = _query_batches(keys, batch, block, seed=batch + 1)
+
+                def sampled(i: int, q: list[np.ndarray] = queries) -> None:
+                    table.hot_mask = sampled_mask
+                    for j in range(block):
+                        hps.lookup(q[j], "bench", 0)
+
+                def unsampled(i: int, q: list[np.ndarray] = queries) -> None:
+                    table.hot_mask = -1
+                    for j in range(block):
+                        hps.lookup(q[j], "bench", 0)
+
+                # a hit is served on this thread alone (the hash map's compiled fetch):
+                # its CPU time leaves out what other processes take of the core
+                medians = _interleaved_medians({"with": sampled, "without": unsampled},
+                                               count, 3, clock=time.thread_time)
+                table.hot_mask = sampled_mask
+                fed, plain = _sampled_call_medians(hps, table, queries, count)
+                rows.append({"batch": batch, "with_us": medians["with"] / block * 1e6,
+                             "without_us": medians["without"] / block * 1e6,
+                             "overhead": medians["with"] / medians["without"] - 1.0,
+                             "fed_call_us": fed * 1e6, "plain_call_us": plain * 1e6,
+                             "overhead_from_calls": (fed - plain) / HOT_EVERY / plain})
+        finally:
+            hps.close()
+        return {"num_keys": num_keys, "dim": dim, "every": HOT_EVERY, "block": block,
+                "latency": rows}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _sampled_call_medians(hps: Any, table: Any, queries: list[np.ndarray], rounds: int
+                          ) -> tuple[float, float]:
+    """Median seconds of the lookups that fed the hot sketch and of the others, timed one
+    by one in the same run (a lookup feeds it when its number, `TableStats.lookups` after
+    it, has none of `table.hot_mask`'s bits set)."""
+    fed: list[float] = []
+    plain: list[float] = []
+    for _ in range(rounds):
+        for q in queries:
+            number = table.stats.lookups + 1
+            start = time.perf_counter()
+            hps.lookup(q, "bench", 0)
+            took = time.perf_counter() - start
+            (plain if number & table.hot_mask else fed).append(took)
+    return statistics.median(fed), statistics.median(plain)
+
+
+def format_key_sketch(result: dict[str, Any]) -> str:
+    """The figures of `bench_key_sketch` as a plain-text table."""
+    lines = [
+        f"the key sketches' cost: HPS.lookup, sampling 1 in {result['every']} vs off, "
+        f"{result['num_keys']:,} keys,",
+        f"width {result['dim']} (medians: of {result['block']}-lookup blocks in thread CPU "
+        "time, and of single calls)",
+        f"{'keys':>8}  {'with µs':>8}  {'without µs':>10}  {'ratio':>6}  {'fed µs':>8}  "
+        f"{'other µs':>8}  {'added':>6}",
+    ]
+    for row in result["latency"]:
+        lines.append(f"{row['batch']:>8,}  {row['with_us']:>8,.2f}  "
+                     f"{row['without_us']:>10,.2f}  {row['overhead'] + 1:>5.3f}×  "
+                     f"{row['fed_call_us']:>8,.2f}  {row['plain_call_us']:>8,.2f}  "
+                     f"{row['overhead_from_calls']:>+6.2%}")
+    lines += ["ratio: with / without, blocks of lookups in turns; added: (a lookup that fed",
+              f"the sketch - another) / {result['every']} / another, timed one by one"]
     return "\n".join(lines)
 
 

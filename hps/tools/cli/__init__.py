@@ -10,6 +10,8 @@ command lives in the module of its job:
 - publish.py: `hps publish` (rows as online updates)
 - files.py: `hps inspect`, `hps convert` (a table's files, any format); sizing.py: the
   memory a table would take, which inspect prints
+- validate.py: `hps validate` (the load gate's checks on a table's files, offline)
+- plan.py: `hps plan` (the memory a table needs in every tier, its GPU cache's hit rate)
 - bench.py: `hps bench …` (the benchmarks, each beside its baseline); key_counts.py: the
   one reading of their key counts (100k, 1M, 2_000_000)
 - models.py: `hps models list|add|reload|remove` (the models of a running server)
@@ -31,12 +33,14 @@ from hps.tools.cli.files import convert, inspect
 from hps.tools.cli.from_torch import from_torch
 from hps.tools.cli.local import load, lookup
 from hps.tools.cli.models import models_app
+from hps.tools.cli.plan import plan
 from hps.tools.cli.publish import publish
 from hps.tools.cli.serve import serve
+from hps.tools.cli.validate import validate
 
 __all__ = ["app", "main"]
 
-for command in (demo, serve, load, lookup, publish, inspect, convert):
+for command in (demo, serve, load, lookup, publish, inspect, convert, plan, validate):
     # a dash followed by digits is a negative key to lookup (`hps lookup ps.json -m m -3`),
     # not an option it does not know
     app.command(context_settings={"ignore_unknown_options": command is lookup})(command)

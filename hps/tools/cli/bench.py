@@ -94,7 +94,8 @@ def bench_load_cmd(
     formats: list[str] = typer.Option(
         [], "--format",
         help="Compare these formats' load rate with the sparse folder's (repeat the option: "
-             "parquet, numpy, safetensors). Without it: the scale curve."),
+             "parquet, numpy, safetensors, torch, dcp; torch and dcp also with "
+             "safetensors'). Without it: the scale curve."),
     keys: str = typer.Option("250k,1M", parser=counts_option,
                              help="Table sizes, comma-separated (250k,1M,10M)."),
     dim: int = _DIM,
@@ -115,7 +116,8 @@ def bench_load_cmd(
     _expect_memory("load", max(sizes), dim)
     if not formats:
         console.print(f"sparse folders of {', '.join(f'{n:,}' for n in sizes)} random keys, "
-                      f"width {dim}; each loaded {rounds}× by HPS(config) into the hash map over RocksDB, in a fresh "
+                      f"width {dim}; each loaded {rounds}× by HPS(config) into the hash map "
+                      "over RocksDB, in a fresh "
                       f"process (RSS measured there); {usable_cores()} CPUs …")
         _print_flushed(SCALE_HEADER)
         try:
@@ -185,12 +187,18 @@ def bench_tiers_cmd(
     rounds: int = typer.Option(5, help="Rounds of the thread scaling (median)."),
 ) -> None:
     """The public call: HPS.lookup on the embedded default (hash map over RocksDB) vs NumPy
-    searchsorted + take at each batch size, and two threads' keys/s over one thread's.
+    searchsorted + take at each batch size, and two threads' keys/s over one thread's;
+    then what the hot- and missing-key sketches cost it at 1, 256 and 2,000 keys.
 
     The tiers' own calls, without the public call around them: tier-fetch.
     """
     sizes: tuple[int, ...] = tuple(batches)  # counts_option reads the text
-    from hps.tools.bench.tiers import bench_public_lookup, format_public_lookup
+    from hps.tools.bench.tiers import (
+        bench_key_sketch,
+        bench_public_lookup,
+        format_key_sketch,
+        format_public_lookup,
+    )
 
     _expect_memory("tiers", keys, dim)
 
@@ -199,6 +207,33 @@ def bench_tiers_cmd(
     result = bench_public_lookup(keys, dim, sizes, repeats=repeats,
                                  thread_batch=thread_batch, rounds=rounds)
     console.print(format_public_lookup(result), markup=False, highlight=False)
+    console.print("the same table and lookups with the hot-key sampling on and off …")
+    console.print(format_key_sketch(bench_key_sketch(keys, dim, repeats=repeats)),
+                  markup=False, highlight=False)
+
+
+@bench_app.command("warm-start")
+def bench_warm_start_cmd(
+    keys: int = _TABLE_KEYS,
+    dim: int = _DIM,
+    batch: int = typer.Option(256, parser=count_option, help="Keys per lookup."),
+    lookups: int = typer.Option(2000, parser=count_option,
+                                help="Lookups the peer answers before its hot set is read."),
+    first: int = typer.Option(100, help="Lookups measured on each server."),
+    gpu: bool = typer.Option(False, "--gpu", help="With a GPU cache on device 0 (not "
+                                                  "warmed from the files); GPU hit rates."),
+) -> None:
+    """A replica's first lookups, cold and warmed from a peer's hot set (warm_from),
+    beside the peer's warm p50 and p99: HPS.lookup of Zipf keys (docs/operating.md)."""
+    from hps.tools.bench.warm_start import bench_warm_start, format_warm_start
+
+    _expect_memory("tiers", keys, dim)
+    console.print(f"a peer and two replicas of a table of {keys:,} keys, width {dim} …")
+    try:
+        result = bench_warm_start(keys, dim, batch, lookups, first, gpu=gpu)
+    except HPSError as exc:
+        fail(exc)
+    console.print(format_warm_start(result), markup=False, highlight=False)
 
 
 @bench_app.command("updates")
@@ -236,7 +271,6 @@ def bench_redis_cmd(
 ) -> None:
     """Redis tier fetch vs a raw redis-py pipelined HMGET over prepared byte keys."""
     from hps.tools.bench.redis import bench_redis, bench_redis_both
-
     from hps.tools.bench.redis_servers import RedisBinaryMissing
 
     _expect_memory("redis", keys, dim)
@@ -262,9 +296,12 @@ def bench_gpu_cmd(
         "lookup_fromdlpack/lookup latency beside torch.index_select; hugectr: HugeCTR's "
         "hps_profiler workload; misses: 1M-key miss batches; uvm: the uvm cache type beside "
         "dynamic (equal GPU memory) and static, 20M keys dim 64; devices: every GPU driven "
-        "by a thread each beside one; storage: each embedding_storage_dtype beside float32, "
+        "by a thread each beside one; sharded: a table split row-wise into shards beside it "
+        "whole; storage: each embedding_storage_dtype beside float32, "
         "1M keys dim 128, with memory; torch: hps.torch.LookupLayer over lookup_fromdlpack, "
         "2,000 keys. Repeatable."),
+    updates: int = typer.Option(0, parser=count_option, help="hugectr profile: rows a second "
+                                "of an update stream (Redis Streams) applied meanwhile."),
 ) -> None:
     """GPU cache benchmarks, each beside its baseline measured in the same run."""
     from hps.gpu.table import cuda_available
@@ -282,7 +319,8 @@ def bench_gpu_cmd(
             rows += bench_gpu(tuple(int(d) for d in dims.split(",")), slots, batch, False,
                               device, repeats)
         else:
-            rows += bench_profile(name, device)
+            rows += bench_profile(name, device,
+                                  **({"updates": updates} if name == "hugectr" else {}))
     console.print(format_rows(rows), markup=False, highlight=False)
     summary = targets(rows)
     if summary:
@@ -330,10 +368,29 @@ def bench_http_cmd(
     pin: bool = typer.Option(True, "--pin/--no-pin",
                              help="Servers on one half of the CPUs, clients on the other."),
     plot: Optional[Path] = _PLOT,
+    overload: bool = typer.Option(
+        False, "--overload", help="Instead: 1 to --clients client processes (default 64 "
+        "here) against `hps serve` and its admission queue; served req/s beside the peak, "
+        "p99, shed (503) and expired (504) requests."),
+    workers: Optional[int] = typer.Option(
+        None, min=1, help="Instead: `hps serve` with 1 and with this many workers beside "
+        "the bare uvicorn floor with as many, driven by --client-processes; RSS and PSS "
+        "of the workers (docs/workers.md)."),
+    client_processes: str = typer.Option(
+        "1,4,16", parser=counts_option, help="With --workers: client processes (one "
+        "connection each); a comma list runs each."),
 ) -> None:
     """HTTP lookups (v1, v2) beside direct Redis HMGET and a bare uvicorn floor."""
-    from hps.tools.bench.http import bench_http
+    if overload:
+        _overload(clients if clients != 8 else 64, seconds)
+        return
+    if workers is not None:
+        from hps.tools.bench.http_workers import print_workers
 
+        print_workers(keys, dim, batch, workers, client_processes, seconds,  # type: ignore[arg-type]
+                      _print_bench)
+        return
+    from hps.tools.bench.http import bench_http
     from hps.tools.bench.redis_servers import RedisBinaryMissing, redis_binary
 
     batches: list[int] = batch  # type: ignore[assignment]  # counts_option reads the text
@@ -376,6 +433,24 @@ def bench_http_cmd(
 
         plot_http(results, plot)
         console.print(f"plot written to {plot}", highlight=False)
+
+
+def _overload(clients: int, seconds: float) -> None:
+    from hps.tools.bench.overload import bench_overload
+
+    levels = tuple(n for n in (1, 2, 4, 8, 16) if n < clients) + (clients,)
+    console.print(f"client processes {', '.join(map(str, levels))}, {seconds:g} s each …")
+    result = bench_overload(levels=levels, seconds=seconds)
+    _print_bench([{"name": f"{r['clients']} clients", "served/s": r["served_per_s"],
+                   "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"], "shed 503": r["shed"],
+                   "expired 504": r["expired"], "other": r["other"]} for r in result["rows"]],
+                 title=f"overload: {result['batch']} keys per request, deadline "
+                       f"{result['deadline_ms']} ms")
+    s = result["summary"]
+    console.print(f"{s['clients']} clients: {s['served_per_s']:,.0f} served/s = "
+                  f"{s['vs_peak']:.2f}× the peak ({s['peak_per_s']:,.0f}/s at "
+                  f"{s['peak_clients']} clients); p99 {s['p99_ms']:.2f} ms; shed {s['shed']}, "
+                  f"expired {s['expired']}", highlight=False, soft_wrap=True)
 
 
 def _by_protocol(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:

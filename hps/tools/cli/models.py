@@ -1,5 +1,5 @@
-"""`hps models list|add|reload|remove`: the models of a running server, through its admin
-routes.
+"""`hps models list|add|reload|remove|keys|prefetch`: the models of a running server,
+through its routes (`keys`: a table's hot or missing keys; `prefetch`: a warm-up).
 
 Also `print_models`, the table of loaded models that `hps load` prints too: one row per
 table, the keys each tier holds, the sources listed below it (whole paths, 80 columns).
@@ -19,7 +19,8 @@ from hps.tools.cli.app import HELP_OPTIONS, console, fail
 
 models_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                          context_settings=HELP_OPTIONS, no_args_is_help=True,
-                         help="Models of a running server: list, add, reload, remove.")
+                         help="Models of a running server: list, add, reload, remove; "
+                              "their hot and missing keys; prefetch.")
 
 #: where the running server is, and its token: the options of every models command
 _URL = typer.Option(DEFAULT_URL, "--url", envvar="HPS_URL", show_envvar=True,
@@ -111,6 +112,80 @@ def models_remove(name: str = typer.Argument(..., help="The model to remove."),
     except HPSError as exc:
         fail(exc)
     console.print(f"removed model {name}", highlight=False)
+
+
+@models_app.command("keys")
+def models_keys(
+    model: str = typer.Argument(..., help="The model."),
+    table: str = typer.Argument(..., help="The table (name or index)."),
+    kind: str = typer.Option("hot", help="hot (looked-up keys) or missing (found in no "
+                                         "tier)."),
+    top: int = typer.Option(20, help="How many keys."),
+    url: str = _URL, token: Optional[str] = _TOKEN,
+) -> None:
+    """A table's hot or missing keys on a running server, heaviest first, with their
+    estimated counts (docs/operating.md)."""
+    from urllib.parse import quote, urlencode
+
+    from hps.tools.admin_client import call
+
+    path = (f"/v1/models/{quote(model, safe='')}/tables/{quote(table, safe='')}/keys?"
+            + urlencode({"kind": kind, "top": top}))
+    try:
+        answer = call(url, "GET", path, token)
+    except HPSError as exc:
+        fail(exc)
+    shown = Table(title=f"{kind} keys of {answer['model']} / {answer['table']}",
+                  caption=f"counted: {answer['total']:,} ({answer['sampling']}; "
+                          f"{answer['source']}); each count within -{answer['error']:,}")
+    shown.add_column("key", justify="right")
+    shown.add_column("count", justify="right")
+    shown.add_column("share", justify="right")
+    for entry in answer["keys"]:
+        share = entry["count"] / answer["total"] if answer["total"] else 0.0
+        shown.add_row(str(entry["key"]), f"{entry['count']:,}", f"{share:.2%}")
+    console.print(shown)
+
+
+@models_app.command("prefetch")
+def models_prefetch(
+    model: str = typer.Argument(..., help="The model."),
+    table: Optional[str] = typer.Option(None, help="One table (default: every table, with "
+                                                   "--hot-set)."),
+    keys_file: Optional[Path] = typer.Option(
+        None, help="A file of little-endian int64 keys (a hot-set export); needs --table."),
+    url: str = _URL, token: Optional[str] = _TOKEN,
+) -> None:
+    """Warm a running server's volatile tier and GPU caches: with the keys of a file, or
+    (without --keys-file) with the server's own hot keys. Prints the jobs started."""
+    from urllib.parse import quote
+
+    import numpy as np
+
+    from hps.errors import ConfigError
+    from hps.tools.admin_client import call
+
+    body: dict[str, Any] = {"from": "hot-set"}
+    try:
+        if keys_file is not None:
+            if table is None:
+                raise ConfigError("--keys-file needs --table: the table the keys belong to")
+            data = keys_file.read_bytes()
+            if len(data) % 8:
+                raise ConfigError(f"{keys_file}: {len(data)} bytes is not a whole number of "
+                                  "int64 keys")
+            body = {"keys": np.frombuffer(data, "<i8").tolist()}
+        if table is not None:
+            body["table"] = table
+        answer = call(url, "POST", f"/v1/models/{quote(model, safe='')}/prefetch", token,
+                      body)
+    except OSError as exc:
+        fail(ConfigError(f"cannot read {keys_file}: {exc.strerror or exc}"))
+    except HPSError as exc:
+        fail(exc)
+    for job in answer["jobs"]:
+        console.print(f"{job['model']} / {job['table']}: job {job['job']}, {job['keys']:,} "
+                      f"keys, {job['status']}", highlight=False)
 
 
 #: what users call the tiers (tier.name is the config's spelling)

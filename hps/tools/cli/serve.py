@@ -41,6 +41,10 @@ def serve(
     grpc_port: Optional[int] = typer.Option(
         None, min=0, max=65535, help="Also serve KServe v2 over gRPC (tritonclient.grpc) "
         "on this port (Triton's is 8001). Default: the config's http.grpc_port; none."),
+    workers: Optional[str] = typer.Option(
+        None, help="Worker processes answering on the port, over one table in shared "
+        "memory (docs/workers.md); \"auto\": one per usable core. Default: the config's "
+        "http.workers; 1."),
 ) -> None:
     """Serve lookups over HTTP (/v1 and KServe v2), metrics, health.
 
@@ -52,13 +56,13 @@ def serve(
     serve_config(config, host=host, port=port, token=token or None,
                  max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
                  access_log=access_log, allow_roots=allow_root or None,
-                 grpc_port=grpc_port)
+                 grpc_port=grpc_port, workers=workers)
 
 
 def serve_config(config: Path, *, host: str, port: int, token: str | None,
                  max_body_bytes: int, access_log: bool, lookup_threads: int | None = None,
                  allow_roots: list[str] | None = None,
-                 grpc_port: int | None = None) -> None:
+                 grpc_port: int | None = None, workers: str | None = None) -> None:
     """Serve `config` until Ctrl-C; errors as one line (see the module's docstring)."""
     try:
         from hps.http import serve as run_server
@@ -66,7 +70,8 @@ def serve_config(config: Path, *, host: str, port: int, token: str | None,
         run_server(str(config), host=host, port=port, token=token,
                    max_body_bytes=max_body_bytes, access_log=access_log,
                    lookup_threads=lookup_threads,
-                   echo=_echo_plain, allow_roots=allow_roots, grpc_port=grpc_port)
+                   echo=_echo_plain, allow_roots=allow_roots, grpc_port=grpc_port,
+                   workers=workers)
     except BindError as exc:  # one line, exit 1, before anything says "serving"
         fail(exc, code=1)
     except HPSError as exc:

@@ -17,7 +17,12 @@ import pytest
 from hps.errors import ModelFileError
 from hps.modelfiles.formats import ModelReader, ReadOptions, open_model, parquet_pages
 from hps.modelfiles.formats.parquet import ParquetReader
-from hps.modelfiles.formats.parquet_levels import all_equal, decode_ids, row_start_bytes, rows_of_dim
+from hps.modelfiles.formats.parquet_levels import (
+    all_equal,
+    decode_ids,
+    row_start_bytes,
+    rows_of_dim,
+)
 from hps.modelfiles.formats.parquet_thrift import HeaderError, read_struct
 from hps.modelfiles.source import SourceOptions
 from tests.modelfiles.conftest import S3Server

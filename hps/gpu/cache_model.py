@@ -1,12 +1,15 @@
-"""A pure NumPy model of the dynamic GPU embedding cache (hps/gpu/dynamic_cache.py).
+"""A pure NumPy model of the dynamic GPU embedding cache (dynamic_cache.py): what the GPU
+cache would hold after any sequence of operations, told without a GPU.
 
 Same sets (MurmurHash3's finalizer scaled to the set count), same associativity, same
 least-recently-used eviction, same tick bookkeeping, so after any sequence of operations
 applied to both, the model's slots hold exactly the keys, stamps and rows the GPU cache
-holds, way for way. tests/gpu/test_cache.py and test_lookup.py compare the two on random
-operation sequences; tests/gpu/test_reference.py holds this model to a naive per-key one.
+holds, way for way. Two users: `hps plan` replays a key log through it to tell the hit
+rate a cache size would have (hps/tools/plan/hit_rates.py), and the GPU tests compare the
+CUDA cache with it on random operation sequences (tests/gpu/test_cache.py,
+test_lookup.py; tests/gpu/test_reference.py holds it to a naive per-key model).
 
-Semantics modelled (see hps/gpu/dynamic_cache.py):
+Semantics modelled (see dynamic_cache.py):
 - every non-empty `query` and `insert` call takes the next tick; a hit stamps its slot
   with tick << RANK_BITS (with lru_sample_shift s > 0: only hits whose
   murmur3_fmix64(key ^ (tick << RANK_BITS)) has its low s bits zero), an insert with
@@ -18,7 +21,9 @@ Semantics modelled (see hps/gpu/dynamic_cache.py):
 - the key EMPTY_KEY lives in one special slot outside the sets, never evicted.
 
 Vectorized over keys: an insert runs in rounds, round r inserting the r-th key of every
-set at once.
+set at once. Pure NumPy: importing it imports no CuPy. Memory: the slots' keys and stamps
+(16 bytes a slot) and rows (4 × dim bytes a slot; a model that only counts hits uses
+dim 1).
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from hps.gpu.dynamic_cache import EMPTY_KEY, RANK_BITS, SET_SIZE, murmur3_fmix64
 
 __all__ = ["ReferenceCache", "murmur3_fmix64", "set_of"]
 
+
 class ReferenceCache:
-    """The NumPy twin of EmbeddingCache(capacity_slots, dim)."""
+    """The NumPy twin of EmbeddingCache(capacity_slots, dim, lru_sample_shift=...)."""
 
     def __init__(self, capacity_slots: int, dim: int, lru_sample_shift: int = 0) -> None:
         self.lru_sample_shift = int(lru_sample_shift)

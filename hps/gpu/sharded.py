@@ -1,0 +1,401 @@
+"""One table's GPU cache split row-wise into shards by key hash (`gpu_sharding: row_wise`).
+
+A replicated table (the default, HugeCTR's design) keeps a whole cache on every deployed
+device, so no table can be cached beyond one device's memory. Sharded, the table's keys
+are divided among `gpu_shards` caches (default: one per deployed device), shard s on
+device `deployed_device_list[s % devices]`, so the devices together cache up to
+N × one device's rows. Each shard is an ordinary GpuEmbeddingTable (hps/gpu/table.py) of
+its share of the keys, so its queries, misses, inserts and refresh are the ones tested
+for every table.
+
+    shard of key = (low 32 bits of murmur3_fmix64(key)) × shards >> 32
+
+The caches' sets take the high 32 bits of the same hash (hps/gpu/dynamic_cache.py
+`set_of`), so a shard's keys still spread over all of its sets.
+
+A lookup with keys on device k (`ShardedTable.view(k)`, what the server keeps per
+device), on the caller's stream: one kernel appends each key and its position to its
+shard's run, each shard looks up its run into a rows buffer (a shard on another device
+gets its run by a peer copy and sends its rows back, ordered with events both ways), and
+one scatter puts every row at its position in the caller's output. The run sizes are the
+one extra host wait. Misses go to the host tiers from the shard that owns the key, so
+each missed key is fetched once. Inserts, updates, the warm-up and the refresh are split
+on the host by the same hash (NumPy).
+
+With one device and `gpu_shards` > 1 every shard lives on that device: the routing, the
+per-shard misses and updates run (and are tested against the NumPy model) on a machine
+with one GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hps.gpu import kernels
+from hps.gpu.device_arrays import lookup_refs
+from hps.gpu.dynamic_cache import murmur3_fmix64
+from hps.gpu.host_memory import pinned_empty
+from hps.gpu.staging import device_view, external_stream
+from hps.intake.keys import is_wide
+from hps.rows.gpu_layout import OUT_FLOAT32, OUTPUT_CUPY_DTYPE
+
+if TYPE_CHECKING:
+    from hps.config import ModelConfig
+    from hps.gpu.table import GpuEmbeddingTable
+
+_LOW32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+
+# One pass over the batch: each key's shard, and the key and its position appended to its
+# shard's run (order within a run is the atomics' order: a run is a set of keys). The
+# lanes of a warp that share a shard take their slots with one atomic (a 1M-key batch
+# on 2 shards spent ~1 ms in per-key atomics on two counters).
+_KERNELS = r"""
+extern "C" __global__ void partition_by_shard(
+    const long long* keys, long long n, unsigned long long num_shards,
+    unsigned int* counts, long long* runs, long long* positions) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  bool live = i < n;
+  unsigned long long s = ~0ULL;
+  long long key = 0;
+  if (live) {
+    key = keys[i];
+    unsigned long long k = (unsigned long long)key;
+    k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    s = ((k & 0xffffffffULL) * num_shards) >> 32;
+  }
+  unsigned int active = __ballot_sync(0xffffffffu, live);
+  if (!live) return;
+  unsigned int group = __match_any_sync(active, s);
+  unsigned int lane = threadIdx.x & 31u;
+  unsigned int leader = __ffs(group) - 1;
+  unsigned int base = 0;
+  if (lane == leader) base = atomicAdd(&counts[s], (unsigned int)__popc(group));
+  base = __shfl_sync(group, base, leader);
+  unsigned long long j = base + __popc(group & ((1u << lane) - 1u));
+  runs[s * n + j] = key;
+  positions[s * n + j] = i;
+}
+
+// Row r of the packed rows (the shards' runs one after another) to its position in the
+// caller's output; rows move as `words` 32-bit or 16-bit words.
+template <typename W>
+__device__ void scatter(const W* rows, const long long* positions, const unsigned int* counts,
+                        long long n, int num_shards, long long words, W* out) {
+  long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  long long r = t / words;
+  if (r >= n) return;
+  long long w = t - r * words;
+  long long start = 0;
+  int s = 0;
+  for (; s < num_shards; ++s) {
+    long long c = counts[s];
+    if (r < start + c) break;
+    start += c;
+  }
+  long long pos = positions[(long long)s * n + (r - start)];
+  out[pos * words + w] = rows[r * words + w];
+}
+
+extern "C" __global__ void scatter_words32(const unsigned int* rows, const long long* positions,
+    const unsigned int* counts, long long n, int num_shards, long long words,
+    unsigned int* out) {
+  scatter(rows, positions, counts, n, num_shards, words, out);
+}
+
+extern "C" __global__ void scatter_words16(const unsigned short* rows,
+    const long long* positions, const unsigned int* counts, long long n, int num_shards,
+    long long words, unsigned short* out) {
+  scatter(rows, positions, counts, n, num_shards, words, out);
+}
+"""
+
+
+def shard_of(keys: np.ndarray, num_shards: int) -> np.ndarray:
+    """The shard (int64) of each host int64 key among `num_shards`; the kernel's twin."""
+    low = murmur3_fmix64(keys) & _LOW32
+    return ((low * np.uint64(num_shards)) >> _S32).astype(np.int64)
+
+
+def shard_keys(num_keys: int, num_shards: int) -> int:
+    """Keys one shard is sized for: its even share plus the hash's spread (about six
+    standard deviations of a binomial share), so a whole-table shard never overflows."""
+    share = num_keys / num_shards
+    return max(1, math.ceil(share + 6.0 * math.sqrt(share) + 16))
+
+
+def split_by_shard(keys: np.ndarray, num_shards: int) -> list[np.ndarray]:
+    """Positions of `keys` of each shard, in their order (one stable sort, no loop per key)."""
+    shards = shard_of(keys, num_shards)
+    order = np.argsort(shards, kind="stable")
+    bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
+    return [order[bounds[s]:bounds[s + 1]] for s in range(num_shards)]
+
+
+class ShardedTable:
+    """The shards of one table, and what writes go through (routed by key hash)."""
+
+    def __init__(self, model: ModelConfig, table_id: int, num_keys: int,
+                 fetch_host: Callable[[np.ndarray], np.ndarray],
+                 fetch_into: Callable[[np.ndarray, np.ndarray], None] | None = None,
+                 table_type: type[GpuEmbeddingTable] | None = None) -> None:
+        if table_type is None:
+            from hps.gpu.table import GpuEmbeddingTable as table_type
+        devices = list(model.deployed_device_list)
+        self.num_shards = int(model.gpu_shards or len(devices))
+        self.devices = devices
+        self.shards: list[GpuEmbeddingTable] = []
+        try:
+            for s in range(self.num_shards):
+                self.shards.append(table_type(
+                    model, table_id, shard_keys(num_keys, self.num_shards),
+                    devices[s % len(devices)], fetch_host=fetch_host, fetch_into=fetch_into))
+        except BaseException:
+            self.close()
+            raise
+        first = self.shards[0]
+        self.dim = first.dim
+        self.storage = first.storage
+        self.mode = first.mode
+        self.capacity = sum(int(s.capacity) for s in self.shards)
+        self._views = {d: ShardedView(self, d) for d in devices}
+
+    def view(self, device: int) -> ShardedView:
+        """What serves lookups whose keys and output are on `device`."""
+        return self._views[device]
+
+    def warm_up(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
+        """Each chunk's rows go to their shards' warm-ups, in file order, until each shard
+        holds what it promises (hps/gpu/fill.py)."""
+        inserted = [0] * self.num_shards
+        for keys, vectors in chunks:
+            for s, where in enumerate(split_by_shard(keys, self.num_shards)):
+                shard = self.shards[s]
+                room = int(shard.capacity) - inserted[s] if shard.mode == "dynamic" else None
+                if where.size == 0 or room is not None and room <= 0:
+                    continue
+                where = where if room is None else where[:room]
+                inserted[s] += shard.warm_up([(keys[where], vectors[where])])
+        return sum(inserted)
+
+    def refresh(self) -> int:
+        return sum(int(s.refresh()) for s in self.shards)
+
+    def update(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        return sum(int(self.shards[s].update(keys[w], vectors[w]))
+                   for s, w in self._routed(keys))
+
+    def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        for s, where in self._routed(keys):
+            self.shards[s].insert(keys[where], vectors[where])
+
+    def _routed(self, keys: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        for s, where in enumerate(split_by_shard(keys, self.num_shards)):
+            if where.size:
+                yield s, where
+
+    def stats(self) -> dict[str, Any]:
+        """The shards' counters summed, their sizes and devices, and each shard's stats."""
+        parts = [s.stats() for s in self.shards]
+        total: dict[str, Any] = {
+            "mode": self.mode, "sharding": "row_wise", "shards": self.num_shards,
+            "storage_dtype": parts[0]["storage_dtype"], "dim": self.dim,
+            "capacity": self.capacity}
+        for key in ("size", "slots", "memory_bytes", "lookups", "keys", "hits", "misses",
+                    "sync_fetches", "async_inserts", "dropped_inserts", "refreshed",
+                    "background_errors"):
+            total[key] = sum(int(p.get(key) or 0) for p in parts)
+        looked = total["hits"] + total["misses"]
+        total["hit_rate"] = total["hits"] / looked if looked else None
+        total["per_shard"] = parts
+        return total
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
+
+class ShardedView:
+    """A sharded table as seen from one deployed device: the lookup entries of
+    GpuEmbeddingTable (lookup, lookup_contiguous) for keys and outputs on that device.
+    Writes, warm-up, refresh and stats go to the table once, whichever view is asked:
+    the server keeps one view per device, and applies writes through `owner`."""
+
+    def __init__(self, table: ShardedTable, device: int) -> None:
+        self.owner = table
+        self.device_id = device
+        self.dim = table.dim
+        self.storage = table.storage
+        self.mode = table.mode
+        self.capacity = table.capacity
+        self._cp = kernels.cupy_module()
+        self._rt = self._cp.cuda.runtime
+        self._kernel: Any = None
+        self._lock = threading.Lock()
+
+    # -- lookups --------------------------------------------------------------------------
+
+    def lookup(self, keys: Any, out: Any) -> None:
+        """GpuEmbeddingTable.lookup's contract, for the whole sharded table."""
+        kref, oref, out_type = lookup_refs(keys, out, self.dim, self.storage, self.device_id)
+        n = kref.size
+        dev = self.device_id
+        if n == 0:
+            return
+        cp = self._cp
+        with cp.cuda.Device(dev):
+            stream = kref.stream if kref.stream is not None else oref.stream
+            if stream is None:
+                stream = cp.cuda.get_current_stream().ptr
+            with external_stream(cp, stream):
+                if kref.device == dev and is_wide(kref):
+                    keys_dev = device_view(cp, kref.ptr, (n,), np.int64, kref.owner)
+                elif kref.on_host:
+                    keys_dev = cp.asarray(np.ascontiguousarray(kref.host_array(), np.int64))
+                else:
+                    keys_dev = kref.device_array().reshape(-1).astype(np.int64)
+                if oref.device == dev and oref.contiguous:
+                    self._lookup_device(keys_dev, n, oref.ptr, int(stream), out_type)
+                    return
+                rows = cp.empty((n, self.dim), OUTPUT_CUPY_DTYPE[out_type])
+                self._lookup_device(keys_dev, n, int(rows.data.ptr), int(stream), out_type)
+                if oref.on_host:
+                    host = rows.get()
+                    if oref.contiguous:  # any shape of n × dim values, bfloat16 too
+                        ctypes.memmove(oref.ptr, host.ctypes.data, host.nbytes)
+                    else:
+                        oref.host_array()[...] = host
+                else:
+                    cp.copyto(oref.device_array(), rows)
+
+    def host_output(self, n: int) -> np.ndarray:
+        """GpuEmbeddingTable.host_output's contract: a new host array for lookup()."""
+        return pinned_empty(self._cp, (n, self.dim), np.float32)
+
+    def lookup_contiguous(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
+                          out_type: int = OUT_FLOAT32) -> None:
+        """GpuEmbeddingTable.lookup_contiguous's contract, for the whole sharded table."""
+        cp = self._cp
+        with cp.cuda.Device(self.device_id), external_stream(cp, stream):
+            keys = device_view(cp, keys_ptr, (n,), np.int64, None)
+            self._lookup_device(keys, n, out_ptr, stream, out_type)
+
+    def _lookup_device(self, keys: Any, n: int, out_ptr: int, stream: int, out_type: int
+                       ) -> None:
+        """Keys (a CuPy int64 [n] array on this device) → rows at out_ptr, on `stream`
+        (current, with this device)."""
+        cp = self._cp
+        table = self.owner
+        num = table.num_shards
+        partition, scatter32, scatter16 = self._kernels()
+        counts = cp.zeros(num, np.uint32)
+        runs = cp.empty((num, n), np.int64)
+        positions = cp.empty((num, n), np.int64)
+        partition((-(-n // 256),), (256,),
+                  (keys, np.int64(n), np.uint64(num), counts, runs, positions))
+        sizes = counts.get().tolist()  # the one extra host wait
+        row_bytes = self.dim * OUTPUT_CUPY_DTYPE[out_type].itemsize
+        rows = cp.empty(n * row_bytes, np.uint8)
+        start = 0
+        for s, count in enumerate(sizes):
+            if not count:
+                continue
+            run_keys = int(runs.data.ptr) + s * n * 8
+            run_rows = int(rows.data.ptr) + start * row_bytes
+            shard = table.shards[s]
+            if shard.device_id == self.device_id:
+                shard.lookup_contiguous(run_keys, count, run_rows, stream, out_type)
+            else:
+                self._peer_lookup(shard, run_keys, count, run_rows, row_bytes, stream,
+                                  out_type)
+            start += count
+        wide = row_bytes % 4 == 0
+        words = row_bytes // (4 if wide else 2)
+        out = device_view(cp, out_ptr, (n * row_bytes,), np.uint8, None)
+        (scatter32 if wide else scatter16)((-(-n * words // 256),), (256,), (
+            rows, positions, counts, np.int64(n), np.int32(num), np.int64(words), out))
+
+    def _peer_lookup(self, shard: GpuEmbeddingTable, keys_ptr: int, n: int, rows_ptr: int,
+                     row_bytes: int, stream: int, out_type: int) -> None:
+        """A run of keys served by a shard on another device: the keys copied there after
+        the caller's stream has them, looked up on that device's stream, the rows copied
+        back, and the caller's stream made to wait for them. Needs peer access between
+        the two devices (enabled once per pair)."""
+        cp = self._cp
+        here, there = self.device_id, shard.device_id
+        ready = cp.cuda.Event(disable_timing=True)
+        ready.record(cp.cuda.ExternalStream(stream))
+        with cp.cuda.Device(there):
+            peer_stream = _peer_stream(cp, there)
+            peer_stream.wait_event(ready)
+            with peer_stream:
+                keys = cp.empty(n, np.int64)
+                rows = cp.empty(n * row_bytes, np.uint8)
+                self._rt.memcpyPeerAsync(int(keys.data.ptr), there, keys_ptr, here, n * 8,
+                                         peer_stream.ptr)
+                shard.lookup_contiguous(int(keys.data.ptr), n, int(rows.data.ptr),
+                                        peer_stream.ptr, out_type)
+                self._rt.memcpyPeerAsync(rows_ptr, here, int(rows.data.ptr), there,
+                                         n * row_bytes, peer_stream.ptr)
+                done = peer_stream.record()
+        cp.cuda.ExternalStream(stream).wait_event(done)
+
+    def _kernels(self) -> Any:
+        """(partition_by_shard, scatter_words32, scatter_words16), compiled once."""
+        if self._kernel is None:
+            with self._lock:
+                if self._kernel is None:
+                    module = self._cp.RawModule(code=_KERNELS, options=("--std=c++17",))
+                    self._kernel = tuple(module.get_function(name) for name in (
+                        "partition_by_shard", "scatter_words32", "scatter_words16"))
+        return self._kernel
+
+    # -- the table's writes and state, through its owner ---------------------------------
+
+    def warm_up(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
+        return self.owner.warm_up(chunks)
+
+    def refresh(self) -> int:
+        return self.owner.refresh()
+
+    def update(self, keys: np.ndarray, vectors: np.ndarray) -> int:
+        return self.owner.update(keys, vectors)
+
+    def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        self.owner.insert(keys, vectors)
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.owner.stats(), "device_id": self.device_id}
+
+    def close(self) -> None:
+        self.owner.close()
+
+
+_PEER_STREAMS: dict[tuple[int, int], Any] = {}
+_PEER_LOCK = threading.Lock()
+
+
+def _peer_stream(cp: Any, device: int) -> Any:
+    """This thread's non-blocking stream on `device` for peer shards' work; peer access
+    from every other device to it enabled the first time."""
+    key = (threading.get_ident(), device)
+    stream = _PEER_STREAMS.get(key)
+    if stream is None:
+        with _PEER_LOCK:
+            for other in range(cp.cuda.runtime.getDeviceCount()):
+                if other != device and cp.cuda.runtime.deviceCanAccessPeer(device, other):
+                    try:
+                        cp.cuda.runtime.deviceEnablePeerAccess(other)
+                    except cp.cuda.runtime.CUDARuntimeError:
+                        pass  # already enabled
+            stream = _PEER_STREAMS[key] = cp.cuda.Stream(non_blocking=True)
+    return stream

@@ -1,0 +1,227 @@
+"""`hps serve --workers N`: N worker processes answering on one port over one table in
+shared memory; `supervise` is the supervisor.
+
+The supervisor binds the port once (serve.py) and starts N worker processes
+(hps/http/workers_child.py: a fresh interpreter each, never a fork of a process with
+threads), which inherit the listening socket: the kernel hands each new connection to
+one of the workers waiting in accept. Worker 0 (the leader) loads the models into the
+shared tables (`multi_process_hash_map`, hps/tiers/hash_map/shared.py) and runs the
+online updates; the others map the tables it made; models added, reloaded or removed at
+runtime reach every worker through the op log (hps/http/workers_ops.py), and `/metrics`
+sums the workers (hps/http/workers_metrics.py).
+
+Everything the run shares lies in its run folder (hps/runtime/run_dir.py), named after
+the supervisor's PID: removed when the supervisor stops, and by the next start on the
+host when the whole server was killed (SIGKILL).
+
+A worker that dies is started again (RESTART_DELAY seconds later, longer while it keeps
+dying soon after its start; it maps the tables and replays the op log before it
+accepts). SIGTERM or SIGINT is passed to every worker, each
+drains as `hps serve` does (connections.py) and exits 0; the supervisor then removes the
+run folder and returns. A worker that cannot start at all (its error is in the run
+folder) stops the server with that error.
+
+What workers cannot serve yet is refused up front with a ConfigError: a volatile tier
+other than the hash map, a persistent tier (RocksDB takes one writing process), GPU
+caches on a machine with CUDA (the workers would need the one cache of each device
+shared through CUDA IPC; one cache per worker would multiply the device memory by N),
+and gRPC.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hps.config import PSConfig
+from hps.errors import ConfigError, HPSError
+from hps.http.workers_ops import (
+    FD_ENV,
+    SETUP_FAILED,
+    OpLog,
+    check_shareable,
+    initial_ops,
+    worker_config,
+)
+from hps.runtime.run_dir import RUN_DIR_ENV, create_run_dir, remove_run_dir
+
+log = logging.getLogger("hps.http.workers")
+
+#: seconds before a worker that died is started again; doubled for each death within
+#: STABLE seconds of its start (a worker that keeps crashing), up to RESTART_DELAY_MAX
+RESTART_DELAY = 0.5
+RESTART_DELAY_MAX = 10.0
+STABLE = 30.0
+#: seconds the workers get to drain and exit after SIGTERM before they are killed
+STOP_WAIT = 30.0
+
+
+def gpu_caches_wanted(config: PSConfig) -> list[str]:
+    """The models that would get GPU caches here (gpucache: true on a machine with a
+    CUDA device and CuPy)."""
+    wants = [m.model for m in config.models if m.gpucache]
+    if not wants:
+        return []
+    try:
+        from hps.gpu.table import cuda_available
+    except ImportError:
+        return []
+    return wants if cuda_available() else []
+
+
+def check_workers(config: PSConfig, grpc_port: int | None) -> None:
+    """ConfigError for what N workers cannot serve yet (see the module docstring)."""
+    check_shareable(config)
+    gpu = gpu_caches_wanted(config)
+    if gpu:
+        raise ConfigError(
+            f"--workers > 1 with GPU caches (models {', '.join(gpu)} have gpucache: true "
+            "and this machine has CUDA) is not served: each worker would build its own "
+            "cache of every table on every device, and sharing one through CUDA IPC is not "
+            "done yet. Serve with one worker, or set gpucache: false to serve these models "
+            "from the shared host table")
+    if grpc_port is not None:
+        raise ConfigError("--workers > 1 with gRPC (--grpc-port, http.grpc_port) is not "
+                          "served yet: use one worker for gRPC")
+
+
+def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, host: str,
+              token: str | None, max_body_bytes: int, lookup_threads: int | None,
+              access_log: bool, log_level: str, echo: Callable[[str], None],
+              allow_roots: Sequence[str] | None, grpc_port: int | None) -> None:
+    """Serve `config` with `workers` processes on the bound `sock` (reached at `url`)
+    until SIGTERM or SIGINT (see the module). Raises ConfigError (before anything
+    serves) for a config the workers cannot serve, and a worker's setup error when one
+    cannot start."""
+    check_workers(config, grpc_port if grpc_port is not None else config.http.grpc_port)
+    folder = create_run_dir()
+    supervisor = _Supervisor(folder, workers, sock, token)
+    try:
+        for index in (0, 1):
+            (folder / f"config-{index}.json").write_text(
+                json.dumps(worker_config(config, index)))
+        (folder / "serve.json").write_text(json.dumps({
+            "host": host, "max_body_bytes": max_body_bytes, "lookup_threads": lookup_threads,
+            "access_log": access_log, "log_level": log_level,
+            "allow_roots": list(allow_roots) if allow_roots else None}))
+        initial_ops(supervisor.oplog, config)
+        sock.listen(2048)
+        supervisor.start_all()
+        echo(f"hps: serving on {url} with {workers} workers over one shared table (models "
+             "load in the background; GET /readyz turns 200 when every worker serves them)")
+        stopped_by = supervisor.run(ready=lambda: echo(
+            f"hps: every model is loaded in every worker; try: curl {url}/v1/models"))
+    finally:
+        supervisor.stop()
+        sock.close()
+        remove_run_dir(folder)
+    if stopped_by:
+        echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in stopped_by)}: "
+             f"{workers} workers drained, shared memory removed")
+
+
+class _Supervisor:
+    """The worker processes of one run: started, restarted, stopped."""
+
+    def __init__(self, folder: Path, workers: int, sock: socket.socket, token: str | None
+                 ) -> None:
+        self.folder = folder
+        self.count = workers
+        self.sock = sock
+        self.token = token
+        self.oplog = OpLog(folder)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.started: dict[int, int] = {}  # starts of each worker so far
+        self.started_at: dict[int, float] = {}
+        self.quick_deaths: dict[int, int] = {}  # deaths in a row soon after a start
+        self._signals: list[int] = []
+
+    def start(self, index: int) -> None:
+        env = {**os.environ, RUN_DIR_ENV: str(self.folder), "HPS_WORKER_INDEX": str(index),
+               FD_ENV: str(self.sock.fileno())}
+        env.pop("HPS_TOKEN", None)
+        if self.token is not None:
+            env["HPS_TOKEN"] = self.token
+        self.procs[index] = subprocess.Popen(
+            [sys.executable, "-m", "hps.http.workers_child"], env=env,
+            pass_fds=(self.sock.fileno(),))
+        self.started[index] = self.started.get(index, 0) + 1
+        self.started_at[index] = time.monotonic()
+
+    def start_all(self) -> None:
+        for index in range(self.count):
+            self.start(index)
+
+    def run(self, ready: Callable[[], None]) -> tuple[int, ...]:
+        """Watch the workers until a signal; returns the signals caught."""
+        previous = {s: signal.signal(s, self._on_signal)
+                    for s in (signal.SIGTERM, signal.SIGINT)}
+        announced = False
+        first_ops = len(self.oplog.ops())
+        try:
+            while not self._signals:
+                time.sleep(0.1)
+                for index, proc in list(self.procs.items()):
+                    code = proc.poll()
+                    if code is None or self._signals:
+                        continue
+                    self._failed_setup(index, code)
+                    quick = time.monotonic() - self.started_at[index] < STABLE
+                    self.quick_deaths[index] = self.quick_deaths.get(index, 0) + 1 if quick \
+                        else 0
+                    delay = min(RESTART_DELAY_MAX,
+                                RESTART_DELAY * 2 ** max(0, self.quick_deaths[index] - 1))
+                    log.warning("worker %d (pid %d) exited with status %s; starting it again "
+                                "in %.1fs", index, proc.pid, code, delay)
+                    time.sleep(delay)
+                    self.start(index)
+                if not announced and self.oplog.lowest_ack() >= first_ops and len(
+                        self.oplog.live_workers()) == self.count:
+                    announced = True
+                    ready()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        return tuple(self._signals)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals.append(signum)
+
+    def _failed_setup(self, index: int, code: int) -> None:
+        """Raise a worker's setup error (it can never start) as the server's."""
+        failure = self.folder / f"failed-{index}"
+        if code != SETUP_FAILED or not failure.exists():
+            return
+        raw = json.loads(failure.read_text())
+        error: BaseException = HPSError(f"worker {index} could not start: {raw['message']}")
+        if raw.get("error"):
+            with contextlib.suppress(Exception):
+                error = pickle.loads(base64.b64decode(raw["error"]))  # our own file
+        raise error
+
+    def stop(self) -> None:
+        """SIGTERM to every worker; each drains and exits. Killed after STOP_WAIT."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT
+        for index, proc in self.procs.items():
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker %d did not stop within %.0fs: killed", index, STOP_WAIT)
+                proc.kill()
+                proc.wait()

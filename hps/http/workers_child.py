@@ -1,0 +1,85 @@
+"""One worker process of `hps serve --workers N`: `python -m hps.http.workers_child`.
+
+Started by the supervisor (hps/http/workers.py) with the listening socket inherited as
+descriptor `$HPS_WORKER_FD`, its index in `$HPS_WORKER_INDEX` (0: the leader), the run
+folder in `$HPS_RUN_DIR` and the token in `$HPS_TOKEN`. It reads its ps.json and the
+serve options from the run folder, builds a `ReplicatedServer` (hps/http/workers_ops.py),
+applies the ops the leader already completed (a worker started again maps the tables
+before it accepts a connection), and serves the app as `hps serve` does (run_app:
+uvicorn, the drain on SIGTERM), with `/metrics` summed over the workers. A setup error
+(a bad config, a tier that cannot open) is written to `failed-<index>` in the run
+folder, where the supervisor reads it, and the process exits with status 3.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import pickle
+import socket
+import sys
+from pathlib import Path
+
+from hps.http.serve import run_app
+from hps.http.workers_metrics import MergedRegistry, MetricsDump
+from hps.http.workers_ops import FD_ENV, SETUP_FAILED, Op, OpLog, ReplicatedServer
+from hps.runtime.run_dir import RUN_DIR_ENV
+
+
+def main() -> int:
+    folder = Path(os.environ[RUN_DIR_ENV])
+    index = int(os.environ["HPS_WORKER_INDEX"])
+    options = json.loads((folder / "serve.json").read_text())
+    logging.basicConfig(level=getattr(logging, options["log_level"].upper(), logging.INFO),
+                        format=f"%(asctime)s hps worker {index} %(levelname)s %(message)s")
+    sock = socket.socket(fileno=int(os.environ[FD_ENV]))
+    oplog = OpLog(folder)
+    try:
+        server = ReplicatedServer(str(folder / f"config-{min(index, 1)}.json"),
+                                  oplog=oplog, index=index)
+        server.replay()
+    except Exception as exc:
+        _write_failure(folder / f"failed-{index}", exc)
+        logging.getLogger("hps").error("worker %d could not start: %s", index, exc)
+        return SETUP_FAILED
+    metrics_folder = folder / "metrics"
+    dump: list[MetricsDump] = []
+
+    def prepare(app: object) -> None:
+        metrics = app.state.hps.metrics  # type: ignore[attr-defined]
+        dump.append(MetricsDump(metrics.registry, metrics_folder, index))
+
+        def applied(op: Op) -> None:  # an op another worker answered: this one's gauge
+            metrics.model_ready.labels(op.model).set(0 if op.kind == "unload" else 1)
+
+        server.on_applied = applied
+
+        def peers() -> list[Path]:
+            return [metrics_folder / f"{i}.prom" for i in oplog.live_workers() if i != index]
+
+        metrics.registry = MergedRegistry(metrics.registry, peers)
+
+    try:
+        run_app(sock, server, host=options["host"], token=os.environ.get("HPS_TOKEN") or None,
+                max_body_bytes=options["max_body_bytes"],
+                lookup_threads=options["lookup_threads"], access_log=options["access_log"],
+                log_level=options["log_level"], allow_roots=options["allow_roots"],
+                on_ready=None, grpc_port=None, prepare=prepare)
+    finally:
+        for d in dump:
+            d.close()
+    return 0
+
+
+def _write_failure(path: Path, exc: BaseException) -> None:
+    try:
+        payload = base64.b64encode(pickle.dumps(exc)).decode()
+    except Exception:
+        payload = ""
+    path.write_text(json.dumps({"message": str(exc), "error": payload}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

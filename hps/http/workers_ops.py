@@ -1,0 +1,394 @@
+"""Models added, reloaded and removed in every worker of `hps serve --workers N`: the op
+log of a run and `ReplicatedServer`.
+
+The op log is a file of JSON lines in the run folder (hps/runtime/run_dir.py), one op a
+line, numbered from 1: `load` (a model block: a first load or a reload), `add`, `unload`.
+The supervisor writes one `load` op per configured model before any worker starts; a
+worker asked to change the models (an admin route) appends one. Every worker applies
+every op in order on one thread (`ReplicatedServer`'s follower thread, polling the log
+every POLL seconds):
+
+- the leader (worker 0) applies it as one process would: it loads the files into the
+  shared tables (hps/tiers/hash_map/shared.py), with the op's number as their
+  generation, and writes the op's outcome (done, or the error, pickled);
+- every other worker waits for that outcome, then applies the op too, mapping the tables
+  the leader made (its loader skips the rows: `loaded_elsewhere`), or, when the leader
+  failed, records the same error without applying it.
+
+A worker then writes the number of the last op it applied (its ack). The worker that
+appended an op answers once it applied the op itself and every live worker acked it (at
+most ACK_WAIT seconds; a worker that dies is not waited for), so after the answer every
+worker serves the new version; each swaps it in atomically, as one process does.
+
+A worker started again (after it died) replays the log compacted: the last successful
+load or add of each model still served, mapping the tables the leader holds, before it
+takes requests (hps/http/workers_child.py), then follows the log as before.
+
+A model counts as served by the server (`models`: /readyz, /v1/models) once every live
+worker serves it. Only the leader consumes online updates: its /readyz shows their state, and
+/metrics shows the leader's update figures whichever worker answers
+(hps/http/workers_metrics.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import pickle
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hps.config import UNBOUNDED, ModelConfig, PSConfig, config_to_json
+from hps.errors import ConfigError, TierError
+from hps.runtime.run_dir import pid_alive
+from hps.server import HierarchicalParameterServer
+from hps.server.loader import LoadProgress
+from hps.server.models import LoadedModel
+
+log = logging.getLogger("hps.http.workers")
+
+#: the environment variable naming a worker's inherited listening socket's descriptor
+FD_ENV = "HPS_WORKER_FD"
+#: the exit status of a worker that could not start (its error is in the run folder)
+SETUP_FAILED = 3
+#: seconds between two reads of the op log by a worker's follower thread
+POLL = 0.02
+#: seconds an op's answer waits for the other live workers to apply it
+ACK_WAIT = 120.0
+
+
+@dataclass(frozen=True)
+class Op:
+    """One line of the op log."""
+
+    seq: int
+    kind: str  # "load", "add", "unload"
+    model: str
+    block: dict[str, Any] | None  # the model block of a load or an add
+
+
+class OpLog:
+    """The op log, the outcomes and the acks of one run folder (see the module)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder / "ops"
+        for sub in ("outcomes", "acks", "workers"):
+            (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        self.path = self.folder / "log.jsonl"
+        self.path.touch(exist_ok=True)
+        self._read_at = 0
+        self._ops: list[Op] = []
+
+    def append(self, kind: str, model: str, block: dict[str, Any] | None = None) -> int:
+        """Add an op; returns its number."""
+        with open(self.folder / "log.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            seq = sum(1 for _ in open(self.path, "rb")) + 1
+            line = json.dumps({"seq": seq, "kind": kind, "model": model, "block": block})
+            with open(self.path, "a") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return seq
+
+    def ops(self) -> list[Op]:
+        """Every op so far (whole lines only: a line being written is read next time)."""
+        with open(self.path, "rb") as f:
+            f.seek(self._read_at)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            raw = json.loads(line)
+            self._ops.append(Op(raw["seq"], raw["kind"], raw["model"], raw["block"]))
+        self._read_at += end
+        return list(self._ops)
+
+    # -- outcomes (the leader's) --------------------------------------------------------
+
+    def set_outcome(self, seq: int, error: BaseException | None) -> None:
+        payload: dict[str, Any] = {"ok": error is None}
+        if error is not None:
+            payload["message"] = str(error)
+            with contextlib.suppress(Exception):
+                payload["error"] = base64.b64encode(pickle.dumps(error)).decode()
+        _write(self.folder / "outcomes" / str(seq), json.dumps(payload))
+
+    def outcome(self, seq: int) -> tuple[bool, BaseException | None] | None:
+        """(done, the error or None) once the leader applied op `seq`, else None."""
+        try:
+            payload = json.loads((self.folder / "outcomes" / str(seq)).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        if payload["ok"]:
+            return True, None
+        error: BaseException = TierError(payload.get("message", "the op failed"))
+        if "error" in payload:
+            with contextlib.suppress(Exception):
+                error = pickle.loads(base64.b64decode(payload["error"]))  # our own file
+        return True, error
+
+    # -- workers and acks ---------------------------------------------------------------
+
+    def register(self, index: int) -> None:
+        """Worker `index` (this process) starts: its ack goes back to 0."""
+        self.ack(index, 0)
+        _write(self.folder / "workers" / str(index), str(os.getpid()))
+
+    def ack(self, index: int, seq: int) -> None:
+        _write(self.folder / "acks" / str(index), str(seq))
+
+    def acked(self, index: int) -> int:
+        try:
+            return int((self.folder / "acks" / str(index)).read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def live_workers(self) -> list[int]:
+        """Indices of the workers whose process is alive."""
+        live = []
+        for entry in (self.folder / "workers").iterdir():  # a loop over workers
+            with contextlib.suppress(ValueError, OSError):
+                if pid_alive(int(entry.read_text())):
+                    live.append(int(entry.name))
+        return sorted(live)
+
+    def lowest_ack(self) -> int:
+        """The last op every live worker applied."""
+        return min((self.acked(i) for i in self.live_workers()), default=0)
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace `path`'s contents whole (readers see the old text or the new)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def initial_ops(log_: OpLog, config: PSConfig) -> None:
+    """The supervisor's first ops: one load per configured model."""
+    for model in config.models:
+        log_.append("load", model.model, _block(model))
+
+
+def _block(model: ModelConfig) -> dict[str, Any]:
+    return model.model_dump(mode="json")
+
+
+class ReplicatedServer(HierarchicalParameterServer):
+    """A worker's parameter server: model changes go through the op log (see the module).
+
+    `ReplicatedServer(config, oplog=, index=)`; the config's tiers must be shareable (the
+    supervisor checks: hps/http/workers.py).
+    """
+
+    def __init__(self, config: PSConfig | dict[str, Any] | str, *, oplog: OpLog, index: int
+                 ) -> None:
+        super().__init__(config, load=False)
+        self.oplog = oplog
+        self.index = index
+        self.leader = index == 0
+        self._applied: dict[int, BaseException | None] = {}
+        self._cond = threading.Condition()
+        self._since: dict[str, int] = {}  # model → the op that first made it served here
+        self._progress: dict[int, LoadProgress] = {}
+        self._initial = {op.model: op.seq for op in oplog.ops()
+                         if op.seq <= len(self.config.models)}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._done = 0  # the last op applied here
+        #: told of each op applied here (the worker's app marks models ready or not)
+        self.on_applied: Callable[[Op], None] | None = None
+        oplog.register(index)
+
+    # -- the follower thread -----------------------------------------------------------
+
+    def replay(self) -> None:
+        """Apply the ops the leader already completed, compacted (a worker started again
+        after one died), then follow the log on a thread."""
+        ops = self.oplog.ops()
+        done = self.oplog.acked(0) if not self.leader else self.oplog_leader_done(ops)
+        latest: dict[str, Op] = {}
+        for op in ops[:done]:
+            outcome = self.oplog.outcome(op.seq)
+            ok = outcome is not None and outcome[1] is None
+            if ok and op.kind == "unload":
+                latest.pop(op.model, None)
+            elif ok:
+                latest[op.model] = op
+            self._record(op.seq, outcome[1] if outcome else None)
+        if done:  # the models the server serves now, not the config's first ones
+            self._set_models([ModelConfig.model_validate(op.block) for op in latest.values()])
+        for op in sorted(latest.values(), key=lambda o: o.seq):
+            try:
+                self._apply(op)
+            except Exception as exc:  # the others serve it: this one says why it cannot
+                log.error("worker %d: replaying op %d (%s %s) failed: %s", self.index,
+                          op.seq, op.kind, op.model, exc)
+        self._done = done
+        if done:
+            self.oplog.ack(self.index, done)
+        self._thread = threading.Thread(target=self._follow, name="hps-workers-ops",
+                                        daemon=True)
+        self._thread.start()
+
+    def oplog_leader_done(self, ops: Sequence[Op]) -> int:
+        """The ops a leader started again had completed: those with an outcome."""
+        done = 0
+        for op in ops:  # a loop over ops, not keys
+            if self.oplog.outcome(op.seq) is None:
+                break
+            done = op.seq
+        return done
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            for op in self.oplog.ops()[self._done:]:
+                if self._stop.is_set():
+                    return
+                self._step(op)
+                self._done = op.seq
+            self._stop.wait(POLL)
+
+    def _step(self, op: Op) -> None:
+        error: BaseException | None = None
+        if self.leader:
+            try:
+                self._apply(op)
+            except Exception as exc:
+                error = exc
+            self.oplog.set_outcome(op.seq, error)
+        else:
+            outcome = self.oplog.outcome(op.seq)
+            while outcome is None and not self._stop.wait(POLL):
+                outcome = self.oplog.outcome(op.seq)
+            if outcome is None:
+                return
+            error = outcome[1]
+            if error is None:
+                try:
+                    self._apply(op)
+                except Exception as exc:
+                    log.error("worker %d: op %d (%s %s) failed here, not in the leader: %s",
+                              self.index, op.seq, op.kind, op.model, exc)
+                    error = exc
+        self._record(op.seq, error)
+        if error is None and self.on_applied is not None:
+            self.on_applied(op)
+        self.oplog.ack(self.index, op.seq)
+
+    def _apply(self, op: Op) -> None:
+        volatile = self.tiers.volatile
+        if volatile is not None and hasattr(volatile, "generation"):
+            volatile.generation = op.seq  # the same file name in every worker
+        progress = self._progress.pop(op.seq, None)
+        if op.kind == "unload":
+            super().unload_model(op.model)
+            self._since.pop(op.model, None)
+            return
+        model = ModelConfig.model_validate(op.block)
+        if op.kind == "add":
+            super().add_model(model, progress=progress)
+        else:
+            super().load_model(model, progress=progress)
+        self._since.setdefault(op.model, op.seq)
+
+    def _record(self, seq: int, error: BaseException | None) -> None:
+        with self._cond:
+            self._applied[seq] = error
+            self._cond.notify_all()
+
+    # -- what the routes call ----------------------------------------------------------
+
+    def _await(self, seq: int, everyone: bool) -> None:
+        with self._cond:
+            while seq not in self._applied:
+                self._cond.wait(1.0)
+            error = self._applied[seq]
+        if error is not None:
+            raise error
+        if not everyone:
+            return
+        deadline = time.monotonic() + ACK_WAIT
+        while self.oplog.lowest_ack() < seq:
+            if time.monotonic() > deadline:
+                log.warning("op %d: not every worker applied it within %.0fs", seq, ACK_WAIT)
+                return
+            time.sleep(POLL)
+
+    def load_model(self, model: ModelConfig, progress: LoadProgress | None = None
+                   ) -> LoadedModel:
+        """Load or reload `model` in every worker (see the module)."""
+        seq = self._initial.pop(model.model, None)
+        everyone = seq is None
+        if seq is None:
+            seq = self.oplog.append("load", model.model, _block(model))
+        if progress is not None:
+            self._progress[seq] = progress
+        self._await(seq, everyone)
+        return super().model(model.model)
+
+    def add_model(self, model: ModelConfig, progress: LoadProgress | None = None
+                  ) -> LoadedModel:
+        """Add `model` in every worker."""
+        seq = self.oplog.append("add", model.model, _block(model))
+        if progress is not None:
+            self._progress[seq] = progress
+        self._await(seq, everyone=True)
+        return super().model(model.model)
+
+    def unload_model(self, name: str) -> None:
+        """Remove model `name` in every worker."""
+        super().model(name)  # UnknownModelError before anything is logged
+        self._await(self.oplog.append("unload", name), everyone=True)
+
+    @property
+    def models(self) -> dict[str, LoadedModel]:
+        """The models every live worker serves (a snapshot)."""
+        mine = super().models
+        if not mine:
+            return mine
+        floor = self.oplog.lowest_ack()
+        return {name: m for name, m in mine.items() if self._since.get(name, 0) <= floor}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        super().close()
+
+
+def worker_config(config: PSConfig, index: int) -> dict[str, Any]:
+    """The ps.json of worker `index`: the volatile hash map shared; update consumers
+    only in the leader (it writes the shared rows for every worker)."""
+    raw = config_to_json(config)
+    raw["volatile_db"] = {**raw.get("volatile_db", {}), "type": "multi_process_hash_map"}
+    if index != 0:
+        raw.pop("update_source", None)
+    return raw
+
+
+def check_shareable(config: PSConfig) -> None:
+    """ConfigError naming what `--workers` > 1 cannot serve from shared memory yet."""
+    db = config.volatile_db
+    if db.type not in ("hash_map", "parallel_hash_map", "multi_process_hash_map"):
+        raise ConfigError(
+            f"--workers > 1 serves the in-process hash map from shared memory; volatile_db "
+            f"type {db.type!r} is not served by workers yet: use one worker")
+    if db.overflow_margin < UNBOUNDED:
+        raise ConfigError(
+            "--workers > 1 serves the hash map from shared memory, which has a fixed "
+            "capacity and no overflow policy: leave volatile_db.overflow_margin unbounded")
+    if config.persistent_db.enabled:
+        raise ConfigError(
+            "--workers > 1 with a persistent_db (RocksDB) is not served yet: RocksDB takes "
+            "one writing process, and the other workers would need secondary instances; "
+            "use one worker")
+

@@ -1,0 +1,117 @@
+"""The hot and the missing keys of a table: a frequent-items sketch of the keys a table is
+asked for, and one of the keys no tier holds.
+
+`KeySketch.feed(keys)` counts a batch in one compiled call (`sketch_loops.feed`); `top(n)`
+reads the `n` heaviest keys with their estimated counts and the error bound. A key's true
+count (in the fed stream) lies in [count - error, count]; any key not listed has at most
+`error`. A sketch holds `slots * 3/4` keys in `16 * slots` bytes, whatever the traffic.
+
+What is fed, and the bias it brings (`TableKeys`):
+- hot keys: the keys of every Nth host lookup of the table (N: the model's
+  `hot_key_sampling`, default `HOT_EVERY`; a lookup's number is `TableStats.add`'s), at
+  most `HOT_MOST` of a batch (a strided subset whose start rotates), each weighted by what
+  it stands for, so counts estimate lookups. Traffic whose pattern repeats with a period
+  of exactly N calls is seen from one phase only, and a count is exact only up to that
+  sampling. A table with a GPU cache feeds it the keys the cache missed (they come to the
+  host for the host tiers; nothing is added on the GPU call), so its hot keys are the
+  hottest keys the cache lacks.
+- missing keys: the keys a lookup found in no tier, every time (at most `MISSING_MOST` of
+  a batch): they are on the host already and rare in a healthy table.
+
+Threads: a feed that finds the sketch busy (another thread feeding it) is skipped rather
+than waited for, so lookups never queue on it; under contention fewer batches are
+counted, the weights of those counted stay right.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from hps.server.sketch_loops import ACTIVE, META, OFFSET, TOTAL, feed, new_state
+
+#: every HOT_EVERY-th lookup of a table feeds the hot sketch by default (the model's
+#: `hot_key_sampling`, a power of two: the lookup path tests `number & (every - 1)`).
+#: `hps bench tiers` prints what it costs beside the same lookups without it.
+HOT_EVERY = 16
+#: keys of one batch fed to the hot sketch at most (a strided subset beyond)
+HOT_MOST = 64
+#: keys of one batch fed to the missing sketch at most
+MISSING_MOST = 1024
+#: slots of a table's hot sketch: 12,288 keys tracked (what a warm-up can export), 256 KiB
+HOT_SLOTS = 16384
+#: slots of a sketch by default, and of a table's missing-key sketch: 3,072 keys, 64 KiB
+SLOTS = 4096
+
+_INT64 = np.dtype(np.int64)
+
+
+class KeySketch:
+    """One frequent-items sketch (see the module docstring); thread-safe."""
+
+    def __init__(self, slots: int = SLOTS, most: int = HOT_MOST, weight: int = 1) -> None:
+        self._state = new_state(slots)
+        self._slots = slots
+        self._most = most
+        self._weight = weight
+        self._lock = threading.Lock()
+
+    def feed(self, keys: np.ndarray) -> None:
+        """Count `keys` (host int64[n], C-contiguous); skipped when another thread is
+        feeding this sketch now."""
+        if keys.dtype != _INT64 or not keys.flags.c_contiguous:
+            keys = np.ascontiguousarray(keys, np.int64)
+        if self._lock.acquire(False):
+            try:
+                feed(self._state, keys, self._most, self._weight)
+            finally:
+                self._lock.release()
+
+    def top(self, n: int) -> dict[str, Any]:
+        """The `n` heaviest keys: `keys` int64[m], `counts` int64[m] (estimates, heaviest
+        first, m <= n), `error` (the bound of every count), `total` (the weight fed)."""
+        s = self._slots
+        with self._lock:
+            keys = self._state[:s].copy()
+            counts = self._state[s:2 * s].copy()
+            meta = self._state[2 * s:2 * s + META].copy()
+        held = np.flatnonzero(counts)
+        # heaviest first; ties by key, so an answer does not depend on slot order
+        order = np.lexsort((keys[held], -counts[held]))[:max(0, n)]
+        chosen = held[order]
+        error = int(meta[OFFSET])
+        return {"keys": keys[chosen], "counts": counts[chosen] + error, "error": error,
+                "total": int(meta[TOTAL]), "held": int(meta[ACTIVE])}
+
+    @property
+    def capacity(self) -> int:
+        """The most keys the sketch tracks."""
+        return self._slots * 3 // 4
+
+
+class TableKeys:
+    """The two sketches of one table: `hot` (looked-up keys, sampled) and `missing` (keys
+    found in no tier). `source` says what the hot sketch sees: "lookups", or "gpu_misses"
+    for a table with a GPU cache."""
+
+    def __init__(self, every: int = HOT_EVERY, missing: KeySketch | None = None,
+                 source: str = "lookups") -> None:
+        self.every = every
+        self.hot = KeySketch(HOT_SLOTS, most=HOT_MOST, weight=max(every, 1))
+        self.missing = missing if missing is not None else KeySketch(most=MISSING_MOST)
+        self.source = source
+
+    def sketch(self, kind: str) -> KeySketch:
+        """The sketch of `kind` ("hot" or "missing")."""
+        return self.hot if kind == "hot" else self.missing
+
+    def sampling(self, kind: str) -> str:
+        """How the sketch of `kind` is fed, in words (for the answers that list it)."""
+        if kind == "hot":
+            if not self.every:
+                return "off (hot_key_sampling: 0)"
+            return (f"1 in {self.every} host lookups, at most {HOT_MOST} keys of each (a "
+                    "strided subset), weighted to estimate all lookups")
+        return f"every lookup, at most {MISSING_MOST} missing keys of a batch"

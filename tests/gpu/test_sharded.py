@@ -1,0 +1,173 @@
+"""A table's GPU cache split row-wise into shards (hps/gpu/sharded.py), several shards on one
+device: the routing, each shard's misses and its contents against the NumPy model, updates
+reaching the owning shard, and every lookup entry of the public API exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hps.gpu.cache_model import ReferenceCache
+from hps.gpu.sharded import shard_of
+
+pytestmark = pytest.mark.gpu
+
+DEFAULT = 0.5
+
+
+def _write_model(folder: Path, keys: np.ndarray, rows: np.ndarray) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    keys.astype("<i8").tofile(folder / "key")
+    rows.astype("<f4").tofile(folder / "emb_vector")
+    return str(folder)
+
+
+def _server(tmp_path: Path, keys: np.ndarray, rows: np.ndarray, **model: Any) -> Any:
+    from hps import api
+
+    config = {
+        "supportlonglong": True,
+        "models": [{
+            "model": "m", "sparse_files": [_write_model(tmp_path / "t0", keys, rows)],
+            "embedding_vecsize_per_table": [rows.shape[1]],
+            "maxnum_catfeature_query_per_table_per_sample": [4096],
+            "default_value_for_each_table": [DEFAULT], "deployed_device_list": [0],
+            "max_batch_size": 1, "gpucache": True, "gpu_sharding": "row_wise",
+            **model,
+        }],
+        "volatile_db": {"type": "hash_map"},
+    }
+    return api.HPS(config)
+
+
+def _expected(keys: np.ndarray, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
+    order = np.argsort(keys)
+    at = np.minimum(np.searchsorted(keys[order], q), keys.size - 1)
+    found = keys[order][at] == q
+    want = np.full((q.size, rows.shape[1]), DEFAULT, np.float32)
+    want[found] = rows[order][at[found]]
+    return want
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("cache_type,shards,storage", [
+    ("dynamic", 3, "float32"), ("static", 2, "float32"), ("dynamic", 2, "float16")])
+def test_sharded_lookups_are_exact_through_every_entry(
+        cp: Any, rng: np.random.Generator, tmp_path: Path, cache_type: str, shards: int,
+        storage: str) -> None:
+    import torch
+    import torch.utils.dlpack as tdl
+
+    dim, n = 16, 6000
+    keys = rng.choice(2**40, n, replace=False).astype(np.int64)
+    rows = rng.standard_normal((n, dim)).astype(np.float32)
+    hps = _server(tmp_path, keys, rows, gpu_shards=shards, embedding_cache_type=cache_type,
+                  gpucacheper=0.5, hit_rate_threshold=1.1, embedding_storage_dtype=storage,
+                  cache_refresh_percentage_per_iteration=0.25)
+    if storage == "float16":  # the stored rows, widened back: what every tier serves
+        rows = rows.astype(np.float16).astype(np.float32)
+    try:
+        view = hps.server.model("m").tables[0].gpu[0]
+        assert view.stats()["shards"] == shards
+        for _ in range(3):
+            q = np.r_[rng.choice(keys, 3000), [2**45, -7]].astype(np.int64)
+            want = _expected(keys, rows, q)
+            tk = torch.as_tensor(q, device="cuda")
+            to = torch.empty((q.size, dim), dtype=torch.float32, device="cuda")
+            hps.lookup_fromdlpack(tk, to, "m", 0)
+            np.testing.assert_array_equal(to.cpu().numpy(), want)
+            co = cp.empty((q.size, dim), cp.float32)
+            hps.lookup_fromdlpack(cp.asarray(q), co, "m", 0)
+            np.testing.assert_array_equal(co.get(), want)
+            capsule = tdl.to_dlpack(torch.zeros((q.size, dim), device="cuda"))
+            hps.lookup_fromdlpack(tdl.to_dlpack(tk), capsule, "m", 0)
+            np.testing.assert_array_equal(tdl.from_dlpack(capsule).cpu().numpy(), want)
+            np.testing.assert_array_equal(hps.lookup(q, "m", 0), want)  # host keys
+            strided = np.zeros((q.size, dim * 2), np.float32)[:, ::2]  # a strided host output
+            view.lookup(q, strided)
+            np.testing.assert_array_equal(strided, want)
+        stats = view.stats()
+        per_shard = [p["keys"] for p in stats["per_shard"]]
+        assert sum(per_shard) == stats["keys"] > 0
+        assert min(per_shard) > 0  # every shard served its share
+    finally:
+        hps.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_each_shard_holds_its_keys_as_the_numpy_model_of_its_cache(
+        cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
+    """No warm-up; each batch's misses are fetched and inserted by the shard that owns
+    them, so after every batch each shard holds what the NumPy model of its cache holds
+    when given the keys of its shard, and each missed key was fetched once. (Few keys
+    for the sets: no set overflows, so the held keys do not depend on the order of
+    inserts within a batch.)"""
+    dim, n, shards = 8, 20000, 3
+    keys = rng.choice(2**40, n, replace=False).astype(np.int64)
+    rows = rng.standard_normal((n, dim)).astype(np.float32)
+    hps = _server(tmp_path, keys, rows, gpu_shards=shards, gpucacheper=0.5,
+                  hit_rate_threshold=1.1, init_ec=False)
+    try:
+        owner = hps.server.model("m").tables[0].gpu[0].owner
+        caches = [shard._table for shard in owner.shards]
+        models = [ReferenceCache(c.num_slots, dim) for c in caches]
+        seen: set[int] = set()
+        for _ in range(4):
+            q = rng.permutation(np.unique(rng.choice(keys, 800))).astype(np.int64)
+            out = cp.empty((q.size, dim), cp.float32)
+            hps.lookup_fromdlpack(cp.asarray(q), out, "m", 0)
+            np.testing.assert_array_equal(out.get(), _expected(keys, rows, q))
+            owned = shard_of(q, shards)
+            for s, model in enumerate(models):
+                mine = q[owned == s]
+                _, missed = model.query(mine, DEFAULT)
+                if missed.any():
+                    model.insert(mine[missed], _expected(keys, rows, mine[missed]))
+            seen.update(q.tolist())
+        cp.cuda.Device(0).synchronize()
+        for s, (cache, model) in enumerate(zip(caches, models, strict=True)):
+            held = np.sort(cache.dump(0, cache.num_sets).get())
+            np.testing.assert_array_equal(held, model.dump(0, model.num_sets))
+            assert held.size > 0 and np.all(shard_of(held, shards) == s)
+        assert owner.stats()["sync_fetches"] == len(seen)  # each missed key fetched once
+    finally:
+        hps.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_updates_and_refresh_reach_the_owning_shard(cp: Any, rng: np.random.Generator,
+                                                    tmp_path: Path) -> None:
+    dim, n, shards = 8, 4000, 4
+    keys = rng.choice(2**40, n, replace=False).astype(np.int64)
+    rows = rng.standard_normal((n, dim)).astype(np.float32)
+    hps = _server(tmp_path, keys, rows, gpu_shards=shards, embedding_cache_type="static")
+    try:
+        server = hps.server
+        table = server.model("m").tables[0]
+        view = table.gpu[0]
+        assert view.stats()["size"] == n  # the static shards together hold the table
+
+        def lookup_all_hits(q: np.ndarray) -> np.ndarray:
+            before = view.stats()["hits"]
+            out = cp.empty((q.size, dim), cp.float32)
+            hps.lookup_fromdlpack(cp.asarray(q), out, "m", 0)
+            assert view.stats()["hits"] - before == q.size
+            return out.get()
+
+        # an online update: the tiers first, then the caches, as hps/server/updates.py does
+        changed = rng.choice(keys, 500, replace=False)
+        fresh = rng.standard_normal((changed.size, dim)).astype(np.float32)
+        server.tiers.volatile.insert(table.storage_name, changed, fresh)
+        server._gpu.writer(table)(changed, fresh)
+        np.testing.assert_array_equal(lookup_all_hits(changed), fresh)
+        # a refresh re-reads every shard's keys from the tiers
+        others = np.setdiff1d(keys, changed)[:700]
+        newer = rng.standard_normal((others.size, dim)).astype(np.float32)
+        server.tiers.volatile.insert(table.storage_name, others, newer)
+        assert hps.server.refresh("m") == n
+        np.testing.assert_array_equal(lookup_all_hits(others), newer)
+    finally:
+        hps.close()

@@ -1,0 +1,18 @@
+"""`hps bench http --overload`: client processes against `hps serve` at each level, every
+answer 200, 503 or 504 (no other), the last level compared with the peak below it."""
+
+from __future__ import annotations
+
+from hps.tools.bench.overload import bench_overload
+
+
+def test_levels_and_summary() -> None:
+    result = bench_overload(num_keys=2000, dim=8, batch=16, levels=(1, 3), seconds=0.5,
+                            warmup=0.2)
+    assert [r["clients"] for r in result["rows"]] == [1, 3]
+    for row in result["rows"]:
+        assert row["served_per_s"] > 0 and row["other"] == 0
+        assert row["p99_ms"] >= row["p50_ms"] > 0
+    summary = result["summary"]
+    assert summary["clients"] == 3 and summary["peak_clients"] == 1
+    assert summary["vs_peak"] == summary["served_per_s"] / summary["peak_per_s"]
