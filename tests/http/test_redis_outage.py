@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +45,32 @@ def exact(live: Live, rng: np.random.Generator) -> None:
         np.testing.assert_array_equal(got, live.model.expected(table, keys))
 
 
+@contextmanager
+def checking_clients(live: Live, count: int = 4) -> Iterator[list[str]]:
+    """`count` client threads, each looking up and checking every answer (`exact`) until
+    the block ends; yields the list their failures are appended to."""
+    wrong: list[str] = []
+    done = threading.Event()
+
+    def client() -> None:
+        local = np.random.default_rng()
+        while not done.is_set():
+            try:
+                exact(live, local)
+            except AssertionError as exc:
+                wrong.append(str(exc)[:300])
+
+    threads = [threading.Thread(target=client) for _ in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        yield wrong
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+
+
 def test_redis_down_at_start_serves_and_reports_degraded(
     tmp_path: Path, redis: RedisServer, rng: np.random.Generator
 ) -> None:
@@ -71,21 +98,7 @@ def test_redis_killed_and_restarted_under_lookups(
     redis.start()
     model = with_redis(write_model(tmp_path / "model"), redis, tmp_path / "db")
     with serving(model) as live:
-        wrong: list[str] = []
-        done = threading.Event()
-
-        def client() -> None:
-            local = np.random.default_rng()
-            while not done.is_set():
-                try:
-                    exact(live, local)
-                except AssertionError as exc:
-                    wrong.append(str(exc)[:300])
-
-        threads = [threading.Thread(target=client) for _ in range(4)]
-        for t in threads:
-            t.start()
-        try:
+        with checking_clients(live) as wrong:
             count = live.metric("hps_lookups_total", model=MODEL, table="users")
             wait_until(lambda: live.metric("hps_lookups_total", model=MODEL,
                                            table="users") > count + 20)
@@ -100,10 +113,6 @@ def test_redis_killed_and_restarted_under_lookups(
             count = live.metric("hps_lookups_total", model=MODEL, table="users")
             wait_until(lambda: live.metric("hps_lookups_total", model=MODEL,
                                            table="users") > count + 20)
-        finally:
-            done.set()
-            for t in threads:
-                t.join()
         assert wrong == []
         assert live.metric("hps_tier_failures_total", model=MODEL, table="users") > 0
         assert live.client.get("/readyz").status_code == 200

@@ -6,7 +6,6 @@ exact. Real redis-server and uvicorn processes."""
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import redis as redis_py
 
 from tests.http.conftest import MODEL, Live, serving, wait_until, write_model
-from tests.http.test_redis_outage import NAMES, exact, with_redis
+from tests.http.test_redis_outage import NAMES, checking_clients, exact, with_redis
 from tests.support.redis_servers import RedisServer
 
 
@@ -43,33 +42,14 @@ def _empty_under_lookups(live: Live, empty: Callable[[], None],
     """Empty Redis while four clients check every answer; wait for the refill."""
     full = _in_redis(live)
     assert full > 0
-    wrong: list[str] = []
-    done = threading.Event()
-
-    def client() -> None:
-        local = np.random.default_rng()
-        while not done.is_set():
-            try:
-                exact(live, local)
-            except AssertionError as exc:
-                wrong.append(str(exc)[:300])
-
-    threads = [threading.Thread(target=client) for _ in range(4)]
-    for t in threads:
-        t.start()
-    try:
-        with caplog.at_level(logging.WARNING, logger="hps"):
-            empty()
-            wait_until(lambda: "redis tier available again, refilling 2 tables"
-                       in caplog.text, timeout=30)
-            wait_until(lambda: live.client.get("/readyz").json()["degraded"] == {}
-                       and _in_redis(live) == full, timeout=30)
+    with checking_clients(live) as wrong, caplog.at_level(logging.WARNING, logger="hps"):
+        empty()
+        wait_until(lambda: "redis tier available again, refilling 2 tables"
+                   in caplog.text, timeout=30)
+        wait_until(lambda: live.client.get("/readyz").json()["degraded"] == {}
+                   and _in_redis(live) == full, timeout=30)
         hits = _volatile_hits(live)
         wait_until(lambda: _volatile_hits(live) > hits, timeout=30)
-    finally:
-        done.set()
-        for t in threads:
-            t.join()
     assert wrong == []
     assert live.server.tiers.volatile.stats()["lost_tables"] == []  # type: ignore[union-attr]
 
