@@ -25,7 +25,8 @@
 // once the queries that may still read those rows are done, uvm_fill copies the promoted
 // keys' host rows into them and then uvm_publish links them. A query therefore reads
 // gpu_row as NO_ROW (the host row) or as a row already filled, which holds the same values:
-// every query is exact while rows move.
+// every query is exact while rows move. A grouped query may also promote the rows it read
+// itself (uvm_promote_read_rows, below), alone on the device.
 #include "static_table.cu"
 
 // Index of slot s in gpu_row and in hits (u32 pairs: see above).
@@ -148,8 +149,8 @@ extern "C" __global__ void uvm_query_grouped(
 }
 
 // Step 2, one block of 1024 threads: region_start[b] = the deferred rows of regions before
-// b, listed[0] = all of them; region_count is zeroed, ready for the next query. Each thread
-// scans a run of consecutive regions.
+// b, listed[0] = all of them (listed[1] = 0); region_count is zeroed, ready for the next
+// query. Each thread scans a run of consecutive regions.
 extern "C" __global__ void uvm_region_scan(u32* __restrict__ region_count,
                                            u32* __restrict__ region_start, const u32 regions,
                                            u32* __restrict__ listed) {
@@ -174,7 +175,10 @@ extern "C" __global__ void uvm_region_scan(u32* __restrict__ region_count,
         start += c;
         region_count[b] = 0;
     }
-    if (t == blockDim.x - 1) listed[0] = sums[t];
+    if (t == blockDim.x - 1) {
+        listed[0] = sums[t];
+        listed[1] = 0;  // uvm_promote_read_rows' claims
+    }
 }
 
 // Step 3: each deferred row to the next place of its region.
@@ -311,6 +315,83 @@ extern "C" __global__ void uvm_publish(const long long* __restrict__ slots,
          i += (long long)gridDim.x * blockDim.x) {
         gpu_row[LINK(slots[i])] = (u32)rows[i];
         owner[rows[i]] = (u32)slots[i];
+    }
+}
+
+// Promotion on the lookup path (hps/gpu/uvm_table.py says when it runs): after a grouped
+// query of n keys that read at most n / 2 rows from host memory (skewed traffic: a uniform
+// batch reads most of its rows there, and promoting some of them costs it more reads of
+// host memory than it saves the next batch), the host rows the batch read for keys with
+// min_hits accesses or more take GPU rows at once, so the next batch reads them from GPU
+// memory; at most `budget` of them, counted in listed[1] (zeroed by uvm_region_scan). One
+// warp per entry of the region order:
+//   1. the entry's slot is claimed (gpu_row NO_ROW -> CLAIMED), so a key repeated in the
+//      batch is promoted once, and counted (a claim past the budget is dropped);
+//   2. its victim is the GPU row with the fewest hits (a free row first; ties: the lower
+//      lane) in a window of 32 consecutive rows at the clock hand, which moves 32 rows a
+//      claim: with budget * 32 <= gpu_rows no two warps of a launch share a row, so the
+//      rows need no locks;
+//   3. a key with more hits than its victim's key takes the row: the victim's slot is
+//      unlinked, the host row copied in and the key's slot linked to it; otherwise the
+//      claim is dropped.
+// No query or write runs beside this kernel (hps/gpu/uvm_table.py orders them after it),
+// so none sees CLAIMED or a half-copied row, and the host row it copies is current.
+// clock: [0] the hand, [1] the rows promoted so far.
+#define CLAIMED 0xfffffffeu
+
+extern "C" __global__ void uvm_promote_read_rows(
+    u32* listed, const long long n, const u32* __restrict__ order_slot, const u32 budget,
+    const u32 min_hits, const hps_row_t* __restrict__ host_vecs, u32* gpu_row, u32* hits,
+    hps_row_t* __restrict__ gpu_vecs, u32* __restrict__ owner, const u32 gpu_rows,
+    unsigned long long* __restrict__ clock) {
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const long long m = listed[0];
+    if (m * 2 > n) return;
+    const volatile u32* claims = listed + 1;
+    for (long long i = warp; i < m; i += nwarps) {  // warp-uniform: whole warps shuffle
+        const u32 slot = order_slot[i];
+        const u32 h = hits[LINK(slot)];
+        int step = 0;  // lane 0 decides: 0 skip the entry, 1 promote it, 2 the budget is spent
+        if (lane == 0) {
+            if (*claims >= budget) {
+                step = 2;
+            } else if (h >= min_hits &&
+                       atomicCAS(gpu_row + LINK(slot), NO_ROW, CLAIMED) == NO_ROW) {
+                step = atomicAdd(listed + 1, 1u) < budget ? 1 : 2;
+                if (step == 2) gpu_row[LINK(slot)] = NO_ROW;
+            }
+        }
+        step = __shfl_sync(full, step, 0);
+        if (step == 2) break;
+        if (step == 0) continue;
+        unsigned long long hand = 0;
+        if (lane == 0) hand = atomicAdd(clock, 32ull);
+        hand = __shfl_sync(full, hand, 0);
+        const u32 row = (u32)((hand + (unsigned long long)lane) % gpu_rows);
+        const u32 held_by = owner[row];
+        // victim hits + 1 (0: a free row), then the lane: the smallest wins
+        unsigned long long best =
+            ((held_by == NO_ROW ? 0ull : (unsigned long long)hits[LINK(held_by)] + 1ull) << 5) |
+            (unsigned long long)lane;
+        for (int off = 16; off > 0; off >>= 1) best = min(best, __shfl_xor_sync(full, best, off));
+        const int at = (int)(best & 31ull);
+        const u32 target = __shfl_sync(full, row, at);
+        const u32 victim = __shfl_sync(full, held_by, at);
+        if ((unsigned long long)h + 1ull > (best >> 5)) {  // more hits than the victim's key
+            if (lane == 0 && victim != NO_ROW) gpu_row[LINK(victim)] = NO_ROW;
+            for (int c = lane; c < ROW_STRIDE; c += 32)
+                gpu_vecs[(u64)target * ROW_STRIDE + c] = host_vecs[(u64)slot * ROW_STRIDE + c];
+            if (lane == 0) {
+                owner[target] = slot;
+                gpu_row[LINK(slot)] = target;
+                atomicAdd(clock + 1, 1ull);
+            }
+        } else if (lane == 0) {
+            gpu_row[LINK(slot)] = NO_ROW;
+        }
     }
 }
 

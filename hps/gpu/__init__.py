@@ -17,6 +17,7 @@ One table concept, three kinds picked by the model's `embedding_cache_type`:
 - device_arrays.py keys and rows brought to a table's device for its checked calls
 - kernels.py       the one loader of the CUDA sources (RawModules, launches) and the one
                    place compile-time constants are set (-D options: SET_SIZE, EMPTY_KEY, …)
+- key_sample.py    samples of looked-up keys copied off the device for the hot-key sketch
 - staging.py, host_loops.py, threshold.py, overlap.py, streams.py: the lookup path's
   pinned staging, compiled host loops, hit-rate threshold, host work during the wait,
   and stream identity

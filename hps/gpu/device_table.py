@@ -51,13 +51,23 @@ from hps.rows.gpu_layout import (
     table_storage,
 )
 from hps.rows.storage_types import FLOAT32, StorageType, decode
-from hps.runtime.raw_memory import wait_while
+from hps.runtime.raw_memory import wait_while, wait_while_held
 
 # The miss count's place holds this until the query kernel writes the count; the host
 # reads it this many times (GIL released, well under a millisecond) before it waits on
 # the query's event instead.
 _NO_COUNT = -1
 _SPINS = 1 << 16
+# A query of at most _HELD_SPIN_KEYS keys ends within tens of µs: its caller reads the
+# count with the GIL kept (at most _SPINS reads, ~0.1 ms). Released there, the GIL went to
+# another caller thread, and the spin's end then waited for that thread's next release
+# (a futex wake each time). 8 threads on their own streams, 2,000 power-law keys, H100,
+# `hps bench gpu --profile threads`, same run: 14.2 -> 34.4 M keys/s, p99 12,247 ->
+# 250 µs. Keeping it only while another thread's query was in flight (a lone caller
+# unchanged) measured far worse tails at 8 threads (p99 3.2-6.2 ms against 0.08-0.16 ms
+# with the GIL always kept, two runs). Larger queries spin with the GIL released; a count
+# still missing after the spin is waited for on the query's event.
+_HELD_SPIN_KEYS = 1 << 14
 
 
 def row_floats(dim: int) -> int:
@@ -467,7 +477,8 @@ class DeviceTable:
             # the count lands (after a system-scope fence: the missed keys are in host
             # memory too, and no block reads the table any more) before the kernel
             # retires and its event completes; long kernels end in the event wait
-            count = int(wait_while(ws.host_ptr, _NO_COUNT, _SPINS))
+            spin = wait_while_held if n <= _HELD_SPIN_KEYS else wait_while
+            count = int(spin(ws.host_ptr, _NO_COUNT, _SPINS))
             if count == _NO_COUNT:
                 rt.eventSynchronize(event)
                 count = int(host_count[0])

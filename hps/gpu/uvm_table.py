@@ -19,7 +19,8 @@ slot. Keys the table lacks are misses, for the caller's usual miss path.
 Placement: the first `gpu_rows` keys built get the GPU rows (file order, HugeCTR's warm-up
 order); `seed_hits(keys, counts)` lets known access counts decide the first pass instead.
 Every access counts in the key's `hits` (up to HITS_CAP). A promotion pass (the background
-task, every `promotion_interval` seconds while lookups come, on the table's stream):
+task, every `promotion_interval` seconds while lookups come, on the table's stream; while
+lookups promote rows themselves (below), the task only halves the counts):
 
 1. candidates: keys without a GPU row with hits >= MIN_HITS, most hits first (ties: lower
    slot first); victims: GPU rows, free ones first, then by their key's hits, fewest first
@@ -28,6 +29,16 @@ task, every `promotion_interval` seconds while lookups come, on the table's stre
    victim hits (a free row counts as -1 hits): the hysteresis keeps rows of keys about
    as hot as the candidates from swapping back and forth;
 3. every count is halved (older accesses weigh less).
+
+Promotion on the lookup path: a grouped query (below) of n keys that runs alone on the
+device (no query on another stream in flight, no pass choosing moves) and read at most
+n / 2 rows from host memory then promotes the host rows it read for keys with MIN_HITS
+accesses or more, at most min(gpu_rows, n) // 32 of them, into the GPU rows with the
+fewest hits in windows at a clock hand (cuda/uvm_table.cu uvm_promote_read_rows), on the
+caller's stream after the miss count is published: skewed traffic then reads its warm
+rows from GPU memory from the next batch on instead of waiting for a pass. Later queries
+and writes wait for it as for a write, so an update either comes first (the copy is of
+its row) or rewrites the new GPU copy too.
 
 tests/support/uvm_reference.py models this in NumPy, slot for slot.
 
@@ -69,6 +80,7 @@ from hps.gpu.host_memory import MappedHostMemory
 from hps.gpu.kernels import SET_SIZE
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
+from hps.gpu.streams import same_stream
 from hps.gpu.workspace import QueryWorkspace
 from hps.rows.gpu_layout import stored_row_bytes, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
@@ -92,6 +104,7 @@ REGION_BYTES = 2 << 20  # host memory read in any order within a region ran at f
 _MAX_REGIONS = 32768  # uvm_region_scan: one block of 1024 threads, 32 regions each
 _SCAN_BLOCK = 1024
 _QUERY_SIGNATURE = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32 ptr ptr ptr"
+_PROMOTE_SIGNATURE = "ptr i64 ptr u32 u32 ptr ptr ptr ptr ptr u32 ptr"
 _GROUPED_KERNELS = (  # name, signature
     ("uvm_query_grouped", _QUERY_SIGNATURE + " ptr ptr i32"),
     ("uvm_region_scan", "ptr ptr u32 ptr"),
@@ -111,17 +124,18 @@ def region_shift(num_rows: int, row_bytes: int, region_bytes: int = REGION_BYTES
 
 class _HostReadLists:
     """One workspace's buffers for grouped host reads (device): the number of deferred
-    host rows (u32 [1]), the slot deferred at each batch position (NO_ROW where none), the
-    deferred slots and their positions in region order (u32 [capacity] each), and per
-    region its count and its start in the order. Between queries every count is 0 (the
-    kernels leave them so)."""
+    host rows and of the promotions claimed (u32 [2]), the slot deferred at each batch
+    position (NO_ROW where none), the deferred slots and their positions in region order
+    (u32 [capacity] each), and per region its count and its start in the order. Between
+    queries every count is 0 (the kernels leave them so)."""
 
     def __init__(self, cupy: Any, capacity: int, regions: int) -> None:
         self.capacity = capacity
-        self.listed = cupy.zeros(1, np.uint32)
+        self.listed = cupy.zeros(2, np.uint32)  # deferred rows; promotions claimed
         self.lists = cupy.empty((3, capacity), np.uint32)  # by position, ordered slot, pos
         self.region_count = cupy.zeros(regions, np.uint32)
         self.region_start = cupy.empty(regions, np.uint32)
+        self.promoted = cupy.cuda.Event(block=False, disable_timing=True)
         base, row = int(self.lists.data.ptr), capacity * 4
         self.ptrs = (int(self.listed.data.ptr), base, base + row, base + 2 * row,
                      int(self.region_count.data.ptr), int(self.region_start.data.ptr))
@@ -163,7 +177,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                  group: int | None = None, unroll: int | None = None,
                  storage: str | StorageType = FLOAT32,
                  grouped_reads_from: int = GROUPED_READS_FROM,
-                 read_region_bytes: int = REGION_BYTES) -> None:
+                 read_region_bytes: int = REGION_BYTES, promote_on_lookup: bool = True
+                 ) -> None:
         if not 0 <= gpu_rows < NO_ROW:
             raise LookupInputError(f"gpu_rows must be in [0, {NO_ROW}), got {gpu_rows}")
         if promotion_interval < 0:
@@ -196,7 +211,9 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
             self._hits = self._links[:, 1]
             self._gpu_vecs = self._alloc(*self._row_array(max(self.gpu_rows, 1)))
             self._owner = self._alloc((max(self.gpu_rows, 1),), np.uint32)
+            self._clock = self._alloc((2,), np.uint64)  # the hand; rows promoted on lookups
             with self._stream:
+                self._clock.fill(0)
                 self._gpu_row.fill(NO_ROW)
                 self._hits.fill(0)
                 self._gpu_vecs.fill(0)
@@ -205,6 +222,11 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self._gpu_row_ptr = int(self._gpu_row.data.ptr)
         self._gpu_vecs_ptr = int(self._gpu_vecs.data.ptr)
         self._hits_ptr = int(self._hits.data.ptr)
+        self._owner_ptr = int(self._owner.data.ptr)
+        self._clock_ptr = int(self._clock.data.ptr)
+        self.promote_on_lookup = bool(promote_on_lookup) and self.gpu_rows > 0
+        self._pass_busy = False  # a pass chooses moves: lookups do not promote meanwhile
+        self._moves_done: Any = None  # the last pass's moves, for lookup promotions to follow
         self._placed = 0  # GPU rows handed out in build order
         self.grouped_reads_from = max(1, int(grouped_reads_from))
         self._region_shift = region_shift(self.num_slots + 1, self._row_bytes,
@@ -215,8 +237,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self._grouped: dict[int, tuple[Any, ...]] = {}  # out type → bound launches
         self._grouped_generation = -1
         self._pass_lock = threading.Lock()  # one pass at a time
-        self._lookups = 0
-        self._seen_lookups = 0
+        self._lookups = self._seen_lookups = self._seen_promoted = 0
         self.passes = 0
         self.moved = 0
         self._promoter: PeriodicTask | None = None
@@ -263,13 +284,14 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     def memory_stats(self) -> dict[str, Any]:
         """memory_bytes (GPU), host_memory_bytes (pinned) and host_memory_kind (see
         hps/gpu/host_memory.py), gpu_rows, gpu_rows_used, promotion passes and rows moved
-        so far."""
+        so far (by passes; rows_promoted_on_lookup: by lookups)."""
         return {"memory_bytes": self._memory_bytes(),
                 "host_memory_bytes": self.host_bytes_required(self.num_keys, self.dim,
                                                               self.load_factor, self.storage),
                 "host_memory_kind": self._host_mem.kind if self._host_mem else "",
                 "gpu_rows": self.gpu_rows, "gpu_rows_used": self.gpu_rows_used(),
-                "promotion_passes": self.passes, "rows_moved": self.moved}
+                "promotion_passes": self.passes, "rows_moved": self.moved,
+                "rows_promoted_on_lookup": self.lookup_promotions()}
 
     def _alloc_rows(self) -> Any:
         """Every slot's row in pinned, device-mapped host memory (hps/gpu/host_memory.py),
@@ -286,7 +308,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
 
     def _free_extra(self) -> None:
         self._links = self._gpu_row = self._hits = self._gpu_vecs = self._owner = None
-        self._host_rows_view = None
+        self._clock = self._host_rows_view = None
         if self._host_mem is not None:
             self._host_mem.close()
             self._host_mem = None
@@ -321,14 +343,17 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         return lists
 
     def _grouped_launches(self, out_type: int) -> tuple[Any, ...]:
-        """The four kernels of a grouped query writing out_type (see cuda/uvm_table.cu)."""
+        """The four kernels of a grouped query writing out_type and the promotion after it
+        (see cuda/uvm_table.cu)."""
         if self._grouped_generation != self._generation:
             self._grouped = {}
             self._grouped_generation = self._generation
         launches = self._grouped.get(out_type)
         if launches is None:
-            launches = tuple(kernels.Launch(self._kernel(name, out_type), signature)
-                             for name, signature in _GROUPED_KERNELS)
+            launches = (*(kernels.Launch(self._kernel(name, out_type), signature)
+                          for name, signature in _GROUPED_KERNELS),
+                        kernels.Launch(self._kernel("uvm_promote_read_rows"),
+                                       _PROMOTE_SIGNATURE))
             self._grouped[out_type] = launches
         return launches
 
@@ -336,10 +361,10 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                          ws: QueryWorkspace, stream_ptr: int, out_type: int) -> None:
         """The query with its host reads grouped by region (the lock held, the device
         current, ws reserved): four launches on the stream, the last publishing the miss
-        count."""
+        count; then the promotion of the rows read, where _may_promote allows it."""
         lists = self._lists_for(ws, n)
         listed, by_pos, order_slots, order_positions, counts, starts = lists.ptrs
-        query, scan, scatter, gather = self._grouped_launches(out_type)
+        query, scan, scatter, gather, promote = self._grouped_launches(out_type)
         vec4 = int(self._out_dim_vec[out_type] and out_ptr % 16 == 0)
         shift = self._region_shift
         keys_per_block = self._unroll * (32 // self._group) * (BLOCK // 32)
@@ -356,6 +381,34 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         gather(min(-(-(n * self._group) // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed,
                order_slots, order_positions, self._vecs_ptr, out_ptr, vec4, ws.ctl_ptr,
                ws.host_ptr)
+        if not self._may_promote(stream_ptr):
+            return
+        moves = self._moves_done
+        if moves is not None and not moves.done:  # the last pass's links come first
+            self._rt.streamWaitEvent(stream_ptr, moves.ptr, 0)
+        budget = max(1, min(self.gpu_rows, n) // 32)  # whole windows of 32 rows each
+        promote(min(-(-n * 32 // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed, n,
+                order_slots, budget, MIN_HITS, self._vecs_ptr, self._gpu_row_ptr,
+                self._hits_ptr, self._gpu_vecs_ptr, self._owner_ptr, self.gpu_rows,
+                self._clock_ptr)
+        self._rt.eventRecord(lists.promoted.ptr, stream_ptr)
+        self._write_event = lists.promoted  # later queries and writes come after it
+
+    def _may_promote(self, stream_ptr: int) -> bool:
+        """Whether a grouped query on stream_ptr may promote its rows (the lock held): no
+        query on another stream is in flight (it may read a victim's row) and no pass is
+        choosing moves (it would move rows the promotion gave away)."""
+        return self.promote_on_lookup and not self._pass_busy and all(
+            same_stream(other, stream_ptr) for other in self._inflight.values())
+
+    def lookup_promotions(self) -> int:
+        """Rows promoted on the lookup path so far (0 once closed)."""
+        with self._lock:
+            if self._closed:
+                return 0
+            with self._device:
+                self._wait_for_writes(self._stream.ptr)
+                return int(self._clock[1:2].get(stream=self._stream)[0])
 
     def _update_args(self, keys: Any, n: int, vectors: Any, updated: Any) -> tuple[Any, ...]:
         return (*super()._update_args(keys, n, vectors, updated), self._gpu_row,
@@ -399,9 +452,22 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     # -- promotion ------------------------------------------------------------------------
 
     def _background_pass(self) -> None:
-        if self._lookups != self._seen_lookups:  # only while lookups come
-            self._seen_lookups = self._lookups
+        if self._lookups == self._seen_lookups:  # only while lookups come
+            return
+        self._seen_lookups = self._lookups
+        promoted = self.lookup_promotions()
+        if promoted == self._seen_promoted:
             self.promote()
+            return
+        # lookups placed rows since the last pass: the counts only decay (a pass's moves
+        # would fight theirs, and lookups that promote wait for a pass's copies)
+        self._seen_promoted = promoted
+        with self._pass_lock, self._lock:
+            if self._closed:
+                return
+            with self._device, self._stream:
+                self._cp.right_shift(self._hits, 1, out=self._hits)
+            self.passes += 1
 
     def promote(self) -> int:
         """One promotion pass (see the module docstring); returns the rows moved. Queued on
@@ -411,12 +477,24 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                 return 0
             cp = self._cp
             with self._device, self._stream:
-                moves = self._choose_moves()
                 with self._lock:
                     if self._closed:
                         return 0
-                    moved = self._enqueue_moves(*moves) if moves is not None else 0
-                    cp.right_shift(self._hits, 1, out=self._hits)
+                    self._pass_busy = True
+                    self._wait_for_writes(self._stream.ptr)  # lookups' promotions first
+                try:
+                    moves = self._choose_moves()
+                    with self._lock:
+                        if self._closed:
+                            return 0
+                        moved = self._enqueue_moves(*moves) if moves is not None else 0
+                        cp.right_shift(self._hits, 1, out=self._hits)
+                        done = cp.cuda.Event(block=False, disable_timing=True)
+                        done.record(self._stream)
+                        self._moves_done = done
+                finally:
+                    with self._lock:
+                        self._pass_busy = False
                 # outside the lock: lookups enqueue meanwhile; `moves` lives until here
                 self._stream.synchronize()
             self.passes += 1
@@ -454,10 +532,9 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         return cand[:m], rows, demoted
 
     def _enqueue_moves(self, promoted: Any, rows: Any, demoted: Any) -> int:
-        """Queues a move on the table's stream (the lock held, the device and the table's
-        stream current): unlink
-        the demoted slots and make later queries wait for that; then, after the queries in
-        flight, fill the rows and link the promoted slots."""
+        """Queues a move on the table's stream (the lock held, the device and the stream
+        current): unlink the demoted slots and make later queries wait for that; then,
+        after the queries in flight, fill the rows and link the promoted slots."""
         cp = self._cp
         stream = self._stream
         m = int(promoted.shape[0])
@@ -483,6 +560,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
             self._check_open()
             with self._device:
                 owner = self._owner[: self.gpu_rows]
+                self._wait_for_writes(self._stream.ptr)  # lookups' promotions
                 with self._stream:
                     used = int(self._cp.count_nonzero(owner != NO_ROW))
                 return used
@@ -494,6 +572,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         with self._lock:
             self._check_open()
             with self._device:
+                self._wait_for_writes(self._stream.ptr)  # lookups' promotions
                 self._stream.synchronize()
                 s = self._stream
                 assert self._host_rows_view is not None
@@ -514,4 +593,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         if self._promoter is not None:
             self._promoter.close(timeout=30)
         with self._pass_lock:  # a pass from another thread finishes first
+            with self._lock:
+                last = self._write_event  # a lookup's promotion may still run
+                if last is not None and not self._closed:
+                    last.synchronize()
             super().close()

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hps.errors import HPSError
 from hps.http.admin import build_admin_router
+from hps.http.admission import TARGET_DELAY_S
 from hps.http.docs_page import add_docs_page
 from hps.http.errors import ApiError, ErrorBody, error_body, v2_error_body
 from hps.http.gate import RequestGate, body_form
@@ -70,6 +71,8 @@ def create_app(
     on_ready: Callable[[], None] | None = None,
     allow_roots: Sequence[str] | None = None,
     max_queued_lookups: int | None = None,
+    queue_target_s: float = TARGET_DELAY_S,
+    min_queued_lookups: int | None = None,
 ) -> FastAPI:
     """A FastAPI app that serves `server`.
 
@@ -85,8 +88,10 @@ def create_app(
     `allow_roots`: folders or URI prefixes models added over HTTP may be read from
     (default: the folders holding the configured models' folders; see `roots.py`).
     `max_queued_lookups`: lookups that may wait for or run on the lookup threads (default:
-    a few per thread); past it a lookup is answered 503 with Retry-After
-    (`ServiceState.admit`).
+    16 per thread); past it a lookup is answered 503 with Retry-After
+    (`ServiceState.admit`). `queue_target_s`: the queueing delay a lookup may meet; one
+    that would wait longer is answered so too, once at least `min_queued_lookups` are in
+    (default: 4 per thread, at least 8; hps/http/admission.py).
     """
     if token is not None and not token:
         raise ValueError("token must be a non-empty string or None")
@@ -95,6 +100,8 @@ def create_app(
     state = ServiceState(server=server, metrics=Metrics(server), token=token, host=host,
                          max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
                          on_ready=on_ready, max_queued_lookups=max_queued_lookups,
+                         queue_target_s=queue_target_s,
+                         min_queued_lookups=min_queued_lookups,
                          allowed_roots=[normalise_root(r) for r in (
                              default_roots(server.config) if allow_roots is None
                              else allow_roots)] + [normalise_root(r) for r in

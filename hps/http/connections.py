@@ -121,6 +121,7 @@ def guarded_protocol(guard: ConnectionGuard,
     class GuardedProtocol(parent):  # type: ignore[misc, valid-type]
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._hps_timer: asyncio.TimerHandle | None = None
+            self._hps_due: tuple[float, str] | None = None  # the deadline armed, its reason
             self._hps_cycle: Any = None
             self._hps_closed: str | None = None
             self._hps_counted = False
@@ -178,7 +179,7 @@ def guarded_protocol(guard: ConnectionGuard,
                 self._await_request()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._disarm(cancel=True)
             if self._hps_counted and self._hps_closed is None:
                 self._hps_closed = "client"
                 guard.gone(self, None)
@@ -189,7 +190,7 @@ def guarded_protocol(guard: ConnectionGuard,
             if self._hps_closed is not None:
                 return
             self._hps_closed = reason
-            self._disarm()
+            self._disarm(cancel=True)
             guard.gone(self, reason)
             self.transport.abort()
 
@@ -197,14 +198,36 @@ def guarded_protocol(guard: ConnectionGuard,
             guard.waiting(self)
             self._arm(guard.header_timeout, "header_timeout")
 
+        # A deadline is armed and disarmed with every request, so it is an attribute
+        # (`_hps_due`), and the connection's one timer is made only when none is pending
+        # that fires no later; a timer that finds its deadline moved on arms again for the
+        # rest (`_hps_expire`). A timer made and cancelled per request (uvloop: a libuv
+        # handle opened and closed) cost 2.9-5.8 us a request against 0.2-0.4 us so.
         def _arm(self, seconds: float, reason: str) -> None:
-            self._disarm()
-            self._hps_timer = self.loop.call_later(seconds, self.hps_close, reason)
+            due = self.loop.time() + seconds
+            self._hps_due = (due, reason)
+            timer = self._hps_timer
+            if timer is not None:
+                if timer.when() <= due:
+                    return  # it fires first, and arms again for the rest
+                timer.cancel()
+            self._hps_timer = self.loop.call_at(due, self._hps_expire)
 
-        def _disarm(self) -> None:
-            if self._hps_timer is not None:
+        def _disarm(self, cancel: bool = False) -> None:
+            self._hps_due = None
+            if cancel and self._hps_timer is not None:  # the connection is gone
                 self._hps_timer.cancel()
                 self._hps_timer = None
+
+        def _hps_expire(self) -> None:
+            self._hps_timer = None
+            due = self._hps_due
+            if due is None:
+                return
+            if due[0] > self.loop.time():
+                self._hps_timer = self.loop.call_at(due[0], self._hps_expire)
+            else:
+                self.hps_close(due[1])
 
     GuardedProtocol.__name__ = f"Guarded{parent.__name__}"
     GuardedProtocol.guard = guard

@@ -139,6 +139,9 @@ class HotRoutes:
         scope["route"] = route.route
         status = 500  # what the request is counted as when no answer went out
         try:
+            if self.state.admission.shed_now():  # before a header is read: admission.py
+                status = await self.state.admission.refuse_early(send, route.error_body)
+                return
             headers, parts = await route.handle(self.state, read_headers(scope["headers"]),
                                                 receive, params)
             status = 200

@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse
 
 from hps.config import ModelConfig
 from hps.errors import HPSError, UnknownModelError
+from hps.http.admission import SHED_MESSAGE, TARGET_DELAY_S, Admission, Expired
 from hps.http.bodies import parse_length
 from hps.http.errors import (
     ApiError,
@@ -51,15 +52,19 @@ T = TypeVar("T")
 
 #: default limit of a request body: 16 MiB (2 M binary keys)
 DEFAULT_MAX_BODY_BYTES = 16 << 20
-#: default bound of the admission queue, per lookup thread: lookups waiting for or on a
-#: lookup thread. Past it a lookup is answered 503 at once: queueing more only makes
-#: every answer later. At 64 in all, 64 client processes on the 2-core machine (2 lookup
-#: threads) got 0.63x the peak's rate at a p99 of 663 ms, and none within a 10 ms
-#: deadline (`hps bench http --overload`): a queue deeper than a few lookups per thread
-#: only holds requests until their deadlines pass.
-QUEUED_LOOKUPS_PER_THREAD = 4
+#: default hard bound of the admission queue (lookups waiting for or on a lookup thread),
+#: per lookup thread. The queueing delay decides first (hps/http/admission.py); this bound
+#: only holds when the delay cannot be measured.
+QUEUED_LOOKUPS_PER_THREAD = 16
 #: ... and never fewer than this in all
-MIN_QUEUED_LOOKUPS = 8
+MIN_QUEUED_LOOKUPS = 32
+#: default floor of the admission queue per lookup thread: below it no lookup is shed.
+#: A handful of clients that wait for each answer cannot overload the server; with a
+#: slow tier the delay alone shed them (4 such clients, while Redis restarted under
+#: them, got 503s from a 3 ms target with 2 lookup threads).
+ADMITTED_LOOKUPS_PER_THREAD = 4
+#: ... and never fewer than this in all
+MIN_ADMITTED_LOOKUPS = 8
 #: the header a client gives its deadline in: milliseconds from when the server has the
 #: request's headers
 DEADLINE_HEADER = "x-hps-deadline-ms"
@@ -93,17 +98,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class _Expired(Exception):
-    """A lookup whose deadline passed while it waited for a thread (not started)."""
-
-
-def _before(deadline: float | None, fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` on a lookup thread, unless `deadline` passed while it waited."""
-    if deadline is not None and time.monotonic() >= deadline:
-        raise _Expired()
-    return fn(*args)
-
-
 @dataclass
 class ServiceState:
     """The shared state of one app (one per `create_app` call)."""
@@ -115,15 +109,21 @@ class ServiceState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     lookup_threads: int | None = None  # None: auto_lookup_threads(server)
     on_ready: Callable[[], None] | None = None
-    #: lookups that may wait for or run on the lookup threads (see `admit`); None: a few
-    #: per lookup thread (QUEUED_LOOKUPS_PER_THREAD, at least MIN_QUEUED_LOOKUPS)
+    #: the hard bound of lookups that may wait for or run on the lookup threads (see
+    #: `admit`); None: QUEUED_LOOKUPS_PER_THREAD per lookup thread, at least
+    #: MIN_QUEUED_LOOKUPS
     max_queued_lookups: int | None = None
-    queued_lookups: int = 0  # event loop only
+    #: the queueing delay an admitted lookup may meet (hps/http/admission.py)
+    queue_target_s: float = TARGET_DELAY_S
+    #: below this many lookups none is shed; None: ADMITTED_LOOKUPS_PER_THREAD per
+    #: lookup thread, at least MIN_ADMITTED_LOOKUPS
+    min_queued_lookups: int | None = None
     #: where models added over HTTP may be read from (normalised; see roots.py)
     allowed_roots: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     loader: threading.Thread | None = None
     executor: ThreadPoolExecutor = field(init=False)
+    admission: Admission = field(init=False)
     #: Host names admin routes accept (see guards.py)
     admin_hosts: frozenset[str] = field(init=False)
     #: origins of `http.allowed_hosts` admin routes accept besides the server's own
@@ -137,20 +137,33 @@ class ServiceState:
         if self.max_queued_lookups is None:
             self.max_queued_lookups = max(MIN_QUEUED_LOOKUPS,
                                           QUEUED_LOOKUPS_PER_THREAD * self.lookup_threads)
+        if self.min_queued_lookups is None:
+            self.min_queued_lookups = max(MIN_ADMITTED_LOOKUPS,
+                                          ADMITTED_LOOKUPS_PER_THREAD * self.lookup_threads)
+        self.admission = Admission(self.lookup_threads, self.max_queued_lookups,
+                                   self.queue_target_s, floor=self.min_queued_lookups,
+                                   on_shed=self.metrics.shed.inc,
+                                   on_early_answer=self.metrics.errors.labels(
+                                       Overloaded.kind, str(Overloaded.status)).inc)
         self.admin_hosts = allowed_hosts(self.server.config, self.host)
         self.admin_origins = allowed_origins(self.server.config)
 
     # -- admission: the one rule of every lookup route, on every path to it ---------------
 
+    @property
+    def queued_lookups(self) -> int:
+        """Lookups admitted and not answered yet (waiting for or on a lookup thread)."""
+        return self.admission.queued
+
     def admit(self, headers: Mapping[str, str]) -> float | None:
         """Before a lookup's body is read: Overloaded (503, Retry-After) when the admission
-        queue is full, else the request's deadline (`time.monotonic()` seconds; None
-        without `X-HPS-Deadline-Ms`). Every hot route's handler calls it, so the general
-        path and both shortcuts (`hot_routes.py`, `direct.py`) apply the same rule."""
-        if self.queued_lookups >= self.max_queued_lookups:
-            self.metrics.shed.inc()
-            raise Overloaded(f"{self.queued_lookups} lookups are waiting (the server's "
-                             "bound): try again shortly", headers={"Retry-After": "1"})
+        rule sheds it (hps/http/admission.py), else the request's deadline
+        (`time.monotonic()` seconds; None without `X-HPS-Deadline-Ms`). Every hot route's
+        handler calls it, so the general path and both shortcuts (`hot_routes.py`,
+        `direct.py`) apply the same rule."""
+        admission = self.admission
+        if admission.shed_now():
+            raise Overloaded(SHED_MESSAGE, headers={"Retry-After": admission.count_shed()})
         given = headers.get(DEADLINE_HEADER)
         if given is None:
             return None
@@ -177,14 +190,15 @@ class ServiceState:
         self.check_deadline(deadline)
         if self.lookup_threads == 0:
             return fn(*args)
-        self.queued_lookups += 1
+        admission = self.admission
+        admission.enter()
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, _before, deadline, fn, *args)
-        except _Expired:
+                self.executor, admission.run, deadline, fn, *args)
+        except Expired:
             result = None  # the deadline has passed: check_deadline raises
         finally:
-            self.queued_lookups -= 1
+            admission.leave()
         self.check_deadline(deadline)
         return result
 
@@ -234,7 +248,9 @@ class ServiceState:
             log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
             message = f"internal error: {type(exc).__name__}"
         else:
-            if status >= 500:
+            if status >= 500 and not isinstance(exc, (Overloaded, DeadlineExceeded)):
+                # (refusals under load are counted in the metrics: a line each would
+                # flood the log and spend the CPU the refusal saves)
                 log.warning("%s %s: %s", request.method, request.url.path, exc)
             message = str(exc)
         headers = exc.headers if isinstance(exc, ApiError) else None

@@ -21,11 +21,18 @@ drains as `hps serve` does (connections.py) and exits 0; the supervisor then rem
 run folder and returns. A worker that cannot start at all (its error is in the run
 folder) stops the server with that error.
 
-What workers cannot serve yet is refused up front with a ConfigError: a volatile tier
-other than the hash map, a persistent tier (RocksDB takes one writing process), GPU
-caches on a machine with CUDA (the workers would need the one cache of each device
-shared through CUDA IPC; one cache per worker would multiply the device memory by N),
-and gRPC.
+Redis as the volatile tier is read by every worker through a pool of its own (the
+leader writes it); RocksDB has one writer, the leader, and the other workers read it
+through secondary instances (hps/tiers/rocksdb/secondary.py); tables either holds are
+dropped once no worker serves them (hps/http/workers_drops.py).
+
+What workers cannot serve yet is refused up front with a ConfigError: a bounded
+in-process hash map, GPU caches on a machine with CUDA (the workers would need the one
+cache of each device shared through CUDA IPC; one cache per worker would multiply the
+device memory by N).
+
+gRPC (`--grpc-port`) is served by every worker on the one port: the supervisor holds it
+and each worker's grpcio server binds it with SO_REUSEPORT (hps/http/grpc/server.py).
 """
 
 from __future__ import annotations
@@ -82,7 +89,9 @@ def gpu_caches_wanted(config: PSConfig) -> list[str]:
 
 
 def check_workers(config: PSConfig, grpc_port: int | None) -> None:
-    """ConfigError for what N workers cannot serve yet (see the module docstring)."""
+    """ConfigError for what N workers cannot serve yet (see the module docstring);
+    MissingExtraError with `grpc_port` when the `grpc` extra is not installed (before
+    any worker starts)."""
     check_shareable(config)
     gpu = gpu_caches_wanted(config)
     if gpu:
@@ -93,8 +102,7 @@ def check_workers(config: PSConfig, grpc_port: int | None) -> None:
             "done yet. Serve with one worker, or set gpucache: false to serve these models "
             "from the shared host table")
     if grpc_port is not None:
-        raise ConfigError("--workers > 1 with gRPC (--grpc-port, http.grpc_port) is not "
-                          "served yet: use one worker for gRPC")
+        import hps.http.grpc  # noqa: F401
 
 
 def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, host: str,
@@ -105,7 +113,18 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
     until SIGTERM or SIGINT (see the module). Raises ConfigError (before anything
     serves) for a config the workers cannot serve, and a worker's setup error when one
     cannot start."""
-    check_workers(config, grpc_port if grpc_port is not None else config.http.grpc_port)
+    grpc_port = grpc_port if grpc_port is not None else config.http.grpc_port
+    check_workers(config, grpc_port)
+    grpc_held = None
+    if grpc_port is not None:  # every worker binds it with SO_REUSEPORT while held
+        from hps.http.grpc.server import grpc_address, reserve_port
+
+        try:
+            grpc_held = reserve_port(host, grpc_port)
+        except BaseException:
+            sock.close()
+            raise
+        grpc_port = int(grpc_held.getsockname()[1])
     folder = create_run_dir()
     supervisor = _Supervisor(folder, workers, sock, token)
     try:
@@ -115,21 +134,49 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
         (folder / "serve.json").write_text(json.dumps({
             "host": host, "max_body_bytes": max_body_bytes, "lookup_threads": lookup_threads,
             "access_log": access_log, "log_level": log_level,
-            "allow_roots": list(allow_roots) if allow_roots else None}))
+            "allow_roots": list(allow_roots) if allow_roots else None,
+            "grpc_port": grpc_port}))
         initial_ops(supervisor.oplog, config)
         sock.listen(2048)
         supervisor.start_all()
         echo(f"hps: serving on {url} with {workers} workers over one shared table (models "
              "load in the background; GET /readyz turns 200 when every worker serves them)")
-        stopped_by = supervisor.run(ready=lambda: echo(
-            f"hps: every model is loaded in every worker; try: curl {url}/v1/models"))
+        if grpc_port is not None:
+            echo(f"hps: serving KServe v2 over gRPC on {grpc_address(host, grpc_port)} in "
+                 "every worker")
+
+        def ready() -> None:
+            if grpc_port is not None:  # "loaded" comes before a worker's gRPC listens
+                _wait_for_grpc(folder, supervisor)
+            echo(f"hps: every model is loaded in every worker; try: curl {url}/v1/models")
+
+        stopped_by = supervisor.run(ready=ready)
     finally:
         supervisor.stop()
         sock.close()
+        if grpc_held is not None:
+            grpc_held.close()
         remove_run_dir(folder)
     if stopped_by:
         echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in stopped_by)}: "
              f"{workers} workers drained, shared memory removed")
+
+
+#: the folder of the run folder where each worker notes that its gRPC server listens
+GRPC_LISTENING = "grpc"
+
+
+def _wait_for_grpc(folder: Path, supervisor: _Supervisor, timeout: float = 60.0) -> None:
+    """Until every worker's gRPC server listens (its note in GRPC_LISTENING), a worker
+    exits (the supervisor then deals with it) or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all((folder / GRPC_LISTENING / str(i)).exists() for i in range(supervisor.count)):
+            return
+        if any(proc.poll() is not None for proc in supervisor.procs.values()):
+            return
+        time.sleep(0.05)
+    log.warning("not every worker serves gRPC %.0f s after its models were loaded", timeout)
 
 
 class _Supervisor:

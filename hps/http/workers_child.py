@@ -6,7 +6,8 @@ folder in `$HPS_RUN_DIR` and the token in `$HPS_TOKEN`. It reads its ps.json and
 serve options from the run folder, builds a `ReplicatedServer` (hps/http/workers_ops.py),
 applies the ops the leader already completed (a worker started again maps the tables
 before it accepts a connection), and serves the app as `hps serve` does (run_app:
-uvicorn, the drain on SIGTERM), with `/metrics` summed over the workers. A setup error
+uvicorn, the drain on SIGTERM; gRPC too, on the port the supervisor holds, when asked),
+with `/metrics` summed over the workers. A setup error
 (a bad config, a tier that cannot open) is written to `failed-<index>` in the run
 folder, where the supervisor reads it, and the process exits with status 3.
 """
@@ -21,6 +22,7 @@ import pickle
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from hps.http.serve import run_app
 from hps.http.workers_metrics import MergedRegistry, MetricsDump
@@ -61,12 +63,26 @@ def main() -> int:
 
         metrics.registry = MergedRegistry(metrics.registry, peers)
 
+    grpc_port = options.get("grpc_port")
+    if grpc_port is not None:  # the port the supervisor holds, shared by every worker
+        from hps.http.grpc.server import share_port
+
+        share_port(grpc_port)
+
+    def listening(grpc_server: Any) -> None:
+        if grpc_server is not None:  # noted for the supervisor's "loaded in every worker"
+            from hps.http.workers import GRPC_LISTENING
+
+            grpc_server.start()
+            (folder / GRPC_LISTENING).mkdir(exist_ok=True)
+            (folder / GRPC_LISTENING / str(index)).write_text(str(os.getpid()))
+
     try:
         run_app(sock, server, host=options["host"], token=os.environ.get("HPS_TOKEN") or None,
                 max_body_bytes=options["max_body_bytes"],
                 lookup_threads=options["lookup_threads"], access_log=options["access_log"],
                 log_level=options["log_level"], allow_roots=options["allow_roots"],
-                on_ready=None, grpc_port=None, prepare=prepare)
+                on_ready=None, grpc_port=grpc_port, listening=listening, prepare=prepare)
     finally:
         for d in dump:
             d.close()

@@ -10,7 +10,8 @@ every POLL seconds):
 
 - the leader (worker 0) applies it as one process would: it loads the files into the
   shared tables (hps/tiers/hash_map/shared.py), with the op's number as their
-  generation, and writes the op's outcome (done, or the error, pickled);
+  generation, and writes the op's outcome (done, and where the version's tables lie in
+  Redis and RocksDB; or the error, pickled);
 - every other worker waits for that outcome, then applies the op too, mapping the tables
   the leader made (its loader skips the rows: `loaded_elsewhere`), or, when the leader
   failed, records the same error without applying it.
@@ -22,7 +23,12 @@ worker serves the new version; each swaps it in atomically, as one process does.
 
 A worker started again (after it died) replays the log compacted: the last successful
 load or add of each model still served, mapping the tables the leader holds, before it
-takes requests (hps/http/workers_child.py), then follows the log as before.
+takes requests (hps/http/workers_child.py), then follows the log as before. In Redis and
+RocksDB it reads each version where the outcome says the leader stored it (`_place`),
+whatever its own registry names it; the leader drops the tables a change replaced there
+only once every live worker applied the change (hps/http/workers_drops.py). A follower's
+RocksDB is a secondary instance of the leader's store (hps/tiers/rocksdb/secondary.py),
+opened again before each op.
 
 A model counts as served by the server (`models`: /readyz, /v1/models) once every live
 worker serves it. Only the leader consumes online updates: its /readyz shows their state, and
@@ -48,10 +54,14 @@ from typing import Any
 
 from hps.config import UNBOUNDED, ModelConfig, PSConfig, config_to_json
 from hps.errors import ConfigError, TierError
+from hps.http.workers_drops import HeldDrops
+from hps.modelfiles.confined import confined, current_roots
 from hps.runtime.run_dir import pid_alive
 from hps.server import HierarchicalParameterServer
 from hps.server.loader import LoadProgress
 from hps.server.models import LoadedModel
+from hps.server.registry import STAGING_SUFFIX, _storage_name
+from hps.tiers.contract import table_name
 
 log = logging.getLogger("hps.http.workers")
 
@@ -73,6 +83,9 @@ class Op:
     kind: str  # "load", "add", "unload"
     model: str
     block: dict[str, Any] | None  # the model block of a load or an add
+    # the allowed roots its files are opened beneath (hps/modelfiles/confined.py): those
+    # of the request that asked for it, so the worker that loads it opens them alike
+    roots: tuple[str, ...] | None = None
 
 
 class OpLog:
@@ -87,12 +100,14 @@ class OpLog:
         self._read_at = 0
         self._ops: list[Op] = []
 
-    def append(self, kind: str, model: str, block: dict[str, Any] | None = None) -> int:
+    def append(self, kind: str, model: str, block: dict[str, Any] | None = None,
+               roots: tuple[str, ...] | None = None) -> int:
         """Add an op; returns its number."""
         with open(self.folder / "log.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             seq = sum(1 for _ in open(self.path, "rb")) + 1
-            line = json.dumps({"seq": seq, "kind": kind, "model": model, "block": block})
+            line = json.dumps({"seq": seq, "kind": kind, "model": model, "block": block,
+                               "roots": None if roots is None else list(roots)})
             with open(self.path, "a") as f:
                 f.write(line + "\n")
                 f.flush()
@@ -107,14 +122,19 @@ class OpLog:
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines():
             raw = json.loads(line)
-            self._ops.append(Op(raw["seq"], raw["kind"], raw["model"], raw["block"]))
+            roots = raw.get("roots")
+            self._ops.append(Op(raw["seq"], raw["kind"], raw["model"], raw["block"],
+                                None if roots is None else tuple(roots)))
         self._read_at += end
         return list(self._ops)
 
     # -- outcomes (the leader's) --------------------------------------------------------
 
-    def set_outcome(self, seq: int, error: BaseException | None) -> None:
-        payload: dict[str, Any] = {"ok": error is None}
+    def set_outcome(self, seq: int, error: BaseException | None,
+                    stored: dict[str, str] | None = None) -> None:
+        """The leader applied op `seq`: failed with `error`, or stored the tables of its
+        version under `stored` (table → storage name, in the tiers every worker reads)."""
+        payload: dict[str, Any] = {"ok": error is None, "stored": stored or {}}
         if error is not None:
             payload["message"] = str(error)
             with contextlib.suppress(Exception):
@@ -134,6 +154,14 @@ class OpLog:
             with contextlib.suppress(Exception):
                 error = pickle.loads(base64.b64decode(payload["error"]))  # our own file
         return True, error
+
+    def stored(self, seq: int) -> dict[str, str]:
+        """Where the leader stored the tables of op `seq`'s version (empty: not known)."""
+        try:
+            return dict(json.loads((self.folder / "outcomes" / str(seq)).read_text())
+                        .get("stored", {}))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
 
     # -- workers and acks ---------------------------------------------------------------
 
@@ -206,6 +234,16 @@ class ReplicatedServer(HierarchicalParameterServer):
         self._done = 0  # the last op applied here
         #: told of each op applied here (the worker's app marks models ready or not)
         self.on_applied: Callable[[Op], None] | None = None
+        # the tiers every worker reads but only the leader writes: Redis, RocksDB
+        # (the followers' RocksDB is a secondary instance from its start: secondary.py)
+        common = [t for t in self.tiers if not getattr(t, "shared", False)]
+        self._readers = [t for t in common if hasattr(t, "read_as")]
+        self._stored: dict[str, str] = {}  # storage name here → there (see _place)
+        self._drops = HeldDrops(common, oplog.lowest_ack, ACK_WAIT) if self.leader else None
+        if not self.leader:
+            for tier in common:  # a loop over tiers
+                if hasattr(tier, "follow"):
+                    tier.follow()
         oplog.register(index)
 
     # -- the follower thread -----------------------------------------------------------
@@ -250,6 +288,8 @@ class ReplicatedServer(HierarchicalParameterServer):
 
     def _follow(self) -> None:
         while not self._stop.is_set():
+            if self._drops is not None:
+                self._drops.flush()
             for op in self.oplog.ops()[self._done:]:
                 if self._stop.is_set():
                     return
@@ -260,11 +300,13 @@ class ReplicatedServer(HierarchicalParameterServer):
     def _step(self, op: Op) -> None:
         error: BaseException | None = None
         if self.leader:
+            stored = None
             try:
                 self._apply(op)
+                stored = self._stored_names(op)
             except Exception as exc:
                 error = exc
-            self.oplog.set_outcome(op.seq, error)
+            self.oplog.set_outcome(op.seq, error, stored)
         else:
             outcome = self.oplog.outcome(op.seq)
             while outcome is None and not self._stop.wait(POLL):
@@ -285,6 +327,12 @@ class ReplicatedServer(HierarchicalParameterServer):
         self.oplog.ack(self.index, op.seq)
 
     def _apply(self, op: Op) -> None:
+        if self._drops is not None:  # the leader: what an earlier op replaced goes first
+            self._drops.before_op(op.seq, [t.storage_name for m in super().models.values()
+                                           for t in m.tables])
+        elif hasattr(self.tiers.persistent, "catch_up"):  # a follower: the leader's tables
+            self.tiers.persistent.catch_up(reopen=True)  # type: ignore[union-attr]
+        self._place(op)
         volatile = self.tiers.volatile
         if volatile is not None and hasattr(volatile, "generation"):
             volatile.generation = op.seq  # the same file name in every worker
@@ -294,11 +342,44 @@ class ReplicatedServer(HierarchicalParameterServer):
             self._since.pop(op.model, None)
             return
         model = ModelConfig.model_validate(op.block)
-        if op.kind == "add":
-            super().add_model(model, progress=progress)
-        else:
-            super().load_model(model, progress=progress)
+        load = super().add_model if op.kind == "add" else super().load_model
+        confined(op.roots, lambda: load(model, progress=progress))
         self._since.setdefault(op.model, op.seq)
+
+    def _place(self, op: Op) -> None:
+        """Say where the version op `op` loads is stored in the tiers every worker reads.
+
+        Each process's registry names a version's tables itself (HugeCTR's name, and a
+        staging name beside it for a reload: hps/server/registry.py), from the versions
+        it loaded before; a worker started again, which replays only the latest op of each
+        model, may name a version otherwise than the leader did. So the tables go where the
+        leader stored them (the op's outcome), and where the leader has no outcome yet
+        (it applies the op now) beside the served version's place, as one process does.
+        """
+        if not self._readers or op.kind == "unload" or op.block is None:
+            return
+        model = ModelConfig.model_validate(op.block)
+        old = super().models.get(op.model)
+        stored = self.oplog.stored(op.seq)
+        for index, name in enumerate(model.embedding_table_names):  # a loop over tables
+            mine = _storage_name(model, index, old)
+            there = stored.get(name)
+            if there is None:  # the leader applies the op now: beside the served version
+                base = table_name(model.model, name)
+                served = next((t.storage_name for t in old.tables if t.name == name),
+                              None) if old is not None else None
+                there = base + STAGING_SUFFIX if served is not None and self._stored.get(
+                    served, served) == base else base
+            self._stored[mine] = there
+            for tier in self._readers:
+                tier.read_as(mine, there)
+
+    def _stored_names(self, op: Op) -> dict[str, str] | None:
+        """Where this process stored the tables of op `op`'s version (see `_place`)."""
+        if op.kind == "unload" or op.model not in super().models:
+            return None
+        return {t.name: self._stored.get(t.storage_name, t.storage_name)
+                for t in super().model(op.model).tables}
 
     def _record(self, seq: int, error: BaseException | None) -> None:
         with self._cond:
@@ -329,7 +410,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         seq = self._initial.pop(model.model, None)
         everyone = seq is None
         if seq is None:
-            seq = self.oplog.append("load", model.model, _block(model))
+            seq = self.oplog.append("load", model.model, _block(model), current_roots())
         if progress is not None:
             self._progress[seq] = progress
         self._await(seq, everyone)
@@ -338,7 +419,7 @@ class ReplicatedServer(HierarchicalParameterServer):
     def add_model(self, model: ModelConfig, progress: LoadProgress | None = None
                   ) -> LoadedModel:
         """Add `model` in every worker."""
-        seq = self.oplog.append("add", model.model, _block(model))
+        seq = self.oplog.append("add", model.model, _block(model), current_roots())
         if progress is not None:
             self._progress[seq] = progress
         self._await(seq, everyone=True)
@@ -362,6 +443,8 @@ class ReplicatedServer(HierarchicalParameterServer):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._drops is not None:
+            self._drops.release()  # every worker stops: nothing is held any more
         super().close()
 
 
@@ -369,26 +452,21 @@ def worker_config(config: PSConfig, index: int) -> dict[str, Any]:
     """The ps.json of worker `index`: the volatile hash map shared; update consumers
     only in the leader (it writes the shared rows for every worker)."""
     raw = config_to_json(config)
-    raw["volatile_db"] = {**raw.get("volatile_db", {}), "type": "multi_process_hash_map"}
+    if config.volatile_db.enabled and not config.volatile_db.is_redis:
+        raw["volatile_db"] = {**raw.get("volatile_db", {}), "type": "multi_process_hash_map"}
     if index != 0:
         raw.pop("update_source", None)
     return raw
 
 
 def check_shareable(config: PSConfig) -> None:
-    """ConfigError naming what `--workers` > 1 cannot serve from shared memory yet."""
+    """ConfigError naming what `--workers` > 1 cannot serve: a bounded in-process hash
+    map (shared memory has a fixed capacity). Redis is shared by nature (each worker has
+    its own pool), and RocksDB has one writer, the leader (the others read secondary
+    instances: hps/tiers/rocksdb/secondary.py)."""
     db = config.volatile_db
-    if db.type not in ("hash_map", "parallel_hash_map", "multi_process_hash_map"):
-        raise ConfigError(
-            f"--workers > 1 serves the in-process hash map from shared memory; volatile_db "
-            f"type {db.type!r} is not served by workers yet: use one worker")
-    if db.overflow_margin < UNBOUNDED:
+    if db.enabled and not db.is_redis and db.overflow_margin < UNBOUNDED:
         raise ConfigError(
             "--workers > 1 serves the hash map from shared memory, which has a fixed "
             "capacity and no overflow policy: leave volatile_db.overflow_margin unbounded")
-    if config.persistent_db.enabled:
-        raise ConfigError(
-            "--workers > 1 with a persistent_db (RocksDB) is not served yet: RocksDB takes "
-            "one writing process, and the other workers would need secondary instances; "
-            "use one worker")
 

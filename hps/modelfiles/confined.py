@@ -24,7 +24,9 @@ of a file outside, not even its size, reaches an answer).
 Which sources are confined travels in a ContextVar set by `confined`: the HTTP layer
 wraps only the loads a request named sources for; models of the config (trusted) are
 read by LocalSource as before. A source captures the roots when it is opened, so reads
-on other threads later (read-ahead) stay confined.
+on other threads later (read-ahead) stay confined. A version keeps the roots its files
+were read beneath (hps.server.registry): a plain reload of the same files and a refill
+of the volatile tier on a background thread open them beneath those roots again.
 """
 
 from __future__ import annotations

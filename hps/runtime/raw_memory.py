@@ -18,6 +18,7 @@ v2 answer's buffer.
   The query kernel's last block writes the miss count there after a system-scope fence,
   so the host learns it as soon as the write lands, before the kernel retires and its
   event completes (2-3 µs sooner on an H100); callers fall back to an event wait.
+  `wait_while_held` is the same spin with the GIL kept.
 
 - `address_of(buffer)`: where a byte array starts, for hps/http/kserve/encode.py's answers
   (whose values start on a cache line).
@@ -151,6 +152,21 @@ def wait_while(address: int, sentinel: int, spins: int) -> int:
             return value
     return sentinel
 
+
+def _wait_while_held(address: int, sentinel: int, spins: int) -> int:
+    # wait_while's loop, compiled without nogil (numba's cache would not tell the two
+    # builds of one function apart)
+    for _ in range(spins):
+        value = np.int32(_u32_acquire(address))
+        if value != sentinel:
+            return value
+    return sentinel
+
+
+#: wait_while with the GIL kept throughout: a short wait that hands no turn to another
+#: thread (hps/gpu/device_table.py says when that pays)
+wait_while_held = numba.njit([types.int32(types.int64, types.int32, types.int64)],
+                             cache=True)(_wait_while_held)
 
 _layout: bool | None = None
 

@@ -7,14 +7,16 @@ count (in the fed stream) lies in [count - error, count]; any key not listed has
 `error`. A sketch holds `slots * 3/4` keys in `16 * slots` bytes, whatever the traffic.
 
 What is fed, and the bias it brings (`TableKeys`):
-- hot keys: the keys of every Nth host lookup of the table (N: the model's
-  `hot_key_sampling`, default `HOT_EVERY`; a lookup's number is `TableStats.add`'s), at
-  most `HOT_MOST` of a batch (a strided subset whose start rotates), each weighted by what
-  it stands for, so counts estimate lookups. Traffic whose pattern repeats with a period
-  of exactly N calls is seen from one phase only, and a count is exact only up to that
-  sampling. A table with a GPU cache feeds it the keys the cache missed (they come to the
-  host for the host tiers; nothing is added on the GPU call), so its hot keys are the
-  hottest keys the cache lacks.
+- hot keys: the keys of every Nth lookup of the table (N: the model's
+  `hot_key_sampling`, default `HOT_EVERY`), at most `HOT_MOST` of a batch (a strided
+  subset whose start rotates), each weighted by what it stands for, so counts estimate
+  lookups. Traffic whose pattern repeats with a period of exactly N calls is seen from
+  one phase only, and a count is exact only up to that sampling. A table without a GPU
+  cache is sampled on the host (a lookup's number is `TableStats.add`'s; source
+  "lookups"); one with a GPU cache on the device, where its keys are
+  (hps/gpu/key_sample.py: the sample is copied off the GPU call without waiting for it
+  and fed later through `feed_sample`; source "gpu_lookups"), and the keys its cache
+  misses do not feed it again.
 - missing keys: the keys a lookup found in no tier, every time (at most `MISSING_MOST` of
   a batch): they are on the host already and rare in a healthy table.
 
@@ -26,6 +28,7 @@ counted, the weights of those counted stay right.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,6 +60,9 @@ class KeySketch:
         self._most = most
         self._weight = weight
         self._lock = threading.Lock()
+        #: called before a read: feeds what a sampler holds that is ready (a GPU table's
+        #: samples whose copies are done), so a read sees every sample taken so far
+        self.pending: Callable[[], None] | None = None
 
     def feed(self, keys: np.ndarray) -> None:
         """Count `keys` (host int64[n], C-contiguous); skipped when another thread is
@@ -69,9 +75,21 @@ class KeySketch:
             finally:
                 self._lock.release()
 
+    def feed_sample(self, keys: np.ndarray, stride: int) -> None:
+        """Count `keys` (host int64[m], C-contiguous), a sample taken already, 1 key in
+        `stride` of a batch: each weighted as `feed` weights the keys it takes at that
+        stride; skipped when another thread is feeding this sketch now."""
+        if keys.size and self._lock.acquire(False):
+            try:
+                feed(self._state, keys, keys.size, self._weight * stride)
+            finally:
+                self._lock.release()
+
     def top(self, n: int) -> dict[str, Any]:
         """The `n` heaviest keys: `keys` int64[m], `counts` int64[m] (estimates, heaviest
         first, m <= n), `error` (the bound of every count), `total` (the weight fed)."""
+        if self.pending is not None:
+            self.pending()
         s = self._slots
         with self._lock:
             keys = self._state[:s].copy()
@@ -93,8 +111,8 @@ class KeySketch:
 
 class TableKeys:
     """The two sketches of one table: `hot` (looked-up keys, sampled) and `missing` (keys
-    found in no tier). `source` says what the hot sketch sees: "lookups", or "gpu_misses"
-    for a table with a GPU cache."""
+    found in no tier). `source` says where the hot sketch's samples are taken: "lookups"
+    (on the host), "gpu_lookups" (on the device, of a table with a GPU cache)."""
 
     def __init__(self, every: int = HOT_EVERY, missing: KeySketch | None = None,
                  source: str = "lookups") -> None:
@@ -112,6 +130,7 @@ class TableKeys:
         if kind == "hot":
             if not self.every:
                 return "off (hot_key_sampling: 0)"
-            return (f"1 in {self.every} host lookups, at most {HOT_MOST} keys of each (a "
+            where = "GPU" if self.source == "gpu_lookups" else "host"
+            return (f"1 in {self.every} {where} lookups, at most {HOT_MOST} keys of each (a "
                     "strided subset), weighted to estimate all lookups")
         return f"every lookup, at most {MISSING_MOST} missing keys of a batch"

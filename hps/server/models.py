@@ -11,11 +11,12 @@ import numpy as np
 
 from hps.config import ModelConfig
 from hps.errors import BatchTooLargeError, UnknownTableError
+from hps.gpu.key_sample import KeySampler
 from hps.intake.array_ref import ArrayRef
 from hps.intake.keys import key_array, key_ref
 from hps.rows.gpu_layout import narrow_output_code
 from hps.rows.storage_types import FLOAT32, StorageType
-from hps.server.key_sketch import HOT_EVERY, TableKeys
+from hps.server.key_sketch import HOT_EVERY, HOT_MOST, TableKeys
 from hps.server.loader import TableSource
 from hps.server.versions import VersionRefs
 
@@ -71,6 +72,9 @@ class LoadedTable:
     #: sketch: every Nth lookup for N a power of two; -1 (never) when sampling is off
     hot_mask: int = HOT_EVERY - 1
     gpu: dict[int, Any] = field(default_factory=dict)  # device id → GpuEmbeddingTable
+    #: samples the keys of the GPU lookups for the hot sketch (hps/gpu/key_sample.py),
+    #: None without a GPU cache or with the sampling off
+    hot_sample: KeySampler | None = field(default=None, repr=False)
     #: lookups read the volatile tier for this table; False while a load left it out
     #: (Redis down, full or read-only then) until the background fill is done
     volatile_ready: bool = True
@@ -86,10 +90,18 @@ class LoadedTable:
 
     def sample_hot_keys(self, every: int) -> None:
         """Feed the hot-key sketch every `every`-th lookup (a power of two; 0: never),
-        afresh; the missing-key sketch is kept."""
+        afresh; the missing-key sketch is kept. A table with GPU caches (attached first)
+        is sampled on the device, and the keys its caches miss, which take the host
+        path, do not feed the hot sketch again."""
         seen = self.keys_seen
-        self.keys_seen = TableKeys(every, seen.missing, seen.source)
-        self.hot_mask = every - 1 if every else -1
+        on_gpu = bool(self.gpu) and every > 0
+        self.keys_seen = TableKeys(every, seen.missing, "gpu_lookups" if on_gpu else seen.source)
+        self.hot_mask = every - 1 if every and not self.gpu else -1
+        self.hot_sample = None
+        if on_gpu:
+            hot = self.keys_seen.hot
+            self.hot_sample = KeySampler(hot.feed_sample, every, HOT_MOST, self.gpu)
+            hot.pending = self.hot_sample.drain
 
     def checked_ref(self, keys: Any) -> ArrayRef:
         """Where `keys` are (hps/intake/keys.py `key_ref`), checked to be integers and at most
@@ -116,6 +128,11 @@ class LoadedModel:
     config: ModelConfig
     tables: list[LoadedTable]
     refs: VersionRefs = field(default_factory=VersionRefs, repr=False)
+    #: the allowed roots its local files were opened beneath (a request named them:
+    #: hps.modelfiles.confined); None for the config's own, trusted files. Whatever reads
+    #: the same files again (a plain reload, a refill of the volatile tier) reads them
+    #: beneath these roots too.
+    roots: tuple[str, ...] | None = None
 
     def table(self, table: int | str) -> LoadedTable:
         """A table by index, by name, or by its index written in ASCII digits ("0");

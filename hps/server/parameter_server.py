@@ -185,7 +185,11 @@ class HierarchicalParameterServer:
             gpu = t.gpu.get(device) if t.gpu else None
             if gpu is not None:
                 out = gpu.host_output(kref.size)  # pinned: the rows come back in one copy
-                gpu.lookup(kref, output_ref(out, kref.size, t.dim))
+                oref = output_ref(out, kref.size, t.dim)
+                gpu.lookup(kref, oref)
+                sample = t.hot_sample
+                if sample is not None and not next(sample.calls) & sample.mask:
+                    sample.take(kref, kref.stream)
                 return out
             out = np.empty((kref.size, t.dim), np.float32)
             host_keys = key_array(kref)
@@ -229,6 +233,10 @@ class HierarchicalParameterServer:
                             and (out_type == OUT_FLOAT32
                                  or out_type == t.narrow_output_type)):
                         gpu.lookup_contiguous(keys_ptr, n, out_ptr, stream, out_type)
+                        # the hot sketch's sample of the keys, queued after the lookup
+                        sample = t.hot_sample
+                        if sample is not None and not next(sample.calls) & sample.mask:
+                            sample.device_keys(keys_ptr, n, device, stream)
                         return n
             kref = t.checked_ref(keys)
             n = kref.size
@@ -242,6 +250,9 @@ class HierarchicalParameterServer:
             gpu = t.gpu.get(device) if t.gpu else None
             if gpu is not None:
                 gpu.lookup(kref, oref)
+                sample = t.hot_sample
+                if sample is not None and not next(sample.calls) & sample.mask:
+                    sample.take(kref, kref.stream if kref.stream is not None else oref.stream)
                 return n
             host_keys = key_array(kref)
             if is_device_array(host_keys):

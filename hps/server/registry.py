@@ -10,6 +10,11 @@ dropped when the last lookup holding it is done: at once in the reloading thread
 none is, else on a background worker. Never on a timer. A reload that needs a storage
 name still held by a retiring version waits for that version's last lookup.
 
+A model whose files a request named (`POST /v1/models`, a reload naming new files) is
+read beneath the server's allowed roots (hps.modelfiles.confined); the version keeps
+those roots (`LoadedModel.roots`), and reading the same files again (a plain reload, a
+refill of the volatile tier) happens beneath them too.
+
 Every table streams through the load gate (hps/gate/) as it loads, a reload's drift
 measured against the served version's rows in the tier that holds them whole. A version
 the gate refuses is not swapped in; `gate_ledger` counts the verdicts, and the served
@@ -37,6 +42,7 @@ from hps.gate.drift import ServedRows, TierRows
 from hps.gate.settings import effective
 from hps.gate.table_gate import TableGate
 from hps.gate.verdict import GateLedger, GateVerdict, LoadGateError
+from hps.modelfiles.confined import confined, current_roots
 from hps.runtime.background import BackgroundWorker
 from hps.runtime.backoff import Backoff
 from hps.server.gpu_caches import GpuCaches
@@ -180,7 +186,24 @@ class ModelRegistry:
             return self._load(model, progress or LoadProgress())
 
     def _load(self, model: ModelConfig, progress: LoadProgress) -> LoadedModel:
-        """The body of `load` and `add`; the caller holds the load lock."""
+        """The body of `load` and `add`, beneath the roots `_roots_for` says; the caller
+        holds the load lock."""
+        return confined(self._roots_for(model), self._load_beneath, model, progress)
+
+    def _roots_for(self, model: ModelConfig) -> tuple[str, ...] | None:
+        """The allowed roots a load of `model` opens its local files beneath: its
+        caller's (a request named the files: hps.modelfiles.confined), else, when it
+        reads again the very files the served version was read from beneath roots (a
+        plain reload of a model a request named), those roots: the files are no more
+        trusted than the request that named them. None: the config's own files."""
+        roots = current_roots()
+        old = self._models.get(model.model)
+        if (roots is None and old is not None and old.roots is not None
+                and model.sparse_files == old.config.sparse_files):
+            return old.roots
+        return roots
+
+    def _load_beneath(self, model: ModelConfig, progress: LoadProgress) -> LoadedModel:
         verdicts: list[GateVerdict] = []  # the load gate's, table by table
         try:
             readers = open_readers(self.config, model, self.chunk_bytes)  # validates first
@@ -196,7 +219,7 @@ class ModelRegistry:
             self._drop_tables(names, tiers=[self.tiers.volatile])
             self.observer.reload_started(model.model)
         written: list[str] = []
-        loaded = LoadedModel(model, [])
+        loaded = LoadedModel(model, [], roots=current_roots())
         fills = []
         try:
             for i, reader in enumerate(readers):

@@ -16,6 +16,11 @@ the per-table markers its health probe checks (hps.tiers.redis.tier), lists them
 logging "redis tier available again, refilling N tables"; `/readyz` lists them as
 pending meanwhile. Lookups skip the volatile tier for them until refilled, so answers
 stay exact throughout.
+
+A fill reads the files as the load did: those a request named (the version's `roots`)
+beneath the same allowed roots (hps.modelfiles.confined), so a file swapped for a link
+out of its root after the load is refused, not read; the table then stays served from
+the persistent tier.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from hps.errors import HPSError, TierError
-from hps.modelfiles.confined import confined, current_roots
+from hps.modelfiles.confined import confined
 from hps.modelfiles.formats import ModelReader
 from hps.runtime.background import BackgroundWorker, PeriodicTask
 from hps.runtime.backoff import Backoff
@@ -112,9 +117,10 @@ class VolatileFiller:
              open_reader: Callable[[], ModelReader]) -> _Fill:
         """Count `table` as pending before its version is served (so readiness never
         shows a served table as filled), without filling it yet: `start` or `release`.
-        A load confined to allowed roots (a request named its files) reopens them
-        confined the same way on the fill's thread."""
-        fill = _Fill(model, table, functools.partial(confined, current_roots(), open_reader))
+        The files of a version read beneath allowed roots (a request named them:
+        `model.roots`) are reopened beneath the same roots on the fill's thread, whoever
+        submits the fill (the load, or the watcher of lost tables)."""
+        fill = _Fill(model, table, functools.partial(confined, model.roots, open_reader))
         with self._lock:
             self._pending.append(fill)
         return fill

@@ -1,6 +1,6 @@
 """Prefetch into a GPU cache (hps/server/prefetch.py → GpuCaches.prefetch): keys
 prefetched into a cold dynamic cache are all hits on their next lookup, by the cache's
-own hit counters; and the hot-key sketch of a table with a GPU cache sees its misses."""
+own hit counters; and the hot-key sketch of a table with a GPU cache sees its lookups."""
 
 from __future__ import annotations
 
@@ -62,9 +62,9 @@ def test_prefetched_keys_are_all_hits(tmp_path: Path, rng: np.random.Generator,
         assert np.array_equal(cp.asnumpy(out), rows[:500])
 
 
-def test_the_hot_sketch_of_a_gpu_table_sees_its_misses(tmp_path: Path,
-                                                       rng: np.random.Generator,
-                                                       cp: Any) -> None:
+def test_the_hot_sketch_of_a_gpu_table_sees_its_lookups(tmp_path: Path,
+                                                        rng: np.random.Generator,
+                                                        cp: Any) -> None:
     keys = rng.choice(2**40, KEYS, replace=False).astype(np.int64)
     rows = rng.standard_normal((KEYS, DIM)).astype(np.float32)
     with HPS(_config(tmp_path, keys, rows)) as hps:
@@ -72,5 +72,5 @@ def test_the_hot_sketch_of_a_gpu_table_sees_its_misses(tmp_path: Path,
         hps.lookup_fromdlpack(cp.asarray(keys[:8]), out, MODEL, 0)  # cold: all misses
         cp.cuda.get_current_stream().synchronize()
         top = hps.server.top_keys(MODEL, 0, "hot", 100)
-        assert top["source"] == "gpu_misses"
+        assert top["source"] == "gpu_lookups"
         assert sorted(top["keys"].tolist()) == sorted(keys[:8].tolist())

@@ -1,7 +1,8 @@
 """Models added or reloaded over HTTP are read beneath the allowed roots by open file
-descriptors: a file linked out of its folder is refused without a word about it, and a
-linked folder swapped between inside and outside targets while adds run never serves
-data from outside."""
+descriptors: a file linked out of its folder is refused without a word about it (when
+the model is added, and when a plain reload reads its files again), and a linked folder
+swapped between inside and outside targets while adds run never serves data from
+outside."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _block(files: ModelFiles, name: str, sparse_files: list[str]) -> dict[str, A
     return {**files.config["models"][0], "model": name, "sparse_files": sparse_files}
 
 
-def _linked_out(tmp_path: Path) -> tuple[ModelFiles, Path]:
+def linked_out(tmp_path: Path) -> tuple[ModelFiles, Path]:
     """A model outside the root (its emb_vector files mode 600) and a folder inside the
     root whose key files are copies and whose emb_vector files link to the outside ones."""
     outside = write_model(tmp_path / "elsewhere", seed=9, sizes=SMALL)
@@ -49,7 +50,7 @@ def _sizes(files: ModelFiles) -> list[str]:
 
 
 def test_a_file_linked_out_of_its_folder_is_refused(served: Live, tmp_path: Path) -> None:
-    outside, inside = _linked_out(tmp_path)
+    outside, inside = linked_out(tmp_path)
     files = [str(inside / t) for t in TABLE_NAMES]
     added = served.client.post("/v1/models", json=_block(outside, "sneaky", files))
     reloaded = served.client.post(f"/v1/models/{MODEL}/reload", json={"sparse_files": files})
@@ -65,13 +66,50 @@ def test_a_file_linked_out_of_its_folder_is_refused(served: Live, tmp_path: Path
 
 def test_the_config_s_own_links_are_trusted(tmp_path: Path) -> None:
     """Startup models are the operator's: a link out of the roots is read as before."""
-    outside, inside = _linked_out(tmp_path)
+    outside, inside = linked_out(tmp_path)
     trusted = write_model(tmp_path / "models" / "m", seed=3, sizes=SMALL)
     trusted.config["models"][0]["sparse_files"] = [str(inside / t) for t in TABLE_NAMES]
     for live in start(trusted, allow_roots=[str(tmp_path / "models")]):
         keys = outside.keys[1][:20]
         got = np.frombuffer(live.lookup_binary(1, keys).content, "<f4").reshape(-1, DIMS[1])
         assert np.array_equal(got, outside.vectors[1][:20])
+        reloaded = live.client.post(f"/v1/models/{MODEL}/reload")  # so is a plain reload
+        assert reloaded.status_code == 200, reloaded.text
+
+
+def link_out(folder: Path, outside: ModelFiles, names: tuple[str, ...]) -> None:
+    """Replace the files `names` of each table of `folder` by links to `outside`'s (mode
+    600): what a file swapped after a model was added looks like."""
+    for table in TABLE_NAMES:
+        for name in names:
+            os.chmod(outside.dir / table / name, 0o600)
+            (folder / table / name).unlink()
+            (folder / table / name).symlink_to(outside.dir / table / name)
+
+
+def test_a_plain_reload_of_an_added_model_stays_beneath_the_root(served: Live,
+                                                                  tmp_path: Path) -> None:
+    """The files a request named are read beneath the root again by a reload that names
+    none: a vector file swapped for a link out (same size) is refused, not served."""
+    inside = write_model(tmp_path / "models" / "added", seed=5, sizes=SMALL)
+    outside = write_model(tmp_path / "elsewhere", seed=9, sizes=SMALL)
+    files = [str(inside.dir / t) for t in TABLE_NAMES]
+    assert served.client.post("/v1/models", json=_block(inside, "added", files)
+                              ).status_code == 201
+    link_out(inside.dir, outside, ("emb_vector",))
+    for body in ({}, {"json": {}}):
+        answer = served.client.post("/v1/models/added/reload", **body)
+        assert answer.status_code == 403, answer.text
+        assert answer.json()["error"]["kind"] == "source_access"
+        assert not any(size in answer.text for size in _sizes(outside))
+    for table in (0, 1):  # the version read before the swap serves on
+        keys = inside.keys[table][:50]
+        got = served.client.post(f"/v1/models/added/tables/{table}/lookup",
+                                 content=keys.astype("<i8").tobytes(),
+                                 headers={"Content-Type": "application/octet-stream"})
+        assert got.status_code == 200, got.text
+        assert np.array_equal(np.frombuffer(got.content, "<f4").reshape(-1, DIMS[table]),
+                              inside.expected(table, keys))
 
 
 def test_swapping_a_linked_folder_never_serves_outside_data(served: Live,

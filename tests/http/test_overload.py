@@ -20,7 +20,10 @@ QUEUE = 3
 
 @pytest.fixture
 def live(model_files: ModelFiles) -> Iterator[Live]:
-    yield from start(model_files, lookup_threads=1, max_queued_lookups=QUEUE)
+    """One lookup thread, a bound of QUEUE, and a queueing delay target no wait here
+    reaches: the bound alone decides (the delay rule: test_admission.py)."""
+    yield from start(model_files, lookup_threads=1, max_queued_lookups=QUEUE,
+                     queue_target_s=3600.0)
 
 
 def test_shed_above_the_queue_and_expire_past_the_deadline(live: Live) -> None:

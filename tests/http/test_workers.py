@@ -30,7 +30,15 @@ from hps.runtime.cores import usable_cores
 from hps.runtime.run_dir import PREFIX
 from hps.updates import codec
 from hps.updates.open import open_publisher
-from tests.http.conftest import DIMS, ModelFiles, metric_value, wait_until, write_model
+from tests.http.conftest import (
+    DIMS,
+    TABLE_NAMES,
+    ModelFiles,
+    metric_value,
+    wait_until,
+    write_model,
+)
+from tests.http.test_confined_sources import linked_out
 from tests.support.redis_servers import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,14 +82,14 @@ class Served:
         return {int(p.name): int(p.read_text()) for p in folder.iterdir()}
 
 
-def serve(config: Path, shm: Path) -> Served:
+def serve(config: Path, shm: Path, *extra: str) -> Served:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HPS_SHM_DIR": str(shm)}
     env.pop("HPS_TOKEN", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hps.tools.cli", "serve", str(config), "--port", str(port),
-         "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=env)
+         "--workers", "2", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=env)
     lines: queue.Queue[str] = queue.Queue()
 
     def read() -> None:
@@ -180,15 +188,16 @@ def _lookup(served: Served, keys: np.ndarray) -> np.ndarray:
     return np.frombuffer(answer.content, "<f4").reshape(-1, DIMS[0])
 
 
-def test_clients_updates_and_a_reload_every_answer_exact_no_5xx(
-        served: Served, setup: tuple[ModelFiles, Path, Path], streams: RedisServer,
-        tmp_path: Path) -> None:
-    model = setup[0]
+def load_with_updates_and_a_reload(served: Served, model: ModelFiles, address: str,
+                                   tmp: Path, clients: int) -> list[dict[str, object]]:
+    """`clients` client processes check every answer for 4 s while an update stream
+    rewrites the first UPDATED keys and the model is reloaded: every answer 200 and
+    exact. Then one more update, which every worker serves (new connections land on
+    either worker). Returns the clients' results."""
     versions = _versions(model)
     keys = model.keys[0][:UPDATED]
-    publisher = open_publisher(UpdateSourceConfig(type="redis_stream",
-                                                  address=streams.address))
-    clients = _clients(served, _case(tmp_path, model), count=3, seconds=4.0)
+    publisher = open_publisher(UpdateSourceConfig(type="redis_stream", address=address))
+    running = _clients(served, _case(tmp, model), count=clients, seconds=4.0)
     stop_publishing = threading.Event()
 
     def publish() -> None:
@@ -202,7 +211,7 @@ def test_clients_updates_and_a_reload_every_answer_exact_no_5xx(
     time.sleep(1.0)
     reload = httpx.post(f"{served.url}/v1/models/m/reload", timeout=60)
     assert reload.status_code == 200, reload.text
-    results = _results(clients)
+    results = _results(running)
     stop_publishing.set()
     publishing.join()
     for result in results:
@@ -213,7 +222,15 @@ def test_clients_updates_and_a_reload_every_answer_exact_no_5xx(
     # the leader applies the stream once; every worker serves what it wrote
     publisher.publish(USERS, [codec.encode(keys, versions[2])])
     wait_until(lambda: all(np.array_equal(_lookup(served, keys), versions[2])
-                           for _ in range(6)), timeout=20)
+                           for _ in range(8)), timeout=20)
+    return results
+
+
+def test_clients_updates_and_a_reload_every_answer_exact_no_5xx(
+        served: Served, setup: tuple[ModelFiles, Path, Path], streams: RedisServer,
+        tmp_path: Path) -> None:
+    results = load_with_updates_and_a_reload(served, setup[0], streams.address, tmp_path,
+                                             clients=3)
     answered = sum(r["statuses"]["200"] for r in results)
 
     def counted() -> float:  # the workers' counts, summed (a peer's within a second)
@@ -250,6 +267,27 @@ def test_models_added_and_removed_reach_every_worker(
         gone = httpx.post(f"{served.url}/v1/models/m2/tables/users/lookup",
                           json={"keys": [1]}, timeout=30)
         assert gone.status_code == 404, gone.text
+
+
+def test_a_model_added_over_http_is_read_beneath_the_allowed_root(
+        setup: tuple[ModelFiles, Path, Path], tmp_path: Path) -> None:
+    """The worker that loads an added model opens its files beneath the request's allowed
+    root, as one process does: a file linked out of its folder is refused (403), in no
+    worker served."""
+    model, config, shm = setup
+    outside, inside = linked_out(tmp_path)
+    served = serve(config, shm, "--allow-root", str(tmp_path / "models"))
+    try:
+        block = {**copy.deepcopy(outside.config["models"][0]), "model": "sneaky",
+                 "sparse_files": [str(inside / t) for t in TABLE_NAMES]}
+        added = httpx.post(f"{served.url}/v1/models", json=block, timeout=60)
+        assert added.status_code == 403, added.text
+        assert added.json()["error"]["kind"] == "source_access"
+        for _ in range(6):  # new connections: each may land on either worker
+            listed = httpx.get(f"{served.url}/v1/models").json()["models"]
+            assert [m["model"] for m in listed] == [model.config["models"][0]["model"]]
+    finally:
+        assert stop(served) == 0
 
 
 def test_a_worker_killed_is_replaced_and_the_table_survives(
@@ -297,15 +335,14 @@ def test_what_workers_cannot_serve_is_refused_up_front(
         setup: tuple[ModelFiles, Path, Path]) -> None:
     model = setup[0]
     base = {**copy.deepcopy(model.config), "http": {"workers": 2}}
-    for change, match in (({"persistent_db": {"type": "rocks_db", "path": "/tmp/x"}},
-                           "RocksDB"),
-                          ({"volatile_db": {"type": "redis_cluster"}}, "redis_cluster"),
-                          ({"volatile_db": {"type": "hash_map", "overflow_margin": 10}},
-                           "overflow_margin")):
-        with pytest.raises(ConfigError, match=match):
-            check_workers(load_config({**base, **change}), None)
-    with pytest.raises(ConfigError, match="gRPC"):
-        check_workers(load_config(base), 9001)
+    # Redis and RocksDB are served (tests/http/test_workers_tiers.py); a bounded hash
+    # map is not: shared memory has a fixed capacity and no overflow policy
+    with pytest.raises(ConfigError, match="overflow_margin"):
+        check_workers(load_config(
+            {**base, "volatile_db": {"type": "hash_map", "overflow_margin": 10}}), None)
+    check_workers(load_config(
+        {**base, "volatile_db": {"type": "redis_cluster", "overflow_margin": 10}}), None)
+    check_workers(load_config(base), 9001)  # gRPC: served (tests/http/test_grpc_workers.py)
     assert worker_count("auto") == usable_cores()
     assert worker_count(3) == 3 and worker_count("2") == 2
     for bad in (0, "0", "many", -1, True, "2.5"):

@@ -11,7 +11,7 @@ import pytest
 
 from hps.errors import ConfigError, UnknownModelError, UnknownTableError
 from hps.server import HierarchicalParameterServer
-from hps.server.key_sketch import KeySketch
+from hps.server.key_sketch import KeySketch, TableKeys
 from hps.server.sketch_loops import new_state
 
 
@@ -184,3 +184,38 @@ def test_setting_the_sampling_keeps_the_source_and_the_missing_keys(
         assert server.top_keys("m", 0, "hot")["source"] == "gpu_misses"
         table.sample_hot_keys(0)
         assert table.hot_mask == -1
+
+
+# -- samples taken elsewhere (a GPU table's, hps/gpu/key_sample.py) -----------------------
+
+def test_a_sample_is_weighted_as_the_host_path_weights_its_own() -> None:
+    rng = np.random.default_rng(10)
+    batch = _zipf(rng, 256, 50)
+    host = KeySketch(slots=64, most=64, weight=16)
+    host.feed(batch)  # 64 of 256: every 4th from the first
+    sampled = KeySketch(slots=64, most=64, weight=16)
+    sampled.feed_sample(np.ascontiguousarray(batch[::4]), 4)
+    mine, theirs = host.top(100), sampled.top(100)
+    assert mine["keys"].tolist() == theirs["keys"].tolist()
+    assert mine["counts"].tolist() == theirs["counts"].tolist()
+    assert mine["total"] == theirs["total"] == 256 * 16
+    sampled.feed_sample(np.empty(0, np.int64), 4)  # an empty sample counts nothing
+    assert sampled.top(1)["total"] == 256 * 16
+
+
+def test_a_read_feeds_what_is_pending_first() -> None:
+    sketch = KeySketch(slots=64)
+    calls = []
+
+    def pending() -> None:
+        calls.append(1)
+        sketch.feed_sample(np.array([42], np.int64), 3)
+
+    sketch.pending = pending
+    top = sketch.top(5)
+    assert calls == [1] and top["keys"].tolist() == [42] and top["counts"].tolist() == [3]
+
+
+def test_the_sampling_is_described_by_where_it_is_taken() -> None:
+    assert TableKeys(16).sampling("hot").startswith("1 in 16 host lookups")
+    assert TableKeys(8, source="gpu_lookups").sampling("hot").startswith("1 in 8 GPU lookups")

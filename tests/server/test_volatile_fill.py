@@ -18,6 +18,7 @@ from hps.config import VolatileDBConfig
 from hps.modelfiles.confined import confined, current_roots
 from hps.runtime.backoff import Backoff
 from hps.server import HierarchicalParameterServer
+from hps.server.models import LoadedModel
 from hps.server.volatile_fill import VolatileFiller
 from hps.tiers.hash_map import HashMapTier
 from hps.tiers.redis import RedisTier
@@ -158,18 +159,23 @@ def test_redis_full_does_not_flood_the_log(two_tables: dict[str, Any],
 
 
 def test_a_confined_load_fills_confined(tmp_path: Path) -> None:
-    """A table held by a load that read beneath allowed roots (a request named its files)
-    is reopened for its fill beneath the same roots, on the fill's own thread."""
+    """A table of a version read beneath allowed roots (a request named its files) is
+    reopened for its fill beneath the same roots, on the fill's own thread, whoever holds
+    it: the load (inside `confined`) or the watcher of lost tables (outside it)."""
     filler = VolatileFiller(HashMapTier(VolatileDBConfig()), 1.0, Backoff(initial=0.01,
                                                                           cap=0.01))
     try:
         roots = [str(tmp_path)]
-        held = confined(roots, filler.hold, None, None, current_roots)
-        trusted = filler.hold(None, None, current_roots)  # type: ignore[arg-type]
+        named = LoadedModel(None, [], roots=tuple(roots))  # type: ignore[arg-type]
+        held = confined(roots, filler.hold, named, None, current_roots)
+        refilled = filler.hold(named, None, current_roots)  # type: ignore[arg-type]
+        trusted = filler.hold(LoadedModel(None, []), None,  # type: ignore[arg-type]
+                              current_roots)
         assert current_roots() is None
         assert held.open_reader() == tuple(roots)
+        assert refilled.open_reader() == tuple(roots)
         assert trusted.open_reader() is None
-        filler.release(held)
-        filler.release(trusted)
+        for fill in (held, refilled, trusted):
+            filler.release(fill)
     finally:
         filler.close()

@@ -12,6 +12,10 @@ table.
     ref.place(slots, first)  # uvm_place after a build of these slots (no repeats)
     moved = ref.promote(max_moves)
     ref.gpu_row, ref.owner, ref.hits   # compare with table.state()
+
+Promotion on the lookup path picks its victims in whatever order the GPU's warps take
+the clock hand, so the model does not replay it: `check_lookup_promotion(before, after,
+read_slots, budget)` says whether a placement change obeys its rules.
 """
 
 from __future__ import annotations
@@ -78,3 +82,45 @@ class UvmReference:
             moved += 1
         self.hits >>= 1
         return moved
+
+
+def check_lookup_promotion(before: UvmReference, after: UvmReference, read_slots: np.ndarray,
+                           budget: int) -> list[str]:
+    """The rule-breaks (none: []) of one lookup-path promotion that turned the placement
+    `before` into `after`, for a batch that read the host rows of `read_slots` (their
+    slots, repeats allowed) and promotes at most `budget` rows: a slot gains a GPU row only
+    if the batch read its host row and it has MIN_HITS accesses or more and more than the
+    row's previous key (a free row: any); a slot loses its row only to such a promotion;
+    owner and gpu_row stay each other's inverse; counts do not change."""
+    errors: list[str] = []
+    read = set(np.asarray(read_slots, dtype=np.int64).tolist())
+    hits = before.hits.astype(np.int64)
+    if not np.array_equal(before.hits, after.hits):
+        errors.append("counts changed")
+    gained = np.flatnonzero((before.gpu_row == NO_ROW) & (after.gpu_row != NO_ROW)).tolist()
+    if len(gained) > budget:
+        errors.append(f"{len(gained)} rows promoted, more than the budget {budget}")
+    taken: dict[int, int] = {}
+    for slot in gained:
+        row = int(after.gpu_row[slot])
+        old = int(before.owner[row])
+        taken[row] = old
+        if slot not in read:
+            errors.append(f"slot {slot} promoted without a host read")
+        if hits[slot] < MIN_HITS:
+            errors.append(f"slot {slot} promoted with {hits[slot]} hits")
+        if old != NO_ROW and not hits[slot] > hits[old]:
+            errors.append(f"slot {slot} ({hits[slot]} hits) took row {row} from slot {old} "
+                          f"({hits[old]} hits)")
+    for slot in np.flatnonzero(before.gpu_row != after.gpu_row).tolist():
+        if before.gpu_row[slot] != NO_ROW and (
+                after.gpu_row[slot] != NO_ROW or taken.get(int(before.gpu_row[slot])) != slot):
+            errors.append(f"slot {slot} lost row {before.gpu_row[slot]} to no promotion")
+    for row, slot in enumerate(after.owner.tolist()):
+        if slot != NO_ROW and after.gpu_row[slot] != row:
+            errors.append(f"row {row}'s owner {slot} links to {after.gpu_row[slot]}")
+    for slot in np.flatnonzero(after.gpu_row != NO_ROW).tolist():
+        if after.owner[after.gpu_row[slot]] != slot:
+            errors.append(f"slot {slot} links to row {after.gpu_row[slot]} owned by "
+                          f"{after.owner[after.gpu_row[slot]]}")
+    return errors

@@ -7,12 +7,15 @@ from hps.tools.bench.overload import bench_overload
 
 
 def test_levels_and_summary() -> None:
+    """The last level runs once per client behaviour: honouring Retry-After, then 20 ms."""
     result = bench_overload(num_keys=2000, dim=8, batch=16, levels=(1, 3), seconds=0.5,
-                            warmup=0.2)
-    assert [r["clients"] for r in result["rows"]] == [1, 3]
+                            warmup=0.2, backoffs=(None, 0.02))
+    assert [r["clients"] for r in result["rows"]] == [1, 3, 3]
+    assert [r["backoff"] for r in result["rows"]] == ["Retry-After"] * 2 + ["20 ms"]
     for row in result["rows"]:
         assert row["served_per_s"] > 0 and row["other"] == 0
         assert row["p99_ms"] >= row["p50_ms"] > 0
-    summary = result["summary"]
-    assert summary["clients"] == 3 and summary["peak_clients"] == 1
-    assert summary["vs_peak"] == summary["served_per_s"] / summary["peak_per_s"]
+    assert result["summary"] == result["summaries"][0]
+    for summary in result["summaries"]:
+        assert summary["clients"] == 3 and summary["peak_clients"] == 1
+        assert summary["vs_peak"] == summary["served_per_s"] / summary["peak_per_s"]

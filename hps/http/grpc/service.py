@@ -8,11 +8,12 @@ Errors map from their HTTP status (`hps/http/errors.py`, one table for both prot
     400 INVALID_ARGUMENT   401 UNAUTHENTICATED   403 PERMISSION_DENIED   404 NOT_FOUND
     413 RESOURCE_EXHAUSTED 422 INVALID_ARGUMENT  501 UNIMPLEMENTED       503 UNAVAILABLE
 
-and only a bug is INTERNAL. Requests arrive as bytes and are parsed here (`handler`), so a
-message that is not the method's is INVALID_ARGUMENT, where grpcio's own deserialisation
-would answer INTERNAL. A stream (ModelStreamInfer) answers a bad request with
-`error_message` and goes on, as Triton does. Lookups run on the gRPC worker thread that
-took the call: the server's lookups are thread-safe, and a handoff would add a switch.
+and only a bug is INTERNAL. Requests arrive as bytes and are parsed here (`handler`;
+inference requests by `tensors.read_request`), so a message that is not the method's is
+INVALID_ARGUMENT, where grpcio's own deserialisation would answer INTERNAL. A stream
+(ModelStreamInfer) answers a bad request with `error_message` and goes on, as Triton does.
+Lookups run on the gRPC worker thread that took the call: the server's lookups are
+thread-safe, and a handoff would add a switch.
 Answers to inference are written as bytes (`answers.py`).
 
 Every call is counted in the request metrics with `protocol="grpc"` (route: the method's
@@ -32,13 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from hps.errors import LookupInputError, UnknownModelError
 from hps.http.errors import kind_of, status_of
 from hps.http.grpc.answers import answer_head
-from hps.http.grpc.tensors import read_inputs
+from hps.http.grpc.tensors import parse_message, read_request
 from hps.http.kserve.encode import header_and_values
 from hps.http.kserve.plan import fill_output, plan_infer
 from hps.http.kserve.schemas import check_version, model_config, model_metadata
@@ -58,15 +58,6 @@ _CODES: dict[int, grpc.StatusCode] = {
     503: grpc.StatusCode.UNAVAILABLE,
 }
 SERVICE = "inference.GRPCInferenceService"
-
-
-def _parse(data: bytes, message: Any) -> Any:
-    """`data` as a `message`; LookupInputError naming the message when it is not one."""
-    try:
-        return message.FromString(data)
-    except DecodeError as exc:
-        raise LookupInputError(f"the request is not an inference.{message.DESCRIPTOR.name}: "
-                               f"{exc}") from None
 
 
 def _authorization(context: grpc.ServicerContext) -> str | None:
@@ -171,10 +162,10 @@ class InferenceService:
 
     # -- inference ----------------------------------------------------------------------
 
-    def ModelInfer(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def ModelInfer(self, data: bytes, context: grpc.ServicerContext) -> Any:  # noqa: N802
         try:
             self.state.check_token(_authorization(context))
-            return self._infer(request, stream=False)
+            return self._infer(data, stream=False)
         except Exception as exc:
             return self._abort(context, exc, "ModelInfer")
 
@@ -189,8 +180,7 @@ class InferenceService:
             started = time.perf_counter()
             self.answered.status = 200
             try:
-                request = _parse(data, service_pb2.ModelInferRequest)
-                answer = self._infer(request, stream=True)
+                answer = self._infer(data, stream=True)
             except Exception as exc:  # answered on the stream, which goes on
                 _, message = self._status(exc, "ModelStreamInfer")
                 answer = service_pb2.ModelStreamInferResponse(
@@ -198,28 +188,31 @@ class InferenceService:
             observe(_STREAM_PATH, self.answered.status, time.perf_counter() - started)
             yield answer
 
-    def _infer(self, request: Any, stream: bool) -> bytes:
-        """The serialised answer to one request (a ModelInferResponse, or in a stream a
-        ModelStreamInferResponse): OUTPUT0 as raw little-endian float32. Counted in the
-        model's statistics once the model is known to be served."""
+    def _infer(self, data: bytes, stream: bool) -> bytes:
+        """The serialised answer to one request (`data`, a serialised ModelInferRequest):
+        a ModelInferResponse, or in a stream a ModelStreamInferResponse, with OUTPUT0 as
+        raw little-endian float32. Counted in the model's statistics once the model is
+        known to be served."""
         started = time.perf_counter_ns()
-        model = request.model_name
-        check_version(model, request.model_version)
+        reading = read_request(data)
+        model = reading.model
+        check_version(model, reading.version)
         self.state.model(model)  # NOT_FOUND or UNAVAILABLE before the inputs are read
         stats = self.state.metrics.infer_stats
         try:
-            answer = self._answer(model, request, stream)
+            answer = self._answer(model, reading.inputs(), reading.request_id, stream)
         except Exception:
             stats.fail(model, time.perf_counter_ns() - started)
             raise
         stats.success(model, time.perf_counter_ns() - started)
         return answer
 
-    def _answer(self, model: str, request: Any, stream: bool) -> bytes:
-        keys, numkeys = read_inputs(request)
+    def _answer(self, model: str, inputs: tuple[Any, Any], request_id: str,
+                stream: bool) -> bytes:
+        keys, numkeys = inputs
         server = self.state.server
         plan = plan_infer(server, model, keys, numkeys)
-        data, values = header_and_values(answer_head(model, plan.size, request.id, stream),
+        data, values = header_and_values(answer_head(model, plan.size, request_id, stream),
                                          plan.size)
         fill_output(server, model, plan, keys, values)
         if sys.byteorder != "little":  # the protocol's raw tensors are little-endian
@@ -227,7 +220,8 @@ class InferenceService:
         return bytes(data)  # (grpcio sends bytes only)
 
 
-#: the unary methods: name → (request message, response message)
+#: the unary methods: name → (request message, response message); ModelInfer reads its
+#: request's bytes itself (`tensors.read_request`) and answers bytes
 _UNARY = {
     "ServerLive": (service_pb2.ServerLiveRequest, service_pb2.ServerLiveResponse),
     "ServerReady": (service_pb2.ServerReadyRequest, service_pb2.ServerReadyResponse),
@@ -235,7 +229,7 @@ _UNARY = {
     "ServerMetadata": (service_pb2.ServerMetadataRequest, service_pb2.ServerMetadataResponse),
     "ModelMetadata": (service_pb2.ModelMetadataRequest, service_pb2.ModelMetadataResponse),
     "ModelConfig": (service_pb2.ModelConfigRequest, service_pb2.ModelConfigResponse),
-    "ModelInfer": (service_pb2.ModelInferRequest, service_pb2.ModelInferResponse),
+    "ModelInfer": (bytes, bytes),
     "ModelStatistics": (service_pb2.ModelStatisticsRequest,
                         service_pb2.ModelStatisticsResponse),
 }
@@ -243,8 +237,9 @@ _STREAM_PATH = f"/{SERVICE}/ModelStreamInfer"
 
 
 def handler(service: InferenceService) -> grpc.GenericRpcHandler:
-    """The methods of `service` as grpcio serves them, each request parsed in the method
-    (`_parse`); the methods of the proto not listed are UNIMPLEMENTED."""
+    """The methods of `service` as grpcio serves them, each request parsed here
+    (`parse_message`) but ModelInfer's, which it reads itself (`read_request`); the
+    methods of the proto not listed are UNIMPLEMENTED."""
 
     observe = service.state.metrics.observe_grpc
 
@@ -257,7 +252,7 @@ def handler(service: InferenceService) -> grpc.GenericRpcHandler:
             service.answered.status = 200
             try:
                 try:
-                    request = _parse(data, message)
+                    request = data if message is bytes else parse_message(data, message)
                 except LookupInputError as exc:
                     return service._abort(context, exc, name)
                 return method(request, context)
@@ -267,7 +262,7 @@ def handler(service: InferenceService) -> grpc.GenericRpcHandler:
 
     methods = {name: grpc.unary_unary_rpc_method_handler(
         unary(name, request), response_serializer=(
-            None if name == "ModelInfer" else response.SerializeToString))  # (bytes)
+            None if response is bytes else response.SerializeToString))
         for name, (request, response) in _UNARY.items()}
     methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         service.ModelStreamInfer)  # answers as bytes

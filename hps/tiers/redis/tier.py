@@ -65,6 +65,10 @@ class RedisTier(BulkLoadTier):
       `dropped`: keys whose background write was dropped ("insert", "metadata");
       `stats()` bundles them with the state for metrics.
     - `wait_idle(timeout)` waits for the background writes queued so far.
+    - `follow()`: only read what another process writes (a follower worker of `hps serve
+      --workers N`; each has its own pool): loads skip the rows (`loaded_elsewhere`),
+      writes raise TierError, background writes and drops are skipped (`read_only`), the
+      leader writes and probes the markers; `read_as` maps names to the leader's.
 
     Bulk loads take the `BulkLoadTier` contract's general path: inserts, chunk by chunk.
 
@@ -75,9 +79,8 @@ class RedisTier(BulkLoadTier):
 
     name = "redis"
 
-    def __init__(
-        self, config: VolatileDBConfig, *, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, config: VolatileDBConfig, *, clock: Callable[[], float] = time.time
+                 ) -> None:
         super().__init__()
         if not HAVE_REDIS:
             raise MissingExtraError("redis", "redis", "the Redis volatile tier")
@@ -87,6 +90,7 @@ class RedisTier(BulkLoadTier):
         self._dropped_lock = threading.Lock()
         self._clock = clock
         self._layouts: dict[str, TableLayout] = {}
+        self._aliases: dict[str, str] = {}  # a follower's: see read_as
         self._bad_log = ThrottledLog(log)  # bad rows, full Redis: once per kind per minute
         self._client = RedisClient(config, self.failures)
         self._inserter: BackgroundWorker[tuple[str, np.ndarray, np.ndarray]] = BackgroundWorker(
@@ -102,10 +106,24 @@ class RedisTier(BulkLoadTier):
         self._health = PeriodicTask("hps-redis-health", _HEALTH_SECONDS, self.probe_markers,
                                     log=log)
 
+    def follow(self) -> None:
+        """Only read from now on: another process writes the tables (see the class)."""
+        self.read_only = True
+        self._health.close(timeout=5.0)
+
+    def loaded_elsewhere(self, table: str) -> bool:
+        """Whether another process writes `table`'s rows (a follower's: every table)."""
+        return self.read_only
+
+    def read_as(self, table: str, stored: str) -> None:
+        """A follower serves `table` from the leader's name for that version, `stored`."""
+        self._aliases[table] = stored
+        self._layouts.pop(table, None)
+
     def _table_layout(self, table: str) -> TableLayout:
         layout = self._layouts.get(table)
         if layout is None:
-            layout = table_layout(table, self.config.num_partitions)
+            layout = table_layout(self._aliases.get(table, table), self.config.num_partitions)
             self._layouts[table] = layout
         return layout
 
@@ -175,9 +193,8 @@ class RedisTier(BulkLoadTier):
     @property
     def _touch_on_fetch(self) -> bool:
         policy = self.config.overflow_policy
-        return policy == "evict_least_used" or (
-            policy == "evict_oldest" and self.config.refresh_time_after_fetch
-        )
+        return policy == "evict_least_used" or (policy == "evict_oldest"
+                                                and self.config.refresh_time_after_fetch)
 
     def size(self, table: str) -> int:
         """Keys `table` holds now (HLEN of every partition, summed)."""
@@ -205,6 +222,8 @@ class RedisTier(BulkLoadTier):
         Raises TierUnavailableError when Redis cannot answer; nothing is retried.
         """
         keys, vectors = as_rows(keys, vectors, self.dim(table))
+        if self.read_only:
+            raise TierError(f"redis tier: {table!r} is written by the leader worker only")
         if keys.size == 0:
             return
         self._client.check()
@@ -249,9 +268,8 @@ class RedisTier(BulkLoadTier):
             if over.size:
                 self._resolve_overflow(table, over)
 
-    def _meta_writer(
-        self, keys: np.ndarray, layout: TableLayout
-    ) -> Callable[[int, int, int, int], Cmd] | None:
+    def _meta_writer(self, keys: np.ndarray, layout: TableLayout
+                     ) -> Callable[[int, int, int, int], Cmd] | None:
         """The `t`-hash write that goes with an insert or a touch of sorted `keys`."""
         policy = self.config.overflow_policy
         if policy == "evict_random":
@@ -328,8 +346,8 @@ class RedisTier(BulkLoadTier):
         being down is not an error here (the load's writes fail and say so; the markers
         are written when the table is filled)."""
         super().create_table(table, dim, storage)
-        if self._client.breaker.is_open:
-            return  # down: not a failed call to count; the fill after the outage marks it
+        if self._client.breaker.is_open or self.read_only:
+            return  # down (the fill after the outage marks it), or the leader marks it
         layout = self._table_layout(table)
 
         def build(topology: Topology) -> list[Cmd]:
@@ -479,6 +497,8 @@ class RedisTier(BulkLoadTier):
         keys, vectors = keys.copy(), vectors.copy()  # the caller may reuse its buffers
         if keys.size == 0:
             return True
+        if self.read_only:  # a follower's: the leader writes (see the class)
+            return False
         if self._client.breaker.is_open or not self._inserter.submit((table, keys, vectors)):
             self._drop("insert", keys.size)
             return False
@@ -564,16 +584,10 @@ class RedisTier(BulkLoadTier):
 
     def stats(self) -> dict[str, Any]:
         """State and counters, for metrics."""
-        return {
-            "available": self.available,
-            "cluster": self.cluster,
-            "nodes": self.nodes(),
-            "episodes": self._client.breaker.episodes,
-            "failures": dict(self.failures),
-            "dropped": dict(self.dropped),
-            "lost_tables": sorted(self._lost),
-            "tables_lost": len(self._lost),
-        }
+        return {"available": self.available, "cluster": self.cluster, "nodes": self.nodes(),
+                "episodes": self._client.breaker.episodes, "failures": dict(self.failures),
+                "dropped": dict(self.dropped), "lost_tables": sorted(self._lost),
+                "tables_lost": len(self._lost)}
 
     def close(self) -> None:
         """Finish queued background writes (a few seconds at most), stop reconnecting,

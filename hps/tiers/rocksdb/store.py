@@ -22,6 +22,8 @@ from hps.runtime.cores import usable_cores
 
 #: column family RocksDB always has; the tier keeps nothing in it
 DEFAULT_CF = "default"
+#: column family of the tables' load records (small JSON per table)
+META_CF = "hps_meta"
 #: folders of a store's bulk loads in progress start with this (`remove_stale_loads`)
 INGEST_PREFIX = "hps_ingest_"
 

@@ -59,6 +59,7 @@ from hps.errors import (
 )
 from hps.rows.storage_types import StorageType
 from hps.rows.stored_values import decode_rows
+from hps.runtime.background import PeriodicTask
 from hps.runtime.cores import usable_cores
 from hps.runtime.throttled_log import ThrottledLog
 from hps.tiers.bulk_load import BulkLoadTier
@@ -72,9 +73,16 @@ from hps.tiers.rocksdb.bulk import (
     bytewise_sorted,
     last_of_each,
 )
+from hps.tiers.rocksdb.secondary import (
+    FOLLOW_SECONDS,
+    FollowsPrimary,
+    open_secondary,
+    secondary_folder,
+)
 from hps.tiers.rocksdb.store import (
     DEFAULT_CF,
     INGEST_PREFIX,
+    META_CF,
     open_store,
     remove_stale_loads,
     store_options,
@@ -82,7 +90,6 @@ from hps.tiers.rocksdb.store import (
 
 log = logging.getLogger("hps.tiers.rocksdb.tier")
 
-META_CF = "hps_meta"
 #: RocksDB block cache shared by all tables of one store
 DEFAULT_BLOCK_CACHE_BYTES = 256 << 20
 #: keys per multi_get call handed to one worker thread
@@ -114,7 +121,7 @@ def row_bytes(vectors: np.ndarray) -> list[bytes]:
     return raw
 
 
-class RocksDBTier(BulkLoadTier):
+class RocksDBTier(FollowsPrimary, BulkLoadTier):
     """The persistent tier (`persistent_db.type` "rocks_db").
 
     `RocksDBTier(config: PersistentDBConfig, *, block_cache_bytes=256 MiB,
@@ -122,7 +129,9 @@ class RocksDBTier(BulkLoadTier):
     `read_only`, `max_batch_size`. `load_run_bytes` bounds the vector bytes `load` sorts
     at once (default: four 64 MiB load chunks), so a load's memory stays a few chunks
     whatever the table size; what a table holds beyond one run is written in batches.
-    Opening creates the store if missing (unless read-only) and finds its column families.
+    Opening creates the store if missing (unless read-only) and finds its column families;
+    in a follower worker of `hps serve --workers N` it opens a read-only secondary
+    instance of the leader's store instead, kept up with it (`catch_up`).
     Raises TierSetupError when the store cannot be opened (locked by another process,
     missing while read-only, not a RocksDB directory).
     """
@@ -139,16 +148,22 @@ class RocksDBTier(BulkLoadTier):
         super().__init__()
         self.config = config if config is not None else PersistentDBConfig.model_validate({})
         self.path = str(self.config.path)
-        self.read_only = bool(self.config.read_only)
+        #: set in a follower worker of a run: a secondary instance of the leader's store
+        self.secondary = secondary_folder(self.path)
+        self.read_only = bool(self.config.read_only) or self.secondary is not None
         self.max_batch_size = int(self.config.max_batch_size)
         self.load_run_bytes = load_run_bytes
         self._lock = threading.Lock()
+        self._aliases: dict[str, str] = {}  # a follower's: see read_as
+        self._follow_lock = threading.Lock()
         self._failures: dict[str, int] = {}
         self._bad_log = ThrottledLog(log)
         self._options = store_options(self.config, block_cache_bytes)
         self._read_options = rocksdict.ReadOptions()
         self._read_options.set_verify_checksums(False)
-        self._db, self._families = open_store(self.path, self._options, self.read_only)
+        self._db, self._families = (
+            open_store(self.path, self._options, self.read_only) if self.secondary is None
+            else open_secondary(self.path, self._options, self.secondary / "0"))
         if not self.read_only:
             remove_stale_loads(self.path)
         self._cfs: dict[str, Any] = {}
@@ -167,6 +182,8 @@ class RocksDBTier(BulkLoadTier):
             dim = self._stored_dim(cf_name)
             if dim is not None:
                 self._dims[cf_name] = dim
+        self._follow = None if self.secondary is None else PeriodicTask(
+            "hps-rocksdb-follow", FOLLOW_SECONDS, self.catch_up, log=log)
 
     # -- column families ----------------------------------------------------------------
 
@@ -181,14 +198,14 @@ class RocksDBTier(BulkLoadTier):
             if cf is not None:
                 return cf
             try:
-                cf = self._db.get_column_family(name)
+                cf = self._db.get_column_family(self.stored_name(name))
             except Exception:
                 if not create:
                     return None
-                cf = self._db.create_column_family(name, self._options)
-                self._families.add(name)
+                cf = self._db.create_column_family(self.stored_name(name), self._options)
+                self._families.add(self.stored_name(name))
             self._cfs[name] = cf
-            self._handles[name] = self._db.get_column_family_handle(name)
+            self._handles[name] = self._db.get_column_family_handle(self.stored_name(name))
             return cf
 
     def _stored_dim(self, table: str) -> int | None:
@@ -232,10 +249,10 @@ class RocksDBTier(BulkLoadTier):
             self._handles.pop(table, None)
             self._sizes.pop(table, None)
             self._generations[table] = self._generations.get(table, 0) + 1
-            if table in self._families:
-                self._db.drop_column_family(table)
-                self._families.discard(table)
-        self._meta.delete(table.encode())
+            if self.stored_name(table) in self._families:
+                self._db.drop_column_family(self.stored_name(table))
+                self._families.discard(self.stored_name(table))
+        self._meta.delete(self.stored_name(table).encode())
         super().drop_table(table)
 
     def _cf(self, table: str) -> Any:
@@ -525,7 +542,7 @@ class RocksDBTier(BulkLoadTier):
         """The JSON record stored for `table` by `set_metadata`, or None."""
         if self._meta is None:
             return None
-        raw = self._meta.get(table.encode())
+        raw = self._meta.get(self.stored_name(table).encode())
         if raw is None:
             return None
         record: dict[str, Any] = json.loads(raw)
@@ -536,7 +553,8 @@ class RocksDBTier(BulkLoadTier):
         self._writable("set metadata of", table)
         options = rocksdict.WriteOptions()
         options.sync = True
-        self._meta.put(table.encode(), json.dumps(record, sort_keys=True).encode(), options)
+        self._meta.put(self.stored_name(table).encode(),
+                       json.dumps(record, sort_keys=True).encode(), options)
 
     # -- health -------------------------------------------------------------------------
 
@@ -552,6 +570,8 @@ class RocksDBTier(BulkLoadTier):
 
     def close(self) -> None:
         """Flush and close the store; further calls are undefined."""
+        if self._follow is not None:
+            self._follow.close(timeout=5.0)
         self._pool.shutdown(wait=True)
         self._writers.clear()
         with self._lock:

@@ -16,7 +16,9 @@ COLUMNS = ("bench", "dim", "batch", "mode", "group", "unroll", "waves", "hints",
            "write_s", "gpu_mib", "host_mib", "gpucacheper", "power_gkeys_s",
            "uniform_gkeys_s", "settle_s", "rows_moved", "uniform_vs_h2d", "power_vs_dynamic",
            "uniform_vs_dynamic", "p50_vs_dynamic", "vs_float32", "goal", "table_mib", "rss_mib",
-           "vs_float32_mem", "err_vs_bound", "us_per_call", "over_baseline_us", "vs_baseline")
+           "vs_float32_mem", "err_vs_bound", "us_per_call", "over_baseline_us", "vs_baseline",
+           "workload", "dynamic", "uvm", "static", "uvm_vs_dynamic", "hkv_hybrid",
+           "promoted_on_lookup")
 
 
 def format_rows(rows: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:

@@ -1,26 +1,18 @@
-"""The gRPC paths of `hps bench http`: a client of `hps serve --grpc-port` and the floor,
-a bare grpcio server answering the same bytes.
+"""The gRPC paths of `hps bench http`: `GrpcClient`, the client of `hps serve --grpc-port`
+that `hps bench http` times, and the floor, a bare grpcio server answering the same bytes.
 
 The client sends ModelInfer requests serialised before timing (KEYS and NUMKEYS in
-`raw_input_contents`, as `tritonclient.grpc` sends them) over its own channel (one HTTP/2
-connection per client thread) and decodes each answer into float32 rows
-(`ModelInferResponse.FromString` + `np.frombuffer`). The floor parses each request and
-answers a ModelInferResponse of the same size, made once per key count: grpcio and the
-message, no lookup, no token, no registry. The service cannot be faster than this.
+`raw_input_contents`, as `tritonclient.grpc` sends them) over its own channel (one
+HTTP/2 connection per client thread) and decodes each answer into float32 rows
+(`ModelInferResponse.FromString` + `np.frombuffer`). The floor (`bare_grpc_server`)
+parses each request and answers a ModelInferResponse of the same size, made once per
+key count: grpcio and the message, no lookup, no token, no registry. The service cannot
+be faster than this. It comes in server forms (`--variant`): `sync` (grpcio's
+thread-pool server, 16 threads, as `GrpcServer`), `sync-<N>` (N threads),
+`sync-latency` (`grpc.optimization_target` latency) and `aio` (grpc.aio on its own
+event loop); `grpc_one_key.py` times them beside HTTP.
 
-    python -m hps.tools.bench.grpc_paths --port 8001 --dim 64   # the floor alone
-    python -m hps.tools.bench.grpc_paths --compare sync,sync-4,aio   # floors side by side
-
-The floor comes in server variants, to choose the service's: `sync` (grpcio's thread-pool
-server, 16 threads, as `GrpcServer`), `sync-<N>` (N threads), `sync-reuseport`,
-`sync-latency` (`grpc.optimization_target` latency) and `aio` (grpc.aio on its own event
-loop). `--compare` starts each in its own process and times 1-key calls of one client,
-the variants taking turns for 5 rounds; p50 and p99 per variant. Measured on the 2-core
-machine with other work on it, three runs, p50 in ms: sync 0.75 / 0.64 / 0.66, sync-4
-0.70 / 0.64 / 0.62, sync-reuseport 0.75 / - / 0.62, sync-latency - / 0.67 / 0.66, aio
-0.83 / 0.71 / 0.72. aio loses every time; the others are within the runs' noise of
-`sync` (and 4 threads would hold back a fifth open stream), so `GrpcServer` stays the
-sync server with 16 threads.
+    python -m hps.tools.bench.grpc_paths --port 8001 --dim 64 --variant sync
 """
 
 from __future__ import annotations
@@ -28,10 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -113,7 +103,7 @@ def _floor(port: int, dim: int, variant: str = "sync") -> None:
         asyncio.run(_aio_floor(port, infer))
         return
     threads = int(variant.split("-")[1]) if variant[5:].isdigit() else 16
-    options = [("grpc.so_reuseport", 1 if variant == "sync-reuseport" else 0)]
+    options: list[tuple[str, Any]] = [("grpc.so_reuseport", 0)]
     if variant == "sync-latency":
         options.append(("grpc.optimization_target", "latency"))
     server = grpc.server(ThreadPoolExecutor(threads), options=options)
@@ -144,46 +134,14 @@ async def _aio_floor(port: int, infer: Callable[[bytes, Any], bytes]) -> None:
     await server.wait_for_termination()
 
 
-def compare(variants: list[str], dim: int = 64, rounds: int = 5, seconds: float = 1.5
-            ) -> dict[str, dict[str, float]]:
-    """p50 and p99 (ms) of 1-key calls of one client to each floor variant, the variants
-    taking turns for `rounds` rounds of `seconds` (after 200 calls of warm-up each)."""
-    from hps.tools.bench.redis_servers import free_port
-
-    request = infer_request("bench", np.arange(1, dtype=np.int64))
-    latencies: dict[str, list[float]] = {v: [] for v in variants}
-    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
-        pids: list[int] = []
-        calls = {}
-        for variant in variants:
-            address = stack.enter_context(
-                bare_grpc_server(Path(folder), free_port(), dim, pids, variant))
-            channel = stack.enter_context(grpc.insecure_channel(address))
-            calls[variant] = channel.unary_unary(METHOD)
-        for _ in range(rounds):
-            for variant, call in calls.items():
-                for _ in range(200):
-                    call(request, timeout=60)
-                ends = time.perf_counter() + seconds
-                while time.perf_counter() < ends:
-                    started = time.perf_counter()
-                    call(request, timeout=60)
-                    latencies[variant].append(time.perf_counter() - started)
-    return {v: {"p50_ms": float(np.percentile(lat, 50)) * 1e3,
-                "p99_ms": float(np.percentile(lat, 99)) * 1e3, "calls": len(lat)}
-            for v, lat in latencies.items()}
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="the bare grpcio floor of hps bench http")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--variant", default="sync", help="the floor's server form")
+    args = parser.parse_args(argv)
+    _floor(args.port, args.dim, args.variant)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="the bare grpcio floor of hps bench http")
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--variant", default="sync")
-    parser.add_argument("--compare", help="comma list of variants: time them side by side")
-    args = parser.parse_args()
-    if args.compare:
-        print(json.dumps(compare(args.compare.split(","), args.dim), indent=2))
-    elif args.port is None:
-        parser.error("--port (the floor to serve) or --compare")
-    else:
-        _floor(args.port, args.dim, args.variant)
+    main()

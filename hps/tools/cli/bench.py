@@ -379,8 +379,23 @@ def bench_http_cmd(
     client_processes: str = typer.Option(
         "1,4,16", parser=counts_option, help="With --workers: client processes (one "
         "connection each); a comma list runs each."),
+    grpc_one_key: bool = typer.Option(
+        False, "--grpc-one-key", help="Instead: 1-key p50 of v2 over gRPC beside HTTP and "
+        "both floors, the lightest client of each in a process of its own, the paths "
+        "taking turns for --rounds rounds of --seconds (docs/grpc.md)."),
 ) -> None:
     """HTTP lookups (v1, v2) beside direct Redis HMGET and a bare uvicorn floor."""
+    if grpc_one_key:
+        from hps.tools.bench.grpc_one_key import one_key
+
+        result = one_key(["sync"], rounds, seconds, tritonclient=True, num_keys=keys,
+                         dim=dim)
+        _print_bench([{"name": name, "p50 ms": f["p50_ms"], "p99 ms": f["p99_ms"],
+                       "round p50s ms": " ".join(f"{x:.3f}" for x in f["round_p50_ms"])}
+                      for name, f in result["paths"].items()], title="1 key, one client")
+        for name, ratio in result["p50_ratios"].items():
+            console.print(f"p50 {name}: {ratio:.2f}× (median of rounds)", highlight=False)
+        return
     if overload:
         _overload(clients if clients != 8 else 64, seconds)
         return
@@ -441,16 +456,18 @@ def _overload(clients: int, seconds: float) -> None:
     levels = tuple(n for n in (1, 2, 4, 8, 16) if n < clients) + (clients,)
     console.print(f"client processes {', '.join(map(str, levels))}, {seconds:g} s each …")
     result = bench_overload(levels=levels, seconds=seconds)
-    _print_bench([{"name": f"{r['clients']} clients", "served/s": r["served_per_s"],
+    _print_bench([{"name": f"{r['clients']} clients", "backoff": r["backoff"],
+                   "served/s": r["served_per_s"],
                    "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"], "shed 503": r["shed"],
                    "expired 504": r["expired"], "other": r["other"]} for r in result["rows"]],
                  title=f"overload: {result['batch']} keys per request, deadline "
                        f"{result['deadline_ms']} ms")
-    s = result["summary"]
-    console.print(f"{s['clients']} clients: {s['served_per_s']:,.0f} served/s = "
-                  f"{s['vs_peak']:.2f}× the peak ({s['peak_per_s']:,.0f}/s at "
-                  f"{s['peak_clients']} clients); p99 {s['p99_ms']:.2f} ms; shed {s['shed']}, "
-                  f"expired {s['expired']}", highlight=False, soft_wrap=True)
+    for s in result["summaries"]:
+        console.print(f"{s['clients']} clients, backoff {s['backoff']}: "
+                      f"{s['served_per_s']:,.0f} served/s = {s['vs_peak']:.2f}× the peak "
+                      f"({s['peak_per_s']:,.0f}/s at {s['peak_clients']} clients); p99 "
+                      f"{s['p99_ms']:.2f} ms; shed {s['shed']}, expired {s['expired']}",
+                      highlight=False, soft_wrap=True)
 
 
 def _by_protocol(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:

@@ -1,0 +1,118 @@
+"""`hps serve --workers 2` over the tiers every worker reads: Redis as the volatile tier
+(a real redis-server; one pool per worker, the leader writes) and RocksDB as the
+persistent tier (the leader writes, the other worker reads a secondary instance). Client
+processes check every answer while an update stream (Redis Streams) rewrites rows and the
+model is reloaded; a worker killed with SIGKILL is replaced and reads the tiers again."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from hps.config import load_config
+from hps.http.workers import check_workers
+from tests.http.conftest import ModelFiles, wait_until, write_model
+from tests.http.test_workers import (
+    Served,
+    _case,
+    _clients,
+    _results,
+    load_with_updates_and_a_reload,
+    serve,
+    stop,
+)
+from tests.support.redis_servers import RedisServer
+
+#: the tiers of each served config: the volatile tier's, then the persistent tier's
+TIERS = {
+    "redis": ({"type": "redis_cluster", "num_partitions": 4}, None),
+    "rocksdb": ({"type": "disabled"}, {"type": "rocks_db"}),
+    "redis+rocksdb": ({"type": "redis_cluster", "num_partitions": 4}, {"type": "rocks_db"}),
+}
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module", params=sorted(TIERS))
+def tiers_case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+               redis_server: RedisServer) -> Iterator[tuple[ModelFiles, Served]]:
+    folder = tmp_path_factory.mktemp(request.param.replace("+", "_"))
+    model = write_model(folder / "model")
+    volatile, persistent = TIERS[request.param]
+    config = copy.deepcopy(model.config)
+    config["volatile_db"] = {**volatile}
+    if "redis" in request.param:
+        config["volatile_db"]["address"] = redis_server.address
+    if persistent is not None:
+        config["persistent_db"] = {**persistent, "path": str(folder / "rocks")}
+    # each case has its stream and its Redis tables (the model name is the same)
+    redis_server.client().flushall()
+    config["update_source"] = {"type": "redis_stream", "address": redis_server.address,
+                               "poll_timeout_ms": 50, "failure_backoff_ms": 20}
+    path = folder / "ps.json"
+    path.write_text(json.dumps(config))
+    shm = folder / "shm"
+    shm.mkdir()
+    served = serve(path, shm)
+    yield model, served
+    assert stop(served) == 0
+    assert not list(shm.iterdir())
+
+
+def test_updates_and_a_reload_during_lookups_every_answer_exact(
+        tiers_case: tuple[ModelFiles, Served], redis_server: RedisServer,
+        tmp_path: Path) -> None:
+    model, served = tiers_case
+    # two clients: a worker has two lookup threads for tiers off the process, so none
+    # of their lookups ever waits in its queue, and none is shed (503) however slow
+    # this machine is meanwhile
+    load_with_updates_and_a_reload(served, model, redis_server.address, tmp_path,
+                                   clients=2)
+    # the other table, never updated, whole through the reload
+    items = model.keys[1][:300]
+    for _ in range(4):
+        answer = httpx.post(f"{served.url}/v1/models/m/tables/items/lookup",
+                            json={"keys": items.tolist()}, timeout=30)
+        np.testing.assert_array_equal(np.asarray(answer.json()["vectors"], np.float32),
+                                      model.vectors[1][:300])
+
+
+def test_a_worker_killed_is_replaced_and_reads_the_tiers(
+        tiers_case: tuple[ModelFiles, Served], tmp_path: Path) -> None:
+    model, served = tiers_case
+    before = served.worker_pids()
+    clients = _clients(served, _case(tmp_path, model), count=2, seconds=3.0)
+    time.sleep(1.0)
+    os.kill(before[1], signal.SIGKILL)
+    wait_until(lambda: served.worker_pids()[1] != before[1], timeout=30)
+    for result in _results(clients):  # a connection on the killed worker may reset
+        assert set(result["statuses"]) == {"200"}, result
+        assert result["bad"] == 0, result
+    wait_until(lambda: httpx.get(f"{served.url}/readyz").status_code == 200, timeout=60)
+    for result in _results(_clients(served, _case(tmp_path, model), count=2, seconds=1.5)):
+        assert set(result["statuses"]) == {"200"} and result["resets"] == 0, result
+        assert result["bad"] == 0, result
+
+
+def test_the_tiers_are_served_by_workers(tmp_path: Path) -> None:
+    model = write_model(tmp_path / "model")
+    base = {**copy.deepcopy(model.config), "http": {"workers": 2}}
+    for volatile, persistent in TIERS.values():
+        config = {**base, "volatile_db": volatile}
+        if persistent is not None:
+            config["persistent_db"] = {**persistent, "path": str(tmp_path / "rocks")}
+        check_workers(load_config(config), None)  # no ConfigError
