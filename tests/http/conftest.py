@@ -88,9 +88,10 @@ class Live:
     server: HierarchicalParameterServer
     model: ModelFiles
 
-    def lookup_binary(self, table: int | str, keys: np.ndarray, **kw: Any) -> httpx.Response:
+    def lookup_binary(self, table: int | str, keys: np.ndarray, model: str = MODEL,
+                      **kw: Any) -> httpx.Response:
         return self.client.post(
-            f"/v1/models/{MODEL}/tables/{table}/lookup",
+            f"/v1/models/{model}/tables/{table}/lookup",
             content=np.asarray(keys, dtype="<i8").tobytes(),
             headers={"Content-Type": "application/octet-stream", **kw.pop("headers", {})},
             **kw)

@@ -104,9 +104,7 @@ def test_a_plain_reload_of_an_added_model_stays_beneath_the_root(served: Live,
         assert not any(size in answer.text for size in _sizes(outside))
     for table in (0, 1):  # the version read before the swap serves on
         keys = inside.keys[table][:50]
-        got = served.client.post(f"/v1/models/added/tables/{table}/lookup",
-                                 content=keys.astype("<i8").tobytes(),
-                                 headers={"Content-Type": "application/octet-stream"})
+        got = served.lookup_binary(table, keys, model="added")
         assert got.status_code == 200, got.text
         assert np.array_equal(np.frombuffer(got.content, "<f4").reshape(-1, DIMS[table]),
                               inside.expected(table, keys))
@@ -143,10 +141,7 @@ def test_swapping_a_linked_folder_never_serves_outside_data(served: Live,
             if answer.status_code == 201:
                 for table in (0, 1):
                     keys = np.concatenate([inside.keys[table][:40], outside.keys[table][:40]])
-                    got = served.client.post(
-                        f"/v1/models/swing/tables/{table}/lookup",
-                        content=keys.astype("<i8").tobytes(),
-                        headers={"Content-Type": "application/octet-stream"})
+                    got = served.lookup_binary(table, keys, model="swing")
                     assert got.status_code == 200, got.text
                     assert np.array_equal(np.frombuffer(got.content, "<f4")
                                           .reshape(-1, DIMS[table]),

@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import queue
-import signal
 import socket
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -30,53 +25,18 @@ from hps.http.grpc import GrpcServer
 from hps.http.grpc.server import reserve_port, share_port
 from hps.runtime.run_dir import PREFIX
 from tests.http.conftest import MODEL, Live, ModelFiles, metric_value, wait_until, write_model
+from tests.http.test_workers import Served, start, stop
 from tests.support.redis_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-class Workers:
+@dataclass
+class Workers(Served):
     """`hps serve --workers 2 --grpc-port P` in a process of its own, its output read."""
 
-    def __init__(self, config: Path, shm: Path, grpc_port: int) -> None:
-        self.port, self.grpc_port, self.shm = free_port(), grpc_port, shm
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "HPS_SHM_DIR": str(shm)}
-        env.pop("HPS_TOKEN", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hps.tools.cli", "serve", str(config), "--port",
-             str(self.port), "--grpc-port", str(grpc_port), "--workers", "2"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with self.proc.stdout:
-            for line in self.proc.stdout:
-                self.lines.put(line)
-
-    def wait_for(self, text: str, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.1)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    self.reader.join(timeout=10)  # its last lines are in the queue
-                    if self.lines.empty():
-                        break
-                continue
-            self.seen.append(line)
-            if text in line:
-                return
-        raise AssertionError(f"no {text!r}; output:\n{''.join(self.seen)}")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    grpc_port: int = 0
 
     @property
     def address(self) -> str:
@@ -90,13 +50,13 @@ class Workers:
                 for p in folder.glob("*.prom")}
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=60)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
+        return stop(self)
+
+
+def start_workers(config: Path, shm: Path, grpc_port: int) -> Workers:
+    """The server started on `grpc_port` (not waited for)."""
+    served = start(config, shm, "--grpc-port", str(grpc_port))
+    return Workers(**vars(served), grpc_port=grpc_port)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +71,7 @@ def workers(model: ModelFiles, tmp_path_factory: pytest.TempPathFactory
     config = folder / "ps.json"
     config.write_text(json.dumps(model.config))
     (folder / "shm").mkdir()
-    server = Workers(config, folder / "shm", free_port())
+    server = start_workers(config, folder / "shm", free_port())
     try:
         server.wait_for("every model is loaded in every worker")
         yield server
@@ -204,7 +164,7 @@ def test_sigterm_drains_every_worker_and_gives_the_grpc_port_back(
     config = tmp_path / "ps.json"
     config.write_text(json.dumps(model.config))
     (tmp_path / "shm").mkdir()
-    server = Workers(config, tmp_path / "shm", free_port())
+    server = start_workers(config, tmp_path / "shm", free_port())
     try:
         server.wait_for("every model is loaded in every worker")
         _infer_exact(server, model, MODEL, np.random.default_rng(5), clients=2)
@@ -222,7 +182,7 @@ def test_a_taken_grpc_port_stops_the_start(model: ModelFiles, tmp_path: Path) ->
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        server = Workers(config, tmp_path / "shm", taken.getsockname()[1])
+        server = start_workers(config, tmp_path / "shm", taken.getsockname()[1])
         assert server.proc.wait(timeout=60) != 0
         server.wait_for("in use")
     assert any("gRPC" in line for line in server.seen), server.seen

@@ -125,9 +125,7 @@ def test_a_refill_reads_an_added_model_beneath_the_root(tmp_path: Path, redis: R
         for table in (0, 1):
             keys = np.concatenate([outside.keys[table][:40], inside.keys[table][:40]])
             for _ in range(2):  # the second lookup would hit what a refill wrote
-                got = live.client.post(f"/v1/models/added/tables/{table}/lookup",
-                                       content=keys.astype("<i8").tobytes(),
-                                       headers={"Content-Type": "application/octet-stream"})
+                got = live.lookup_binary(table, keys, model="added")
                 assert got.status_code == 200, got.text
                 assert np.array_equal(np.frombuffer(got.content, "<f4")
                                       .reshape(-1, DIMS[table]),

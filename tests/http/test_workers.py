@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -48,12 +48,14 @@ UPDATED = 40  # keys of the users table the update stream rewrites
 
 @dataclass
 class Served:
-    """`hps serve --workers 2` in a process of its own."""
+    """`hps serve --workers 2` in a process of its own, its output read."""
 
     proc: subprocess.Popen[str]
     port: int
     shm: Path
     lines: queue.Queue[str]
+    reader: threading.Thread
+    seen: list[str] = field(default_factory=list)  # the lines wait_for has read
 
     @property
     def url(self) -> str:
@@ -61,18 +63,19 @@ class Served:
 
     def wait_for(self, text: str, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
-        seen = []
         while time.monotonic() < deadline:
             try:
                 line = self.lines.get(timeout=0.1)
             except queue.Empty:
                 if self.proc.poll() is not None:
-                    break
+                    self.reader.join(timeout=10)  # its last lines are in the queue
+                    if self.lines.empty():
+                        break
                 continue
-            seen.append(line)
+            self.seen.append(line)
             if text in line:
                 return
-        raise AssertionError(f"no {text!r}; output:\n{''.join(seen)}")
+        raise AssertionError(f"no {text!r}; output:\n{''.join(self.seen)}")
 
     def run_folder(self) -> Path:
         return self.shm / f"{PREFIX}{self.proc.pid}"
@@ -82,7 +85,8 @@ class Served:
         return {int(p.name): int(p.read_text()) for p in folder.iterdir()}
 
 
-def serve(config: Path, shm: Path, *extra: str) -> Served:
+def start(config: Path, shm: Path, *extra: str) -> Served:
+    """`hps serve CONFIG --workers 2 EXTRA...` started (not waited for), its output read."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HPS_SHM_DIR": str(shm)}
     env.pop("HPS_TOKEN", None)
@@ -98,8 +102,14 @@ def serve(config: Path, shm: Path, *extra: str) -> Served:
             for line in proc.stdout:
                 lines.put(line)
 
-    threading.Thread(target=read, daemon=True).start()
-    served = Served(proc, port, shm, lines)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return Served(proc, port, shm, lines, reader)
+
+
+def serve(config: Path, shm: Path, *extra: str) -> Served:
+    """start(), then wait until every worker serves every model."""
+    served = start(config, shm, *extra)
     served.wait_for("every model is loaded in every worker")
     return served
 
