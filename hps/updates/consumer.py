@@ -42,6 +42,8 @@ T = TypeVar("T")
 
 #: failures a round waits out and tries again
 _RETRIED = (UpdateSourceUnavailableError, TierUnavailableError)
+#: the states that a successful call ends, by what it reaches (see `_retried`)
+_ENDED_BY = {"source": ("starting", "down"), "tiers": ("starting", "retrying")}
 #: seconds between two backlog (lag) readings
 LAG_INTERVAL = 1.0
 
@@ -120,7 +122,7 @@ class UpdateConsumer:
         """On the writer thread: apply, then commit (each retried on outages); the rows'
         buffers go back to the applier's pool once every tier has them."""
         try:
-            self._retried(lambda: self.applier.write(prepared.batches))
+            self._retried(lambda: self.applier.write(prepared.batches), reaches="tiers")
         finally:
             prepared.release()
         done = prepared.done(messages)
@@ -149,8 +151,12 @@ class UpdateConsumer:
         except UpdateSourceUnavailableError:
             pass  # the next poll finds the outage and reports it
 
-    def _retried(self, call: Callable[[], T]) -> T:
-        """`call()`, retried with backoff on outages; raises _Stopped when closed."""
+    def _retried(self, call: Callable[[], T], reaches: str = "source") -> T:
+        """`call()`, retried with backoff on outages; raises _Stopped when closed.
+
+        `reaches` says what the call talks to ("source" or "tiers"): its success ends only
+        the outage such a call reports. The writer thread's writes go on while the poll
+        finds the source down, and must not report it running again."""
         def on_retry(exc: BaseException, delay: float) -> None:
             # the source itself, or a tier that cannot take the writes (Redis down)
             state = "down" if isinstance(exc, UpdateSourceUnavailableError) else "retrying"
@@ -161,6 +167,6 @@ class UpdateConsumer:
                                          on_retry=on_retry)
         except _RETRIED:
             raise _Stopped() from None  # stop was set while waiting (attempts are endless)
-        if self.stats.state != "running":
+        if self.stats.state in _ENDED_BY[reaches]:
             self.stats.set_state("running")
         return result

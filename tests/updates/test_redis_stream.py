@@ -14,7 +14,7 @@ from hps import BadUpdateError, HierarchicalParameterServer
 from hps.config import UpdateSourceConfig
 from hps.server.loader import LoadProgress
 from hps.updates import codec
-from hps.updates.contract import UpdatePublisher
+from hps.updates.contract import UpdateMessage, UpdatePublisher
 from hps.updates.open import open_publisher
 from tests.conftest import write_table
 from tests.support.redis_servers import RedisServer, eventually
@@ -80,6 +80,29 @@ def test_an_outage_is_retried_and_lookups_keep_serving(
         wait_rows(server, model.keys[:50], rows)
         status = wait_status(server, lambda s: s["state"] == "running", "recovered")
         assert status["retries"] >= 1 and "Redis" in status["last_error"]
+
+
+def test_writes_that_succeed_during_an_outage_leave_the_source_down(
+        model: Model, stream_redis: RedisServer, redis_updates: dict[str, Any],
+        rng: np.random.Generator) -> None:
+    """The writer thread applies the batch it holds while the poll finds Redis gone: its
+    success says the tiers took the rows, not that the source is back (CI once read
+    /readyz "down" and then hps_update_source_up 1 in between)."""
+    with HierarchicalParameterServer(model.config(redis_updates)) as server:
+        wait_status(server, lambda s: s["state"] == "running", "running")
+        stream_redis.kill()
+        wait_status(server, lambda s: s["state"] == "down", "the outage seen")
+        assert server.updates is not None
+        consumer = server.updates.consumer
+        rows = random_rows(rng, 10)
+        held = [UpdateMessage(TOPIC, codec.encode(model.keys[:10], rows), "1-0", None, 0.0)]
+        prepared = consumer.applier.prepare(held)  # the batch the writer thread holds
+        consumer._retried(lambda: consumer.applier.write(prepared.batches), )
+        prepared.release()
+        np.testing.assert_array_equal(server.lookup("m", 0, model.keys[:10]), rows)
+        assert server.update_status()["state"] == "down"
+        stream_redis.start()
+        wait_status(server, lambda s: s["state"] == "running", "recovered")
 
 
 class _PublishDuringLoad(LoadProgress):
