@@ -260,11 +260,14 @@ class RedisStreamSource(UpdateSource):
         killed after it wrote the entries to its log and to this group's pending list):
         `>` would never deliver them again, so the next poll reads each stream's own
         pending entries first. Entries received and still being written are delivered
-        twice then (at-least-once; a replay ends in the same rows)."""
+        twice then (at-least-once; a replay ends in the same rows). The next poll also
+        looks for streams at once, so it reaches Redis even where none is followed yet: a
+        poll that answers without asking Redis would report the source running again."""
         try:
             yield
         except BaseException:
             self._streams = dict.fromkeys(self._streams, _PENDING)
+            self._rescan_at = 0.0
             raise
 
     def _poll(self, max_messages: int, timeout: float) -> list[UpdateMessage]:

@@ -97,7 +97,7 @@ def test_writes_that_succeed_during_an_outage_leave_the_source_down(
         rows = random_rows(rng, 10)
         held = [UpdateMessage(TOPIC, codec.encode(model.keys[:10], rows), "1-0", None, 0.0)]
         prepared = consumer.applier.prepare(held)  # the batch the writer thread holds
-        consumer._retried(lambda: consumer.applier.write(prepared.batches), )
+        consumer._retried(lambda: consumer.applier.write(prepared.batches), reaches="tiers")
         prepared.release()
         np.testing.assert_array_equal(server.lookup("m", 0, model.keys[:10]), rows)
         assert server.update_status()["state"] == "down"
