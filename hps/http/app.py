@@ -91,7 +91,8 @@ def create_app(
     16 per thread); past it a lookup is answered 503 with Retry-After
     (`ServiceState.admit`). `queue_target_s`: the queueing delay a lookup may meet; one
     that would wait longer is answered so too, once at least `min_queued_lookups` are in
-    (default: 4 per thread, at least 8; hps/http/admission.py).
+    (default: 4 per thread, at least 8; 2 per thread, at least 4, while it sheds;
+    hps/http/admission.py).
     """
     if token is not None and not token:
         raise ValueError("token must be a non-empty string or None")

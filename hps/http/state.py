@@ -61,10 +61,17 @@ MIN_QUEUED_LOOKUPS = 32
 #: default floor of the admission queue per lookup thread: below it no lookup is shed.
 #: A handful of clients that wait for each answer cannot overload the server; with a
 #: slow tier the delay alone shed them (4 such clients, while Redis restarted under
-#: them, got 503s from a 3 ms target with 2 lookup threads).
+#: them, got 503s from a 3 ms target with 2 lookup threads; the soak's 8 did with a
+#: floor of 4).
 ADMITTED_LOOKUPS_PER_THREAD = 4
 #: ... and never fewer than this in all
 MIN_ADMITTED_LOOKUPS = 8
+#: the floor per lookup thread while the server sheds (a refusal within the last second):
+#: each thread's own lookup and one waiting keep it busy, more only queue
+#: (hps/http/admission.py)
+SHEDDING_LOOKUPS_PER_THREAD = 2
+#: ... and never fewer than this in all
+MIN_SHEDDING_LOOKUPS = 4
 #: the header a client gives its deadline in: milliseconds from when the server has the
 #: request's headers
 DEADLINE_HEADER = "x-hps-deadline-ms"
@@ -142,6 +149,9 @@ class ServiceState:
                                           ADMITTED_LOOKUPS_PER_THREAD * self.lookup_threads)
         self.admission = Admission(self.lookup_threads, self.max_queued_lookups,
                                    self.queue_target_s, floor=self.min_queued_lookups,
+                                   shedding_floor=max(
+                                       MIN_SHEDDING_LOOKUPS,
+                                       SHEDDING_LOOKUPS_PER_THREAD * self.lookup_threads),
                                    on_shed=self.metrics.shed.inc,
                                    on_early_answer=self.metrics.errors.labels(
                                        Overloaded.kind, str(Overloaded.status)).inc)

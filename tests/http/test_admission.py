@@ -54,6 +54,26 @@ def test_below_the_floor_nothing_is_shed() -> None:
     assert Admission(2, 3, floor=8).floor == 3  # never above the bound
 
 
+def test_while_it_sheds_the_lower_floor_holds() -> None:
+    """Once a lookup was refused, more clients ask than the floor lets in: for a second
+    after the last refusal the shedding floor holds, so the queue stays short; then the
+    floor protects a handful of slow clients again."""
+    admission = _busy(Admission(2, 100, 0.003, floor=8, shedding_floor=4), 6, 0.002)
+    assert not admission.shed_now()  # 6 in, under the floor: a tier slow for a moment
+    admission.queued = 8
+    assert admission.shed_now()  # past the floor, 7 answers ahead at 2 ms
+    admission.count_shed()
+    admission.queued = 6
+    assert admission.shed_now()  # shedding: 5 ahead at 2 ms, over the floor of 4
+    admission.queued = 3
+    assert not admission.shed_now()  # under the shedding floor
+    admission.queued = 6
+    admission._last_shed -= 1.5  # no refusal for a second and a half
+    assert not admission.shed_now()
+    assert Admission(2, 100, floor=8).shedding_floor == 8  # by default: the floor
+    assert Admission(2, 100, floor=2, shedding_floor=4).shedding_floor == 2
+
+
 def test_no_answer_for_longer_than_the_target_sheds() -> None:
     """No answer for STALL_TARGETS targets since every thread was taken (a tier that
     stopped answering): what arrives then is not queued behind it. A shorter pause is

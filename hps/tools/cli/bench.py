@@ -362,7 +362,8 @@ def bench_http_cmd(
                                    "against batch size, with --plot)."),
     clients: int = typer.Option(8, help="Concurrent clients (threads, one connection each)."),
     seconds: float = typer.Option(5.0, help="Timed seconds per path and round."),
-    rounds: int = typer.Option(3, help="Rounds; the paths take turns in each."),
+    rounds: int = typer.Option(3, help="Rounds; the paths take turns in each (with "
+                               "--overload: every level once a round)."),
     lookup_threads: Optional[int] = typer.Option(
         None, help="The server's --lookup-threads (default: its own choice)."),
     pin: bool = typer.Option(True, "--pin/--no-pin",
@@ -397,7 +398,7 @@ def bench_http_cmd(
             console.print(f"p50 {name}: {ratio:.2f}× (median of rounds)", highlight=False)
         return
     if overload:
-        _overload(clients if clients != 8 else 64, seconds)
+        _overload(clients if clients != 8 else 64, seconds, rounds)
         return
     if workers is not None:
         from hps.tools.bench.http_workers import print_workers
@@ -450,13 +451,15 @@ def bench_http_cmd(
         console.print(f"plot written to {plot}", highlight=False)
 
 
-def _overload(clients: int, seconds: float) -> None:
+def _overload(clients: int, seconds: float, rounds: int) -> None:
     from hps.tools.bench.overload import bench_overload
 
     levels = tuple(n for n in (1, 2, 4, 8, 16) if n < clients) + (clients,)
-    console.print(f"client processes {', '.join(map(str, levels))}, {seconds:g} s each …")
-    result = bench_overload(levels=levels, seconds=seconds)
-    _print_bench([{"name": f"{r['clients']} clients", "backoff": r["backoff"],
+    console.print(f"client processes {', '.join(map(str, levels))}, {seconds:g} s each, "
+                  f"{rounds} rounds …")
+    result = bench_overload(levels=levels, seconds=seconds, rounds=rounds)
+    _print_bench([{"name": f"{r['clients']} clients", "round": r["round"],
+                   "backoff": r["backoff"],
                    "served/s": r["served_per_s"],
                    "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"], "shed 503": r["shed"],
                    "expired 504": r["expired"], "other": r["other"]} for r in result["rows"]],
@@ -466,7 +469,10 @@ def _overload(clients: int, seconds: float) -> None:
         console.print(f"{s['clients']} clients, backoff {s['backoff']}: "
                       f"{s['served_per_s']:,.0f} served/s = {s['vs_peak']:.2f}× the peak "
                       f"({s['peak_per_s']:,.0f}/s at {s['peak_clients']} clients); p99 "
-                      f"{s['p99_ms']:.2f} ms; shed {s['shed']}, expired {s['expired']}",
+                      f"{s['p99_ms']:.2f} ms; shed {s['shed']}, expired {s['expired']} "
+                      f"(the round of the median ratio; every round: "
+                      f"{', '.join(f'{v:.2f}×' for v in s['rounds_vs_peak'])}; p99 "
+                      f"{', '.join(f'{v:.1f}' for v in s['rounds_p99_ms'])} ms)",
                       highlight=False, soft_wrap=True)
 
 
