@@ -111,15 +111,18 @@ class Admission:
         if queued >= self.bound:
             return True
         ahead = queued - self.threads + 1  # answers it waits for before a thread is free
-        if ahead <= 0 or queued < self.shedding_floor:
-            return False
-        if queued < self.floor and time.monotonic() - self._last_shed > 1.0:
+        if ahead <= 0 or queued < self._floor_now():
             return False
         if ahead * self.drain_gap_s > self.target_s:
             return True
         # no answer at all for many targets: a stalled tier, not a pause of the process
         since = time.perf_counter() - (self._last_done or self._busy_since)
         return since > STALL_TARGETS * self.target_s
+
+    def _floor_now(self) -> int:
+        """The floor: `shedding_floor` within a second of the last refusal, else `floor`."""
+        shedding = time.monotonic() - self._last_shed <= 1.0
+        return self.shedding_floor if shedding else self.floor
 
     def enter(self) -> None:
         """One lookup admitted."""

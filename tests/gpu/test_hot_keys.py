@@ -14,6 +14,7 @@ import pytest
 
 from hps import write_sparse_model
 from hps.api import HPS
+from tests.conftest import model_config
 
 pytestmark = pytest.mark.gpu
 
@@ -27,15 +28,12 @@ def _config(folder: Path, keys: np.ndarray, rows: np.ndarray, **model: Any
     write_sparse_model(folder / "t0", keys, rows)
     return {
         "supportlonglong": True,
-        "models": [{
-            "model": MODEL, "sparse_files": [str(folder / "t0")],
-            "embedding_vecsize_per_table": [DIM],
-            "maxnum_catfeature_query_per_table_per_sample": [4096],
-            "default_value_for_each_table": [0.0], "deployed_device_list": [0],
-            "max_batch_size": 1, "gpucache": True, "gpucacheper": 0.5,
-            "embedding_cache_type": "dynamic", "hit_rate_threshold": 1.0,
-            "init_ec": False, **model,
-        }],
+        "models": [model_config(
+            [str(folder / "t0")], [DIM], MODEL,
+            maxnum_catfeature_query_per_table_per_sample=[4096],
+            default_value_for_each_table=[0.0], max_batch_size=1, gpucache=True,
+            gpucacheper=0.5, embedding_cache_type="dynamic", hit_rate_threshold=1.0,
+            init_ec=False, **model)],
         "volatile_db": {"type": "hash_map"},
     }
 

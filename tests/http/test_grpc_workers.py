@@ -7,7 +7,6 @@ drains and gives the port back; and the port's holding itself (`reserve_port`,
 from __future__ import annotations
 
 import copy
-import json
 import queue
 import socket
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from hps.http.grpc import GrpcServer
 from hps.http.grpc.server import reserve_port, share_port
 from hps.runtime.run_dir import PREFIX
 from tests.http.conftest import MODEL, Live, ModelFiles, metric_value, wait_until, write_model
-from tests.http.test_workers import Served, start, stop
+from tests.http.test_workers import Served, start, stop, write_run
 from tests.support.redis_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,10 +52,19 @@ class Workers(Served):
         return stop(self)
 
 
-def start_workers(config: Path, shm: Path, grpc_port: int) -> Workers:
-    """The server started on `grpc_port` (not waited for)."""
-    served = start(config, shm, "--grpc-port", str(grpc_port))
-    return Workers(**vars(served), grpc_port=grpc_port)
+def start_workers(model: ModelFiles, folder: Path, grpc_port: int, *,
+                  wait: bool = True) -> Workers:
+    """`model` served from a run in `folder` with gRPC on `grpc_port`; with `wait`, once
+    every worker serves it (stopped again if that never comes)."""
+    served = start(*write_run(folder, model.config), "--grpc-port", str(grpc_port))
+    workers = Workers(**vars(served), grpc_port=grpc_port)
+    if wait:
+        try:
+            workers.wait_for("every model is loaded in every worker")
+        except BaseException:
+            workers.stop()
+            raise
+    return workers
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +75,8 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> ModelFiles:
 @pytest.fixture(scope="module")
 def workers(model: ModelFiles, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Workers]:
-    folder = tmp_path_factory.mktemp("grpc-workers-run")
-    config = folder / "ps.json"
-    config.write_text(json.dumps(model.config))
-    (folder / "shm").mkdir()
-    server = start_workers(config, folder / "shm", free_port())
+    server = start_workers(model, tmp_path_factory.mktemp("grpc-workers-run"), free_port())
     try:
-        server.wait_for("every model is loaded in every worker")
         yield server
     finally:
         server.stop()
@@ -161,12 +164,8 @@ def test_every_worker_answers_grpc_and_sees_models_added_over_http(
 
 def test_sigterm_drains_every_worker_and_gives_the_grpc_port_back(
         model: ModelFiles, tmp_path: Path) -> None:
-    config = tmp_path / "ps.json"
-    config.write_text(json.dumps(model.config))
-    (tmp_path / "shm").mkdir()
-    server = start_workers(config, tmp_path / "shm", free_port())
+    server = start_workers(model, tmp_path, free_port())
     try:
-        server.wait_for("every model is loaded in every worker")
         _infer_exact(server, model, MODEL, np.random.default_rng(5), clients=2)
     finally:
         code = server.stop()
@@ -176,13 +175,10 @@ def test_sigterm_drains_every_worker_and_gives_the_grpc_port_back(
 
 
 def test_a_taken_grpc_port_stops_the_start(model: ModelFiles, tmp_path: Path) -> None:
-    config = tmp_path / "ps.json"
-    config.write_text(json.dumps(model.config))
-    (tmp_path / "shm").mkdir()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        server = start_workers(config, tmp_path / "shm", taken.getsockname()[1])
+        server = start_workers(model, tmp_path, taken.getsockname()[1], wait=False)
         assert server.proc.wait(timeout=60) != 0
         server.wait_for("in use")
     assert any("gRPC" in line for line in server.seen), server.seen

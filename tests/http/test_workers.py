@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -107,6 +108,16 @@ def start(config: Path, shm: Path, *extra: str) -> Served:
     return Served(proc, port, shm, lines, reader)
 
 
+def write_run(folder: Path, config: dict[str, Any]) -> tuple[Path, Path]:
+    """`config` written to `folder`/ps.json and an empty `folder`/shm for the run
+    folders: what start() and serve() take."""
+    path = folder / "ps.json"
+    path.write_text(json.dumps(config))
+    shm = folder / "shm"
+    shm.mkdir()
+    return path, shm
+
+
 def serve(config: Path, shm: Path, *extra: str) -> Served:
     """start(), then wait until every worker serves every model."""
     served = start(config, shm, *extra)
@@ -139,11 +150,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, streams: RedisServer
     config = copy.deepcopy(model.config)
     config["update_source"] = {"type": "redis_stream", "address": streams.address,
                                "poll_timeout_ms": 50, "failure_backoff_ms": 20}
-    path = folder / "ps.json"
-    path.write_text(json.dumps(config))
-    shm = folder / "shm"
-    shm.mkdir()
-    return model, path, shm
+    return model, *write_run(folder, config)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ model is reloaded; a worker killed with SIGKILL is replaced and reads the tiers 
 from __future__ import annotations
 
 import copy
-import json
 import os
 import signal
 import time
@@ -29,6 +28,7 @@ from tests.http.test_workers import (
     load_with_updates_and_a_reload,
     serve,
     stop,
+    write_run,
 )
 from tests.support.redis_servers import RedisServer
 
@@ -63,10 +63,7 @@ def tiers_case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     redis_server.client().flushall()
     config["update_source"] = {"type": "redis_stream", "address": redis_server.address,
                                "poll_timeout_ms": 50, "failure_backoff_ms": 20}
-    path = folder / "ps.json"
-    path.write_text(json.dumps(config))
-    shm = folder / "shm"
-    shm.mkdir()
+    path, shm = write_run(folder, config)
     served = serve(path, shm)
     yield model, served
     assert stop(served) == 0
