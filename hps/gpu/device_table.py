@@ -329,6 +329,11 @@ class DeviceTable:
             self._tls.ws = ws
         return ws
 
+    def bind(self, ws: QueryWorkspace) -> None:
+        """Binds the float32 query launches to `ws` before its first query (a spare's)."""
+        with self._device:
+            self._bind_query(ws, OUT_FLOAT32)
+
     # Positions of the varying query parameters in _query_signature: keys, n, out, out_vec4,
     # default value; and the tick (-1: none).
     _query_slots: tuple[int, int, int, int, int] = (0, 1, 0, 0, 0)

@@ -14,6 +14,7 @@ Operations, all on device arrays (host NumPy arrays are accepted and copied over
     cache.update(keys, vectors)                    # rewrites present keys only
     cache.remove(keys)
     held = cache.dump(start_set, stop_set)         # keys held in a range of sets
+    recent = cache.held_keys(most)                 # host keys, most recently used first
 
 Every int64 key is a valid key. Empty slots hold `EMPTY_KEY` (2**63 - 1); that key itself
 is kept in one extra slot outside the sets, which is never evicted (only removed).
@@ -299,6 +300,24 @@ class EmbeddingCache(DeviceTable):
                 (keys, np.int64(n), self._keys, self._stamps, np.uint32(self.num_sets),
                  self._flags),
             )
+
+    def held_keys(self, most: int) -> np.ndarray:
+        """Up to `most` of the keys held, most recently used first (by stamp), as host
+        int64: the working set a replica's cache is warmed with (`GET .../hot-set`). Read
+        on the table's stream after the writes queued; a key whose stamp a query moves
+        meanwhile keeps either place. Takes ~24 B of device memory per slot for a moment."""
+        cp = self._cp
+        with self._on_table_stream():
+            self._wait_for_writes(self._stream.ptr)
+            held = self._keys != EMPTY_KEY
+            keys, stamps = self._keys[held], self._stamps[held]
+            if 0 < most < keys.size:  # the `most` newest stamps, then only those sorted
+                newest = cp.argpartition(stamps, keys.size - most)[keys.size - most:]
+                keys, stamps = keys[newest], stamps[newest]
+            order = cp.argsort(stamps)[::-1][:max(int(most), 0)]
+            recent = keys[order].get(stream=self._stream)
+            self._stream.synchronize()
+            return recent
 
     def state(self) -> dict[str, np.ndarray]:
         """Host copies of the whole cache (for tests): keys and stamps [num_sets, SET_SIZE],

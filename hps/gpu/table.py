@@ -70,7 +70,7 @@ from hps.gpu.staging import CHUNK_BYTES, MissStaging, Scratch, device_view, exte
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.threshold import HitRateThreshold
 from hps.gpu.update_log import UpdateLog
-from hps.gpu.workspace import QueryWorkspace, ThreadState
+from hps.gpu.workspace import SPARE_RESERVE, SPARE_STATES, QueryWorkspace, SpareStates, ThreadState
 from hps.intake.array_ref import ArrayRef
 from hps.intake.keys import is_wide
 from hps.rows.gpu_layout import (
@@ -155,6 +155,8 @@ class GpuEmbeddingTable:
         self._tls = threading.local()
         self._stats_lock = threading.Lock()
         self._all_counts: list[dict[str, int]] = []
+        # states for the first threads that look up, built now (workspace.py SpareStates)
+        self._spares = SpareStates(self._new_state, SPARE_STATES, SPARE_RESERVE, self._rt)
         self._refresh_lock = threading.Lock()
         # the online updates' keys: a miss fill drops the rows an update overtook
         self._updates = UpdateLog()
@@ -235,13 +237,10 @@ class GpuEmbeddingTable:
             if previous != dev:
                 rt.setDevice(previous)
 
-    # The common case's shortcut: int64 keys and an output both C-contiguous on this
-    # table's device, read by the caller in a few attribute reads (hps/intake/keys.py
-    # device_pair). It skips lookup()'s ArrayRefs and their checks, the device and stream
-    # choice and the staging of keys and output; what it serves is the same. The public
-    # call's p50 at 2,000 keys (H100, static table dim 64, torch / CuPy / capsules, same
-    # run) went from 1.58× / 1.62× / 1.60× torch.index_select's floor to 1.32× / 1.30× /
-    # 1.37× (README, lookup_fromdlpack).
+    # The common case's shortcut (int64 keys and output C-contiguous on this device, read
+    # by hps/intake/keys.py device_pair): no ArrayRefs, checks, device and stream choice or
+    # staging; the same rows. Public call p50, 2,000 keys (H100, static, dim 64, torch /
+    # CuPy / capsules): 1.58× / 1.62× / 1.60× torch.index_select → 1.32× / 1.30× / 1.37×.
     def lookup_contiguous(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
                           out_type: int = OUT_FLOAT32) -> None:
         """lookup() of n > 0 int64 keys at `keys_ptr` into an output of at least n × dim
@@ -416,10 +415,22 @@ class GpuEmbeddingTable:
     def _state(self) -> ThreadState:
         state: ThreadState | None = getattr(self._tls, "state", None)
         if state is None:
-            state = ThreadState(self._table.workspace(), MissStaging(self._cp),
-                                Scratch(self._cp, self.dim), self._counts())
-            self._tls.state = state
+            state = self._spares.take() or self._new_state(0)
+            self._tls.state, self._tls.counts = state, state.counts
         return state
+
+    def _new_state(self, reserve: int) -> ThreadState:
+        """A thread's lookup state: workspace reserved for `reserve` keys, own counters."""
+        with self._device:
+            ws, staging = QueryWorkspace(self._cp, self.device_id), MissStaging(self._cp)
+            if reserve:  # a spare: its buffers and launches made now, not in a lookup
+                ws.reserve(reserve)
+                self._table.bind(ws)
+                staging.prepare(reserve // 8, self.dim)
+        counts = dict.fromkeys(_COUNTERS, 0)
+        with self._stats_lock:
+            self._all_counts.append(counts)
+        return ThreadState(ws, staging, Scratch(self._cp, self.dim), counts)
 
     def _fetch(self, keys: np.ndarray) -> np.ndarray:
         rows = np.ascontiguousarray(self._fetch_host(keys), dtype=np.float32)
@@ -523,6 +534,15 @@ class GpuEmbeddingTable:
                 self._build_whole(np.asarray(keys, np.int64), vectors, self._updates.mark())
 
     # -- state ----------------------------------------------------------------------------
+
+    def held_keys(self, most: int) -> np.ndarray:
+        """Up to `most` keys held, newest first (none: a static or uvm table holds all)."""
+        with self._device:
+            if self._cache is not None:
+                return self._cache.held_keys(most)
+            if self._whole is not None:
+                return self._whole.dump(0, self._whole.num_sets)[:most].get()
+        return np.empty(0, np.int64)
 
     def stats(self) -> dict[str, Any]:
         """mode, storage_dtype, capacity, size (keys held), hits, misses, hit_rate,

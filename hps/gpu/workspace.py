@@ -8,13 +8,18 @@ and the miss count's landing place, the query launches bound to these buffers
 writes. The table keeps one per thread (`DeviceTable.workspace`); the lookup path's miss
 handling (hps/gpu/table.py) reads the misses from it until the thread's next query.
 `ThreadState` is all one thread's lookups of one table keep: the workspace, the miss
-staging and scratch buffers (hps/gpu/staging.py) and the thread's counters.
+staging and scratch buffers (hps/gpu/staging.py) and the thread's counters. `SpareStates`
+holds a few built at load for the first threads that look up: a thread's first lookup
+otherwise pays the workspace's pinned allocations and its buffers (H100, HugeCTR's
+profile: 0.8-0.9 ms for that first call against ~0.1 ms for the next ones), which a
+replica warmed from a peer would pay in its first lookups.
 """
 
 from __future__ import annotations
 
 import ctypes
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,6 +30,11 @@ if TYPE_CHECKING:
     from hps.gpu.staging import MissStaging, Scratch
 
 _MAPPED_PINNED = 3  # cudaHostAllocPortable | cudaHostAllocMapped
+#: ThreadStates a GPU table builds at load for its first lookup threads (a server's
+#: lookup threads, a caller's few): more threads build their own on their first call
+SPARE_STATES = 4
+#: the keys a spare's workspace is reserved for (a larger lookup grows it, as any does)
+SPARE_RESERVE = 1 << 12
 
 
 class QueryWorkspace:
@@ -132,3 +142,25 @@ class ThreadState:
         self.staging = staging
         self.scratch = scratch
         self.counts = counts
+
+
+class SpareStates:
+    """`count` ThreadStates built ahead by `build(reserve)` (off the lookup path: at load),
+    each handed whole to one thread by `take()` (None once all are taken). Thread-safe:
+    list.pop is atomic."""
+
+    def __init__(self, build: Callable[[int], ThreadState], count: int, reserve: int,
+                 runtime: Any) -> None:
+        self._rt = runtime
+        self._spares = [build(reserve) for _ in range(count)]
+
+    def take(self) -> ThreadState | None:
+        """A spare, with its device's context made current in the calling thread, as
+        building a state there would: the lookup path launches through the driver, which
+        needs one (a thread's first launch failed with CUDA_ERROR_INVALID_CONTEXT without)."""
+        try:
+            state = self._spares.pop()
+        except IndexError:
+            return None
+        self._rt.setDevice(state.ws.device_id)
+        return state

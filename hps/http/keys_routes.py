@@ -3,8 +3,9 @@
 - `GET /v1/models/{model}/tables/{table}/keys?top=100&kind=hot|missing`: a table's
   heaviest keys from its sketch (hps/server/key_sketch.py), with estimated counts and
   their error bound;
-- `GET /v1/models/{model}/tables/{table}/hot-set`: the hot keys alone, as little-endian
-  int64 (`application/octet-stream`, the form `warm_from` reads) or JSON (`format=json`);
+- `GET /v1/models/{model}/tables/{table}/hot-set`: the hot keys, then the keys the GPU
+  caches hold (`cached`, most recently used first), as little-endian int64
+  (`application/octet-stream`, the form `warm_from` reads) or JSON (`format=json`);
 - `POST /v1/models/{model}/prefetch` (admin): `{"table": t, "keys": [...]}` or
   `{"from": "hot-set"}` (every table's own hot keys, or one table's with `table`) warms
   the volatile tier and the GPU caches in the background: 202 with the jobs;
@@ -27,6 +28,7 @@ from hps.http.errors import ApiError
 from hps.http.schemas import ERROR_RESPONSES, JSON, KEYS_HEADER, OCTET_STREAM, ErrorBody, Key
 from hps.http.state import ServiceState
 from hps.server.key_sketch import HOT_SLOTS
+from hps.server.warm_up import MOST_CACHED_KEYS
 
 #: the most keys a table's hot sketch tracks, so the most a `top` may ask for
 MOST_KEYS = HOT_SLOTS * 3 // 4
@@ -116,12 +118,17 @@ def build_keys_router(state: ServiceState, protected: list[Any], admin: list[Any
                                               "(X-HPS-Keys: their number), or "
                                               '{"keys": [...]} with format=json.'}})
     async def hot_set(model: str, table: str, top: int = Query(MOST_KEYS, ge=1, le=MOST_KEYS),
+                      cached: int = Query(
+                          MOST_CACHED_KEYS, ge=0, le=MOST_CACHED_KEYS,
+                          description="At most this many keys the table's GPU caches hold "
+                                      "follow the hot keys, most recently used first "
+                                      "(0: the hot keys alone)."),
                       fmt: Literal["binary", "json"] = Query("binary", alias="format")
                       ) -> Response:
-        """The hot keys of the table, heaviest first: what `warm_from` reads and
-        `POST .../prefetch` takes."""
+        """The hot keys of the table, heaviest first, then the keys its GPU caches hold:
+        what `warm_from` reads and `POST .../prefetch` takes."""
         state.model(model)
-        keys = server.top_keys(model, table, "hot", top)["keys"]
+        keys = await run_in_threadpool(server.hot_set, model, table, top, cached)
         if fmt == "json":
             return Response(json.dumps({"keys": keys.tolist()}).encode(), media_type=JSON)
         return Response(keys.astype("<i8").tobytes(), media_type=OCTET_STREAM,

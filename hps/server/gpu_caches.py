@@ -134,6 +134,15 @@ class GpuCaches:
             gpu.insert(keys, vectors)
         return int(keys.size) * len(caches)
 
+    @staticmethod
+    def held_keys(table: LoadedTable, most: int) -> np.ndarray:
+        """Keys the GPU caches of `table` hold, each cache's most recently used first
+        (at most `most` of each; a sharded table's shards each give theirs)."""
+        held = [np.empty(0, np.int64)]
+        for owner in _distinct(table.gpu.values()):
+            held += [gpu.held_keys(most) for gpu in getattr(owner, "shards", [owner])]
+        return np.concatenate(held)
+
     def writer(self, table: LoadedTable) -> Callable[[np.ndarray, np.ndarray], None] | None:
         """How online updates reach the caches of `table` (None when it has none)."""
         return partial(self.apply_update, table) if table.gpu else None

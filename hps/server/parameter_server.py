@@ -38,7 +38,7 @@ from hps.server.models import LoadedModel
 from hps.server.prefetch import Prefetcher, PrefetchJob
 from hps.server.registry import ModelRegistry
 from hps.server.updates import ServerUpdates
-from hps.server.warm_up import warm_up
+from hps.server.warm_up import MOST_CACHED_KEYS, hot_set, warm_up
 from hps.tiers import Tiers, open_tiers
 from hps.tiers.contract import Tier
 
@@ -297,6 +297,18 @@ class HierarchicalParameterServer:
             answer.update(model=model, table=t.name, kind=kind, sampling=seen.sampling(kind),
                           source=seen.source if kind == "hot" else "lookups")
             return answer
+        finally:
+            loaded.refs.release()
+
+    def hot_set(self, model: str, table: int | str, top: int = 1 << 20,
+                cached: int = MOST_CACHED_KEYS) -> np.ndarray:
+        """What a replica warms from (`GET .../hot-set`, `warm_from`): the table's `top`
+        hot keys, heaviest first, then up to `cached` keys its GPU caches hold, most
+        recently used first (hps/server/warm_up.py). Raises UnknownModelError,
+        UnknownTableError."""
+        loaded = self._registry.acquire(model)
+        try:
+            return hot_set(loaded.table(table), top, cached)
         finally:
             loaded.refs.release()
 

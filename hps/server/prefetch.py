@@ -1,7 +1,8 @@
 """Prefetch: the rows of given keys brought up the tiers before lookups ask for them.
 
 `Prefetcher.submit(loaded, table, keys)` queues a job and returns it at once; one
-background thread runs the jobs in order. A job takes the distinct keys in chunks of
+background thread runs the jobs in order. A job takes the distinct keys (in the order
+given: heaviest first, as exports list them) in chunks of
 `CHUNK` and, for each chunk:
 1. reads the volatile tier; the keys it lacks are read from the persistent tier, and the
    rows found there are written to the volatile tier (synchronously: when the job is
@@ -108,7 +109,11 @@ class Prefetcher:
                release: Callable[[], None] | None = None) -> PrefetchJob:
         """Queue a prefetch of `keys` (host int64[n]) into `table` of `loaded`; `release`
         is called when the job ends (the version's reference a caller took for it)."""
-        distinct = np.unique(np.asarray(keys, np.int64))
+        keys = np.asarray(keys, np.int64).ravel()
+        # each key once, in the order given: an export lists its heaviest keys first, so
+        # a job cut off at its bound has warmed those
+        _, first = np.unique(keys, return_index=True)
+        distinct = keys[np.sort(first)]
         with self._lock:
             job = PrefetchJob(f"p{next(self._ids)}", loaded.config.model, table.name,
                               int(distinct.size))

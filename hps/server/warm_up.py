@@ -9,6 +9,12 @@ serves.
 - a URL or a file path holding `{table}`: that, with each table's name put in;
 - any other file path: the export of a model's only table.
 
+`hot_set(table, top, cached)` is what a peer exports: the table's `top` hot keys from its
+sketch (heaviest first), then up to `cached` keys its GPU caches hold (most recently used
+first). The sketch tracks a few thousand keys; a GPU cache holds the long tail its
+traffic reached too, so a replica warmed with both starts with the peer's working set
+(on the H100 the sketch's keys alone left the first lookups missing that tail).
+
 `warm_up(loaded, prefetcher)` reads each table's export and prefetches it
 (hps/server/prefetch.py), waiting at most the model's `warm_timeout` seconds in all,
 reads included. It never raises: a source that cannot be read, a peer that lacks the
@@ -29,6 +35,7 @@ import numpy as np
 
 from hps.errors import HPSError, SourceError
 from hps.modelfiles.confined import ConfinedSource, current_roots
+from hps.server.gpu_caches import GpuCaches
 from hps.server.models import LoadedModel, LoadedTable
 from hps.server.prefetch import Prefetcher, PrefetchJob
 
@@ -36,6 +43,8 @@ log = logging.getLogger("hps")
 
 #: the largest export read (8M keys): a sketch exports a few thousand
 MAX_EXPORT_BYTES = 64 << 20
+#: the most keys of its GPU caches an export carries after the hot keys (32 MiB)
+MOST_CACHED_KEYS = 1 << 22
 
 
 class WarmSourceError(HPSError):
@@ -106,6 +115,23 @@ def read_export(where: str, timeout: float) -> np.ndarray:
         raise WarmSourceError(f"{where}: {len(data)} bytes is not a whole number of int64 "
                               "keys")
     return np.frombuffer(data, dtype="<i8").astype(np.int64)
+
+
+def hot_set(table: LoadedTable, top: int, cached: int = MOST_CACHED_KEYS) -> np.ndarray:
+    """The export of `table`, each key once (int64): its `top` hot keys, heaviest first
+    (those its GPU caches lack ahead of the others), then up to `cached` of the keys the
+    caches hold, most recently used first."""
+    hot = table.keys_seen.sketch("hot").top(top)["keys"]
+    if cached <= 0 or not table.gpu:
+        return hot
+    held = GpuCaches.held_keys(table, cached)
+    # hot keys the caches lack lead: a replica's cache of the peer's size inserts them
+    # first, so the held keys that follow evict them rather than each other (a set holds
+    # at most as many held keys as it has ways)
+    lacking = ~np.isin(hot, held)
+    every = np.concatenate([hot[lacking], hot[~lacking], held])
+    _, first = np.unique(every, return_index=True)
+    return every[np.sort(first)][:hot.size + cached]
 
 
 def warm_up(loaded: LoadedModel, prefetcher: Prefetcher) -> list[PrefetchJob]:

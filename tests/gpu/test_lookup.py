@@ -18,6 +18,7 @@ from hps.gpu.dynamic_cache import EmbeddingCache
 from hps.gpu.open import cache_slots
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.table import GpuEmbeddingTable, cuda_available
+from hps.gpu.workspace import SPARE_STATES
 
 pytestmark = pytest.mark.gpu
 
@@ -219,6 +220,15 @@ def test_refresh_interval_runs_in_the_background(cp: Any, rng: np.random.Generat
         assert (out.get() == 3.0).all()
 
 
+def _in_threads(worker: Any, n: int) -> None:
+    """worker(0) … worker(n - 1), each on a thread of its own, all started, all joined."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_concurrent_lookups_with_background_inserts_and_refresh(
         cp: Any, rng: np.random.Generator, seed: int) -> None:
     """Several threads look up (on their own streams) while misses are inserted in the
@@ -245,14 +255,40 @@ def test_concurrent_lookups_with_background_inserts_and_refresh(
                     if not ok.all():
                         errors.append(f"thread {i}: {int((~ok).sum())} wrong rows")
 
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _in_threads(worker, 4)
         stats = table.stats()
     assert not errors, errors[:3]
     assert stats["async_inserts"] + stats["sync_fetches"] > 0 and stats["refreshed"] > 0
+
+
+def test_threads_beyond_the_spare_states_serve_and_count_alike(
+        cp: Any, rng: np.random.Generator) -> None:
+    """The first SPARE_STATES threads take states built at load, the others build their
+    own: every thread's rows are exact and every lookup is counted once."""
+    dim = 16
+    store = _store(rng, 6000, dim)
+    threads_n = SPARE_STATES + 2
+    errors: list[str] = []
+    with GpuEmbeddingTable(_model(dim, gpucacheper=0.5, hit_rate_threshold=1.0),
+                           0, 6000, 0, store.fetch) as table:
+        batches = [rng.choice(store.keys, (10, 500)) for _ in range(threads_n)]
+        keys_in = [cp.asarray(b) for b in batches]
+        outs = [cp.empty((10, 500, dim), dtype=np.float32) for _ in range(threads_n)]
+        cp.cuda.Device().synchronize()
+
+        def worker(i: int) -> None:
+            # the thread's first CUDA work is the lookup itself (no stream or array made
+            # here first): a spare state must make the device's context current itself
+            for j in range(10):
+                table.lookup(keys_in[i][j], outs[i][j])
+            cp.cuda.get_current_stream().synchronize()
+            if not (outs[i].get() == store.fetch(batches[i].ravel()).reshape(10, 500, dim)).all():
+                errors.append(f"thread {i}: wrong rows")
+
+        _in_threads(worker, threads_n)
+        stats = table.stats()
+    assert not errors, errors[:3]
+    assert stats["hits"] + stats["misses"] == threads_n * 10 * 500
 
 
 def test_argument_errors(cp: Any, rng: np.random.Generator) -> None:

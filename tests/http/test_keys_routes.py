@@ -109,6 +109,8 @@ def test_missing_keys_are_listed(peer: Live) -> None:
     ("/v1/models/nope/tables/users/hot-set", {}, 404, "unknown_model"),
     (f"/v1/models/{MODEL}/tables/9/hot-set", {}, 404, "unknown_table"),
     (f"/v1/models/{MODEL}/tables/users/hot-set", {"format": "csv"}, 422, "bad_request"),
+    (f"/v1/models/{MODEL}/tables/users/hot-set", {"cached": -1}, 422, "bad_request"),
+    (f"/v1/models/{MODEL}/tables/users/hot-set", {"cached": 1 << 23}, 422, "bad_request"),
     (f"/v1/models/{MODEL}/prefetch/p999999", {}, 404, "unknown_job"),
 ])
 def test_bad_questions_get_json_errors(peer: Live, path: str, params: dict[str, Any],
@@ -126,6 +128,9 @@ def test_the_hot_set_exports_as_int64_or_json(peer: Live) -> None:
     assert np.frombuffer(binary.content, "<i8").tolist() == hot[:5].tolist()
     whole = peer.client.get(f"/v1/models/{MODEL}/tables/users/hot-set")
     assert np.frombuffer(whole.content, "<i8").size == HOT + 1
+    # no GPU cache here: its held keys add nothing, asked for or not
+    alone = peer.client.get(f"/v1/models/{MODEL}/tables/users/hot-set", params={"cached": 0})
+    assert alone.content == whole.content
     as_json = peer.client.get(f"/v1/models/{MODEL}/tables/users/hot-set",
                               params={"format": "json", "top": 2}).json()
     assert as_json == {"keys": hot[:2].tolist()}

@@ -2,11 +2,12 @@
 
 One table is written as a sparse folder; a **peer** serves it and answers `lookups`
 lookups of skewed keys (its hot-key sketch samples every one of them:
-`hot_key_sampling: 1`, as a peer that has served for hours has seen enough); its last
-`first` lookups give the warm p50 and p99. The peer's hot set
-(`HierarchicalParameterServer.top_keys`, as `GET .../hot-set` exports it) is written to
-a file. Then two replicas start over the same files: a **cold** one, and one **warmed**
-from that file. Each answers the same next `first` lookups of the same stream; their p50
+`hot_key_sampling: 1`, as a peer that has served for hours has seen enough). The peer's
+hot set (`HierarchicalParameterServer.hot_set`, as `GET .../hot-set` exports it: the
+sketch's hot keys, then the keys its GPU cache holds) is written to a file, and then the
+peer answers the stream's next `first` lookups: its warm p50 and p99 of exactly the
+lookups the replicas answer. Then two replicas start over the same files: a **cold**
+one, and one **warmed** from that file. Each answers those `first` lookups; their p50
 and p99 stand beside the peer's, with how many of them took longer than the peer's warm
 p99 and the last one that did (`over`, `last`: from the lookup after it on, the replica
 serves at the warm p99).
@@ -128,8 +129,8 @@ def bench_warm_start(num_keys: int = 1_000_000, dim: int = 64, batch: int = 256,
                      gpu: bool = False, warm_timeout: float = 60.0,
                      replicas: tuple[str, ...] = ("cold", "warmed")) -> dict[str, Any]:
     """The figures of the module docstring: per server (peer, cold, warmed) the p50 and
-    p99 in µs of its `first` lookups (the peer's last ones), the lookups over the peer's
-    p99, and the seconds to start (the warm-up included). `replicas`: which replicas
+    p99 in µs of the same `first` lookups (the peer's after its export), the lookups over
+    the peer's p99, and the seconds to start (the warm-up included). `replicas`: which replicas
     start, in that order (one process runs them all, one after the other)."""
     from hps.api import HPS
     from hps.modelfiles.formats.sparse_folder import write_sparse_model
@@ -156,13 +157,13 @@ def bench_warm_start(num_keys: int = 1_000_000, dim: int = 64, batch: int = 256,
 
         rows: dict[str, Any] = {}
         with HPS(config("peer", hot_key_sampling=1)) as peer:
-            timed(peer, seen[:-first])
+            timed(peer, seen)
+            hot = peer.server.hot_set(MODEL, 0)  # exported before it sees `after`
             hits = _gpu_hits(peer) if gpu else 0
-            peer_times = timed(peer, seen[-first:])
+            peer_times = timed(peer, after)  # the replicas' lookups, answered warm
             rows["peer"] = _figures(peer_times)
             if gpu:
                 rows["peer"]["gpu_hit_rate"] = (_gpu_hits(peer) - hits) / (first * batch)
-            hot = peer.server.top_keys(MODEL, 0, "hot", 1 << 20)["keys"]
         export = os.path.join(work, "table0.hot-set")
         hot.astype("<i8").tofile(export)
         warm_p99 = rows["peer"]["p99_us"]
@@ -222,9 +223,10 @@ def format_warm_start(result: dict[str, Any]) -> str:
             few = f"{row['gpu_hit_rate_few']:>8.3f}" if "gpu_hit_rate_few" in row else f"{'-':>8}"
             line += f"  {row['gpu_hit_rate']:>12.3f}  {few}"
         lines.append(line)
-    lines.append(f"peer: its last {result['first']} of {result['lookups']:,} lookups; "
-                 f"cold, warmed: their first {result['first']}; over: of those, the "
-                 "lookups slower than the peer's p99; last: the last of them (0: none)")
+    lines.append(f"the same {result['first']} lookups each: the peer's after its "
+                 f"{result['lookups']:,} (and its export), the replicas' first; over: of "
+                 "those, the lookups slower than the peer's p99; last: the last of them "
+                 "(0: none)")
     return "\n".join(lines)
 
 
