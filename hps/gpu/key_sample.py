@@ -10,34 +10,35 @@ hot set needs in its cache), the server hands each GPU lookup's keys to the tabl
         sampler.device_keys(keys_ptr, n, device, stream)   # or sampler.take(ref, ...)
 
 A sampled call copies at most `most` of its keys, every stride-th from a start that
-rotates from call to call (stride = ceil(n / most)), in one cudaMemcpy2DAsync (source
-pitch: the stride; keys strided in memory: their stride times it) on the caller's
-stream into a free slot of a small ring of pinned host buffers, and records an event
-after it (a window of m neighbouring keys in one cudaMemcpyAsync measured no cheaper on
-the H100, and samples a batch's positions less evenly). Nothing waits for the copy: the
-samples whose event has completed (queried, not waited for) are fed to the sketch at the
-next sampled call, or when the sketch is read (`drain`, the sketch's `pending` hook), each
-key weighted as the host path weights its samples (every × stride, key_sketch.py).
-Host keys (HPS.lookup of NumPy keys on a GPU table) are sampled the same way and fed at
-once.
+rotates from call to call (stride = ceil(n / most)): one tiny kernel (cuda/key_sample.cu)
+on the caller's stream, launched through the driver with the GIL held, packs them into a
+free slot of a small ring of mapped pinned host memory and then writes the slot's ticket.
+Nothing waits for it: one thread of the process (`_Feeder`) feeds every sampler's
+arrived samples (a ticket is a word read, no CUDA call) to their sketches every
+FEED_INTERVAL, in one pass, and so does a read of the sketch (`drain`, the sketch's
+`pending` hook), and a sampled call that finds its ring full; each key weighted as the
+host path weights its samples (every × stride, key_sketch.py). Host keys (HPS.lookup of
+NumPy keys on a GPU table) are sampled the same way and fed at once.
 
 Cost on the lookup path: an unsampled call pays one counter increment and a bit test
-(the caller's); a sampled one a copy launch, an event record, the event queries of the
-slots in flight and the feed of a ready sample, and the caller's next sync waits for
-the small copy too. On the H100 (`lookup_fromdlpack` of 2,000 torch keys, a static table
-of width 64, sampling on and off in turns in one process): p50 +2.3%, mean +10% (the
-1 call in 16 that samples: ~17 µs of host time queuing the copy and event, ~20 µs
-feeding the previous sample; the GPU's part is under 1 µs): docs/operating.md#what-it-costs.
-Feeding on a thread of its own instead measured worse in the same setting (p50 +10%,
-mean +22%): that thread's wake-ups take the GIL from the callers.
+(the caller's); a sampled one a launch, and the caller's next sync waits for the small
+kernel too. Before, the copy was a cudaMemcpy2DAsync and an event record through CuPy's
+runtime (each releasing the GIL), and each sampled call fed the sample before it: on the
+H100 (`lookup_fromdlpack` of 2,000 torch keys, a static table of width 64, 1 in 16
+sampled) a sampled call took 22-29 µs more than a call with no sampler. Feeding on a
+thread that woke for each sample measured worse still (p50 +10%, mean +22%): its wake-ups
+took the GIL from the callers; the feeder wakes 100 times a second whatever the traffic.
+`python -m hps.tools.bench.gpu_sampling` measures the cost.
 
-What is skipped rather than waited for: a sampled call that finds the sampler busy
-(another thread in it) or every slot of its device's ring still in flight (the GPU far
-behind), and keys that are strided in more than one dimension. Each is counted in
-`skipped`; the weights of the samples fed stay right, fewer of them are taken.
+What is skipped rather than waited for: a sampled call that finds every slot of its
+device's ring still in flight (the GPU far behind), keys that are strided in more than
+one dimension, and keys of neither 4 nor 8 bytes (the kernel moves those two widths).
+Each is counted in `skipped`; the weights of the samples fed stay right, fewer of them
+are taken. Threads wait for one another only over the slots (a launch, a pass over
+them: microseconds); the sketch is fed by one thread at a time, outside that lock.
 
-The ring's pinned memory is cudaHostAlloc'd for the sampler alone (portable; never a
-pool's, which could hand it to another user while a copy into it is in flight) and freed
+The ring's pinned memory is cudaHostAlloc'd for the sampler alone (portable, mapped;
+never a pool's, which could hand it to another user while a kernel writes it) and freed
 with it: a version's sampler goes with its tables, once its last lookup is done.
 """
 
@@ -45,17 +46,23 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
+from hps.gpu import kernels
 from hps.gpu.host_memory import MappedHostMemory
 from hps.intake.array_ref import ArrayRef
 
-#: slots of a device's ring: samples in flight at once (each `most` int64 keys)
-SLOTS = 8
-_D2H = 2  # cudaMemcpyDeviceToHost
+#: slots of a device's ring: samples in flight at once (each `most` int64 keys), enough
+#: for the samples of one FEED_INTERVAL at tens of thousands of lookups a second
+SLOTS = 64
+#: how often the feeder thread feeds the samples that have arrived (seconds)
+FEED_INTERVAL = 0.01
+_SIGNATURE = "ptr i64 i32 i32 ptr ptr u64"  # cuda/key_sample.cu sample_keys
 _INT64 = np.dtype(np.int64)
 _UINT64 = np.dtype(np.uint64)
 
@@ -78,17 +85,19 @@ class KeySampler:
         self.calls = itertools.count(1)
         self._most = most
         self._turn = 0
-        self._lock = threading.Lock()
-        # device → (pinned memory, its int64 [SLOTS, most] view, each slot's address (read
-        # once: ndarray.ctypes costs microseconds), events, slots in flight: None or
-        # (keys, dtype, stride) per slot)
-        self._rings: dict[int, tuple[Any, np.ndarray, list[int], list[Any], list[Any]]] = {}
-        #: sampled calls not taken (busy, ring full, keys strided in several dimensions)
+        self._lock = threading.Lock()  # the rings' slots and the stride's turn
+        self._feeding = threading.Lock()  # the sketch's feed, one thread at a time
+        self._tickets = itertools.count(1)
+        # device → its _Ring
+        self._rings: dict[int, _Ring] = {}
+        #: sampled calls not taken (ring full, keys strided in several dimensions or
+        #: neither 4 nor 8 bytes wide)
         self.skipped = 0
         #: samples fed to the sketch
         self.fed = 0
         for device in devices:
             self._ring(device)
+        _FEEDER.add(self)
 
     def device_keys(self, ptr: int, n: int, device: int, stream: int) -> None:
         """Sample n > 0 C-contiguous int64 keys at device address `ptr` on `device`,
@@ -118,9 +127,11 @@ class KeySampler:
         self._copy(keys.ptr, n, itemsize, pitch, keys.dtype, keys.device, stream)
 
     def drain(self) -> None:
-        """Feed the samples whose copies are done (none waited for)."""
-        with self._lock:
-            self._drain()
+        """Feed the samples that have arrived (none waited for)."""
+        with self._feeding:
+            with self._lock:
+                ready = self._arrived()
+            self._feed_all(ready)
 
     # -- inside --------------------------------------------------------------------------
 
@@ -132,70 +143,136 @@ class KeySampler:
         return start, stride, (n - start + stride - 1) // stride
 
     def _host(self, flat: np.ndarray) -> None:
-        if not self._lock.acquire(False):
-            self.skipped += 1
-            return
-        try:
+        with self._lock:
             start, stride, _ = self._stride(flat.size)
-            sample = np.ascontiguousarray(flat[start::stride])
-            sample = sample.view(np.int64) if sample.dtype == _UINT64 else sample
-            self._feed(sample.astype(np.int64, copy=False), stride)
-            self.fed += 1
-        finally:
-            self._lock.release()
+        sample = np.ascontiguousarray(flat[start::stride])
+        sample = sample.view(np.int64) if sample.dtype == _UINT64 else sample
+        with self._feeding:
+            self._feed_all([(sample.astype(np.int64, copy=False), stride)])
 
     def _copy(self, ptr: int, n: int, itemsize: int, pitch: int, dtype: np.dtype[Any],
               device: int, stream: int) -> None:
-        if not self._lock.acquire(False):
+        if itemsize not in (4, 8):
             self.skipped += 1
             return
-        try:
-            self._drain()
-            _, _, addresses, events, flight = self._rings.get(device) or self._ring(device)
-            try:
-                slot = flight.index(None)
-            except ValueError:  # every slot in flight: this sample is dropped, not waited for
+        ready: list[tuple[np.ndarray, int]] = []
+        with self._lock:  # held for a few µs by anyone: a launch, or a pass over the slots
+            ring = self._rings.get(device) or self._ring(device)
+            if None not in ring.flight:  # every slot taken: take the arrived ones here
+                ready = self._arrived()
+            if None not in ring.flight:  # none arrived: this sample is dropped, not waited for
                 self.skipped += 1
-                return
-            start, stride, m = self._stride(n)
-            rt = self._cp.cuda.runtime
-            previous = rt.getDevice()
-            if previous != device:
-                rt.setDevice(device)
-            try:
-                rt.memcpy2DAsync(addresses[slot], itemsize, ptr + start * pitch,
-                                 stride * pitch, itemsize, m, _D2H, stream)
-                rt.eventRecord(events[slot].ptr, stream)
-            finally:
-                if previous != device:
-                    rt.setDevice(previous)
-            flight[slot] = (m, dtype, stride)
-        finally:
-            self._lock.release()
+            else:
+                self._launch(ring, ring.flight.index(None), ptr, n, itemsize, pitch, dtype,
+                             device, stream)
+        if ready:
+            with self._feeding:
+                self._feed_all(ready)
 
-    def _drain(self) -> None:
-        """Feed the ready samples (the lock held)."""
-        for _, slots, _, events, flight in self._rings.values():
+    def _launch(self, ring: _Ring, slot: int, ptr: int, n: int, itemsize: int, pitch: int,
+                dtype: np.dtype[Any], device: int, stream: int) -> None:
+        """Queue the copy of a sample into `slot` on `stream` (the lock held)."""
+        start, stride, m = self._stride(n)
+        ticket = next(self._tickets)
+        cells = ring.cells
+        cells[0].value = ptr + start * pitch
+        cells[1].value = stride * pitch
+        cells[2].value = itemsize
+        cells[3].value = m
+        cells[4].value = ring.device_ptrs[slot]
+        cells[5].value = ring.ticket_ptrs[slot]
+        cells[6].value = ticket
+        rt = self._cp.cuda.runtime
+        previous = rt.getDevice()
+        if previous != device:
+            rt.setDevice(device)
+        try:
+            ring.launch.go_recorded(1, self._most, stream, 0)
+        finally:
+            if previous != device:
+                rt.setDevice(previous)
+        ring.flight[slot] = (m, dtype, stride, ticket)
+
+    def _arrived(self) -> list[tuple[np.ndarray, int]]:
+        """The samples whose ticket has arrived, copied out as int64 with their stride,
+        their slots freed (the lock held)."""
+        ready = []
+        for ring in self._rings.values():
+            flight, tickets = ring.flight, ring.tickets
             for slot, held in enumerate(flight):
-                if held is None or not events[slot].done:
+                if held is None or tickets[slot] != held[3]:
                     continue
-                m, dtype, stride = held
-                keys = slots[slot].view(dtype)[:m]
+                m, dtype, stride, _ = held
+                keys = ring.slots[slot].view(dtype)[:m]
                 if dtype == _UINT64:
                     keys = keys.view(np.int64)
-                elif dtype != _INT64:
-                    keys = keys.astype(np.int64)
-                self._feed(keys, stride)
-                self.fed += 1
+                ready.append((keys.astype(np.int64), stride))  # a copy: the slot is free
                 flight[slot] = None
+        return ready
 
-    def _ring(self, device: int) -> tuple[Any, np.ndarray, list[int], list[Any], list[Any]]:
-        cp = self._cp
-        with cp.cuda.Device(device):
-            memory = MappedHostMemory(cp, SLOTS * self._most * 8, huge_pages=False)
-            events = [cp.cuda.Event(block=False, disable_timing=True) for _ in range(SLOTS)]
-        slots = memory.view(np.int64).reshape(SLOTS, self._most)
-        addresses = [memory.host_ptr + i * self._most * 8 for i in range(SLOTS)]
-        ring = (memory, slots, addresses, events, [None] * SLOTS)
+    def _feed_all(self, ready: list[tuple[np.ndarray, int]]) -> None:
+        """Feed samples to the sketch (the feeding lock held: one feeder at a time, so
+        the sketch never skips one as busy)."""
+        for keys, stride in ready:
+            self._feed(keys, stride)
+            self.fed += 1
+
+    def _ring(self, device: int) -> _Ring:
+        ring = _Ring(self._cp, device, self._most)
         self._rings[device] = ring
         return ring
+
+
+class _Ring:
+    """One device's slots: `slots` int64 [SLOTS, most] and `tickets` uint64 [SLOTS] views
+    of one mapped pinned allocation, their device addresses (read once: ndarray.ctypes
+    costs microseconds), the bound launch of the copy kernel, and the samples in flight
+    (None or (keys, dtype, stride, ticket) per slot)."""
+
+    def __init__(self, cupy: Any, device: int, most: int) -> None:
+        with cupy.cuda.Device(device):
+            self.memory = MappedHostMemory(cupy, SLOTS * (most + 1) * 8, huge_pages=False)
+            fn = kernels.function("key_sample.cu", "sample_keys", device)
+        words = self.memory.view(np.int64)
+        self.slots = words[:SLOTS * most].reshape(SLOTS, most)
+        self.tickets = words[SLOTS * most:].view(np.uint64)
+        base = self.memory.device_ptr
+        self.device_ptrs = [base + i * most * 8 for i in range(SLOTS)]
+        self.ticket_ptrs = [base + (SLOTS * most + i) * 8 for i in range(SLOTS)]
+        self.launch = kernels.Launch(fn, _SIGNATURE)
+        self.cells = self.launch.values
+        self.flight: list[Any] = [None] * SLOTS
+
+
+class _Feeder:
+    """The one thread that feeds every live sampler's arrived samples, every FEED_INTERVAL
+    (started with the first sampler; it ends once none is left). Samplers are held
+    weakly: a retired version's sampler goes with its tables."""
+
+    def __init__(self) -> None:
+        self._samplers: weakref.WeakSet[KeySampler] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, sampler: KeySampler) -> None:
+        with self._lock:
+            self._samplers.add(sampler)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hps-hot-key-feeder",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(FEED_INTERVAL)
+            with self._lock:
+                samplers = list(self._samplers)
+                if not samplers:
+                    self._thread = None
+                    return
+            for sampler in samplers:
+                sampler.drain()
+            del samplers, sampler
+
+
+_FEEDER = _Feeder()
