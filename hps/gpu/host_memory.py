@@ -17,6 +17,7 @@ memory in this environment), or with huge_pages=False, it is CuPy's PinnedMemory
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import threading
 import weakref
@@ -152,7 +153,7 @@ def pinned_empty(cupy: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     pool when it fits the limits above (returned to the pool when the array goes),
     else a NumPy array."""
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape))
+    count = math.prod(shape)  # np.prod of a tuple costs ~3 µs of a ~50 µs HPS.lookup
     nbytes = count * dtype.itemsize
     if not 0 < nbytes <= PINNED_RESULT_BYTES:
         return np.empty(shape, dtype)

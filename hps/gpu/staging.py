@@ -16,6 +16,7 @@ overwritten only after the kernels that read it (on whatever stream) are done.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,7 @@ def external_stream(cupy: Any, ptr: int) -> Any:
 def device_view(cupy: Any, ptr: int, shape: tuple[int, ...], dtype: Any, owner: Any) -> Any:
     """A CuPy array over device memory at `ptr` that `owner` keeps alive (no copy)."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize  # not np.prod: ~3 µs on the miss path
     mem = cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), owner)
     return cupy.ndarray(shape, dtype=dtype, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
