@@ -127,11 +127,18 @@ class KeySampler:
         self._copy(keys.ptr, n, itemsize, pitch, keys.dtype, keys.device, stream)
 
     def drain(self) -> None:
-        """Feed the samples that have arrived (none waited for)."""
+        """Feed the samples that have arrived (none waited for), after any feed another
+        thread is making: what the sketch shows next includes every sample that arrived."""
         with self._feeding:
             with self._lock:
                 ready = self._arrived()
             self._feed_all(ready)
+
+    def feed_arrived(self) -> None:
+        """drain() for the feeder: nothing at all while no sample is in flight (read
+        without the lock: one queued meanwhile waits for the next pass)."""
+        if any(ring.busy for ring in self._rings.values()):
+            self.drain()
 
     # -- inside --------------------------------------------------------------------------
 
@@ -155,19 +162,19 @@ class KeySampler:
         if itemsize not in (4, 8):
             self.skipped += 1
             return
-        ready: list[tuple[np.ndarray, int]] = []
         with self._lock:  # held for a few µs by anyone: a launch, or a pass over the slots
             ring = self._rings.get(device) or self._ring(device)
-            if None not in ring.flight:  # every slot taken: take the arrived ones here
-                ready = self._arrived()
-            if None not in ring.flight:  # none arrived: this sample is dropped, not waited for
+            if ring.free:
+                self._launch(ring, ring.free.pop(), ptr, n, itemsize, pitch, dtype, device,
+                             stream)
+                return
+        self.drain()  # every slot taken: feed the arrived ones here
+        with self._lock:
+            if ring.free:
+                self._launch(ring, ring.free.pop(), ptr, n, itemsize, pitch, dtype, device,
+                             stream)
+            else:  # none arrived: this sample is dropped, not waited for
                 self.skipped += 1
-            else:
-                self._launch(ring, ring.flight.index(None), ptr, n, itemsize, pitch, dtype,
-                             device, stream)
-        if ready:
-            with self._feeding:
-                self._feed_all(ready)
 
     def _launch(self, ring: _Ring, slot: int, ptr: int, n: int, itemsize: int, pitch: int,
                 dtype: np.dtype[Any], device: int, stream: int) -> None:
@@ -192,22 +199,26 @@ class KeySampler:
             if previous != device:
                 rt.setDevice(previous)
         ring.flight[slot] = (m, dtype, stride, ticket)
+        ring.busy.append(slot)
 
     def _arrived(self) -> list[tuple[np.ndarray, int]]:
         """The samples whose ticket has arrived, copied out as int64 with their stride,
         their slots freed (the lock held)."""
         ready = []
         for ring in self._rings.values():
-            flight, tickets = ring.flight, ring.tickets
-            for slot, held in enumerate(flight):
-                if held is None or tickets[slot] != held[3]:
+            flight, tickets, waiting = ring.flight, ring.tickets, []
+            for slot in ring.busy:
+                m, dtype, stride, ticket = flight[slot]
+                if tickets[slot] != ticket:
+                    waiting.append(slot)
                     continue
-                m, dtype, stride, _ = held
                 keys = ring.slots[slot].view(dtype)[:m]
                 if dtype == _UINT64:
                     keys = keys.view(np.int64)
                 ready.append((keys.astype(np.int64), stride))  # a copy: the slot is free
                 flight[slot] = None
+                ring.free.append(slot)
+            ring.busy = waiting
         return ready
 
     def _feed_all(self, ready: list[tuple[np.ndarray, int]]) -> None:
@@ -226,8 +237,9 @@ class KeySampler:
 class _Ring:
     """One device's slots: `slots` int64 [SLOTS, most] and `tickets` uint64 [SLOTS] views
     of one mapped pinned allocation, their device addresses (read once: ndarray.ctypes
-    costs microseconds), the bound launch of the copy kernel, and the samples in flight
-    (None or (keys, dtype, stride, ticket) per slot)."""
+    costs microseconds), the bound launch of the copy kernel, the samples in flight (None
+    or (keys, dtype, stride, ticket) per slot), and which slots are free and which busy
+    (so a pass reads only the slots in flight)."""
 
     def __init__(self, cupy: Any, device: int, most: int) -> None:
         with cupy.cuda.Device(device):
@@ -242,6 +254,8 @@ class _Ring:
         self.launch = kernels.Launch(fn, _SIGNATURE)
         self.cells = self.launch.values
         self.flight: list[Any] = [None] * SLOTS
+        self.free = list(range(SLOTS))  # slots to take
+        self.busy: list[int] = []  # slots in flight, oldest first
 
 
 class _Feeder:
@@ -271,7 +285,7 @@ class _Feeder:
                     self._thread = None
                     return
             for sampler in samplers:
-                sampler.drain()
+                sampler.feed_arrived()
             del samplers, sampler
 
 

@@ -237,10 +237,9 @@ class GpuEmbeddingTable:
             if previous != dev:
                 rt.setDevice(previous)
 
-    # The common case's shortcut (int64 keys and output C-contiguous on this device, read
-    # by hps/intake/keys.py device_pair): no ArrayRefs, checks, device and stream choice or
-    # staging; the same rows. Public call p50, 2,000 keys (H100, static, dim 64, torch /
-    # CuPy / capsules): 1.58× / 1.62× / 1.60× torch.index_select → 1.32× / 1.30× / 1.37×.
+    # The common case's shortcut (int64 keys and output C-contiguous here, read by keys.py
+    # device_pair): no ArrayRefs, checks, device/stream choice or staging. p50 of 2,000 keys
+    # (H100, static, dim 64, torch/CuPy/capsules): 1.58/1.62/1.60 → 1.32/1.30/1.37× floor.
     def lookup_contiguous(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
                           out_type: int = OUT_FLOAT32) -> None:
         """lookup() of n > 0 int64 keys at `keys_ptr` into an output of at least n × dim
@@ -577,6 +576,7 @@ class GpuEmbeddingTable:
         if self._refresher is not None:
             self._refresher.close(timeout=30)
         self._table.close()
+        self._spares.clear()  # their pinned and device buffers go now, not with the object
 
     def __enter__(self) -> GpuEmbeddingTable:
         return self

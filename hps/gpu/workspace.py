@@ -5,8 +5,9 @@ positions in the batch (device), the missed keys (mapped pinned host memory the 
 kernel writes directly, so the miss path reads them with no copy), the kernels' counters
 and the miss count's landing place, the query launches bound to these buffers
 (hps/gpu/device_table.py binds them) and the events that order this thread's queries and
-writes. The table keeps one per thread (`DeviceTable.workspace`); the lookup path's miss
-handling (hps/gpu/table.py) reads the misses from it until the thread's next query.
+writes. A table keeps one per thread (`DeviceTable.workspace`, for its own `query`; the
+lookup path's ThreadStates hold theirs); the lookup path's miss handling
+(hps/gpu/table.py) reads the misses from it until the thread's next query.
 `ThreadState` is all one thread's lookups of one table keep: the workspace, the miss
 staging and scratch buffers (hps/gpu/staging.py) and the thread's counters. `SpareStates`
 holds a few built at load for the first threads that look up: a thread's first lookup
@@ -153,6 +154,10 @@ class SpareStates:
                  runtime: Any) -> None:
         self._rt = runtime
         self._spares = [build(reserve) for _ in range(count)]
+
+    def clear(self) -> None:
+        """Drop the spares not taken (their table closes)."""
+        self._spares = []
 
     def take(self) -> ThreadState | None:
         """A spare, with its device's context made current in the calling thread, as

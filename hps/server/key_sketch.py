@@ -8,7 +8,7 @@ count (in the fed stream) lies in [count - error, count]; any key not listed has
 
 What is fed, and the bias it brings (`TableKeys`):
 - hot keys: the keys of every Nth lookup of the table (N: the model's
-  `hot_key_sampling`, default `HOT_EVERY`), at most `HOT_MOST` of a batch (a strided
+  `hot_key_sampling`, default `HOT_EVERY`, `HOT_EVERY_GPU` with GPU caches), at most `HOT_MOST` of a batch (a strided
   subset whose start rotates), each weighted by what it stands for, so counts estimate
   lookups. Traffic whose pattern repeats with a period of exactly N calls is seen from
   one phase only, and a count is exact only up to that sampling. A table without a GPU
@@ -39,6 +39,10 @@ from hps.server.sketch_loops import ACTIVE, META, OFFSET, TOTAL, feed, new_state
 #: `hot_key_sampling`, a power of two: the lookup path tests `number & (every - 1)`).
 #: `hps bench tiers` prints what it costs beside the same lookups without it.
 HOT_EVERY = 16
+#: the default of a table with GPU caches: a sampled GPU call launches a copy kernel and
+#: its caller's sync waits for it (~10 µs on the H100, hps/gpu/key_sample.py), so 1 in 32
+#: keeps it near 1.5% of a 2,000-key call (`python -m hps.tools.bench.gpu_sampling`)
+HOT_EVERY_GPU = 32
 #: keys of one batch fed to the hot sketch at most (a strided subset beyond)
 HOT_MOST = 64
 #: keys of one batch fed to the missing sketch at most

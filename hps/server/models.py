@@ -16,7 +16,7 @@ from hps.intake.array_ref import ArrayRef
 from hps.intake.keys import key_array, key_ref
 from hps.rows.gpu_layout import narrow_output_code
 from hps.rows.storage_types import FLOAT32, StorageType
-from hps.server.key_sketch import HOT_EVERY, HOT_MOST, TableKeys
+from hps.server.key_sketch import HOT_EVERY, HOT_EVERY_GPU, HOT_MOST, TableKeys
 from hps.server.loader import TableSource
 from hps.server.versions import VersionRefs
 
@@ -88,11 +88,13 @@ class LoadedTable:
     def __post_init__(self) -> None:
         self.narrow_output_type = narrow_output_code(self.storage)
 
-    def sample_hot_keys(self, every: int) -> None:
-        """Feed the hot-key sketch every `every`-th lookup (a power of two; 0: never),
-        afresh; the missing-key sketch is kept. A table with GPU caches (attached first)
-        is sampled on the device, and the keys its caches miss, which take the host
-        path, do not feed the hot sketch again."""
+    def sample_hot_keys(self, every: int | None) -> None:
+        """Feed the hot-key sketch every `every`-th lookup (a power of two; 0: never; None:
+        HOT_EVERY, or HOT_EVERY_GPU with GPU caches), afresh; the missing-key sketch is
+        kept. A table with GPU caches (attached first) is sampled on the device, and the
+        keys its caches miss, which take the host path, do not feed the hot sketch again."""
+        if every is None:
+            every = HOT_EVERY_GPU if self.gpu else HOT_EVERY
         seen = self.keys_seen
         on_gpu = bool(self.gpu) and every > 0
         self.keys_seen = TableKeys(every, seen.missing, "gpu_lookups" if on_gpu else seen.source)
