@@ -11,7 +11,7 @@ sampler on, the table's sampler off (the same table with no sampler: what
 a dense torch table (each turn starting with the next of the three). Prints p50, mean
 and p99 of each, and the sampler's cost per call: the sampled calls' p50 and the other
 calls' p50 (with the sampler on) over the p50 with it off, weighted 1 and N - 1 in N
-(the issue's bound: 3% of the call). On over off by mean is printed too: it carries the
+(the bound hps holds it to: 3% of the call). On over off by mean is printed too: it carries the
 sampled calls but also every outlier of either turn (on a shared machine, ±10% from run
 to run).
 """
