@@ -236,9 +236,8 @@ class ModelConfig(StrictSection):
     # gpucacheper × keys hot rows beside the index
     gpu_memory_budget_mb: float | None = Field(None, gt=0.0)
     use_static_table: bool = False
-    # hps extensions: hot-key sampling (server/key_sketch.py), warm-ups (server/warm_up.py)
-    # (unset: 1 lookup in 16 of a table served from the tiers, 1 in 32 of one with GPU
-    # caches, whose sampled call costs more: hps/server/key_sketch.py HOT_EVERY*)
+    # hps extensions: hot-key sampling (unset: 1 lookup in 16, 32 with GPU caches:
+    # server/key_sketch.py HOT_EVERY*), warm-ups (server/warm_up.py)
     hot_key_sampling: int | None = Field(None, ge=0, le=1 << 20)
     warm_from: str | None = Field(None, min_length=1)
     warm_timeout: float = Field(30.0, gt=0.0, le=3600.0)
@@ -328,8 +327,7 @@ class ModelConfig(StrictSection):
                              f"{MAX_VEC_SIZE:,} (a 4 MiB row), got {wide[0]:,}")
         if any(not math.isfinite(v) for v in self.default_value_for_each_table):
             raise ValueError("default_value_for_each_table entries must be finite numbers")
-        if self.hot_key_sampling is not None and self.hot_key_sampling & (
-                self.hot_key_sampling - 1):
+        if self.hot_key_sampling and self.hot_key_sampling & (self.hot_key_sampling - 1):
             raise ValueError(f"hot_key_sampling: 0 or a power of two, not {self.hot_key_sampling}")
         if not self.deployed_device_list:
             raise ValueError("deployed_device_list must name at least one device id (it may "
