@@ -8,15 +8,15 @@ count (in the fed stream) lies in [count - error, count]; any key not listed has
 
 What is fed, and the bias it brings (`TableKeys`):
 - hot keys: the keys of every Nth lookup of the table (N: the model's
-  `hot_key_sampling`, default `HOT_EVERY`, `HOT_EVERY_GPU` with GPU caches), at most `HOT_MOST` of a batch (a strided
-  subset whose start rotates), each weighted by what it stands for, so counts estimate
-  lookups. Traffic whose pattern repeats with a period of exactly N calls is seen from
-  one phase only, and a count is exact only up to that sampling. A table without a GPU
-  cache is sampled on the host (a lookup's number is `TableStats.add`'s; source
-  "lookups"); one with a GPU cache on the device, where its keys are
-  (hps/gpu/key_sample.py: the sample is copied off the GPU call without waiting for it
-  and fed later through `feed_sample`; source "gpu_lookups"), and the keys its cache
-  misses do not feed it again.
+  `hot_key_sampling`, default `HOT_EVERY`, `HOT_EVERY_GPU` with GPU caches), at most
+  `HOT_MOST` of a batch (a strided subset whose start rotates), each weighted by what it
+  stands for, so counts estimate lookups. Traffic whose pattern repeats with a period of
+  exactly N calls is seen from one phase only, and a count is exact only up to that
+  sampling. A table without a GPU cache is sampled on the host (a lookup's number is
+  `TableStats.add`'s; source "lookups"); one with a GPU cache on the device, where its
+  keys are (hps/gpu/key_sample.py: the sample is copied off the GPU call without waiting
+  for it and fed later through `feed_sample`; source "gpu_lookups"), and the keys its
+  cache misses do not feed it again.
 - missing keys: the keys a lookup found in no tier, every time (at most `MISSING_MOST` of
   a batch): they are on the host already and rare in a healthy table.
 
