@@ -43,6 +43,12 @@ CHUNK = 1 << 16
 KEEP = 256
 
 
+def first_occurrences(keys: np.ndarray) -> np.ndarray:
+    """Each key of `keys` once, where it first appears, in the order given."""
+    _, first = np.unique(keys, return_index=True)
+    return keys[np.sort(first)]
+
+
 class PrefetchJob:
     """One prefetch of one table's keys; its figures are read with `as_dict()`."""
 
@@ -109,11 +115,9 @@ class Prefetcher:
                release: Callable[[], None] | None = None) -> PrefetchJob:
         """Queue a prefetch of `keys` (host int64[n]) into `table` of `loaded`; `release`
         is called when the job ends (the version's reference a caller took for it)."""
-        keys = np.asarray(keys, np.int64).ravel()
-        # each key once, in the order given: an export lists its heaviest keys first, so
-        # a job cut off at its bound has warmed those
-        _, first = np.unique(keys, return_index=True)
-        distinct = keys[np.sort(first)]
+        # in the order given: an export lists its heaviest keys first, so a job cut off
+        # at its bound has warmed those
+        distinct = first_occurrences(np.asarray(keys, np.int64).ravel())
         with self._lock:
             job = PrefetchJob(f"p{next(self._ids)}", loaded.config.model, table.name,
                               int(distinct.size))

@@ -37,7 +37,7 @@ from hps.errors import HPSError, SourceError
 from hps.modelfiles.confined import ConfinedSource, current_roots
 from hps.server.gpu_caches import GpuCaches
 from hps.server.models import LoadedModel, LoadedTable
-from hps.server.prefetch import Prefetcher, PrefetchJob
+from hps.server.prefetch import Prefetcher, PrefetchJob, first_occurrences
 
 log = logging.getLogger("hps")
 
@@ -130,8 +130,7 @@ def hot_set(table: LoadedTable, top: int, cached: int = MOST_CACHED_KEYS) -> np.
     # at most as many held keys as it has ways)
     lacking = ~np.isin(hot, held)
     every = np.concatenate([hot[lacking], hot[~lacking], held])
-    _, first = np.unique(every, return_index=True)
-    return every[np.sort(first)][:hot.size + cached]
+    return first_occurrences(every)[:hot.size + cached]
 
 
 def warm_up(loaded: LoadedModel, prefetcher: Prefetcher) -> list[PrefetchJob]:
