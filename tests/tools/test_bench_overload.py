@@ -3,7 +3,10 @@ answer 200, 503 or 504 (no other), the last level compared with the peak below i
 
 from __future__ import annotations
 
+import pytest
+
 from hps.tools.bench.overload import bench_overload
+from tests.tools.test_cli import hps
 
 
 def test_levels_and_summary() -> None:
@@ -17,6 +20,9 @@ def test_levels_and_summary() -> None:
     for row in result["rows"]:
         assert row["served_per_s"] > 0 and row["other"] == 0
         assert row["p99_ms"] >= row["p50_ms"] > 0
+        # both sides' CPU per answer, read from the processes themselves
+        assert row["client_cpu_us"] > 0 and row["server_cpu_us"] > 0
+    assert result["client"].startswith("one process per client, raw keep-alive")
     assert result["summary"] == result["summaries"][0]
     for summary in result["summaries"]:
         assert summary["clients"] == 3 and summary["peak_clients"] == 1
@@ -24,3 +30,25 @@ def test_levels_and_summary() -> None:
         assert len(summary["rounds_vs_peak"]) == len(summary["rounds_p99_ms"]) == 3
         assert summary["vs_peak"] == sorted(summary["rounds_vs_peak"])[1]
         assert summary["p99_ms"] in summary["rounds_p99_ms"]
+
+
+def test_the_standard_library_client_gets_the_same_answers() -> None:
+    """`client="http.client"`: the same levels and answers as the default raw client."""
+    result = bench_overload(num_keys=2000, dim=8, batch=16, levels=(1, 2), seconds=0.5,
+                            warmup=0.2, backoffs=(None,), client="http.client")
+    assert [r["clients"] for r in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["served_per_s"] > 0 and row["other"] == 0
+    assert "http.client" in result["client"]
+
+
+def test_an_unknown_client_is_refused_before_a_server_starts() -> None:
+    with pytest.raises(ValueError, match="client: one of raw, http.client"):
+        bench_overload(levels=(1, 2), client="httpx")
+
+
+def test_the_command_refuses_an_unknown_client_in_one_line() -> None:
+    result = hps("bench", "http", "--overload", "--load-client", "httpx")
+    assert result.returncode == 2
+    assert "--load-client: one of raw, http.client, not 'httpx'" in result.stderr
+    assert "Traceback" not in result.stderr

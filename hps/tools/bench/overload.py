@@ -6,7 +6,10 @@ hps/http/admission.py) with `hps serve` in a subprocess, then runs closed-loop c
 *processes* (one keep-alive connection each, binary v1 lookups of `batch` keys, each
 request carrying `X-HPS-Deadline-Ms: deadline_ms` unless 0) at every client count of
 `levels`, one level after the other in the same run, `seconds` each after `warmup`. The
-last level (the overload) runs once per client behaviour of `backoffs`.
+last level (the overload) runs once per client behaviour of `backoffs`. The client of
+each process is `raw` (prepared request bytes on a socket: hps/tools/bench/raw_http.py)
+or `http.client`, which on the 2-core machine takes the server measured about three
+times the CPU per request (both printed per level: `client_cpu_us`, `server_cpu_us`).
 
 What a client does after a 503: `None` honours `Retry-After` (waits the seconds it says,
 as a well-behaved client of a shedding server does: urllib3's Retry, the gRPC and AWS
@@ -35,53 +38,60 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hps.tools.bench.http import MODEL, TABLE, _free_port, _http_server, one_table_config
+from hps.tools.bench.http import (
+    MODEL,
+    TABLE,
+    _free_port,
+    _http_server,
+    cpu_seconds,
+    one_table_config,
+)
+from hps.tools.bench.raw_http import RawConnection, prepare
 
 #: what a shed client does, by default: honour Retry-After (None), then come back 20 ms
 #: after a 503 whatever the server says (a client that keeps the load on)
 BACKOFFS: tuple[float | None, ...] = (None, 0.02)
+#: the clients a run can use: "raw" sends prepared request bytes and reads the status,
+#: two headers and the body (hps/tools/bench/raw_http.py): a third or less of the CPU
+#: http.client takes a request, which the 2-core machine takes from the server measured
+CLIENTS = ("raw", "http.client")
+PATH = f"/v1/models/{MODEL}/tables/{TABLE}/lookup"
 
 
 def _client(url: str, bodies: list[bytes], headers: dict[str, str], seconds: float,
-            warmup: float, start: Any, backoff_s: float | None, out: Any) -> None:
+            warmup: float, start: Any, backoff_s: float | None, client: str,
+            out: Any) -> None:
     """One client process: closed loop until `seconds` after `warmup`; puts (latencies
-    of served requests in s, shed, expired, other) on `out`. After a 503 it waits
-    `backoff_s`, or with None what the answer's Retry-After says (at most until the end)."""
+    of served requests in s, shed, expired, other, its CPU seconds in the timed part) on
+    `out`. After a 503 it waits `backoff_s`, or with None what the answer's Retry-After
+    says (at most until the end). `client`: one of CLIENTS."""
     host, port = url.split(":")
-    path = f"/v1/models/{MODEL}/tables/{TABLE}/lookup"
-    conn: http.client.HTTPConnection | None = None
+    exchange, close = _connection(client, host, int(port), bodies, headers)
     served: list[float] = []
     shed = expired = other = 0
     start.wait()
     begin = time.monotonic() + warmup
     end = begin + seconds
+    cpu_begin: float | None = None
     i = 0
     while True:
         now = time.monotonic()
         if now >= end:
             break
-        if conn is None:
-            conn = http.client.HTTPConnection(host, int(port), timeout=30)
-            conn.connect()
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        body = bodies[i % len(bodies)]
-        i += 1
+        if cpu_begin is None and now >= begin:
+            cpu_begin = time.process_time()
         t0 = time.perf_counter()
-        retry_after = None
         try:
-            conn.request("POST", path, body, headers)
-            answer = conn.getresponse()
-            answer.read()
-            status = answer.status
-            retry_after = answer.getheader("retry-after")
+            status, retry_after = exchange(i % len(bodies))
         except OSError:
-            conn.close()
-            conn, status = None, -1
+            status, retry_after = -1, None
+        i += 1
         took = time.perf_counter() - t0
         if status == 503:
             wait = backoff_s if backoff_s is not None else float(retry_after or 1)
@@ -96,27 +106,79 @@ def _client(url: str, bodies: list[bytes], headers: dict[str, str], seconds: flo
             expired += 1
         else:
             other += 1
-    if conn is not None:
-        conn.close()
-    out.put((np.asarray(served, dtype=np.float64).tobytes(), shed, expired, other))
+    cpu = time.process_time() - (cpu_begin if cpu_begin is not None else time.process_time())
+    close()
+    out.put((np.asarray(served, dtype=np.float64).tobytes(), shed, expired, other, cpu))
+
+
+def _connection(client: str, host: str, port: int, bodies: list[bytes],
+                headers: dict[str, str]
+                ) -> tuple[Callable[[int], tuple[int, str | None]], Callable[[], None]]:
+    """(exchange, close) of one keep-alive connection of kind `client`: `exchange(i)`
+    POSTs `bodies[i]` and returns (status, Retry-After or None), raising OSError when
+    the connection failed (the next call opens a new one)."""
+    if client == "raw":
+        raw = RawConnection(host, port)
+        requests = [prepare(f"{host}:{port}", PATH, body, headers) for body in bodies]
+
+        def exchange_raw(i: int) -> tuple[int, str | None]:
+            answer = raw.exchange(requests[i])
+            return answer.status, answer.retry_after
+
+        return exchange_raw, raw.close
+    if client != "http.client":
+        raise ValueError(f"client: one of {', '.join(CLIENTS)}, not {client!r}")
+    conns: list[http.client.HTTPConnection] = []
+
+    def exchange_stdlib(i: int) -> tuple[int, str | None]:
+        if not conns:
+            conn = http.client.HTTPConnection(host, port, timeout=30)
+            conn.connect()
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conns.append(conn)
+        try:
+            conns[0].request("POST", PATH, bodies[i], headers)
+            answer = conns[0].getresponse()
+            answer.read()
+        except OSError:
+            conns.pop().close()
+            raise
+        return answer.status, answer.getheader("retry-after")
+
+    def close_stdlib() -> None:
+        for conn in conns:
+            conn.close()
+
+    return exchange_stdlib, close_stdlib
 
 
 def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
-           seconds: float, warmup: float, backoff_s: float | None) -> dict[str, Any]:
+           seconds: float, warmup: float, backoff_s: float | None, client: str,
+           server_pid: int | None) -> dict[str, Any]:
     context = multiprocessing.get_context("fork")  # 64 interpreters start in a blink
     start = context.Event()
     out = context.Queue()
     procs = [context.Process(target=_client, args=(url, bodies, headers, seconds, warmup,
-                                                   start, backoff_s, out), daemon=True)
+                                                   start, backoff_s, client, out),
+                             daemon=True)
              for _ in range(clients)]
     for proc in procs:
         proc.start()
     start.set()
+    # the server's CPU over the timed part (the clients' warm-up excluded, give or take
+    # the scheduling of their first request)
+    time.sleep(warmup)
+    server_cpu = cpu_seconds(server_pid) if server_pid is not None else None
     results = [out.get(timeout=seconds + warmup + 120) for _ in procs]
+    if server_cpu is not None and server_pid is not None:
+        now_cpu = cpu_seconds(server_pid)
+        server_cpu = None if now_cpu is None else now_cpu - server_cpu
     for proc in procs:
         proc.join(timeout=30)
     latencies = np.concatenate([np.frombuffer(r[0], dtype=np.float64) for r in results])
     ms = latencies * 1e3
+    answered = latencies.size + sum(r[1] + r[2] + r[3] for r in results)
+    client_cpu = sum(r[4] for r in results)
     return {
         "clients": clients,
         "backoff": "Retry-After" if backoff_s is None else f"{backoff_s * 1e3:g} ms",
@@ -126,6 +188,13 @@ def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
         "shed": sum(r[1] for r in results),
         "expired": sum(r[2] for r in results),
         "other": sum(r[3] for r in results),
+        # CPU of each side per answer (any status): what the clients take from the
+        # server on a machine they share
+        "client_cpu_us": client_cpu / max(answered, 1) * 1e6,
+        "server_cpu_us": (float("nan") if server_cpu is None
+                          else server_cpu / max(answered, 1) * 1e6),
+        "server_cpu_share": (float("nan") if server_cpu is None
+                             else server_cpu / seconds),
     }
 
 
@@ -134,7 +203,7 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
                    seconds: float = 5.0, warmup: float = 1.0, deadline_ms: int = 10,
                    lookup_threads: int = 2,
                    backoffs: tuple[float | None, ...] = BACKOFFS, rounds: int = 1,
-                   seed: int = 0) -> dict[str, Any]:
+                   client: str = "raw", seed: int = 0) -> dict[str, Any]:
     """Served rate, p99, shed and expired counts at each client count of `levels`, the
     last once per client behaviour of `backoffs`, all of it `rounds` times against one
     server (see the module's docstring). `summaries` compare the last level with the
@@ -149,6 +218,8 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
         raise ValueError("backoffs: at least one client behaviour")
     if rounds < 1:
         raise ValueError("rounds: at least 1")
+    if client not in CLIENTS:
+        raise ValueError(f"client: one of {', '.join(CLIENTS)}, not {client!r}")
     keys, vectors = make_table(num_keys, dim, seed=seed)
     rng = np.random.default_rng(seed + 1)
     bodies = [keys[rng.integers(0, num_keys, batch)].astype("<i8").tobytes()
@@ -163,12 +234,14 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
         write_sparse_model(tmp / TABLE, keys, vectors)
         config = one_table_config(dim, batch)
         (tmp / "ps.json").write_text(json.dumps(config))
-        with _http_server(tmp / "ps.json", _free_port(), lookup_threads, None) as url:
+        pids: list[int] = []
+        with _http_server(tmp / "ps.json", _free_port(), lookup_threads, None,
+                          pids=pids) as url:
             for round_ in range(rounds):
-                below = [_level(url, n, bodies, headers, seconds, warmup, backoffs[0])
-                         for n in levels[:-1]]
-                over = [_level(url, levels[-1], bodies, headers, seconds, warmup, backoff)
-                        for backoff in backoffs]
+                below = [_level(url, n, bodies, headers, seconds, warmup, backoffs[0],
+                                client, pids[0]) for n in levels[:-1]]
+                over = [_level(url, levels[-1], bodies, headers, seconds, warmup, backoff,
+                               client, pids[0]) for backoff in backoffs]
                 for row in below + over:
                     row["round"] = round_
                 rows += below + over
@@ -184,7 +257,7 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
         "summaries": summaries,
         "num_keys": num_keys, "dim": dim, "batch": batch, "seconds": seconds,
         "deadline_ms": deadline_ms, "lookup_threads": lookup_threads, "rounds": rounds,
-        "client": "one process per client, http.client keep-alive (TCP_NODELAY)",
+        "client": f"one process per client, {client} keep-alive (TCP_NODELAY)",
     }
 
 
@@ -229,6 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backoff", default="retry-after,20",
                         help="what a shed client does, one run of the last level each: "
                              "'retry-after' (wait what the 503 says) or milliseconds")
+    parser.add_argument("--client", choices=CLIENTS, default="raw",
+                        help="the client of each process (default raw: prepared bytes "
+                             "on a socket, the least CPU taken from the server)")
     args = parser.parse_args(argv)
     backoffs = tuple(None if b.strip().lower() == "retry-after" else float(b) / 1000
                      for b in args.backoff.split(","))
@@ -236,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
                             tuple(int(n) for n in args.levels.split(",")),
                             seconds=args.seconds, deadline_ms=args.deadline_ms,
                             lookup_threads=args.lookup_threads, backoffs=backoffs,
-                            rounds=args.rounds)
+                            rounds=args.rounds, client=args.client)
     print(json.dumps(result, indent=2))
 
 

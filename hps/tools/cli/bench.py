@@ -373,6 +373,9 @@ def bench_http_cmd(
         False, "--overload", help="Instead: 1 to --clients client processes (default 64 "
         "here) against `hps serve` and its admission queue; served req/s beside the peak, "
         "p99, shed (503) and expired (504) requests."),
+    load_client: str = typer.Option(
+        "raw", help="With --overload: each client process's HTTP client, 'raw' (prepared "
+        "bytes on a socket, the least CPU taken from the server) or 'http.client'."),
     workers: Optional[int] = typer.Option(
         None, min=1, help="Instead: `hps serve` with 1 and with this many workers beside "
         "the bare uvicorn floor with as many, driven by --client-processes; RSS and PSS "
@@ -398,7 +401,7 @@ def bench_http_cmd(
             console.print(f"p50 {name}: {ratio:.2f}× (median of rounds)", highlight=False)
         return
     if overload:
-        _overload(clients if clients != 8 else 64, seconds, rounds)
+        _overload(clients if clients != 8 else 64, seconds, rounds, load_client)
         return
     if workers is not None:
         from hps.tools.bench.http_workers import print_workers
@@ -451,18 +454,23 @@ def bench_http_cmd(
         console.print(f"plot written to {plot}", highlight=False)
 
 
-def _overload(clients: int, seconds: float, rounds: int) -> None:
-    from hps.tools.bench.overload import bench_overload
+def _overload(clients: int, seconds: float, rounds: int, client: str) -> None:
+    from hps.tools.bench.overload import CLIENTS, bench_overload
+
+    if client not in CLIENTS:
+        fail(ValueError(f"--load-client: one of {', '.join(CLIENTS)}, not {client!r}"))
 
     levels = tuple(n for n in (1, 2, 4, 8, 16) if n < clients) + (clients,)
     console.print(f"client processes {', '.join(map(str, levels))}, {seconds:g} s each, "
                   f"{rounds} rounds …")
-    result = bench_overload(levels=levels, seconds=seconds, rounds=rounds)
+    result = bench_overload(levels=levels, seconds=seconds, rounds=rounds, client=client)
     _print_bench([{"name": f"{r['clients']} clients", "round": r["round"],
                    "backoff": r["backoff"],
                    "served/s": r["served_per_s"],
                    "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"], "shed 503": r["shed"],
-                   "expired 504": r["expired"], "other": r["other"]} for r in result["rows"]],
+                   "expired 504": r["expired"], "other": r["other"],
+                   "client CPU µs": r["client_cpu_us"], "server CPU µs": r["server_cpu_us"]}
+                  for r in result["rows"]],
                  title=f"overload: {result['batch']} keys per request, deadline "
                        f"{result['deadline_ms']} ms")
     for s in result["summaries"]:
