@@ -170,12 +170,19 @@ class Admission:
         """Answer 503 `overloaded` on `send` (the caller found `shed_now` true) in the
         protocol's `error_body`; returns the status. The caller counts the request in
         the request metrics, as any answer."""
-        headers, body = self._refusal(error_body, self.count_shed())
-        if self.on_early_answer is not None:
-            self.on_early_answer()
+        headers, body = self.refusal(error_body)
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         return 503
+
+    def refusal(self, error_body: ErrorBody) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """(headers, body) of one 503 `overloaded` answer in the protocol's `error_body`,
+        counted as a refusal answered early (the caller found `shed_now` true and sends
+        it; hps/http/direct.py writes it to the connection itself)."""
+        answer = self._refusal(error_body, self.count_shed())
+        if self.on_early_answer is not None:
+            self.on_early_answer()
+        return answer
 
     def _refusal(self, error_body: ErrorBody, retry_after: str
                  ) -> tuple[list[tuple[bytes, bytes]], bytes]:

@@ -7,9 +7,11 @@ saves).
 directly when every one of these holds; otherwise it goes to uvicorn's ASGI cycle exactly
 as before:
 
-- it is a POST to a hot route, its handlers run without waiting
-  (`HotRoutes.answers_whole`: `lookup_threads` 0, in-memory tiers) and the app has no
-  access log or concurrency limit to apply;
+- it is a POST to a hot route, the app has no access log or concurrency limit to
+  apply, and either its handlers run without waiting (`HotRoutes.answers_whole`:
+  `lookup_threads` 0, in-memory tiers) or, with lookup threads, the admission rule sheds
+  it (hps/http/admission.py): then its answer is the 503 the ASGI path would send
+  (`HotRoutes.refuse_whole`), and its body is dropped as it comes;
 - no earlier request of the connection is still being answered (pipelining keeps its
   order) and the connection is not holding back writes for a slow reader;
 - it declares a Content-Length within the body limit and sends no
@@ -58,17 +60,19 @@ _SERVER_ERROR = b"Internal Server Error"
 
 
 class _Pending:
-    """A request to be answered directly once its body is in."""
+    """A request to be answered directly once its body is in; `refused`: with the 503 of
+    a lookup the admission rule sheds (its body is dropped as it comes)."""
 
-    __slots__ = ("route", "params", "headers", "body", "keep_alive")
+    __slots__ = ("route", "params", "headers", "body", "keep_alive", "refused")
 
     def __init__(self, route: HotRoute, params: dict[str, str | None],
-                 headers: dict[str, str], keep_alive: bool) -> None:
+                 headers: dict[str, str], keep_alive: bool, refused: bool) -> None:
         self.route = route
         self.params = params
         self.headers = headers
         self.body: list[bytes] = []
         self.keep_alive = keep_alive
+        self.refused = refused
 
 
 def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
@@ -81,8 +85,7 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
         def _hps_hot_routes(self) -> HotRoutes | None:
             """The app's HotRoutes when requests may be answered directly, else None."""
             hot = getattr(self.config.app, "hot_routes", None)
-            if (hot is None or not hot.answers_whole or self.access_log
-                    or self.limit_concurrency is not None):
+            if hot is None or self.access_log or self.limit_concurrency is not None:
                 return None
             return hot  # type: ignore[no-any-return]
 
@@ -102,6 +105,11 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
                 return None
             hot = self._hps_hot_routes()
             if hot is None:
+                return None
+            # with lookup threads a lookup waits on one, in an ASGI task; only its refusal
+            # is answered here (decided first: an admitted request pays nothing more)
+            refused = not hot.answers_whole
+            if refused and not hot.state.admission.shed_now():
                 return None
             raw_path = self.url.split(b"?", 1)[0]
             path = raw_path.decode("ascii", "replace")
@@ -124,13 +132,13 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             scope["raw_path"] = self.root_path.encode("ascii") + raw_path
             scope["query_string"] = self.url.partition(b"?")[2].split(b"#", 1)[0]
             return _Pending(hit[0], hit[1], headers,
-                            version != "1.0" and self.parser.should_keep_alive())
+                            version != "1.0" and self.parser.should_keep_alive(), refused)
 
         def on_body(self, body: bytes) -> None:
             pending = self._hps_pending
             if pending is None:
                 super().on_body(body)
-            else:
+            elif not pending.refused:
                 pending.body.append(body)
 
         def on_message_complete(self) -> None:
@@ -146,8 +154,11 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             body = pending.body[0] if len(pending.body) == 1 else b"".join(pending.body)
             self.scope["app"] = self.config.app
             started = time.perf_counter()
-            status, headers, parts = hot.answer_whole(pending.route, pending.params,
-                                                      pending.headers, body, self.scope)
+            if pending.refused:
+                status, headers, parts = hot.refuse_whole(pending.route)
+            else:
+                status, headers, parts = hot.answer_whole(pending.route, pending.params,
+                                                          pending.headers, body, self.scope)
             keep_alive = pending.keep_alive
             head = [_STATUS_LINES[status]]
             for name, value in self.server_state.default_headers:

@@ -97,6 +97,7 @@ class HotRoutes:
         self.state = state
         self.routes = tuple(routes)
         self.answered_directly = 0  # requests `answer_whole` took
+        self.refused_directly = 0  # refusals `refuse_whole` took
 
     def match(self, scope: Scope) -> tuple[HotRoute, dict[str, str | None]] | None:
         """(route, path parameters) of a request of a hot route, else None."""
@@ -190,6 +191,19 @@ class HotRoutes:
         except Exception as exc:
             response = self.error_answer(route, scope, exc)
             return response.status_code, response.raw_headers, (response.body,)
+
+    # Shortcut: a refusal under overload costs the event loop's time that the admitted
+    # lookups need, and clients that ignore Retry-After send thousands a second. Answered
+    # by the connection itself (hps/http/direct.py) it skips uvicorn's ASGI cycle, which
+    # was most of what a refusal cost once its body was encoded up front.
+    def refuse_whole(self, route: HotRoute
+                     ) -> tuple[int, list[tuple[bytes, bytes]], Sequence[bytes]]:
+        """(status, headers, body parts) of a refusal of a request of `route` (the caller
+        found `state.admission.shed_now()` true): the bytes `__call__` sends. The caller
+        counts it (`observe`)."""
+        self.refused_directly += 1
+        headers, body = self.state.admission.refusal(route.error_body)
+        return 503, headers, (body,)
 
     def error_answer(self, route: HotRoute, scope: Scope, exc: Exception) -> JSONResponse:
         """The answer to an error of `route`'s handler, in its protocol's form."""

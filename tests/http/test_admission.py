@@ -7,16 +7,19 @@ holds a real server's lookup thread."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 from hps.http.admission import MAX_RETRY_AFTER_S, STALL_TARGETS, Admission
 from tests.http.conftest import MODEL, Live, ModelFiles, start, wait_until
+from tests.support.raw_http import ResponseReader, connect, raw_request
 
 
 def _busy(admission: Admission, queued: int, gap_s: float) -> Admission:
@@ -151,7 +154,10 @@ def test_the_early_refusal_answers_what_the_handler_s_does(full: Live) -> None:
     waiter.start()
     try:
         wait_until(lambda: state.queued_lookups == 1)
+        refused_before = full.app.hot_routes.refused_directly
         early = [full.lookup_binary(0, keys), _v2(full)]
+        # both refused by the connection itself (hps/http/direct.py), not an ASGI task
+        assert full.app.hot_routes.refused_directly == refused_before + 2
         hot, full.app.hot_routes = full.app.hot_routes, None  # every request via FastAPI
         try:
             general = [full.lookup_binary(0, keys), _v2(full)]
@@ -169,6 +175,47 @@ def test_the_early_refusal_answers_what_the_handler_s_does(full: Live) -> None:
     assert early[0].json()["error"]["kind"] == "overloaded"
     assert full.metric("hps_http_shed_total") == 4
     assert full.metric("hps_http_errors_total", kind="overloaded", code="503") == 4
+
+
+def test_a_refusal_keeps_the_connection_and_drops_its_body(full: Live) -> None:
+    """A shed lookup answered by the connection itself: the 503 comes once its body is
+    in (the body dropped, a part at a time), and the same keep-alive connection then
+    gets its next lookup answered, the rows exact."""
+    state = full.app.state.hps
+    keys = full.model.keys[0][:16]
+    body = keys.astype("<i8").tobytes()
+    path = f"/v1/models/{MODEL}/tables/0/lookup"
+    release = threading.Event()
+    state.executor.submit(release.wait)
+    first: list[Any] = []
+    waiter = threading.Thread(target=lambda: first.append(full.lookup_binary(0, keys)))
+    waiter.start()
+    sock = connect(full.url)
+    try:
+        wait_until(lambda: state.queued_lookups == 1)
+        request = raw_request(path, body)
+        sock.sendall(request[:-40])  # the headers and part of the body ...
+        time.sleep(0.05)
+        sock.sendall(request[-40:])  # ... then the rest: one answer, after the last part
+        reader = ResponseReader(sock)
+        status, headers, answer = reader.response()
+        assert status == 503 and headers["retry-after"] == "1"
+        assert json.loads(answer)["error"]["kind"] == "overloaded"
+        assert "connection" not in headers  # kept alive
+    finally:
+        release.set()
+        waiter.join()
+    try:
+        wait_until(lambda: state.queued_lookups == 0)
+        sock.sendall(raw_request(path, body))
+        status, _, answer = reader.response()
+        assert status == 200
+        rows = np.frombuffer(answer, "<f4").reshape(len(keys), -1)
+        np.testing.assert_array_equal(rows, full.model.expected(0, keys))
+    finally:
+        sock.close()
+    assert first[0].status_code == 200
+    assert full.metric("hps_http_shed_total") == 1
 
 
 def test_a_stalled_thread_sheds_before_the_bound(held: Live) -> None:

@@ -58,6 +58,12 @@ class RawConnection:
             self.sock.close()
             self.sock = None
 
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def exchange(self, request: bytes) -> Answer:
         sock = self.sock or self._open()
         try:
