@@ -464,15 +464,21 @@ def _overload(clients: int, seconds: float, rounds: int, client: str) -> None:
     console.print(f"client processes {', '.join(map(str, levels))}, {seconds:g} s each, "
                   f"{rounds} rounds …")
     result = bench_overload(levels=levels, seconds=seconds, rounds=rounds, client=client)
-    _print_bench([{"name": f"{r['clients']} clients", "round": r["round"],
-                   "backoff": r["backoff"],
-                   "served/s": r["served_per_s"],
-                   "p50 ms": r["p50_ms"], "p99 ms": r["p99_ms"], "shed 503": r["shed"],
-                   "expired 504": r["expired"], "other": r["other"],
-                   "client CPU µs": r["client_cpu_us"], "server CPU µs": r["server_cpu_us"]}
-                  for r in result["rows"]],
-                 title=f"overload: {result['batch']} keys per request, deadline "
-                       f"{result['deadline_ms']} ms")
+    # a table a round: one column a level fits 80 columns, all rounds' levels did not
+    for round_ in range(rounds):
+        _print_bench([{"name": f"{r['clients']}" + ("" if r["backoff"] == "Retry-After"
+                                                    else f", {r['backoff']}"),
+                       "served/s": r["served_per_s"], "p50 ms": r["p50_ms"],
+                       "p99 ms": r["p99_ms"], "shed 503": r["shed"],
+                       "expired 504": r["expired"], "other": r["other"],
+                       "client CPU µs": r["client_cpu_us"],
+                       "server CPU µs": r["server_cpu_us"]}
+                      for r in result["rows"] if r["round"] == round_],
+                     title=f"round {round_ + 1} of {rounds}: client processes, "
+                           f"{result['batch']} keys per request, deadline "
+                           f"{result['deadline_ms']} ms")
+    console.print(f"clients after a 503 honour Retry-After unless the column says; "
+                  f"client: {result['client']}", highlight=False, soft_wrap=True)
     for s in result["summaries"]:
         console.print(f"{s['clients']} clients, backoff {s['backoff']}: "
                       f"{s['served_per_s']:,.0f} served/s = {s['vs_peak']:.2f}× the peak "
