@@ -10,7 +10,7 @@ It prints the server process's CPU per refusal (user + system, `time.process_tim
 held threads sleep), the client's wall time per refusal, and how many the connection
 answered itself (hps/http/direct.py) rather than an ASGI task.
 
-    python -m hps.tools.bench.refusals [--count 20000]
+    python -m hps.tools.bench.refusals [--count 20000]    (or hps bench http --refusals)
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def bench_refusals(count: int = 20_000, dim: int = 64) -> dict[str, Any]:
         # the warm-up's refusals are in the server's CPU too
         "server_cpu_us_per_refusal": cpu / (count + _WARM) * 1e6,
         "client_wall_us_per_refusal": float(client.stdout.split()[0]) / count * 1e6,
-        "refused_directly": refused_directly,
+        "warmup": _WARM,
+        "refused_directly": refused_directly,  # the warm-up's included
         "client": "one process, raw keep-alive connection (TCP_NODELAY)",
     }
 

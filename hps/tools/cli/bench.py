@@ -373,6 +373,9 @@ def bench_http_cmd(
         False, "--overload", help="Instead: 1 to --clients client processes (default 64 "
         "here) against `hps serve` and its admission queue; served req/s beside the peak, "
         "p99, shed (503) and expired (504) requests."),
+    refusals: bool = typer.Option(
+        False, "--refusals", help="Instead: the server's CPU per 503 refusal under "
+        "overload, 20,000 refused lookups of one client process (docs/http.md)."),
     load_client: str = typer.Option(
         "raw", help="With --overload: each client process's HTTP client, 'raw' (prepared "
         "bytes on a socket, the least CPU taken from the server) or 'http.client'."),
@@ -399,6 +402,18 @@ def bench_http_cmd(
                       for name, f in result["paths"].items()], title="1 key, one client")
         for name, ratio in result["p50_ratios"].items():
             console.print(f"p50 {name}: {ratio:.2f}× (median of rounds)", highlight=False)
+        return
+    if refusals:
+        from hps.tools.bench.refusals import bench_refusals
+
+        result = bench_refusals()
+        console.print(f"{result['count']:,} refusals: server CPU "
+                      f"{result['server_cpu_us_per_refusal']:.1f} µs a refusal, client wall "
+                      f"{result['client_wall_us_per_refusal']:.1f} µs; answered by the "
+                      f"connection: {result['refused_directly']:,} of "
+                      f"{result['count'] + result['warmup']:,} (the warm-up's "
+                      f"{result['warmup']} included); client: "
+                      f"{result['client']}", highlight=False, soft_wrap=True)
         return
     if overload:
         _overload(clients if clients != 8 else 64, seconds, rounds, load_client)
