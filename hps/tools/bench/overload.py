@@ -72,7 +72,7 @@ def _client(url: str, bodies: list[bytes], headers: dict[str, str], seconds: flo
     `out`. After a 503 it waits `backoff_s`, or with None what the answer's Retry-After
     says (at most until the end). `client`: one of CLIENTS."""
     host, port = url.split(":")
-    exchange, close = _connection(client, host, int(port), bodies, headers)
+    conn = _connection(client, host, int(port), bodies, headers)
     served: list[float] = []
     shed = expired = other = 0
     start.wait()
@@ -88,7 +88,7 @@ def _client(url: str, bodies: list[bytes], headers: dict[str, str], seconds: flo
             cpu_begin = time.process_time()
         t0 = time.perf_counter()
         try:
-            status, retry_after = exchange(i % len(bodies))
+            status, retry_after = conn.exchange(i % len(bodies))
         except OSError:
             status, retry_after = -1, None
         i += 1
@@ -107,54 +107,66 @@ def _client(url: str, bodies: list[bytes], headers: dict[str, str], seconds: flo
         else:
             other += 1
     cpu = time.process_time() - (cpu_begin if cpu_begin is not None else time.process_time())
-    close()
+    conn.close()
     out.put((np.asarray(served, dtype=np.float64).tobytes(), shed, expired, other, cpu))
 
 
 def _connection(client: str, host: str, port: int, bodies: list[bytes],
-                headers: dict[str, str]
-                ) -> tuple[Callable[[int], tuple[int, str | None]], Callable[[], None]]:
-    """(exchange, close) of one keep-alive connection of kind `client`: `exchange(i)`
-    POSTs `bodies[i]` and returns (status, Retry-After or None), raising OSError when
-    the connection failed (the next call opens a new one)."""
+                headers: dict[str, str]) -> _RawClient | _StdlibClient:
+    """One keep-alive connection of kind `client` (one of CLIENTS) POSTing `bodies`."""
     if client == "raw":
-        raw = RawConnection(host, port)
-        requests = [prepare(f"{host}:{port}", PATH, body, headers) for body in bodies]
+        return _RawClient(host, port, bodies, headers)
+    return _StdlibClient(host, port, bodies, headers)
 
-        def exchange_raw(i: int) -> tuple[int, str | None]:
-            answer = raw.exchange(requests[i])
-            return answer.status, answer.retry_after
 
-        return exchange_raw, raw.close
-    if client != "http.client":
-        raise ValueError(f"client: one of {', '.join(CLIENTS)}, not {client!r}")
-    conns: list[http.client.HTTPConnection] = []
+class _RawClient:
+    """`exchange(i)` POSTs `bodies[i]` from bytes prepared once; (status, Retry-After or
+    None); OSError when the connection failed (the next call opens a new one)."""
 
-    def exchange_stdlib(i: int) -> tuple[int, str | None]:
-        if not conns:
-            conn = http.client.HTTPConnection(host, port, timeout=30)
-            conn.connect()
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conns.append(conn)
+    def __init__(self, host: str, port: int, bodies: list[bytes],
+                 headers: dict[str, str]) -> None:
+        self.conn = RawConnection(host, port)
+        self.requests = [prepare(f"{host}:{port}", PATH, body, headers) for body in bodies]
+
+    def exchange(self, i: int) -> tuple[int, str | None]:
+        answer = self.conn.exchange(self.requests[i])
+        return answer.status, answer.retry_after
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _StdlibClient:
+    """The same exchange through `http.client`."""
+
+    def __init__(self, host: str, port: int, bodies: list[bytes],
+                 headers: dict[str, str]) -> None:
+        self.host, self.port, self.bodies, self.headers = host, port, bodies, headers
+        self.conn: http.client.HTTPConnection | None = None
+
+    def exchange(self, i: int) -> tuple[int, str | None]:
+        if self.conn is None:
+            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            self.conn.connect()
+            self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            conns[0].request("POST", PATH, bodies[i], headers)
-            answer = conns[0].getresponse()
+            self.conn.request("POST", PATH, self.bodies[i], self.headers)
+            answer = self.conn.getresponse()
             answer.read()
         except OSError:
-            conns.pop().close()
+            self.close()
             raise
         return answer.status, answer.getheader("retry-after")
 
-    def close_stdlib() -> None:
-        for conn in conns:
-            conn.close()
-
-    return exchange_stdlib, close_stdlib
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
 
 
 def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
            seconds: float, warmup: float, backoff_s: float | None, client: str,
-           server_pid: int | None) -> dict[str, Any]:
+           server_pid: int) -> dict[str, Any]:
     context = multiprocessing.get_context("fork")  # 64 interpreters start in a blink
     start = context.Event()
     out = context.Queue()
@@ -168,11 +180,11 @@ def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
     # the server's CPU over the timed part (the clients' warm-up excluded, give or take
     # the scheduling of their first request)
     time.sleep(warmup)
-    server_cpu = cpu_seconds(server_pid) if server_pid is not None else None
+    cpu_before = cpu_seconds(server_pid)
     results = [out.get(timeout=seconds + warmup + 120) for _ in procs]
-    if server_cpu is not None and server_pid is not None:
-        now_cpu = cpu_seconds(server_pid)
-        server_cpu = None if now_cpu is None else now_cpu - server_cpu
+    cpu_after = cpu_seconds(server_pid)
+    server_cpu = (None if cpu_before is None or cpu_after is None
+                  else cpu_after - cpu_before)
     for proc in procs:
         proc.join(timeout=30)
     latencies = np.concatenate([np.frombuffer(r[0], dtype=np.float64) for r in results])
@@ -259,6 +271,39 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
         "deadline_ms": deadline_ms, "lookup_threads": lookup_threads, "rounds": rounds,
         "client": f"one process per client, {client} keep-alive (TCP_NODELAY)",
     }
+
+
+def print_overload(clients: int, seconds: float, rounds: int, client: str,
+                   table: Callable[[list[dict[str, Any]], str], None],
+                   say: Callable[[str], None] = print) -> dict[str, Any]:
+    """`bench_overload` at 1, 2, 4, 8, 16 (those below `clients`) and `clients` client
+    processes, its figures printed through `table(rows, title)` (a table a round: one
+    column a level fits 80 columns, every round's levels did not) and `say(line)`;
+    returns them."""
+    levels = tuple(n for n in (1, 2, 4, 8, 16) if n < clients) + (clients,)
+    say(f"client processes {', '.join(map(str, levels))}, {seconds:g} s each, "
+        f"{rounds} rounds …")
+    result = bench_overload(levels=levels, seconds=seconds, rounds=rounds, client=client)
+    for round_ in range(rounds):
+        table([{"name": f"{r['clients']}" + ("" if r["backoff"] == "Retry-After"
+                                             else f", {r['backoff']}"),
+                "served/s": r["served_per_s"], "p50 ms": r["p50_ms"],
+                "p99 ms": r["p99_ms"], "shed 503": r["shed"], "expired 504": r["expired"],
+                "other": r["other"], "client CPU µs": r["client_cpu_us"],
+                "server CPU µs": r["server_cpu_us"]}
+               for r in result["rows"] if r["round"] == round_],
+              f"round {round_ + 1} of {rounds}: client processes, {result['batch']} keys "
+              f"per request, deadline {result['deadline_ms']} ms")
+    say(f"clients after a 503 honour Retry-After unless the column says; client: "
+        f"{result['client']}")
+    for s in result["summaries"]:
+        say(f"{s['clients']} clients, backoff {s['backoff']}: {s['served_per_s']:,.0f} "
+            f"served/s = {s['vs_peak']:.2f}× the peak ({s['peak_per_s']:,.0f}/s at "
+            f"{s['peak_clients']} clients); p99 {s['p99_ms']:.2f} ms; shed {s['shed']}, "
+            f"expired {s['expired']} (the round of the median ratio; every round: "
+            f"{', '.join(f'{v:.2f}×' for v in s['rounds_vs_peak'])}; p99 "
+            f"{', '.join(f'{v:.1f}' for v in s['rounds_p99_ms'])} ms)")
+    return result
 
 
 def _against(last: dict[str, Any], peak: dict[str, Any]) -> dict[str, Any]:

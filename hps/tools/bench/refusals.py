@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ _WARM = 500
 def bench_refusals(count: int = 20_000, dim: int = 64) -> dict[str, Any]:
     """Server CPU and client wall time per refusal over `count` refused lookups."""
     from hps.http import create_app
+    from hps.http.app import ServiceApp
     from hps.http.serve import ServerThread
     from hps.modelfiles.formats.sparse_folder import write_sparse_model
     from hps.server import HierarchicalParameterServer
@@ -68,6 +70,9 @@ def bench_refusals(count: int = 20_000, dim: int = 64) -> dict[str, Any]:
         # one lookup may be in (the bound); the delay rule never decides
         app = create_app(server, lookup_threads=1, max_queued_lookups=1,
                          queue_target_s=3600.0)
+        hot = app.hot_routes if isinstance(app, ServiceApp) else None
+        if hot is None:
+            raise RuntimeError("create_app gave an app without hot routes")
         serving = ServerThread(app)
         host, port = serving.start().removeprefix("http://").rsplit(":", 1)
         path = f"/v1/models/{MODEL}/tables/{TABLE}/lookup"
@@ -86,7 +91,7 @@ def bench_refusals(count: int = 20_000, dim: int = 64) -> dict[str, Any]:
         try:
             while state.queued_lookups < 1:
                 time.sleep(0.01)
-            direct_before = app.hot_routes.refused_directly
+            direct_before = hot.refused_directly
             cpu_before = time.process_time()
             client = subprocess.run(
                 [sys.executable, "-c", _CLIENT, host, port, path, str(count)],
@@ -94,7 +99,7 @@ def bench_refusals(count: int = 20_000, dim: int = 64) -> dict[str, Any]:
             cpu = time.process_time() - cpu_before
             if client.returncode != 0:
                 raise RuntimeError(f"the client failed: {client.stderr[-1000:]}")
-            refused_directly = app.hot_routes.refused_directly - direct_before
+            refused_directly = hot.refused_directly - direct_before
         finally:
             release.set()
             waiting.join()
@@ -111,6 +116,18 @@ def bench_refusals(count: int = 20_000, dim: int = 64) -> dict[str, Any]:
         "refused_directly": refused_directly,  # the warm-up's included
         "client": "one process, raw keep-alive connection (TCP_NODELAY)",
     }
+
+
+def print_refusals(say: Callable[[str], None] = print) -> dict[str, Any]:
+    """`bench_refusals` with its defaults, its figures in one line through `say`;
+    returns them."""
+    result = bench_refusals()
+    say(f"{result['count']:,} refusals: server CPU "
+        f"{result['server_cpu_us_per_refusal']:.1f} µs a refusal, client wall "
+        f"{result['client_wall_us_per_refusal']:.1f} µs; answered by the connection: "
+        f"{result['refused_directly']:,} of {result['count'] + result['warmup']:,} (the "
+        f"warm-up's {result['warmup']} included); client: {result['client']}")
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:

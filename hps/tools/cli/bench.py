@@ -404,16 +404,9 @@ def bench_http_cmd(
             console.print(f"p50 {name}: {ratio:.2f}× (median of rounds)", highlight=False)
         return
     if refusals:
-        from hps.tools.bench.refusals import bench_refusals
+        from hps.tools.bench.refusals import print_refusals
 
-        result = bench_refusals()
-        console.print(f"{result['count']:,} refusals: server CPU "
-                      f"{result['server_cpu_us_per_refusal']:.1f} µs a refusal, client wall "
-                      f"{result['client_wall_us_per_refusal']:.1f} µs; answered by the "
-                      f"connection: {result['refused_directly']:,} of "
-                      f"{result['count'] + result['warmup']:,} (the warm-up's "
-                      f"{result['warmup']} included); client: "
-                      f"{result['client']}", highlight=False, soft_wrap=True)
+        print_refusals(_say)
         return
     if overload:
         _overload(clients if clients != 8 else 64, seconds, rounds, load_client)
@@ -470,39 +463,15 @@ def bench_http_cmd(
 
 
 def _overload(clients: int, seconds: float, rounds: int, client: str) -> None:
-    from hps.tools.bench.overload import CLIENTS, bench_overload
+    from hps.tools.bench.overload import CLIENTS, print_overload
 
     if client not in CLIENTS:
         fail(ValueError(f"--load-client: one of {', '.join(CLIENTS)}, not {client!r}"))
+    print_overload(clients, seconds, rounds, client, _print_bench, _say)
 
-    levels = tuple(n for n in (1, 2, 4, 8, 16) if n < clients) + (clients,)
-    console.print(f"client processes {', '.join(map(str, levels))}, {seconds:g} s each, "
-                  f"{rounds} rounds …")
-    result = bench_overload(levels=levels, seconds=seconds, rounds=rounds, client=client)
-    # a table a round: one column a level fits 80 columns, all rounds' levels did not
-    for round_ in range(rounds):
-        _print_bench([{"name": f"{r['clients']}" + ("" if r["backoff"] == "Retry-After"
-                                                    else f", {r['backoff']}"),
-                       "served/s": r["served_per_s"], "p50 ms": r["p50_ms"],
-                       "p99 ms": r["p99_ms"], "shed 503": r["shed"],
-                       "expired 504": r["expired"], "other": r["other"],
-                       "client CPU µs": r["client_cpu_us"],
-                       "server CPU µs": r["server_cpu_us"]}
-                      for r in result["rows"] if r["round"] == round_],
-                     title=f"round {round_ + 1} of {rounds}: client processes, "
-                           f"{result['batch']} keys per request, deadline "
-                           f"{result['deadline_ms']} ms")
-    console.print(f"clients after a 503 honour Retry-After unless the column says; "
-                  f"client: {result['client']}", highlight=False, soft_wrap=True)
-    for s in result["summaries"]:
-        console.print(f"{s['clients']} clients, backoff {s['backoff']}: "
-                      f"{s['served_per_s']:,.0f} served/s = {s['vs_peak']:.2f}× the peak "
-                      f"({s['peak_per_s']:,.0f}/s at {s['peak_clients']} clients); p99 "
-                      f"{s['p99_ms']:.2f} ms; shed {s['shed']}, expired {s['expired']} "
-                      f"(the round of the median ratio; every round: "
-                      f"{', '.join(f'{v:.2f}×' for v in s['rounds_vs_peak'])}; p99 "
-                      f"{', '.join(f'{v:.1f}' for v in s['rounds_p99_ms'])} ms)",
-                      highlight=False, soft_wrap=True)
+
+def _say(line: str) -> None:
+    console.print(line, highlight=False, soft_wrap=True)
 
 
 def _by_protocol(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
