@@ -59,6 +59,8 @@ _undo: list[tuple[Any, str, Any, bool]] = []  # (owner, name, original, own attr
 
 _bg: list[tuple[str, int, int]] = []  # (what, start ns, end ns) on other threads
 _caller = threading.get_ident()
+_bg_cpu: dict[str, list[float]] = defaultdict(list)  # CPU µs of each background call
+_profiles: Any = None  # a cProfile.Profile of the background GPU updates (--profile-updates)
 
 
 def _wrap(owner: Any, name: str, label: str) -> None:
@@ -72,10 +74,21 @@ def _wrap(owner: Any, name: str, label: str) -> None:
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         t0 = clock()
+        if ident() != _caller:
+            c0 = time.thread_time_ns()
+            if _profiles is not None and label == "gpu update":
+                _profiles.enable()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if _profiles is not None and label == "gpu update":
+                    _profiles.disable()
+                _bg.append((label, t0, clock()))
+                _bg_cpu[label].append((time.thread_time_ns() - c0) / 1e3)
         try:
             return fn(*args, **kwargs)
         finally:
-            (marks if ident() == _caller else _bg).append((label, t0, clock()))
+            marks.append((label, t0, clock()))
 
     setattr(owner, name, timed)
 
@@ -88,7 +101,8 @@ def _instrument(hps: Any) -> None:
     _wrap(dynamic_cache.EmbeddingCache, "query_ptr", "query_ptr")
     _wrap(device_table.DeviceTable, "_enqueue", "query launch")
     _wrap(device_table, "wait_while", "spin on miss count")
-    _wrap(host_loops, "stage_misses", "dedupe + set codes")
+    _wrap(device_table, "wait_while_held", "spin on miss count")
+    _wrap(host_loops, "stage", "dedupe + set codes")
     _wrap(staging.MissStaging, "prepare", "staging.prepare")
     _wrap(staging.MissStaging, "send", "staging.send (H2D)")
     _wrap(dynamic_cache.EmbeddingCache, "insert_staged", "insert + scatter launch")
@@ -157,6 +171,27 @@ def _run_in(variant: str, lookups: int, untimed: int, stack: contextlib.ExitStac
 
         stack.callback(setattr, GpuCaches, "apply_update", GpuCaches.apply_update)
         GpuCaches.apply_update = lambda self, table, keys, vectors: None  # type: ignore
+    if variant.endswith("loops_released"):  # the small compiled calls release the GIL
+        from hps.gpu import host_loops
+        from hps.tiers.hash_map import loops
+
+        for owner, name, nogil in ((host_loops, "stage_misses_held", host_loops.stage_misses),
+                                   (loops, "fetch_held", loops.fetch),
+                                   (loops, "insert_held", loops.insert)):
+            stack.callback(setattr, owner, name, getattr(owner, name))
+            setattr(owner, name, nogil)
+    if "cadence" in variant:  # at most one update round every 50 ms
+        from hps.updates.consumer import UpdateConsumer
+
+        one_round = UpdateConsumer._round
+        stack.callback(setattr, UpdateConsumer, "_round", one_round)
+
+        def paced(self: Any) -> None:
+            started = time.monotonic()
+            one_round(self)
+            self._stop.wait(max(0.0, 0.05 - (time.monotonic() - started)))
+
+        UpdateConsumer._round = paced  # type: ignore[method-assign]
     if variant.endswith("switch"):
         stack.callback(sys.setswitchinterval, sys.getswitchinterval())
         sys.setswitchinterval(1e-4)
@@ -174,8 +209,8 @@ def _run_in(variant: str, lookups: int, untimed: int, stack: contextlib.ExitStac
             t_keys = [torch.as_tensor(k, device=dev) for k in host_keys]
             out = torch.empty((n, dim), dtype=torch.float32, device=dev)
             outs = ([torch.full((n, dim), float("nan"), device=dev) for _ in batches]
-                    if variant == "back_to_back" else None)
-            checked = variant != "back_to_back"
+                    if variant.startswith("back_to_back") else None)
+            checked = not variant.startswith("back_to_back")
             wrong = 0
             torch.cuda.synchronize(dev)
             gc.callbacks.append(_on_gc)
@@ -258,8 +293,15 @@ def _report(result: dict[str, Any]) -> None:
     for label, us in result["background"]:
         background[label].append(us)
     for label, v in sorted(background.items()):
+        cpu = _bg_cpu.get(label) or [0.0]
         print(f"background {label}: {len(v)} times, mean {np.mean(v):.1f} us, "
-              f"p99 {np.percentile(v, 99):.1f}, max {np.max(v):.1f}")
+              f"p99 {np.percentile(v, 99):.1f}, max {np.max(v):.1f}; its thread's CPU "
+              f"mean {np.mean(cpu):.1f} us, p99 {np.percentile(cpu, 99):.1f}")
+    _bg_cpu.clear()
+    if _profiles is not None and background:
+        import pstats
+
+        pstats.Stats(_profiles).sort_stats("tottime").print_stats(25)
     sys.stdout.flush()
 
 
@@ -323,10 +365,19 @@ def main() -> None:
                         choices=("back_to_back", "checked", "upload", "checked_nogc",
                                  "plain_checked", "checked_updates",
                                  "checked_updates_switch", "checked_updates_released",
-                                 "checked_released", "checked_updates_nogpu"))
+                                 "checked_released", "checked_updates_nogpu",
+                                 "checked_updates_loops_released", "checked_updates_cadence",
+                                 "back_to_back_updates", "back_to_back_updates_cadence"))
+    parser.add_argument("--profile-updates", action="store_true",
+                        help="cProfile the background GPU updates (their Python, by function)")
     parser.add_argument("--host-lookup", action="store_true",
                         help="also HPS.lookup with NumPy keys, pinned result or not")
     args = parser.parse_args()
+    if args.profile_updates:
+        import cProfile
+
+        global _profiles
+        _profiles = cProfile.Profile()
     if args.host_lookup:
         host_lookup()
     variants = args.variant or ["back_to_back", "checked", "upload", "checked_nogc",

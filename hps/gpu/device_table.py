@@ -37,6 +37,7 @@ import numpy as np
 from hps.errors import DeviceError, LookupInputError
 from hps.gpu import kernels, overlap
 from hps.gpu.device_arrays import device_keys, device_rows
+from hps.gpu.host_updates import HostRowUpdates
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.gpu.launch_shape import BLOCK, PIPELINED_AFTER, PIPELINED_ROW_BYTES, default_hints
 from hps.gpu.streams import same_stream
@@ -85,7 +86,7 @@ def decode_rows(raw: np.ndarray, dim: int, storage: StorageType) -> np.ndarray:
     return decode(storage, raw.view(storage.stored_dtype)[:, :dim], dim)
 
 
-class DeviceTable:
+class DeviceTable(HostRowUpdates):
     """What the dynamic cache and the static table share: memory, streams, ordering,
     argument checks, the query launch, dump and stats. Not used directly."""
 
@@ -507,6 +508,8 @@ class DeviceTable:
     def update(self, keys: Any, vectors: Any) -> int:
         """Overwrites the rows of the keys held (others are skipped); a cache's LRU order
         is left as it was. Returns how many keys were held. Keys should be unique."""
+        if isinstance(keys, np.ndarray) and isinstance(vectors, np.ndarray):
+            return self._update_host(keys, vectors)  # online updates: host_updates.py
         keys = self._device_keys(keys)
         n = int(keys.shape[0])
         vectors = self._device_rows(vectors, n)

@@ -11,14 +11,15 @@ a lookup; they release the GIL.
 - `set_codes(keys, num_sets, codes)`: codes[i] = set(keys[i]) << 32 | i, sorted: the
   insert kernel's input order (hps/gpu/dynamic_cache.py `set_codes` is the NumPy twin and the
   reference of both);
-- `stage_misses`: both in one call (the lookup path's).
+- `stage_misses`: both in one call; `stage` is the lookup path's (it keeps the GIL for
+  small batches: hps/runtime/compiled.py HOLD_GIL_KEYS).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from hps.runtime.compiled import array, inlined, kernel, types
+from hps.runtime.compiled import HOLD_GIL_KEYS, array, holding_gil, inlined, kernel, types
 
 uint64 = np.uint64
 _M1 = uint64(0xFF51AFD7ED558CCD)
@@ -76,8 +77,11 @@ def set_codes(keys: np.ndarray, num_sets: int, codes: np.ndarray) -> None:
     codes.sort()
 
 
-@kernel([types.int64(_KEYS, types.uint32, array(np.int64), array(np.int32),
-                     array(np.uint64))])
+_STAGE = [types.int64(_KEYS, types.uint32, array(np.int64), array(np.int32),
+                     array(np.uint64))]
+
+
+@kernel(_STAGE)
 def stage_misses(missed: np.ndarray, num_sets: int, unique: np.ndarray, inverse: np.ndarray,
                  codes: np.ndarray) -> int:
     """dedupe(missed, unique, inverse), then (num_sets > 0: a dynamic cache) the sorted set
@@ -86,3 +90,19 @@ def stage_misses(missed: np.ndarray, num_sets: int, unique: np.ndarray, inverse:
     if num_sets > 0:
         set_codes(unique[:u], num_sets, codes[:u])
     return u
+
+
+@holding_gil(_STAGE)
+def stage_misses_held(missed: np.ndarray, num_sets: int, unique: np.ndarray,
+                      inverse: np.ndarray, codes: np.ndarray) -> int:
+    """`stage_misses` keeping the GIL (see `stage`)."""
+    return stage_misses(missed, num_sets, unique, inverse, codes)
+
+
+def stage(missed: np.ndarray, num_sets: int, unique: np.ndarray, inverse: np.ndarray,
+          codes: np.ndarray) -> int:
+    """`stage_misses` as the lookup path calls it: keeping the GIL for at most
+    HOLD_GIL_KEYS misses (hps/runtime/compiled.py), as their tier fetch does."""
+    held = missed.size <= HOLD_GIL_KEYS
+    return int((stage_misses_held if held else stage_misses)(missed, num_sets, unique,
+                                                             inverse, codes))

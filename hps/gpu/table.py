@@ -320,8 +320,8 @@ class GpuEmbeddingTable:
         updates = self._updates.mark()  # rows an update overtakes are not kept
         small = m <= HOST_MISSES
         if small:
-            u = int(host_loops.stage_misses(missed, 0 if cache is None else cache.num_sets,
-                                              keys, inverse, codes))
+            u = int(host_loops.stage(missed, 0 if cache is None else cache.num_sets, keys,
+                                     inverse, codes))
             self._fetch_into(keys[:u], rows[:u])
             staging.send(u, stream)
         else:

@@ -79,6 +79,26 @@ def kernel(signatures: Sequence[Any]) -> Callable[[F], F]:
     return wrap
 
 
+#: compiled calls over at most this many keys keep the GIL (their `holding_gil` twins): they
+#: end within tens of µs, less than what a caller pays when another thread takes the GIL
+#: meanwhile (it waits for that thread's next release, as long as its Python runs). H100,
+#: HugeCTR's profile with an update stream: see docs/gpu-latency.md, "Background work".
+HOLD_GIL_KEYS = 1 << 11
+
+
+def holding_gil(signatures: Sequence[Any]) -> Callable[[F], F]:
+    """`kernel` without `nogil`: the twin of a kernel for small batches on a caller's path
+    (HOLD_GIL_KEYS). A twin is a function of its own that calls the kernel (numba's disk
+    cache keys a function by its code and types, not by `nogil`, so one function cannot be
+    cached both ways)."""
+
+    def wrap(fn: F) -> F:
+        compiled: F = numba.njit(list(signatures), cache=True)(fn)
+        return compiled
+
+    return wrap
+
+
 def array(dtype: Any, ndim: int = 1, *, readonly: bool = False) -> Any:
     """The numba type of a C-contiguous NumPy array (`readonly` also accepts writable ones)."""
     return types.Array(numba.from_dtype(dtype), ndim, "C", readonly=readonly)

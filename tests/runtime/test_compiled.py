@@ -7,8 +7,12 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hps.runtime import compiled
@@ -60,3 +64,49 @@ def test_kernels_load_from_a_fresh_cache_dir(tmp_path: Path) -> None:
 
 def _fetch_signatures() -> list[object]:
     return list(importlib.import_module(HASH_MAP_LOOPS).fetch.signatures)
+
+
+def _python_steps_during(call: Callable[[], object]) -> int:
+    """How many loop steps another Python thread made while `call()` ran on this one."""
+    steps = [0]
+    stop = threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            steps[0] += 1
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        while steps[0] < 1000:  # the counter runs
+            time.sleep(0.001)
+        before = steps[0]
+        call()
+        return steps[0] - before
+    finally:
+        stop.set()
+        counter.join()
+
+
+def test_holding_gil_twin_keeps_the_gil_its_kernel_releases_it() -> None:
+    """The lookup path's small compiled calls (host_loops.stage, the hash map's small
+    fetches) keep the GIL so that no other thread's Python runs inside a lookup; the
+    kernels for large batches release it. Both give the same answer."""
+    from hps.gpu import host_loops
+
+    keys = np.random.default_rng(0).integers(0, 2**62, 4_000_000, dtype=np.int64)
+    keys[3::3] = keys[1:-2:3]  # repeats to fold
+    out = [(np.empty(keys.size, np.int64), np.empty(keys.size, np.int32),
+            np.empty(keys.size, np.uint64)) for _ in range(2)]
+    found: list[int] = []
+    released = _python_steps_during(
+        lambda: found.append(host_loops.stage_misses(keys, 4099, *out[0])))
+    held = _python_steps_during(
+        lambda: found.append(host_loops.stage_misses_held(keys, 4099, *out[1])))
+    assert found[0] == found[1] < keys.size
+    for a, b in zip(out[0], out[1], strict=True):
+        np.testing.assert_array_equal(a[:found[0]], b[:found[0]])
+    # held: the other thread runs only around the call (at most a switch interval or
+    # two); released: the whole call long, on another core
+    assert held * 4 < released, (held, released)
+    assert host_loops.stage(keys[:100], 7, *out[1]) == np.unique(keys[:100]).size

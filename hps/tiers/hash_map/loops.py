@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from hps.rows.decode_loops import PAIRS, copy_row, zero_row
-from hps.runtime.compiled import array, inlined, kernel, prefetch, types
+from hps.runtime.compiled import array, holding_gil, inlined, kernel, prefetch, types
 
 EMPTY = -1
 TOMBSTONE = -2
@@ -151,8 +151,11 @@ def _find(slots: A, row_keys: A, key: int, h: np.uint64, bits: int) -> tuple[int
             p = 0
 
 
-@kernel([types.int64(_SLOTS, _ROW_KEYS, array(held, 2), _FLOATS, _I64, _KEYS_IN,
-                     array(wanted, 2), _FOUND, _ROWS) for held, wanted in PAIRS])
+_FETCH = [types.int64(_SLOTS, _ROW_KEYS, array(held, 2), _FLOATS, _I64, _KEYS_IN,
+                     array(wanted, 2), _FOUND, _ROWS) for held, wanted in PAIRS]
+
+
+@kernel(_FETCH)
 def fetch(slots: A, row_keys: A, vectors: A, floats: A, bits: int, keys: A, out: A,
           found: A, rows: A) -> int:
     """out[i] = the row of keys[i] (zeros when absent), found[i], and rows[i] (the row or
@@ -217,6 +220,13 @@ def fetch(slots: A, row_keys: A, vectors: A, floats: A, bits: int, keys: A, out:
     return hits
 
 
+@holding_gil(_FETCH)
+def fetch_held(slots: A, row_keys: A, vectors: A, floats: A, bits: int, keys: A, out: A,
+               found: A, rows: A) -> int:
+    """`fetch` keeping the GIL: for at most HOLD_GIL_KEYS keys (hps/runtime/compiled.py)."""
+    return fetch(slots, row_keys, vectors, floats, bits, keys, out, found, rows)
+
+
 @inlined
 def _probe_insert(slots: A, row_keys: A, key: int, h: np.uint64, bits: int, p: int,
                   stop: int, keys: A, marks: A) -> tuple[int, int, int, int]:
@@ -248,9 +258,12 @@ def _probe_insert(slots: A, row_keys: A, key: int, h: np.uint64, bits: int, p: i
             p = 0
 
 
-@kernel([types.int64(_SLOTS, _ROW_KEYS, array(held, 2), _STATS, _COUNTS, _COUNTS, _I64,
-                     _KEYS_IN, array(held, 2, readonly=True), _I64, _I64, _I64, _I64)
-         for held in _STORED])
+_INSERT = [types.int64(_SLOTS, _ROW_KEYS, array(held, 2), _STATS, _COUNTS, _COUNTS, _I64,
+                      _KEYS_IN, array(held, 2, readonly=True), _I64, _I64, _I64, _I64)
+           for held in _STORED]
+
+
+@kernel(_INSERT)
 def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, state: A,
            bits: int, keys: A, new_vectors: A, start: int, max_used: int, new_stat: int,
            overwrite_stat: int) -> int:
@@ -300,6 +313,17 @@ def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
     state[0] = size
     state[1] = tombstones
     return i
+
+
+@holding_gil(_INSERT)
+def insert_held(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, state: A,
+                bits: int, keys: A, new_vectors: A, start: int, max_used: int, new_stat: int,
+                overwrite_stat: int) -> int:
+    """`insert` keeping the GIL: for at most HOLD_GIL_KEYS keys (hps/runtime/compiled.py).
+    An online update's small insert then takes and gives back the table's lock without
+    letting a lookup's fetch in to wait on it."""
+    return insert(slots, row_keys, vectors, stats, partition_sizes, state, bits, keys,
+                  new_vectors, start, max_used, new_stat, overwrite_stat)
 
 
 @kernel([types.int64(_SLOTS, _ROW_KEYS, array(held, 2), _STATS, _COUNTS, _COUNTS, _I64,

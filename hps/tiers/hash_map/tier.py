@@ -42,6 +42,7 @@ import numpy as np
 from hps.config import VolatileDBConfig
 from hps.errors import ConfigError, LookupInputError
 from hps.rows.storage_types import FLOAT32, StorageType, storage_type
+from hps.runtime.compiled import HOLD_GIL_KEYS
 from hps.runtime.cores import usable_cores
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import as_keys, as_rows
@@ -204,8 +205,11 @@ class HashMapTier(BulkLoadTier):
             if parts > 1:
                 self._fetch_parallel(t, keys, out, found, rows, parts)
             else:
-                kernels.fetch(t.slots, t.keys, t.vectors, t.floats, t.row_bits, keys, out,
-                              found, rows)
+                # a small fetch keeps the GIL: released, a caller's lookup waits for
+                # whatever Python another thread runs meanwhile (compiled.HOLD_GIL_KEYS)
+                fetch = kernels.fetch_held if keys.size <= HOLD_GIL_KEYS else kernels.fetch
+                fetch(t.slots, t.keys, t.vectors, t.floats, t.row_bits, keys, out, found,
+                      rows)
             if t.has_stats:
                 with t.stats_lock:
                     self.overflow.note_fetch(t, rows)
@@ -265,10 +269,11 @@ class HashMapTier(BulkLoadTier):
                 # room for every key without growing: split over the cores; the keys
                 # left at the regions' seams are inserted below as any others
                 k, v = bulk.split_insert(t, k, v, parts, self._split)
+            insert = kernels.insert_held if k.size <= HOLD_GIL_KEYS else kernels.insert
             while True:
-                done = kernels.insert(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
-                                      t.state, t.row_bits, k, v, done, t.max_used,
-                                      stamp if oldest else 0, stamp if oldest else -1)
+                done = insert(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
+                              t.state, t.row_bits, k, v, done, t.max_used,
+                              stamp if oldest else 0, stamp if oldest else -1)
                 if done == k.size:
                     break
                 t.grow(k.size - done)
