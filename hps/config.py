@@ -170,6 +170,10 @@ class UpdateSourceConfig(StrictSection):
     `gpu_cache_insert` also inserts updated keys a GPU cache does not hold (default: only
     rows it holds are overwritten); `failure_backoff_max_ms` caps the retry waits;
     `stream_maxlen` lets a Redis publisher trim each stream to about that many entries;
+    `min_round_interval_ms` is the least time between two rounds that apply messages (0:
+    none): messages that arrive within it are applied together in the next round, so a
+    busy stream costs the lookups a few rounds a second, not one per message
+    (docs/updates.md);
     `kafka_options` are librdkafka settings given to the Kafka consumer and producer as
     they are (`security.protocol`, `sasl.*`, `session.timeout.ms`, ...).
     """
@@ -190,6 +194,7 @@ class UpdateSourceConfig(StrictSection):
     gpu_cache_insert: bool = False
     failure_backoff_max_ms: int = Field(5000, ge=1)
     stream_maxlen: int | None = Field(None, ge=1)
+    min_round_interval_ms: int = Field(50, ge=0, le=60_000)
     kafka_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
     @field_validator("type", mode="before")

@@ -21,7 +21,10 @@ interpreter's switch interval at 100 µs: is it the GIL?), checked_updates_relea
 checked_released (the miss path's copy, event records and waits through CuPy's runtime
 calls, which release the GIL, instead of kernels.HeldCalls), checked_updates_nogpu (the
 updates written to the tiers but not to the GPU cache: how much of the tail is the GPU
-update).
+update), checked_updates_loops_released (the small compiled calls released the GIL, as
+before their held twins), checked_updates_unpaced and back_to_back_updates_unpaced (the
+consumer's rounds not paced: `min_round_interval_ms` 0, a round per message).
+`--profile-updates` prints a cProfile of the background GPU updates.
 """
 
 from __future__ import annotations
@@ -180,18 +183,8 @@ def _run_in(variant: str, lookups: int, untimed: int, stack: contextlib.ExitStac
                                    (loops, "insert_held", loops.insert)):
             stack.callback(setattr, owner, name, getattr(owner, name))
             setattr(owner, name, nogil)
-    if "cadence" in variant:  # at most one update round every 50 ms
-        from hps.updates.consumer import UpdateConsumer
-
-        one_round = UpdateConsumer._round
-        stack.callback(setattr, UpdateConsumer, "_round", one_round)
-
-        def paced(self: Any) -> None:
-            started = time.monotonic()
-            one_round(self)
-            self._stop.wait(max(0.0, 0.05 - (time.monotonic() - started)))
-
-        UpdateConsumer._round = paced  # type: ignore[method-assign]
+    if "unpaced" in variant and stream_of_updates is not None:  # a round per message
+        top["update_source"] = {**top["update_source"], "min_round_interval_ms": 0}
     if variant.endswith("switch"):
         stack.callback(sys.setswitchinterval, sys.getswitchinterval())
         sys.setswitchinterval(1e-4)
@@ -366,8 +359,8 @@ def main() -> None:
                                  "plain_checked", "checked_updates",
                                  "checked_updates_switch", "checked_updates_released",
                                  "checked_released", "checked_updates_nogpu",
-                                 "checked_updates_loops_released", "checked_updates_cadence",
-                                 "back_to_back_updates", "back_to_back_updates_cadence"))
+                                 "checked_updates_loops_released", "checked_updates_unpaced",
+                                 "back_to_back_updates", "back_to_back_updates_unpaced"))
     parser.add_argument("--profile-updates", action="store_true",
                         help="cProfile the background GPU updates (their Python, by function)")
     parser.add_argument("--host-lookup", action="store_true",

@@ -1,6 +1,6 @@
 """Counters and state of one update consumer, read by metrics, `/readyz` and the CLI.
 
-Per table (labelled by its topic, `hps_et.<model>.<table>`): rows and messages applied,
+Per table (labelled by its topic, `hps_et.<model>.<table>`): rows, messages and writes applied,
 messages set aside by reason and the id of the last one (the dead letter), the last
 applied position and publish time, the lag (messages not yet delivered, and how old the
 newest applied message is while some are), and whether its source is broken (`failing`:
@@ -36,6 +36,8 @@ class TableUpdates:
 
     rows: int = 0
     messages: int = 0
+    #: the writes (rounds) that brought them: messages per write shows the batching
+    writes: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     last_position: str | None = None
     last_offset: int | None = None
@@ -97,6 +99,7 @@ class UpdateStats:
             t = self._table(topic)
             t.rows += rows
             t.messages += messages
+            t.writes += 1
             t.last_position, t.last_offset, t.last_published = position, offset, published
             now = time.monotonic()
             self._applied.append((now, rows))

@@ -5,6 +5,7 @@ Redis down. What every source does is in test_sources.py, run over this one too.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -349,3 +350,39 @@ def test_entries_delivered_before_a_failure_are_read_again(
 def _nonempty(messages: list[Any]) -> list[Any]:
     assert messages
     return messages
+
+
+def test_a_busy_stream_is_applied_in_paced_rounds_a_quiet_one_at_once(
+        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
+        rng: np.random.Generator) -> None:
+    """`min_round_interval_ms`: messages that arrive within it of the last round wait and
+    are applied together in the next one (each round's Python is paid once for them all);
+    a message after a quiet spell is read at once. Each message rewrites the same keys,
+    so the last one's rows are the ones served."""
+    keys = model.keys[:16]
+    interval = 1.0
+    config = model.config({**redis_updates, "min_round_interval_ms": int(interval * 1000)})
+    with HierarchicalParameterServer(config) as server:
+        wait_status(server, lambda s: s["state"] == "running", "running")
+        first = random_rows(rng, 16)
+        publish(redis_publisher, keys, first)
+        wait_rows(server, keys, first)
+        rows = [random_rows(rng, 16) for _ in range(24)]
+        started = time.monotonic()
+        for part in rows:  # a busy stream: a message every 20 ms
+            publish(redis_publisher, keys, part)
+            time.sleep(0.02)
+        wait_rows(server, keys, rows[-1])
+        spent = time.monotonic() - started
+        status = wait_status(server, lambda s: s["tables"][TOPIC]["messages"] == 25,
+                             "every message applied")
+        busy_writes = status["tables"][TOPIC]["writes"] - 1
+        # rounds at least an interval apart while the 24 messages came and were applied
+        assert 1 <= busy_writes <= 2 + spent / interval, (spent, status["tables"][TOPIC])
+
+        time.sleep(interval * 1.2)  # quiet for longer than the interval
+        last = random_rows(rng, 16)
+        started = time.monotonic()
+        publish(redis_publisher, keys, last)
+        wait_rows(server, keys, last)
+        assert time.monotonic() - started < interval  # read at once, not held back

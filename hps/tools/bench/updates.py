@@ -239,7 +239,9 @@ def bench_updates(rows: int = 2_000_000, table_keys: int = 500_000, dim: int = 6
                 results.append(_run_one(name, config, address, keys, messages, publisher,
                                         dim=dim, batch=batch, per_message=per_message,
                                         lookup_seconds=lookup_seconds, samples=samples,
-                                        probe=probe, seed=seed))
+                                        probe=probe, seed=seed + len(results)))
+            # (a seed per run: the runs share the stream, and the second one reads the
+            # first one's visibility messages too; the same rows would be there already)
         finally:
             publisher.close()
     for r in results:
