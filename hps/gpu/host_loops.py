@@ -12,14 +12,14 @@ a lookup; they release the GIL.
   insert kernel's input order (hps/gpu/dynamic_cache.py `set_codes` is the NumPy twin and the
   reference of both);
 - `stage_misses`: both in one call; `stage` is the lookup path's (it keeps the GIL for
-  small batches: hps/runtime/compiled.py HOLD_GIL_KEYS).
+  small batches: hps/runtime/compiled.py HOLD_GIL_BYTES).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from hps.runtime.compiled import HOLD_GIL_KEYS, array, holding_gil, inlined, kernel, types
+from hps.runtime.compiled import HOLD_GIL_BYTES, array, holding_gil, inlined, kernel, types
 
 uint64 = np.uint64
 _M1 = uint64(0xFF51AFD7ED558CCD)
@@ -102,7 +102,8 @@ def stage_misses_held(missed: np.ndarray, num_sets: int, unique: np.ndarray,
 def stage(missed: np.ndarray, num_sets: int, unique: np.ndarray, inverse: np.ndarray,
           codes: np.ndarray) -> int:
     """`stage_misses` as the lookup path calls it: keeping the GIL for at most
-    HOLD_GIL_KEYS misses (hps/runtime/compiled.py), as their tier fetch does."""
-    held = missed.size <= HOLD_GIL_KEYS
+    2,048 misses (32 bytes each against HOLD_GIL_BYTES: hps/runtime/compiled.py), as their
+    tier fetch does."""
+    held = missed.size * 32 <= HOLD_GIL_BYTES
     return int((stage_misses_held if held else stage_misses)(missed, num_sets, unique,
                                                              inverse, codes))

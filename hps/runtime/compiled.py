@@ -79,16 +79,20 @@ def kernel(signatures: Sequence[Any]) -> Callable[[F], F]:
     return wrap
 
 
-#: compiled calls over at most this many keys keep the GIL (their `holding_gil` twins): they
-#: end within tens of µs, less than what a caller pays when another thread takes the GIL
+#: compiled calls that move at most this many bytes (rows fetched or written; the miss
+#: path's dedupe: 32 bytes a key) keep the GIL, through their `holding_gil` twins. They end
+#: within tens of µs, less than what a caller pays when another thread takes the GIL
 #: meanwhile (it waits for that thread's next release, as long as its Python runs). H100,
-#: HugeCTR's profile with an update stream: see docs/gpu-latency.md, "Background work".
-HOLD_GIL_KEYS = 1 << 11
+#: HugeCTR's profile with an update stream: docs/gpu-latency.md, "Background work". Past
+#: it, releasing pays: `HPS.lookup` from two threads on a CPU table of width 64 (2-core
+#: box, three rounds each) made 47-51k lookups/s held against 33-34k released at 256 keys
+#: (64 KiB of rows), but 21k against 39-41k at 512 keys and 5k against 14k at 2,048.
+HOLD_GIL_BYTES = 64 << 10
 
 
 def holding_gil(signatures: Sequence[Any]) -> Callable[[F], F]:
     """`kernel` without `nogil`: the twin of a kernel for small batches on a caller's path
-    (HOLD_GIL_KEYS). A twin is a function of its own that calls the kernel (numba's disk
+    (HOLD_GIL_BYTES). A twin is a function of its own that calls the kernel (numba's disk
     cache keys a function by its code and types, not by `nogil`, so one function cannot be
     cached both ways)."""
 

@@ -223,7 +223,7 @@ def fetch(slots: A, row_keys: A, vectors: A, floats: A, bits: int, keys: A, out:
 @holding_gil(_FETCH)
 def fetch_held(slots: A, row_keys: A, vectors: A, floats: A, bits: int, keys: A, out: A,
                found: A, rows: A) -> int:
-    """`fetch` keeping the GIL: for at most HOLD_GIL_KEYS keys (hps/runtime/compiled.py)."""
+    """`fetch` keeping the GIL: for small batches (hps/runtime/compiled.py HOLD_GIL_BYTES)."""
     return fetch(slots, row_keys, vectors, floats, bits, keys, out, found, rows)
 
 
@@ -319,7 +319,7 @@ def insert(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
 def insert_held(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, state: A,
                 bits: int, keys: A, new_vectors: A, start: int, max_used: int, new_stat: int,
                 overwrite_stat: int) -> int:
-    """`insert` keeping the GIL: for at most HOLD_GIL_KEYS keys (hps/runtime/compiled.py).
+    """`insert` keeping the GIL: for small batches (hps/runtime/compiled.py HOLD_GIL_BYTES).
     An online update's small insert then takes and gives back the table's lock without
     letting a lookup's fetch in to wait on it."""
     return insert(slots, row_keys, vectors, stats, partition_sizes, state, bits, keys,

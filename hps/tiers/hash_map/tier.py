@@ -42,7 +42,7 @@ import numpy as np
 from hps.config import VolatileDBConfig
 from hps.errors import ConfigError, LookupInputError
 from hps.rows.storage_types import FLOAT32, StorageType, storage_type
-from hps.runtime.compiled import HOLD_GIL_KEYS
+from hps.runtime.compiled import HOLD_GIL_BYTES
 from hps.runtime.cores import usable_cores
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import as_keys, as_rows
@@ -206,8 +206,9 @@ class HashMapTier(BulkLoadTier):
                 self._fetch_parallel(t, keys, out, found, rows, parts)
             else:
                 # a small fetch keeps the GIL: released, a caller's lookup waits for
-                # whatever Python another thread runs meanwhile (compiled.HOLD_GIL_KEYS)
-                fetch = kernels.fetch_held if keys.size <= HOLD_GIL_KEYS else kernels.fetch
+                # whatever Python another thread runs meanwhile (compiled.HOLD_GIL_BYTES)
+                small = keys.size * out.shape[1] * out.itemsize <= HOLD_GIL_BYTES
+                fetch = kernels.fetch_held if small else kernels.fetch
                 fetch(t.slots, t.keys, t.vectors, t.floats, t.row_bits, keys, out, found,
                       rows)
             if t.has_stats:
@@ -269,7 +270,8 @@ class HashMapTier(BulkLoadTier):
                 # room for every key without growing: split over the cores; the keys
                 # left at the regions' seams are inserted below as any others
                 k, v = bulk.split_insert(t, k, v, parts, self._split)
-            insert = kernels.insert_held if k.size <= HOLD_GIL_KEYS else kernels.insert
+            small = v.nbytes <= HOLD_GIL_BYTES  # as _fetch's
+            insert = kernels.insert_held if small else kernels.insert
             while True:
                 done = insert(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
                               t.state, t.row_bits, k, v, done, t.max_used,
