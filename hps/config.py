@@ -171,9 +171,9 @@ class UpdateSourceConfig(StrictSection):
     rows it holds are overwritten); `failure_backoff_max_ms` caps the retry waits;
     `stream_maxlen` lets a Redis publisher trim each stream to about that many entries;
     `min_round_interval_ms` is the least time between two rounds that apply messages (0:
-    none): messages that arrive within it are applied together in the next round, so a
-    busy stream costs the lookups a few rounds a second, not one per message
-    (docs/updates.md);
+    none; a full round's successor is not held back): messages that arrive within it are
+    applied together in the next round, so a busy stream costs the lookups a few rounds a
+    second, not one per message (docs/updates.md);
     `kafka_options` are librdkafka settings given to the Kafka consumer and producer as
     they are (`security.protocol`, `sasl.*`, `session.timeout.ms`, ...).
     """

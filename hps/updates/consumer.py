@@ -113,7 +113,9 @@ class UpdateConsumer:
             lambda: self.source.poll(self._max_messages, self._timeout))
         self.stats.faults(self.source.faults())
         if messages:
-            self._applied_at = time.monotonic()
+            # a full round may leave more waiting (a backlog): the next one is not paced
+            full = len(messages) >= self._max_messages
+            self._applied_at = None if full else time.monotonic()
             prepared = self.applier.prepare(messages)
             self._wait_written()
             self._written = self._writer.submit(self._write, prepared, messages)
@@ -124,15 +126,16 @@ class UpdateConsumer:
         self._read_lag()
 
     def _pace(self) -> None:
-        """After a round that got messages, the next poll waits until `min_round_interval_ms`
-        has passed since (raises _Stopped if closed meanwhile). A message after a quiet spell
-        is read at once; a busy stream is read a few times a second, each round taking all
-        that arrived meanwhile. Each round is Python on this thread and the writer's (poll,
-        decode, tier and GPU writes, commit), and a lookup that wants the GIL back while it
-        runs waits for it: with 10,000 update rows/s in 100 messages a second, 50 ms rounds
-        took HugeCTR's profile on the H100 from p99 397-520 to 330-339 µs (checked between
-        calls) and from 579-796 to 452-491 µs (back to back), one device call
-        (scripts/probe_gpu_tails.py, variants with `cadence`)."""
+        """After a round that got messages but not a full round's, the next poll waits until
+        `min_round_interval_ms` has passed since (raises _Stopped if closed meanwhile). A
+        message after a quiet spell is read at once, a backlog in full rounds back to back;
+        a busy stream is read a few times a second, each round taking all that arrived
+        meanwhile. Each round is Python on this thread and the writer's (poll, decode, tier
+        and GPU writes, commit), and a lookup that wants the GIL back while it runs waits
+        for it: with 10,000 update rows/s in 100 messages a second, rounds at most every
+        50 ms took HugeCTR's profile on the H100 from p99 397-520 to 330-339 µs (checked
+        between calls) and from 579-796 to 452-491 µs (back to back), in one device call
+        (scripts/probe_gpu_tails.py; `..._unpaced` variants for the rounds unpaced)."""
         if self._applied_at is None or not self._interval:
             return
         left = self._applied_at + self._interval - time.monotonic()

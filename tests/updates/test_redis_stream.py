@@ -386,3 +386,25 @@ def test_a_busy_stream_is_applied_in_paced_rounds_a_quiet_one_at_once(
         publish(redis_publisher, keys, last)
         wait_rows(server, keys, last)
         assert time.monotonic() - started < interval  # read at once, not held back
+
+
+def test_a_backlog_is_applied_in_full_rounds_back_to_back(
+        model: Model, redis_updates: dict[str, Any], redis_publisher: UpdatePublisher,
+        rng: np.random.Generator) -> None:
+    """A round that took `max_commit_interval` messages may have left more waiting: the
+    next one is not paced, so a backlog drains at full speed whatever the interval."""
+    keys = model.keys[:16]
+    rows = [random_rows(rng, 16) for _ in range(20)]
+    for part in rows:  # published before the server: a backlog of 10 full rounds
+        publish(redis_publisher, keys, part)
+    interval = 2.0
+    config = model.config({**redis_updates, "group": "backlog", "max_commit_interval": 2,
+                           "min_round_interval_ms": int(interval * 1000)})
+    with HierarchicalParameterServer(config) as server:
+        started = time.monotonic()
+        status = wait_status(server, lambda s: s["tables"][TOPIC]["messages"] == 20,
+                             "the backlog applied", timeout=60.0)
+        # paced, its 10 rounds would take 9 intervals
+        assert time.monotonic() - started < 3 * interval, status["tables"][TOPIC]
+        assert status["tables"][TOPIC]["writes"] == 10
+        wait_rows(server, keys, rows[-1])
