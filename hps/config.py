@@ -170,13 +170,9 @@ class UpdateSourceConfig(StrictSection):
     `gpu_cache_insert` also inserts updated keys a GPU cache does not hold (default: only
     rows it holds are overwritten); `failure_backoff_max_ms` caps the retry waits;
     `stream_maxlen` lets a Redis publisher trim each stream to about that many entries;
-    `min_round_interval_ms` is the least time between two rounds that apply messages (0:
-    none; a full round's successor is not held back): messages that arrive within it are
-    applied together in the next round, so a busy stream costs the lookups a few rounds a
-    second, not one per message (docs/updates.md);
+    `min_round_interval_ms` paces a busy stream's rounds (consumer.py `_pace`; 0: none);
     `kafka_options` are librdkafka settings given to the Kafka consumer and producer as
-    they are (`security.protocol`, `sasl.*`, `session.timeout.ms`, ...).
-    """
+    they are (`security.protocol`, `sasl.*`, `session.timeout.ms`, ...)."""
 
     type: Literal["kafka_message_queue", "redis_stream", "null"] = "null"
     brokers: str = "127.0.0.1:9092"
@@ -596,8 +592,7 @@ def config_to_json(config: PSConfig, *, defaults: bool = False) -> dict[str, Any
     """The ps.json contents equivalent to `config` (`parse_config` of it gives it back).
 
     Without `defaults`, keys equal to their default are left out, except each database
-    block's `type`: a `volatile_db` block without one would mean "disabled" (HugeCTR).
-    """
+    block's `type`: a `volatile_db` block without one would mean "disabled" (HugeCTR)."""
     raw = config.model_dump(mode="json", exclude_defaults=not defaults)
     for section in ("volatile_db", "persistent_db", "update_source"):
         if section in raw:
