@@ -7,7 +7,9 @@ arrays; these functions bring them to the table's device in the form the kernels
   hps/intake/keys.py);
 - `device_keys(...)`: int64 [n] keys on the device (host keys copied over);
 - `device_rows(...)`: float32 [n, dim] C-contiguous rows on the device (host rows copied
-  over), checked to fit the table's storage type (hps/rows/storage_types.py).
+  over), checked to fit the table's storage type (hps/rows/storage_types.py);
+- `host_rows(...)`: the same rows, checked the same way, left on the host (online
+  updates stage them themselves: hps/gpu/host_updates.py).
 
 They raise KeyTypeError (keys), LookupInputError (rows of the wrong shape, dtype or
 values) and DeviceError (arrays on another device) before anything is written. The
@@ -25,7 +27,7 @@ from hps.errors import DeviceError, LookupInputError, OutputBufferError
 from hps.intake.array_ref import ArrayRef
 from hps.intake.keys import as_key_array, key_ref, key_view, output_ref
 from hps.rows.gpu_layout import output_code
-from hps.rows.storage_types import StorageType
+from hps.rows.storage_types import StorageType, first_unencodable_row
 
 
 def lookup_refs(keys: Any, out: Any, dim: int, storage: StorageType, device_id: int
@@ -84,23 +86,41 @@ def device_rows(cp: Any, vectors: Any, n: int, dim: int, device: Any, device_id:
             unfit = ~(cp.abs(rows) < limit).all(axis=1)  # NaN compares False
             bad = int(cp.flatnonzero(unfit)[0]) if bool(unfit.any()) else None
         if bad is not None:
-            raise LookupInputError(
-                f"row {bad} holds NaN, infinity or a value of magnitude "
-                f"≥ {storage.max_magnitude:g}, which the {kind}'s "
-                f"{storage.name} storage cannot hold")
+            raise _unfit_row(bad, storage, kind)
     return rows
+
+
+def host_rows(vectors: np.ndarray, n: int, dim: int, storage: StorageType, kind: str
+              ) -> np.ndarray:
+    """`device_rows` of host rows, left on the host: float32 [n, dim] C-contiguous, checked
+    the same way (the compact storage check in NumPy)."""
+    rows = _shaped_host_rows(vectors, n, dim)
+    if storage.compact and n:
+        bad = first_unencodable_row(storage, rows)
+        if bad is not None:
+            raise _unfit_row(bad, storage, kind)
+    return rows
+
+
+def _shaped_host_rows(vectors: np.ndarray, n: int, dim: int) -> np.ndarray:
+    rows = np.ascontiguousarray(vectors, dtype=np.float32)
+    if rows.shape != (n, dim):
+        raise LookupInputError(f"vectors must have shape ({n}, {dim}), got {rows.shape}")
+    return rows
+
+
+def _unfit_row(bad: int, storage: StorageType, kind: str) -> LookupInputError:
+    return LookupInputError(
+        f"row {bad} holds NaN, infinity or a value of magnitude ≥ {storage.max_magnitude:g}, "
+        f"which the {kind}'s {storage.name} storage cannot hold")
 
 
 def _device_rows_unchecked(cp: Any, vectors: Any, n: int, dim: int, device: Any,
                            device_id: int, kind: str) -> Any:
     if isinstance(vectors, np.ndarray):
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if vectors.shape != (n, dim):
-            raise LookupInputError(
-                f"vectors must have shape ({n}, {dim}), got {vectors.shape}"
-            )
+        host = _shaped_host_rows(vectors, n, dim)
         with device:
-            return cp.asarray(vectors)
+            return cp.asarray(host)
     if not _is_cupy(vectors):
         raise LookupInputError(
             f"vectors must be a CuPy or NumPy array, got {type(vectors).__name__}"

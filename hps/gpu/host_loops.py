@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hps.runtime.compiled import HOLD_GIL_BYTES, array, holding_gil, inlined, kernel, types
+from hps.runtime.compiled import array, by_size, holding_gil, inlined, kernel, types
 
 uint64 = np.uint64
 _M1 = uint64(0xFF51AFD7ED558CCD)
@@ -104,6 +104,5 @@ def stage(missed: np.ndarray, num_sets: int, unique: np.ndarray, inverse: np.nda
     """`stage_misses` as the lookup path calls it: keeping the GIL for at most
     2,048 misses (32 bytes each against HOLD_GIL_BYTES: hps/runtime/compiled.py), as their
     tier fetch does."""
-    held = missed.size * 32 <= HOLD_GIL_BYTES
-    return int((stage_misses_held if held else stage_misses)(missed, num_sets, unique,
-                                                             inverse, codes))
+    twin = by_size(missed.size * 32, stage_misses_held, stage_misses)
+    return int(twin(missed, num_sets, unique, inverse, codes))

@@ -26,12 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from hps.errors import LookupInputError
 from hps.gpu import kernels
-from hps.gpu.device_arrays import host_keys
+from hps.gpu.device_arrays import host_keys, host_rows
 from hps.gpu.kernels import held_calls
 from hps.gpu.launch_shape import BLOCK
-from hps.rows.storage_types import first_unencodable_row
 
 _D2H = 2  # cudaMemcpyDeviceToHost
 #: one update at a time uses a table's staging (the update consumer makes one anyway)
@@ -71,7 +69,7 @@ class HostRowUpdates:
         table: Any = self
         keys = host_keys(keys)
         n = int(keys.size)
-        vectors = _host_rows(vectors, n, table.dim, table.storage, table._kind)
+        vectors = host_rows(vectors, n, table.dim, table.storage, table._kind)
         if n == 0:
             return 0
         cp = table._cp
@@ -102,19 +100,3 @@ class HostRowUpdates:
             rt.streamSynchronize(stream)
             return int(staging.host_count[0])
 
-
-def _host_rows(vectors: np.ndarray, n: int, dim: int, storage: Any, kind: str
-               ) -> np.ndarray:
-    """float32 [n, dim] rows that `storage` can hold (as device_arrays.device_rows checks
-    device rows), else LookupInputError."""
-    rows = np.ascontiguousarray(vectors, dtype=np.float32)
-    if rows.shape != (n, dim):
-        raise LookupInputError(f"vectors must have shape ({n}, {dim}), got {rows.shape}")
-    if storage.compact and n:
-        bad = first_unencodable_row(storage, rows)
-        if bad is not None:
-            raise LookupInputError(
-                f"row {bad} holds NaN, infinity or a value of magnitude "
-                f"≥ {storage.max_magnitude:g}, which the {kind}'s {storage.name} storage "
-                f"cannot hold")
-    return rows

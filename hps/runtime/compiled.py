@@ -103,6 +103,11 @@ def holding_gil(signatures: Sequence[Any]) -> Callable[[F], F]:
     return wrap
 
 
+def by_size(nbytes: int, held: F, released: F) -> F:
+    """The twin to call for a batch that moves `nbytes`: `held` up to HOLD_GIL_BYTES."""
+    return held if nbytes <= HOLD_GIL_BYTES else released
+
+
 def array(dtype: Any, ndim: int = 1, *, readonly: bool = False) -> Any:
     """The numba type of a C-contiguous NumPy array (`readonly` also accepts writable ones)."""
     return types.Array(numba.from_dtype(dtype), ndim, "C", readonly=readonly)

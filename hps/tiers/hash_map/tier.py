@@ -42,7 +42,7 @@ import numpy as np
 from hps.config import VolatileDBConfig
 from hps.errors import ConfigError, LookupInputError
 from hps.rows.storage_types import FLOAT32, StorageType, storage_type
-from hps.runtime.compiled import HOLD_GIL_BYTES
+from hps.runtime.compiled import by_size
 from hps.runtime.cores import usable_cores
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import as_keys, as_rows
@@ -207,8 +207,7 @@ class HashMapTier(BulkLoadTier):
             else:
                 # a small fetch keeps the GIL: released, a caller's lookup waits for
                 # whatever Python another thread runs meanwhile (compiled.HOLD_GIL_BYTES)
-                small = keys.size * out.shape[1] * out.itemsize <= HOLD_GIL_BYTES
-                fetch = kernels.fetch_held if small else kernels.fetch
+                fetch = by_size(out.nbytes, kernels.fetch_held, kernels.fetch)
                 fetch(t.slots, t.keys, t.vectors, t.floats, t.row_bits, keys, out, found,
                       rows)
             if t.has_stats:
@@ -270,8 +269,7 @@ class HashMapTier(BulkLoadTier):
                 # room for every key without growing: split over the cores; the keys
                 # left at the regions' seams are inserted below as any others
                 k, v = bulk.split_insert(t, k, v, parts, self._split)
-            small = v.nbytes <= HOLD_GIL_BYTES  # as _fetch's
-            insert = kernels.insert_held if small else kernels.insert
+            insert = by_size(v.nbytes, kernels.insert_held, kernels.insert)  # as _fetch's
             while True:
                 done = insert(t.slots, t.keys, t.vectors, t.stats, t.partition_sizes,
                               t.state, t.row_bits, k, v, done, t.max_used,

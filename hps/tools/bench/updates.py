@@ -236,12 +236,12 @@ def bench_updates(rows: int = 2_000_000, table_keys: int = 500_000, dim: int = 6
             for name, rocksdb in (("in-process", False), ("in-process + RocksDB", True)):
                 config = _config(folder, address, f"bench-{len(results)}", dim, batch,
                                  rocksdb, per_message)
+                # a seed per run: the runs share the stream, and the second one reads the
+                # first one's visibility messages too (the same rows would be there already)
                 results.append(_run_one(name, config, address, keys, messages, publisher,
                                         dim=dim, batch=batch, per_message=per_message,
                                         lookup_seconds=lookup_seconds, samples=samples,
                                         probe=probe, seed=seed + len(results)))
-            # (a seed per run: the runs share the stream, and the second one reads the
-            # first one's visibility messages too; the same rows would be there already)
         finally:
             publisher.close()
     for r in results:
