@@ -5,7 +5,8 @@ Runs HugeCTR's hps_profiler workload (hps/tools/bench/gpu_misses.py) through
 taken around each phase of the public call (wrappers put around the lookup path's
 functions here, nothing changed in the package) and, per call, the Python garbage
 collections that ran in it, this thread's context switches (voluntary: it slept, on the
-GIL, a futex or the driver; involuntary: the OS preempted it) and its CPU time. Prints,
+GIL, a futex or the driver; involuntary: the OS preempted it), its CPU time, the part of
+it in the kernel and its page faults. Prints,
 per variant, percentiles of the call and of each phase, and what the slowest 2% of calls
 had in them against the median call.
 
@@ -238,6 +239,12 @@ def _run_in(variant: str, lookups: int, untimed: int, stack: contextlib.ExitStac
                         row["cpu of thread"] = (cpu1 - cpu0) / 1e3
                         row["voluntary switches"] = ru1.ru_nvcsw - ru0.ru_nvcsw
                         row["involuntary switches"] = ru1.ru_nivcsw - ru0.ru_nivcsw
+                        # kernel time and page faults: a slow call that ran all along
+                        # (its CPU time = its wall time) was either in the kernel or slow
+                        # in user space (caches, TLB)
+                        row["system cpu"] = (ru1.ru_stime - ru0.ru_stime) * 1e6
+                        row["minor faults"] = ru1.ru_minflt - ru0.ru_minflt
+                        row["major faults"] = ru1.ru_majflt - ru0.ru_majflt
                         row["collections"] = len(_gcs)
                         row["collections gen2"] = sum(g == 2 for g in _gcs)
                         for label, a, b in _marks:

@@ -76,23 +76,27 @@ MIN_SHEDDING_LOOKUPS = 4
 #: request's headers
 DEADLINE_HEADER = "x-hps-deadline-ms"
 
-#: default size of the lookup thread pool when a tier is on the network, on disk or on a
-#: GPU: enough to overlap round trips, few enough that lookups do not fight over the GIL
+#: default size of the lookup thread pool when a tier is on the network or on disk:
+#: enough to overlap round trips, few enough that lookups do not fight over the GIL
 DEFAULT_LOOKUP_THREADS = 2
 
 
 def auto_lookup_threads(server: HierarchicalParameterServer) -> int:
     """0 (lookups on the event loop) when every tier is in process memory, else the pool.
 
-    An in-memory lookup (the hash map tier, no persistent tier, no GPU cache) is a short
-    run of compiled code; handing it to a thread and back costs a good part of what it
-    does (on the loaded 2-core test machine, one client alternating between a server
-    with a pool of 2 and one without: p50 of a 1,024-key dim-64 binary lookup 1.61 →
-    1.39 ms). Redis, RocksDB and the GPU wait on I/O or devices and must not stall it.
+    An in-memory lookup (the hash map tier, no persistent tier) is a short run of compiled
+    code, and with a GPU cache over it a short run of launches and a wait of tens of µs
+    for the device; handing it to a thread and back costs a good part of what it does.
+    On the loaded 2-core test machine, one client alternating between a server with a
+    pool of 2 and one without: p50 of a 1,024-key dim-64 binary lookup 1.61 → 1.39 ms.
+    With a GPU cache over it (H200, 2,000-key dim-64 lookups from 1, 2, 4 and 8 client
+    processes, `hps bench http --gpu`, two runs on the loop against one with a pool of 2
+    on one machine): 8-35% more keys/s on the loop. Redis and RocksDB wait on I/O and
+    must not stall it.
     """
     volatile, persistent = server.tiers.volatile, server.tiers.persistent
     in_memory = volatile is not None and volatile.name == "hash_map" and persistent is None
-    return 0 if in_memory and not server.gpu_enabled else DEFAULT_LOOKUP_THREADS
+    return 0 if in_memory else DEFAULT_LOOKUP_THREADS
 
 
 def is_loopback(host: str) -> bool:

@@ -138,7 +138,8 @@ def bench_http_workers(num_keys: int = 1_000_000, dim: int = 64, batch: int = 25
             with _subprocess_server([*argv, "--port", str(port)], tmp / "server.log", port,
                                     ready, None, 600.0, env, pids) as url:
                 for p in client_processes:
-                    level = _level(url, p, bodies, headers, seconds, warmup, 0.0)
+                    level = _level(url, p, bodies, headers, seconds, warmup, 0.0, "http.client",
+                                   pids[-1])
                     rows.append({"server": name, "clients": p,
                                  "keys_per_s": level["served_per_s"] * batch,
                                  "p50_ms": level["p50_ms"], "p99_ms": level["p99_ms"],

@@ -384,8 +384,12 @@ def bench_http_cmd(
         "the bare uvicorn floor with as many, driven by --client-processes; RSS and PSS "
         "of the workers (docs/workers.md)."),
     client_processes: str = typer.Option(
-        "1,4,16", parser=counts_option, help="With --workers: client processes (one "
-        "connection each); a comma list runs each."),
+        "1,4,16", parser=counts_option, help="With --workers or --gpu: client processes "
+        "(one connection each); a comma list runs each (with --gpu the default is 1,2,4,8)."),
+    gpu: bool = typer.Option(
+        False, "--gpu", help="Instead: `hps serve` with a GPU cache of the whole table "
+        "beside it without one and the bare uvicorn floor, --batch power-law keys a "
+        "request (default 2,000 here), driven by --client-processes (docs/gpu-latency.md)."),
     grpc_one_key: bool = typer.Option(
         False, "--grpc-one-key", help="Instead: 1-key p50 of v2 over gRPC beside HTTP and "
         "both floors, the lightest client of each in a process of its own, the paths "
@@ -410,6 +414,9 @@ def bench_http_cmd(
         return
     if overload:
         _overload(clients if clients != 8 else 64, seconds, rounds, load_client)
+        return
+    if gpu:
+        _http_gpu(keys, dim, batch, client_processes, seconds, lookup_threads, load_client)
         return
     if workers is not None:
         from hps.tools.bench.http_workers import print_workers
@@ -460,6 +467,19 @@ def bench_http_cmd(
 
         plot_http(results, plot)
         console.print(f"plot written to {plot}", highlight=False)
+
+
+def _http_gpu(keys: int, dim: int, batch: Any, processes: Any, seconds: float,
+              lookup_threads: int | None, client: str) -> None:
+    from hps.gpu.table import cuda_available
+    from hps.tools.bench.http_gpu import print_http_gpu
+
+    if not cuda_available():
+        fail(RuntimeError("hps bench http --gpu needs a CUDA device and CuPy"))
+    batch = [2000] if batch == [1024] else batch  # the GPU benches' 2,000 keys, unless given
+    processes = [1, 2, 4, 8] if processes == [1, 4, 16] else processes
+    print_http_gpu(keys, dim, batch[0], processes, seconds, lookup_threads, client,
+                   _print_bench, _say)
 
 
 def _overload(clients: int, seconds: float, rounds: int, client: str) -> None:

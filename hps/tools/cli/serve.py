@@ -31,7 +31,7 @@ def serve(
         DEFAULT_MAX_BODY, help="Largest request body accepted (413 above)."),
     lookup_threads: Optional[int] = typer.Option(
         None, min=0, help="Threads lookups run on; 0: on the event loop. Default: 0 when "
-        "every tier is in memory (hash map, no RocksDB, no GPU), else 2."),
+        "every tier is in memory (hash map, no RocksDB; a GPU cache or not), else 2."),
     access_log: bool = typer.Option(False, "--access-log/--no-access-log",
                                     help="Log every request."),
     allow_root: Optional[list[str]] = typer.Option(

@@ -1,0 +1,227 @@
+"""`hps serve` with a GPU model, driven by client processes, beside its floors.
+
+`bench_http_gpu()` writes one table (`num_keys` keys, width `dim`) and serves it three
+ways, one after the other in the same run:
+
+- `hps serve` with a GPU cache of the whole table on device 0 (dynamic, `gpucacheper`
+  1.0, filled at load: every lookup hits), its lookups on the server's lookup threads
+  (`lookup_threads`, default the server's own choice: 2 with a GPU);
+- `hps serve` of the same table without a GPU cache (the in-process hash map alone);
+- the floor: the bare ASGI app (hps.tools.bench.bare_asgi) on uvicorn, one process as
+  `hps serve` is, answering as many bytes.
+
+Each is driven by P client *processes* for every P of `client_processes` (1, 2, 4, 8):
+one keep-alive connection each, binary v1 lookups of `batch` keys drawn from a power law
+(alpha 1.1, hot keys spread over the table), closed loop, `seconds` each after `warmup`
+(hps.tools.bench.overload's client, `client`: "raw" prepared request bytes, the least
+CPU taken from the server, or "http.client"). One process's threads would measure the
+client's GIL, not the server. Before timing, every body is sent once to each hps server
+and its answer compared with the table's rows (`wrong_rows`).
+
+Per server and P: keys/s, p50 and p99 of the answers, the server's CPU per request; per
+P the GPU server over the floor (keys/s and p99) and over the server without a GPU.
+`hps bench http --gpu` (or `python -m hps.tools.bench.http_gpu`) prints them; it needs
+CUDA and CuPy (without them, `gpu=False` runs the other two: what the CPU tests check).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hps.tools.bench.http import (
+    MODEL,
+    TABLE,
+    _bare_server,
+    _free_port,
+    _subprocess_server,
+    one_table_config,
+)
+from hps.tools.bench.overload import PATH, _level
+
+HEADERS = {"Content-Type": "application/octet-stream"}
+#: what `hps serve` runs (hps.http.serve), without the command line's packages (the GPU
+#: machine has only the server's)
+_SERVE = """
+import sys
+from hps.http.serve import serve
+args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+threads = args.get("--lookup-threads")
+serve(sys.argv[1], port=int(args["--port"]), log_level="warning",
+      lookup_threads=None if threads is None else int(threads),
+      echo=lambda line: print(line, flush=True))
+"""
+GPU, CPU, FLOOR = "hps serve, GPU cache", "hps serve, no GPU cache", "bare uvicorn (floor)"
+
+
+def _power_law_bodies(keys: np.ndarray, batch: int, bodies: int, alpha: float,
+                      rng: np.random.Generator) -> tuple[list[bytes], list[np.ndarray]]:
+    """`bodies` request bodies of `batch` keys each (little-endian int64), ranks drawn with
+    P(rank r) ∝ (r + 1)^-alpha over a random order of the table; and each body's rows
+    (indices into keys)."""
+    order = rng.permutation(keys.size)
+    cdf = np.cumsum(np.arange(1, keys.size + 1, dtype=np.float64) ** -alpha)
+    cdf /= cdf[-1]
+    picks = [order[np.minimum(np.searchsorted(cdf, rng.random(batch)), keys.size - 1)]
+             for _ in range(bodies)]
+    return [keys[p].astype("<i8").tobytes() for p in picks], picks
+
+
+def _wrong_rows(url: str, bodies: list[bytes], picks: list[np.ndarray],
+                vectors: np.ndarray) -> int:
+    """Rows of the answers to every body that differ from the table's (a non-200 answer
+    counts all of its rows)."""
+    host, port = url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    wrong = 0
+    try:
+        for body, pick in zip(bodies, picks, strict=True):
+            conn.request("POST", PATH, body, HEADERS)
+            answer = conn.getresponse()
+            data = answer.read()
+            if answer.status != 200:
+                wrong += pick.size
+                continue
+            rows = np.frombuffer(data, dtype="<f4").reshape(pick.size, -1)
+            wrong += int((rows != vectors[pick]).any(axis=1).sum())
+    finally:
+        conn.close()
+    return wrong
+
+
+def gpu_table_config(dim: int, batch: int) -> dict[str, Any]:
+    """The benches' one-table config with a dynamic GPU cache of the whole table on device
+    0, filled at load."""
+    config = one_table_config(dim, batch)
+    config["models"][0].update(gpucache=True, gpucacheper=1.0, embedding_cache_type="dynamic",
+                               cache_refresh_percentage_per_iteration=1.0)
+    return config
+
+
+def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = 2000,
+                   client_processes: tuple[int, ...] = (1, 2, 4, 8), *,
+                   seconds: float = 3.0, warmup: float = 1.0, alpha: float = 1.1,
+                   lookup_threads: int | None = None, client: str = "raw",
+                   gpu: bool = True, seed: int = 0) -> dict[str, Any]:
+    """The figures of the module's docstring as a dict: `rows` (server, P, keys/s, p50,
+    p99, server CPU per request, failed), `ratios` (per P), `wrong_rows` (per hps
+    server)."""
+    from hps.modelfiles.formats.sparse_folder import write_sparse_model
+    from hps.tools.bench.tiers import make_table
+
+    keys, vectors = make_table(num_keys, dim, seed=seed)
+    bodies, picks = _power_law_bodies(keys, batch, 128, alpha, np.random.default_rng(seed + 1))
+    tmp = Path(tempfile.mkdtemp(prefix="hps-bench-http-gpu-"))
+    rows: list[dict[str, Any]] = []
+    wrong: dict[str, int] = {}
+    try:
+        write_sparse_model(tmp / TABLE, keys, vectors)
+        servers: list[tuple[str, dict[str, Any] | None]] = []
+        if gpu:
+            servers.append((GPU, gpu_table_config(dim, batch)))
+        servers += [(CPU, one_table_config(dim, batch)), (FLOOR, None)]
+        for name, config in servers:
+            port = _free_port()
+            pids: list[int] = []
+            if config is None:
+                server = _bare_server(tmp, port, dim, None, pids)
+            else:
+                (tmp / "ps.json").write_text(json.dumps(config))
+                argv = [sys.executable, "-c", _SERVE, str(tmp / "ps.json"), "--port", str(port)]
+                if lookup_threads is not None:
+                    argv += ["--lookup-threads", str(lookup_threads)]
+                server = _subprocess_server(argv, tmp / "serve.log", port, "/readyz", None,
+                                            600.0, None, pids)
+            with server as url:
+                if config is not None:
+                    wrong[name] = _wrong_rows(url, bodies, picks, vectors)
+                for p in client_processes:
+                    level = _level(url, p, bodies, HEADERS, seconds, warmup, 0.0, client,
+                                   pids[0])
+                    rows.append({"server": name, "clients": p,
+                                 "keys_per_s": level["served_per_s"] * batch,
+                                 "p50_ms": level["p50_ms"], "p99_ms": level["p99_ms"],
+                                 "server_cpu_us": level["server_cpu_us"],
+                                 "failed": level["shed"] + level["expired"] + level["other"]})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def at(name: str, p: int) -> dict[str, Any]:
+        return next(r for r in rows if r["server"] == name and r["clients"] == p)
+
+    ratios = []
+    for p in client_processes:
+        mine = at(GPU if gpu else CPU, p)
+        ratios.append({"clients": p,
+                       "keys_per_s_vs_floor": mine["keys_per_s"]
+                       / max(at(FLOOR, p)["keys_per_s"], 1e-9),
+                       "p99_vs_floor": mine["p99_ms"] / max(at(FLOOR, p)["p99_ms"], 1e-9),
+                       "keys_per_s_vs_cpu": mine["keys_per_s"]
+                       / max(at(CPU, p)["keys_per_s"], 1e-9)})
+    return {"rows": rows, "ratios": ratios, "wrong_rows": wrong, "num_keys": num_keys,
+            "dim": dim, "batch": batch, "alpha": alpha, "seconds": seconds, "gpu": gpu,
+            "lookup_threads": lookup_threads,
+            "client": f"one process per client, {client} keep-alive"}
+
+
+def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[int],
+                   seconds: float, lookup_threads: int | None, client: str,
+                   table: Callable[[list[dict[str, Any]], str], None],
+                   say: Callable[[str], None] = print, gpu: bool = True) -> dict[str, Any]:
+    """Run `bench_http_gpu` and print its figures through `table(rows, title)` and
+    `say(line)`; returns them."""
+    say(f"table of {num_keys:,} keys, width {dim}; {batch:,} power-law keys per request; "
+        f"client processes {', '.join(map(str, client_processes))}; {seconds:g} s each …")
+    result = bench_http_gpu(num_keys, dim, batch, tuple(client_processes), seconds=seconds,
+                            lookup_threads=lookup_threads, client=client, gpu=gpu)
+    for p in client_processes:
+        table([{"name": r["server"], "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
+                "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"],
+                "failed": r["failed"]}
+               for r in result["rows"] if r["clients"] == p],
+              f"{p} client processes, {batch:,} keys per request")
+    served = GPU if gpu else CPU
+    for r in result["ratios"]:
+        say(f"{r['clients']} client processes: {served} / floor: keys/s "
+            f"{r['keys_per_s_vs_floor']:.2f}×, p99 {r['p99_vs_floor']:.2f}×; keys/s over "
+            f"no GPU cache {r['keys_per_s_vs_cpu']:.2f}×")
+    say("wrong rows: " + ", ".join(f"{k} {v}" for k, v in result["wrong_rows"].items()))
+    say(f"client: {result['client']}; model {MODEL}, table {TABLE}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=2000)
+    parser.add_argument("--client-processes", default="1,2,4,8")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--lookup-threads", type=int, default=None)
+    parser.add_argument("--client", default="raw", choices=("raw", "http.client"))
+    args = parser.parse_args(argv)
+
+    def table(rows: list[dict[str, Any]], title: str) -> None:
+        print(f"\n{title}")
+        for row in rows:
+            print("  " + "; ".join(f"{k} {v:,.2f}" if isinstance(v, float) else f"{k} {v}"
+                                   for k, v in row.items()))
+
+    result = print_http_gpu(args.keys, args.dim, args.batch,
+                            [int(c) for c in args.client_processes.split(",")],
+                            args.seconds, args.lookup_threads, args.client, table)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

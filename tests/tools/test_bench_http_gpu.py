@@ -1,0 +1,115 @@
+"""`hps bench http --gpu` and `--workers`: `hps serve` driven by client processes beside
+the bare uvicorn floor, every answer checked against the table before timing. On a
+machine without CUDA the GPU server is left out (`gpu=False`); the device machine runs
+the whole bench."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.modelfiles.formats.sparse_folder import write_sparse_model
+from hps.tools.bench.http import TABLE, _free_port, _http_server, one_table_config
+from hps.tools.bench.http_gpu import (
+    CPU,
+    FLOOR,
+    GPU,
+    _power_law_bodies,
+    _wrong_rows,
+    bench_http_gpu,
+    gpu_table_config,
+)
+from hps.tools.bench.http_workers import bench_http_workers
+from hps.tools.bench.tiers import make_table
+
+
+def test_each_server_at_each_client_count_beside_the_floor() -> None:
+    result = bench_http_gpu(num_keys=3000, dim=8, batch=64, client_processes=(1, 2),
+                            seconds=0.4, warmup=0.1, gpu=False)
+    assert [(r["server"], r["clients"]) for r in result["rows"]] == [
+        (CPU, 1), (CPU, 2), (FLOOR, 1), (FLOOR, 2)]
+    for row in result["rows"]:
+        assert row["keys_per_s"] > 0 and row["failed"] == 0
+        assert row["p99_ms"] >= row["p50_ms"] > 0
+    assert result["wrong_rows"] == {CPU: 0}
+    for ratio, p in zip(result["ratios"], (1, 2), strict=True):
+        mine = next(r for r in result["rows"] if r["server"] == CPU and r["clients"] == p)
+        floor = next(r for r in result["rows"] if r["server"] == FLOOR and r["clients"] == p)
+        assert ratio["clients"] == p
+        assert ratio["keys_per_s_vs_floor"] == mine["keys_per_s"] / floor["keys_per_s"]
+    assert result["client"] == "one process per client, raw keep-alive"
+
+
+def test_the_answer_check_counts_every_row_that_differs() -> None:
+    """Against a real `hps serve`: the table's own rows give 0; a table with one row
+    changed gives the number of times the bodies ask for that row."""
+    keys, vectors = make_table(2000, 4, seed=3)
+    bodies, picks = _power_law_bodies(keys, 32, 8, 1.1, np.random.default_rng(4))
+    assert all(np.frombuffer(b, dtype="<i8").tolist() == keys[p].tolist()
+               for b, p in zip(bodies, picks, strict=True))
+    tmp = Path(tempfile.mkdtemp(prefix="hps-test-http-gpu-"))
+    try:
+        write_sparse_model(tmp / TABLE, keys, vectors)
+        (tmp / "ps.json").write_text(json.dumps(one_table_config(4, 32)))
+        with _http_server(tmp / "ps.json", _free_port(), None, None) as url:
+            assert _wrong_rows(url, bodies, picks, vectors) == 0
+            changed = vectors.copy()
+            hot = int(picks[0][0])
+            changed[hot] += 1.0
+            asked = sum(int((p == hot).sum()) for p in picks)
+            assert _wrong_rows(url, bodies, picks, changed) == asked >= 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_workers_bench_runs_each_server_at_each_client_count() -> None:
+    result = bench_http_workers(num_keys=2000, dim=8, batch=16, workers=2,
+                                client_processes=(1, 2), seconds=0.4, warmup=0.1)
+    assert [(r["server"], r["clients"]) for r in result["rows"]] == [
+        (s, p) for s in ("hps serve, 1 worker", "hps serve, 2 workers",
+                         "bare uvicorn, 2 workers (floor)") for p in (1, 2)]
+    for row in result["rows"]:
+        assert row["keys_per_s"] > 0 and row["failed"] == 0
+    assert [r["clients"] for r in result["ratios"]] == [1, 2]
+
+
+@pytest.mark.gpu
+def test_hps_serve_with_a_gpu_cache_answers_exactly_from_client_processes() -> None:
+    """On the GPU machine: `hps serve` with a GPU cache of the table, its lookups on the
+    event loop (the default over in-memory tiers), every answer exact, every client
+    count served."""
+    result = bench_http_gpu(num_keys=20_000, dim=16, batch=500, client_processes=(1, 4),
+                            seconds=0.4, warmup=0.1)
+    assert result["wrong_rows"] == {GPU: 0, CPU: 0}
+    served = [(r["server"], r["clients"]) for r in result["rows"] if r["keys_per_s"] > 0]
+    assert served == [(s, p) for s in (GPU, CPU, FLOOR) for p in (1, 4)]
+    assert all(r["failed"] == 0 for r in result["rows"])
+
+
+@pytest.mark.gpu
+def test_lookups_over_a_gpu_cache_and_the_hash_map_run_on_the_event_loop(
+        tmp_path: Path) -> None:
+    from hps.http.state import DEFAULT_LOOKUP_THREADS, auto_lookup_threads
+    from hps.server import HierarchicalParameterServer
+
+    keys, vectors = make_table(1000, 8)
+    write_sparse_model(tmp_path / TABLE, keys, vectors)
+    config = gpu_table_config(8, 64)
+    config["models"][0]["sparse_files"] = [str(tmp_path / TABLE)]
+    server = HierarchicalParameterServer(config)
+    try:
+        assert server.gpu_enabled
+        assert auto_lookup_threads(server) == 0
+    finally:
+        server.close()
+    config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+    server = HierarchicalParameterServer(config)
+    try:
+        assert auto_lookup_threads(server) == DEFAULT_LOOKUP_THREADS  # on disk: a pool
+    finally:
+        server.close()
