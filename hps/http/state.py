@@ -89,10 +89,10 @@ def auto_lookup_threads(server: HierarchicalParameterServer) -> int:
     for the device; handing it to a thread and back costs a good part of what it does.
     On the loaded 2-core test machine, one client alternating between a server with a
     pool of 2 and one without: p50 of a 1,024-key dim-64 binary lookup 1.61 → 1.39 ms.
-    With a GPU cache over it (H200, 2,000-key dim-64 lookups from 1, 2, 4 and 8 client
-    processes, `hps bench http --gpu`, two runs on the loop against one with a pool of 2
-    on one machine): 8-35% more keys/s on the loop. Redis and RocksDB wait on I/O and
-    must not stall it.
+    With a GPU cache over it (2,000-key dim-64 lookups from 1, 2, 4 and 8 client
+    processes, `hps bench http --gpu`, on the loop against a pool of 2 on one machine):
+    1-17% more keys/s on an H100, 8-35% on an H200 (docs/gpu-latency.md). Redis and
+    RocksDB wait on I/O and must not stall it.
     """
     volatile, persistent = server.tiers.volatile, server.tiers.persistent
     in_memory = volatile is not None and volatile.name == "hash_map" and persistent is None
