@@ -14,8 +14,11 @@ Workloads (`hit_rate_threshold` 1.0: every miss is fetched before the call retur
   warmed by a first pass of draws;
 - "all hits, uniform": uniform draws over the whole cached table.
 
-Rows: keys/s of all threads together and the p99 of one call, hps beside the floor at the
-same N, with the ratio. After the timing, every output of every thread is compared with the
+Each call is made inside `with torch.cuda.stream(stream)`; with `stream_per_thread`
+(`--stream-per-thread`) each thread instead makes its stream current once, as a model
+server's worker thread does (torch's current stream is per thread), for hps and floor
+alike. Rows: keys/s of all threads together and the p99 of one call, hps beside the floor
+at the same N, with the ratio. After the timing, every output of every thread is compared with the
 model's rows. `--switch-interval` sets `sys.setswitchinterval` for the run: a diagnostic
 of how much of the loss is the GIL's hand-off between threads (CPython's default is 5 ms).
 """
@@ -51,14 +54,18 @@ def _draws(rng: np.random.Generator, table_keys: int, n: int, count: int, alpha:
             for _ in range(count)]
 
 
-def _drive(threads: int, seconds: float, call: Any) -> tuple[float, float]:
+def _drive(threads: int, seconds: float, call: Any,
+           setup: Any = None) -> tuple[float, float]:
     """keys/s of `threads` threads running call(thread, i) for `seconds` (each call a
-    complete lookup of n keys, returning n), and the p99 of one call in µs."""
+    complete lookup of n keys, returning n), and the p99 of one call in µs; `setup(t)`,
+    when given, runs first on thread t."""
     lat: list[list[float]] = [[] for _ in range(threads)]
     done = [0] * threads
     barrier = threading.Barrier(threads + 1)
 
     def run(t: int) -> None:
+        if setup is not None:
+            setup(t)
         barrier.wait()
         stop = time.perf_counter() + seconds
         i = 0
@@ -88,7 +95,8 @@ def _drive(threads: int, seconds: float, call: Any) -> tuple[float, float]:
 def bench_threads(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
                   alpha: float = 1.1, seconds: float = 2.0, device_id: int = 0,
                   switch_interval: float | None = None, seed: int = 0,
-                  workloads: tuple[str, ...] = WORKLOADS) -> list[dict[str, Any]]:
+                  workloads: tuple[str, ...] = WORKLOADS,
+                  stream_per_thread: bool = False) -> list[dict[str, Any]]:
     """The rows of the threads profile (see the module docstring)."""
     import torch
 
@@ -113,7 +121,8 @@ def bench_threads(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
             for workload in workloads:
                 result += _workload(workload, folder, keys, rows, dense, device_keys,
                                     streams, outs, rng, n, dim, table_keys, alpha, seconds,
-                                    device_id, switch_interval or previous)
+                                    device_id, switch_interval or previous,
+                                    stream_per_thread)
     finally:
         sys.setswitchinterval(previous)
     return result
@@ -122,7 +131,8 @@ def bench_threads(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
 def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, dense: Any,
               device_keys: Any, streams: list[Any], outs: list[Any],
               rng: np.random.Generator, n: int, dim: int, table_keys: int, alpha: float,
-              seconds: float, device_id: int, interval: float) -> list[dict[str, Any]]:
+              seconds: float, device_id: int, interval: float,
+              stream_per_thread: bool = False) -> list[dict[str, Any]]:
     import torch
 
     cached = 0.25 if "25%" in workload else 1.0
@@ -150,15 +160,35 @@ def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, d
             stream.synchronize()
             return n
 
+        # the thread's stream made current once, as a model server's worker thread does
+        # (torch's current stream is per thread), instead of around every call
+        def lookup_on_current(t: int, i: int) -> int:
+            hps.lookup_fromdlpack(key_batches[t][i % batches], outs[t], MODEL, 0)
+            streams[t].synchronize()
+            return n
+
+        def floor_on_current(t: int, i: int) -> int:
+            torch.index_select(dense, 0, positions[t][i % batches], out=outs[t])
+            streams[t].synchronize()
+            return n
+
+        def set_stream(t: int) -> None:
+            torch.cuda.set_stream(streams[t])
+
+        setup = set_stream if stream_per_thread else None
+        timed_lookup = lookup_on_current if stream_per_thread else lookup
+        timed_floor = floor_on_current if stream_per_thread else floor
+
         for t in range(max(THREAD_COUNTS)):  # warm-up: workspaces, launches, the cache
             for i in range(batches * (4 if cached < 1 else 1)):
                 lookup(t, i)
         for threads in THREAD_COUNTS:
-            floor_rate, floor_p99 = _drive(threads, seconds, floor)
-            rate, p99 = _drive(threads, seconds, lookup)
+            floor_rate, floor_p99 = _drive(threads, seconds, timed_floor, setup)
+            rate, p99 = _drive(threads, seconds, timed_lookup, setup)
+            how = ", stream set once per thread" if stream_per_thread else ""
             rows_out.append({
                 "bench": "threads", "dim": dim, "batch": n,
-                "mode": f"{workload}, {threads} thread{'s' if threads > 1 else ''}",
+                "mode": f"{workload}, {threads} thread{'s' if threads > 1 else ''}{how}",
                 "mkeys_s": rate / 1e6, "p99_us": p99, "floor_mkeys_s": floor_rate / 1e6,
                 "floor_p99_us": floor_p99, "vs_floor": rate / floor_rate,
                 "switch_interval_us": interval * 1e6})
@@ -197,10 +227,22 @@ def main() -> None:
     parser.add_argument("--switch-interval", type=float, default=None,
                         help="sys.setswitchinterval for the run, seconds (a diagnostic)")
     parser.add_argument("--workload", action="append", choices=WORKLOADS)
+    parser.add_argument("--spin-released", action="store_true",
+                        help="the query's wait for its miss count releases the GIL at "
+                             "every size (a diagnostic of hps/gpu/device_table.py's "
+                             "_HELD_SPIN_KEYS)")
+    parser.add_argument("--stream-per-thread", action="store_true",
+                        help="each thread makes its stream current once (torch.cuda."
+                             "set_stream), instead of `with torch.cuda.stream` per call")
     args = parser.parse_args()
+    if args.spin_released:
+        from hps.gpu import device_table
+
+        device_table._HELD_SPIN_KEYS = 0
     rows = bench_threads(seconds=args.seconds, table_keys=args.table_keys,
                          switch_interval=args.switch_interval,
-                         workloads=tuple(args.workload or WORKLOADS))
+                         workloads=tuple(args.workload or WORKLOADS),
+                         stream_per_thread=args.stream_per_thread)
     print(format_threads(rows), flush=True)
 
 
