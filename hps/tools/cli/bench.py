@@ -302,6 +302,9 @@ def bench_gpu_cmd(
         "2,000 keys. Repeatable."),
     updates: int = typer.Option(0, parser=count_option, help="hugectr profile: rows a second "
                                 "of an update stream (Redis Streams) applied meanwhile."),
+    stream_per_thread: bool = typer.Option(
+        False, "--stream-per-thread", help="threads profile: each thread sets its stream "
+        "once, as a model server's worker does, instead of switching it around every call."),
 ) -> None:
     """GPU cache benchmarks, each beside its baseline measured in the same run."""
     from hps.gpu.table import cuda_available
@@ -319,8 +322,10 @@ def bench_gpu_cmd(
             rows += bench_gpu(tuple(int(d) for d in dims.split(",")), slots, batch, False,
                               device, repeats)
         else:
-            rows += bench_profile(name, device,
-                                  **({"updates": updates} if name == "hugectr" else {}))
+            options: dict[str, dict[str, Any]] = {
+                "hugectr": {"updates": updates},
+                "threads": {"stream_per_thread": stream_per_thread}}
+            rows += bench_profile(name, device, **options.get(name, {}))
     console.print(format_rows(rows), markup=False, highlight=False)
     summary = targets(rows)
     if summary:
