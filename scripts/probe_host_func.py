@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hps.gpu.kernels import Launch  # noqa: E402
 from hps.runtime.raw_memory import wait_while_held  # noqa: E402
+from hps.tools.bench.gpu_threads import _drive  # noqa: E402
 
 _SOURCE = r"""
 extern "C" __global__ void mark(int* word, int value) {
@@ -63,36 +62,21 @@ def _host_fn() -> Any:
     return copy_word
 
 
-def _drive(threads: int, seconds: float, make_call: Any) -> tuple[float, float]:
-    lat: list[list[float]] = [[] for _ in range(threads)]
-    barrier = threading.Barrier(threads + 1)
+def _timed(threads: int, seconds: float, make_call: Any) -> tuple[float, float]:
+    """calls/s and p99 (µs) of `threads` threads, each looping a call `make_call()` made on
+    it and warmed up there (the threads profile's driver, one "key" a call)."""
+    calls: list[Any] = [None] * threads
 
-    def run(t: int) -> None:
-        call = make_call()
+    def setup(t: int) -> None:
+        call = calls[t] = make_call()
         for _ in range(200):  # warm-up: launches, the context on this thread
             call()
-        barrier.wait()
-        clock = time.perf_counter
-        stop = clock() + seconds
-        record = lat[t].append
-        while True:
-            start = clock()
-            call()
-            end = clock()
-            record(end - start)
-            if end >= stop:
-                break
 
-    workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
-    for w in workers:
-        w.start()
-    barrier.wait()
-    begin = time.perf_counter()
-    for w in workers:
-        w.join()
-    elapsed = time.perf_counter() - begin
-    samples = np.concatenate([np.asarray(x) for x in lat])
-    return samples.size / elapsed, float(np.percentile(samples, 99)) * 1e6
+    def one(t: int, i: int) -> int:
+        calls[t]()
+        return 1
+
+    return _drive(threads, seconds, one, setup)
 
 
 def main() -> None:
@@ -153,7 +137,7 @@ def main() -> None:
     print(f"{'variant':10s} {'threads':>7s} {'calls/s':>10s} {'p99 us':>8s}")
     for threads in (1, 2, 4, 8):
         for variant in ("sync", "spin", "host_func"):
-            rate, p99 = _drive(threads, args.seconds, make(variant))
+            rate, p99 = _timed(threads, args.seconds, make(variant))
             print(f"{variant:10s} {threads:7d} {rate:10.0f} {p99:8.1f}", flush=True)
 
 

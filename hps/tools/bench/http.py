@@ -75,6 +75,34 @@ def one_table_config(dim: int, batch: int, **volatile_db: Any) -> dict[str, Any]
     }
 
 
+#: `hps serve` as the benches start it (hps.http.serve), without the command line's
+#: packages (typer, rich: the GPU machine carries only the server's); options after the
+#: config as pairs: --port (required), --workers, --lookup-threads
+_SERVE = """
+import sys
+from hps.http.serve import serve
+args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+threads = args.get("--lookup-threads")
+serve(sys.argv[1], port=int(args["--port"]), workers=args.get("--workers", "1"),
+      lookup_threads=None if threads is None else int(threads), log_level="warning",
+      echo=lambda line: print(line, flush=True))
+"""
+
+
+def serve_argv(config: Path, *options: str) -> list[str]:
+    """The command that serves `config` as `hps serve` does, with `options` (pairs, see
+    _SERVE); add "--port", N."""
+    return [sys.executable, "-c", _SERVE, str(config), *options]
+
+
+def print_rows(rows: list[dict[str, Any]], title: str) -> None:
+    """The plain-text table of a bench module's `main`: the title, then one line a row."""
+    print(f"\n{title}")
+    for row in rows:
+        print("  " + "; ".join(f"{k} {v:,.2f}" if isinstance(v, float) else f"{k} {v}"
+                               for k, v in row.items()))
+
+
 def _free_port() -> int:
     from hps.tools.bench.redis_servers import free_port
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from hps.tools.bench.gpu_threads import _draws
 from hps.tools.bench.http import (
     MODEL,
     TABLE,
@@ -44,34 +44,24 @@ from hps.tools.bench.http import (
     _free_port,
     _subprocess_server,
     one_table_config,
+    print_rows,
+    serve_argv,
 )
 from hps.tools.bench.overload import PATH, _level
 
 HEADERS = {"Content-Type": "application/octet-stream"}
-#: what `hps serve` runs (hps.http.serve), without the command line's packages (the GPU
-#: machine has only the server's)
-_SERVE = """
-import sys
-from hps.http.serve import serve
-args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
-threads = args.get("--lookup-threads")
-serve(sys.argv[1], port=int(args["--port"]), log_level="warning",
-      lookup_threads=None if threads is None else int(threads),
-      echo=lambda line: print(line, flush=True))
-"""
 GPU, CPU, FLOOR = "hps serve, GPU cache", "hps serve, no GPU cache", "bare uvicorn (floor)"
+#: keys a request and client processes, unless asked otherwise (the GPU benches' batch,
+#: the thread counts of the threads profile)
+BATCH, CLIENT_PROCESSES = 2000, (1, 2, 4, 8)
 
 
 def _power_law_bodies(keys: np.ndarray, batch: int, bodies: int, alpha: float,
                       rng: np.random.Generator) -> tuple[list[bytes], list[np.ndarray]]:
-    """`bodies` request bodies of `batch` keys each (little-endian int64), ranks drawn with
-    P(rank r) ∝ (r + 1)^-alpha over a random order of the table; and each body's rows
-    (indices into keys)."""
-    order = rng.permutation(keys.size)
-    cdf = np.cumsum(np.arange(1, keys.size + 1, dtype=np.float64) ** -alpha)
-    cdf /= cdf[-1]
-    picks = [order[np.minimum(np.searchsorted(cdf, rng.random(batch)), keys.size - 1)]
-             for _ in range(bodies)]
+    """`bodies` request bodies of `batch` keys each (little-endian int64), drawn as the
+    threads profile draws its power-law batches (over a random order of the table); and
+    each body's rows (indices into keys)."""
+    picks = _draws(rng, keys.size, batch, bodies, alpha, uniform=False)
     return [keys[p].astype("<i8").tobytes() for p in picks], picks
 
 
@@ -106,8 +96,8 @@ def gpu_table_config(dim: int, batch: int) -> dict[str, Any]:
     return config
 
 
-def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = 2000,
-                   client_processes: tuple[int, ...] = (1, 2, 4, 8), *,
+def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
+                   client_processes: tuple[int, ...] = CLIENT_PROCESSES, *,
                    seconds: float = 3.0, warmup: float = 1.0, alpha: float = 1.1,
                    lookup_threads: int | None = None, client: str = "raw",
                    gpu: bool = True, seed: int = 0) -> dict[str, Any]:
@@ -135,11 +125,11 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = 2000,
                 server = _bare_server(tmp, port, dim, None, pids)
             else:
                 (tmp / "ps.json").write_text(json.dumps(config))
-                argv = [sys.executable, "-c", _SERVE, str(tmp / "ps.json"), "--port", str(port)]
-                if lookup_threads is not None:
-                    argv += ["--lookup-threads", str(lookup_threads)]
-                server = _subprocess_server(argv, tmp / "serve.log", port, "/readyz", None,
-                                            600.0, None, pids)
+                threads = [] if lookup_threads is None else ["--lookup-threads",
+                                                              str(lookup_threads)]
+                server = _subprocess_server(
+                    serve_argv(tmp / "ps.json", "--port", str(port), *threads),
+                    tmp / "serve.log", port, "/readyz", None, 600.0, None, pids)
             with server as url:
                 if config is not None:
                     wrong[name] = _wrong_rows(url, bodies, picks, vectors)
@@ -204,22 +194,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=2000)
-    parser.add_argument("--client-processes", default="1,2,4,8")
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--client-processes", default=",".join(map(str, CLIENT_PROCESSES)))
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--lookup-threads", type=int, default=None)
     parser.add_argument("--client", default="raw", choices=("raw", "http.client"))
     args = parser.parse_args(argv)
 
-    def table(rows: list[dict[str, Any]], title: str) -> None:
-        print(f"\n{title}")
-        for row in rows:
-            print("  " + "; ".join(f"{k} {v:,.2f}" if isinstance(v, float) else f"{k} {v}"
-                                   for k, v in row.items()))
-
     result = print_http_gpu(args.keys, args.dim, args.batch,
                             [int(c) for c in args.client_processes.split(",")],
-                            args.seconds, args.lookup_threads, args.client, table)
+                            args.seconds, args.lookup_threads, args.client, print_rows)
     print(json.dumps(result))
 
 

@@ -36,16 +36,10 @@ from hps.tools.bench.http import (
     _free_port,
     _subprocess_server,
     one_table_config,
+    print_rows,
+    serve_argv,
 )
 from hps.tools.bench.overload import _level
-
-_SERVE = """
-import sys
-from hps.http.serve import serve
-args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
-serve(sys.argv[1], port=int(args["--port"]), workers=args.get("--workers", "1"),
-      log_level="warning", echo=lambda line: print(line, flush=True))
-"""
 
 
 def smaps(pid: int) -> dict[str, int]:
@@ -121,8 +115,7 @@ def bench_http_workers(num_keys: int = 1_000_000, dim: int = 64, batch: int = 25
         write_sparse_model(tmp / TABLE, keys, vectors)
         config = one_table_config(dim, batch)
         (tmp / "ps.json").write_text(json.dumps(config))
-        # what `hps serve` runs (hps.http.serve), without the command line's packages
-        serve = [sys.executable, "-c", _SERVE, str(tmp / "ps.json")]
+        serve = serve_argv(tmp / "ps.json")
         floor = [sys.executable, "-m", "uvicorn", "hps.tools.bench.bare_asgi:app",
                  "--log-level", "warning", "--no-access-log", "--workers", str(workers)]
         servers = [("hps serve, 1 worker", serve, "/readyz")] if one_worker else []
@@ -206,14 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     clients = [int(c) for c in args.client_processes.split(",")]
 
-    def table(rows: list[dict[str, Any]], title: str) -> None:
-        print(f"\n{title}")
-        for row in rows:
-            print("  " + "; ".join(f"{k} {v:,.2f}" if isinstance(v, float) else f"{k} {v}"
-                                   for k, v in row.items()))
-
     result = print_workers(args.keys, args.dim, [args.batch], args.workers, clients,
-                           args.seconds, table)
+                           args.seconds, print_rows)
     print(json.dumps(result))
 
 

@@ -477,12 +477,13 @@ def bench_http_cmd(
 def _http_gpu(keys: int, dim: int, batch: Any, processes: Any, seconds: float,
               lookup_threads: int | None, client: str) -> None:
     from hps.gpu.table import cuda_available
-    from hps.tools.bench.http_gpu import print_http_gpu
+    from hps.tools.bench.http_gpu import BATCH, CLIENT_PROCESSES, print_http_gpu
 
     if not cuda_available():
         fail(RuntimeError("hps bench http --gpu needs a CUDA device and CuPy"))
-    batch = [2000] if batch == [1024] else batch  # the GPU benches' 2,000 keys, unless given
-    processes = [1, 2, 4, 8] if processes == [1, 4, 16] else processes
+    # the options' defaults are the other modes'; this one's own, unless given
+    batch = [BATCH] if batch == [1024] else batch
+    processes = list(CLIENT_PROCESSES) if processes == [1, 4, 16] else processes
     print_http_gpu(keys, dim, batch[0], processes, seconds, lookup_threads, client,
                    _print_bench, _say)
 
