@@ -60,18 +60,50 @@ __device__ __forceinline__ void uvm_count(u32* hit) {
 // counter that every warp of the batch contends for (the query took 402-418 µs with the
 // list, 383-389 without, in the measurement below).
 
+// How a query reads host rows: at once, and listed for a promotion after the query (NOTED:
+// slot and position appended to order_slot / order_pos, counted in listed[2]; a few
+// atomics for the few host rows of a small batch); or deferred to uvm_gather (GROUPED:
+// slot noted in by_pos).
+#define UVM_GROUPED 1
+#define UVM_NOTED 2
+
+// The last block of a noted query: listed[0] = the host rows read, listed[1] = 0 (as
+// uvm_region_scan leaves them for uvm_promote_read_rows), host_count[1] = the same count
+// for the host, and then hps_finish_query's miss count in host_count[0], so a host that
+// sees the miss count also sees the rows read.
+__device__ __forceinline__ void uvm_finish_noted(int* ctl, int* host_count, u32* listed) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        const u32 done = atomicAdd(reinterpret_cast<u32*>(ctl + 1), 1u);
+        if (done == gridDim.x - 1) {
+            __threadfence_system();
+            const u32 read = atomicExch(listed + 2, 0u);
+            listed[0] = read;
+            listed[1] = 0;
+            reinterpret_cast<volatile int*>(host_count)[1] = (int)read;
+            const int count = atomicExch(ctl, 0);
+            ctl[1] = 0;
+            __threadfence_system();
+            *reinterpret_cast<volatile int*>(host_count) = count;
+        }
+    }
+}
+
 // static_query's contract (hits copied to out[pos], misses filled with default_value and
 // appended to the miss lists), each row read from GPU memory when it has a copy there,
-// else from the mapped host memory: at once, or (GROUPED) noted in by_pos for uvm_gather,
-// which then publishes the miss count instead. Every access counted in hits.
-template <bool GROUPED>
+// else from the mapped host memory as MODE says (above); a GROUPED query leaves the miss
+// count to uvm_gather. Every access counted in hits.
+template <int MODE>
 __device__ __forceinline__ void uvm_query_rows(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
     const hps_row_t* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
     hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
     const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits,
-    u32* __restrict__ by_pos, u32* region_count, const int region_shift) {
+    u32* __restrict__ by_pos, u32* region_count, const int region_shift,
+    u32* __restrict__ order_pos) {
+    constexpr bool GROUPED = MODE == UVM_GROUPED;
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
@@ -88,16 +120,19 @@ __device__ __forceinline__ void uvm_query_rows(
         static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
                           pos, key, slot);
         const hps_row_t* row[UNROLL];
-        bool deferred[UNROLL];
+        bool deferred[UNROLL], from_host[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             row[u] = nullptr;
-            deferred[u] = false;
+            deferred[u] = from_host[u] = false;
             if (slot[u] >= 0) {
                 const u32 at = gpu_row[LINK(slot[u])];
                 if (at != NO_ROW) row[u] = gpu_vecs + (u64)at * ROW_STRIDE;
                 else if (GROUPED) deferred[u] = true;
-                else row[u] = host_vecs + slot[u] * ROW_STRIDE;
+                else {
+                    row[u] = host_vecs + slot[u] * ROW_STRIDE;
+                    from_host[u] = true;
+                }
                 if (gl == 0) uvm_count(hits + LINK(slot[u]));
             }
         }
@@ -119,20 +154,29 @@ __device__ __forceinline__ void uvm_query_rows(
                 by_pos[pos[u]] = deferred[u] ? (u32)slot[u] : NO_ROW;
                 if (deferred[u]) atomicAdd(region_count + ((u32)slot[u] >> region_shift), 1u);
             }
+            if (MODE == UVM_NOTED && gl == 0 && valid && from_host[u]) {
+                const u32 at = atomicAdd(region_count + 2, 1u);  // region_count: listed
+                by_pos[at] = (u32)slot[u];  // by_pos: order_slot
+                order_pos[at] = (u32)pos[u];
+            }
         }
     }
-    if (!GROUPED) hps_finish_query(ctl, host_count);
+    if (MODE == UVM_NOTED) uvm_finish_noted(ctl, host_count, region_count);
 }
 
-extern "C" __global__ void uvm_query(
+// The query of batches below grouped_reads_from: host rows read at once and listed
+// (order_slot, order_pos; counted in listed[2], 0 before) for uvm_promote_read_rows after
+// it; their count reaches host_count[1] with the miss count.
+extern "C" __global__ void uvm_query_noted(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
     const hps_row_t* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
     hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
-    const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits) {
-    uvm_query_rows<false>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4, ctl,
-                          host_count, miss_pos, miss_keys, default_value, gpu_row, gpu_vecs, hits,
-                          nullptr, nullptr, 0);
+    const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits,
+    u32* listed, u32* __restrict__ order_slot, u32* __restrict__ order_pos) {
+    uvm_query_rows<UVM_NOTED>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4,
+                              ctl, host_count, miss_pos, miss_keys, default_value, gpu_row,
+                              gpu_vecs, hits, order_slot, listed, 0, order_pos);
 }
 
 // Step 1 of a grouped query (see above): by_pos [n], region_count all 0.
@@ -143,9 +187,9 @@ extern "C" __global__ void uvm_query_grouped(
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
     const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits,
     u32* __restrict__ by_pos, u32* region_count, const int region_shift) {
-    uvm_query_rows<true>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4, ctl,
-                         host_count, miss_pos, miss_keys, default_value, gpu_row, gpu_vecs, hits,
-                         by_pos, region_count, region_shift);
+    uvm_query_rows<UVM_GROUPED>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4,
+                                ctl, host_count, miss_pos, miss_keys, default_value, gpu_row,
+                                gpu_vecs, hits, by_pos, region_count, region_shift, nullptr);
 }
 
 // Step 2, one block of 1024 threads: region_start[b] = the deferred rows of regions before
@@ -337,13 +381,24 @@ extern "C" __global__ void uvm_publish(const long long* __restrict__ slots,
 // No query or write runs beside this kernel (hps/gpu/uvm_table.py orders them after it),
 // so none sees CLAIMED or a half-copied row, and the host row it copies is current.
 // clock: [0] the hand, [1] the rows promoted so far.
+//
+// The copy's source: where the output holds the stored row bit for bit (float32 rows
+// written as float32) and from_out is set, the row uvm_gather just wrote to out[order_pos]
+// in GPU memory; else the host row again, a second random read over the bus per promoted
+// row (a 1M-key batch may promote 31K rows, 8 MB read at the sparse rate).
 #define CLAIMED 0xfffffffeu
+#if STORAGE == HPS_F32 && OUT_TYPE == HPS_F32
+#define HPS_PROMOTE_FROM_OUT 1
+#else
+#define HPS_PROMOTE_FROM_OUT 0
+#endif
 
 extern "C" __global__ void uvm_promote_read_rows(
     u32* listed, const long long n, const u32* __restrict__ order_slot, const u32 budget,
     const u32 min_hits, const hps_row_t* __restrict__ host_vecs, u32* gpu_row, u32* hits,
     hps_row_t* __restrict__ gpu_vecs, u32* __restrict__ owner, const u32 gpu_rows,
-    unsigned long long* __restrict__ clock) {
+    unsigned long long* __restrict__ clock, const u32* __restrict__ order_pos,
+    const hps_out_t* __restrict__ out, const int from_out) {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -382,8 +437,24 @@ extern "C" __global__ void uvm_promote_read_rows(
         const u32 victim = __shfl_sync(full, held_by, at);
         if ((unsigned long long)h + 1ull > (best >> 5)) {  // more hits than the victim's key
             if (lane == 0 && victim != NO_ROW) gpu_row[LINK(victim)] = NO_ROW;
-            for (int c = lane; c < ROW_STRIDE; c += 32)
-                gpu_vecs[(u64)target * ROW_STRIDE + c] = host_vecs[(u64)slot * ROW_STRIDE + c];
+            hps_row_t* dst = gpu_vecs + (u64)target * ROW_STRIDE;
+#if HPS_PROMOTE_FROM_OUT
+            if (from_out) {
+                const float* src = out + (u64)order_pos[i] * DIM;
+                for (int c = lane; c < ROW_STRIDE; c += 32) {
+                    float4 v;  // zero past DIM, as stored rows are padded
+                    v.x = src[4 * c];
+                    v.y = 4 * c + 1 < DIM ? src[4 * c + 1] : 0.f;
+                    v.z = 4 * c + 2 < DIM ? src[4 * c + 2] : 0.f;
+                    v.w = 4 * c + 3 < DIM ? src[4 * c + 3] : 0.f;
+                    dst[c] = v;
+                }
+            } else
+#endif
+            {
+                for (int c = lane; c < ROW_STRIDE; c += 32)
+                    dst[c] = host_vecs[(u64)slot * ROW_STRIDE + c];
+            }
             if (lane == 0) {
                 owner[target] = slot;
                 gpu_row[LINK(slot)] = target;

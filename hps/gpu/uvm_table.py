@@ -20,7 +20,9 @@ Placement: the first `gpu_rows` keys built get the GPU rows (file order, HugeCTR
 order); `seed_hits(keys, counts)` lets known access counts decide the first pass instead.
 Every access counts in the key's `hits` (up to HITS_CAP). A promotion pass (the background
 task, every `promotion_interval` seconds while lookups come, on the table's stream; while
-lookups promote rows themselves (below), the task only halves the counts):
+lookups promote rows themselves (below), the task only halves the counts; after a pass
+that moved nothing the next full pass waits 2, 4, ... up to 2**idle_backoff ticks, since
+its sorts on the device run beside the lookups; hps/gpu/uvm_moves.py chooses the moves):
 
 1. candidates: keys without a GPU row with hits >= MIN_HITS, most hits first (ties: lower
    slot first); victims: GPU rows, free ones first, then by their key's hits, fewest first
@@ -30,15 +32,17 @@ lookups promote rows themselves (below), the task only halves the counts):
    as hot as the candidates from swapping back and forth;
 3. every count is halved (older accesses weigh less).
 
-Promotion on the lookup path: a grouped query (below) of n keys that runs alone on the
-device (no query on another stream in flight, no pass choosing moves) and read at most
-n / 2 rows from host memory then promotes the host rows it read for keys with MIN_HITS
-accesses or more, at most min(gpu_rows, n) // 32 of them, into the GPU rows with the
-fewest hits in windows at a clock hand (cuda/uvm_table.cu uvm_promote_read_rows), on the
-caller's stream after the miss count is published: skewed traffic then reads its warm
-rows from GPU memory from the next batch on instead of waiting for a pass. Later queries
-and writes wait for it as for a write, so an update either comes first (the copy is of
-its row) or rewrites the new GPU copy too.
+Promotion on the lookup path: a query of n keys that runs alone on the device (no query
+on another stream in flight, no pass choosing moves) and read at most n / 2 rows from
+host memory then promotes the host rows it read for keys with `lookup_min_hits` accesses
+or more, at most min(gpu_rows, n) // 32 of them, into the GPU rows with the fewest hits in
+windows at a clock hand (cuda/uvm_table.cu uvm_promote_read_rows), on the caller's
+stream: skewed traffic then reads its warm rows from GPU memory from the next batch on
+instead of waiting for a pass. A grouped batch queues it before its miss count is
+published and copies float32 rows from its own output (no second read of host memory);
+a smaller batch queues it after its rows are complete, and only when it read host rows.
+Later queries and writes wait for it as for a write, so an update either comes first
+(the copy is of its row) or rewrites the new GPU copy too.
 
 tests/support/uvm_reference.py models this in NumPy, slot for slot.
 
@@ -49,13 +53,9 @@ the promoted slots. Rows are always current in host memory (updates write both c
 so both copies a query may read are equal. Counts are updated without locks: a pass that
 runs while queries count may lose a few increments.
 
-Host reads: a batch of `grouped_reads_from` keys or more reads its host rows grouped by
-2 MiB region of host memory (cuda/uvm_table.cu says why: random reads over gigabytes of
-host memory are bound by address translation): the query kernel serves GPU rows and misses
-and notes the host rows by batch position, three small kernels put them in region order
-and read them;
-the miss count is published after the last of them. Smaller batches read host rows at once
-(fewer launches: their latency counts more than the bus).
+Host reads (hps/gpu/uvm_reads.py): a batch of `grouped_reads_from` keys or more reads its
+host rows grouped by region; a smaller one reads them at once and, where it may promote,
+lists them for the promotion after it.
 
 Memory: GPU slots × 16 B (key, GPU row link, hits) + gpu_rows × (row bytes + 4); pinned
 host (slots + 1) × row bytes (`device_bytes_required`, `host_bytes_required`). Too little
@@ -66,7 +66,6 @@ host memory is a ConfigError before anything is allocated. A thread's grouped re
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import weakref
 from typing import Any
@@ -76,82 +75,36 @@ import numpy as np
 from hps.errors import ConfigError, LookupInputError
 from hps.gpu import kernels
 from hps.gpu.device_table import decode_rows
-from hps.gpu.host_memory import MappedHostMemory
+from hps.gpu.host_memory import MappedHostMemory, host_memory_available
 from hps.gpu.kernels import SET_SIZE
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
 from hps.gpu.streams import same_stream
+from hps.gpu.uvm_moves import MIN_HITS, NO_ROW, choose_moves
+from hps.gpu.uvm_reads import REGION_BYTES, SCAN_BLOCK, HostReadLists, region_shift
 from hps.gpu.workspace import QueryWorkspace
-from hps.rows.gpu_layout import stored_row_bytes, table_storage
+from hps.rows.gpu_layout import OUT_FLOAT32, stored_row_bytes, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
 from hps.runtime.background import PeriodicTask
 
 log = logging.getLogger("hps.gpu")
 
-NO_ROW = 0xFFFFFFFF  # gpu_row of a slot without a GPU copy; owner of a free GPU row
 HITS_CAP = 1 << 16  # counts stop here: hot keys' counters are then only read
-MIN_HITS = 2  # fewer accesses since the last pass never promote a key
-PROMOTE_FACTOR = 2  # a candidate needs more than this many times its victim's hits
 # Index slots per key: the index is in GPU memory whatever the budget, so it is fuller
 # than the static table's (0.8); 0.9 still averages about 1.3 bucket reads per lookup.
 DEFAULT_LOAD_FACTOR = 0.9
 DEFAULT_PROMOTION_INTERVAL = 0.1  # seconds between background passes
-_DECIDE_CAP = 2**31 - 1  # counts as compared by a pass (sort keys stay in 64 bits)
 # Batches of this many keys or more read their host rows grouped by region (see above).
 # Not tuned on a GPU yet beyond 1M-key batches: below it the direct reads are kept.
 GROUPED_READS_FROM = 1 << 14
-REGION_BYTES = 2 << 20  # host memory read in any order within a region ran at full speed
-_MAX_REGIONS = 32768  # uvm_region_scan: one block of 1024 threads, 32 regions each
-_SCAN_BLOCK = 1024
 _QUERY_SIGNATURE = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32 ptr ptr ptr"
-_PROMOTE_SIGNATURE = "ptr i64 ptr u32 u32 ptr ptr ptr ptr ptr u32 ptr"
+_PROMOTE_SIGNATURE = "ptr i64 ptr u32 u32 ptr ptr ptr ptr ptr u32 ptr ptr ptr i32"
 _GROUPED_KERNELS = (  # name, signature
     ("uvm_query_grouped", _QUERY_SIGNATURE + " ptr ptr i32"),
     ("uvm_region_scan", "ptr ptr u32 ptr"),
     ("uvm_region_scatter", "i64 ptr ptr i32 ptr ptr"),
     ("uvm_gather", "ptr ptr ptr ptr ptr i32 ptr ptr"),
 )
-
-
-def region_shift(num_rows: int, row_bytes: int, region_bytes: int = REGION_BYTES) -> int:
-    """log2 of the rows per region of host memory: at most region_bytes (one row at
-    least), more where the rows would need more than _MAX_REGIONS regions."""
-    shift = max(0, (int(region_bytes) // max(int(row_bytes), 1)).bit_length() - 1)
-    while (int(num_rows) >> shift) + 1 > _MAX_REGIONS:
-        shift += 1
-    return shift
-
-
-class _HostReadLists:
-    """One workspace's buffers for grouped host reads (device): the number of deferred
-    host rows and of the promotions claimed (u32 [2]), the slot deferred at each batch
-    position (NO_ROW where none), the deferred slots and their positions in region order
-    (u32 [capacity] each), and per region its count and its start in the order. Between
-    queries every count is 0 (the kernels leave them so)."""
-
-    def __init__(self, cupy: Any, capacity: int, regions: int) -> None:
-        self.capacity = capacity
-        self.listed = cupy.zeros(2, np.uint32)  # deferred rows; promotions claimed
-        self.lists = cupy.empty((3, capacity), np.uint32)  # by position, ordered slot, pos
-        self.region_count = cupy.zeros(regions, np.uint32)
-        self.region_start = cupy.empty(regions, np.uint32)
-        self.promoted = cupy.cuda.Event(block=False, disable_timing=True)
-        base, row = int(self.lists.data.ptr), capacity * 4
-        self.ptrs = (int(self.listed.data.ptr), base, base + row, base + 2 * row,
-                     int(self.region_count.data.ptr), int(self.region_start.data.ptr))
-
-
-def _host_memory_available() -> int:
-    """Bytes of host memory the system can still give (MemAvailable), or free pages where
-    /proc/meminfo is missing."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
 
 
 class UvmEmbeddingTable(StaticEmbeddingTable):
@@ -165,10 +118,18 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
 
     _kind = "uvm table"
     _source = "uvm_table.cu"  # includes static_table.cu: static_build and static_dump too
-    _query_kernel = "uvm_query"
-    _query_signature = _QUERY_SIGNATURE
+    _query_kernel = "uvm_query_noted"  # batches below grouped_reads_from
+    _query_signature = _QUERY_SIGNATURE + " ptr ptr ptr"
     _update_kernel = "uvm_update"
-    _pipelined_kernel = None  # uvm_query serves every batch it does not group
+    _pipelined_kernel = None  # uvm_query_noted serves every batch it does not group
+    # lookup promotions copy float32 rows from the batch's output, not the host again
+    promote_from_output = True
+    lookup_min_hits = MIN_HITS  # accesses a host row's key needs to take a GPU row
+    # batches below grouped_reads_from promote too: off, as each one that read a host row
+    # then pays a promotion launch (2,000-key p50 29 against 23 µs without, H100)
+    promote_small_batches = False
+    # a full pass that moved nothing makes the next ones rarer (up to 2**IDLE_BACKOFF ticks)
+    idle_backoff = 5
 
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *, gpu_rows: int,
                  load_factor: float = DEFAULT_LOAD_FACTOR,
@@ -190,7 +151,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self.gpu_rows = min(int(gpu_rows), int(num_keys) + 1)
         self.max_moves = int(max_moves) if max_moves else max(1024, self.gpu_rows // 16)
         host = self.host_bytes_required(num_keys, dim, load_factor, storage)
-        available = _host_memory_available()
+        available = host_memory_available()
         if host > available:
             raise ConfigError(
                 f"the uvm table of {num_keys} keys of dim {dim} needs {host / 2**30:.2f} GiB "
@@ -232,12 +193,13 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self._region_shift = region_shift(self.num_slots + 1, self._row_bytes,
                                           read_region_bytes)
         self._regions = ((self.num_slots + 1) >> self._region_shift) + 1
-        self._read_lists: weakref.WeakKeyDictionary[QueryWorkspace, _HostReadLists] = \
+        self._read_lists: weakref.WeakKeyDictionary[QueryWorkspace, HostReadLists] = \
             weakref.WeakKeyDictionary()
         self._grouped: dict[int, tuple[Any, ...]] = {}  # out type → bound launches
         self._grouped_generation = -1
         self._pass_lock = threading.Lock()  # one pass at a time
         self._lookups = self._seen_lookups = self._seen_promoted = 0
+        self._idle_ticks = self._skip_ticks = 0  # full passes that moved nothing; ticks left
         self.passes = 0
         self.moved = 0
         self._promoter: PeriodicTask | None = None
@@ -316,8 +278,10 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     # -- kernels' arguments ---------------------------------------------------------------
 
     def _fixed_query_params(self, ws: QueryWorkspace) -> dict[int, float]:
+        listed, _, order_slots, order_positions, _, _ = self._lists_for(ws, ws.capacity).ptrs
         return {**super()._fixed_query_params(ws), 13: self._gpu_row_ptr,
-                14: self._gpu_vecs_ptr, 15: self._hits_ptr}
+                14: self._gpu_vecs_ptr, 15: self._hits_ptr, 16: listed, 17: order_slots,
+                18: order_positions}
 
     def _enqueue(self, keys_ptr: int, n: int, out_ptr: int, default: float,
                  ws: QueryWorkspace, stream_ptr: int, out_type: int, event_ptr: int) -> None:
@@ -329,22 +293,23 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
             self._enqueue_grouped(keys_ptr, n, out_ptr, default, ws, stream_ptr, out_type)
             self._rt.eventRecord(event_ptr, stream_ptr)
 
-    def _lists_for(self, ws: QueryWorkspace, n: int) -> _HostReadLists:
+    def _lists_for(self, ws: QueryWorkspace, n: int) -> HostReadLists:
         """ws's grouped-read buffers, grown to n keys (the lock held, the device
         current)."""
         lists = self._read_lists.get(ws)
         if lists is None or lists.capacity < n:
             if lists is not None:  # this workspace's last query may still use them: its
                 self._rt.eventSynchronize(ws.event_ptr)  # event, not the whole device
-            lists = _HostReadLists(self._cp, max(n, 2 * (lists.capacity if lists else 0)),
+            lists = HostReadLists(self._cp, max(n, 2 * (lists.capacity if lists else 0)),
                                    self._regions)
             self._cp.cuda.get_current_stream().synchronize()  # zeroed before any query
             self._read_lists[ws] = lists
+            ws.launches = {}  # small queries' launches list into the old buffers
         return lists
 
     def _grouped_launches(self, out_type: int) -> tuple[Any, ...]:
-        """The four kernels of a grouped query writing out_type and the promotion after it
-        (see cuda/uvm_table.cu)."""
+        """The four kernels of a grouped query writing out_type and the promotion after
+        it or after a small query (see cuda/uvm_table.cu)."""
         if self._grouped_generation != self._generation:
             self._grouped = {}
             self._grouped_generation = self._generation
@@ -352,8 +317,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         if launches is None:
             launches = (*(kernels.Launch(self._kernel(name, out_type), signature)
                           for name, signature in _GROUPED_KERNELS),
-                        kernels.Launch(self._kernel("uvm_promote_read_rows"),
-                                       _PROMOTE_SIGNATURE))
+                        kernels.Launch(self._kernel("uvm_promote_read_rows", out_type),
+                                       _PROMOTE_SIGNATURE))  # last
             self._grouped[out_type] = launches
         return launches
 
@@ -364,7 +329,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         count; then the promotion of the rows read, where _may_promote allows it."""
         lists = self._lists_for(ws, n)
         listed, by_pos, order_slots, order_positions, counts, starts = lists.ptrs
-        query, scan, scatter, gather, promote = self._grouped_launches(out_type)
+        query, scan, scatter, gather, _ = self._grouped_launches(out_type)
         vec4 = int(self._out_dim_vec[out_type] and out_ptr % 16 == 0)
         shift = self._region_shift
         keys_per_block = self._unroll * (32 // self._group) * (BLOCK // 32)
@@ -375,24 +340,51 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
               self.num_sets, self._flags_ptr, out_ptr, vec4, ws.ctl_ptr, ws.host_ptr,
               ws.positions_ptr, ws.keys_ptr, default, self._gpu_row_ptr, self._gpu_vecs_ptr,
               self._hits_ptr, by_pos, counts, shift)
-        scan(1, _SCAN_BLOCK, stream_ptr, counts, starts, self._regions, listed)
+        scan(1, SCAN_BLOCK, stream_ptr, counts, starts, self._regions, listed)
         scatter(min(-(-n // BLOCK), self._sms * 16), BLOCK, stream_ptr, n, by_pos, starts,
                 shift, order_slots, order_positions)
         gather(min(-(-(n * self._group) // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed,
                order_slots, order_positions, self._vecs_ptr, out_ptr, vec4, ws.ctl_ptr,
                ws.host_ptr)
-        if not self._may_promote(stream_ptr):
-            return
+        if self._may_promote(stream_ptr):
+            self._enqueue_promotion(lists, n, stream_ptr, out_ptr, out_type,
+                                    self.promote_from_output)
+
+    def _enqueue_promotion(self, lists: HostReadLists, n: int, stream_ptr: int,
+                           out_ptr: int, out_type: int, from_output: bool) -> None:
+        """The promotion of the host rows the last query on lists' workspace read (the
+        lock held, the device current, _may_promote true), copied from its output rows
+        where from_output allows it (see cuda/uvm_table.cu)."""
+        listed, _, order_slots, order_positions, _, _ = lists.ptrs
+        promote = self._grouped_launches(out_type)[-1]
         moves = self._moves_done
         if moves is not None and not moves.done:  # the last pass's links come first
             self._rt.streamWaitEvent(stream_ptr, moves.ptr, 0)
         budget = max(1, min(self.gpu_rows, n) // 32)  # whole windows of 32 rows each
         promote(min(-(-n * 32 // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed, n,
-                order_slots, budget, MIN_HITS, self._vecs_ptr, self._gpu_row_ptr,
+                order_slots, budget, self.lookup_min_hits, self._vecs_ptr, self._gpu_row_ptr,
                 self._hits_ptr, self._gpu_vecs_ptr, self._owner_ptr, self.gpu_rows,
-                self._clock_ptr)
+                self._clock_ptr, order_positions, out_ptr, int(from_output))
         self._rt.eventRecord(lists.promoted.ptr, stream_ptr)
         self._write_event = lists.promoted  # later queries and writes come after it
+
+    def query_ptr(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,
+                  ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> int:
+        """StaticEmbeddingTable.query_ptr; a small batch that read host rows then
+        promotes the warm ones on its stream, after its rows are complete (so the call's
+        latency pays only the launch): they are copied from host memory again, since the
+        caller may reuse the output from any stream once the call returns."""
+        count = super().query_ptr(keys_ptr, n, out_ptr, default_value, ws, stream_ptr,
+                                  out_type)
+        if n < self.grouped_reads_from and self.promote_small_batches:
+            read = int(ws.host_count[1])  # published with the count by uvm_query_noted
+            if 0 < read <= n // 2:  # as uvm_promote_read_rows' own rule
+                with self._lock:
+                    if not self._closed and self._may_promote(stream_ptr):
+                        self._wait_for_writes(stream_ptr)  # writes since the query
+                        self._enqueue_promotion(self._read_lists[ws], n, stream_ptr, 0,
+                                                OUT_FLOAT32, False)
+        return count
 
     def _may_promote(self, stream_ptr: int) -> bool:
         """Whether a grouped query on stream_ptr may promote its rows (the lock held): no
@@ -457,8 +449,16 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self._seen_lookups = self._lookups
         promoted = self.lookup_promotions()
         if promoted == self._seen_promoted:
-            self.promote()
+            # a full pass sorts every candidate and GPU row on the device: once passes
+            # stop moving rows, run them on every 2nd, 4th, ... tick, not beside each lookup
+            if self._skip_ticks > 0:
+                self._skip_ticks -= 1
+                return
+            moved = self.promote()
+            self._idle_ticks = 0 if moved else min(self._idle_ticks + 1, self.idle_backoff)
+            self._skip_ticks = (1 << self._idle_ticks) - 1
             return
+        self._idle_ticks = self._skip_ticks = 0
         # lookups placed rows since the last pass: the counts only decay (a pass's moves
         # would fight theirs, and lookups that promote wait for a pass's copies)
         self._seen_promoted = promoted
@@ -483,7 +483,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                     self._pass_busy = True
                     self._wait_for_writes(self._stream.ptr)  # lookups' promotions first
                 try:
-                    moves = self._choose_moves()
+                    moves = choose_moves(self._cp, self._hits, self._gpu_row,
+                                         self._owner[: self.gpu_rows], self.max_moves)
                     with self._lock:
                         if self._closed:
                             return 0
@@ -500,36 +501,6 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
             self.passes += 1
             self.moved += moved
             return moved
-
-    def _choose_moves(self) -> tuple[Any, Any, Any] | None:
-        """(slots promoted, their GPU rows, slots demoted) as int64 device arrays, or None;
-        on the table's stream, the device current."""
-        cp = self._cp
-        hits = cp.minimum(self._hits, _DECIDE_CAP).astype(np.int64)
-        cand = cp.flatnonzero((self._gpu_row == NO_ROW) & (hits >= MIN_HITS))
-        if cand.size == 0:
-            return None
-        cand_hits = hits[cand]
-        # most hits first, then lower slot: one unique uint64 sort key each
-        order = cp.argsort(((_DECIDE_CAP - cand_hits).astype(np.uint64) << np.uint64(32))
-                           | cand.astype(np.uint64))
-        k = min(int(cand.size), self.gpu_rows, self.max_moves)
-        order = order[:k]
-        cand, cand_hits = cand[order], cand_hits[order]
-        owner = self._owner[: self.gpu_rows]
-        held = owner != NO_ROW
-        victim_hits = cp.where(held, hits[cp.where(held, owner, 0).astype(np.int64)], -1)
-        # free rows first (-1), then fewest hits, then lower row
-        vorder = cp.argsort(((victim_hits + 1).astype(np.uint64) << np.uint64(32))
-                            | cp.arange(self.gpu_rows, dtype=np.uint64))[:k]
-        wins = cand_hits > PROMOTE_FACTOR * victim_hits[vorder]
-        m = int(cp.count_nonzero(wins))  # a prefix: candidates fall, victims rise
-        if m == 0:
-            return None
-        rows = vorder[:m].astype(np.int64)
-        out = owner[rows]
-        demoted = out[out != NO_ROW].astype(np.int64)
-        return cand[:m], rows, demoted
 
     def _enqueue_moves(self, promoted: Any, rows: Any, demoted: Any) -> int:
         """Queues a move on the table's stream (the lock held, the device and the stream

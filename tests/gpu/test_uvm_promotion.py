@@ -23,8 +23,9 @@ gpu = pytest.mark.gpu
 def _table(n: int, dim: int, gpu_rows: int, **kw: Any) -> UvmEmbeddingTable:
     """Every batch grouped (so every batch may promote), 4 KiB regions, no passes unless a
     test runs one."""
+    kw.setdefault("grouped_reads_from", 1)
     return UvmEmbeddingTable(n, dim, gpu_rows=gpu_rows, promotion_interval=0,
-                             grouped_reads_from=1, read_region_bytes=4096, **kw)
+                             read_region_bytes=4096, **kw)
 
 
 def _slots_of(state: dict[str, Any], keys: np.ndarray) -> np.ndarray:
@@ -57,13 +58,26 @@ def _check_links(state: dict[str, Any]) -> None:
 
 
 @gpu
-@pytest.mark.parametrize("gpu_rows", [1, 40, 2048])
+@pytest.mark.parametrize(("gpu_rows", "dim", "from_output", "storage", "grouped"), [
+    (1, 16, True, "float32", True), (40, 16, True, "float32", True),
+    (2048, 16, True, "float32", True),
+    (2048, 13, True, "float32", True),  # stored rows padded past the output row (13 in 16)
+    (2048, 16, False, "float32", True),  # the promoted rows read from host memory again
+    (2048, 16, True, "float16", True),  # float32 output of 16-bit rows: from host memory
+    # small batches: host rows read at once and listed, promoted after the query
+    (40, 16, True, "float32", False), (2048, 13, True, "float32", False),
+])
 def test_a_batch_promotes_its_warm_host_rows(cp: Any, rng: np.random.Generator, seed: int,
-                                             gpu_rows: int) -> None:
-    n, dim = 20_000, 16
+                                             gpu_rows: int, dim: int, from_output: bool,
+                                             storage: str, grouped: bool) -> None:
+    n = 20_000
     keys = np.arange(n, dtype=np.int64) * 7 + 11
-    rows = rng.standard_normal((n, dim)).astype(np.float32)
-    with _table(n, dim, gpu_rows) as table:
+    # values a float16 row holds exactly, so every storage returns them as given
+    rows = rng.standard_normal((n, dim)).astype(np.float16).astype(np.float32)
+    with _table(n, dim, gpu_rows, storage=storage,
+                grouped_reads_from=1 if grouped else 1 << 30) as table:
+        table.promote_from_output = from_output
+        table.promote_small_batches = True
         table.build(keys, rows)
         for rnd in range(4):
             # cold keys read three times (warm), others once (never promoted), a few keys
@@ -117,12 +131,15 @@ def test_no_promotion_when_switched_off_or_below_min_hits(cp: Any,
 
 
 @gpu
+@pytest.mark.parametrize("grouped", [True, False])
 def test_promotion_never_serves_a_stale_row(cp: Any, rng: np.random.Generator,
-                                            seed: int) -> None:
+                                            seed: int, grouped: bool) -> None:
     """Row of key i at version v: every float i * 1000 + v. A promoting reader churns a
     few GPU rows among many warm keys while the main thread updates keys and runs passes;
     after each update returns, a lookup of its keys must see that version (a promotion
-    that copied the older host row and linked it after the update would not)."""
+    that copied the older host row and linked it after the update would not). Small
+    batches (not grouped) queue their promotion after their rows are back, when an update
+    may have come in between."""
     n, dim, gpu_rows = 6000, 32, 64
     keys = np.arange(n, dtype=np.int64) * 5 + 3
     ids = np.arange(n, dtype=np.float32)
@@ -130,7 +147,8 @@ def test_promotion_never_serves_a_stale_row(cp: Any, rng: np.random.Generator,
     def rows_at(version: int, which: np.ndarray) -> np.ndarray:
         return np.repeat((ids[which] * 1000 + version)[:, None], dim, axis=1)
 
-    with _table(n, dim, gpu_rows) as table:
+    with _table(n, dim, gpu_rows, grouped_reads_from=1 if grouped else 1 << 30) as table:
+        table.promote_small_batches = True
         table.build(keys, rows_at(0, np.arange(n)))
         stop = threading.Event()
         errors: list[str] = []

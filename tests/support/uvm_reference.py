@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from hps.gpu.uvm_table import HITS_CAP, MIN_HITS, NO_ROW, PROMOTE_FACTOR
+from hps.gpu.uvm_moves import MIN_HITS, NO_ROW, PROMOTE_FACTOR
+from hps.gpu.uvm_table import HITS_CAP
 
 
 class UvmReference:
