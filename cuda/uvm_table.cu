@@ -242,13 +242,15 @@ extern "C" __global__ void uvm_region_scatter(const long long n, const u32* __re
 }
 
 // Step 4: one lane group per deferred row, in region order: the host row into out[pos]; then
-// the miss count is published (hps_finish_query), so the caller sees it after every row.
+// the miss count is published (hps_finish_query), so the caller sees it after every row, or
+// (publish 0) by the promotion queued after this kernel.
 extern "C" __global__ void uvm_gather(const u32* __restrict__ listed,
                                       const u32* __restrict__ order_slot,
                                       const u32* __restrict__ order_pos,
                                       const hps_row_t* __restrict__ host_vecs,
                                       hps_out_t* __restrict__ out, const int out_vec4,
-                                      int* __restrict__ ctl, int* host_count) {
+                                      int* __restrict__ ctl, int* host_count,
+                                      const int publish) {
     const int gl = threadIdx.x & (GROUP - 1);
     const long long group = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;
     const long long ngroups = ((long long)gridDim.x * blockDim.x) / GROUP;
@@ -258,7 +260,7 @@ extern "C" __global__ void uvm_gather(const u32* __restrict__ listed,
         hps_load_row(host_vecs + (long long)order_slot[i] * ROW_STRIDE, gl, r);
         hps_store_out(out + (long long)order_pos[i] * DIM, gl, r, out_vec4 != 0);
     }
-    hps_finish_query(ctl, host_count);
+    if (publish) hps_finish_query(ctl, host_count);  // else the promotion after it does
 }
 
 // Overwrites the rows of present keys in both places (refresh, updates); absent keys are
@@ -398,15 +400,15 @@ extern "C" __global__ void uvm_promote_read_rows(
     const u32 min_hits, const hps_row_t* __restrict__ host_vecs, u32* gpu_row, u32* hits,
     hps_row_t* __restrict__ gpu_vecs, u32* __restrict__ owner, const u32 gpu_rows,
     unsigned long long* __restrict__ clock, const u32* __restrict__ order_pos,
-    const hps_out_t* __restrict__ out, const int from_out) {
+    const hps_out_t* __restrict__ out, const int from_out, int* __restrict__ ctl,
+    int* host_count, const int publish) {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const long long m = listed[0];
-    if (m * 2 > n) return;
     const volatile u32* claims = listed + 1;
-    for (long long i = warp; i < m; i += nwarps) {  // warp-uniform: whole warps shuffle
+    for (long long i = warp; m * 2 <= n && i < m; i += nwarps) {  // warp-uniform
         const u32 slot = order_slot[i];
         const u32 h = hits[LINK(slot)];
         int step = 0;  // lane 0 decides: 0 skip the entry, 1 promote it, 2 the budget is spent
@@ -464,6 +466,9 @@ extern "C" __global__ void uvm_promote_read_rows(
             gpu_row[LINK(slot)] = NO_ROW;
         }
     }
+    // the grouped query's miss count, published here rather than by uvm_gather: a caller
+    // that sees it may overwrite its output at once, and this kernel may read the output
+    if (publish) hps_finish_query(ctl, host_count);
 }
 
 // Sets the access counts of held keys (placement by known counts, e.g. a model's `meta`

@@ -38,9 +38,10 @@ host memory then promotes the host rows it read for keys with `lookup_min_hits` 
 or more, at most min(gpu_rows, n) // 32 of them, into the GPU rows with the fewest hits in
 windows at a clock hand (cuda/uvm_table.cu uvm_promote_read_rows), on the caller's
 stream: skewed traffic then reads its warm rows from GPU memory from the next batch on
-instead of waiting for a pass. A grouped batch queues it before its miss count is
-published and copies float32 rows from its own output (no second read of host memory);
-a smaller batch queues it after its rows are complete, and only when it read host rows.
+instead of waiting for a pass. A grouped batch's promotion copies float32 rows from the
+batch's output (no second read of host memory) and then publishes the batch's miss count,
+so the call returns only once nothing reads its output; a smaller batch queues it after
+its rows are complete, and only when it read host rows.
 Later queries and writes wait for it as for a write, so an update either comes first
 (the copy is of its row) or rewrites the new GPU copy too.
 
@@ -98,12 +99,12 @@ DEFAULT_PROMOTION_INTERVAL = 0.1  # seconds between background passes
 # Not tuned on a GPU yet beyond 1M-key batches: below it the direct reads are kept.
 GROUPED_READS_FROM = 1 << 14
 _QUERY_SIGNATURE = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32 ptr ptr ptr"
-_PROMOTE_SIGNATURE = "ptr i64 ptr u32 u32 ptr ptr ptr ptr ptr u32 ptr ptr ptr i32"
+_PROMOTE_SIGNATURE = "ptr i64 ptr u32 u32 ptr ptr ptr ptr ptr u32 ptr ptr ptr i32 ptr ptr i32"
 _GROUPED_KERNELS = (  # name, signature
     ("uvm_query_grouped", _QUERY_SIGNATURE + " ptr ptr i32"),
     ("uvm_region_scan", "ptr ptr u32 ptr"),
     ("uvm_region_scatter", "i64 ptr ptr i32 ptr ptr"),
-    ("uvm_gather", "ptr ptr ptr ptr ptr i32 ptr ptr"),
+    ("uvm_gather", "ptr ptr ptr ptr ptr i32 ptr ptr i32"),
 )
 
 
@@ -343,18 +344,22 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         scan(1, SCAN_BLOCK, stream_ptr, counts, starts, self._regions, listed)
         scatter(min(-(-n // BLOCK), self._sms * 16), BLOCK, stream_ptr, n, by_pos, starts,
                 shift, order_slots, order_positions)
+        promote = self._may_promote(stream_ptr)
         gather(min(-(-(n * self._group) // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed,
                order_slots, order_positions, self._vecs_ptr, out_ptr, vec4, ws.ctl_ptr,
-               ws.host_ptr)
-        if self._may_promote(stream_ptr):
+               ws.host_ptr, int(not promote))
+        if promote:  # publishes the miss count in the gather's stead
             self._enqueue_promotion(lists, n, stream_ptr, out_ptr, out_type,
-                                    self.promote_from_output)
+                                    self.promote_from_output, ws)
 
     def _enqueue_promotion(self, lists: HostReadLists, n: int, stream_ptr: int,
-                           out_ptr: int, out_type: int, from_output: bool) -> None:
+                           out_ptr: int, out_type: int, from_output: bool,
+                           publishing: QueryWorkspace | None = None) -> None:
         """The promotion of the host rows the last query on lists' workspace read (the
         lock held, the device current, _may_promote true), copied from its output rows
-        where from_output allows it (see cuda/uvm_table.cu)."""
+        where from_output allows it (see cuda/uvm_table.cu); it then publishes the miss
+        count of the query on `publishing`, if given (the caller returns only once
+        nothing reads its output any more)."""
         listed, _, order_slots, order_positions, _, _ = lists.ptrs
         promote = self._grouped_launches(out_type)[-1]
         moves = self._moves_done
@@ -364,16 +369,18 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         promote(min(-(-n * 32 // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed, n,
                 order_slots, budget, self.lookup_min_hits, self._vecs_ptr, self._gpu_row_ptr,
                 self._hits_ptr, self._gpu_vecs_ptr, self._owner_ptr, self.gpu_rows,
-                self._clock_ptr, order_positions, out_ptr, int(from_output))
+                self._clock_ptr, order_positions, out_ptr, int(from_output),
+                publishing.ctl_ptr if publishing else 0,
+                publishing.host_ptr if publishing else 0, int(publishing is not None))
         self._rt.eventRecord(lists.promoted.ptr, stream_ptr)
         self._write_event = lists.promoted  # later queries and writes come after it
 
     def query_ptr(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,
                   ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> int:
         """StaticEmbeddingTable.query_ptr; a small batch that read host rows then
-        promotes the warm ones on its stream, after its rows are complete (so the call's
-        latency pays only the launch): they are copied from host memory again, since the
-        caller may reuse the output from any stream once the call returns."""
+        promotes them (where promote_small_batches) on its stream after its rows are
+        complete, copied from host memory again: the caller may reuse the output from any
+        stream once this returns."""
         count = super().query_ptr(keys_ptr, n, out_ptr, default_value, ws, stream_ptr,
                                   out_type)
         if n < self.grouped_reads_from and self.promote_small_batches:

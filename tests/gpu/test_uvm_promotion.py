@@ -108,6 +108,33 @@ def test_a_batch_promotes_its_warm_host_rows(cp: Any, rng: np.random.Generator, 
 
 
 @gpu
+def test_a_promotion_reads_no_output_once_the_call_returns(cp: Any,
+                                                           rng: np.random.Generator) -> None:
+    """The caller may overwrite its output from another stream as soon as the call returns:
+    a promotion that copies rows from the output (float32) has done so by then (it
+    publishes the miss count the call waits for), so no GPU row ever holds what the caller
+    wrote there. The interleaving is not forced: a regression shows as a GPU row of -7s
+    in some runs."""
+    n, dim = 20_000, 16
+    keys = np.arange(n, dtype=np.int64) * 7 + 11
+    rows = rng.standard_normal((n, dim)).astype(np.float32)
+    other = cp.cuda.Stream(non_blocking=True)
+    with _table(n, dim, 8192) as table:  # 187 rows promoted a batch at most
+        table.build(keys, rows)
+        for _ in range(30):
+            warm = rng.choice(np.arange(8192, n), 1000, replace=False)
+            draw = np.repeat(warm, 3)
+            batch = cp.asarray(np.r_[keys[draw], -2 - np.arange(draw.size, dtype=np.int64)])
+            out = cp.empty((batch.size, dim), dtype=np.float32)
+            table.query(batch, out, default_value=0.5)
+            with other:
+                out.fill(-7.0)  # as soon as the call returns, on another stream
+        other.synchronize()
+        assert table.lookup_promotions() > 0
+        _check_links(table.state())
+
+
+@gpu
 def test_no_promotion_when_switched_off_or_below_min_hits(cp: Any,
                                                          rng: np.random.Generator) -> None:
     n, dim = 5000, 8
