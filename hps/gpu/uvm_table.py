@@ -22,7 +22,8 @@ Every access counts in the key's `hits` (up to HITS_CAP). A promotion pass (the 
 task, every `promotion_interval` seconds while lookups come, on the table's stream; while
 lookups promote rows themselves (below), the task only halves the counts; after a pass
 that moved nothing the next full pass waits 2, 4, ... up to 2**idle_backoff ticks, since
-its sorts on the device run beside the lookups; hps/gpu/uvm_moves.py chooses the moves):
+its sorts on the device run beside the lookups, and the ticks between only halve the
+counts; hps/gpu/uvm_moves.py chooses the moves):
 
 1. candidates: keys without a GPU row with hits >= MIN_HITS, most hits first (ties: lower
    slot first); victims: GPU rows, free ones first, then by their key's hits, fewest first
@@ -457,18 +458,20 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         promoted = self.lookup_promotions()
         if promoted == self._seen_promoted:
             # a full pass sorts every candidate and GPU row on the device: once passes
-            # stop moving rows, run them on every 2nd, 4th, ... tick, not beside each lookup
-            if self._skip_ticks > 0:
-                self._skip_ticks -= 1
+            # stop moving rows, run them on every 2nd, 4th, ... tick, not beside each
+            # lookup; the ticks between only age the counts, as every pass does
+            if self._skip_ticks == 0:
+                moved = self.promote()
+                self._idle_ticks = 0 if moved else min(self._idle_ticks + 1,
+                                                       self.idle_backoff)
+                self._skip_ticks = (1 << self._idle_ticks) - 1
                 return
-            moved = self.promote()
-            self._idle_ticks = 0 if moved else min(self._idle_ticks + 1, self.idle_backoff)
-            self._skip_ticks = (1 << self._idle_ticks) - 1
-            return
-        self._idle_ticks = self._skip_ticks = 0
-        # lookups placed rows since the last pass: the counts only decay (a pass's moves
-        # would fight theirs, and lookups that promote wait for a pass's copies)
-        self._seen_promoted = promoted
+            self._skip_ticks -= 1
+        else:
+            # lookups placed rows since the last pass: the counts only decay (a pass's
+            # moves would fight theirs, and lookups that promote wait for a pass's copies)
+            self._idle_ticks = self._skip_ticks = 0
+            self._seen_promoted = promoted
         with self._pass_lock, self._lock:
             if self._closed:
                 return
