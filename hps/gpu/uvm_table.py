@@ -92,9 +92,11 @@ from hps.runtime.background import PeriodicTask
 log = logging.getLogger("hps.gpu")
 
 HITS_CAP = 1 << 16  # counts stop here: hot keys' counters are then only read
-# Index slots per key: the index is in GPU memory whatever the budget, so it is fuller
-# than the static table's (0.8); 0.9 still averages about 1.3 bucket reads per lookup.
-DEFAULT_LOAD_FACTOR = 0.9
+# Index slots per key, as the static table's: a small batch waits for its longest probe,
+# and at 0.9 (about 1.3 bucket reads a lookup on average) the longest ones made a 2,000-key
+# query's kernel take 21.0 µs against 15.3 at 0.8 and 14.0 at 0.7, every row in GPU memory
+# (H100, 2M keys dim 64, scripts/probe_uvm_small.py); 0.8 costs 12% more index memory.
+DEFAULT_LOAD_FACTOR = 0.8
 DEFAULT_PROMOTION_INTERVAL = 0.1  # seconds between background passes
 # Batches of this many keys or more read their host rows grouped by region (see above).
 # Not tuned on a GPU yet beyond 1M-key batches: below it the direct reads are kept.
