@@ -146,38 +146,33 @@ def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, d
                              cache_refresh_percentage_per_iteration=0.0 if cached < 1 else 1.0)
     rows_out: list[dict[str, Any]] = []
     try:
-        def lookup(t: int, i: int) -> int:
-            stream = streams[t]
-            with torch.cuda.stream(stream):
-                hps.lookup_fromdlpack(key_batches[t][i % batches], outs[t], MODEL, 0)
-            stream.synchronize()
-            return n
-
-        def floor(t: int, i: int) -> int:
-            stream = streams[t]
-            with torch.cuda.stream(stream):
-                torch.index_select(dense, 0, positions[t][i % batches], out=outs[t])
-            stream.synchronize()
-            return n
-
-        # the thread's stream made current once, as a model server's worker thread does
-        # (torch's current stream is per thread), instead of around every call
-        def lookup_on_current(t: int, i: int) -> int:
+        def lookup_once(t: int, i: int) -> None:
             hps.lookup_fromdlpack(key_batches[t][i % batches], outs[t], MODEL, 0)
-            streams[t].synchronize()
-            return n
 
-        def floor_on_current(t: int, i: int) -> int:
+        def floor_once(t: int, i: int) -> None:
             torch.index_select(dense, 0, positions[t][i % batches], out=outs[t])
-            streams[t].synchronize()
-            return n
+
+        def on_stream(call: Any, per_call: bool) -> Any:
+            """call(t, i) on thread t's stream, then a wait for it: made current around
+            every call (per_call), or once by the thread (set_stream below), as a model
+            server's worker thread does (torch's current stream is per thread)."""
+            def run(t: int, i: int) -> int:
+                if per_call:
+                    with torch.cuda.stream(streams[t]):
+                        call(t, i)
+                else:
+                    call(t, i)
+                streams[t].synchronize()
+                return n
+            return run
 
         def set_stream(t: int) -> None:
             torch.cuda.set_stream(streams[t])
 
+        lookup = on_stream(lookup_once, True)  # warm-up and the final check
         setup = set_stream if stream_per_thread else None
-        timed_lookup = lookup_on_current if stream_per_thread else lookup
-        timed_floor = floor_on_current if stream_per_thread else floor
+        timed_lookup = on_stream(lookup_once, not stream_per_thread)
+        timed_floor = on_stream(floor_once, not stream_per_thread)
 
         for t in range(max(THREAD_COUNTS)):  # warm-up: workspaces, launches, the cache
             for i in range(batches * (4 if cached < 1 else 1)):

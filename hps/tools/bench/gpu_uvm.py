@@ -316,7 +316,7 @@ def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0
                 # timed, both modes alike: the 1M batches' keys hold uvm's GPU rows with
                 # high counts, which passes (every 0.1 s) take some tenths of a second to
                 # decay before the small batches' keys can take their rows
-                moved = _moved(gpu.stats())
+                moved = _moved(gpu.stats()) if mode == "uvm" else 0
                 _run_for(hps, mode, small, small_out, small_warmup_s, device_id)
                 if mode == "uvm":
                     rows.append({"bench": "uvm warm-up 2,000", "workload": f"alpha {a}",
