@@ -60,50 +60,21 @@ __device__ __forceinline__ void uvm_count(u32* hit) {
 // counter that every warp of the batch contends for (the query took 402-418 µs with the
 // list, 383-389 without, in the measurement below).
 
-// How a query reads host rows: at once, and listed for a promotion after the query (NOTED:
-// slot and position appended to order_slot / order_pos, counted in listed[2]; a few
-// atomics for the few host rows of a small batch); or deferred to uvm_gather (GROUPED:
-// slot noted in by_pos).
-#define UVM_GROUPED 1
-#define UVM_NOTED 2
-
-// The last block of a noted query: listed[0] = the host rows read, listed[1] = 0 (as
-// uvm_region_scan leaves them for uvm_promote_read_rows), host_count[1] = the same count
-// for the host, and then hps_finish_query's miss count in host_count[0], so a host that
-// sees the miss count also sees the rows read.
-__device__ __forceinline__ void uvm_finish_noted(int* ctl, int* host_count, u32* listed) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        const u32 done = atomicAdd(reinterpret_cast<u32*>(ctl + 1), 1u);
-        if (done == gridDim.x - 1) {
-            __threadfence_system();
-            const u32 read = atomicExch(listed + 2, 0u);
-            listed[0] = read;
-            listed[1] = 0;
-            reinterpret_cast<volatile int*>(host_count)[1] = (int)read;
-            const int count = atomicExch(ctl, 0);
-            ctl[1] = 0;
-            __threadfence_system();
-            *reinterpret_cast<volatile int*>(host_count) = count;
-        }
-    }
-}
+// How a query reads host rows: at once (a batch below grouped_reads_from: its latency counts
+// more than the bus), or deferred to uvm_gather (GROUPED: slot noted in by_pos).
 
 // static_query's contract (hits copied to out[pos], misses filled with default_value and
 // appended to the miss lists), each row read from GPU memory when it has a copy there,
-// else from the mapped host memory as MODE says (above); a GROUPED query leaves the miss
-// count to uvm_gather. Every access counted in hits.
-template <int MODE>
+// else from the mapped host memory at once or, GROUPED, later (above); a GROUPED query
+// leaves the miss count to uvm_gather. Every access counted in hits.
+template <bool GROUPED>
 __device__ __forceinline__ void uvm_query_rows(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
     const hps_row_t* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
     hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
     const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits,
-    u32* __restrict__ by_pos, u32* region_count, const int region_shift,
-    u32* __restrict__ order_pos) {
-    constexpr bool GROUPED = MODE == UVM_GROUPED;
+    u32* __restrict__ by_pos, u32* region_count, const int region_shift) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
@@ -120,19 +91,16 @@ __device__ __forceinline__ void uvm_query_rows(
         static_find_slots(keys, n, base, g, gl, gmask, slot_keys, num_buckets, special_present,
                           pos, key, slot);
         const hps_row_t* row[UNROLL];
-        bool deferred[UNROLL], from_host[UNROLL];
+        bool deferred[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             row[u] = nullptr;
-            deferred[u] = from_host[u] = false;
+            deferred[u] = false;
             if (slot[u] >= 0) {
                 const u32 at = gpu_row[LINK(slot[u])];
                 if (at != NO_ROW) row[u] = gpu_vecs + (u64)at * ROW_STRIDE;
                 else if (GROUPED) deferred[u] = true;
-                else {
-                    row[u] = host_vecs + slot[u] * ROW_STRIDE;
-                    from_host[u] = true;
-                }
+                else row[u] = host_vecs + slot[u] * ROW_STRIDE;
                 if (gl == 0) uvm_count(hits + LINK(slot[u]));
             }
         }
@@ -154,29 +122,21 @@ __device__ __forceinline__ void uvm_query_rows(
                 by_pos[pos[u]] = deferred[u] ? (u32)slot[u] : NO_ROW;
                 if (deferred[u]) atomicAdd(region_count + ((u32)slot[u] >> region_shift), 1u);
             }
-            if (MODE == UVM_NOTED && gl == 0 && valid && from_host[u]) {
-                const u32 at = atomicAdd(region_count + 2, 1u);  // region_count: listed
-                by_pos[at] = (u32)slot[u];  // by_pos: order_slot
-                order_pos[at] = (u32)pos[u];
-            }
         }
     }
-    if (MODE == UVM_NOTED) uvm_finish_noted(ctl, host_count, region_count);
+    if (!GROUPED) hps_finish_query(ctl, host_count);
 }
 
-// The query of batches below grouped_reads_from: host rows read at once and listed
-// (order_slot, order_pos; counted in listed[2], 0 before) for uvm_promote_read_rows after
-// it; their count reaches host_count[1] with the miss count.
-extern "C" __global__ void uvm_query_noted(
+// The query of batches below grouped_reads_from: host rows read at once.
+extern "C" __global__ void uvm_query(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
     const hps_row_t* __restrict__ host_vecs, const u32 num_buckets, const int* __restrict__ flags,
     hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
-    const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits,
-    u32* listed, u32* __restrict__ order_slot, u32* __restrict__ order_pos) {
-    uvm_query_rows<UVM_NOTED>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4,
-                              ctl, host_count, miss_pos, miss_keys, default_value, gpu_row,
-                              gpu_vecs, hits, order_slot, listed, 0, order_pos);
+    const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits) {
+    uvm_query_rows<false>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4, ctl,
+                          host_count, miss_pos, miss_keys, default_value, gpu_row, gpu_vecs, hits,
+                          nullptr, nullptr, 0);
 }
 
 // Step 1 of a grouped query (see above): by_pos [n], region_count all 0.
@@ -187,9 +147,9 @@ extern "C" __global__ void uvm_query_grouped(
     int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value,
     const u32* __restrict__ gpu_row, const hps_row_t* __restrict__ gpu_vecs, u32* hits,
     u32* __restrict__ by_pos, u32* region_count, const int region_shift) {
-    uvm_query_rows<UVM_GROUPED>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4,
-                                ctl, host_count, miss_pos, miss_keys, default_value, gpu_row,
-                                gpu_vecs, hits, by_pos, region_count, region_shift, nullptr);
+    uvm_query_rows<true>(keys, n, slot_keys, host_vecs, num_buckets, flags, out, out_vec4, ctl,
+                         host_count, miss_pos, miss_keys, default_value, gpu_row, gpu_vecs, hits,
+                         by_pos, region_count, region_shift);
 }
 
 // Step 2, one block of 1024 threads: region_start[b] = the deferred rows of regions before
@@ -401,7 +361,7 @@ extern "C" __global__ void uvm_promote_read_rows(
     hps_row_t* __restrict__ gpu_vecs, u32* __restrict__ owner, const u32 gpu_rows,
     unsigned long long* __restrict__ clock, const u32* __restrict__ order_pos,
     const hps_out_t* __restrict__ out, const int from_out, int* __restrict__ ctl,
-    int* host_count, const int publish) {
+    int* host_count) {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -468,7 +428,7 @@ extern "C" __global__ void uvm_promote_read_rows(
     }
     // the grouped query's miss count, published here rather than by uvm_gather: a caller
     // that sees it may overwrite its output at once, and this kernel may read the output
-    if (publish) hps_finish_query(ctl, host_count);
+    hps_finish_query(ctl, host_count);
 }
 
 // Sets the access counts of held keys (placement by known counts, e.g. a model's `meta`

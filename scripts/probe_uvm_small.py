@@ -1,12 +1,15 @@
 """Where a uvm table's 2,000-key lookups lose to the static table's when every row is in GPU
 memory (a diagnostic, not a benchmark: `python scripts/probe_uvm_small.py` on a GPU).
 
-One table (default 2M keys, dim 64) loaded by one `HPS` as two models: static, and uvm with
-every row in GPU memory (gpucacheper 1.0), so no lookup reads host memory. The same
-power-law draws (alpha 1.2) go through `lookup_fromdlpack` in rounds taking turns: wall p50
-of the call and the GPU time between CUDA events recorded around it. The uvm model runs
-twice: as loaded, and with every key's access count seeded to HITS_CAP (its query then
-only reads the counts, no atomics).
+One table (default 2M keys, dim 64) loaded by one `HPS` as three models: static, uvm with
+every row in GPU memory (gpucacheper 1.0, `--gpu-fraction`), so no lookup reads host
+memory, and a dynamic cache in the uvm table's GPU memory. The same power-law draws (alpha
+1.2, `--alpha`) go through `lookup_fromdlpack`: first back to back for `--warmup-seconds`
+each (the dynamic cache inserts them, uvm's passes promote them), then in rounds taking
+turns: wall p50 of the call and the GPU time between CUDA events recorded around it. The
+uvm model then runs without its promotion task: as it was, with its counts halved (as a pass
+does) before each round, and with every key's count seeded to HITS_CAP (its query then
+only reads the counts, no atomics); one pass, called directly, is timed between.
 """
 
 from __future__ import annotations
@@ -88,59 +91,83 @@ def main() -> None:
     import cupy as cp
 
     from hps.api import HPS
-    from hps.gpu.uvm_table import HITS_CAP
+    from hps.gpu.uvm_table import HITS_CAP, UvmEmbeddingTable
     from hps.modelfiles.formats.sparse_folder import write_sparse_model
-    from hps.tools.bench.gpu_uvm import PowerLaw, _model
+    from hps.tools.bench.gpu_uvm import PowerLaw, _equal_memory_fraction, _model, _run_for
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", type=int, default=2_000_000)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--gpu-fraction", type=float, default=1.0)
+    parser.add_argument("--alpha", type=float, default=1.2)
+    parser.add_argument("--warmup-seconds", type=float, default=1.0)
     parser.add_argument("--calls", type=int, default=2000, help="calls a figure")
     parser.add_argument("--load-factor", type=float, default=None,
                         help="the uvm index's keys per slot (default: the table's)")
     args = parser.parse_args()
     if args.load_factor is not None:
-        from hps.gpu.uvm_table import UvmEmbeddingTable
-
         UvmEmbeddingTable.__init__.__kwdefaults__["load_factor"] = args.load_factor
     rng = np.random.default_rng(0)
     keys = rng.permutation(np.arange(args.keys, dtype=np.int64) * 7 + 11)
     folder = Path(tempfile.mkdtemp(prefix="hps-uvm-probe-"))
     write_sparse_model(folder / "t0", keys, rng.random((args.keys, args.dim), np.float32))
     files = str(folder / "t0")
+    uvm_bytes = UvmEmbeddingTable.device_bytes_required(
+        args.keys, args.dim, int(np.ceil(args.gpu_fraction * args.keys)))
     config = {"supportlonglong": True, "volatile_db": {"type": "hash_map"}, "models": [
         _model("static", files, args.dim, 0, embedding_cache_type="static"),
-        _model("uvm", files, args.dim, 0, embedding_cache_type="uvm", gpucacheper=1.0)]}
+        _model("uvm", files, args.dim, 0, embedding_cache_type="uvm",
+               gpucacheper=args.gpu_fraction),
+        _model("dynamic", files, args.dim, 0, cache_refresh_percentage_per_iteration=1.0,
+               gpucacheper=min(1.0, _equal_memory_fraction(args.keys, args.dim, uvm_bytes)))]}
     hps = HPS(config)
-    power = PowerLaw(keys, 1.2, rng)
+    power = PowerLaw(keys, args.alpha, rng)
     batches = [cp.asarray(power.draw(rng, 2000)) for _ in range(64)]
     out = cp.empty((2000, args.dim), np.float32)
     uvm = hps.server.model("uvm").tables[0].gpu[0]._table
     print(f"uvm GPU rows {uvm.gpu_rows} of {args.keys} keys; used {uvm.gpu_rows_used()}")
-    for model in ("static", "uvm"):
-        _time(cp, hps, model, batches, out, args.calls // 4)
-    static = hps.server.model("static").tables[0].gpu[0]._table
-    rows: dict[str, list[tuple[float, float]]] = {
-        "static": [], "uvm": [], "uvm, counts capped": [], "static table query_ptr": [],
-        "uvm table query_ptr": [], "static kernel (gated)": [], "uvm kernel (gated)": [],
-        "uvm, no promotion task": []}
+    models = ("static", "dynamic", "uvm")
+    for model in models:
+        _run_for(hps, model, batches, out, args.warmup_seconds, 0)
+    print(f"uvm GPU rows used after the warm-up {uvm.gpu_rows_used()}")
+    tables = {m: hps.server.model(m).tables[0].gpu[0]._table for m in models}
+    rows: dict[str, list[tuple[float, float]]] = {}
     for _ in range(args.rounds):
-        rows["static"].append(_time(cp, hps, "static", batches, out, args.calls))
-        rows["uvm"].append(_time(cp, hps, "uvm", batches, out, args.calls))
-        uvm.seed_hits(cp.asarray(keys), cp.full(keys.size, HITS_CAP, np.uint32))
-        rows["uvm, counts capped"].append(_time(cp, hps, "uvm", batches, out, args.calls))
-        for name, table in (("static table query_ptr", static), ("uvm table query_ptr", uvm)):
-            rows[name].append(_time_table(cp, table, batches, out, args.calls))
-        for name, table in (("static kernel (gated)", static), ("uvm kernel (gated)", uvm)):
-            rows[name].append(_time_kernel(cp, table, batches, out, args.calls // 4))
+        for m in models:
+            rows.setdefault(m, []).append(_time(cp, hps, m, batches, out, args.calls))
+        for m in models:
+            rows.setdefault(f"{m} table query_ptr", []).append(
+                _time_table(cp, tables[m], batches, out, args.calls))
+        for m in models:
+            rows.setdefault(f"{m} kernel (gated)", []).append(
+                _time_kernel(cp, tables[m], batches, out, args.calls // 4))
+    # what a pass costs here, called directly
+    hits, links = uvm._hits, uvm._gpu_row
+    print(f"candidates (hits >= 2, no GPU row): "
+          f"{int(cp.count_nonzero((hits >= 2) & (links == 0xFFFFFFFF)))}")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        moved = uvm.promote()
+        print(f"promote(): {(time.perf_counter() - t0) * 1e3:.2f} ms, {moved} rows moved")
     if uvm._promoter is not None:
         uvm._promoter.close(timeout=30)
     for _ in range(args.rounds):
-        rows["uvm, no promotion task"].append(_time(cp, hps, "uvm", batches, out, args.calls))
-    print(f"{'model':22s} {'wall p50 us (rounds)':40s} GPU p50 us (rounds)")
+        rows.setdefault("uvm, no promotion task", []).append(
+            _time(cp, hps, "uvm", batches, out, args.calls))
+    for _ in range(args.rounds):  # the counts halved as a pass does, nothing else
+        with uvm._stream:
+            cp.right_shift(hits, 1, out=hits)
+        uvm._stream.synchronize()
+        rows.setdefault("uvm, no task, counts halved", []).append(
+            _time(cp, hps, "uvm", batches, out, args.calls))
+    for _ in range(args.rounds):  # no atomics: every count at the cap
+        uvm.seed_hits(cp.asarray(keys), cp.full(keys.size, HITS_CAP, np.uint32))
+        rows.setdefault("uvm, no task, counts capped", []).append(
+            _time(cp, hps, "uvm", batches, out, args.calls))
+    print(f"{'model':30s} {'wall p50 us (rounds)':40s} GPU p50 us (rounds)")
     for name, figures in rows.items():
-        print(f"{name:22s} {' '.join(f'{w:5.1f}' for w, _ in figures):40s} "
+        print(f"{name:30s} {' '.join(f'{w:5.1f}' for w, _ in figures):40s} "
               f"{' '.join(f'{g:5.1f}' for _, g in figures)}")
     hps.close()
 

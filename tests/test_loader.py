@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from hps import ConfigError, ModelFileError
+from hps.runtime.memory_available import available_memory
 from hps.server import HierarchicalParameterServer
-from hps.server.loader import available_memory, open_reader, served_chunks
+from hps.server.loader import open_reader, served_chunks
 from hps.tiers.rocksdb.tier import RocksDBTier
 from tests.conftest import model_config, write_table
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import math
 import mmap
-import os
 import threading
 import weakref
 from typing import Any
@@ -171,16 +170,3 @@ def pinned_empty(cupy: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     # on the flat array: every view of the result (NumPy's bases collapse) refers to it
     weakref.finalize(flat, _results.release, nbytes).atexit = False
     return flat.reshape(shape)
-
-
-def host_memory_available() -> int:
-    """Bytes of host memory the system can still give (MemAvailable), or free pages where
-    /proc/meminfo is missing."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))

@@ -50,3 +50,19 @@ def choose_moves(cp: Any, hits_u32: Any, gpu_row: Any, owner: Any, max_moves: in
     out = owner[rows]
     demoted = out[out != NO_ROW].astype(np.int64)
     return cand[:m], rows, demoted
+
+
+def compile_pass_kernels(cp: Any) -> None:
+    """Runs choose_moves and a pass's halving once on a made-up table of five slots and two
+    GPU rows (one candidate wins a free row, one a held row), on the caller's stream, so
+    CuPy compiles the pass's kernels then, at load, rather than on the promotion task's
+    first pass beside lookups: on a fresh machine that took the task's thread seconds of
+    NVRTC, and a caller's 2,000-key lookups took ~12 µs longer meanwhile (H200,
+    scripts/probe_uvm_small.py)."""
+    links = cp.zeros((5, 2), np.uint32)  # per slot: GPU row, hits (the table's pairs)
+    links[:, 0] = NO_ROW
+    links[2, 0] = 0
+    links[:, 1] = cp.asarray([4, 3, 0, 1, 0], np.uint32)
+    owner = cp.asarray([2, NO_ROW], np.uint32)
+    choose_moves(cp, links[:, 1], links[:, 0], owner, 2)  # both candidates win a row
+    cp.right_shift(links[:, 1], 1, out=links[:, 1])

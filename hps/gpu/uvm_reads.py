@@ -6,12 +6,11 @@ queues the kernels of cuda/uvm_table.cu).
   are bound by address translation): the query kernel serves GPU rows and misses and notes
   the host rows by batch position, three small kernels put them in region order and read
   them; the miss count is published after the last of them.
-- A smaller batch reads its host rows at once (fewer launches: its latency counts more than
-  the bus). Where it may promote, the query also lists the rows it read and publishes
-  their count beside the miss count, so the host queues the promotion only when there is
-  something to promote.
+- A smaller batch reads its host rows at once (one launch: its latency counts more than
+  the bus).
 
-Both leave the rows read in one workspace's HostReadLists, for the promotion after them.
+A grouped query leaves the rows it read in its workspace's HostReadLists, for the
+promotion after it.
 """
 
 from __future__ import annotations
@@ -35,16 +34,15 @@ def region_shift(num_rows: int, row_bytes: int, region_bytes: int = REGION_BYTES
 
 
 class HostReadLists:
-    """One workspace's buffers for the host rows a query read (device): the number of
-    them, of the promotions claimed and of a noted query's reads so far (u32 [3]); the
-    slot deferred at each batch position (NO_ROW where none: grouped reads); the slots and
-    their positions in region order, or in the order a noted query read them (u32
-    [capacity] each); and per region its count and its start in the order. Between queries
-    every count but the first two is 0 (the kernels leave them so)."""
+    """One workspace's buffers for the host rows a grouped query read (device): the
+    number of them and of the promotions claimed (u32 [2]); the slot deferred at each
+    batch position (NO_ROW where none); the slots and their positions in region order
+    (u32 [capacity] each); and per region its count and its start in the order. Between
+    queries every region count is 0 (the kernels leave them so)."""
 
     def __init__(self, cupy: Any, capacity: int, regions: int) -> None:
         self.capacity = capacity
-        self.listed = cupy.zeros(3, np.uint32)  # rows read; promotions claimed; noted
+        self.listed = cupy.zeros(2, np.uint32)  # rows read; promotions claimed
         self.lists = cupy.empty((3, capacity), np.uint32)  # by position, ordered slot, pos
         self.region_count = cupy.zeros(regions, np.uint32)
         self.region_start = cupy.empty(regions, np.uint32)

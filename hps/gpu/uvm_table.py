@@ -20,10 +20,8 @@ Placement: the first `gpu_rows` keys built get the GPU rows (file order, HugeCTR
 order); `seed_hits(keys, counts)` lets known access counts decide the first pass instead.
 Every access counts in the key's `hits` (up to HITS_CAP). A promotion pass (the background
 task, every `promotion_interval` seconds while lookups come, on the table's stream; while
-lookups promote rows themselves (below), the task only halves the counts; after a pass
-that moved nothing the next full pass waits 2, 4, ... up to 2**idle_backoff ticks, since
-its sorts on the device run beside the lookups, and the ticks between only halve the
-counts; hps/gpu/uvm_moves.py chooses the moves):
+lookups promote rows themselves (below), the task only halves the counts;
+hps/gpu/uvm_moves.py chooses the moves):
 
 1. candidates: keys without a GPU row with hits >= MIN_HITS, most hits first (ties: lower
    slot first); victims: GPU rows, free ones first, then by their key's hits, fewest first
@@ -33,16 +31,18 @@ counts; hps/gpu/uvm_moves.py chooses the moves):
    as hot as the candidates from swapping back and forth;
 3. every count is halved (older accesses weigh less).
 
-Promotion on the lookup path: a query of n keys that runs alone on the device (no query
-on another stream in flight, no pass choosing moves) and read at most n / 2 rows from
+Promotion on the lookup path: a grouped query (below) of n keys that runs alone on the
+device (no query on another stream in flight, no pass choosing moves) and read at most
+n / 2 rows from
 host memory then promotes the host rows it read for keys with `lookup_min_hits` accesses
 or more, at most min(gpu_rows, n) // 32 of them, into the GPU rows with the fewest hits in
 windows at a clock hand (cuda/uvm_table.cu uvm_promote_read_rows), on the caller's
 stream: skewed traffic then reads its warm rows from GPU memory from the next batch on
-instead of waiting for a pass. A grouped batch's promotion copies float32 rows from the
-batch's output (no second read of host memory) and then publishes the batch's miss count,
-so the call returns only once nothing reads its output; a smaller batch queues it after
-its rows are complete, and only when it read host rows.
+instead of waiting for a pass. The promotion copies float32 rows from the batch's
+output (no second read of host memory) and then publishes the batch's miss count, so the
+call returns only once nothing reads its output. Smaller batches do not promote: each one
+that read a host row would pay a promotion launch (2,000-key p50 29 against 23 µs without,
+H100), and the passes place their keys.
 Later queries and writes wait for it as for a write, so an update either comes first
 (the copy is of its row) or rewrites the new GPU copy too.
 
@@ -56,8 +56,8 @@ so both copies a query may read are equal. Counts are updated without locks: a p
 runs while queries count may lose a few increments.
 
 Host reads (hps/gpu/uvm_reads.py): a batch of `grouped_reads_from` keys or more reads its
-host rows grouped by region; a smaller one reads them at once and, where it may promote,
-lists them for the promotion after it.
+host rows grouped by region; a smaller one reads them at once (cuda/uvm_table.cu
+uvm_query, the static query's shape).
 
 Memory: GPU slots × 16 B (key, GPU row link, hits) + gpu_rows × (row bytes + 4); pinned
 host (slots + 1) × row bytes (`device_bytes_required`, `host_bytes_required`). Too little
@@ -68,6 +68,7 @@ host memory is a ConfigError before anything is allocated. A thread's grouped re
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from typing import Any
@@ -77,17 +78,18 @@ import numpy as np
 from hps.errors import ConfigError, LookupInputError
 from hps.gpu import kernels
 from hps.gpu.device_table import decode_rows
-from hps.gpu.host_memory import MappedHostMemory, host_memory_available
+from hps.gpu.host_memory import MappedHostMemory
 from hps.gpu.kernels import SET_SIZE
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
 from hps.gpu.streams import same_stream
-from hps.gpu.uvm_moves import MIN_HITS, NO_ROW, choose_moves
+from hps.gpu.uvm_moves import MIN_HITS, NO_ROW, choose_moves, compile_pass_kernels
 from hps.gpu.uvm_reads import REGION_BYTES, SCAN_BLOCK, HostReadLists, region_shift
 from hps.gpu.workspace import QueryWorkspace
-from hps.rows.gpu_layout import OUT_FLOAT32, stored_row_bytes, table_storage
+from hps.rows.gpu_layout import stored_row_bytes, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
 from hps.runtime.background import PeriodicTask
+from hps.runtime.memory_available import available_memory
 
 log = logging.getLogger("hps.gpu")
 
@@ -102,7 +104,7 @@ DEFAULT_PROMOTION_INTERVAL = 0.1  # seconds between background passes
 # Not tuned on a GPU yet beyond 1M-key batches: below it the direct reads are kept.
 GROUPED_READS_FROM = 1 << 14
 _QUERY_SIGNATURE = "ptr i64 ptr ptr u32 ptr ptr i32 ptr ptr ptr ptr f32 ptr ptr ptr"
-_PROMOTE_SIGNATURE = "ptr i64 ptr u32 u32 ptr ptr ptr ptr ptr u32 ptr ptr ptr i32 ptr ptr i32"
+_PROMOTE_SIGNATURE = "ptr i64 ptr u32 u32 ptr ptr ptr ptr ptr u32 ptr ptr ptr i32 ptr ptr"
 _GROUPED_KERNELS = (  # name, signature
     ("uvm_query_grouped", _QUERY_SIGNATURE + " ptr ptr i32"),
     ("uvm_region_scan", "ptr ptr u32 ptr"),
@@ -122,18 +124,13 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
 
     _kind = "uvm table"
     _source = "uvm_table.cu"  # includes static_table.cu: static_build and static_dump too
-    _query_kernel = "uvm_query_noted"  # batches below grouped_reads_from
-    _query_signature = _QUERY_SIGNATURE + " ptr ptr ptr"
+    _query_kernel = "uvm_query"  # batches below grouped_reads_from
+    _query_signature = _QUERY_SIGNATURE
     _update_kernel = "uvm_update"
-    _pipelined_kernel = None  # uvm_query_noted serves every batch it does not group
+    _pipelined_kernel = None  # uvm_query serves every batch it does not group
     # lookup promotions copy float32 rows from the batch's output, not the host again
     promote_from_output = True
     lookup_min_hits = MIN_HITS  # accesses a host row's key needs to take a GPU row
-    # batches below grouped_reads_from promote too: off, as each one that read a host row
-    # then pays a promotion launch (2,000-key p50 29 against 23 µs without, H100)
-    promote_small_batches = False
-    # a full pass that moved nothing makes the next ones rarer (up to 2**IDLE_BACKOFF ticks)
-    idle_backoff = 5
 
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *, gpu_rows: int,
                  load_factor: float = DEFAULT_LOAD_FACTOR,
@@ -155,7 +152,9 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self.gpu_rows = min(int(gpu_rows), int(num_keys) + 1)
         self.max_moves = int(max_moves) if max_moves else max(1024, self.gpu_rows // 16)
         host = self.host_bytes_required(num_keys, dim, load_factor, storage)
-        available = host_memory_available()
+        available = available_memory()
+        if available is None:  # no MemAvailable: the free pages
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         if host > available:
             raise ConfigError(
                 f"the uvm table of {num_keys} keys of dim {dim} needs {host / 2**30:.2f} GiB "
@@ -183,6 +182,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                 self._hits.fill(0)
                 self._gpu_vecs.fill(0)
                 self._owner.fill(NO_ROW)
+                compile_pass_kernels(self._cp)
             self._stream.synchronize()
         self._gpu_row_ptr = int(self._gpu_row.data.ptr)
         self._gpu_vecs_ptr = int(self._gpu_vecs.data.ptr)
@@ -203,7 +203,6 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self._grouped_generation = -1
         self._pass_lock = threading.Lock()  # one pass at a time
         self._lookups = self._seen_lookups = self._seen_promoted = 0
-        self._idle_ticks = self._skip_ticks = 0  # full passes that moved nothing; ticks left
         self.passes = 0
         self.moved = 0
         self._promoter: PeriodicTask | None = None
@@ -282,10 +281,8 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     # -- kernels' arguments ---------------------------------------------------------------
 
     def _fixed_query_params(self, ws: QueryWorkspace) -> dict[int, float]:
-        listed, _, order_slots, order_positions, _, _ = self._lists_for(ws, ws.capacity).ptrs
         return {**super()._fixed_query_params(ws), 13: self._gpu_row_ptr,
-                14: self._gpu_vecs_ptr, 15: self._hits_ptr, 16: listed, 17: order_slots,
-                18: order_positions}
+                14: self._gpu_vecs_ptr, 15: self._hits_ptr}
 
     def _enqueue(self, keys_ptr: int, n: int, out_ptr: int, default: float,
                  ws: QueryWorkspace, stream_ptr: int, out_type: int, event_ptr: int) -> None:
@@ -308,12 +305,11 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                                    self._regions)
             self._cp.cuda.get_current_stream().synchronize()  # zeroed before any query
             self._read_lists[ws] = lists
-            ws.launches = {}  # small queries' launches list into the old buffers
         return lists
 
     def _grouped_launches(self, out_type: int) -> tuple[Any, ...]:
         """The four kernels of a grouped query writing out_type and the promotion after
-        it or after a small query (see cuda/uvm_table.cu)."""
+        it (see cuda/uvm_table.cu)."""
         if self._grouped_generation != self._generation:
             self._grouped = {}
             self._grouped_generation = self._generation
@@ -352,17 +348,15 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
                order_slots, order_positions, self._vecs_ptr, out_ptr, vec4, ws.ctl_ptr,
                ws.host_ptr, int(not promote))
         if promote:  # publishes the miss count in the gather's stead
-            self._enqueue_promotion(lists, n, stream_ptr, out_ptr, out_type,
-                                    self.promote_from_output, ws)
+            self._enqueue_promotion(lists, n, stream_ptr, out_ptr, out_type, ws)
 
     def _enqueue_promotion(self, lists: HostReadLists, n: int, stream_ptr: int,
-                           out_ptr: int, out_type: int, from_output: bool,
-                           publishing: QueryWorkspace | None = None) -> None:
-        """The promotion of the host rows the last query on lists' workspace read (the
-        lock held, the device current, _may_promote true), copied from its output rows
-        where from_output allows it (see cuda/uvm_table.cu); it then publishes the miss
-        count of the query on `publishing`, if given (the caller returns only once
-        nothing reads its output any more)."""
+                           out_ptr: int, out_type: int, ws: QueryWorkspace) -> None:
+        """The promotion of the host rows the grouped query on ws just read (the lock
+        held, the device current, _may_promote true), copied from its output rows where
+        promote_from_output allows it (see cuda/uvm_table.cu); it then publishes the
+        query's miss count (the caller returns only once nothing reads its output any
+        more)."""
         listed, _, order_slots, order_positions, _, _ = lists.ptrs
         promote = self._grouped_launches(out_type)[-1]
         moves = self._moves_done
@@ -372,29 +366,10 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         promote(min(-(-n * 32 // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed, n,
                 order_slots, budget, self.lookup_min_hits, self._vecs_ptr, self._gpu_row_ptr,
                 self._hits_ptr, self._gpu_vecs_ptr, self._owner_ptr, self.gpu_rows,
-                self._clock_ptr, order_positions, out_ptr, int(from_output),
-                publishing.ctl_ptr if publishing else 0,
-                publishing.host_ptr if publishing else 0, int(publishing is not None))
+                self._clock_ptr, order_positions, out_ptr, int(self.promote_from_output),
+                ws.ctl_ptr, ws.host_ptr)
         self._rt.eventRecord(lists.promoted.ptr, stream_ptr)
         self._write_event = lists.promoted  # later queries and writes come after it
-
-    def query_ptr(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,
-                  ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> int:
-        """StaticEmbeddingTable.query_ptr; a small batch that read host rows then
-        promotes them (where promote_small_batches) on its stream after its rows are
-        complete, copied from host memory again: the caller may reuse the output from any
-        stream once this returns."""
-        count = super().query_ptr(keys_ptr, n, out_ptr, default_value, ws, stream_ptr,
-                                  out_type)
-        if n < self.grouped_reads_from and self.promote_small_batches:
-            read = int(ws.host_count[1])  # published with the count by uvm_query_noted
-            if 0 < read <= n // 2:  # as uvm_promote_read_rows' own rule
-                with self._lock:
-                    if not self._closed and self._may_promote(stream_ptr):
-                        self._wait_for_writes(stream_ptr)  # writes since the query
-                        self._enqueue_promotion(self._read_lists[ws], n, stream_ptr, 0,
-                                                OUT_FLOAT32, False)
-        return count
 
     def _may_promote(self, stream_ptr: int) -> bool:
         """Whether a grouped query on stream_ptr may promote its rows (the lock held): no
@@ -459,21 +434,14 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         self._seen_lookups = self._lookups
         promoted = self.lookup_promotions()
         if promoted == self._seen_promoted:
-            # a full pass sorts every candidate and GPU row on the device: once passes
-            # stop moving rows, run them on every 2nd, 4th, ... tick, not beside each
-            # lookup; the ticks between only age the counts, as every pass does
-            if self._skip_ticks == 0:
-                moved = self.promote()
-                self._idle_ticks = 0 if moved else min(self._idle_ticks + 1,
-                                                       self.idle_backoff)
-                self._skip_ticks = (1 << self._idle_ticks) - 1
-                return
-            self._skip_ticks -= 1
-        else:
-            # lookups placed rows since the last pass: the counts only decay (a pass's
-            # moves would fight theirs, and lookups that promote wait for a pass's copies)
-            self._idle_ticks = self._skip_ticks = 0
-            self._seen_promoted = promoted
+            # a full pass on every tick: backing off to every 2nd, 4th, ... 32nd tick while
+            # passes moved nothing gained nothing measurable (1M power-law keys within
+            # noise, H100 and H200; docs/benchmarks.md)
+            self.promote()
+            return
+        # lookups placed rows since the last pass: the counts only decay (a pass's moves
+        # would fight theirs, and lookups that promote wait for a pass's copies)
+        self._seen_promoted = promoted
         with self._pass_lock, self._lock:
             if self._closed:
                 return

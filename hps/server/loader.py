@@ -38,6 +38,7 @@ from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES, ModelReader, ReadOptions
 from hps.modelfiles.read_ahead import read_ahead
 from hps.modelfiles.source import SourceOptions
 from hps.rows.storage_types import FLOAT32, StorageType
+from hps.runtime.memory_available import available_memory
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import Tier
 
@@ -193,19 +194,6 @@ def _malloc_trim() -> Any:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc
         return None
-
-
-def available_memory() -> int | None:
-    """Bytes of memory the system can give this process now (Linux MemAvailable), None
-    where it cannot tell."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def check_memory(name: str, rows: int, dim: int, tier: Tier | None,

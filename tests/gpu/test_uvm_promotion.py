@@ -58,26 +58,21 @@ def _check_links(state: dict[str, Any]) -> None:
 
 
 @gpu
-@pytest.mark.parametrize(("gpu_rows", "dim", "from_output", "storage", "grouped"), [
-    (1, 16, True, "float32", True), (40, 16, True, "float32", True),
-    (2048, 16, True, "float32", True),
-    (2048, 13, True, "float32", True),  # stored rows padded past the output row (13 in 16)
-    (2048, 16, False, "float32", True),  # the promoted rows read from host memory again
-    (2048, 16, True, "float16", True),  # float32 output of 16-bit rows: from host memory
-    # small batches: host rows read at once and listed, promoted after the query
-    (40, 16, True, "float32", False), (2048, 13, True, "float32", False),
+@pytest.mark.parametrize(("gpu_rows", "dim", "from_output", "storage"), [
+    (1, 16, True, "float32"), (40, 16, True, "float32"), (2048, 16, True, "float32"),
+    (2048, 13, True, "float32"),  # stored rows padded past the output row (13 in 16)
+    (2048, 16, False, "float32"),  # the promoted rows read from host memory again
+    (2048, 16, True, "float16"),  # float32 output of 16-bit rows: from host memory
 ])
 def test_a_batch_promotes_its_warm_host_rows(cp: Any, rng: np.random.Generator, seed: int,
                                              gpu_rows: int, dim: int, from_output: bool,
-                                             storage: str, grouped: bool) -> None:
+                                             storage: str) -> None:
     n = 20_000
     keys = np.arange(n, dtype=np.int64) * 7 + 11
     # values a float16 row holds exactly, so every storage returns them as given
     rows = rng.standard_normal((n, dim)).astype(np.float16).astype(np.float32)
-    with _table(n, dim, gpu_rows, storage=storage,
-                grouped_reads_from=1 if grouped else 1 << 30) as table:
+    with _table(n, dim, gpu_rows, storage=storage) as table:
         table.promote_from_output = from_output
-        table.promote_small_batches = True
         table.build(keys, rows)
         for rnd in range(4):
             # cold keys read three times (warm), others once (never promoted), a few keys
@@ -140,33 +135,34 @@ def test_no_promotion_when_switched_off_or_below_min_hits(cp: Any,
     n, dim = 5000, 8
     keys = np.arange(n, dtype=np.int64) * 3 + 1
     rows = rng.standard_normal((n, dim)).astype(np.float32)
-    with _table(n, dim, 500, promote_on_lookup=False) as off, _table(n, dim, 500) as on:
-        off.build(keys, rows)
-        on.build(keys, rows)
+    with _table(n, dim, 500, promote_on_lookup=False) as off, _table(n, dim, 500) as on, \
+            _table(n, dim, 500, grouped_reads_from=1 << 20) as small:
+        for table in (off, on, small):
+            table.build(keys, rows)
         assert MIN_HITS == 2
         cold = keys[1000:1600]
         # once each, in a batch that promotes (at most half its keys read host rows)
-        np.testing.assert_array_equal(_query(cp, on, cold, cold.size), rows[1000:1600])
+        for table in (on, small):
+            np.testing.assert_array_equal(_query(cp, table, cold, cold.size), rows[1000:1600])
         assert on.lookup_promotions() == 0
-        # 3 accesses each now; with 300 keys that have GPU rows, the batch promotes 10
+        # 3 accesses each now; with 300 keys that have GPU rows, the batch promotes 10, but
+        # not below grouped_reads_from (small's batches read their host rows at once)
         twice = np.r_[np.repeat(np.arange(1000, 1010), 2), np.arange(300)]
-        for table in (off, on):
+        for table in (off, on, small):
             np.testing.assert_array_equal(_query(cp, table, keys[twice]), rows[twice])
         assert off.lookup_promotions() == 0 and on.lookup_promotions() == 10
+        assert small.lookup_promotions() == 0
         state = on.state()
         assert (state["gpu_row"][_slots_of(state, cold[:10])] != NO_ROW).all()
 
 
 @gpu
-@pytest.mark.parametrize("grouped", [True, False])
 def test_promotion_never_serves_a_stale_row(cp: Any, rng: np.random.Generator,
-                                            seed: int, grouped: bool) -> None:
+                                            seed: int) -> None:
     """Row of key i at version v: every float i * 1000 + v. A promoting reader churns a
     few GPU rows among many warm keys while the main thread updates keys and runs passes;
     after each update returns, a lookup of its keys must see that version (a promotion
-    that copied the older host row and linked it after the update would not). Small
-    batches (not grouped) queue their promotion after their rows are back, when an update
-    may have come in between."""
+    that copied the older host row and linked it after the update would not)."""
     n, dim, gpu_rows = 6000, 32, 64
     keys = np.arange(n, dtype=np.int64) * 5 + 3
     ids = np.arange(n, dtype=np.float32)
@@ -174,8 +170,7 @@ def test_promotion_never_serves_a_stale_row(cp: Any, rng: np.random.Generator,
     def rows_at(version: int, which: np.ndarray) -> np.ndarray:
         return np.repeat((ids[which] * 1000 + version)[:, None], dim, axis=1)
 
-    with _table(n, dim, gpu_rows, grouped_reads_from=1 if grouped else 1 << 30) as table:
-        table.promote_small_batches = True
+    with _table(n, dim, gpu_rows) as table:
         table.build(keys, rows_at(0, np.arange(n)))
         stop = threading.Event()
         errors: list[str] = []

@@ -20,7 +20,7 @@ p50/p99 (wall clock around the call, which returns with the output complete), an
 batches in G keys/s (for at least 0.5 s). Before timing each alpha, its 1M-key batches
 run until the uvm table moves few rows (by passes and on lookups), or three rounds for the
 dynamic cache; its 2,000-key batches run back to back for `small_warmup_s` (1 s) in both
-modes before they are timed.
+modes, then are timed with the modes taking turns (ten rounds of 200 calls each).
 
 Printed side by side, one row per workload: each mode's figure, uvm over dynamic (>= 1:
 uvm is not slower; latencies inverted), and HierarchicalKV's published hybrid figures on
@@ -104,18 +104,23 @@ def _time_batches(cp: Any, hps: Any, model: str, batches: list[Any], out: Any,
     return n * done / (time.perf_counter() - t0) / 1e9
 
 
-def _latency(hps: Any, model: str, batches: list[Any], out: Any, iters: int,
-             device_id: int) -> tuple[float, float]:
-    """p50 and p99 microseconds of lookup_fromdlpack (it returns with `out` complete)."""
-    wall = []
-    for i in range(iters + 100):
-        b = batches[i % len(batches)]
-        t0 = time.perf_counter()
-        hps.lookup_fromdlpack(b, out, model, 0, device_id)
-        t1 = time.perf_counter()
-        if i >= 100:
-            wall.append((t1 - t0) * 1e6)
-    return statistics.median(wall), float(np.percentile(wall, 99))
+def _latencies(hps: Any, modes: tuple[str, ...], batches: list[Any], out: Any, iters: int,
+               device_id: int, rounds: int = 10) -> dict[str, tuple[float, float]]:
+    """Per mode, p50 and p99 microseconds of lookup_fromdlpack (it returns with `out`
+    complete) over `iters` calls, the modes taking turns in `rounds` rounds (after 20
+    untimed calls each), so the machine's drift weighs on every mode alike."""
+    wall: dict[str, list[float]] = {mode: [] for mode in modes}
+    for r in range(rounds):
+        for mode in modes:
+            for i in range(20 + iters // rounds):
+                b = batches[(r + i) % len(batches)]
+                t0 = time.perf_counter()
+                hps.lookup_fromdlpack(b, out, mode, 0, device_id)
+                t1 = time.perf_counter()
+                if i >= 20:
+                    wall[mode].append((t1 - t0) * 1e6)
+    return {mode: (statistics.median(w), float(np.percentile(w, 99)))
+            for mode, w in wall.items()}
 
 
 def _run_for(hps: Any, model: str, batches: list[Any], out: Any, seconds: float,
@@ -293,15 +298,15 @@ def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0
         big_out = cp.empty((1 << 20, dim), np.float32)
         small_out = cp.empty((2000, dim), np.float32)
         figures: dict[tuple[str, str], float] = {}
+        gpus = {mode: hps.server.model(mode).tables[0].gpu[device_id] for mode in modes}
         for mode in modes:
-            gpu = hps.server.model(mode).tables[0].gpu[device_id]
-            mib = gpu.stats()["memory_bytes"] / 2**20
-            figures[("GPU MiB", mode)] = mib
-            for a in alphas:
-                big = [cp.asarray(power[a].draw(rng, 1 << 20)) for _ in range(8)]
-                small = [cp.asarray(power[a].draw(rng, 2000)) for _ in range(64)]
+            figures[("GPU MiB", mode)] = gpus[mode].stats()["memory_bytes"] / 2**20
+        for a in alphas:
+            big = [cp.asarray(power[a].draw(rng, 1 << 20)) for _ in range(8)]
+            small = [cp.asarray(power[a].draw(rng, 2000)) for _ in range(64)]
+            for mode in modes:
                 if mode == "uvm":
-                    settled = _settle(cp, hps, mode, gpu, big, big_out, settle_seconds,
+                    settled = _settle(cp, hps, mode, gpus[mode], big, big_out, settle_seconds,
                                       device_id)
                     rows.append({"bench": "uvm settle 1M", "workload": f"alpha {a}",
                                  "uvm": settled["settle_s"],
@@ -312,21 +317,28 @@ def bench_uvm(num_keys: int = 20_000_000, dim: int = 64, gpu_fraction: float = 0
                         hps.lookup_fromdlpack(b, big_out, mode, 0, device_id)
                 figures[(f"1M power-law {a} keys G keys/s", mode)] = _time_batches(
                     cp, hps, mode, big, big_out, 64, device_id)  # background passes included
-                # then the 2,000-key batches run back to back for a while, as they are
-                # timed, both modes alike: the 1M batches' keys hold uvm's GPU rows with
-                # high counts, which passes (every 0.1 s) take some tenths of a second to
-                # decay before the small batches' keys can take their rows
-                moved = _moved(gpu.stats()) if mode == "uvm" else 0
+            # then each mode's 2,000-key batches run back to back for a while, as they are
+            # timed: the 1M batches' keys hold uvm's GPU rows with high counts, which passes
+            # (every 0.1 s) take some tenths of a second to decay before the small batches'
+            # keys can take their rows. A table gets no passes while others are looked up.
+            for mode in modes:
+                moved = _moved(gpus[mode].stats()) if mode == "uvm" else 0
                 _run_for(hps, mode, small, small_out, small_warmup_s, device_id)
                 if mode == "uvm":
                     rows.append({"bench": "uvm warm-up 2,000", "workload": f"alpha {a}",
                                  "uvm": small_warmup_s,
-                                 "rows_moved": _moved(gpu.stats()) - moved})
-                p50, p99 = _latency(hps, mode, small, small_out, 2000, device_id)
+                                 "rows_moved": _moved(gpus[mode].stats()) - moved})
+            latencies = _latencies(hps, modes, small, small_out, 2000, device_id)
+            for mode, (p50, p99) in latencies.items():
                 figures[(f"2,000 power-law {a} keys p50 us", mode)] = p50
                 figures[(f"2,000 power-law {a} keys p99 us", mode)] = p99
+        for mode in modes:
+            moved = _moved(gpus[mode].stats()) if mode == "uvm" else 0
             figures[("1M uniform keys G keys/s", mode)] = _time_batches(
                 cp, hps, mode, big_uniform, big_out, 8, device_id)
+            if mode == "uvm":  # passes beside the timing read host rows over the bus too
+                rows.append({"bench": "uvm timed 1M", "workload": "uniform",
+                             "rows_moved": _moved(gpus[mode].stats()) - moved})
         for mode in modes:  # the timed path returns the file's rows
             out = cp.empty((probe_keys.size, dim), np.float32)
             hps.lookup_fromdlpack(cp.asarray(probe_keys), out, mode, 0, device_id)
@@ -398,10 +410,6 @@ def main() -> None:
                              "(before they copied the batch's output)")
     parser.add_argument("--lookup-min-hits", type=int, default=None,
                         help="accesses a key needs to be promoted on the lookup path")
-    parser.add_argument("--small-promotion", action="store_true",
-                        help="batches below the grouped size promote on lookups too")
-    parser.add_argument("--idle-backoff", type=int, default=None,
-                        help="0: a full promotion pass every tick even when none moves rows")
     parser.add_argument("--host-reads", action="store_true",
                         help="instead: the host-row reads alone, for each kind of host memory")
     args = parser.parse_args()
@@ -414,10 +422,6 @@ def main() -> None:
         UvmEmbeddingTable.promote_from_output = False
     if args.lookup_min_hits is not None:
         UvmEmbeddingTable.lookup_min_hits = args.lookup_min_hits
-    if args.small_promotion:
-        UvmEmbeddingTable.promote_small_batches = True
-    if args.idle_backoff is not None:
-        UvmEmbeddingTable.idle_backoff = args.idle_backoff
     rows = bench_uvm(args.keys, args.dim, args.gpu_fraction,
                      tuple(float(a) for a in args.alphas.split(",")), workdir=args.workdir,
                      modes=tuple(args.modes.split(",")), settle_seconds=args.settle_seconds,
