@@ -38,11 +38,11 @@
 
 #define NO_ROW 0xffffffffu
 
-// Counts one access to a slot (called by the group leader). Accesses that run at once may
-// each see a count below the cap, so a count can pass it by a few.
-__device__ __forceinline__ void uvm_count(u32* hit) {
-    if (*reinterpret_cast<volatile u32*>(hit) < (u32)HITS_CAP) atomicAdd(hit, 1u);
-}
+// A query reads a slot's GPU row link and hit count in one 8-byte load, and its group leader
+// counts the access when the count it read is below the cap: no second read of the count
+// before the atomic (a separate volatile read put a memory round trip between the probe and
+// the row loads). Accesses that run at once may each see a count below the cap, so a count
+// can pass it by a few.
 
 // Random reads of host rows over a large table are bound by address translation, not by
 // the bus: on an H100 1M reads of 256-byte rows spread over 5.3 GiB ran at 0.18 of the
@@ -97,11 +97,12 @@ __device__ __forceinline__ void uvm_query_rows(
             row[u] = nullptr;
             deferred[u] = false;
             if (slot[u] >= 0) {
-                const u32 at = gpu_row[LINK(slot[u])];
+                const uint2 link = *reinterpret_cast<const uint2*>(gpu_row + LINK(slot[u]));
+                const u32 at = link.x;  // link.y: the hit count (see above)
                 if (at != NO_ROW) row[u] = gpu_vecs + (u64)at * ROW_STRIDE;
                 else if (GROUPED) deferred[u] = true;
                 else row[u] = host_vecs + slot[u] * ROW_STRIDE;
-                if (gl == 0) uvm_count(hits + LINK(slot[u]));
+                if (gl == 0 && link.y < (u32)HITS_CAP) atomicAdd(hits + LINK(slot[u]), 1u);
             }
         }
         hps_lane_row r[UNROLL];
