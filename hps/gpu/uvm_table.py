@@ -33,16 +33,15 @@ hps/gpu/uvm_moves.py chooses the moves):
 
 Promotion on the lookup path: a grouped query (below) of n keys that runs alone on the
 device (no query on another stream in flight, no pass choosing moves) and read at most
-n / 2 rows from
-host memory then promotes the host rows it read for keys with `lookup_min_hits` accesses
-or more, at most min(gpu_rows, n) // 32 of them, into the GPU rows with the fewest hits in
-windows at a clock hand (cuda/uvm_table.cu uvm_promote_read_rows), on the caller's
-stream: skewed traffic then reads its warm rows from GPU memory from the next batch on
-instead of waiting for a pass. The promotion copies float32 rows from the batch's
-output (no second read of host memory) and then publishes the batch's miss count, so the
-call returns only once nothing reads its output. Smaller batches do not promote: each one
-that read a host row would pay a promotion launch (2,000-key p50 29 against 23 µs without,
-H100), and the passes place their keys.
+n / 2 rows from host memory then promotes the host rows it read for keys with
+`lookup_min_hits` accesses or more, at most min(gpu_rows, n) // 32 of them, into the GPU
+rows with the fewest hits in windows at a clock hand (cuda/uvm_table.cu
+uvm_promote_read_rows), on the caller's stream: skewed traffic then reads its warm rows
+from GPU memory from the next batch on instead of waiting for a pass. The promotion
+copies float32 rows from the batch's output (no second read of host memory) and then
+publishes the batch's miss count, so the call returns only once nothing reads its output.
+Smaller batches do not promote: each one that read a host row would pay a promotion
+launch (2,000-key p50 29 against 23 µs without, H100), and the passes place their keys.
 Later queries and writes wait for it as for a write, so an update either comes first
 (the copy is of its row) or rewrites the new GPU copy too.
 
