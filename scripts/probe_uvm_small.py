@@ -103,9 +103,16 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=1.2)
     parser.add_argument("--warmup-seconds", type=float, default=1.0)
     parser.add_argument("--calls", type=int, default=2000, help="calls a figure")
+    parser.add_argument("--probe-window", type=int, default=None,
+                        help="buckets a small batch's probe loads at once (static and uvm; "
+                             "default: hps/gpu/static_table.py's)")
     parser.add_argument("--load-factor", type=float, default=None,
                         help="the uvm index's keys per slot (default: the table's)")
     args = parser.parse_args()
+    if args.probe_window is not None:
+        import hps.gpu.static_table
+
+        hps.gpu.static_table._WINDOW = args.probe_window
     if args.load_factor is not None:
         UvmEmbeddingTable.__init__.__kwdefaults__["load_factor"] = args.load_factor
     rng = np.random.default_rng(0)
