@@ -38,12 +38,6 @@
 
 #define NO_ROW 0xffffffffu
 
-// A query reads a slot's GPU row link and hit count in one 8-byte load, and its group leader
-// counts the access when the count it read is below the cap: no second read of the count
-// before the atomic (a separate volatile read put a memory round trip between the probe and
-// the row loads). Accesses that run at once may each see a count below the cap, so a count
-// can pass it by a few.
-
 // Random reads of host rows over a large table are bound by address translation, not by
 // the bus: on an H100 1M reads of 256-byte rows spread over 5.3 GiB ran at 0.18 of the
 // pinned copy bandwidth, over 543 MiB (or the first 543 MiB of the same allocation) at
@@ -60,13 +54,16 @@
 // counter that every warp of the batch contends for (the query took 402-418 µs with the
 // list, 383-389 without, in the measurement below).
 
-// How a query reads host rows: at once (a batch below grouped_reads_from: its latency counts
-// more than the bus), or deferred to uvm_gather (GROUPED: slot noted in by_pos).
-
 // static_query's contract (hits copied to out[pos], misses filled with default_value and
 // appended to the miss lists), each row read from GPU memory when it has a copy there,
-// else from the mapped host memory at once or, GROUPED, later (above); a GROUPED query
-// leaves the miss count to uvm_gather. Every access counted in hits.
+// else from the mapped host memory: at once (a batch below grouped_reads_from, whose
+// latency counts more than the bus), or (GROUPED) noted in by_pos for uvm_gather, which
+// then publishes the miss count instead.
+//
+// Every access is counted in hits: the slot's GPU row link and hit count come in one
+// 8-byte load, and the group leader adds one when the count it read is below the cap (no
+// second read of the count before the atomic). Accesses that run at once may each see a
+// count below the cap, so a count can pass it by a few.
 template <bool GROUPED>
 __device__ __forceinline__ void uvm_query_rows(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
@@ -97,8 +94,9 @@ __device__ __forceinline__ void uvm_query_rows(
             row[u] = nullptr;
             deferred[u] = false;
             if (slot[u] >= 0) {
+                // the GPU row link and, beside it, the hit count (see above)
                 const uint2 link = *reinterpret_cast<const uint2*>(gpu_row + LINK(slot[u]));
-                const u32 at = link.x;  // link.y: the hit count (see above)
+                const u32 at = link.x;
                 if (at != NO_ROW) row[u] = gpu_vecs + (u64)at * ROW_STRIDE;
                 else if (GROUPED) deferred[u] = true;
                 else row[u] = host_vecs + slot[u] * ROW_STRIDE;
@@ -368,8 +366,9 @@ extern "C" __global__ void uvm_promote_read_rows(
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const long long m = listed[0];
+    const long long todo = m * 2 <= n ? m : 0;  // none where over half the batch read host rows
     const volatile u32* claims = listed + 1;
-    for (long long i = warp; m * 2 <= n && i < m; i += nwarps) {  // warp-uniform
+    for (long long i = warp; i < todo; i += nwarps) {  // warp-uniform
         const u32 slot = order_slot[i];
         const u32 h = hits[LINK(slot)];
         int step = 0;  // lane 0 decides: 0 skip the entry, 1 promote it, 2 the budget is spent

@@ -33,8 +33,8 @@ hps/gpu/uvm_moves.py chooses the moves):
 
 Promotion on the lookup path: a grouped query (below) of n keys that runs alone on the
 device (no query on another stream in flight, no pass choosing moves) and read at most
-n / 2 rows from host memory then promotes the host rows it read for keys with
-`lookup_min_hits` accesses or more, at most min(gpu_rows, n) // 32 of them, into the GPU
+n / 2 rows from host memory then promotes the host rows it read for keys with MIN_HITS
+accesses or more, at most min(gpu_rows, n) // 32 of them, into the GPU
 rows with the fewest hits in windows at a clock hand (cuda/uvm_table.cu
 uvm_promote_read_rows), on the caller's stream: skewed traffic then reads its warm rows
 from GPU memory from the next batch on instead of waiting for a pass. The promotion
@@ -129,7 +129,6 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     _pipelined_kernel = None  # uvm_query serves every batch it does not group
     # lookup promotions copy float32 rows from the batch's output, not the host again
     promote_from_output = True
-    lookup_min_hits = MIN_HITS  # accesses a host row's key needs to take a GPU row
 
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *, gpu_rows: int,
                  load_factor: float = DEFAULT_LOAD_FACTOR,
@@ -328,7 +327,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         count; then the promotion of the rows read, where _may_promote allows it."""
         lists = self._lists_for(ws, n)
         listed, by_pos, order_slots, order_positions, counts, starts = lists.ptrs
-        query, scan, scatter, gather, _ = self._grouped_launches(out_type)
+        query, scan, scatter, gather, promotion = self._grouped_launches(out_type)
         vec4 = int(self._out_dim_vec[out_type] and out_ptr % 16 == 0)
         shift = self._region_shift
         keys_per_block = self._unroll * (32 // self._group) * (BLOCK // 32)
@@ -342,31 +341,30 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         scan(1, SCAN_BLOCK, stream_ptr, counts, starts, self._regions, listed)
         scatter(min(-(-n // BLOCK), self._sms * 16), BLOCK, stream_ptr, n, by_pos, starts,
                 shift, order_slots, order_positions)
-        promote = self._may_promote(stream_ptr)
+        promoting = self._may_promote(stream_ptr)
         gather(min(-(-(n * self._group) // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed,
                order_slots, order_positions, self._vecs_ptr, out_ptr, vec4, ws.ctl_ptr,
-               ws.host_ptr, int(not promote))
-        if promote:  # publishes the miss count in the gather's stead
-            self._enqueue_promotion(lists, n, stream_ptr, out_ptr, out_type, ws)
+               ws.host_ptr, int(not promoting))
+        if promoting:  # publishes the miss count in the gather's stead
+            self._enqueue_promotion(promotion, lists, n, stream_ptr, out_ptr, ws)
 
-    def _enqueue_promotion(self, lists: HostReadLists, n: int, stream_ptr: int,
-                           out_ptr: int, out_type: int, ws: QueryWorkspace) -> None:
-        """The promotion of the host rows the grouped query on ws just read (the lock
-        held, the device current, _may_promote true), copied from its output rows where
-        promote_from_output allows it (see cuda/uvm_table.cu); it then publishes the
-        query's miss count (the caller returns only once nothing reads its output any
-        more)."""
+    def _enqueue_promotion(self, launch: Any, lists: HostReadLists, n: int, stream_ptr: int,
+                           out_ptr: int, ws: QueryWorkspace) -> None:
+        """The promotion (`launch`: uvm_promote_read_rows, bound) of the host rows the
+        grouped query on ws just read (the lock held, the device current, _may_promote
+        true), copied from its output rows where promote_from_output allows it (see
+        cuda/uvm_table.cu); it then publishes the query's miss count (the caller returns
+        only once nothing reads its output any more)."""
         listed, _, order_slots, order_positions, _, _ = lists.ptrs
-        promote = self._grouped_launches(out_type)[-1]
         moves = self._moves_done
         if moves is not None and not moves.done:  # the last pass's links come first
             self._rt.streamWaitEvent(stream_ptr, moves.ptr, 0)
         budget = max(1, min(self.gpu_rows, n) // 32)  # whole windows of 32 rows each
-        promote(min(-(-n * 32 // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed, n,
-                order_slots, budget, self.lookup_min_hits, self._vecs_ptr, self._gpu_row_ptr,
-                self._hits_ptr, self._gpu_vecs_ptr, self._owner_ptr, self.gpu_rows,
-                self._clock_ptr, order_positions, out_ptr, int(self.promote_from_output),
-                ws.ctl_ptr, ws.host_ptr)
+        launch(min(-(-n * 32 // BLOCK), self._sms * 16), BLOCK, stream_ptr, listed, n,
+               order_slots, budget, MIN_HITS, self._vecs_ptr, self._gpu_row_ptr,
+               self._hits_ptr, self._gpu_vecs_ptr, self._owner_ptr, self.gpu_rows,
+               self._clock_ptr, order_positions, out_ptr, int(self.promote_from_output),
+               ws.ctl_ptr, ws.host_ptr)
         self._rt.eventRecord(lists.promoted.ptr, stream_ptr)
         self._write_event = lists.promoted  # later queries and writes come after it
 

@@ -408,8 +408,6 @@ def main() -> None:
     parser.add_argument("--promote-from-host", action="store_true",
                         help="lookup promotions read their rows from host memory again "
                              "(before they copied the batch's output)")
-    parser.add_argument("--lookup-min-hits", type=int, default=None,
-                        help="accesses a key needs to be promoted on the lookup path")
     parser.add_argument("--host-reads", action="store_true",
                         help="instead: the host-row reads alone, for each kind of host memory")
     args = parser.parse_args()
@@ -420,8 +418,6 @@ def main() -> None:
 
     if args.promote_from_host:
         UvmEmbeddingTable.promote_from_output = False
-    if args.lookup_min_hits is not None:
-        UvmEmbeddingTable.lookup_min_hits = args.lookup_min_hits
     rows = bench_uvm(args.keys, args.dim, args.gpu_fraction,
                      tuple(float(a) for a in args.alphas.split(",")), workdir=args.workdir,
                      modes=tuple(args.modes.split(",")), settle_seconds=args.settle_seconds,
