@@ -27,9 +27,9 @@ through secondary instances (hps/tiers/rocksdb/secondary.py); tables either hold
 dropped once no worker serves them (hps/http/workers_drops.py).
 
 What workers cannot serve yet is refused up front with a ConfigError: a bounded
-in-process hash map, GPU caches on a machine with CUDA (the workers would need the one
-cache of each device shared through CUDA IPC; one cache per worker would multiply the
-device memory by N).
+in-process hash map, and uvm GPU tables (each process would pin the whole table in host
+memory). Every worker keeps GPU caches of its own (device memory times N); the leader's
+online updates reach the others' caches through hps/server/cache_journal.py.
 
 gRPC (`--grpc-port`) is served by every worker on the one port: the supervisor holds it
 and each worker's grpcio server binds it with SO_REUSEPORT (hps/http/grpc/server.py).
@@ -88,19 +88,31 @@ def gpu_caches_wanted(config: PSConfig) -> list[str]:
     return wants if cuda_available() else []
 
 
-def check_workers(config: PSConfig, grpc_port: int | None) -> None:
+def check_gpu_caches(config: PSConfig, wanted: Sequence[str], workers: int) -> None:
+    """ConfigError for GPU caches that `workers` processes cannot each keep: a uvm table
+    holds every row in pinned host memory of its process (N copies of the table). The
+    others (dynamic and static caches) are one per worker on each device, so the log
+    says what they cost."""
+    models = {m.model: m for m in config.models}
+    uvm = [name for name in wanted if models[name].cache_type == "uvm"]
+    if uvm:
+        raise ConfigError(
+            f"--workers > 1 with uvm GPU tables (models {', '.join(uvm)}) is not served: "
+            "a uvm table keeps every row in pinned host memory of its process, so N "
+            "workers would hold the table N times. Serve them with one worker, or use "
+            "embedding_cache_type dynamic (each worker keeps its own cache)")
+    if wanted:
+        log.info("models %s: each of the %d workers keeps its own GPU caches (their device "
+                 "memory counts %d times); online updates reach every worker's caches "
+                 "(docs/workers.md)", ", ".join(wanted), workers, workers)
+
+
+def check_workers(config: PSConfig, grpc_port: int | None, workers: int = 2) -> None:
     """ConfigError for what N workers cannot serve yet (see the module docstring);
     MissingExtraError with `grpc_port` when the `grpc` extra is not installed (before
     any worker starts)."""
     check_shareable(config)
-    gpu = gpu_caches_wanted(config)
-    if gpu:
-        raise ConfigError(
-            f"--workers > 1 with GPU caches (models {', '.join(gpu)} have gpucache: true "
-            "and this machine has CUDA) is not served: each worker would build its own "
-            "cache of every table on every device, and sharing one through CUDA IPC is not "
-            "done yet. Serve with one worker, or set gpucache: false to serve these models "
-            "from the shared host table")
+    check_gpu_caches(config, gpu_caches_wanted(config), workers)
     if grpc_port is not None:
         import hps.http.grpc  # noqa: F401
 
@@ -114,7 +126,7 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
     serves) for a config the workers cannot serve, and a worker's setup error when one
     cannot start."""
     grpc_port = grpc_port if grpc_port is not None else config.http.grpc_port
-    check_workers(config, grpc_port)
+    check_workers(config, grpc_port, workers)
     grpc_held = None
     if grpc_port is not None:  # every worker binds it with SO_REUSEPORT while held
         from hps.http.grpc.server import grpc_address, reserve_port

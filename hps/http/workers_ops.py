@@ -57,7 +57,8 @@ from hps.errors import ConfigError, TierError
 from hps.http.workers_drops import HeldDrops
 from hps.modelfiles.confined import confined, current_roots
 from hps.runtime.run_dir import pid_alive
-from hps.server import HierarchicalParameterServer
+from hps.server import HierarchicalParameterServer, LoadedTable
+from hps.server.cache_journal import CacheFollower, UpdateJournal
 from hps.server.loader import LoadProgress
 from hps.server.models import LoadedModel
 from hps.server.registry import STAGING_SUFFIX, _storage_name
@@ -244,7 +245,28 @@ class ReplicatedServer(HierarchicalParameterServer):
             for tier in common:  # a loop over tiers
                 if hasattr(tier, "follow"):
                     tier.follow()
+        # every worker has GPU caches of its own: the leader's online updates reach the
+        # others' through the journal of the keys it wrote (hps/server/cache_journal.py)
+        self._follower: CacheFollower | None = None
+        if self.leader:
+            self._gpu.journal = UpdateJournal(oplog.folder.parent)
+        else:
+            self._follower = CacheFollower(oplog.folder.parent, self._cached_tables,
+                                           self._gpu.refetch, self._gpu.refresh_table,
+                                           self._catch_up)
+            self._follower.start()
         oplog.register(index)
+
+    def _cached_tables(self) -> list[tuple[str, str, LoadedTable]]:
+        """The tables with GPU caches here: (model, table name, table)."""
+        return [(name, t.name, t) for name, loaded in self._registry.models.items()
+                for t in loaded.tables if t.gpu]
+
+    def _catch_up(self) -> None:
+        """A follower's RocksDB secondary reads what the leader wrote since it looked."""
+        persistent = self.tiers.persistent
+        if persistent is not None and hasattr(persistent, "catch_up"):
+            persistent.catch_up()
 
     # -- the follower thread -----------------------------------------------------------
 
@@ -345,6 +367,8 @@ class ReplicatedServer(HierarchicalParameterServer):
         load = super().add_model if op.kind == "add" else super().load_model
         confined(op.roots, lambda: load(model, progress=progress))
         self._since.setdefault(op.model, op.seq)
+        if self._follower is not None:  # its caches were warmed from the files
+            self._follower.reset(op.model)
 
     def _place(self, op: Op) -> None:
         """Say where the version op `op` loads is stored in the tiers every worker reads.
@@ -443,9 +467,13 @@ class ReplicatedServer(HierarchicalParameterServer):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._follower is not None:
+            self._follower.close()
         if self._drops is not None:
             self._drops.release()  # every worker stops: nothing is held any more
         super().close()
+        if self._gpu.journal is not None:  # after the update consumer stopped
+            self._gpu.journal.close()
 
 
 def worker_config(config: PSConfig, index: int) -> dict[str, Any]:

@@ -8,6 +8,7 @@ persistent tier are copied into the volatile tier when `cache_missed_embeddings`
 - `registry.py`: the loaded models, versioned loads, one-assignment swaps, retirement;
 - `host_lookup.py`: the tiers, top down, on host arrays (also a GPU cache's misses);
 - `gpu_caches.py`: GPU caches of the tables, attached, warmed up, refreshed, closed;
+- `cache_journal.py`: with several workers, the leader's updated keys for the others' caches;
 - `models.py`: a loaded model, its tables and their counters.
 
 The server opens its tiers with `db.open_tiers` and knows them only through the

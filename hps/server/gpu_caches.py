@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig
+from hps.server.cache_journal import UpdateJournal
 from hps.server.host_lookup import HostLookup
 from hps.server.loader import served_chunks
 from hps.server.models import LoadedModel, LoadedTable
@@ -35,6 +36,9 @@ class GpuCaches:
         wants = [m.model for m in config.models if m.gpucache]
         self.enabled = bool(wants) and self._cuda_present(wants)
         self.insert_updates = config.update_source.gpu_cache_insert
+        #: with several workers, the leader's record of the keys its updates wrote, for
+        #: the other workers' caches (hps/server/cache_journal.py); None in one process
+        self.journal: UpdateJournal | None = None
         #: called with each version once its caches are attached, before it serves (the
         #: server's hot-key sampling and its warm-up from a peer: warm_up.py)
         self.before_serving: Callable[[LoadedModel], None] | None = None
@@ -143,9 +147,20 @@ class GpuCaches:
             held += [gpu.held_keys(most) for gpu in getattr(owner, "shards", [owner])]
         return np.concatenate(held)
 
-    def writer(self, table: LoadedTable) -> Callable[[np.ndarray, np.ndarray], None] | None:
-        """How online updates reach the caches of `table` (None when it has none)."""
-        return partial(self.apply_update, table) if table.gpu else None
+    def writer(self, model: str, table: LoadedTable
+               ) -> Callable[[np.ndarray, np.ndarray], None] | None:
+        """How online updates reach the caches of `table` of `model` (None when it has
+        none): written here, then, with several workers, told to the others (`journal`)."""
+        if not table.gpu:
+            return None
+        if self.journal is None:
+            return partial(self.apply_update, table)
+        return partial(self._apply_and_tell, model, table)
+
+    def _apply_and_tell(self, model: str, table: LoadedTable, keys: np.ndarray,
+                        vectors: np.ndarray) -> None:
+        self.apply_update(table, keys, vectors)
+        self.journal.append(model, table.name, keys)  # type: ignore[union-attr]
 
     def apply_update(self, table: LoadedTable, keys: np.ndarray, vectors: np.ndarray) -> None:
         """Overwrite the rows of `keys` (unique, host int64 [n]) in every cache of `table`
@@ -156,6 +171,19 @@ class GpuCaches:
                 gpu.insert(keys, vectors)
             else:
                 gpu.update(keys, vectors)
+
+    def refetch(self, table: LoadedTable, keys: np.ndarray) -> None:
+        """apply_update with the rows the tiers hold for `keys` (unique, host int64):
+        another worker's update, which that worker wrote to the tiers
+        (hps/server/cache_journal.py)."""
+        if table.gpu:
+            self.apply_update(table, keys, self.host.fetch(table, keys))
+
+    @staticmethod
+    def refresh_table(table: LoadedTable) -> None:
+        """Re-read every row the caches of `table` hold from the tiers."""
+        for gpu in _distinct(table.gpu.values()):
+            gpu.refresh()
 
     @staticmethod
     def close(model: LoadedModel) -> None:

@@ -84,7 +84,7 @@ class ServerUpdates(ReloadObserver):
     def _target(self, loaded: LoadedModel, table: LoadedTable) -> UpdateTarget:
         model = loaded.config.model
         return UpdateTarget(model, table.name, table_name(model, table.name),
-                            table.storage_name, table.dim, self.gpu.writer(table),
+                            table.storage_name, table.dim, self.gpu.writer(model, table),
                             table.storage)
 
     # -- reloads (ReloadObserver) ---------------------------------------------------------

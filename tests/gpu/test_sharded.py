@@ -161,7 +161,7 @@ def test_updates_and_refresh_reach_the_owning_shard(cp: Any, rng: np.random.Gene
         changed = rng.choice(keys, 500, replace=False)
         fresh = rng.standard_normal((changed.size, dim)).astype(np.float32)
         server.tiers.volatile.insert(table.storage_name, changed, fresh)
-        server._gpu.writer(table)(changed, fresh)
+        server._gpu.writer("m", table)(changed, fresh)
         np.testing.assert_array_equal(lookup_all_hits(changed), fresh)
         # a refresh re-reads every shard's keys from the tiers
         others = np.setdiff1d(keys, changed)[:700]

@@ -86,10 +86,15 @@ class Served:
         return {int(p.name): int(p.read_text()) for p in folder.iterdir()}
 
 
+def _pythonpath() -> str:
+    """This checkout first, then what the environment adds (the GPU machine's wheels)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+
 def start(config: Path, shm: Path, *extra: str) -> Served:
     """`hps serve CONFIG --workers 2 EXTRA...` started (not waited for), its output read."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HPS_SHM_DIR": str(shm)}
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "HPS_SHM_DIR": str(shm)}
     env.pop("HPS_TOKEN", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "hps.tools.cli", "serve", str(config), "--port", str(port),
@@ -181,7 +186,7 @@ def _case(tmp: Path, model: ModelFiles) -> Path:
 
 def _clients(served: Served, case: Path, count: int, seconds: float
              ) -> list[subprocess.Popen[str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
     return [subprocess.Popen([sys.executable, "-m", "tests.support.lookup_client",
                               str(served.port), "users", str(DIMS[0]), str(case),
                               str(seconds)], stdout=subprocess.PIPE, text=True, env=env)

@@ -1,26 +1,76 @@
-"""`hps serve --workers N` with GPU caches on a machine with CUDA: refused before anything
-starts, saying why (one cache per worker would multiply each device's memory by N)."""
+"""`hps serve --workers N` with GPU caches: each worker keeps its own, and the leader's
+online updates reach every worker's caches (hps/server/cache_journal.py). uvm tables,
+which would pin the whole table in every worker, are refused before anything starts."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hps.config import load_config
 from hps.errors import ConfigError
-from hps.http.workers import check_workers, gpu_caches_wanted
+from hps.http.workers import check_gpu_caches, gpu_caches_wanted
 from tests.conftest import model_config
+from tests.http.conftest import ModelFiles, write_model
+from tests.http.test_workers import (
+    Served,
+    _lookup,
+    load_with_updates_and_a_reload,
+    serve,
+    stop,
+    streams,  # noqa: F401 - the module's redis-server fixture
+    write_run,
+)
+from tests.support.redis_servers import RedisServer
+
+
+def test_uvm_tables_are_refused_with_several_workers(tmp_path: Path) -> None:
+    config = load_config({"models": [
+        model_config([str(tmp_path / "t")], [8], gpucache=True, embedding_cache_type="uvm"),
+        model_config([str(tmp_path / "u")], [8], name="dyn", gpucache=True)]})
+    with pytest.raises(ConfigError, match="uvm") as caught:
+        check_gpu_caches(config, ["m", "dyn"], 2)
+    assert "(models m)" in str(caught.value)
+    assert "one worker" in str(caught.value)
+    check_gpu_caches(config, ["dyn"], 2)  # dynamic caches: one per worker, served
+
+
+@pytest.fixture(scope="module")
+def gpu_setup(tmp_path_factory: pytest.TempPathFactory, streams: RedisServer  # noqa: F811
+              ) -> tuple[ModelFiles, Path, Path]:
+    folder = tmp_path_factory.mktemp("workers-gpu")
+    model = write_model(folder / "model")
+    config = copy.deepcopy(model.config)
+    config["models"][0].update(gpucache=True, gpucacheper=1.0,
+                               cache_refresh_percentage_per_iteration=1.0)
+    config["update_source"] = {"type": "redis_stream", "address": streams.address,
+                               "poll_timeout_ms": 50, "failure_backoff_ms": 20}
+    return model, *write_run(folder, config)
+
+
+@pytest.fixture(scope="module")
+def gpu_served(gpu_setup: tuple[ModelFiles, Path, Path]) -> Iterator[Served]:
+    _, config, shm = gpu_setup
+    server = serve(config, shm)
+    yield server
+    stop(server)
 
 
 @pytest.mark.gpu
-def test_gpu_caches_with_several_workers_are_refused(tmp_path: Path) -> None:
-    config = load_config({"models": [model_config([str(tmp_path / "t")], [8], gpucache=True),
-                                     model_config([str(tmp_path / "u")], [8], name="host")],
-                          "http": {"workers": 2}})
-    assert gpu_caches_wanted(config) == ["m"]
-    with pytest.raises(ConfigError, match="CUDA IPC") as caught:
-        check_workers(config, None)
-    assert "gpucache: false" in str(caught.value) and "one worker" in str(caught.value)
-    host_only = load_config({"models": [model_config([str(tmp_path / "u")], [8])]})
-    check_workers(host_only, None)  # models without GPU caches are served by workers
+def test_every_workers_gpu_cache_serves_the_leaders_updates(
+        gpu_served: Served, gpu_setup: tuple[ModelFiles, Path, Path],
+        streams: RedisServer, tmp_path: Path) -> None:  # noqa: F811
+    model, config, _ = gpu_setup
+    assert gpu_caches_wanted(load_config(str(config))) == ["m"]
+    # client processes check every answer while the stream rewrites keys and the model
+    # reloads; then one more update, which answers on new connections (either worker)
+    # must all show within the wait
+    load_with_updates_and_a_reload(gpu_served, model, streams.address, tmp_path, clients=3)
+    untouched = model.keys[0][-50:]
+    assert np.array_equal(_lookup(gpu_served, untouched), model.vectors[0][-50:])
+    stats = gpu_served.run_folder() / "gpu-updates"
+    assert any(stats.iterdir())  # the leader's rings, which the other worker read

@@ -45,6 +45,16 @@ def test_each_server_at_each_client_count_beside_the_floor() -> None:
     assert result["client"] == "one process per client, raw keep-alive"
 
 
+def test_with_workers_every_server_and_the_floor_run_that_many_processes() -> None:
+    result = bench_http_gpu(num_keys=3000, dim=8, batch=64, client_processes=(2,),
+                            seconds=0.4, warmup=0.1, gpu=False, workers=2)
+    assert result["workers"] == 2 and result["wrong_rows"] == {CPU: 0}
+    for row in result["rows"]:
+        assert row["keys_per_s"] > 0 and row["failed"] == 0
+        # the server's CPU: its processes together (a supervisor alone would use ~none)
+        assert row["server_cpu_us"] > 20, row
+
+
 def test_the_answer_check_counts_every_row_that_differs() -> None:
     """Against a real `hps serve`: the table's own rows give 0; a table with one row
     changed gives the number of times the bodies ask for that row."""

@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,11 +127,11 @@ def _http_server(config: Path, port: int, lookup_threads: int | None, cpus: set[
 
 @contextlib.contextmanager
 def _bare_server(folder: Path, port: int, dim: int, cpus: set[int] | None,
-                 pids: list[int] | None = None) -> Iterator[str]:
-    """The floor: `bare_asgi.app` on uvicorn, served as `hps serve` serves. The process
-    id is appended to `pids` when given."""
+                 pids: list[int] | None = None, options: Sequence[str] = ()) -> Iterator[str]:
+    """The floor: `bare_asgi.app` on uvicorn, served as `hps serve` serves, with uvicorn
+    `options` (`--workers N`). The process id is appended to `pids` when given."""
     argv = [sys.executable, "-m", "uvicorn", "hps.tools.bench.bare_asgi:app", "--port", str(port),
-            "--log-level", "warning", "--no-access-log"]
+            "--log-level", "warning", "--no-access-log", *options]
     with _subprocess_server(argv, folder / "bare.log", port, "/", cpus, 60.0,
                             {"HPS_BARE_DIM": str(dim)}, pids) as url:
         yield url
@@ -179,15 +179,35 @@ def _subprocess_server(argv: list[str], log_path: Path, port: int, ready_path: s
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system) process `pid` has used so far, threads that ended
-    included, in seconds (Linux /proc, clock ticks); None where it cannot be read."""
-    try:
-        # the fields after the command name, which may itself hold spaces and ")"
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[11]) + int(fields[12])  # utime, stime
-    except (OSError, ValueError, IndexError):
-        return None
+    """CPU time (user + system) process `pid` and its live descendants (the workers of
+    a server with several) have used so far, threads that ended included, in seconds
+    (Linux /proc, clock ticks); None where `pid`'s cannot be read."""
+    ticks = 0
+    todo = [pid]
+    while todo:  # a walk over processes
+        p = todo.pop()
+        try:
+            # the fields after the command name, which may itself hold spaces and ")"
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, ValueError, IndexError):
+            if p == pid:
+                return None
+            continue  # a child that ended meanwhile
+        for task in _listdir(f"/proc/{p}/task"):
+            try:
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children")
+                         .read_text().split()]
+            except OSError:
+                pass
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _pin(pid: int, cpus: set[int] | None) -> None:

@@ -18,7 +18,11 @@ CPU taken from the server, or "http.client"). One process's threads would measur
 client's GIL, not the server. Before timing, every body is sent once to each hps server
 and its answer compared with the table's rows (`wrong_rows`).
 
-Per server and P: keys/s, p50 and p99 of the answers, the server's CPU per request; per
+With `workers` N > 1 every server runs N worker processes on its port (`hps serve
+--workers N`: each worker its own GPU cache; the floor: uvicorn `--workers N`).
+
+Per server and P: keys/s, p50 and p99 of the answers, the server's CPU per request (its
+processes together); per
 P the GPU server over the floor (keys/s and p99) and over the server without a GPU.
 `hps bench http --gpu` (or `python -m hps.tools.bench.http_gpu`) prints them; it needs
 CUDA and CuPy (without them, `gpu=False` runs the other two: what the CPU tests check).
@@ -100,7 +104,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                    client_processes: tuple[int, ...] = CLIENT_PROCESSES, *,
                    seconds: float = 3.0, warmup: float = 1.0, alpha: float = 1.1,
                    lookup_threads: int | None = None, client: str = "raw",
-                   gpu: bool = True, seed: int = 0) -> dict[str, Any]:
+                   gpu: bool = True, seed: int = 0, workers: int = 1) -> dict[str, Any]:
     """The figures of the module's docstring as a dict: `rows` (server, P, keys/s, p50,
     p99, server CPU per request, failed), `ratios` (per P), `wrong_rows` (per hps
     server)."""
@@ -121,15 +125,17 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
         for name, config in servers:
             port = _free_port()
             pids: list[int] = []
+            several = ["--workers", str(workers)] if workers > 1 else []
             if config is None:
-                server = _bare_server(tmp, port, dim, None, pids)
+                server = _bare_server(tmp, port, dim, None, pids, several)
             else:
                 (tmp / "ps.json").write_text(json.dumps(config))
                 threads = [] if lookup_threads is None else ["--lookup-threads",
                                                               str(lookup_threads)]
                 server = _subprocess_server(
-                    serve_argv(tmp / "ps.json", "--port", str(port), *threads),
-                    tmp / "serve.log", port, "/readyz", None, 600.0, None, pids)
+                    serve_argv(tmp / "ps.json", "--port", str(port), *threads, *several),
+                    tmp / "serve.log", port, "/readyz", None, 600.0,
+                    {"HPS_SHM_DIR": str(tmp)} if several else None, pids)
             with server as url:
                 if config is not None:
                     wrong[name] = _wrong_rows(url, bodies, picks, vectors)
@@ -158,20 +164,23 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                        / max(at(CPU, p)["keys_per_s"], 1e-9)})
     return {"rows": rows, "ratios": ratios, "wrong_rows": wrong, "num_keys": num_keys,
             "dim": dim, "batch": batch, "alpha": alpha, "seconds": seconds, "gpu": gpu,
-            "lookup_threads": lookup_threads,
+            "lookup_threads": lookup_threads, "workers": workers,
             "client": f"one process per client, {client} keep-alive"}
 
 
 def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[int],
                    seconds: float, lookup_threads: int | None, client: str,
                    table: Callable[[list[dict[str, Any]], str], None],
-                   say: Callable[[str], None] = print, gpu: bool = True) -> dict[str, Any]:
+                   say: Callable[[str], None] = print, gpu: bool = True,
+                   workers: int = 1) -> dict[str, Any]:
     """Run `bench_http_gpu` and print its figures through `table(rows, title)` and
     `say(line)`; returns them."""
     say(f"table of {num_keys:,} keys, width {dim}; {batch:,} power-law keys per request; "
-        f"client processes {', '.join(map(str, client_processes))}; {seconds:g} s each …")
+        f"client processes {', '.join(map(str, client_processes))}; {seconds:g} s each; "
+        f"every server (the floor too) with {workers} worker process(es) …")
     result = bench_http_gpu(num_keys, dim, batch, tuple(client_processes), seconds=seconds,
-                            lookup_threads=lookup_threads, client=client, gpu=gpu)
+                            lookup_threads=lookup_threads, client=client, gpu=gpu,
+                            workers=workers)
     for p in client_processes:
         table([{"name": r["server"], "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
                 "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"],
@@ -199,11 +208,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--lookup-threads", type=int, default=None)
     parser.add_argument("--client", default="raw", choices=("raw", "http.client"))
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes of every server, the floor too")
     args = parser.parse_args(argv)
 
     result = print_http_gpu(args.keys, args.dim, args.batch,
                             [int(c) for c in args.client_processes.split(",")],
-                            args.seconds, args.lookup_threads, args.client, print_rows)
+                            args.seconds, args.lookup_threads, args.client, print_rows,
+                            workers=args.workers)
     print(json.dumps(result))
 
 

@@ -394,7 +394,8 @@ def bench_http_cmd(
     gpu: bool = typer.Option(
         False, "--gpu", help="Instead: `hps serve` with a GPU cache of the whole table "
         "beside it without one and the bare uvicorn floor, --batch power-law keys a "
-        "request (default 2,000 here), driven by --client-processes (docs/gpu-latency.md)."),
+        "request (default 2,000 here), driven by --client-processes; with --workers N every "
+        "server, the floor too, runs N worker processes (docs/gpu-latency.md)."),
     grpc_one_key: bool = typer.Option(
         False, "--grpc-one-key", help="Instead: 1-key p50 of v2 over gRPC beside HTTP and "
         "both floors, the lightest client of each in a process of its own, the paths "
@@ -421,8 +422,8 @@ def bench_http_cmd(
         _overload(clients if clients != 8 else 64, seconds, rounds, load_client)
         return
     if gpu:
-        _http_gpu(keys, dim, batch, client_processes, seconds, lookup_threads, load_client)
-        return
+        return _http_gpu(keys, dim, batch, client_processes, seconds, lookup_threads,
+                         load_client, workers or 1)
     if workers is not None:
         from hps.tools.bench.http_workers import print_workers
 
@@ -475,17 +476,16 @@ def bench_http_cmd(
 
 
 def _http_gpu(keys: int, dim: int, batch: Any, processes: Any, seconds: float,
-              lookup_threads: int | None, client: str) -> None:
+              lookup_threads: int | None, client: str, workers: int) -> None:
     from hps.gpu.table import cuda_available
     from hps.tools.bench.http_gpu import BATCH, CLIENT_PROCESSES, print_http_gpu
 
     if not cuda_available():
         fail(RuntimeError("hps bench http --gpu needs a CUDA device and CuPy"))
-    # the options' defaults are the other modes'; this one's own, unless given
-    batch = [BATCH] if batch == [1024] else batch
+    batch = [BATCH] if batch == [1024] else batch  # the other modes' default: this one's
     processes = list(CLIENT_PROCESSES) if processes == [1, 4, 16] else processes
     print_http_gpu(keys, dim, batch[0], processes, seconds, lookup_threads, client,
-                   _print_bench, _say)
+                   _print_bench, _say, workers=workers)
 
 
 def _overload(clients: int, seconds: float, rounds: int, client: str) -> None:
