@@ -105,6 +105,28 @@ def check_gpu_caches(config: PSConfig, wanted: Sequence[str], workers: int) -> N
         log.info("models %s: each of the %d workers keeps its own GPU caches (their device "
                  "memory counts %d times); online updates reach every worker's caches "
                  "(docs/workers.md)", ", ".join(wanted), workers, workers)
+        if not mps_daemon_found():
+            log.warning(
+                "no MPS control daemon found (%s): the workers' GPU kernels will take turns "
+                "on the GPU in time slices. Start `nvidia-cuda-mps-control -d` before "
+                "`hps serve` (docs/workers.md#gpu-caches)", mps_pipe_directory())
+
+
+def mps_pipe_directory() -> Path:
+    """Where NVIDIA's MPS control daemon keeps its pipes: $CUDA_MPS_PIPE_DIRECTORY, else
+    /tmp/nvidia-mps (the daemon's default)."""
+    return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+
+
+def mps_daemon_found() -> bool:
+    """Whether an MPS control daemon's control pipe is in its pipe directory (the CUDA
+    driver of each worker connects to it when it starts)."""
+    import stat
+
+    try:
+        return stat.S_ISFIFO((mps_pipe_directory() / "control").stat().st_mode)
+    except OSError:
+        return False
 
 
 def check_workers(config: PSConfig, grpc_port: int | None, workers: int = 2) -> None:

@@ -5,6 +5,8 @@ which would pin the whole table in every worker, are refused before anything sta
 from __future__ import annotations
 
 import copy
+import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +39,30 @@ def test_uvm_tables_are_refused_with_several_workers(tmp_path: Path) -> None:
     assert "(models m)" in str(caught.value)
     assert "one worker" in str(caught.value)
     check_gpu_caches(config, ["dyn"], 2)  # dynamic caches: one per worker, served
+
+
+def test_gpu_workers_without_an_mps_daemon_are_warned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    config = load_config({"models": [model_config([str(tmp_path / "u")], [8], name="dyn",
+                                                  gpucache=True)]})
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipes))
+    with caplog.at_level(logging.INFO, logger="hps.http.workers"):
+        check_gpu_caches(config, ["dyn"], 4)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "nvidia-cuda-mps-control -d" in warned[0]
+    assert any("each of the 4 workers keeps its own GPU caches" in r.getMessage()
+               for r in caplog.records)
+    os.mkfifo(pipes / "control")  # the daemon's control pipe: found
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hps.http.workers"):
+        check_gpu_caches(config, ["dyn"], 4)
+    assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+    caplog.clear()
+    check_gpu_caches(config, [], 4)  # no GPU caches wanted: nothing said
+    assert not caplog.records
 
 
 @pytest.fixture(scope="module")
