@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import http.client
 import json
 import os
@@ -194,20 +195,10 @@ def cpu_seconds(pid: int) -> float | None:
             if p == pid:
                 return None
             continue  # a child that ended meanwhile
-        for task in _listdir(f"/proc/{p}/task"):
-            try:
-                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children")
-                         .read_text().split()]
-            except OSError:
-                pass
+        for listing in glob.glob(f"/proc/{p}/task/*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in Path(listing).read_text().split()]
     return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _listdir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
 
 
 def _pin(pid: int, cpus: set[int] | None) -> None:
