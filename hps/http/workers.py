@@ -28,8 +28,9 @@ dropped once no worker serves them (hps/http/workers_drops.py).
 
 What workers cannot serve yet is refused up front with a ConfigError: a bounded
 in-process hash map, and uvm GPU tables (each process would pin the whole table in host
-memory). Every worker keeps GPU caches of its own (device memory times N); the leader's
-online updates reach the others' caches through hps/server/cache_journal.py.
+memory; hps/http/workers_gpu.py, which also checks models added at runtime). Every
+worker keeps GPU caches of its own (device memory times N); the leader's online updates
+reach the others' caches through hps/server/cache_journal.py.
 
 gRPC (`--grpc-port`) is served by every worker on the one port: the supervisor holds it
 and each worker's grpcio server binds it with SO_REUSEPORT (hps/http/grpc/server.py).
@@ -53,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from hps.config import PSConfig
-from hps.errors import ConfigError, HPSError
+from hps.errors import HPSError
+from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted
 from hps.http.workers_ops import (
     FD_ENV,
     SETUP_FAILED,
@@ -73,60 +75,6 @@ RESTART_DELAY_MAX = 10.0
 STABLE = 30.0
 #: seconds the workers get to drain and exit after SIGTERM before they are killed
 STOP_WAIT = 30.0
-
-
-def gpu_caches_wanted(config: PSConfig) -> list[str]:
-    """The models that would get GPU caches here (gpucache: true on a machine with a
-    CUDA device and CuPy)."""
-    wants = [m.model for m in config.models if m.gpucache]
-    if not wants:
-        return []
-    try:
-        from hps.gpu.table import cuda_available
-    except ImportError:
-        return []
-    return wants if cuda_available() else []
-
-
-def check_gpu_caches(config: PSConfig, wanted: Sequence[str], workers: int) -> None:
-    """ConfigError for GPU caches that `workers` processes cannot each keep: a uvm table
-    holds every row in pinned host memory of its process (N copies of the table). The
-    others (dynamic and static caches) are one per worker on each device, so the log
-    says what they cost."""
-    models = {m.model: m for m in config.models}
-    uvm = [name for name in wanted if models[name].cache_type == "uvm"]
-    if uvm:
-        raise ConfigError(
-            f"--workers > 1 with uvm GPU tables (models {', '.join(uvm)}) is not served: "
-            "a uvm table keeps every row in pinned host memory of its process, so N "
-            "workers would hold the table N times. Serve them with one worker, or use "
-            "embedding_cache_type dynamic (each worker keeps its own cache)")
-    if wanted:
-        log.info("models %s: each of the %d workers keeps its own GPU caches (their device "
-                 "memory counts %d times); online updates reach every worker's caches "
-                 "(docs/workers.md)", ", ".join(wanted), workers, workers)
-        if not mps_daemon_found():
-            log.warning(
-                "no MPS control daemon found (%s): the workers' GPU kernels will take turns "
-                "on the GPU in time slices. Start `nvidia-cuda-mps-control -d` before "
-                "`hps serve` (docs/workers.md#gpu-caches)", mps_pipe_directory())
-
-
-def mps_pipe_directory() -> Path:
-    """Where NVIDIA's MPS control daemon keeps its pipes: $CUDA_MPS_PIPE_DIRECTORY, else
-    /tmp/nvidia-mps (the daemon's default)."""
-    return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
-
-
-def mps_daemon_found() -> bool:
-    """Whether an MPS control daemon's control pipe is in its pipe directory (the CUDA
-    driver of each worker connects to it when it starts)."""
-    import stat
-
-    try:
-        return stat.S_ISFIFO((mps_pipe_directory() / "control").stat().st_mode)
-    except OSError:
-        return False
 
 
 def check_workers(config: PSConfig, grpc_port: int | None, workers: int = 2) -> None:

@@ -55,6 +55,7 @@ from typing import Any
 from hps.config import UNBOUNDED, ModelConfig, PSConfig, config_to_json
 from hps.errors import ConfigError, TierError
 from hps.http.workers_drops import HeldDrops
+from hps.http.workers_gpu import cuda_here, refuse_uvm
 from hps.modelfiles.confined import confined, current_roots
 from hps.runtime.run_dir import pid_alive
 from hps.server import HierarchicalParameterServer, LoadedTable
@@ -434,6 +435,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         seq = self._initial.pop(model.model, None)
         everyone = seq is None
         if seq is None:
+            self._check_gpu(model)
             seq = self.oplog.append("load", model.model, _block(model), current_roots())
         if progress is not None:
             self._progress[seq] = progress
@@ -443,11 +445,18 @@ class ReplicatedServer(HierarchicalParameterServer):
     def add_model(self, model: ModelConfig, progress: LoadProgress | None = None
                   ) -> LoadedModel:
         """Add `model` in every worker."""
+        self._check_gpu(model)
         seq = self.oplog.append("add", model.model, _block(model), current_roots())
         if progress is not None:
             self._progress[seq] = progress
         self._await(seq, everyone=True)
         return super().model(model.model)
+
+    def _check_gpu(self, model: ModelConfig) -> None:
+        """ConfigError, before any worker loads it, for a model added or reloaded at
+        runtime that the workers cannot each hold on their GPUs (workers_gpu.py)."""
+        if model.gpucache and cuda_here():
+            refuse_uvm([model])
 
     def unload_model(self, name: str) -> None:
         """Remove model `name` in every worker."""

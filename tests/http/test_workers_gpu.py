@@ -10,12 +10,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
 from hps.config import load_config
 from hps.errors import ConfigError
-from hps.http.workers import check_gpu_caches, gpu_caches_wanted
+from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted, refuse_uvm
 from tests.conftest import model_config
 from tests.http.conftest import ModelFiles, write_model
 from tests.http.test_workers import (
@@ -39,6 +40,13 @@ def test_uvm_tables_are_refused_with_several_workers(tmp_path: Path) -> None:
     assert "(models m)" in str(caught.value)
     assert "one worker" in str(caught.value)
     check_gpu_caches(config, ["dyn"], 2)  # dynamic caches: one per worker, served
+    # a model added or reloaded at runtime is checked alone (ReplicatedServer._check_gpu)
+    with pytest.raises(ConfigError, match=r"\(models m\)"):
+        refuse_uvm(config.models)
+    refuse_uvm(config.models[1:])
+    no_cache = load_config({"models": [model_config([str(tmp_path / "v")], [8],
+                                                    embedding_cache_type="uvm")]})
+    refuse_uvm(no_cache.models)  # no GPU cache asked for: nothing to refuse
 
 
 def test_gpu_workers_without_an_mps_daemon_are_warned(
@@ -100,3 +108,11 @@ def test_every_workers_gpu_cache_serves_the_leaders_updates(
     assert np.array_equal(_lookup(gpu_served, untouched), model.vectors[0][-50:])
     stats = gpu_served.run_folder() / "gpu-updates"
     assert any(stats.iterdir())  # the leader's rings, which the other worker read
+    # a uvm model added at runtime is refused before any worker loads it
+    block = {**copy.deepcopy(model.config["models"][0]), "model": "u2",
+             "gpucache": True, "embedding_cache_type": "uvm"}
+    refused = httpx.post(f"{gpu_served.url}/v1/models", json=block, timeout=60)
+    assert refused.status_code == 422 and "uvm" in refused.json()["error"]["message"], \
+        refused.text
+    assert "u2" not in [m["model"] for m in
+                        httpx.get(f"{gpu_served.url}/v1/models").json()["models"]]

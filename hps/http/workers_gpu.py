@@ -1,0 +1,79 @@
+"""What `hps serve --workers N` needs to know about GPU caches: which models get them,
+which they cannot serve, and whether NVIDIA's MPS daemon will let the workers' kernels run
+side by side (docs/workers.md#gpu-caches)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from hps.config import ModelConfig, PSConfig
+from hps.errors import ConfigError
+
+log = logging.getLogger("hps.http.workers")
+
+
+def gpu_caches_wanted(config: PSConfig) -> list[str]:
+    """The models that would get GPU caches here (gpucache: true on a machine with a
+    CUDA device and CuPy)."""
+    wants = [m.model for m in config.models if m.gpucache]
+    return wants if wants and cuda_here() else []
+
+
+def cuda_here() -> bool:
+    """Whether GPU caches are made on this machine (a CUDA device and CuPy)."""
+    try:
+        from hps.gpu.table import cuda_available
+    except ImportError:
+        return False
+    return bool(cuda_available())
+
+
+def check_gpu_caches(config: PSConfig, wanted: Sequence[str], workers: int) -> None:
+    """ConfigError for GPU caches that `workers` processes cannot each keep: a uvm table
+    holds every row in pinned host memory of its process (N copies of the table). The
+    others (dynamic and static caches) are one per worker on each device, so the log
+    says what they cost."""
+    refuse_uvm(m for m in config.models if m.model in wanted)
+    if wanted:
+        log.info("models %s: each of the %d workers keeps its own GPU caches (their device "
+                 "memory counts %d times); online updates reach every worker's caches "
+                 "(docs/workers.md)", ", ".join(wanted), workers, workers)
+        if not mps_daemon_found():
+            log.warning(
+                "no MPS control daemon found (%s): the workers' GPU kernels will take turns "
+                "on the GPU in time slices. Start `nvidia-cuda-mps-control -d` before "
+                "`hps serve` (docs/workers.md#gpu-caches)", mps_pipe_directory())
+
+
+def mps_pipe_directory() -> Path:
+    """Where NVIDIA's MPS control daemon keeps its pipes: $CUDA_MPS_PIPE_DIRECTORY, else
+    /tmp/nvidia-mps (the daemon's default)."""
+    return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+
+
+def mps_daemon_found() -> bool:
+    """Whether an MPS control daemon's control pipe is in its pipe directory (the CUDA
+    driver of each worker connects to it when it starts)."""
+    import stat
+
+    try:
+        return stat.S_ISFIFO((mps_pipe_directory() / "control").stat().st_mode)
+    except OSError:
+        return False
+
+
+
+
+def refuse_uvm(models: Iterable[ModelConfig]) -> None:
+    """ConfigError naming the models of `models` with a uvm GPU table (asked for where
+    GPU caches are made): with several workers each process would pin the whole table."""
+    uvm = [m.model for m in models if m.gpucache and m.cache_type == "uvm"]
+    if uvm:
+        raise ConfigError(
+            f"--workers > 1 with uvm GPU tables (models {', '.join(uvm)}) is not served: "
+            "a uvm table keeps every row in pinned host memory of its process, so N "
+            "workers would hold the table N times. Serve them with one worker, or use "
+            "embedding_cache_type dynamic (each worker keeps its own cache)")
