@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,7 +53,7 @@ def main() -> None:
     from hps.gpu import device_table
     from hps.intake.keys import device_pair
     from hps.tools.bench.gpu_public import MODEL, server_over_folder
-    from hps.tools.bench.gpu_threads import _draws
+    from hps.tools.bench.gpu_threads import _draws, _drive
 
     dim, n, most = 64, 2000, 8
     rng = np.random.default_rng(0)
@@ -112,31 +110,19 @@ def main() -> None:
         ("launch + record", launch_record, False), ("launch", launch, False)]
 
     def drive(threads: int, call: Callable[[int], None]) -> float:
-        done = [0] * threads
-        barrier = threading.Barrier(threads + 1)
-
-        def run(t: int) -> None:
+        """M keys/s of `threads` threads looping call(t) and their stream's sync (the
+        threads profile's driver; each thread's first call before the timing)."""
+        def ready(t: int) -> None:
             setup(t)
-            sync = streams[t].synchronize
             call(t)
-            sync()
-            barrier.wait()
-            stop = time.perf_counter() + args.seconds
-            i = 0
-            while time.perf_counter() < stop:
-                call(t)
-                sync()
-                i += 1
-            done[t] = i
+            streams[t].synchronize()
 
-        workers = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
-        for w in workers:
-            w.start()
-        barrier.wait()
-        begin = time.perf_counter()
-        for w in workers:
-            w.join()
-        return sum(done) * n / (time.perf_counter() - begin) / 1e6
+        def once(t: int, i: int) -> int:
+            call(t)
+            streams[t].synchronize()
+            return n
+
+        return _drive(threads, args.seconds, once, ready)[0] / 1e6
 
     try:
         counts = [int(c) for c in args.threads.split(",")]

@@ -48,6 +48,18 @@ def check_gpu_caches(config: PSConfig, wanted: Sequence[str], workers: int) -> N
                 "`hps serve` (docs/workers.md#gpu-caches)", mps_pipe_directory())
 
 
+def refuse_uvm(models: Iterable[ModelConfig]) -> None:
+    """ConfigError naming the models of `models` with a uvm GPU table (asked for where
+    GPU caches are made): with several workers each process would pin the whole table."""
+    uvm = [m.model for m in models if m.gpucache and m.cache_type == "uvm"]
+    if uvm:
+        raise ConfigError(
+            f"--workers > 1 with uvm GPU tables (models {', '.join(uvm)}) is not served: "
+            "a uvm table keeps every row in pinned host memory of its process, so N "
+            "workers would hold the table N times. Serve them with one worker, or use "
+            "embedding_cache_type dynamic (each worker keeps its own cache)")
+
+
 def mps_pipe_directory() -> Path:
     """Where NVIDIA's MPS control daemon keeps its pipes: $CUDA_MPS_PIPE_DIRECTORY, else
     /tmp/nvidia-mps (the daemon's default)."""
@@ -63,17 +75,3 @@ def mps_daemon_found() -> bool:
         return stat.S_ISFIFO((mps_pipe_directory() / "control").stat().st_mode)
     except OSError:
         return False
-
-
-
-
-def refuse_uvm(models: Iterable[ModelConfig]) -> None:
-    """ConfigError naming the models of `models` with a uvm GPU table (asked for where
-    GPU caches are made): with several workers each process would pin the whole table."""
-    uvm = [m.model for m in models if m.gpucache and m.cache_type == "uvm"]
-    if uvm:
-        raise ConfigError(
-            f"--workers > 1 with uvm GPU tables (models {', '.join(uvm)}) is not served: "
-            "a uvm table keeps every row in pinned host memory of its process, so N "
-            "workers would hold the table N times. Serve them with one worker, or use "
-            "embedding_cache_type dynamic (each worker keeps its own cache)")

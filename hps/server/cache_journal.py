@@ -127,9 +127,9 @@ class KeyRing:
         head = int(self._head[0])
         if head - since > self.capacity or since > head:
             return None, head
-        start, stop = since % self.capacity, head % self.capacity
-        if head - since == 0:
+        if head == since:
             return np.empty(0, np.int64), head
+        start, stop = since % self.capacity, head % self.capacity
         if start < stop:
             keys = self._keys[start:stop].copy()
         else:
@@ -201,7 +201,6 @@ class CacheFollower:
         self._thread = threading.Thread(target=self._run, name="hps-gpu-follower",
                                         daemon=True)
         self.applied = 0  # keys refetched
-        self.refreshes = 0  # refreshes of a whole table
 
     def start(self) -> None:
         self._thread.start()
@@ -238,7 +237,6 @@ class CacheFollower:
             keys, head = ring.read(since)
             if keys is None:
                 self._refresh(table)
-                self.refreshes += 1
             else:
                 keys = np.unique(keys)
                 for start in range(0, keys.size, CHUNK):  # chunks of keys, not keys

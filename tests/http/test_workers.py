@@ -147,15 +147,22 @@ def streams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server.close()
 
 
+def run_with_updates(folder: Path, address: str, **model_block: Any
+                     ) -> tuple[ModelFiles, Path, Path]:
+    """The test model in `folder` (its first model's config keys `model_block` added),
+    following the update stream of the Redis at `address`: what serve() takes."""
+    model = write_model(folder / "model")
+    config = copy.deepcopy(model.config)
+    config["models"][0].update(model_block)
+    config["update_source"] = {"type": "redis_stream", "address": address,
+                               "poll_timeout_ms": 50, "failure_backoff_ms": 20}
+    return model, *write_run(folder, config)
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory, streams: RedisServer
           ) -> tuple[ModelFiles, Path, Path]:
-    folder = tmp_path_factory.mktemp("workers")
-    model = write_model(folder / "model")
-    config = copy.deepcopy(model.config)
-    config["update_source"] = {"type": "redis_stream", "address": streams.address,
-                               "poll_timeout_ms": 50, "failure_backoff_ms": 20}
-    return model, *write_run(folder, config)
+    return run_with_updates(tmp_path_factory.mktemp("workers"), streams.address)
 
 
 @pytest.fixture(scope="module")

@@ -18,15 +18,15 @@ from hps.config import load_config
 from hps.errors import ConfigError
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted, refuse_uvm
 from tests.conftest import model_config
-from tests.http.conftest import ModelFiles, write_model
+from tests.http.conftest import ModelFiles
 from tests.http.test_workers import (
     Served,
     _lookup,
     load_with_updates_and_a_reload,
+    run_with_updates,
     serve,
     stop,
     streams,  # noqa: F401 - the module's redis-server fixture
-    write_run,
 )
 from tests.support.redis_servers import RedisServer
 
@@ -76,14 +76,9 @@ def test_gpu_workers_without_an_mps_daemon_are_warned(
 @pytest.fixture(scope="module")
 def gpu_setup(tmp_path_factory: pytest.TempPathFactory, streams: RedisServer  # noqa: F811
               ) -> tuple[ModelFiles, Path, Path]:
-    folder = tmp_path_factory.mktemp("workers-gpu")
-    model = write_model(folder / "model")
-    config = copy.deepcopy(model.config)
-    config["models"][0].update(gpucache=True, gpucacheper=1.0,
-                               cache_refresh_percentage_per_iteration=1.0)
-    config["update_source"] = {"type": "redis_stream", "address": streams.address,
-                               "poll_timeout_ms": 50, "failure_backoff_ms": 20}
-    return model, *write_run(folder, config)
+    return run_with_updates(tmp_path_factory.mktemp("workers-gpu"), streams.address,
+                            gpucache=True, gpucacheper=1.0,
+                            cache_refresh_percentage_per_iteration=1.0)
 
 
 @pytest.fixture(scope="module")

@@ -183,8 +183,7 @@ def cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system) process `pid` and its live descendants (the workers of
     a server with several) have used so far, threads that ended included, in seconds
     (Linux /proc, clock ticks); None where `pid`'s cannot be read."""
-    ticks = 0
-    todo = [pid]
+    ticks, todo = 0, [pid]
     while todo:  # a walk over processes
         p = todo.pop()
         try:
@@ -195,10 +194,17 @@ def cpu_seconds(pid: int) -> float | None:
             if p == pid:
                 return None
             continue  # a child that ended meanwhile
-        for listing in glob.glob(f"/proc/{p}/task/*/children"):
-            with contextlib.suppress(OSError):
-                todo += [int(c) for c in Path(listing).read_text().split()]
+        todo += children(p)
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux)."""
+    found: list[int] = []
+    for listing in glob.glob(f"/proc/{pid}/task/*/children"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            found += [int(p) for p in Path(listing).read_text().split()]
+    return sorted(set(found))
 
 
 def _pin(pid: int, cpus: set[int] | None) -> None:

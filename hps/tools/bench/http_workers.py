@@ -35,6 +35,7 @@ from hps.tools.bench.http import (
     TABLE,
     _free_port,
     _subprocess_server,
+    children,
     one_table_config,
     print_rows,
     serve_argv,
@@ -54,18 +55,6 @@ def smaps(pid: int) -> dict[str, int]:
     except OSError:
         pass
     return out
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of `pid` (Linux)."""
-    found: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(p) for p in f.read().split()]
-    except OSError:
-        pass
-    return sorted(set(found))
 
 
 def _memory(pid: int, shm_table_bytes: int | None) -> dict[str, Any]:
