@@ -21,8 +21,8 @@ def test_each_workload_side_by_side(cp: Any, tmp_path: Any) -> None:
         assert bench[("uvm settle 1M", f"alpha {a}")]["uvm"] > 0
         assert bench[("uvm warm-up 2,000", f"alpha {a}")]["uvm"] == 0.2
         for workload in (f"1M power-law {a} keys G keys/s",
-                         f"2,000 power-law {a} keys p50 us",
-                         f"2,000 power-law {a} keys p99 us"):
+                         *(f"2,000 power-law {a} keys ({draws}) {q} us"
+                           for draws in ("64 recurring", "fresh") for q in ("p50", "p99"))):
             row = bench[("uvm", workload)]
             assert row["uvm"] > 0 and row["dynamic"] > 0
             ratio = (row["uvm"] / row["dynamic"] if "G keys" in workload
@@ -31,4 +31,4 @@ def test_each_workload_side_by_side(cp: Any, tmp_path: Any) -> None:
     uniform = bench[("uvm", "1M uniform keys G keys/s")]
     assert uniform["hkv_hybrid"] == 0.196 and uniform["uvm_vs_h2d"] > 0
     # one target per timed workload, and the copy-rate target of the uniform batches
-    assert len(targets(rows)) == 3 * len(ALPHAS) + 2
+    assert len(targets(rows)) == 5 * len(ALPHAS) + 2
