@@ -163,10 +163,10 @@ def build_keys_router(state: ServiceState, protected: list[Any], admin: list[Any
                 tags=["admin"], summary="A prefetch job's status and counts",
                 responses={**ERROR_RESPONSES, 404: _error("Unknown model or job.")})
     async def prefetch_job(model: str, job: str) -> dict[str, Any]:
-        found = server.prefetch_job(job)
-        if found is None or found.model != model:
+        found = server.prefetch_status(job)
+        if found is None or found["model"] != model:
             raise UnknownJob(f"no prefetch job {job!r} of model {model!r} (jobs are kept "
                              "until a few hundred newer ones ran)")
-        return found.as_dict()
+        return found
 
     return router

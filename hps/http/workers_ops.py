@@ -33,7 +33,8 @@ opened again before each op.
 A model counts as served by the server (`models`: /readyz, /v1/models) once every live
 worker serves it. Only the leader consumes online updates: its /readyz shows their state, and
 /metrics shows the leader's update figures whichever worker answers
-(hps/http/workers_metrics.py).
+(hps/http/workers_metrics.py). A prefetch asked of one worker runs in every worker
+through the run's prefetch board, which the same thread reads (hps/http/workers_prefetch.py).
 """
 
 from __future__ import annotations
@@ -56,12 +57,15 @@ from hps.config import UNBOUNDED, ModelConfig, PSConfig, config_to_json
 from hps.errors import ConfigError, TierError
 from hps.http.workers_drops import HeldDrops
 from hps.http.workers_gpu import cuda_here, refuse_uvm
+from hps.http.workers_prefetch import PrefetchBoard, job_prefix
+from hps.intake.keys import is_device_array, key_array, key_ref
 from hps.modelfiles.confined import confined, current_roots
-from hps.runtime.run_dir import pid_alive
+from hps.runtime.run_dir import pid_alive, replace_file
 from hps.server import HierarchicalParameterServer, LoadedTable
 from hps.server.cache_journal import CacheFollower, UpdateJournal
 from hps.server.loader import LoadProgress
 from hps.server.models import LoadedModel
+from hps.server.prefetch import PrefetchJob
 from hps.server.registry import STAGING_SUFFIX, _storage_name
 from hps.tiers.contract import table_name
 
@@ -141,7 +145,7 @@ class OpLog:
             payload["message"] = str(error)
             with contextlib.suppress(Exception):
                 payload["error"] = base64.b64encode(pickle.dumps(error)).decode()
-        _write(self.folder / "outcomes" / str(seq), json.dumps(payload))
+        replace_file(self.folder / "outcomes" / str(seq), json.dumps(payload))
 
     def outcome(self, seq: int) -> tuple[bool, BaseException | None] | None:
         """(done, the error or None) once the leader applied op `seq`, else None."""
@@ -170,10 +174,10 @@ class OpLog:
     def register(self, index: int) -> None:
         """Worker `index` (this process) starts: its ack goes back to 0."""
         self.ack(index, 0)
-        _write(self.folder / "workers" / str(index), str(os.getpid()))
+        replace_file(self.folder / "workers" / str(index), str(os.getpid()))
 
     def ack(self, index: int, seq: int) -> None:
-        _write(self.folder / "acks" / str(index), str(seq))
+        replace_file(self.folder / "acks" / str(index), str(seq))
 
     def acked(self, index: int) -> int:
         try:
@@ -193,13 +197,6 @@ class OpLog:
     def lowest_ack(self) -> int:
         """The last op every live worker applied."""
         return min((self.acked(i) for i in self.live_workers()), default=0)
-
-
-def _write(path: Path, text: str) -> None:
-    """Replace `path`'s contents whole (readers see the old text or the new)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def initial_ops(log_: OpLog, config: PSConfig) -> None:
@@ -256,6 +253,12 @@ class ReplicatedServer(HierarchicalParameterServer):
                                            self._gpu.refetch, self._gpu.refresh_table,
                                            self._catch_up)
             self._follower.start()
+        # a prefetch asked of one worker runs in every worker (workers_prefetch.py); only
+        # the leader writes the volatile tier, as for updates
+        self._board = PrefetchBoard(oplog.folder.parent, index, oplog.live_workers)
+        self._prefetch.id_prefix = job_prefix(index)
+        self._prefetch.fill_volatile = self.leader
+        self._prefetch.on_change = self._board.publish
         oplog.register(index)
 
     def _cached_tables(self) -> list[tuple[str, str, LoadedTable]]:
@@ -313,6 +316,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         while not self._stop.is_set():
             if self._drops is not None:
                 self._drops.flush()
+            self._take_prefetches()
             for op in self.oplog.ops()[self._done:]:
                 if self._stop.is_set():
                     return
@@ -462,6 +466,45 @@ class ReplicatedServer(HierarchicalParameterServer):
         """Remove model `name` in every worker."""
         super().model(name)  # UnknownModelError before anything is logged
         self._await(self.oplog.append("unload", name), everyone=True)
+
+    # -- prefetches in every worker (workers_prefetch.py) ------------------------------
+
+    def prefetch(self, model: str, table: int | str, keys: Any, job_id: str | None = None
+                 ) -> PrefetchJob:
+        """Prefetch here; a job asked of this worker (no `job_id`) is announced, and
+        every other worker runs its part."""
+        host_keys = key_array(key_ref(keys))
+        if is_device_array(host_keys):
+            host_keys = host_keys.get()
+        job = super().prefetch(model, table, host_keys, job_id)
+        if job_id is None:
+            self._board.announce(job.id, model, job.table, host_keys)
+        self._board.publish(job)
+        return job
+
+    def _take_prefetches(self) -> None:
+        """Run this worker's part of the prefetches other workers announced."""
+        for request in self._board.new_requests():  # a loop over requests, not keys
+            keys = self._board.keys_of(request)
+            try:
+                if keys is None:
+                    raise TierError("its keys were gone before this worker read them")
+                self.prefetch(request["model"], request["table"], keys, request["job"])
+            except Exception as exc:  # this part fails; the job's answer says why
+                log.warning("worker %d: prefetch %s failed here: %s", self.index,
+                            request["job"], exc)
+                self._board.publish({
+                    "job": request["job"], "model": request["model"],
+                    "table": str(request["table"]), "status": "failed",
+                    "keys": 0 if keys is None else int(keys.size), "found": 0,
+                    "volatile_filled": 0, "gpu_inserted": 0, "missing": 0, "seconds": 0.0,
+                    "error": f"worker {self.index}: {exc}"})
+
+    def prefetch_status(self, job_id: str) -> dict[str, Any] | None:
+        """A job announced on the board over every live worker; another (a warm-up's)
+        as this worker has it."""
+        combined = self._board.status(job_id)
+        return combined if combined is not None else super().prefetch_status(job_id)
 
     @property
     def models(self) -> dict[str, LoadedModel]:

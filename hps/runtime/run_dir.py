@@ -84,3 +84,11 @@ def current_run_dir() -> Path | None:
 def remove_run_dir(path: Path) -> None:
     """Remove a run folder and everything in it (mappings of its files stay valid)."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Replace `path`'s contents whole: readers in other processes see the old text or
+    the new, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

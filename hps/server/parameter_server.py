@@ -312,11 +312,13 @@ class HierarchicalParameterServer:
         finally:
             loaded.refs.release()
 
-    def prefetch(self, model: str, table: int | str, keys: Any) -> PrefetchJob:
+    def prefetch(self, model: str, table: int | str, keys: Any, job_id: str | None = None
+                 ) -> PrefetchJob:
         """Warm the volatile tier (from the persistent one) and the GPU caches of a table
         with the rows of `keys` (any integer array or list), in the background; returns
         the job (`status`, counts, `wait(timeout)`). Keys no tier holds are counted and
-        skipped. Raises UnknownModelError, UnknownTableError or KeyTypeError at once."""
+        skipped. Raises UnknownModelError, UnknownTableError or KeyTypeError at once.
+        `job_id`: this process's part of a job another process announced."""
         loaded = self._registry.acquire(model)
         try:
             t = loaded.table(table)
@@ -326,11 +328,18 @@ class HierarchicalParameterServer:
         except BaseException:
             loaded.refs.release()
             raise
-        return self._prefetch.submit(loaded, t, host_keys, release=loaded.refs.release)
+        return self._prefetch.submit(loaded, t, host_keys, release=loaded.refs.release,
+                                     job_id=job_id)
 
     def prefetch_job(self, job_id: str) -> PrefetchJob | None:
         """A prefetch job by id (None when unknown or long forgotten)."""
         return self._prefetch.job(job_id)
+
+    def prefetch_status(self, job_id: str) -> dict[str, Any] | None:
+        """A prefetch job's status and counts as the routes answer them (None when
+        unknown or long forgotten)."""
+        job = self._prefetch.job(job_id)
+        return None if job is None else job.as_dict()
 
     # -- maintenance ----------------------------------------------------------------------
 

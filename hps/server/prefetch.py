@@ -11,6 +11,9 @@ given: heaviest first, as exports list them) in chunks of
    insert path (`GpuCaches.prefetch`: the table's stream, never a caller's).
 Keys no tier holds are counted and skipped. A job neither counts as lookups nor feeds the
 key sketches. A volatile tier that fails (Redis down) is skipped, as lookups skip it.
+A process that only reads the volatile tier (a follower of `hps serve --workers N`:
+`fill_volatile` False) skips step 1's writes; the leader's part of the same job makes
+them (hps/http/workers_prefetch.py).
 
 `PrefetchJob` is what a caller holds: `status` (queued, running, done, failed,
 cancelled), the counts so far, `wait(timeout)`, `cancel()` (the job stops before its next
@@ -105,6 +108,12 @@ class Prefetcher:
     def __init__(self, tiers: Tiers, gpu: GpuCaches) -> None:
         self.tiers = tiers
         self.gpu = gpu
+        #: whether jobs write the rows they read from the persistent tier to the volatile one
+        self.fill_volatile = True
+        #: before each job's number: ids unique among the processes of one server
+        self.id_prefix = ""
+        #: told when a job starts running and when it ends (a worker publishes its part)
+        self.on_change: Callable[[PrefetchJob], None] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="hps-prefetch")
         self._jobs: OrderedDict[str, PrefetchJob] = OrderedDict()
         self._ids = itertools.count(1)
@@ -112,15 +121,17 @@ class Prefetcher:
         self._closed = False
 
     def submit(self, loaded: LoadedModel, table: LoadedTable, keys: np.ndarray,
-               release: Callable[[], None] | None = None) -> PrefetchJob:
+               release: Callable[[], None] | None = None, job_id: str | None = None
+               ) -> PrefetchJob:
         """Queue a prefetch of `keys` (host int64[n]) into `table` of `loaded`; `release`
-        is called when the job ends (the version's reference a caller took for it)."""
+        is called when the job ends (the version's reference a caller took for it).
+        `job_id`: the id of a job another process announced (default: the next own)."""
         # in the order given: an export lists its heaviest keys first, so a job cut off
         # at its bound has warmed those
         distinct = first_occurrences(np.asarray(keys, np.int64).ravel())
         with self._lock:
-            job = PrefetchJob(f"p{next(self._ids)}", loaded.config.model, table.name,
-                              int(distinct.size))
+            job = PrefetchJob(job_id or f"{self.id_prefix}p{next(self._ids)}",
+                              loaded.config.model, table.name, int(distinct.size))
             job._release = release
             self._jobs[job.id] = job
             while len(self._jobs) > KEEP:
@@ -143,6 +154,7 @@ class Prefetcher:
     def _run(self, job: PrefetchJob, table: LoadedTable, keys: np.ndarray) -> None:
         started = time.perf_counter()
         job.status = "running"
+        self._changed(job)
         status, error = "done", None
         try:
             for start in range(0, keys.size, CHUNK):
@@ -157,6 +169,15 @@ class Prefetcher:
         finally:
             job.seconds = time.perf_counter() - started
             job._finish(status, error)
+            self._changed(job)
+
+    def _changed(self, job: PrefetchJob) -> None:
+        hook = self.on_change
+        if hook is not None:
+            try:
+                hook(job)
+            except Exception:  # telling others is a bonus: the job's own outcome stands
+                log.exception("prefetch %s: publishing its state failed", job.id)
 
     def _step(self, job: PrefetchJob, table: LoadedTable, keys: np.ndarray) -> None:
         """One chunk of distinct keys: volatile ← persistent, then the GPU caches."""
@@ -176,7 +197,7 @@ class Prefetcher:
             got = lacking[present]
             rows[got] = more[present]
             found[got] = True
-            if volatile_up and got.size:
+            if volatile_up and got.size and self.fill_volatile:
                 try:
                     volatile.insert(name, keys[got], rows[got])  # type: ignore[union-attr]
                     job.volatile_filled += int(got.size)

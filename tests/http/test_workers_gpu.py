@@ -18,7 +18,7 @@ from hps.config import load_config
 from hps.errors import ConfigError
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted, refuse_uvm
 from tests.conftest import model_config
-from tests.http.conftest import ModelFiles
+from tests.http.conftest import ModelFiles, wait_until
 from tests.http.test_workers import (
     Served,
     _lookup,
@@ -111,3 +111,18 @@ def test_every_workers_gpu_cache_serves_the_leaders_updates(
         refused.text
     assert "u2" not in [m["model"] for m in
                         httpx.get(f"{gpu_served.url}/v1/models").json()["models"]]
+    # a prefetch asked of one worker goes into every worker's GPU caches
+    keys = model.keys[0][-200:]
+    asked = httpx.post(f"{gpu_served.url}/v1/models/m/prefetch",
+                       json={"table": "users", "keys": keys.tolist()}, timeout=60)
+    assert asked.status_code == 202, asked.text
+    job = asked.json()["jobs"][0]["job"]
+
+    def status() -> dict[str, object]:
+        return httpx.get(f"{gpu_served.url}/v1/models/m/prefetch/{job}", timeout=60).json()
+
+    wait_until(lambda: status()["status"] == "done", timeout=60)
+    parts = status()["workers"]
+    assert [(p["worker"], p["found"], p["gpu_inserted"]) for p in parts] == \
+        [(0, 200, 200), (1, 200, 200)], parts
+    assert np.array_equal(_lookup(gpu_served, keys), model.vectors[0][-200:])

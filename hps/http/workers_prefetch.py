@@ -1,0 +1,172 @@
+"""Prefetches in every worker of `hps serve --workers N`: the run's prefetch board.
+
+A prefetch asked of one worker (`POST /v1/models/{model}/prefetch`) runs there and is
+announced on the board, in the run folder's `prefetch/`: its keys in a file, a line in
+`requests.jsonl`. Every other worker reads the board on its op thread (every POLL
+seconds, hps/http/workers_ops.py) and runs the same job, under the same id, itself. So
+every worker's GPU caches get the rows, each through its own insert path. Only the
+leader writes the volatile tier (the others only read the shared tables and Redis, as
+for updates): its part of a job fills it, the others read what is there, or the
+persistent tier where it is not yet.
+
+Each worker publishes its part of a job (`<job>.<worker>.json`: status and counts) when
+it is queued, starts and ends. `GET /v1/models/{model}/prefetch/{job}`, whichever worker
+answers, reads the parts of the live workers (`status`): the leader's counts, `gpu_inserted`
+summed over them, and each part under `workers`. The job is done when every live worker's
+part is. Ids name the worker that took the request (`w1.p3`), so they are unique in the
+run. The keys file goes once every live worker queued its part; a worker keeps its last
+KEEP parts.
+
+A worker that starts later (one replaced after it died) takes the prefetches announced
+after its start; its caches are warmed as any new worker's are (`warm_from`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hps.runtime.run_dir import replace_file
+from hps.server.prefetch import KEEP, PrefetchJob
+
+#: the form of the ids the workers give (anything else names no job, and no file)
+JOB_ID = re.compile(r"w\d{1,4}\.p\d{1,12}")
+
+
+def job_prefix(index: int) -> str:
+    """What worker `index` puts before its jobs' numbers."""
+    return f"w{index}."
+
+
+class PrefetchBoard:
+    """One worker's view of the run's prefetch board (see the module)."""
+
+    def __init__(self, run_folder: Path, index: int,
+                 live_workers: Callable[[], list[int]]) -> None:
+        self.folder = run_folder / "prefetch"
+        self.folder.mkdir(exist_ok=True)
+        self.requests = self.folder / "requests.jsonl"
+        self.requests.touch(exist_ok=True)
+        self.index = index
+        self._live = live_workers
+        self._read_at = self.requests.stat().st_size  # the prefetches from now on
+        self._mine: deque[str] = deque()  # the jobs whose parts this worker published
+        self._lock = threading.Lock()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def announce(self, job_id: str, model: str, table: str, keys: np.ndarray) -> None:
+        """Tell the other workers to run job `job_id` (taken here) on their caches."""
+        staging = self.folder / f".{job_id}.keys.{os.getpid()}.npy"
+        np.save(staging, np.ascontiguousarray(keys, dtype=np.int64))
+        os.replace(staging, self._keys_path(job_id))
+        line = json.dumps({"job": job_id, "model": model, "table": table,
+                           "from": self.index})
+        with open(self.folder / "requests.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with open(self.requests, "a") as f:
+                f.write(line + "\n")
+
+    def new_requests(self) -> list[dict[str, Any]]:
+        """The jobs other workers announced since the last call (whole lines only)."""
+        with open(self.requests, "rb") as f:
+            f.seek(self._read_at)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._read_at += end
+        requests = [json.loads(line) for line in data[:end].splitlines()]
+        return [r for r in requests if r["from"] != self.index]
+
+    def keys_of(self, request: dict[str, Any]) -> np.ndarray | None:
+        """The keys of an announced job (None: gone, as every live worker took them)."""
+        try:
+            keys: np.ndarray = np.load(self._keys_path(request["job"]), allow_pickle=False)
+            return keys
+        except (FileNotFoundError, ValueError, OSError):
+            return None
+
+    # -- parts ------------------------------------------------------------------------------
+
+    def publish(self, job: PrefetchJob | dict[str, Any]) -> None:
+        """This worker's part of a job (as it stands now), for every worker to read."""
+        with self._lock:  # read under the lock: a later state is never overwritten
+            part = job if isinstance(job, dict) else job.as_dict()
+            self._write_part(part)
+
+    def _write_part(self, part: dict[str, Any]) -> None:
+        job_id = part["job"]
+        if not JOB_ID.fullmatch(job_id):
+            return  # a job of this worker alone (a warm-up's)
+        replace_file(self._part_path(job_id, self.index), json.dumps(part))
+        if job_id not in self._mine:
+            self._mine.append(job_id)
+            while len(self._mine) > KEEP:
+                self._forget(self._mine.popleft())
+        if all(self._part_path(job_id, i).exists() for i in self._live()):
+            with contextlib.suppress(FileNotFoundError):
+                self._keys_path(job_id).unlink()
+
+    def status(self, job_id: str) -> dict[str, Any] | None:
+        """Job `job_id` over the live workers (see the module), or None when no live
+        worker published a part of it."""
+        if not JOB_ID.fullmatch(job_id):
+            return None
+        live = self._live()
+        parts: dict[int, dict[str, Any]] = {}
+        for i in live:  # a loop over workers
+            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+                parts[i] = json.loads(self._part_path(job_id, i).read_text())
+        if not parts:
+            return None
+        return combine(parts, live)
+
+    def _forget(self, job_id: str) -> None:
+        for path in (self._part_path(job_id, self.index), self._keys_path(job_id)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def _keys_path(self, job_id: str) -> Path:
+        return self.folder / f"{job_id}.keys.npy"
+
+    def _part_path(self, job_id: str, index: int) -> Path:
+        return self.folder / f"{job_id}.{index}.json"
+
+
+def combine(parts: dict[int, dict[str, Any]], live: list[int]) -> dict[str, Any]:
+    """One job's answer from the parts of the workers (index → PrefetchJob.as_dict()):
+    the leader's counts (else the lowest worker's), `gpu_inserted` summed, `seconds` the
+    longest, `workers` each part; `status` failed or cancelled when a part is, done when
+    every live worker's part is done, queued while none started, else running."""
+    first = parts[min(parts)]
+    answer = dict(first)
+    statuses = [parts[i]["status"] if i in parts else "queued" for i in live]
+    if "failed" in statuses:
+        answer["status"] = "failed"
+    elif "cancelled" in statuses:
+        answer["status"] = "cancelled"
+    elif all(s == "done" for s in statuses):
+        answer["status"] = "done"
+    elif all(s == "queued" for s in statuses):
+        answer["status"] = "queued"
+    else:
+        answer["status"] = "running"
+    answer["gpu_inserted"] = sum(int(p["gpu_inserted"]) for p in parts.values())
+    answer["seconds"] = max(float(p["seconds"]) for p in parts.values())
+    answer["error"] = next((p["error"] for p in parts.values() if p.get("error")), None)
+    answer["workers"] = [
+        {"worker": i, **{k: parts[i][k] for k in ("status", "found", "volatile_filled",
+                                                   "gpu_inserted", "missing", "seconds",
+                                                   "error")}}
+        if i in parts else {"worker": i, "status": "queued"}
+        for i in live]
+    return answer
