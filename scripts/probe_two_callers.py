@@ -147,33 +147,12 @@ def main() -> None:
 
 
 def _launch_without_the_gil() -> None:
-    """kernels._held_launcher's compiled launch-and-record, built with nogil (before any
+    """Every launch-and-record through kernels._held_launcher's nogil twin (before any
     table binds its launches)."""
-    import ctypes
-    import ctypes.util
-
     from hps.gpu import kernels
-    from hps.runtime.compiled import numba, types
 
-    lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    cu_launch = lib.cuLaunchKernel
-    cu_launch.argtypes = [u64, u32, u32, u32, u32, u32, u32, u32, u64, u64, u64]
-    cu_launch.restype = ctypes.c_int32
-    cu_record = lib.cuEventRecord
-    cu_record.argtypes = [u64, u64]
-    cu_record.restype = ctypes.c_int32
-
-    def launch_recorded(fn: int, grid: int, block: int, stream: int, params: int,
-                        event: int) -> int:
-        status = cu_launch(fn, grid, 1, 1, block, 1, 1, 0, stream, params, 0)
-        if status == 0 and event != 0:
-            status = cu_record(event, stream)
-        return status
-
-    compiled = numba.njit(types.int32(types.uint64, types.uint32, types.uint32, types.uint64,
-                                      types.uint64, types.uint64), nogil=True)(launch_recorded)
-    kernels._held_launcher = lambda: compiled  # type: ignore[assignment]
+    released = kernels._held_launcher(nogil=True)
+    kernels._held_launcher = lambda nogil=False: released  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

@@ -161,10 +161,12 @@ def grid(device_id: int, threads: int, block: int = 256, waves: int = 16) -> int
     return min(need, multiprocessors(device_id) * waves) if waves else need
 
 
-@lru_cache(maxsize=1)
-def _held_launcher() -> Any:
+@lru_cache(maxsize=2)
+def _held_launcher(nogil: bool = False) -> Any:
     """cuLaunchKernel then cuEventRecord in one compiled call that keeps the GIL, or None
-    where libcuda or numba cannot give one (launches then go through CuPy).
+    where libcuda or numba cannot give one (launches then go through CuPy). `nogil`:
+    the same call releasing the GIL, for the probes that measure what keeping it gains
+    (scripts/probe_two_callers.py --nogil-launch); the lookup path never asks for it.
 
     Why keep the GIL for a few microseconds of driver calls: with several caller threads,
     every call that releases the GIL (CuPy's launch, CuPy's event record, the runtime's
@@ -199,7 +201,7 @@ def _held_launcher() -> Any:
 
     # not nogil (the point), not cached (it calls through addresses of this process)
     return numba.njit(types.int32(types.uint64, types.uint32, types.uint32, types.uint64,
-                                  types.uint64, types.uint64))(launch_recorded)
+                                  types.uint64, types.uint64), nogil=nogil)(launch_recorded)
 
 
 class HeldCalls:
