@@ -106,6 +106,10 @@ def main() -> None:
     parser.add_argument("--probe-window", type=int, default=None,
                         help="buckets a small batch's probe loads at once (static and uvm; "
                              "default: hps/gpu/static_table.py's)")
+    parser.add_argument("--small-batch", type=int, default=None,
+                        help="batches up to this many keys take the small-batch query "
+                             "(static and uvm; 0: every batch the larger one, whose lane "
+                             "groups probe the first buckets of two keys at once)")
     parser.add_argument("--load-factor", type=float, default=None,
                         help="the uvm index's keys per slot (default: the table's)")
     args = parser.parse_args()
@@ -113,6 +117,10 @@ def main() -> None:
         import hps.gpu.static_table
 
         hps.gpu.static_table._WINDOW = args.probe_window
+    if args.small_batch is not None:
+        import hps.gpu.static_table
+
+        hps.gpu.static_table.SMALL_BATCH = args.small_batch
     if args.load_factor is not None:
         UvmEmbeddingTable.__init__.__kwdefaults__["load_factor"] = args.load_factor
     rng = np.random.default_rng(0)
