@@ -57,7 +57,7 @@ from hps.config import UNBOUNDED, ModelConfig, PSConfig, config_to_json
 from hps.errors import ConfigError, TierError
 from hps.http.workers_drops import HeldDrops
 from hps.http.workers_gpu import cuda_here, refuse_uvm
-from hps.http.workers_prefetch import PrefetchBoard, job_prefix
+from hps.http.workers_prefetch import PrefetchBoard, idle_part, job_prefix
 from hps.intake.keys import is_device_array, key_array, key_ref
 from hps.modelfiles.confined import confined, current_roots
 from hps.runtime.run_dir import pid_alive, replace_file
@@ -493,12 +493,9 @@ class ReplicatedServer(HierarchicalParameterServer):
             except Exception as exc:  # this part fails; the job's answer says why
                 log.warning("worker %d: prefetch %s failed here: %s", self.index,
                             request["job"], exc)
-                self._board.publish({
-                    "job": request["job"], "model": request["model"],
-                    "table": str(request["table"]), "status": "failed",
-                    "keys": 0 if keys is None else int(keys.size), "found": 0,
-                    "volatile_filled": 0, "gpu_inserted": 0, "missing": 0, "seconds": 0.0,
-                    "error": f"worker {self.index}: {exc}"})
+                self._board.publish(idle_part(request, "failed",
+                                              0 if keys is None else int(keys.size),
+                                              f"worker {self.index}: {exc}"))
 
     def prefetch_status(self, job_id: str) -> dict[str, Any] | None:
         """A job announced on the board over every live worker; another (a warm-up's)

@@ -15,10 +15,13 @@ answers, reads the parts of the live workers (`status`): the leader's counts, `g
 summed over them, and each part under `workers`. The job is done when every live worker's
 part is. Ids name the worker that took the request (`w1.p3`), so they are unique in the
 run. The keys file goes once every live worker queued its part; a worker keeps its last
-KEEP parts.
+KEEP parts. Only jobs on the board have parts: a warm-up (`warm_from`) runs in each
+worker as it loads, under that worker's own id.
 
 A worker that starts later (one replaced after it died) takes the prefetches announced
-after its start; its caches are warmed as any new worker's are (`warm_from`).
+after its start. Its part of each earlier job on the board is `skipped` (its caches
+were warmed as any new worker's are), so those jobs still finish; a skipped part counts
+as done.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from hps.server.prefetch import KEEP, PrefetchJob
 
 #: the form of the ids the workers give (anything else names no job, and no file)
 JOB_ID = re.compile(r"w\d{1,4}\.p\d{1,12}")
+_FINISHED = ("done", "skipped", "failed", "cancelled")
 
 
 def job_prefix(index: int) -> str:
@@ -59,9 +63,24 @@ class PrefetchBoard:
         self.requests.touch(exist_ok=True)
         self.index = index
         self._live = live_workers
-        self._read_at = self.requests.stat().st_size  # the prefetches from now on
         self._mine: deque[str] = deque()  # the jobs whose parts this worker published
+        self._on_board: set[str] = set()  # the jobs this worker announced or took
         self._lock = threading.Lock()
+        self._read_at = 0
+        self._skip(self._read())  # the prefetches before this worker's start
+
+    def _skip(self, requests: list[dict[str, Any]]) -> None:
+        """This worker's part of the latest KEEP of `requests`, where it has none
+        finished (a worker that died under the same index may have left one running)."""
+        for request in requests[-KEEP:]:  # a loop over requests, not keys
+            job_id = request["job"]
+            try:
+                part = json.loads(self._part_path(job_id, self.index).read_text())
+            except (FileNotFoundError, json.JSONDecodeError):
+                part = {"status": None}
+            if part["status"] not in _FINISHED:
+                self._on_board.add(job_id)
+                self.publish(idle_part(request, "skipped"))
 
     # -- requests -------------------------------------------------------------------------
 
@@ -72,6 +91,7 @@ class PrefetchBoard:
         os.replace(staging, self._keys_path(job_id))
         line = json.dumps({"job": job_id, "model": model, "table": table,
                            "from": self.index})
+        self._on_board.add(job_id)
         with open(self.folder / "requests.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             with open(self.requests, "a") as f:
@@ -79,13 +99,17 @@ class PrefetchBoard:
 
     def new_requests(self) -> list[dict[str, Any]]:
         """The jobs other workers announced since the last call (whole lines only)."""
+        requests = [r for r in self._read() if r["from"] != self.index]
+        self._on_board.update(r["job"] for r in requests)
+        return requests
+
+    def _read(self) -> list[dict[str, Any]]:
         with open(self.requests, "rb") as f:
             f.seek(self._read_at)
             data = f.read()
         end = data.rfind(b"\n") + 1
         self._read_at += end
-        requests = [json.loads(line) for line in data[:end].splitlines()]
-        return [r for r in requests if r["from"] != self.index]
+        return [json.loads(line) for line in data[:end].splitlines()]
 
     def keys_of(self, request: dict[str, Any]) -> np.ndarray | None:
         """The keys of an announced job (None: gone, as every live worker took them)."""
@@ -105,13 +129,15 @@ class PrefetchBoard:
 
     def _write_part(self, part: dict[str, Any]) -> None:
         job_id = part["job"]
-        if not JOB_ID.fullmatch(job_id):
+        if job_id not in self._on_board or not JOB_ID.fullmatch(job_id):
             return  # a job of this worker alone (a warm-up's)
         replace_file(self._part_path(job_id, self.index), json.dumps(part))
         if job_id not in self._mine:
             self._mine.append(job_id)
             while len(self._mine) > KEEP:
-                self._forget(self._mine.popleft())
+                old = self._mine.popleft()
+                self._on_board.discard(old)
+                self._forget(old)
         if all(self._part_path(job_id, i).exists() for i in self._live()):
             with contextlib.suppress(FileNotFoundError):
                 self._keys_path(job_id).unlink()
@@ -146,7 +172,8 @@ def combine(parts: dict[int, dict[str, Any]], live: list[int]) -> dict[str, Any]
     """One job's answer from the parts of the workers (index → PrefetchJob.as_dict()):
     the leader's counts (else the lowest worker's), `gpu_inserted` summed, `seconds` the
     longest, `workers` each part; `status` failed or cancelled when a part is, done when
-    every live worker's part is done, queued while none started, else running."""
+    every live worker's part is done (or skipped), queued while none started, else
+    running."""
     first = parts[min(parts)]
     answer = dict(first)
     statuses = [parts[i]["status"] if i in parts else "queued" for i in live]
@@ -154,7 +181,7 @@ def combine(parts: dict[int, dict[str, Any]], live: list[int]) -> dict[str, Any]
         answer["status"] = "failed"
     elif "cancelled" in statuses:
         answer["status"] = "cancelled"
-    elif all(s == "done" for s in statuses):
+    elif all(s in ("done", "skipped") for s in statuses):
         answer["status"] = "done"
     elif all(s == "queued" for s in statuses):
         answer["status"] = "queued"
@@ -170,3 +197,11 @@ def combine(parts: dict[int, dict[str, Any]], live: list[int]) -> dict[str, Any]
         if i in parts else {"worker": i, "status": "queued"}
         for i in live]
     return answer
+
+
+def idle_part(request: dict[str, Any], status: str, keys: int = 0,
+              error: str | None = None) -> dict[str, Any]:
+    """A part of an announced job that ran nothing here: `skipped` or `failed`."""
+    return {"job": request["job"], "model": request["model"], "table": str(request["table"]),
+            "status": status, "keys": keys, "found": 0, "volatile_filled": 0,
+            "gpu_inserted": 0, "missing": 0, "seconds": 0.0, "error": error}

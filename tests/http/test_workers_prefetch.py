@@ -123,8 +123,27 @@ def test_the_board_between_two_workers(tmp_path: Path) -> None:
     live.remove(1)  # a worker that died is not waited for
     assert leader.status("w1.p1")["workers"] == [got["workers"][0]]
     assert leader.status("../w1.p1") is None and leader.status("w9.p9") is None
-    leader.publish(_part("p3", "done"))  # a job of one worker alone: not on the board
-    assert not (tmp_path / "prefetch" / "p3.0.json").exists()
+    leader.publish(_part("w0.p3", "done"))  # a job of one worker alone (a warm-up's)
+    assert not (tmp_path / "prefetch" / "w0.p3.0.json").exists()
+
+
+def test_a_worker_started_again_skips_the_jobs_before_it(tmp_path: Path) -> None:
+    live = [0, 1]
+    leader = PrefetchBoard(tmp_path, 0, lambda: live)
+    first = PrefetchBoard(tmp_path, 1, lambda: live)
+    leader.announce("w0.p1", "m", "t", np.arange(4, dtype=np.int64))
+    leader.announce("w0.p2", "m", "t", np.arange(4, dtype=np.int64))
+    leader.publish(_part("w0.p1", "done"))
+    leader.publish(_part("w0.p2", "done"))
+    assert [r["job"] for r in first.new_requests()] == ["w0.p1", "w0.p2"]
+    first.publish(_part("w0.p1", "done", gpu=5))
+    first.publish(_part("w0.p2", "running"))  # then worker 1 dies
+    assert leader.status("w0.p2")["status"] == "running"
+    again = PrefetchBoard(tmp_path, 1, lambda: live)  # worker 1 started again
+    assert again.new_requests() == []  # it takes only what comes after its start
+    assert leader.status("w0.p1")["workers"][1]["gpu_inserted"] == 5  # finished: kept
+    got = leader.status("w0.p2")
+    assert got["status"] == "done" and got["workers"][1]["status"] == "skipped"
 
 
 def test_combined_status_of_parts() -> None:
