@@ -4,6 +4,9 @@ either worker with both workers' parts; the board itself between two workers' vi
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 
 from hps.http.workers_prefetch import PrefetchBoard, combine
 from tests.http.conftest import MODEL, ModelFiles, wait_until, write_model
-from tests.http.test_workers import Served, serve, stop, write_run
+from tests.http.test_workers import ROOT, Served, serve, stop, write_run
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +73,21 @@ def test_a_prefetch_runs_in_every_worker_and_answers_from_either(
                         json={"keys": present[:5].tolist()}, timeout=30)
     assert np.allclose(np.asarray(lookup.json()["vectors"], np.float32),
                        model.vectors[0][:5])
+
+
+def test_the_cli_follows_a_prefetch_of_both_workers(
+        two_workers: tuple[Served, ModelFiles], tmp_path: Path) -> None:
+    served, model = two_workers
+    keys_file = tmp_path / "users.keys"
+    keys_file.write_bytes(model.keys[0][:500].astype("<i8").tobytes())
+    done = subprocess.run(
+        [sys.executable, "-m", "hps.tools.cli", "models", "prefetch", MODEL, "--table",
+         "users", "--keys-file", str(keys_file), "--wait", "--url", served.url],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert " done: 500 found, 0 in no tier" in done.stdout, done.stdout
+    assert "workers: 0 done, 1 done" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("job", ["w0.p999999", "p1", "w0.p1.0", "w0..p1", "w0.p1..%2F..%2Fx"])

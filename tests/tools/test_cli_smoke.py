@@ -110,6 +110,8 @@ def serve_and_manage(work: Path) -> dict[str, Ran]:
         ran["models add"] = hps("models", "add", str(extra), cwd=work, env=env)
         ran["models keys"] = hps("models", "keys", "m", "t0", cwd=work, env=env)
         ran["models prefetch"] = hps("models", "prefetch", "m", cwd=work, env=env)
+        ran["models prefetch --wait"] = hps("models", "prefetch", "m", "--table", "t0",
+                                            "--wait", cwd=work, env=env)
         # relative paths: from the folder they are in, resolved by the client
         ran["models reload"] = hps("models", "reload", "m", "t0", "t1",
                                    cwd=work / "models" / "new", env=env)
@@ -270,6 +272,7 @@ EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "models remove": (("removed model extra",), ()),
     "models keys": (("hot keys of m / t0",), ()),
     "models prefetch": (("m / t0: job p", "m / t1: job p"), ()),
+    "models prefetch --wait": (("m / t0: job p", " done: ", " found, ", " in no tier"), ()),
     "bench warm-start": (("warmed", "p99 µs", "the peer's hot set"), ()),
     "bench": (("expected peak memory", "searchsorted", "multi_get"), ()),
     "bench tier-fetch": (("expected peak memory", "2,000 keys", "multi_get"), ()),

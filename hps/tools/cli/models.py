@@ -154,10 +154,14 @@ def models_prefetch(
                                                    "--hot-set)."),
     keys_file: Optional[Path] = typer.Option(
         None, help="A file of little-endian int64 keys (a hot-set export); needs --table."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the jobs to their end (a "
+                                                    "progress bar each); exit 1 if one "
+                                                    "did not finish."),
     url: str = _URL, token: Optional[str] = _TOKEN,
 ) -> None:
     """Warm a running server's volatile tier and GPU caches: with the keys of a file, or
-    (without --keys-file) with the server's own hot keys. Prints the jobs started."""
+    (without --keys-file) with the server's own hot keys. Prints the jobs started, and
+    with --wait what each found and wrote."""
     from urllib.parse import quote
 
     import numpy as np
@@ -186,6 +190,61 @@ def models_prefetch(
     for job in answer["jobs"]:
         console.print(f"{job['model']} / {job['table']}: job {job['job']}, {job['keys']:,} "
                       f"keys, {job['status']}", highlight=False)
+    if not wait:
+        return
+    try:
+        ended = follow_prefetches(url, token, model, answer["jobs"])
+    except HPSError as exc:
+        fail(exc)
+    for job in ended:
+        console.print(prefetch_summary(job), highlight=False)
+    if any(job["status"] != "done" for job in ended):
+        raise typer.Exit(code=1)
+
+
+def follow_prefetches(url: str, token: str | None, model: str, jobs: list[dict[str, Any]],
+                      poll: float = 0.2) -> list[dict[str, Any]]:
+    """The jobs' answers once each ended, with a progress bar each on stderr (keys looked
+    at, of the job's keys)."""
+    import time
+    from urllib.parse import quote
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from hps.tools.admin_client import call
+    from hps.tools.cli.app import err_console
+
+    ended: dict[str, dict[str, Any]] = {}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("keys"), console=err_console) as bars:
+        tasks = {job["job"]: bars.add_task(f"{job['table']} ({job['job']})",
+                                           total=max(job["keys"], 1)) for job in jobs}
+        while len(ended) < len(jobs):
+            for job in jobs:  # a loop over the jobs asked for (one per table)
+                if job["job"] in ended:
+                    continue
+                now = call(url, "GET", f"/v1/models/{quote(model, safe='')}/prefetch/"
+                           f"{quote(job['job'], safe='')}", token)
+                bars.update(tasks[job["job"]], completed=now["found"] + now["missing"])
+                if now["status"] not in ("queued", "running"):
+                    ended[job["job"]] = now
+            if len(ended) < len(jobs):
+                time.sleep(poll)
+    return [ended[job["job"]] for job in jobs]
+
+
+def prefetch_summary(job: dict[str, Any]) -> str:
+    """One line of what an ended prefetch job found and wrote (each worker's part too)."""
+    line = (f"{job['model']} / {job['table']}: job {job['job']} {job['status']}: "
+            f"{job['found']:,} found, {job['missing']:,} in no tier, "
+            f"{job['volatile_filled']:,} into the volatile tier, {job['gpu_inserted']:,} "
+            f"GPU rows, {job['seconds']:.2f} s")
+    if job.get("error"):
+        line += f" ({job['error']})"
+    if "workers" in job:
+        line += "; workers: " + ", ".join(f"{p['worker']} {p['status']}"
+                                          for p in job["workers"])
+    return line
 
 
 #: what users call the tiers (tier.name is the config's spelling)
