@@ -2,8 +2,10 @@
 
 A prefetch asked of one worker (`POST /v1/models/{model}/prefetch`) runs there and is
 announced on the board, in the run folder's `prefetch/`: its keys in a file, a line in
-`requests.jsonl`. Every other worker reads the board on its op thread (every POLL
-seconds, hps/http/workers_ops.py) and runs the same job, under the same id, itself. So
+the request log (`requests.<n>.jsonl`, segments of SEGMENT_BYTES; a segment no live
+worker reads any more goes once the one after it is full). Every other worker reads the
+board on its op thread (every POLL seconds, hps/http/workers_ops.py) and runs the same
+job, under the same id, itself. So
 every worker's GPU caches get the rows, each through its own insert path. Only the
 leader writes the volatile tier (the others only read the shared tables and Redis, as
 for updates): its part of a job fills it, the others read what is there, or the
@@ -33,7 +35,7 @@ import os
 import re
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,8 @@ from hps.server.prefetch import KEEP, PrefetchJob
 
 #: the form of the ids the workers give (anything else names no job, and no file)
 JOB_ID = re.compile(r"w\d{1,4}\.p\d{1,12}")
+#: bytes of one segment of the request log (some 600 requests)
+SEGMENT_BYTES = 1 << 16
 _FINISHED = ("done", "skipped", "failed", "cancelled")
 
 
@@ -59,15 +63,22 @@ class PrefetchBoard:
                  live_workers: Callable[[], list[int]]) -> None:
         self.folder = run_folder / "prefetch"
         self.folder.mkdir(exist_ok=True)
-        self.requests = self.folder / "requests.jsonl"
-        self.requests.touch(exist_ok=True)
         self.index = index
         self._live = live_workers
         self._mine: deque[str] = deque()  # the jobs whose parts this worker published
         self._on_board: set[str] = set()  # the jobs this worker announced or took
         self._lock = threading.Lock()
-        self._read_at = 0
-        self._skip(self._read())  # the prefetches before this worker's start
+        with self._log_lock():
+            segments = self._segments()
+            if not segments:
+                self._segment_path(0).touch()
+                segments = [0]
+        # reading from the newest segment's start: the prefetches before this worker's
+        # start, with the segment before it, get skipped parts; the rest are taken
+        self._segment, self._read_at = segments[-1], 0
+        self._note_reading()
+        earlier = self._lines(segments[-2]) if len(segments) > 1 else []
+        self._skip(earlier + self._read())
 
     def _skip(self, requests: list[dict[str, Any]]) -> None:
         """This worker's part of the latest KEEP of `requests`, where it has none
@@ -92,9 +103,13 @@ class PrefetchBoard:
         line = json.dumps({"job": job_id, "model": model, "table": table,
                            "from": self.index})
         self._on_board.add(job_id)
-        with open(self.folder / "requests.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            with open(self.requests, "a") as f:
+        with self._log_lock():
+            segment = self._segments()[-1]
+            if self._segment_path(segment).stat().st_size >= SEGMENT_BYTES:
+                segment += 1  # the full one takes no more lines: readers move on
+                self._segment_path(segment).touch()
+                self._drop_segments(segment)
+            with open(self._segment_path(segment), "a") as f:
                 f.write(line + "\n")
 
     def new_requests(self) -> list[dict[str, Any]]:
@@ -104,12 +119,61 @@ class PrefetchBoard:
         return requests
 
     def _read(self) -> list[dict[str, Any]]:
-        with open(self.requests, "rb") as f:
-            f.seek(self._read_at)
-            data = f.read()
-        end = data.rfind(b"\n") + 1
-        self._read_at += end
-        return [json.loads(line) for line in data[:end].splitlines()]
+        """The whole lines of the log after this worker's place, across segments."""
+        requests: list[dict[str, Any]] = []
+        while True:
+            # a next segment seen first means this one is complete when read below
+            newer = self._segment_path(self._segment + 1).exists()
+            try:
+                with open(self._segment_path(self._segment), "rb") as f:
+                    f.seek(self._read_at)
+                    data = f.read()
+            except FileNotFoundError:
+                data = b""
+            end = data.rfind(b"\n") + 1
+            self._read_at += end
+            requests += [json.loads(line) for line in data[:end].splitlines()]
+            if not newer:
+                return requests
+            self._segment, self._read_at = self._segment + 1, 0
+            self._note_reading()
+
+    def _lines(self, segment: int) -> list[dict[str, Any]]:
+        try:
+            data = self._segment_path(segment).read_bytes()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines()]
+
+    def _segments(self) -> list[int]:
+        return sorted(int(p.name.split(".")[1]) for p in self.folder.glob("requests.*.jsonl"))
+
+    def _segment_path(self, segment: int) -> Path:
+        return self.folder / f"requests.{segment}.jsonl"
+
+    @contextlib.contextmanager
+    def _log_lock(self) -> Iterator[None]:
+        """The request log's lock, between processes (appends and new segments)."""
+        with open(self.folder / "requests.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def _note_reading(self) -> None:
+        replace_file(self.folder / f"reading.{self.index}", str(self._segment))
+
+    def _drop_segments(self, newest: int) -> None:
+        """Remove the segments before every live worker's place (the log's lock held),
+        keeping the one before `newest` for a worker that starts later (`_skip`)."""
+        oldest = newest - 1
+        for i in self._live():  # a loop over workers
+            try:
+                oldest = min(oldest, int((self.folder / f"reading.{i}").read_text()))
+            except (FileNotFoundError, ValueError):
+                return  # a worker that has not said where it reads: keep everything
+        for segment in self._segments():
+            if segment < oldest:
+                with contextlib.suppress(FileNotFoundError):
+                    self._segment_path(segment).unlink()
 
     def keys_of(self, request: dict[str, Any]) -> np.ndarray | None:
         """The keys of an announced job (None: gone, as every live worker took them)."""

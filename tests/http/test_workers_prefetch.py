@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from hps.http import workers_prefetch
 from hps.http.workers_prefetch import PrefetchBoard, combine
 from tests.http.conftest import MODEL, ModelFiles, wait_until, write_model
 from tests.http.test_workers import ROOT, Served, serve, stop, write_run
@@ -103,12 +104,16 @@ def test_unknown_or_malformed_job_ids_are_404(two_workers: tuple[Served, ModelFi
 def test_a_prefetch_of_an_unknown_table_is_refused_before_it_is_announced(
         two_workers: tuple[Served, ModelFiles]) -> None:
     served, _ = two_workers
-    requests = served.run_folder() / "prefetch" / "requests.jsonl"
-    before = requests.read_bytes()
+    board = served.run_folder() / "prefetch"
+
+    def log() -> list[bytes]:
+        return [p.read_bytes() for p in sorted(board.glob("requests.*.jsonl"))]
+
+    before = log()
     answer = httpx.post(f"{served.url}/v1/models/{MODEL}/prefetch",
                         json={"table": "nope", "keys": [1, 2]}, timeout=30)
     assert answer.status_code == 404, answer.text
-    assert requests.read_bytes() == before
+    assert log() == before
 
 
 def _part(job: str, status: str, found: int = 5, gpu: int = 0, error: str | None = None
@@ -177,3 +182,30 @@ def test_combined_status_of_parts() -> None:
     mixed = combine({0: _part("w0.p1", "done", found=4, gpu=4), 1: _part("w0.p1", "done",
                                                                          gpu=5)}, [0, 1])
     assert mixed["found"] == 4 and mixed["gpu_inserted"] == 9
+
+
+def test_the_request_log_goes_on_in_segments_and_drops_what_was_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers_prefetch, "SEGMENT_BYTES", 100)  # two requests a segment
+    live = [0, 1]
+    leader = PrefetchBoard(tmp_path, 0, lambda: live)
+    other = PrefetchBoard(tmp_path, 1, lambda: live)
+    keys = np.arange(3, dtype=np.int64)
+    taken: list[str] = []
+    for n in range(1, 13):
+        leader.announce(f"w0.p{n}", "m", "t", keys)
+        if n % 3 == 0:  # the other worker reads now and then, across segments
+            taken += [r["job"] for r in other.new_requests()]
+        assert leader.new_requests() == []  # its own
+    taken += [r["job"] for r in other.new_requests()]
+    assert taken == [f"w0.p{n}" for n in range(1, 13)]  # each once, in order
+    folder = tmp_path / "prefetch"
+    segments = sorted(int(p.name.split(".")[1]) for p in folder.glob("requests.*.jsonl"))
+    assert len(segments) <= 3 and segments[-1] == 5  # the read ones are gone
+    # a worker started again skips the requests of the last two segments
+    again = PrefetchBoard(tmp_path, 1, lambda: live)
+    skipped = sorted(p.name for p in folder.glob("w0.p*.1.json"))
+    assert skipped and len(skipped) <= 4
+    assert again.new_requests() == []
+    leader.announce("w0.p13", "m", "t", keys)
+    assert [r["job"] for r in again.new_requests()] == ["w0.p13"]
