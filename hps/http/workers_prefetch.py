@@ -5,20 +5,19 @@ announced on the board, in the run folder's `prefetch/`: its keys in a file, a l
 the request log (`requests.<n>.jsonl`, segments of SEGMENT_BYTES; a segment no live
 worker reads any more goes once the one after it is full). Every other worker reads the
 board on its op thread (every POLL seconds, hps/http/workers_ops.py) and runs the same
-job, under the same id, itself. So
-every worker's GPU caches get the rows, each through its own insert path. Only the
-leader writes the volatile tier (the others only read the shared tables and Redis, as
-for updates): its part of a job fills it, the others read what is there, or the
-persistent tier where it is not yet.
+job, under the same id, itself. So every worker's GPU caches get the rows, each through
+its own insert path. Only the leader writes the volatile tier (the others only read the
+shared tables and Redis, as for updates): its part of a job fills it, the others read
+what is there, or the persistent tier where it is not yet.
 
 Each worker publishes its part of a job (`<job>.<worker>.json`: status and counts) when
 it is queued, starts and ends. `GET /v1/models/{model}/prefetch/{job}`, whichever worker
-answers, reads the parts of the live workers (`status`): the leader's counts, `gpu_inserted`
-summed over them, and each part under `workers`. The job is done when every live worker's
-part is. Ids name the worker that took the request (`w1.p3`), so they are unique in the
-run. The keys file goes once every live worker queued its part; a worker keeps its last
-KEEP parts. Only jobs on the board have parts: a warm-up (`warm_from`) runs in each
-worker as it loads, under that worker's own id.
+answers, reads the parts of the live workers (`status`): the leader's counts,
+`gpu_inserted` summed over them, and each part under `workers`. The job is done when
+every live worker's part is. Ids name the worker that took the request (`w1.p3`), so
+they are unique in the run. The keys file goes once every live worker queued its part;
+a worker keeps its last KEEP parts. Only jobs on the board have parts: a warm-up
+(`warm_from`) runs in each worker as it loads, under that worker's own id.
 
 A worker that starts later (one replaced after it died) takes the prefetches announced
 after its start. Its part of each earlier job on the board is `skipped` (its caches
@@ -46,7 +45,7 @@ from hps.server.prefetch import KEEP, PrefetchJob
 
 #: the form of the ids the workers give (anything else names no job, and no file)
 JOB_ID = re.compile(r"w\d{1,4}\.p\d{1,12}")
-#: bytes of one segment of the request log (some 600 requests)
+#: bytes of one segment of the request log (about a thousand requests)
 SEGMENT_BYTES = 1 << 16
 _FINISHED = ("done", "skipped", "failed", "cancelled")
 
