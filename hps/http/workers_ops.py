@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -58,9 +57,9 @@ from hps.errors import ConfigError, TierError
 from hps.http.workers_drops import HeldDrops
 from hps.http.workers_gpu import cuda_here, refuse_uvm
 from hps.http.workers_prefetch import PrefetchBoard, idle_part, job_prefix
-from hps.intake.keys import is_device_array, key_array, key_ref
+from hps.intake.keys import host_key_array, key_ref
 from hps.modelfiles.confined import confined, current_roots
-from hps.runtime.run_dir import pid_alive, replace_file
+from hps.runtime.run_dir import file_lock, pid_alive, read_lines, replace_file
 from hps.server import HierarchicalParameterServer, LoadedTable
 from hps.server.cache_journal import CacheFollower, UpdateJournal
 from hps.server.loader import LoadProgress
@@ -109,8 +108,7 @@ class OpLog:
     def append(self, kind: str, model: str, block: dict[str, Any] | None = None,
                roots: tuple[str, ...] | None = None) -> int:
         """Add an op; returns its number."""
-        with open(self.folder / "log.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with file_lock(self.folder / "log.lock"):
             seq = sum(1 for _ in open(self.path, "rb")) + 1
             line = json.dumps({"seq": seq, "kind": kind, "model": model, "block": block,
                                "roots": None if roots is None else list(roots)})
@@ -122,16 +120,12 @@ class OpLog:
 
     def ops(self) -> list[Op]:
         """Every op so far (whole lines only: a line being written is read next time)."""
-        with open(self.path, "rb") as f:
-            f.seek(self._read_at)
-            data = f.read()
-        end = data.rfind(b"\n") + 1
-        for line in data[:end].splitlines():
+        lines, self._read_at = read_lines(self.path, self._read_at)
+        for line in lines:
             raw = json.loads(line)
             roots = raw.get("roots")
             self._ops.append(Op(raw["seq"], raw["kind"], raw["model"], raw["block"],
                                 None if roots is None else tuple(roots)))
-        self._read_at += end
         return list(self._ops)
 
     # -- outcomes (the leader's) --------------------------------------------------------
@@ -473,9 +467,7 @@ class ReplicatedServer(HierarchicalParameterServer):
                  ) -> PrefetchJob:
         """Prefetch here; a job asked of this worker (no `job_id`) is announced, and
         every other worker runs its part."""
-        host_keys = key_array(key_ref(keys))
-        if is_device_array(host_keys):
-            host_keys = host_keys.get()
+        host_keys = host_key_array(key_ref(keys))
         job = super().prefetch(model, table, host_keys, job_id)
         if job_id is None:
             self._board.announce(job.id, model, job.table, host_keys)

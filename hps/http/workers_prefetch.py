@@ -28,19 +28,18 @@ as done.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hps.runtime.run_dir import replace_file
+from hps.runtime.run_dir import file_lock, read_lines, replace_file
 from hps.server.prefetch import KEEP, PrefetchJob
 
 #: the form of the ids the workers give (anything else names no job, and no file)
@@ -64,10 +63,11 @@ class PrefetchBoard:
         self.folder.mkdir(exist_ok=True)
         self.index = index
         self._live = live_workers
+        self._lock_path = self.folder / "requests.lock"  # appends and new segments
         self._mine: deque[str] = deque()  # the jobs whose parts this worker published
         self._on_board: set[str] = set()  # the jobs this worker announced or took
         self._lock = threading.Lock()
-        with self._log_lock():
+        with file_lock(self._lock_path):
             segments = self._segments()
             if not segments:
                 self._segment_path(0).touch()
@@ -102,7 +102,7 @@ class PrefetchBoard:
         line = json.dumps({"job": job_id, "model": model, "table": table,
                            "from": self.index})
         self._on_board.add(job_id)
-        with self._log_lock():
+        with file_lock(self._lock_path):
             segment = self._segments()[-1]
             if self._segment_path(segment).stat().st_size >= SEGMENT_BYTES:
                 segment += 1  # the full one takes no more lines: readers move on
@@ -123,39 +123,22 @@ class PrefetchBoard:
         while True:
             # a next segment seen first means this one is complete when read below
             newer = self._segment_path(self._segment + 1).exists()
-            try:
-                with open(self._segment_path(self._segment), "rb") as f:
-                    f.seek(self._read_at)
-                    data = f.read()
-            except FileNotFoundError:
-                data = b""
-            end = data.rfind(b"\n") + 1
-            self._read_at += end
-            requests += [json.loads(line) for line in data[:end].splitlines()]
+            lines, self._read_at = read_lines(self._segment_path(self._segment),
+                                              self._read_at)
+            requests += [json.loads(line) for line in lines]
             if not newer:
                 return requests
             self._segment, self._read_at = self._segment + 1, 0
             self._note_reading()
 
     def _lines(self, segment: int) -> list[dict[str, Any]]:
-        try:
-            data = self._segment_path(segment).read_bytes()
-        except FileNotFoundError:
-            return []
-        return [json.loads(line) for line in data[:data.rfind(b"\n") + 1].splitlines()]
+        return [json.loads(line) for line in read_lines(self._segment_path(segment))[0]]
 
     def _segments(self) -> list[int]:
         return sorted(int(p.name.split(".")[1]) for p in self.folder.glob("requests.*.jsonl"))
 
     def _segment_path(self, segment: int) -> Path:
         return self.folder / f"requests.{segment}.jsonl"
-
-    @contextlib.contextmanager
-    def _log_lock(self) -> Iterator[None]:
-        """The request log's lock, between processes (appends and new segments)."""
-        with open(self.folder / "requests.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            yield
 
     def _note_reading(self) -> None:
         replace_file(self.folder / f"reading.{self.index}", str(self._segment))

@@ -190,6 +190,12 @@ def key_array(ref: ArrayRef) -> Any:
     return flat.astype(np.int64)
 
 
+def host_key_array(ref: ArrayRef) -> np.ndarray:
+    """key_array on the host: CUDA keys copied over (the host tiers' form)."""
+    keys = key_array(ref)
+    return keys.get() if is_device_array(keys) else keys  # type: ignore[no-any-return]
+
+
 def as_output_array(out: Any, n: int, dim: int, storage: StorageType = FLOAT32) -> Any:
     """A writable [n, dim] view of the first n × dim elements of `out`: float32, or the
     16-bit type of a table stored as float16 (float16) or bfloat16 (uint16 bits) (see

@@ -13,9 +13,11 @@ finds its PID gone. The processes of a run find it through `$HPS_RUN_DIR`.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 #: the prefix of every run folder
@@ -84,6 +86,27 @@ def current_run_dir() -> Path | None:
 def remove_run_dir(path: Path) -> None:
     """Remove a run folder and everything in it (mappings of its files stay valid)."""
     shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock between the processes of a run, on file `path` (made if absent)."""
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def read_lines(path: Path, offset: int = 0) -> tuple[list[bytes], int]:
+    """The whole lines of `path` from byte `offset` on (a line being appended is read
+    next time) and the offset after them; none when `path` is gone."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return data[:end].splitlines(), offset + end
 
 
 def replace_file(path: Path, text: str) -> None:

@@ -21,8 +21,8 @@ from hps.errors import ConfigError, DeviceError, UnknownModelError
 from hps.intake.array_ref import HOST, ArrayRef
 from hps.intake.keys import (
     device_pair,
+    host_key_array,
     is_device_array,
-    key_array,
     key_ref,
     output_array,
     output_ref,
@@ -192,10 +192,7 @@ class HierarchicalParameterServer:
                     sample.take(kref, kref.stream)
                 return out
             out = np.empty((kref.size, t.dim), np.float32)
-            host_keys = key_array(kref)
-            if is_device_array(host_keys):
-                host_keys = host_keys.get()
-            self._host.fetch_into(t, host_keys, out)
+            self._host.fetch_into(t, host_key_array(kref), out)
             return out
         finally:
             loaded.refs.release()
@@ -254,9 +251,7 @@ class HierarchicalParameterServer:
                 if sample is not None and not next(sample.calls) & sample.mask:
                     sample.take(kref, kref.stream if kref.stream is not None else oref.stream)
                 return n
-            host_keys = key_array(kref)
-            if is_device_array(host_keys):
-                host_keys = host_keys.get()
+            host_keys = host_key_array(kref)
             target = output_array(oref, n, t.dim)
             if is_device_array(target):
                 target.set(self._host.fetch(t, host_keys, target.dtype))
@@ -322,9 +317,7 @@ class HierarchicalParameterServer:
         loaded = self._registry.acquire(model)
         try:
             t = loaded.table(table)
-            host_keys = key_array(key_ref(keys))
-            if is_device_array(host_keys):
-                host_keys = host_keys.get()
+            host_keys = host_key_array(key_ref(keys))
         except BaseException:
             loaded.refs.release()
             raise

@@ -165,12 +165,17 @@ def setup(tmp_path_factory: pytest.TempPathFactory, streams: RedisServer
     return run_with_updates(tmp_path_factory.mktemp("workers"), streams.address)
 
 
-@pytest.fixture(scope="module")
-def served(setup: tuple[ModelFiles, Path, Path]) -> Iterator[Served]:
+def serving(setup: tuple[ModelFiles, Path, Path]) -> Iterator[Served]:
+    """serve() of run_with_updates' run for a fixture: stopped when it is done."""
     _, config, shm = setup
     server = serve(config, shm)
     yield server
     stop(server)
+
+
+@pytest.fixture(scope="module")
+def served(setup: tuple[ModelFiles, Path, Path]) -> Iterator[Served]:
+    yield from serving(setup)
 
 
 def _versions(model: ModelFiles) -> list[np.ndarray]:

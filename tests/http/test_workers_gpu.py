@@ -24,8 +24,7 @@ from tests.http.test_workers import (
     _lookup,
     load_with_updates_and_a_reload,
     run_with_updates,
-    serve,
-    stop,
+    serving,
     streams,  # noqa: F401 - the module's redis-server fixture
 )
 from tests.support.redis_servers import RedisServer
@@ -83,10 +82,7 @@ def gpu_setup(tmp_path_factory: pytest.TempPathFactory, streams: RedisServer  # 
 
 @pytest.fixture(scope="module")
 def gpu_served(gpu_setup: tuple[ModelFiles, Path, Path]) -> Iterator[Served]:
-    _, config, shm = gpu_setup
-    server = serve(config, shm)
-    yield server
-    stop(server)
+    yield from serving(gpu_setup)
 
 
 @pytest.mark.gpu
