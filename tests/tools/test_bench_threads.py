@@ -43,3 +43,11 @@ def test_the_table_shows_hierarchicalkv_beside_each_row() -> None:
     header, line = text.splitlines()[:2]
     assert "HKV M keys/s" in header and "x floor" in header
     assert "204.9" in line and "0.50" in line and "0.93" in line and "102.5" in line
+
+
+def test_columns_line_up_under_long_modes() -> None:
+    short, long = _row(1, 60.0, 80.0, 50.0), _row(8, 70.0, 80.0, 90.0)
+    long["mode"] += ", stream set once per thread"
+    lines = format_threads([short, long]).splitlines()[:3]
+    ends = {len(line) for line in lines}
+    assert len(ends) == 1  # every line as long as the header: the columns line up

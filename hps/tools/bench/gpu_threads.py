@@ -212,11 +212,12 @@ def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, d
 def format_threads(rows: list[dict[str, Any]]) -> str:
     """The rows as the table of the profile: hps beside the floor at each N, and beside
     HierarchicalKV's published figure (HKV_FIND)."""
-    lines = [f"{'workload, callers':36s} {'hps M keys/s':>13s} {'p99 us':>8s} "
+    width = max([len("workload, callers"), *(len(r["mode"]) for r in rows)])
+    lines = [f"{'workload, callers':{width}s} {'hps M keys/s':>13s} {'p99 us':>8s} "
              f"{'floor M keys/s':>15s} {'p99 us':>8s} {'x floor':>8s} "
              f"{'HKV M keys/s':>13s} {'x HKV':>6s} {'wrong':>6s}"]
     for r in rows:
-        lines.append(f"{r['mode']:36s} {r['mkeys_s']:13.1f} {r['p99_us']:8.0f} "
+        lines.append(f"{r['mode']:{width}s} {r['mkeys_s']:13.1f} {r['p99_us']:8.0f} "
                      f"{r['floor_mkeys_s']:15.1f} {r['floor_p99_us']:8.0f} "
                      f"{r['vs_floor']:8.2f} {r['hkv_mkeys_s']:13.1f} {r['vs_hkv']:6.2f} "
                      f"{r['wrong_rows']:6d}")
