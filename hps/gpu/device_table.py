@@ -28,20 +28,18 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from hps.errors import DeviceError, LookupInputError
-from hps.gpu import kernels, overlap
+from hps.gpu import fast_query, kernels, overlap
 from hps.gpu.device_arrays import device_keys, device_rows
 from hps.gpu.host_updates import HostRowUpdates
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.gpu.launch_shape import BLOCK, PIPELINED_AFTER, PIPELINED_ROW_BYTES, default_hints
-from hps.gpu.streams import same_stream
 from hps.gpu.workspace import QueryWorkspace
+from hps.gpu.write_order import WriteOrder
 from hps.intake.keys import device_output_view
 from hps.rows.gpu_layout import (
     OUT_FLOAT32,
@@ -86,9 +84,13 @@ def decode_rows(raw: np.ndarray, dim: int, storage: StorageType) -> np.ndarray:
     return decode(storage, raw.view(storage.stored_dtype)[:, :dim], dim)
 
 
-class DeviceTable(HostRowUpdates):
+class DeviceTable(WriteOrder, HostRowUpdates):
     """What the dynamic cache and the static table share: memory, streams, ordering,
     argument checks, the query launch, dump and stats. Not used directly."""
+
+    #: whether small queries may take the fast path (hps/gpu/fast_query.py): the uvm table,
+    #: whose moves follow its queries by their events, keeps every query on the locked path
+    _fast_queries = True
 
     _kind = "table"
     _source = ""
@@ -121,7 +123,9 @@ class DeviceTable(HostRowUpdates):
         self._hints = default_hints(self.storage)
         self._lock = threading.RLock()
         self._tls = threading.local()
-        self._tick = 0
+        # the fast path's gate and the dynamic cache's LRU tick (hps/gpu/fast_query.py)
+        self._gate = fast_query.FastGate()
+        self._fast = fast_query.compiled() if self._fast_queries else None
         # queries in flight: their workspace's event (recorded after the query) → stream
         self._inflight: dict[int, int] = {}
         self._write_event: Any = None  # the last write; later queries and writes wait for it
@@ -209,6 +213,7 @@ class DeviceTable(HostRowUpdates):
         if group not in (1, 2, 4, 8) or SET_SIZE % group or unroll not in (1, 2, 4):
             raise LookupInputError(f"unsupported launch shape group={group} unroll={unroll}")
         with self._lock:
+            self._gate.close()  # fast queries take the locked path, which rebinds them
             self._group, self._unroll, self._waves, self._hints = group, unroll, waves, hints
             self._defines = {**self._defines, "GROUP": group, "UNROLL": unroll,
                              "HINTS": hints}
@@ -248,72 +253,6 @@ class DeviceTable(HostRowUpdates):
 
     def _vec4(self, array: Any) -> np.int32:
         return np.int32(self.dim % 4 == 0 and array.data.ptr % 16 == 0)
-
-    # -- ordering between the caller's streams and the table's stream ---------------------
-
-    def _wait_for_writes(self, stream_ptr: int) -> None:
-        """Orders work on `stream_ptr` after the last write (each write is ordered after
-        the one before it, so the last one is enough)."""
-        ev = self._write_event
-        if ev is not None:
-            if ev.done:
-                self._write_event = None
-            else:
-                self._rt.streamWaitEvent(stream_ptr, ev.ptr, 0)
-
-    def _after_queries(self, stream_ptr: int, own_event: int = 0) -> None:
-        """Orders work on `stream_ptr` after the queries in flight on other streams (the
-        lock held)."""
-        rt = self._rt
-        for ev_ptr, query_stream in tuple(self._inflight.items()):
-            if ev_ptr != own_event and not same_stream(query_stream, stream_ptr):
-                rt.streamWaitEvent(stream_ptr, ev_ptr, 0)
-
-    @contextmanager
-    def _on_table_stream(self) -> Iterator[None]:
-        """Runs the body under the lock with the table's stream current, after the work
-        the caller has queued on its own stream (whose arrays the body may use)."""
-        cp = self._cp
-        with self._lock:
-            self._check_open()
-            with self._device:
-                caller = cp.cuda.get_current_stream()
-                if caller.ptr != self._stream.ptr:
-                    ready = cp.cuda.Event(block=False, disable_timing=True)
-                    ready.record(caller)
-                    self._stream.wait_event(ready)
-                with self._stream:
-                    yield
-
-    @contextmanager
-    def _writing(self, *refs: Any) -> Iterator[None]:
-        """Like _on_table_stream, also after the queries in flight; later queries wait for
-        it. Keeps `refs` (the inputs) alive until the write is done."""
-        cp = self._cp
-        with self._on_table_stream():
-            self._after_queries(self._stream.ptr)
-            self._wait_for_writes(self._stream.ptr)
-            yield
-            done = cp.cuda.Event(block=False, disable_timing=True)
-            done.record(self._stream)
-            self._write_event = done
-            self._retire.append((done, refs))
-            while self._retire and self._retire[0][0].done:
-                self._retire.popleft()
-
-    @contextmanager
-    def _writing_on(self, stream_ptr: int, ws: QueryWorkspace) -> Iterator[None]:
-        """Runs the body (a write queued on the caller's stream `stream_ptr`, the table's
-        device current) under the lock, after the queries in flight on other streams and
-        the writes before it; later queries and writes wait for it (ws.write_done)."""
-        rt = self._rt
-        with self._lock:
-            self._check_open()
-            self._after_queries(stream_ptr, ws.event_ptr)
-            self._wait_for_writes(stream_ptr)
-            yield
-            rt.eventRecord(ws.write_done.ptr, stream_ptr)
-            self._write_event = ws.write_done
 
     @property
     def stream(self) -> Any:
@@ -412,14 +351,21 @@ class DeviceTable(HostRowUpdates):
         v.value = self._out_dim_vec[out_type] and out_ptr % 16 == 0
         d.value = default
         if tick is not None:
-            self._tick += 1
-            tick.value = self._tick << RANK_BITS
+            tick.value = self._gate.next_tick() << RANK_BITS
         blocks = -(-n // (keys_per_warp * (BLOCK // 32)))
-        if self._waves:
-            blocks = min(blocks, self._sms * self._waves)
-        if most_blocks:
-            blocks = min(blocks, most_blocks)
+        caps = [cap for cap in (self._sms * self._waves, most_blocks) if cap]
+        if caps:
+            blocks = min(blocks, *caps)
         launch.go_recorded(blocks, BLOCK, stream_ptr, event_ptr)
+        if chosen is launches[0] and self._fast is not None:  # the fast path's launch
+            known = ws.fast.get(out_type)
+            if (known is None or known.generation != self._generation
+                    or known.default != default) and launch.function_address is not None:
+                ws.fast[out_type] = fast_query.bind(
+                    self._gate, launch, chosen[3], chosen[0], keys_per_warp * (BLOCK // 32),
+                    min(caps, default=0), self._out_dim_vec[out_type], ws, BLOCK, _SPINS,
+                    RANK_BITS, self._generation, default,
+                    self._cp.cuda.driver.ctxGetCurrent())
 
     def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
         """Writes the rows of held keys into `out` (device, [n, dim], C-contiguous; float32
@@ -470,6 +416,8 @@ class DeviceTable(HostRowUpdates):
                 self._check_open()
             if self._write_event is not None:
                 self._wait_for_writes(stream_ptr)
+            if self._write_event is None and self._fast is not None:
+                self._gate.open()  # no write pending: fast queries may run again
             # the event recorded after the kernel is kept on the lookup path although the
             # spin below does not need it: without it the HugeCTR profile's mean went from
             # 82-87 to 127-172 µs in the same run (our reading: the driver defers
@@ -491,6 +439,20 @@ class DeviceTable(HostRowUpdates):
         finally:
             self._inflight.pop(event, None)
         return count
+
+    def fast_query(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,
+                   ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> int:
+        """query_ptr() through the fast path (hps/gpu/fast_query.py), for callers that hold
+        the GIL for little else (hps/server/bound_lookup.py): the miss count, or
+        fast_query.FALLBACK (nothing queued) where query_ptr must serve it. Needs no
+        current device: the fast path checks the context. query_ptr binds the fast launch
+        of a workspace and output type on its first query of them."""
+        fast, calls = ws.fast.get(out_type), self._fast
+        if (fast is None or calls is None or n > fast.limit or n == 0
+                or fast.generation != self._generation or fast.default != default_value
+                or ws.pending):
+            return fast_query.FALLBACK
+        return fast_query.run(calls, fast, keys_ptr, n, out_ptr, stream_ptr, ws, self._gate)
 
     def out_type(self, out: Any) -> int:
         """The output type (hps/rows/gpu_layout.py OUTPUT_CODES) of a CuPy output checked
@@ -581,6 +543,7 @@ class DeviceTable(HostRowUpdates):
             if self._closed:
                 return
             self._closed = True
+            self._gate.close()  # for good: the locked path raises from now on
             with self._device:
                 for ev_ptr in tuple(self._inflight):
                     self._rt.eventSynchronize(ev_ptr)

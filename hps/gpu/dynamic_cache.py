@@ -48,6 +48,7 @@ from hps.errors import LookupInputError
 from hps.gpu import kernels
 from hps.gpu.device_arrays import host_keys
 from hps.gpu.device_table import DeviceTable, decode_rows
+from hps.gpu.fast_query import TICK
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.gpu.launch_shape import BLOCK, default_group, default_unroll
 from hps.gpu.workspace import QueryWorkspace
@@ -143,6 +144,7 @@ class EmbeddingCache(DeviceTable):
         if not 0 <= shift <= 8:
             raise LookupInputError(f"lru_sample_shift must be in [0, 8], got {shift}")
         with self._lock:
+            self._gate.close()  # fast queries take the locked path, which rebinds them
             self.lru_sample_shift = int(shift)
             self._defines = {**self._defines, "STAMP_SHIFT": self.lru_sample_shift}
             self._fn = {}
@@ -179,8 +181,7 @@ class EmbeddingCache(DeviceTable):
 
     def _next_tick(self) -> np.uint64:
         """The next tick, shifted into place for the stamps (see RANK_BITS)."""
-        self._tick += 1
-        return np.uint64(self._tick << RANK_BITS)
+        return np.uint64(self._gate.next_tick() << RANK_BITS)
 
     def insert(self, keys: Any, vectors: Any) -> None:
         """Inserts (or overwrites) keys with their rows, evicting least recently used keys
@@ -272,12 +273,10 @@ class EmbeddingCache(DeviceTable):
         with self._lock:
             if self._closed:
                 self._check_open()
-            if self._inflight:
-                self._after_queries(stream_ptr, ws.event_ptr)
+            self._after_queries(stream_ptr, ws.event_ptr)
             if self._write_event is not None:
                 self._wait_for_writes(stream_ptr)
-            self._tick += 1
-            cells[10].value = self._tick << RANK_BITS
+            cells[10].value = self._gate.next_tick() << RANK_BITS
             ws.insert_launch.go_recorded(  # type: ignore[union-attr]
                 blocks, BLOCK, stream_ptr, int(ws.write_done.ptr))  # the GIL kept throughout
             self._write_event = ws.write_done
@@ -336,5 +335,5 @@ class EmbeddingCache(DeviceTable):
                     "special": bool(self._flags.get(stream=s)[0]),
                     "special_row": rows[-1],
                     "size": int(self._flags.get(stream=s)[1]),
-                    "tick": np.uint64(self._tick),
+                    "tick": np.uint64(self._gate.words[TICK]),
                 }

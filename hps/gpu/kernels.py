@@ -334,6 +334,16 @@ class Launch:
         self._launch = cupy.cuda.driver.launchKernel
         self._held = _held_launcher() if self._fptr is not None else None
 
+    @property
+    def function_address(self) -> int | None:
+        """The kernel's CUfunction, or None (a CuPy without the handle)."""
+        return self._fptr
+
+    @property
+    def params_address(self) -> int:
+        """Where the parameter block (cuLaunchKernel's kernelParams) lives."""
+        return self._params
+
     def set(self, index: int, value: float) -> None:
         """Fixes parameter `index` for the launches that follow."""
         self._values[index].value = value

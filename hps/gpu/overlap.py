@@ -27,6 +27,11 @@ def set_task(task: Callable[[Any], None] | None, arg: Any = None) -> None:
     _local.task = (task, arg) if task is not None else None
 
 
+def has_task() -> bool:
+    """Whether this thread has set a task for its next lookup."""
+    return getattr(_local, "task", None) is not None
+
+
 def run_task() -> None:
     """Run this thread's task, if any, once (the lookup calls it while the GPU works)."""
     pending = getattr(_local, "task", None)

@@ -17,6 +17,9 @@ overwritten only after the kernels that read it (on whatever stream) are done.
 from __future__ import annotations
 
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -228,3 +231,18 @@ class Scratch:
         staged = np.empty((out.shape[0], self.dim), out.dtype)
         self.copy_to_host(src_ptr, staged.ctypes.data, staged.nbytes, stream_ptr)
         np.copyto(out, staged)
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def fetch_pool() -> ThreadPoolExecutor:
+    """The threads that fetch large miss batches' rows, one per core (made on first use)."""
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(os.cpu_count() or 1,
+                                           thread_name_prefix="hps-gpu-fetch")
+    return _pool

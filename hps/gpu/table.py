@@ -4,8 +4,8 @@
     table.warm_up(chunks)        # (keys, vectors) chunks of the model file, in file order
     table.lookup(keys, out)      # vectors of keys into out, in place: arrays of any producer
                                  # or ArrayRefs (hps/intake/array_ref.py) read by the caller
-    table.lookup_contiguous(keys_ptr, n, out_ptr, stream, out_type)  # the common case's
-                                 # shortcut, read by hps/intake/keys.py device_pair
+    table.lookup_contiguous(keys_ptr, n, out_ptr, stream, out_type)  # device_pair's case
+    table.fast_lookup(keys_ptr, n, out_ptr, stream, out_type)  # its query, GIL released
     table.host_output(n)         # a host [n, dim] array for lookup() to fill (pinned)
     table.refresh()              # re-read the cached keys' vectors through fetch_host
     table.update(keys, rows)     # online updates: overwrite the rows held, in place
@@ -51,10 +51,8 @@ creating a GpuEmbeddingTable raises MissingExtraError or DeviceError.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -66,7 +64,14 @@ from hps.gpu.dynamic_cache import DEFAULT_LRU_SAMPLE_SHIFT, EmbeddingCache
 from hps.gpu.fill import refresh, warm_up
 from hps.gpu.host_memory import mapped_address, pinned_empty
 from hps.gpu.open import cache_capacity, cache_mode, holds_whole_table, open_device_table
-from hps.gpu.staging import CHUNK_BYTES, MissStaging, Scratch, device_view, external_stream
+from hps.gpu.staging import (
+    CHUNK_BYTES,
+    MissStaging,
+    Scratch,
+    device_view,
+    external_stream,
+    fetch_pool,
+)
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.threshold import HitRateThreshold
 from hps.gpu.update_log import UpdateLog
@@ -171,8 +176,6 @@ class GpuEmbeddingTable:
                 float(model.refresh_interval), self.refresh,
                 delay=float(model.refresh_delay), log=log)
 
-    # -- loading --------------------------------------------------------------------------
-
     def warm_up(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
         """Inserts (keys int64 [n], vectors float32 [n, dim]) chunks in order until the
         cache holds `capacity` keys' worth, the last chunk included (cut to fit); the
@@ -185,8 +188,6 @@ class GpuEmbeddingTable:
             self._whole_inserted += inserted
         self._table.settle()
         return inserted
-
-    # -- lookups --------------------------------------------------------------------------
 
     def lookup(self, keys: Any, out: Any) -> None:
         """Writes the vectors of `keys` into `out` in place.
@@ -237,25 +238,38 @@ class GpuEmbeddingTable:
             if previous != dev:
                 rt.setDevice(previous)
 
-    # The common case's shortcut (int64 keys and output C-contiguous here, read by keys.py
-    # device_pair): no ArrayRefs, checks, device/stream choice or staging. p50 of 2,000 keys
-    # (H100, static, dim 64, torch/CuPy/capsules): 1.58/1.62/1.60 → 1.32/1.30/1.37× floor.
+    # The common case's shortcut (keys.py device_pair read the arrays): no ArrayRefs, checks,
+    # device/stream choice or staging. H100, 2,000 keys: 1.58-1.62 → 1.30-1.37× floor.
     def lookup_contiguous(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
-                          out_type: int = OUT_FLOAT32) -> None:
+                          out_type: int = OUT_FLOAT32, misses: int | None = None) -> None:
         """lookup() of n > 0 int64 keys at `keys_ptr` into an output of at least n × dim
         elements of type `out_type` (hps/rows/gpu_layout.py: float32, or the storage's own
         16-bit type) at `out_ptr`, both C-contiguous on this table's device, already read
-        and checked by the caller; work queued on `stream`."""
+        and checked by the caller; work queued on `stream`. `misses`: the miss count of
+        the query of these keys the caller made already (DeviceTable.fast_query)."""
         rt = self._rt
         dev = self.device_id
         previous = rt.getDevice()
         if previous != dev:
             rt.setDevice(dev)
         try:
-            self._lookup_ptr(keys_ptr, n, out_ptr, stream, self._state(), out_type)
+            self._lookup_ptr(keys_ptr, n, out_ptr, stream, self._state(), out_type, misses)
         finally:
             if previous != dev:
                 rt.setDevice(previous)
+
+    def fast_lookup(self, keys_ptr: int, n: int, out_ptr: int, stream: int, out_type: int
+                    ) -> int:
+        """lookup_contiguous's query through the fast path (DeviceTable.fast_query): its
+        miss count (lookup_contiguous(..., misses=count) serves the misses), or FALLBACK."""
+        state = self._state()
+        misses = self._table.fast_query(keys_ptr, n, out_ptr, self.default_value, state.ws,
+                                        stream, out_type)
+        if misses == 0:
+            counts = state.counts
+            counts["lookups"], counts["keys"] = counts["lookups"] + 1, counts["keys"] + n
+            counts["hits"] += n
+        return misses
 
     def host_output(self, n: int) -> np.ndarray:
         """A new float32 [n, dim] host array for lookup() to fill (HPS.lookup's result):
@@ -291,13 +305,14 @@ class GpuEmbeddingTable:
             cp.copyto(out.device_array(), rows)
 
     def _lookup_ptr(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
-                    state: ThreadState, out_type: int = OUT_FLOAT32) -> None:
-        """The lookup on device addresses (contiguous int64 keys, [n, dim] out of output
-        type `out_type`, hps/rows/gpu_layout.py), the device current: the query, then its
-        misses."""
+                    state: ThreadState, out_type: int = OUT_FLOAT32,
+                    misses: int | None = None) -> None:
+        """The lookup on device addresses (contiguous keys, [n, dim] out of `out_type`),
+        the device current: the query (unless made, with `misses`), then its misses."""
         ws = state.ws
-        misses = self._table.query_ptr(keys_ptr, n, out_ptr, self.default_value, ws, stream,
-                                       out_type)
+        if misses is None:
+            misses = self._table.query_ptr(keys_ptr, n, out_ptr, self.default_value, ws,
+                                           stream, out_type)
         counts = state.counts
         counts["lookups"] += 1
         counts["keys"] += n
@@ -360,7 +375,7 @@ class GpuEmbeddingTable:
         those before it are in, while the later ones are still being fetched."""
         step = max(1, CHUNK_BYTES // (self.dim * 4))
         bounds = [(a, min(keys.size, a + step)) for a in range(0, keys.size, step)]
-        pool = _fetch_pool()
+        pool = fetch_pool()
         fetches = [pool.submit(self._fetch_into, keys[a:b], rows[a:b]) for a, b in bounds]
         for (a, b), fetch in zip(bounds, fetches, strict=True):
             fetch.result()
@@ -583,18 +598,3 @@ class GpuEmbeddingTable:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _fetch_pool() -> ThreadPoolExecutor:
-    """The threads that fetch large miss batches' rows, one per core (made on first use)."""
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = ThreadPoolExecutor(os.cpu_count() or 1,
-                                           thread_name_prefix="hps-gpu-fetch")
-    return _pool

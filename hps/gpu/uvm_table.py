@@ -125,6 +125,7 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     _source = "uvm_table.cu"  # includes static_table.cu: static_build and static_dump too
     _query_kernel = "uvm_query"  # batches below grouped_reads_from
     _query_signature = _QUERY_SIGNATURE
+    _fast_queries = False  # its moves wait for its queries by their events
     _update_kernel = "uvm_update"
     _pipelined_kernel = None  # uvm_query serves every batch it does not group
     # lookup promotions copy float32 rows from the batch's output, not the host again

@@ -68,7 +68,7 @@ class QueryWorkspace:
         self.host_count[:] = 0
         self.ctl_ptr = int(self.ctl.data.ptr)
         self.event_ptr = int(self.event.ptr)
-        self._pending = False
+        self.pending = False
         self._released_ptr = 0
         self._held = kernels.held_calls()  # the record and the wait keep the GIL
         self.capacity = 0
@@ -80,6 +80,9 @@ class QueryWorkspace:
         # the query launches bound to these buffers (see DeviceTable._bind_query),
         # by output type (hps/rows/gpu_layout.py OUTPUT_CODES)
         self.launches: dict[int, list[tuple[int, kernels.Launch, int, Any, int]]] = {}
+        # the fast path's launches (hps/gpu/fast_query.py), bound by the locked path, by
+        # output type
+        self.fast: dict[int, Any] = {}
         self.generation = -1
         self.insert_launch: kernels.Launch | None = None
         self.insert_cells: list[Any] | None = None
@@ -91,9 +94,9 @@ class QueryWorkspace:
     def reserve(self, n: int) -> None:
         if n <= self.capacity:
             return
-        if self._pending:  # queued work may still read the buffers about to be freed
+        if self.pending:  # queued work may still read the buffers about to be freed
             self._rt.eventSynchronize(self._released_ptr)
-            self._pending = False
+            self.pending = False
         cap = max(n, 2 * self.capacity, 1024)
         with self._cp.cuda.Device(self.device_id):
             self.positions = self._cp.empty(cap, dtype=np.int32)
@@ -110,6 +113,7 @@ class QueryWorkspace:
         self.keys_ptr = keys_ptr
         self.capacity = cap
         self.launches = {}  # bound to the old buffers
+        self.fast = {}
 
     def release(self, stream_ptr: int) -> None:
         """Work queued on the stream still reads the miss positions."""
@@ -120,16 +124,16 @@ class QueryWorkspace:
         """Work before `event_ptr` (an event just recorded by the caller) still reads the
         miss positions."""
         self._released_ptr = event_ptr
-        self._pending = True
+        self.pending = True
 
     def wait_released(self, stream_ptr: int) -> None:
         """Orders a query on `stream_ptr` after the work that still reads the miss
         positions. Also on that work's own stream, where the order is already the
         stream's: skipping these driver calls there measured no faster, and seemingly
         slower, on the HugeCTR profile (see DeviceTable.query_ptr)."""
-        if self._pending:
+        if self.pending:
             self._held.wait(stream_ptr, self._released_ptr)
-            self._pending = False
+            self.pending = False
 
 
 class ThreadState:

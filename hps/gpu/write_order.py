@@ -1,0 +1,103 @@
+"""How a GPU table orders its writes against its queries (DeviceTable's mixin).
+
+Queries run on the callers' streams; inserts, updates and removes on the table's own
+stream or, on the lookup path's miss path, on the caller's. A write waits, on the GPU,
+for the queries in flight (each records an event after its kernel) and for the write
+before it; a query waits for the last write. Queries of the fast path (hps/gpu/fast_query.py)
+record no event the table keeps: a write first closes the table's gate and waits until none
+is between its launch and its miss count, and the gate stays closed until the locked path
+finds the write done. Every method here runs under the table's lock.
+
+Uses the table's `_lock`, `_cp`, `_rt`, `_device`, `_stream`, `_inflight` (query event →
+stream), `_write_event`, `_retire`, `_gate` and `_check_open`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from hps.gpu.streams import same_stream
+
+
+class WriteOrder:
+    """The ordering of DeviceTable's writes (see the module docstring)."""
+
+    _lock: Any
+    _cp: Any
+    _rt: Any
+    _device: Any
+    _stream: Any
+    _inflight: dict[int, int]
+    _write_event: Any
+    _retire: Any
+    _gate: Any
+
+    def _check_open(self) -> None:
+        raise NotImplementedError
+
+    def _wait_for_writes(self, stream_ptr: int) -> None:
+        """Orders work on `stream_ptr` after the last write (each write is ordered after
+        the one before it, so the last one is enough)."""
+        ev = self._write_event
+        if ev is not None:
+            if ev.done:
+                self._write_event = None
+            else:
+                self._rt.streamWaitEvent(stream_ptr, ev.ptr, 0)
+
+    def _after_queries(self, stream_ptr: int, own_event: int = 0) -> None:
+        """Orders work on `stream_ptr` after the queries in flight on other streams: the
+        fast path's are waited for on the host (the gate), the others on the GPU."""
+        self._gate.close()
+        rt = self._rt
+        for ev_ptr, query_stream in tuple(self._inflight.items()):
+            if ev_ptr != own_event and not same_stream(query_stream, stream_ptr):
+                rt.streamWaitEvent(stream_ptr, ev_ptr, 0)
+
+    @contextmanager
+    def _on_table_stream(self) -> Iterator[None]:
+        """Runs the body under the lock with the table's stream current, after the work
+        the caller has queued on its own stream (whose arrays the body may use)."""
+        cp = self._cp
+        with self._lock:
+            self._check_open()
+            with self._device:
+                caller = cp.cuda.get_current_stream()
+                if caller.ptr != self._stream.ptr:
+                    ready = cp.cuda.Event(block=False, disable_timing=True)
+                    ready.record(caller)
+                    self._stream.wait_event(ready)
+                with self._stream:
+                    yield
+
+    @contextmanager
+    def _writing(self, *refs: Any) -> Iterator[None]:
+        """Like _on_table_stream, also after the queries in flight; later queries wait for
+        it. Keeps `refs` (the inputs) alive until the write is done."""
+        cp = self._cp
+        with self._on_table_stream():
+            self._after_queries(self._stream.ptr)
+            self._wait_for_writes(self._stream.ptr)
+            yield
+            done = cp.cuda.Event(block=False, disable_timing=True)
+            done.record(self._stream)
+            self._write_event = done
+            self._retire.append((done, refs))
+            while self._retire and self._retire[0][0].done:
+                self._retire.popleft()
+
+    @contextmanager
+    def _writing_on(self, stream_ptr: int, ws: Any) -> Iterator[None]:
+        """Runs the body (a write queued on the caller's stream `stream_ptr`, the table's
+        device current) under the lock, after the queries in flight on other streams and
+        the writes before it; later queries and writes wait for it (ws.write_done)."""
+        rt = self._rt
+        with self._lock:
+            self._check_open()
+            self._after_queries(stream_ptr, ws.event_ptr)
+            self._wait_for_writes(stream_ptr)
+            yield
+            rt.eventRecord(ws.write_done.ptr, stream_ptr)
+            self._write_event = ws.write_done
