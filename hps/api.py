@@ -24,7 +24,6 @@ import numpy as np
 
 from hps.config import PSConfig
 from hps.errors import ConfigError
-from hps.server.bound_lookup import BoundLookup
 from hps.server.loader import LoadProgress
 from hps.server.shared import SourceKey, servers
 
@@ -76,17 +75,6 @@ class HPS:
         not deployed on.
         """
         self.server.lookup_into(model_name, table_id, keys, out_tensor, device_id=device_id)
-
-    def bind_lookup(self, model_name: str, table_id: int | str, keys: Any,
-                    out_tensor: Any) -> BoundLookup:
-        """`lookup_fromdlpack(keys, out_tensor, model_name, table_id)` bound to this
-        thread's own buffers: checked and looked up once now; then each call of the
-        result looks up the keys `keys` holds at that moment into `out_tensor`. On a GPU
-        table, a call holds the GIL only to read the two arrays, so caller threads on their
-        own streams run their lookups side by side (hps/server/bound_lookup.py). Raises
-        what lookup_fromdlpack raises; a call from another thread raises
-        LookupInputError."""
-        return BoundLookup(self.server, model_name, table_id, keys, out_tensor)
 
     def refresh(self, model_name: str | None = None) -> int:
         """Re-read GPU-cached vectors from the databases; returns keys refreshed."""

@@ -68,7 +68,7 @@ def _driver() -> tuple[Any, Any, Any]:
 
 
 @pytest.fixture(scope="module")
-def calls() -> tuple[Any, Any, Any]:
+def calls() -> tuple[Any, Any, Any, Any]:
     return fast_query.compile_calls(*_driver())
 
 

@@ -404,6 +404,9 @@ class DeviceTable(WriteOrder, HostRowUpdates):
         (positions on the device, keys in host memory) until its next query."""
         if n == 0:
             return 0
+        count = self.fast_query(keys_ptr, n, out_ptr, default_value, ws, stream_ptr, out_type)
+        if count != fast_query.FALLBACK:
+            return count
         if n > ws.capacity:
             ws.reserve(n)
         ws.wait_released(stream_ptr)
@@ -442,11 +445,10 @@ class DeviceTable(WriteOrder, HostRowUpdates):
 
     def fast_query(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,
                    ws: QueryWorkspace, stream_ptr: int, out_type: int = OUT_FLOAT32) -> int:
-        """query_ptr() through the fast path (hps/gpu/fast_query.py), for callers that hold
-        the GIL for little else (hps/server/bound_lookup.py): the miss count, or
-        fast_query.FALLBACK (nothing queued) where query_ptr must serve it. Needs no
-        current device: the fast path checks the context. query_ptr binds the fast launch
-        of a workspace and output type on its first query of them."""
+        """query_ptr()'s fast path (hps/gpu/fast_query.py): the miss count, or
+        fast_query.FALLBACK (nothing queued) where the locked path must serve it. Needs no
+        current device: the fast path checks the context. The locked path binds the fast
+        launch of a workspace and output type on its first query of them."""
         fast, calls = ws.fast.get(out_type), self._fast
         if (fast is None or calls is None or n > fast.limit or n == 0
                 or fast.generation != self._generation or fast.default != default_value

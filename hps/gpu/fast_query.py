@@ -62,13 +62,14 @@ _NO_COUNT = -1
 
 
 @lru_cache(maxsize=1)
-def compiled() -> tuple[Any, Any, Any] | None:
-    """(query, launch, wait) compiled against this process's libcuda, or None where
-    libcuda or numba cannot give them (every query then takes the locked path).
+def compiled() -> tuple[Any, Any, Any, Any] | None:
+    """(query, launch, wait, held query) compiled against this process's libcuda, or
+    None where libcuda or numba cannot give them (every query then takes the locked path).
 
     query(block, keys_ptr, n, out_ptr, stream) -> result: launch then wait;
     launch(block, keys_ptr, n, out_ptr, stream) -> 0 or FALLBACK or an error;
-    wait(block) -> miss count or TIMED_OUT. All three release the GIL."""
+    wait(block) -> miss count or TIMED_OUT. These three release the GIL; the held query
+    is `query` keeping it."""
     try:
         import numba  # noqa: F401
 
@@ -88,7 +89,8 @@ def compiled() -> tuple[Any, Any, Any] | None:
     return compile_calls(cu_launch, cu_record, cu_context)
 
 
-def compile_calls(cu_launch: Any, cu_record: Any, cu_context: Any) -> tuple[Any, Any, Any]:
+def compile_calls(cu_launch: Any, cu_record: Any, cu_context: Any
+                  ) -> tuple[Any, Any, Any, Any]:
     """compiled()'s calls over these cuLaunchKernel, cuEventRecord and cuCtxGetCurrent
     (ctypes functions of the driver's signatures, 64-bit integers for pointers)."""
     from hps.runtime.compiled import numba, types
@@ -164,7 +166,9 @@ def compile_calls(cu_launch: Any, cu_record: Any, cu_context: Any) -> tuple[Any,
         return wait_c(block)
 
     query_c = numba.njit(i64(i64, i64, i64, i64, i64), nogil=True)(query)
-    return query_c, launch_c, wait_c
+    # the same call keeping the GIL throughout, for small queries (see `run`)
+    held_c = numba.njit(i64(i64, i64, i64, i64, i64))(query)
+    return query_c, launch_c, wait_c, held_c
 
 
 class FastGate:
@@ -267,13 +271,22 @@ def bind(gate: FastGate, launch: Any, cells: tuple[Any, ...], limit: int, keys_p
     return FastLaunch(block, min(limit, ws.capacity), generation, default, launch)
 
 
-def run(calls: tuple[Any, Any, Any], fast: FastLaunch, keys_ptr: int, n: int, out_ptr: int,
-        stream_ptr: int, ws: Any, gate: FastGate) -> int:
+#: queries of at most this many keys keep the GIL through their launch and wait (they end
+#: within tens of µs; a release there hands the GIL to another caller thread and the wait's
+#: end then waits for that thread's next release: hps/gpu/device_table.py's held spin)
+HELD_KEYS = 1 << 14
+
+
+def run(calls: tuple[Any, Any, Any, Any], fast: FastLaunch, keys_ptr: int, n: int,
+        out_ptr: int, stream_ptr: int, ws: Any, gate: FastGate) -> int:
     """A fast query (the checks done by the caller): its miss count, or FALLBACK when the
-    gate was closed. A caller's overlap task (hps/gpu/overlap.py) runs between the
-    launch and the wait; a launch error raises as CuPy's driver errors do."""
-    query, launch, wait = calls
-    if overlap.has_task():
+    gate was closed or the caller's device is not the table's. A caller's overlap task
+    (hps/gpu/overlap.py) runs between the launch and the wait; a launch error raises as
+    CuPy's driver errors do."""
+    query, launch, wait, held = calls
+    if n <= HELD_KEYS and not overlap.has_task():
+        result = held(fast.address, keys_ptr, n, out_ptr, stream_ptr)
+    elif overlap.has_task():
         result = launch(fast.address, keys_ptr, n, out_ptr, stream_ptr)
         if result == 0:
             overlap.run_task()

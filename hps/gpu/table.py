@@ -238,22 +238,23 @@ class GpuEmbeddingTable:
             if previous != dev:
                 rt.setDevice(previous)
 
-    # The common case's shortcut (keys.py device_pair read the arrays): no ArrayRefs, checks,
-    # device/stream choice or staging. H100, 2,000 keys: 1.58-1.62 → 1.30-1.37× floor.
     def lookup_contiguous(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
-                          out_type: int = OUT_FLOAT32, misses: int | None = None) -> None:
+                          out_type: int = OUT_FLOAT32) -> None:
         """lookup() of n > 0 int64 keys at `keys_ptr` into an output of at least n × dim
         elements of type `out_type` (hps/rows/gpu_layout.py: float32, or the storage's own
         16-bit type) at `out_ptr`, both C-contiguous on this table's device, already read
-        and checked by the caller; work queued on `stream`. `misses`: the miss count of
-        the query of these keys the caller made already (DeviceTable.fast_query)."""
+        and checked by the caller (keys.py device_pair); work queued on `stream`."""
+        misses = self.fast_lookup(keys_ptr, n, out_ptr, stream, out_type)
+        if misses == 0:  # every key held, the device current: no device switch
+            return
         rt = self._rt
         dev = self.device_id
         previous = rt.getDevice()
         if previous != dev:
             rt.setDevice(dev)
         try:
-            self._lookup_ptr(keys_ptr, n, out_ptr, stream, self._state(), out_type, misses)
+            self._lookup_ptr(keys_ptr, n, out_ptr, stream, self._state(), out_type,
+                             misses if misses > 0 else None)
         finally:
             if previous != dev:
                 rt.setDevice(previous)
@@ -261,7 +262,7 @@ class GpuEmbeddingTable:
     def fast_lookup(self, keys_ptr: int, n: int, out_ptr: int, stream: int, out_type: int
                     ) -> int:
         """lookup_contiguous's query through the fast path (DeviceTable.fast_query): its
-        miss count (lookup_contiguous(..., misses=count) serves the misses), or FALLBACK."""
+        miss count (counted here when 0), or FALLBACK."""
         state = self._state()
         misses = self._table.fast_query(keys_ptr, n, out_ptr, self.default_value, state.ws,
                                         stream, out_type)
@@ -314,10 +315,8 @@ class GpuEmbeddingTable:
             misses = self._table.query_ptr(keys_ptr, n, out_ptr, self.default_value, ws,
                                            stream, out_type)
         counts = state.counts
-        counts["lookups"] += 1
-        counts["keys"] += n
-        counts["hits"] += n - misses
-        counts["misses"] += misses
+        counts["lookups"], counts["keys"] = counts["lookups"] + 1, counts["keys"] + n
+        counts["hits"], counts["misses"] = counts["hits"] + n - misses, counts["misses"] + misses
         if misses:
             self._serve_misses(ws, misses, n, out_ptr, stream, state, out_type)
 

@@ -20,9 +20,7 @@ server's worker thread does (torch's current stream is per thread), for hps and 
 alike. Rows: keys/s of all threads together and the p99 of one call, hps beside the floor
 at the same N, with the ratio, and HierarchicalKV's keys/s at the same N (HKV_FIND) with
 hps's ratio to it. After the timing, every output of every thread is compared with the
-model's rows; `targets` reads what issue 39 asks off the rows. `--bound` times
-`HPS.bind_lookup` instead: each thread binds one lookup per key batch to its own output
-(hps/server/bound_lookup.py) and calls those. `--switch-interval` sets
+model's rows; `targets` reads what issue 39 asks off the rows. `--switch-interval` sets
 `sys.setswitchinterval` for the run: a diagnostic of how much of the loss is the GIL's
 hand-off between threads (CPython's default is 5 ms).
 """
@@ -107,7 +105,7 @@ def bench_threads(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
                   alpha: float = 1.1, seconds: float = 2.0, device_id: int = 0,
                   switch_interval: float | None = None, seed: int = 0,
                   workloads: tuple[str, ...] = WORKLOADS,
-                  stream_per_thread: bool = False, bound: bool = False) -> list[dict[str, Any]]:
+                  stream_per_thread: bool = False) -> list[dict[str, Any]]:
     """The rows of the threads profile (see the module docstring)."""
     import torch
 
@@ -133,7 +131,7 @@ def bench_threads(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
                 result += _workload(workload, folder, keys, rows, dense, device_keys,
                                     streams, outs, rng, n, dim, table_keys, alpha, seconds,
                                     device_id, switch_interval or previous,
-                                    stream_per_thread, bound)
+                                    stream_per_thread)
     finally:
         sys.setswitchinterval(previous)
     return result
@@ -143,7 +141,7 @@ def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, d
               device_keys: Any, streams: list[Any], outs: list[Any],
               rng: np.random.Generator, n: int, dim: int, table_keys: int, alpha: float,
               seconds: float, device_id: int, interval: float,
-              stream_per_thread: bool = False, bound: bool = False) -> list[dict[str, Any]]:
+              stream_per_thread: bool = False) -> list[dict[str, Any]]:
     import torch
 
     cached = 0.25 if "25%" in workload else 1.0
@@ -157,17 +155,8 @@ def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, d
                              cache_refresh_percentage_per_iteration=0.0 if cached < 1 else 1.0)
     rows_out: list[dict[str, Any]] = []
     try:
-        bound_lookups: dict[int, list[Any]] = {}
-
         def lookup_once(t: int, i: int) -> None:
-            if bound:
-                bound_lookups[t][i % batches]()
-            else:
-                hps.lookup_fromdlpack(key_batches[t][i % batches], outs[t], MODEL, 0)
-
-        def bind(t: int) -> None:
-            """Thread t's bound lookups (one per key batch), made on thread t."""
-            bound_lookups[t] = [hps.bind_lookup(MODEL, 0, k, outs[t]) for k in key_batches[t]]
+            hps.lookup_fromdlpack(key_batches[t][i % batches], outs[t], MODEL, 0)
 
         def floor_once(t: int, i: int) -> None:
             torch.index_select(dense, 0, positions[t][i % batches], out=outs[t])
@@ -188,28 +177,19 @@ def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, d
 
         def set_stream(t: int) -> None:
             torch.cuda.set_stream(streams[t])
-            if bound:
-                bind(t)
-
-        def bind_on_stream(t: int) -> None:
-            with torch.cuda.stream(streams[t]):
-                bind(t)
 
         lookup = on_stream(lookup_once, True)  # warm-up and the final check
-        setup = set_stream if stream_per_thread else (bind_on_stream if bound else None)
+        setup = set_stream if stream_per_thread else None
         timed_lookup = on_stream(lookup_once, not stream_per_thread)
         timed_floor = on_stream(floor_once, not stream_per_thread)
 
         for t in range(max(THREAD_COUNTS)):  # warm-up: workspaces, launches, the cache
-            if bound:
-                bind_on_stream(t)
             for i in range(batches * (4 if cached < 1 else 1)):
                 lookup(t, i)
         for threads in THREAD_COUNTS:
             floor_rate, floor_p99 = _drive(threads, seconds, timed_floor, setup)
             rate, p99 = _drive(threads, seconds, timed_lookup, setup)
             how = ", stream set once per thread" if stream_per_thread else ""
-            how += ", bound lookups" if bound else ""
             hkv_rate = HKV_FIND[threads][0]
             rows_out.append({
                 "bench": "threads", "dim": dim, "batch": n, "threads": threads,
@@ -220,8 +200,6 @@ def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, d
                 "switch_interval_us": interval * 1e6})
         wrong = 0
         for t in range(max(THREAD_COUNTS)):  # every thread's last output, exact
-            if bound:
-                bind_on_stream(t)  # this thread's own
             lookup(t, 0)
             want = rows[positions[t][0].cpu().numpy()]
             wrong += int((outs[t].cpu().numpy() != want).any(axis=1).sum())
@@ -285,9 +263,6 @@ def main() -> None:
                         help="the query's wait for its miss count releases the GIL at "
                              "every size (a diagnostic of hps/gpu/device_table.py's "
                              "_HELD_SPIN_KEYS)")
-    parser.add_argument("--bound", action="store_true",
-                        help="time HPS.bind_lookup's bound lookups instead of "
-                             "lookup_fromdlpack")
     parser.add_argument("--stream-per-thread", action="store_true",
                         help="each thread makes its stream current once (torch.cuda."
                              "set_stream), instead of `with torch.cuda.stream` per call")
@@ -299,7 +274,7 @@ def main() -> None:
     rows = bench_threads(seconds=args.seconds, table_keys=args.table_keys,
                          switch_interval=args.switch_interval,
                          workloads=tuple(args.workload or WORKLOADS),
-                         stream_per_thread=args.stream_per_thread, bound=args.bound)
+                         stream_per_thread=args.stream_per_thread)
     print(format_threads(rows), flush=True)
     unmet = [t for t in targets(rows) if t["met"] != "yes"]
     print(f"issue 39's targets: {len(targets(rows)) - len(unmet)} of {len(targets(rows))} "
