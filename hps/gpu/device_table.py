@@ -452,8 +452,8 @@ class DeviceTable(WriteOrder, HostRowUpdates):
         fast, calls = ws.fast.get(out_type), self._fast
         if (fast is None or calls is None or n > fast.limit or n == 0
                 or fast.generation != self._generation or fast.default != default_value
-                or ws.pending):
-            return fast_query.FALLBACK
+                or ws.pending or self._gate.words[fast_query.CLOSED]):
+            return fast_query.FALLBACK  # (a closed gate: a write pending, read first here)
         return fast_query.run(calls, fast, keys_ptr, n, out_ptr, stream_ptr, ws, self._gate)
 
     def out_type(self, out: Any) -> int:
