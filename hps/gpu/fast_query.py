@@ -1,18 +1,19 @@
-"""A table's query from a caller thread with the GIL released: the launch, its event and
-the wait for the miss count in one compiled call (DeviceTable.query_ptr's common case).
+"""A table's query in one compiled call: the launch, its event and the wait for the miss
+count (DeviceTable.query_ptr's common case, and GpuEmbeddingTable.lookup_contiguous's
+before any device switch).
 
-Why. A lookup that holds the GIL from its first line to its miss count lets no other
-caller thread run while its kernel works, so N threads on their own streams get about one
-thread's keys/s; one that releases it only around a launch and a spin, after ~9 µs of
-held Python, pays a GIL hand-off and a futex wake on most calls and did worse still. What
-scales is torch's shape: the GIL held only to read the arguments.
-`scripts/probe_native_callers.py` (H100, streams set once, 2,000 keys, a dynamic cache
-holding the whole 4M x 64 table) measured it: the query kernel driven by native threads,
-no Python at all, 135-140 / 246-255 / 381-479 / 605-732 M keys/s at 1 / 2 / 4 / 8 threads
-(2.5-3.6x HierarchicalKV's C++ `find`); from Python threads that read two pointers and
-make one call that releases the GIL, 0.97-1.10x the `torch.index_select` floor at every
-N; adding hps's reading of the tensors and of the model's served version, 0.74-0.98x;
-the public call as it was, 0.41-0.77x.
+Why. The locked path spends Python on every query: the workspace's checks, the table's
+lock, the write-event check, six launch parameters set one by one, the in-flight record,
+the overlap task, the spin. Here the locked path binds a workspace's launch once and every
+later query of it is one call that writes its parameters, launches, records the event and
+spins on the count. Queries of up to HELD_KEYS keys keep the GIL through it, as the locked
+path's spin does: released, each call became a GIL hand-off that convoyed the other caller
+threads (measured and dropped: docs/gpu-latency.md, "Many callers"). H100, one device
+call taking turns with the tree before it: `lookup_fromdlpack` p50 20.7 / 21.9 against
+22.7 / 27.5 µs (floor 14.9-18.6), `HPS.lookup` with NumPy keys 50.2 / 53.5 against 58.3 /
+75.5 µs; the threads profile's median over the floor 0.72 / 0.69 against 0.69 / 0.59
+(streams set once) and 1.18 / 1.37 against 0.96 / 1.19 (a stream switch per call);
+HugeCTR's profile unchanged within its noise.
 
 How. The table's gate (three int64 words in host memory) counts the fast queries in
 flight and is closed while a write is queued or pending:
