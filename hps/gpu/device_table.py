@@ -66,7 +66,7 @@ _SPINS = 1 << 16
 # unchanged) measured far worse tails at 8 threads (p99 3.2-6.2 ms against 0.08-0.16 ms
 # with the GIL always kept, two runs). Larger queries spin with the GIL released; a count
 # still missing after the spin is waited for on the query's event.
-_HELD_SPIN_KEYS = 1 << 14
+_HELD_SPIN_KEYS = fast_query.HELD_KEYS
 
 
 def row_floats(dim: int) -> int:

@@ -40,14 +40,13 @@ both paths.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import time
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from hps.gpu import overlap
+from hps.gpu import kernels, overlap
 
 # gate words
 ENTERED, CLOSED, TICK = 0, 1, 2
@@ -71,23 +70,13 @@ def compiled() -> tuple[Any, Any, Any, Any] | None:
     launch(block, keys_ptr, n, out_ptr, stream) -> 0 or FALLBACK or an error;
     wait(block) -> miss count or TIMED_OUT. These three release the GIL; the held query
     is `query` keeping it."""
-    try:
-        import numba  # noqa: F401
-
-        lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
-    except (ImportError, OSError):
+    lib = kernels.driver()
+    if lib is None:
         return None
-    u64, u32, i32 = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int32
-    cu_launch = lib.cuLaunchKernel
-    cu_launch.argtypes = [u64, u32, u32, u32, u32, u32, u32, u32, u64, u64, u64]
-    cu_launch.restype = i32
-    cu_record = lib.cuEventRecord
-    cu_record.argtypes = [u64, u64]
-    cu_record.restype = i32
-    cu_context = lib.cuCtxGetCurrent
-    cu_context.argtypes = [u64]
-    cu_context.restype = i32
-    return compile_calls(cu_launch, cu_record, cu_context)
+    try:
+        return compile_calls(lib.cuLaunchKernel, lib.cuEventRecord, lib.cuCtxGetCurrent)
+    except ImportError:  # no numba
+        return None
 
 
 def compile_calls(cu_launch: Any, cu_record: Any, cu_context: Any
@@ -204,10 +193,6 @@ class FastGate:
         """The next LRU tick, shared with the fast queries (which add to it atomically)."""
         return int(self._calls[3](self.address))
 
-    @property
-    def is_open(self) -> bool:
-        return not self.words[CLOSED]
-
 
 @lru_cache(maxsize=1)
 def _gate_calls() -> tuple[Any, Any, Any, Any]:
@@ -272,9 +257,10 @@ def bind(gate: FastGate, launch: Any, cells: tuple[Any, ...], limit: int, keys_p
     return FastLaunch(block, min(limit, ws.capacity), generation, default, launch)
 
 
-#: queries of at most this many keys keep the GIL through their launch and wait (they end
-#: within tens of µs; a release there hands the GIL to another caller thread and the wait's
-#: end then waits for that thread's next release: hps/gpu/device_table.py's held spin)
+#: queries of at most this many keys keep the GIL through their launch and wait, on both
+#: paths (they end within tens of µs; a release there hands the GIL to another caller
+#: thread and the wait's end then waits for that thread's next release: the measurements
+#: are at hps/gpu/device_table.py's _HELD_SPIN_KEYS)
 HELD_KEYS = 1 << 14
 
 
@@ -285,26 +271,21 @@ def run(calls: tuple[Any, Any, Any, Any], fast: FastLaunch, keys_ptr: int, n: in
     (hps/gpu/overlap.py) runs between the launch and the wait; a launch error raises as
     CuPy's driver errors do."""
     query, launch, wait, held = calls
-    if n <= HELD_KEYS and not overlap.has_task():
-        result = held(fast.address, keys_ptr, n, out_ptr, stream_ptr)
-    elif overlap.has_task():
+    if overlap.has_task():
         result = launch(fast.address, keys_ptr, n, out_ptr, stream_ptr)
         if result == 0:
             overlap.run_task()
             result = wait(fast.address)
     else:
-        result = query(fast.address, keys_ptr, n, out_ptr, stream_ptr)
+        result = (held if n <= HELD_KEYS else query)(fast.address, keys_ptr, n, out_ptr,
+                                                     stream_ptr)
     if result >= 0 or result == FALLBACK:
         return int(result)
     if result == TIMED_OUT:  # a long kernel, or one queued behind other work
         try:
-            from hps.gpu import kernels
-
             kernels.cupy_module().cuda.runtime.eventSynchronize(ws.event_ptr)
             return int(ws.host_count[0])
         finally:
             gate.leave()
-    from hps.gpu import kernels
-
     kernels.cupy_module().cuda.driver.check_status(int(FALLBACK - result))
     raise RuntimeError(f"cuLaunchKernel failed with status {int(FALLBACK - result)}")

@@ -161,6 +161,30 @@ def grid(device_id: int, threads: int, block: int = 256, waves: int = 16) -> int
     return min(need, multiprocessors(device_id) * waves) if waves else need
 
 
+@lru_cache(maxsize=1)
+def driver() -> Any:
+    """This process's libcuda with the calls the compiled paths make declared (pointers
+    as 64-bit integers: the same registers on the x86-64 and AArch64 ABIs): cuLaunchKernel,
+    cuEventRecord, cuStreamWaitEvent, cuMemcpyHtoDAsync_v2, cuCtxGetCurrent; None where
+    there is no libcuda."""
+    import ctypes.util
+
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
+    except OSError:
+        return None
+    u64, u32, i32 = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int32
+    for name, argtypes in (("cuLaunchKernel", [u64, u32, u32, u32, u32, u32, u32, u32, u64,
+                                               u64, u64]),
+                           ("cuEventRecord", [u64, u64]),
+                           ("cuStreamWaitEvent", [u64, u64, u32]),
+                           ("cuMemcpyHtoDAsync_v2", [u64, u64, u64, u64]),
+                           ("cuCtxGetCurrent", [u64])):
+        call = getattr(lib, name)
+        call.argtypes, call.restype = argtypes, i32
+    return lib
+
+
 @lru_cache(maxsize=2)
 def _held_launcher(nogil: bool = False) -> Any:
     """cuLaunchKernel then cuEventRecord in one compiled call that keeps the GIL, or None
@@ -175,22 +199,14 @@ def _held_launcher(nogil: bool = False) -> Any:
     own streams got half of one thread's keys/s through `lookup_fromdlpack` (2,000 keys,
     50.6 -> 27.1 M keys/s, `hps bench gpu --profile threads`); the driver serialises
     launches on its context lock anyway, so holding the GIL over them costs no overlap."""
-    import ctypes.util
-
+    lib = driver()
     try:
         from hps.runtime.compiled import numba, types
-
-        lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
-    except (ImportError, OSError):
+    except ImportError:
         return None
-    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    cu_launch = lib.cuLaunchKernel
-    # pointers passed as 64-bit integers: the same registers on the x86-64 and AArch64 ABIs
-    cu_launch.argtypes = [u64, u32, u32, u32, u32, u32, u32, u32, u64, u64, u64]
-    cu_launch.restype = ctypes.c_int32
-    cu_record = lib.cuEventRecord
-    cu_record.argtypes = [u64, u64]
-    cu_record.restype = ctypes.c_int32
+    if lib is None:
+        return None
+    cu_launch, cu_record = lib.cuLaunchKernel, lib.cuEventRecord
 
     def launch_recorded(fn: int, grid: int, block: int, stream: int, params: int,
                         event: int) -> int:
@@ -261,24 +277,15 @@ def held_calls() -> HeldCalls:
 def _held_calls() -> tuple[Any, Any, Any] | None:
     """cuMemcpyHtoDAsync, cuEventRecord and cuStreamWaitEvent as compiled calls that
     keep the GIL, or None (as _held_launcher)."""
-    import ctypes.util
-
+    lib = driver()
     try:
         from hps.runtime.compiled import numba, types
-
-        lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
-    except (ImportError, OSError):
+    except ImportError:
         return None
-    u64, u32, i32 = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int32
-    cu_copy = lib.cuMemcpyHtoDAsync_v2
-    cu_copy.argtypes = [u64, u64, u64, u64]
-    cu_copy.restype = i32
-    cu_record = lib.cuEventRecord
-    cu_record.argtypes = [u64, u64]
-    cu_record.restype = i32
+    if lib is None:
+        return None
+    cu_copy, cu_record = lib.cuMemcpyHtoDAsync_v2, lib.cuEventRecord
     cu_wait = lib.cuStreamWaitEvent
-    cu_wait.argtypes = [u64, u64, u32]
-    cu_wait.restype = i32
 
     def copy(dst: int, src: int, nbytes: int, stream: int) -> int:
         return cu_copy(dst, src, nbytes, stream)

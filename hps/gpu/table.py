@@ -4,8 +4,8 @@
     table.warm_up(chunks)        # (keys, vectors) chunks of the model file, in file order
     table.lookup(keys, out)      # vectors of keys into out, in place: arrays of any producer
                                  # or ArrayRefs (hps/intake/array_ref.py) read by the caller
-    table.lookup_contiguous(keys_ptr, n, out_ptr, stream, out_type)  # device_pair's case
-    table.fast_lookup(keys_ptr, n, out_ptr, stream, out_type)  # its query, GIL released
+    table.lookup_contiguous(keys_ptr, n, out_ptr, stream, out_type)  # the common case's
+                                 # shortcut, read by hps/intake/keys.py device_pair
     table.host_output(n)         # a host [n, dim] array for lookup() to fill (pinned)
     table.refresh()              # re-read the cached keys' vectors through fetch_host
     table.update(keys, rows)     # online updates: overwrite the rows held, in place
@@ -244,8 +244,11 @@ class GpuEmbeddingTable:
         elements of type `out_type` (hps/rows/gpu_layout.py: float32, or the storage's own
         16-bit type) at `out_ptr`, both C-contiguous on this table's device, already read
         and checked by the caller (keys.py device_pair); work queued on `stream`."""
-        misses = self.fast_lookup(keys_ptr, n, out_ptr, stream, out_type)
+        state = self._state()
+        misses = self._table.fast_query(keys_ptr, n, out_ptr, self.default_value, state.ws,
+                                        stream, out_type)
         if misses == 0:  # every key held, the device current: no device switch
+            self._count(state.counts, n, 0)
             return
         rt = self._rt
         dev = self.device_id
@@ -253,24 +256,11 @@ class GpuEmbeddingTable:
         if previous != dev:
             rt.setDevice(dev)
         try:
-            self._lookup_ptr(keys_ptr, n, out_ptr, stream, self._state(), out_type,
+            self._lookup_ptr(keys_ptr, n, out_ptr, stream, state, out_type,
                              misses if misses > 0 else None)
         finally:
             if previous != dev:
                 rt.setDevice(previous)
-
-    def fast_lookup(self, keys_ptr: int, n: int, out_ptr: int, stream: int, out_type: int
-                    ) -> int:
-        """lookup_contiguous's query through the fast path (DeviceTable.fast_query): its
-        miss count (counted here when 0), or FALLBACK."""
-        state = self._state()
-        misses = self._table.fast_query(keys_ptr, n, out_ptr, self.default_value, state.ws,
-                                        stream, out_type)
-        if misses == 0:
-            counts = state.counts
-            counts["lookups"], counts["keys"] = counts["lookups"] + 1, counts["keys"] + n
-            counts["hits"] += n
-        return misses
 
     def host_output(self, n: int) -> np.ndarray:
         """A new float32 [n, dim] host array for lookup() to fill (HPS.lookup's result):
@@ -314,11 +304,16 @@ class GpuEmbeddingTable:
         if misses is None:
             misses = self._table.query_ptr(keys_ptr, n, out_ptr, self.default_value, ws,
                                            stream, out_type)
-        counts = state.counts
-        counts["lookups"], counts["keys"] = counts["lookups"] + 1, counts["keys"] + n
-        counts["hits"], counts["misses"] = counts["hits"] + n - misses, counts["misses"] + misses
+        self._count(state.counts, n, misses)
         if misses:
             self._serve_misses(ws, misses, n, out_ptr, stream, state, out_type)
+
+    @staticmethod
+    def _count(counts: dict[str, int], n: int, misses: int) -> None:
+        counts["lookups"] += 1
+        counts["keys"] += n
+        counts["hits"] += n - misses
+        counts["misses"] += misses
 
     def _serve_misses(self, ws: QueryWorkspace, m: int, n: int, out_ptr: int, stream: int,
                       state: ThreadState, out_type: int) -> None:

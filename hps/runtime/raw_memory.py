@@ -69,58 +69,48 @@ _u32_acquire = _load_intrinsic(32, True)
 _u64_acquire = _load_intrinsic(64, True)
 
 
-def _store_intrinsic(bits: int) -> Any:
+def _fitted(builder: Any, value: Any, bits: int) -> Any:
+    """An integer IR value cut or sign-extended to `bits` bits."""
+    from llvmlite import ir
+
+    if value.type.width > bits:
+        return builder.trunc(value, ir.IntType(bits))
+    if value.type.width < bits:
+        return builder.sext(value, ir.IntType(bits))
+    return value
+
+
+def _write_intrinsic(bits: int, op: str | None) -> Any:
+    """`store(address, value)` of `bits` bits (op None), or the int64 read-modify-write
+    `op` returning the old value (sequentially consistent)."""
     from llvmlite import ir
     from numba.extending import intrinsic
 
     @intrinsic
-    def store(typingctx: Any, address: Any, value: Any) -> Any:
+    def write(typingctx: Any, address: Any, value: Any) -> Any:
         if not isinstance(address, types.Integer) or not isinstance(value, types.Integer):
             return None
 
         def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
             pointer = builder.inttoptr(args[0], ir.IntType(bits).as_pointer())
-            stored = args[1]
-            if stored.type.width > bits:
-                stored = builder.trunc(stored, ir.IntType(bits))
-            elif stored.type.width < bits:
-                stored = builder.sext(stored, ir.IntType(bits))
-            builder.store(stored, pointer)
-            return context.get_dummy_value()
-
-        return types.void(address, value), codegen
-
-    return store
-
-
-def _atomic_intrinsic(op: str) -> Any:
-    from llvmlite import ir
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def rmw(typingctx: Any, address: Any, value: Any) -> Any:
-        if not isinstance(address, types.Integer) or not isinstance(value, types.Integer):
-            return None
-
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            pointer = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-            operand = args[1]
-            if operand.type.width < 64:
-                operand = builder.sext(operand, ir.IntType(64))
+            operand = _fitted(builder, args[1], bits)
+            if op is None:
+                builder.store(operand, pointer)
+                return context.get_dummy_value()
             return builder.atomic_rmw(op, pointer, operand, "seq_cst")
 
-        return types.int64(address, value), codegen
+        return (types.void if op is None else types.int64)(address, value), codegen
 
-    return rmw
+    return write
 
 
 #: plain stores at an integer address (the other side reads them after a fence or an
 #: atomic), and sequentially consistent read-modify-writes of an int64 returning the old
 #: value: hps/gpu/fast_query.py's gate between callers and writers
-_store32 = _store_intrinsic(32)
-_store64 = _store_intrinsic(64)
-_atomic_add64 = _atomic_intrinsic("add")
-_atomic_xchg64 = _atomic_intrinsic("xchg")
+_store32 = _write_intrinsic(32, None)
+_store64 = _write_intrinsic(64, None)
+_atomic_add64 = _write_intrinsic(64, "add")
+_atomic_xchg64 = _write_intrinsic(64, "xchg")
 
 # CPython's PyCapsule: PyObject_HEAD (refcount, type), then pointer, name, context, destructor
 _CAPSULE_POINTER, _CAPSULE_NAME, _CAPSULE_SIZE = 16, 24, 48
