@@ -131,12 +131,43 @@ def module(source: str, device_id: int, **defines: int) -> Any:
     return mod
 
 
-def function(source: str, name: str, device_id: int, **defines: int) -> Any:
-    """One kernel (a `cupy.RawKernel`-like function object) of a module."""
+def function(source: str, name: str, device_id: int, **defines: int) -> DeviceKernel:
+    """One kernel of a module, on device `device_id` (see DeviceKernel)."""
     cupy = cupy_module()
     mod = module(source, device_id, **defines)
     with cupy.cuda.Device(device_id):
-        return mod.get_function(name)
+        return DeviceKernel(cupy, mod.get_function(name), device_id)
+
+
+class DeviceKernel:
+    """A kernel of one device, whatever the calling thread's current device.
+
+    CuPy's RawKernel looks its CUfunction up for the device current at each use: a launch
+    bound (`Launch`) or a kernel called from a thread whose current device was another one
+    took that device's handle, and the launch on the table's stream failed with
+    CUDA_ERROR_INVALID_HANDLE (keys on cuda:1 from a thread on cuda:0). Here the handle is
+    read once, in the device's context, and a call switches to the device when needed.
+
+        fn.kernel.ptr                         # the CUfunction of device_id
+        fn((grid,), (block,), args)           # launched on device_id's current stream
+    """
+
+    __slots__ = ("kernel", "device_id", "_rt", "_device")
+
+    def __init__(self, cupy: Any, raw: Any, device_id: int) -> None:
+        self.device_id = device_id
+        self._rt = cupy.cuda.runtime
+        self._device = cupy.cuda.Device(device_id)
+        with self._device:
+            self.kernel = raw.kernel  # cupy.cuda.function.Function in device_id's context
+
+    def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...],
+                 shared_mem: int = 0, stream: Any = None) -> None:
+        if self._rt.getDevice() == self.device_id:
+            self.kernel(grid, block, args, shared_mem, stream)
+            return
+        with self._device:
+            self.kernel(grid, block, args, shared_mem, stream)
 
 
 @lru_cache(maxsize=None)
@@ -151,7 +182,9 @@ def resident_blocks(fn: Any, block: int) -> int:
     the grid of a kernel whose blocks loop over their work is this times the SMs."""
     cupy = cupy_module()
     ptr = int(getattr(fn, "kernel", fn).ptr)
-    return max(1, int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(ptr, block, 0)))
+    with cupy.cuda.Device(getattr(fn, "device_id", cupy.cuda.runtime.getDevice())):
+        return max(1, int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(
+            ptr, block, 0)))
 
 
 def grid(device_id: int, threads: int, block: int = 256, waves: int = 16) -> int:
