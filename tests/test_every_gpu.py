@@ -19,6 +19,7 @@ import pytest
 from hps import write_sparse_model
 from hps.api import HPS
 from hps.errors import DeviceError
+from hps.tiers.contract import table_name
 from tests.support.redis_servers import RedisServer, eventually
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
@@ -178,7 +179,7 @@ def test_every_entry_on_every_device_from_every_thread(
                 hps.refresh(MODEL)
                 # the updates: new rows of `updated`, through the stream the server follows
                 new = rng.standard_normal((updated.size, DIM)).astype(np.float32)
-                topic = hps.server.model(MODEL).tables[0].storage_name
+                topic = table_name(MODEL, hps.server.model(MODEL).tables[0].name)
                 publisher = open_publisher(UpdateSourceConfig(**config["update_source"]))
                 try:
                     publisher.publish(topic, [codec.encode(updated[i:i + 500], new[i:i + 500])
@@ -187,7 +188,7 @@ def test_every_entry_on_every_device_from_every_thread(
                     publisher.close()
                 at, _ = rows.at(updated)
                 rows.rows[at] = new
-                eventually(lambda: _applied(hps) >= updated.size or None, 30,
+                eventually(lambda: _check_applied(hps, updated.size), 30,
                            "the online updates applied")
                 time.sleep(0.5)
             finally:
@@ -218,10 +219,26 @@ def test_every_entry_on_every_device_from_every_thread(
                 hps.lookup_fromdlpack(keys, torch.zeros((10, DIM), device="cuda:1"), MODEL, 0)
             hot = hps.server.top_keys(MODEL, 0, "hot", top=10)
             assert hot["total"] > 0, "no lookup was sampled for the hot-key sketch"
+            merges = [g.merge_stats() for g in _device_tables(hps)]
+            print(f"{layout}: merged launches {merges}")
     finally:
         redis.close()
 
 
-def _applied(hps: HPS) -> int:
+def _check_applied(hps: HPS, rows: int) -> None:
     status = hps.server.update_status()
-    return sum(int(t.get("rows", 0)) for t in status["tables"].values()) if status else 0
+    applied = sum(int(t.get("rows", 0)) for t in status["tables"].values()) if status else 0
+    assert applied >= rows, f"{applied} of {rows} update rows applied"
+
+
+def _device_tables(hps: HPS) -> list[Any]:
+    """The device tables behind the served version's GPU caches (a sharded table's
+    shards), for the merged-launch counts the test prints."""
+    out = []
+    for gpu in hps.server.model(MODEL).tables[0].gpu.values():
+        owner = getattr(gpu, "owner", gpu)
+        for shard in getattr(owner, "shards", [owner]):
+            table = getattr(shard, "_table", None)
+            if table is not None and hasattr(table, "merge_stats") and table not in out:
+                out.append(table)
+    return out

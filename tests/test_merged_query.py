@@ -60,9 +60,11 @@ def _launch(fn: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, share
     count = np.int64(_u64(batches + merged_query.MAX_MERGED * merged_query.BATCH_WORDS * 8))
     for b in range(count):
         at = batches + b * merged_query.BATCH_WORDS * 8
-        word = lambda w: np.int64(_u64(at + w * 8))  # noqa: E731
-        _serve(word(merged_query.B_KEYS), word(merged_query.B_N), word(merged_query.B_OUT),
-               word(merged_query.B_MISS_POS), word(merged_query.B_HOST_COUNT))
+        _serve(np.int64(_u64(at + merged_query.B_KEYS * 8)),
+               np.int64(_u64(at + merged_query.B_N * 8)),
+               np.int64(_u64(at + merged_query.B_OUT * 8)),
+               np.int64(_u64(at + merged_query.B_MISS_POS * 8)),
+               np.int64(_u64(at + merged_query.B_HOST_COUNT * 8)))
     _atomic_add64(counters + MERGED_LAUNCHES * 8, np.int64(1))
     _atomic_add64(counters + MERGED_BATCHES * 8, count)
     return 0
