@@ -89,9 +89,7 @@ __device__ __forceinline__ void cache_answer_round(
 // hps_murmur3_fmix64(key ^ tick) has its low s bits zero are stamped (sampled LRU: 1 in 2^s).
 // Misses: out[pos] gets default_value and (pos, key) is appended to the miss lists.
 // ctl/host_count: see hps_finish_query.
-// The query of blocks [0, blocks) of a grid, this block being `block`.
-__device__ __forceinline__ void cache_query_blocks(
-    const u32 block, const u32 blocks,
+extern "C" __global__ void cache_query(
     const hps_key* __restrict__ keys, const long long n,
     const hps_key* __restrict__ slot_keys, u64* __restrict__ stamps,
     const hps_row_t* __restrict__ vecs, const u32 num_sets, const int* __restrict__ flags,
@@ -102,8 +100,8 @@ __device__ __forceinline__ void cache_query_blocks(
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
     const u32 gmask = hps_group_mask(lane);
-    const long long warp = ((long long)block * blockDim.x + threadIdx.x) >> 5;
-    const long long nwarps = ((long long)blocks * blockDim.x) >> 5;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const long long special_slot = (long long)num_sets * SET_SIZE;
     const bool special_present = flags[0] != 0;
 
@@ -121,32 +119,7 @@ __device__ __forceinline__ void cache_query_blocks(
         cache_answer_round(n, pos, key, slot, r, gl, lane, special_slot, stamps, out,
                            out_vec4 != 0, ctl, miss_pos, miss_keys, tick, default_value);
     }
-    hps_finish_query(ctl, host_count, blocks);
-}
-
-extern "C" __global__ void cache_query(
-    const hps_key* __restrict__ keys, const long long n,
-    const hps_key* __restrict__ slot_keys, u64* __restrict__ stamps,
-    const hps_row_t* __restrict__ vecs, const u32 num_sets, const int* __restrict__ flags,
-    hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
-    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys,
-    const u64 tick, const float default_value) {
-    cache_query_blocks(blockIdx.x, gridDim.x, keys, n, slot_keys, stamps, vecs, num_sets,
-                       flags, out, out_vec4, ctl, host_count, miss_pos, miss_keys, tick,
-                       default_value);
-}
-
-// cache_query of several callers' batches in one launch (hps_batches in hps_common.cuh).
-extern "C" __global__ void cache_query_many(
-    const hps_batches batches,
-    const hps_key* __restrict__ slot_keys, u64* __restrict__ stamps,
-    const hps_row_t* __restrict__ vecs, const u32 num_sets, const int* __restrict__ flags,
-    const u64 tick, const float default_value) {
-    u32 first, blocks;
-    const hps_batch& b = batches.b[hps_batch_of(batches, first, blocks)];
-    cache_query_blocks(blockIdx.x - first, blocks, b.keys, b.n, slot_keys, stamps, vecs,
-                       num_sets, flags, b.out, (int)b.out_vec4, b.ctl, b.host_count,
-                       b.miss_pos, b.miss_keys, tick, default_value);
+    hps_finish_query(ctl, host_count);
 }
 
 // cache_query software-pipelined (hps_pipelined_rounds), for large batches into 16-bit
@@ -177,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(256, 5) cache_query_pipelined(
             cache_answer_round(n, pos, key, slot, r, gl, lane, special_slot, stamps, out,
                                out_vec4 != 0, ctl, miss_pos, miss_keys, tick, default_value);
         });
-    hps_finish_query(ctl, host_count, gridDim.x);
+    hps_finish_query(ctl, host_count);
 }
 
 // codes[i] = set(keys[i]) << 32 | i, for a sort that groups an insert batch by set while

@@ -563,14 +563,12 @@ __device__ __forceinline__ void hps_record_misses(bool leader_miss, long long po
 // spins on `host_count` rather than waiting for the kernel to retire: the system-scope
 // fences make every block's writes (the missed keys in host memory among them) visible
 // before the count, and no block touches the table after it.
-// `blocks`: the blocks that serve this query (the grid, or a merged launch's share of it).
-__device__ __forceinline__ void hps_finish_query(int* ctl, int* host_count,
-                                                 const u32 blocks) {
+__device__ __forceinline__ void hps_finish_query(int* ctl, int* host_count) {
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence_system();
         const u32 done = atomicAdd(reinterpret_cast<u32*>(ctl + 1), 1u);
-        if (done == blocks - 1) {
+        if (done == gridDim.x - 1) {
             __threadfence_system();
             const int count = atomicExch(ctl, 0);
             ctl[1] = 0;
@@ -648,42 +646,4 @@ __device__ __forceinline__ void hps_scatter_rows(const u32 block, const u32 bloc
         const long long src = inv ? (long long)inv[j] : j;
         out[(long long)pos[j] * DIM + e] = HPS_NARROW(rows[src * DIM + e]);
     }
-}
-
-// One query of a merged launch (hps/gpu/merged_query.py): callers of one table on one
-// device that arrive while a query is in flight hand over their batches, and one launch
-// serves them all, each batch on its own share of the grid, its rows into its own output
-// and its misses into its own workspace, as if it had been launched alone. The batches
-// come by value in the kernel's parameters (no copy of keys or descriptors to the device).
-// Every field is 64 bits wide: the host writes them as int64 words (HPS_BATCH_WORDS).
-#ifndef HPS_MAX_MERGED
-#define HPS_MAX_MERGED 16
-#endif
-#define HPS_BATCH_WORDS 9
-struct hps_batch {
-    const hps_key* keys;
-    long long n;
-    hps_out_t* out;
-    long long out_vec4;
-    int* ctl;
-    int* host_count;
-    int* miss_pos;
-    hps_key* miss_keys;
-    long long first_block;  // its share of the grid: [first_block, the next batch's)
-};
-struct hps_batches {
-    hps_batch b[HPS_MAX_MERGED];
-    long long count;
-};
-static_assert(sizeof(hps_batch) == HPS_BATCH_WORDS * 8, "hps_batch is int64 words");
-
-// The batch of this block and its share of the grid: (index, first block, blocks).
-__device__ __forceinline__ int hps_batch_of(const hps_batches& batches, u32& first,
-                                            u32& blocks) {
-    int i = 0;
-    while (i + 1 < batches.count && blockIdx.x >= (u32)batches.b[i + 1].first_block) ++i;
-    first = (u32)batches.b[i].first_block;
-    const u32 end = i + 1 < batches.count ? (u32)batches.b[i + 1].first_block : gridDim.x;
-    blocks = end - first;
-    return i;
 }

@@ -173,9 +173,9 @@ __device__ __forceinline__ void static_answer_round(
     }
 }
 
-// The query of blocks [0, blocks) of a grid, this block being `block`.
-__device__ __forceinline__ void static_query_blocks(
-    const u32 block, const u32 blocks,
+// Same contract as cache_query of the dynamic cache, without stamps: hits copied to
+// out[pos], misses filled with default_value and appended to the miss lists.
+extern "C" __global__ void static_query(
     const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
     const hps_row_t* __restrict__ vecs, const u32 num_buckets, const int* __restrict__ flags,
     hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
@@ -184,8 +184,8 @@ __device__ __forceinline__ void static_query_blocks(
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
     const u32 gmask = hps_group_mask(lane);
-    const long long warp = ((long long)block * blockDim.x + threadIdx.x) >> 5;
-    const long long nwarps = ((long long)blocks * blockDim.x) >> 5;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const bool special_present = flags[0] != 0;
 
     for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
@@ -201,30 +201,7 @@ __device__ __forceinline__ void static_query_blocks(
         static_answer_round(n, pos, key, slot, r, gl, lane, out, out_vec4 != 0, ctl, miss_pos,
                             miss_keys, default_value);
     }
-    hps_finish_query(ctl, host_count, blocks);
-}
-
-// Same contract as cache_query of the dynamic cache, without stamps: hits copied to
-// out[pos], misses filled with default_value and appended to the miss lists.
-extern "C" __global__ void static_query(
-    const hps_key* __restrict__ keys, const long long n, const hps_key* __restrict__ slot_keys,
-    const hps_row_t* __restrict__ vecs, const u32 num_buckets, const int* __restrict__ flags,
-    hps_out_t* __restrict__ out, const int out_vec4, int* __restrict__ ctl, int* host_count,
-    int* __restrict__ miss_pos, hps_key* __restrict__ miss_keys, const float default_value) {
-    static_query_blocks(blockIdx.x, gridDim.x, keys, n, slot_keys, vecs, num_buckets, flags,
-                        out, out_vec4, ctl, host_count, miss_pos, miss_keys, default_value);
-}
-
-// static_query of several callers' batches in one launch (hps_batches in hps_common.cuh).
-extern "C" __global__ void static_query_many(
-    const hps_batches batches, const hps_key* __restrict__ slot_keys,
-    const hps_row_t* __restrict__ vecs, const u32 num_buckets, const int* __restrict__ flags,
-    const float default_value) {
-    u32 first, blocks;
-    const hps_batch& b = batches.b[hps_batch_of(batches, first, blocks)];
-    static_query_blocks(blockIdx.x - first, blocks, b.keys, b.n, slot_keys, vecs, num_buckets,
-                        flags, b.out, (int)b.out_vec4, b.ctl, b.host_count, b.miss_pos,
-                        b.miss_keys, default_value);
+    hps_finish_query(ctl, host_count);
 }
 
 // static_query software-pipelined (hps_pipelined_rounds), for large batches into 16-bit
@@ -259,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(256, 5) static_query_pipelined(
             static_answer_round(n, pos, key, slot, r, gl, lane, out, out_vec4 != 0, ctl,
                                 miss_pos, miss_keys, default_value);
         });
-    hps_finish_query(ctl, host_count, gridDim.x);
+    hps_finish_query(ctl, host_count);
 }
 
 // The slot of a key (the special slot for HPS_EMPTY_KEY when present), or -1.

@@ -123,7 +123,7 @@ __device__ __forceinline__ void uvm_query_rows(
             }
         }
     }
-    if (!GROUPED) hps_finish_query(ctl, host_count, gridDim.x);
+    if (!GROUPED) hps_finish_query(ctl, host_count);
 }
 
 // The query of batches below grouped_reads_from: host rows read at once.
@@ -219,7 +219,7 @@ extern "C" __global__ void uvm_gather(const u32* __restrict__ listed,
         hps_load_row(host_vecs + (long long)order_slot[i] * ROW_STRIDE, gl, r);
         hps_store_out(out + (long long)order_pos[i] * DIM, gl, r, out_vec4 != 0);
     }
-    if (publish) hps_finish_query(ctl, host_count, gridDim.x);  // else the promotion after it does
+    if (publish) hps_finish_query(ctl, host_count);  // else the promotion after it does
 }
 
 // Overwrites the rows of present keys in both places (refresh, updates); absent keys are
@@ -428,7 +428,7 @@ extern "C" __global__ void uvm_promote_read_rows(
     }
     // the grouped query's miss count, published here rather than by uvm_gather: a caller
     // that sees it may overwrite its output at once, and this kernel may read the output
-    hps_finish_query(ctl, host_count, gridDim.x);
+    hps_finish_query(ctl, host_count);
 }
 
 // Sets the access counts of held keys (placement by known counts, e.g. a model's `meta`

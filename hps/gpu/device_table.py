@@ -27,14 +27,13 @@ arguments already checked.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import deque
 from typing import Any
 
 import numpy as np
 
 from hps.errors import DeviceError, LookupInputError
-from hps.gpu import fast_query, kernels, merged_query, overlap
+from hps.gpu import fast_query, kernels, overlap
 from hps.gpu.device_arrays import device_keys, device_rows
 from hps.gpu.host_updates import HostRowUpdates
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
@@ -127,16 +126,6 @@ class DeviceTable(WriteOrder, HostRowUpdates):
         # the fast path's gate and the dynamic cache's LRU tick (hps/gpu/fast_query.py)
         self._gate = fast_query.FastGate()
         self._fast = fast_query.compiled() if self._fast_queries else None
-        # concurrent callers' queries merged into one launch (hps/gpu/merged_query.py): the
-        # merger of the current kernels, once the first fast launch is bound
-        self._merge = merged_query.compiled() if self._fast is not None else None
-        self._merger: merged_query.Merger | None = None
-        self._mergers: list[Any] = []  # every merger made, kept while callers may spin in it
-        # the workspaces (one a thread) bound to the fast path: a lone caller keeps today's
-        # query, which holds the GIL through its short wait (the merged one releases it:
-        # H100, one caller, 2,000 keys, lookup_fromdlpack p50 23.7 against 22.0 µs)
-        self._fast_callers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._many_callers = False
         # queries in flight: their workspace's event (recorded after the query) → stream
         self._inflight: dict[int, int] = {}
         self._write_event: Any = None  # the last write; later queries and writes wait for it
@@ -294,44 +283,6 @@ class DeviceTable(WriteOrder, HostRowUpdates):
         """The query parameters that stay fixed for a workspace: position → value."""
         raise NotImplementedError
 
-    # The merged query kernel (cuda/hps_common.cuh hps_batches first, then the table's own
-    # parameters in `_many_signature`), its parameters fixed for the table, where its
-    # default value and tick (-1: none) go; "" where the table has none.
-    _many_kernel = ""
-    _many_signature = ""
-    _many_default_slot = -1
-    _many_tick_slot = -1
-
-    def _many_fixed(self) -> dict[int, float]:
-        raise NotImplementedError
-
-    def _many_function(self) -> Any:
-        """The merged query kernel, of the defines of the fast path's (first) launch."""
-        return self._kernel(self._many_kernel)
-
-    def _bind_merger(self, keys_per_block: int) -> None:
-        """The merger of the current kernels (the lock held, the device current)."""
-        launch = kernels.Launch(self._many_function(), self._many_signature)
-        for i, value in self._many_fixed().items():
-            launch.set(i, value)
-        cp = self._cp
-        stream = cp.cuda.Stream(non_blocking=True)
-        event = cp.cuda.Event(block=False, disable_timing=True)
-        merger = merged_query.Merger(launch, self._many_default_slot, self._many_tick_slot,
-                                     stream.ptr, event.ptr, self._gate, keys_per_block, BLOCK,
-                                     RANK_BITS)
-        merger.generation = self._generation  # type: ignore[attr-defined]
-        self._mergers.append((merger, stream, event))
-        self._merger = merger
-
-    def merge_stats(self) -> dict[str, int]:
-        """Merged launches made and the batches they served, over every merger."""
-        out = {"merged_launches": 0, "merged_batches": 0}
-        for merger, _, _ in self._mergers:
-            for k, v in merger.stats().items():
-                out[k] += v
-        return out
-
     # the query kernel for batches of more than PIPELINED_AFTER keys into 16-bit outputs,
     # rows up to PIPELINED_ROW_BYTES (None: none)
     _pipelined_kernel: str | None = None
@@ -415,14 +366,6 @@ class DeviceTable(WriteOrder, HostRowUpdates):
                     min(caps, default=0), self._out_dim_vec[out_type], ws, BLOCK, _SPINS,
                     RANK_BITS, self._generation, default,
                     self._cp.cuda.driver.ctxGetCurrent())
-                ws.fast[out_type].merge_words = merged_query.workspace_words(
-                    ws, self._out_dim_vec[out_type])
-                self._fast_callers.add(ws)
-                self._many_callers = len(self._fast_callers) > 1
-            if (self._merge is not None and out_type == OUT_FLOAT32 and self._many_kernel
-                    and (self._merger is None
-                         or self._merger.generation != self._generation)):  # type: ignore
-                self._bind_merger(keys_per_warp * (BLOCK // 32))
 
     def query(self, keys: Any, out: Any, default_value: float = 0.0) -> tuple[Any, int]:
         """Writes the rows of held keys into `out` (device, [n, dim], C-contiguous; float32
@@ -511,18 +454,6 @@ class DeviceTable(WriteOrder, HostRowUpdates):
                 or fast.generation != self._generation or fast.default != default_value
                 or ws.pending or self._gate.words[fast_query.CLOSED]):
             return fast_query.FALLBACK  # (a closed gate: a write pending, read first here)
-        merger, merge = self._merger, self._merge
-        if (self._many_callers and merge is not None and merger is not None
-                and out_type == OUT_FLOAT32
-                and n <= _HELD_SPIN_KEYS and merger.generation == self._generation  # type: ignore
-                and fast.merge_words is not None and merger.usable(default_value)
-                and not overlap.has_task()):
-            result = int(merge(merger.address, fast.address, int(fast.merge_words.ctypes.data),
-                               keys_ptr, n, out_ptr, stream_ptr))
-            if result >= 0 or result == fast_query.FALLBACK:
-                return result
-            self._cp.cuda.driver.check_status(int(fast_query.FALLBACK - result))
-            raise RuntimeError(f"cuLaunchKernel failed with status {fast_query.FALLBACK - result}")
         return fast_query.run(calls, fast, keys_ptr, n, out_ptr, stream_ptr, ws, self._gate)
 
     def out_type(self, out: Any) -> int:

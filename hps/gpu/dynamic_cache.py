@@ -175,14 +175,6 @@ class EmbeddingCache(DeviceTable):
                 6: self._flags_ptr, 9: ws.ctl_ptr, 10: ws.host_ptr, 11: ws.positions_ptr,
                 12: ws.keys_ptr}
 
-    _many_kernel = "cache_query_many"
-    _many_signature = "ptr ptr ptr u32 ptr u64 f32"
-    _many_tick_slot, _many_default_slot = 5, 6
-
-    def _many_fixed(self) -> dict[int, float]:
-        return {0: self._keys_ptr, 1: self._stamps_ptr, 2: self._vecs_ptr, 3: self.num_sets,
-                4: self._flags_ptr}
-
     def _dump_args(self, start: int, stop: int, count: Any, out: Any) -> tuple[Any, ...]:
         return (self._keys, np.uint32(self.num_sets), np.uint32(start), np.uint32(stop),
                 self._flags, count, out)

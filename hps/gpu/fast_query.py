@@ -225,8 +225,7 @@ def _gate_calls() -> tuple[Any, Any, Any, Any]:
 class FastLaunch:
     """One workspace's fast launch for one output type (see `bind`)."""
 
-    __slots__ = ("block", "address", "limit", "generation", "default", "launch",
-                 "merge_words")
+    __slots__ = ("block", "address", "limit", "generation", "default", "launch")
 
     def __init__(self, block: np.ndarray, limit: int, generation: int, default: float,
                  launch: Any) -> None:
@@ -236,8 +235,6 @@ class FastLaunch:
         self.limit = limit
         self.generation = generation
         self.default = default
-        # what a merged query of this workspace posts (hps/gpu/merged_query.py), or None
-        self.merge_words: np.ndarray | None = None
 
 
 def bind(gate: FastGate, launch: Any, cells: tuple[Any, ...], limit: int, keys_per_block: int,

@@ -26,7 +26,7 @@ from hps.gpu.device_table import DeviceTable
 from hps.gpu.kernels import SET_SIZE
 from hps.gpu.launch_shape import BLOCK, default_group, default_unroll
 from hps.gpu.workspace import QueryWorkspace
-from hps.rows.gpu_layout import OUT_FLOAT32, stored_row_bytes, table_storage
+from hps.rows.gpu_layout import stored_row_bytes, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
 
 DEFAULT_LOAD_FACTOR = 0.8
@@ -93,21 +93,6 @@ class StaticEmbeddingTable(DeviceTable):
     def _fixed_query_params(self, ws: QueryWorkspace) -> dict[int, float]:
         return {2: self._keys_ptr, 3: self._vecs_ptr, 4: self.num_sets, 5: self._flags_ptr,
                 8: ws.ctl_ptr, 9: ws.host_ptr, 10: ws.positions_ptr, 11: ws.keys_ptr}
-
-    _many_kernel = "static_query_many"
-    _many_signature = "ptr ptr u32 ptr f32"
-    _many_default_slot = 4
-
-    def _many_fixed(self) -> dict[int, float]:
-        return {0: self._keys_ptr, 1: self._vecs_ptr, 2: self.num_sets, 3: self._flags_ptr}
-
-    def _many_function(self) -> Any:
-        fn = self._fn.get(("small many", OUT_FLOAT32))
-        if fn is None:  # the small batches' defines: the fast path serves those
-            fn = kernels.function(self._source, self._many_kernel, self.device_id,
-                                  **{**self._defines, "PROBE_WINDOW": _WINDOW, "UNROLL": 1})
-            self._fn[("small many", OUT_FLOAT32)] = fn
-        return fn
 
     _pipelined_kernel: str | None = "static_query_pipelined"
 

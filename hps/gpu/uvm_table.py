@@ -124,7 +124,6 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
     _kind = "uvm table"
     _source = "uvm_table.cu"  # includes static_table.cu: static_build and static_dump too
     _query_kernel = "uvm_query"  # batches below grouped_reads_from
-    _many_kernel = ""  # every query on the locked path (see _fast_queries)
     _query_signature = _QUERY_SIGNATURE
     _fast_queries = False  # its moves wait for its queries by their events
     _update_kernel = "uvm_update"

@@ -112,32 +112,6 @@ _store64 = _write_intrinsic(64, None)
 _atomic_add64 = _write_intrinsic(64, "add")
 _atomic_xchg64 = _write_intrinsic(64, "xchg")
 
-
-def _cas_intrinsic() -> Any:
-    """`cas(address, expected, new)`: the int64 at `address` set to `new` if it holds
-    `expected` (sequentially consistent); returns what it held."""
-    from llvmlite import ir
-    from numba.extending import intrinsic
-
-    @intrinsic
-    def cas(typingctx: Any, address: Any, expected: Any, new: Any) -> Any:
-        if not all(isinstance(a, types.Integer) for a in (address, expected, new)):
-            return None
-
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            pointer = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-            pair = builder.cmpxchg(pointer, _fitted(builder, args[1], 64),
-                                   _fitted(builder, args[2], 64), "seq_cst", "seq_cst")
-            return builder.extract_value(pair, 0)
-
-        return types.int64(address, expected, new), codegen
-
-    return cas
-
-
-#: compare-and-swap of an int64: hps/gpu/merged_query.py's owner and batch slots
-_atomic_cas64 = _cas_intrinsic()
-
 # CPython's PyCapsule: PyObject_HEAD (refcount, type), then pointer, name, context, destructor
 _CAPSULE_POINTER, _CAPSULE_NAME, _CAPSULE_SIZE = 16, 24, 48
 DLTENSOR_NAME = np.frombuffer(b"dltensor\0", np.uint8).copy()
