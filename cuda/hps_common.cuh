@@ -647,3 +647,35 @@ __device__ __forceinline__ void hps_scatter_rows(const u32 block, const u32 bloc
         out[(long long)pos[j] * DIM + e] = HPS_NARROW(rows[src * DIM + e]);
     }
 }
+
+// A sharded table's shards as one query on the caller's device reads them
+// (hps/gpu/sharded_query.py): each shard's index, stamps (0 for a static table), rows and
+// flags by address, on its own device (a peer's read over NVLink, peer access enabled), in
+// a small device array built once; the query's tick of each shard's LRU by value.
+#define HPS_MAX_SHARDS 8
+struct hps_shard {
+    const hps_key* slot_keys;
+    u64* stamps;
+    const hps_row_t* vecs;
+    long long num_sets;
+    const int* flags;
+    long long reserved;
+};
+struct hps_ticks {
+    u64 t[HPS_MAX_SHARDS];
+};
+
+// The shard of a key among `count`, as hps/gpu/sharded.py shard_of computes it.
+__device__ __forceinline__ int hps_shard_of(hps_key key, long long count) {
+    return (int)(((hps_murmur3_fmix64((u64)key) & 0xffffffffULL) * (u64)count) >> 32);
+}
+
+// ticks.t[s] without an indexed read of the parameters (which would copy them to local
+// memory in every thread).
+__device__ __forceinline__ u64 hps_tick_of(const hps_ticks& ticks, int s) {
+    u64 tick = 0;
+#pragma unroll
+    for (int i = 0; i < HPS_MAX_SHARDS; ++i)
+        if (i == s) tick = ticks.t[i];
+    return tick;
+}

@@ -204,6 +204,39 @@ extern "C" __global__ void static_query(
     hps_finish_query(ctl, host_count);
 }
 
+// static_query of a sharded table in one pass on the caller's device (cache_query_sharded
+// in cuda/embedding_cache.cu says how), without stamps. Compiled with UNROLL 1.
+#if UNROLL == 1
+extern "C" __global__ void static_query_sharded(
+    const hps_shard* __restrict__ shards, const long long num_shards, const hps_ticks ticks,
+    const hps_key* __restrict__ keys, const long long n, hps_out_t* __restrict__ out,
+    const int out_vec4, int* __restrict__ ctl, int* host_count, int* __restrict__ miss_pos,
+    hps_key* __restrict__ miss_keys, const float default_value) {
+    const int lane = threadIdx.x & 31;
+    const int gl = lane & (GROUP - 1);
+    const int g = lane / GROUP;
+    const u32 gmask = hps_group_mask(lane);
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+
+    for (long long base = warp * KPW; base < n; base += nwarps * KPW) {
+        const long long p = base + g;
+        const int s = p < n ? hps_shard_of(keys[p], num_shards) : 0;
+        const hps_shard sh = shards[s];
+        long long pos[1];
+        hps_key key[1];
+        long long slot[1];
+        static_find_slots(keys, n, base, g, gl, gmask, sh.slot_keys, (u32)sh.num_sets,
+                          sh.flags[0] != 0, pos, key, slot);
+        hps_lane_row r[1];
+        if (slot[0] >= 0) hps_load_row(sh.vecs + slot[0] * ROW_STRIDE, gl, r[0]);
+        static_answer_round(n, pos, key, slot, r, gl, lane, out, out_vec4 != 0, ctl, miss_pos,
+                            miss_keys, default_value);
+    }
+    hps_finish_query(ctl, host_count);
+}
+#endif
+
 // static_query software-pipelined (hps_pipelined_rounds), for large batches into 16-bit
 // outputs: every warp loops over the batch (a grid of one wave, sized by occupancy in
 // hps/gpu/device_table.py) and issues the row reads of one round before it probes the

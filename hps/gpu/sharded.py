@@ -41,6 +41,7 @@ from hps.gpu import kernels
 from hps.gpu.device_arrays import lookup_refs
 from hps.gpu.dynamic_cache import murmur3_fmix64
 from hps.gpu.host_memory import pinned_empty
+from hps.gpu.sharded_query import OnePassQuery, peers_reachable
 from hps.gpu.staging import device_view, external_stream
 from hps.intake.keys import is_wide
 from hps.rows.gpu_layout import OUT_FLOAT32, OUTPUT_CUPY_DTYPE
@@ -214,6 +215,9 @@ class ShardedTable:
                     "sync_fetches", "async_inserts", "dropped_inserts", "refreshed",
                     "background_errors"):
             total[key] = sum(int(p.get(key) or 0) for p in parts)
+        for view in self._views.values():  # what the one pass served without the shards
+            for key, value in view.one_pass_counts().items():
+                total[key] += value
         looked = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / looked if looked else None
         total["per_shard"] = parts
@@ -241,6 +245,16 @@ class ShardedView:
         self._rt = self._cp.cuda.runtime
         self._kernel: Any = None
         self._lock = threading.Lock()
+        # the one-pass query over every shard (hps/gpu/sharded_query.py), where it applies
+        self._one_pass: OnePassQuery | None = None
+        if OnePassQuery.applies(table.shards) and peers_reachable(
+                self._cp, device, {s.device_id for s in table.shards}):
+            self._one_pass = OnePassQuery(self._cp, device, table.shards)
+        #: whether lookups take the one pass where it applies (True) or the copy path
+        #: (False: for comparing the two, `hps bench gpu --profile sharded`)
+        self.use_one_pass = True
+        self._counts: list[dict[str, int]] = []  # the one pass's counters, one per thread
+        self._tls = threading.local()
 
     # -- lookups --------------------------------------------------------------------------
 
@@ -293,6 +307,45 @@ class ShardedView:
                        ) -> None:
         """Keys (a CuPy int64 [n] array on this device) → rows at out_ptr, on `stream`
         (current, with this device)."""
+        one_pass = self._one_pass
+        if one_pass is None or out_type != OUT_FLOAT32 or not self.use_one_pass:
+            self._lookup_copied(keys, n, out_ptr, stream, out_type)
+            return
+        shards = self.owner.shards
+        misses, ws = one_pass.query(int(keys.data.ptr), n, out_ptr, stream,
+                                    shards[0].default_value)
+        counts = self._thread_counts()
+        counts["lookups"] += 1
+        counts["keys"] += n - misses
+        counts["hits"] += n - misses
+        if misses:  # the missed keys alone through the copy path: each to its own shard
+            cp = self._cp
+            missed = cp.asarray(ws.host_keys[:misses])
+            rows = cp.empty((misses, self.dim), np.float32)
+            self._lookup_copied(missed, misses, int(rows.data.ptr), stream, out_type)
+            out = device_view(cp, out_ptr, (n, self.dim), np.float32, None)
+            out[ws.positions[:misses]] = rows
+            ws.release(stream)
+
+    def _thread_counts(self) -> dict[str, int]:
+        counts: dict[str, int] | None = getattr(self._tls, "counts", None)
+        if counts is None:
+            counts = self._tls.counts = {"lookups": 0, "keys": 0, "hits": 0}
+            with self._lock:
+                self._counts.append(counts)
+        return counts
+
+    def one_pass_counts(self) -> dict[str, int]:
+        """The lookups the one pass served and their hits (its misses are counted by the
+        shards that served them)."""
+        with self._lock:
+            parts = list(self._counts)
+        return {k: sum(c[k] for c in parts) for k in ("lookups", "keys", "hits")}
+
+    def _lookup_copied(self, keys: Any, n: int, out_ptr: int, stream: int, out_type: int
+                       ) -> None:
+        """_lookup_device by the copy path: a partition by shard, a lookup per shard (a
+        peer's by copies both ways), a scatter back."""
         cp = self._cp
         table = self.owner
         num = table.num_shards
