@@ -215,9 +215,13 @@ class ShardedTable:
                     "sync_fetches", "async_inserts", "dropped_inserts", "refreshed",
                     "background_errors"):
             total[key] = sum(int(p.get(key) or 0) for p in parts)
-        for view in self._views.values():  # what the one pass served without the shards
+        # what the one pass served without the shards (their misses the shards count)
+        one_pass = {"lookups": 0, "keys": 0, "hits": 0}
+        for view in self._views.values():
             for key, value in view.one_pass_counts().items():
+                one_pass[key] += value
                 total[key] += value
+        total["one_pass"] = one_pass
         looked = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / looked if looked else None
         total["per_shard"] = parts
@@ -253,6 +257,7 @@ class ShardedView:
         #: whether lookups take the one pass where it applies (True) or the copy path
         #: (False: for comparing the two, `hps bench gpu --profile sharded`)
         self.use_one_pass = True
+        self._default = table.shards[0].default_value
         self._counts: list[dict[str, int]] = []  # the one pass's counters, one per thread
         self._tls = threading.local()
 
@@ -299,33 +304,48 @@ class ShardedView:
                           out_type: int = OUT_FLOAT32) -> None:
         """GpuEmbeddingTable.lookup_contiguous's contract, for the whole sharded table."""
         cp = self._cp
+        if self._one_pass is not None and out_type == OUT_FLOAT32 and self.use_one_pass:
+            rt, dev = self._rt, self.device_id  # no CuPy arrays, no context managers
+            previous = rt.getDevice()
+            if previous != dev:
+                rt.setDevice(dev)
+            try:
+                self._one_pass_lookup(keys_ptr, n, out_ptr, stream)
+            finally:
+                if previous != dev:
+                    rt.setDevice(previous)
+            return
         with cp.cuda.Device(self.device_id), external_stream(cp, stream):
             keys = device_view(cp, keys_ptr, (n,), np.int64, None)
-            self._lookup_device(keys, n, out_ptr, stream, out_type)
+            self._lookup_copied(keys, n, out_ptr, stream, out_type)
 
     def _lookup_device(self, keys: Any, n: int, out_ptr: int, stream: int, out_type: int
                        ) -> None:
         """Keys (a CuPy int64 [n] array on this device) → rows at out_ptr, on `stream`
         (current, with this device)."""
-        one_pass = self._one_pass
-        if one_pass is None or out_type != OUT_FLOAT32 or not self.use_one_pass:
+        if self._one_pass is None or out_type != OUT_FLOAT32 or not self.use_one_pass:
             self._lookup_copied(keys, n, out_ptr, stream, out_type)
             return
-        shards = self.owner.shards
-        misses, ws = one_pass.query(int(keys.data.ptr), n, out_ptr, stream,
-                                    shards[0].default_value)
+        self._one_pass_lookup(int(keys.data.ptr), n, out_ptr, stream)
+
+    def _one_pass_lookup(self, keys_ptr: int, n: int, out_ptr: int, stream: int) -> None:
+        """The one pass (hps/gpu/sharded_query.py) into a float32 output, this device
+        current; its misses alone through the copy path, each to its own shard."""
+        misses, ws = self._one_pass.query(  # type: ignore[union-attr]
+            keys_ptr, n, out_ptr, stream, self._default)
         counts = self._thread_counts()
         counts["lookups"] += 1
         counts["keys"] += n - misses
         counts["hits"] += n - misses
-        if misses:  # the missed keys alone through the copy path: each to its own shard
+        if misses:
             cp = self._cp
-            missed = cp.asarray(ws.host_keys[:misses])
-            rows = cp.empty((misses, self.dim), np.float32)
-            self._lookup_copied(missed, misses, int(rows.data.ptr), stream, out_type)
-            out = device_view(cp, out_ptr, (n, self.dim), np.float32, None)
-            out[ws.positions[:misses]] = rows
-            ws.release(stream)
+            with cp.cuda.Device(self.device_id), external_stream(cp, stream):
+                missed = cp.asarray(ws.host_keys[:misses])
+                rows = cp.empty((misses, self.dim), np.float32)
+                self._lookup_copied(missed, misses, int(rows.data.ptr), stream, OUT_FLOAT32)
+                out = device_view(cp, out_ptr, (n, self.dim), np.float32, None)
+                out[ws.positions[:misses]] = rows
+                ws.release(stream)
 
     def _thread_counts(self) -> dict[str, int]:
         counts: dict[str, int] | None = getattr(self._tls, "counts", None)

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hps.gpu import kernels
+from hps.gpu.fast_query import HELD_KEYS
 from hps.gpu.kernels import RANK_BITS
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.workspace import QueryWorkspace
-from hps.runtime.raw_memory import wait_while
+from hps.runtime.raw_memory import wait_while, wait_while_held
 
 if TYPE_CHECKING:
     from hps.gpu.table import GpuEmbeddingTable
@@ -141,7 +142,10 @@ class OnePassQuery:
             for t in held:
                 t._lock.release()
         try:
-            count = int(wait_while(ws.host_ptr, _NO_COUNT, _SPINS))
+            # small batches keep the GIL through their short wait, as a table's own
+            # queries do (hps/gpu/device_table.py _HELD_SPIN_KEYS says why)
+            spin = wait_while_held if n <= HELD_KEYS else wait_while
+            count = int(spin(ws.host_ptr, _NO_COUNT, _SPINS))
             if count == _NO_COUNT:
                 self._rt.eventSynchronize(event)
                 count = int(ws.host_count[0])
