@@ -170,6 +170,25 @@ class OpLog:
         self.ack(index, 0)
         replace_file(self.folder / "workers" / str(index), str(os.getpid()))
 
+    def mark_serving(self, index: int) -> None:
+        """Worker `index` (this process) replayed the log and takes requests."""
+        (self.folder / "serving").mkdir(exist_ok=True)
+        replace_file(self.folder / "serving" / str(index), str(os.getpid()))
+
+    def served(self, index: int, pid: int) -> bool:
+        """Whether worker `index`'s process `pid` got as far as taking requests."""
+        try:
+            return int((self.folder / "serving" / str(index)).read_text()) == pid
+        except (FileNotFoundError, ValueError):
+            return False
+
+    def unfinished(self) -> int | None:
+        """The first op the leader has not completed (no outcome), if any."""
+        for op in self.ops():  # a loop over ops, not keys
+            if self.outcome(op.seq) is None:
+                return op.seq
+        return None
+
     def ack(self, index: int, seq: int) -> None:
         replace_file(self.folder / "acks" / str(index), str(seq))
 
@@ -299,12 +318,8 @@ class ReplicatedServer(HierarchicalParameterServer):
 
     def oplog_leader_done(self, ops: Sequence[Op]) -> int:
         """The ops a leader started again had completed: those with an outcome."""
-        done = 0
-        for op in ops:  # a loop over ops, not keys
-            if self.oplog.outcome(op.seq) is None:
-                break
-            done = op.seq
-        return done
+        first = self.oplog.unfinished()
+        return len(ops) if first is None else min(first - 1, len(ops))
 
     def _follow(self) -> None:
         while not self._stop.is_set():
@@ -323,6 +338,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         if self.leader:
             stored = None
             try:
+                self._remove_unfinished(op)
                 self._apply(op)
                 stored = self._stored_names(op)
             except Exception as exc:
@@ -368,6 +384,19 @@ class ReplicatedServer(HierarchicalParameterServer):
         self._since.setdefault(op.model, op.seq)
         if self._follower is not None:  # its caches were warmed from the files
             self._follower.reset(op.model)
+
+    def _remove_unfinished(self, op: Op) -> None:
+        """The leader, before it applies op `op` (which has no outcome): the shared tables
+        a leader that died applying it left are removed, to be made again. Mapped as they
+        are, they would serve the rows it wrote before it died, and a write it was in
+        the middle of would leave their sequence counter odd for good: every lookup of
+        the version, in every worker, would wait for a writer that is gone."""
+        volatile = self.tiers.volatile
+        if op.block is None or volatile is None or not hasattr(volatile, "remove_unfinished"):
+            return
+        model = ModelConfig.model_validate(op.block)
+        for name in model.embedding_table_names:  # a loop over tables
+            volatile.remove_unfinished(table_name(model.model, name), op.seq)
 
     def _place(self, op: Op) -> None:
         """Say where the version op `op` loads is stored in the tiers every worker reads.
@@ -426,6 +455,14 @@ class ReplicatedServer(HierarchicalParameterServer):
                 log.warning("op %d: not every worker applied it within %.0fs", seq, ACK_WAIT)
                 return
             time.sleep(POLL)
+
+    def initial_loads_done(self) -> None:
+        """The app's first loads (one per configured model: they wait for the
+        supervisor's first ops) are over: every later load of a model is a reload, an op
+        of its own. Without this, a worker whose models were served before its app
+        started (a worker started again) answered its first reload of each model with
+        the first op, already applied: 200, and nothing changed."""
+        self._initial.clear()
 
     def load_model(self, model: ModelConfig, progress: LoadProgress | None = None
                    ) -> LoadedModel:
