@@ -19,10 +19,11 @@ dying before it serves; it maps the tables and replays the op log before it acce
 A worker that served is started again after RESTART_DELAY however soon it died: every op
 waits for the leader, so a leader killed in the middle of one is back at once and
 applies it again. A leader that dies LEADER_ATTEMPTS times applying one op (an op that
-kills it) has that op failed for it: every worker keeps what it serves, the log goes on. SIGTERM or SIGINT is passed to every worker, each
-drains as `hps serve` does (connections.py) and exits 0; the supervisor then removes the
-run folder and returns. A worker that cannot start at all (its error is in the run
-folder) stops the server with that error.
+kills it) has that op failed for it: every worker keeps what it serves, the log goes on.
+SIGTERM or SIGINT is passed to every worker, each drains as `hps serve` does
+(connections.py) and exits 0; the supervisor then removes the run folder and returns. A
+worker that cannot start at all (its error is in the run folder) stops the server with
+that error.
 
 Redis as the volatile tier is read by every worker through a pool of its own (the
 leader writes it); RocksDB has one writer, the leader, and the other workers read it

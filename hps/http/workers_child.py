@@ -83,7 +83,8 @@ def main() -> int:
                 max_body_bytes=options["max_body_bytes"],
                 lookup_threads=options["lookup_threads"], access_log=options["access_log"],
                 log_level=options["log_level"], allow_roots=options["allow_roots"],
-                on_ready=server.initial_loads_done, grpc_port=grpc_port, listening=listening, prepare=prepare)
+                on_ready=server.initial_loads_done, grpc_port=grpc_port, listening=listening,
+                prepare=prepare)
     finally:
         for d in dump:
             d.close()
