@@ -23,7 +23,11 @@ worker serves the new version; each swaps it in atomically, as one process does.
 
 A worker started again (after it died) replays the log compacted: the last successful
 load or add of each model still served, mapping the tables the leader holds, before it
-takes requests (hps/http/workers_child.py), then follows the log as before. In Redis and
+takes requests (hps/http/workers_child.py), then follows the log as before. A leader
+started again replays the ops that have an outcome, then applies the first one without
+(the op its predecessor died in) again, after removing the shared tables that op had
+begun (`_remove_unfinished`); the supervisor fails an op the leader died in twice
+(hps/http/workers.py), so the log always goes on. In Redis and
 RocksDB it reads each version where the outcome says the leader stored it (`_place`),
 whatever its own registry names it; the leader drops the tables a change replaced there
 only once every live worker applied the change (hps/http/workers_drops.py). A follower's

@@ -39,7 +39,7 @@ MAX_WAIT = 5.0
 #: seconds from a kill until serving is whole again
 RESTORED = 10.0
 #: kill points over a reload, an add and a remove
-RELOAD_POINTS, ADD_POINTS, REMOVE_POINTS = 20, 5, 5
+RELOAD_POINTS, ADD_POINTS, REMOVE_POINTS = 20, 3, 3
 #: rows of the two tables: enough that a load takes a while to kill it in
 SIZES = (100_000, 20_000)
 #: fresh connections in a row that must find serving whole (each lands on either worker)
