@@ -215,6 +215,19 @@ class OpLog:
         """The last op every live worker applied."""
         return min((self.acked(i) for i in self.live_workers()), default=0)
 
+    def lowest_serving_ack(self) -> int:
+        """The last op every live worker that takes requests applied: a worker started
+        again counts from when it replayed the log (until then it answers nobody)."""
+        serving = [i for i in self.live_workers()
+                   if self.served(i, self._pid(i))]
+        return min((self.acked(i) for i in serving), default=0)
+
+    def _pid(self, index: int) -> int:
+        try:
+            return int((self.folder / "workers" / str(index)).read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
 
 def initial_ops(log_: OpLog, config: PSConfig) -> None:
     """The supervisor's first ops: one load per configured model."""
@@ -538,11 +551,13 @@ class ReplicatedServer(HierarchicalParameterServer):
 
     @property
     def models(self) -> dict[str, LoadedModel]:
-        """The models every live worker serves (a snapshot)."""
+        """The models every live worker that takes requests serves (a snapshot). A
+        worker started again joins once it replayed the log: while it starts, the others
+        serve what they served, and /readyz says so."""
         mine = super().models
         if not mine:
             return mine
-        floor = self.oplog.lowest_ack()
+        floor = self.oplog.lowest_serving_ack()
         return {name: m for name, m in mine.items() if self._since.get(name, 0) <= floor}
 
     def close(self) -> None:

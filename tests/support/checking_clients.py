@@ -11,6 +11,7 @@ worker killed under it) is recorded as a reset and a new one is opened.
 from __future__ import annotations
 
 import http.client
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class Answer:
     waited: float
     status: int | None  # None: the connection broke (reset) or no answer within HUNG
     right: bool  # 200 with whole rows, or a status `also` allows
+    kind: str = ""  # the error's kind, for a status other than 200
 
 
 @dataclass
@@ -110,5 +112,13 @@ class CheckingClients:
             status = answer.status
             right = case.whole(pick, payload) if status == 200 else status in case.also
             self.answers.append(Answer(case.model, sent, time.monotonic() - sent, status,
-                                       right))
+                                       right, "" if status == 200 else _kind(payload)))
         conn.close()
+
+
+def _kind(payload: bytes) -> str:
+    """The `kind` of an error answer's JSON body ("?" when it has none)."""
+    try:
+        return str(json.loads(payload)["error"]["kind"])
+    except (ValueError, KeyError, TypeError):
+        return "?"
