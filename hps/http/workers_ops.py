@@ -113,7 +113,7 @@ class OpLog:
                roots: tuple[str, ...] | None = None) -> int:
         """Add an op; returns its number."""
         with file_lock(self.folder / "log.lock"):
-            seq = sum(1 for _ in open(self.path, "rb")) + 1
+            seq = self.path.read_bytes().count(b"\n") + 1  # the file closed at once
             line = json.dumps({"seq": seq, "kind": kind, "model": model, "block": block,
                                "roots": None if roots is None else list(roots)})
             with open(self.path, "a") as f:
@@ -313,6 +313,8 @@ class ReplicatedServer(HierarchicalParameterServer):
         for op in ops[:done]:
             outcome = self.oplog.outcome(op.seq)
             ok = outcome is not None and outcome[1] is None
+            if not ok and self.leader:  # one the supervisor failed may have left tables
+                self._remove_unfinished(op)
             if ok and op.kind == "unload":
                 latest.pop(op.model, None)
             elif ok:

@@ -19,6 +19,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,10 @@ from typing import Any
 import httpx
 import numpy as np
 
+from hps.errors import TierUnavailableError
+from hps.http.errors import status_of
+from hps.http.workers import _Supervisor
+from hps.http.workers_ops import OpLog
 from hps.runtime.run_dir import pid_alive
 from tests.http.conftest import TABLE_NAMES, ModelFiles, write_model
 from tests.http.test_workers import Served, serve, stop, write_run
@@ -327,3 +332,21 @@ def test_leader_killed_in_reloads_adds_and_removes_never_hangs_a_lookup(
     assert not late, late
     assert sum(1 for x in answers if x.status == 200) > 100 * len(run.points), report
     assert code == 0
+
+
+def test_an_op_the_leader_dies_in_twice_is_failed_for_every_worker(tmp_path: Path) -> None:
+    """The supervisor's guard against an op that kills the leader: one death, and the
+    leader started again applies the op again; a second, and the op gets a failed
+    outcome (a 503 for its request), so the followers and the ops after it go on."""
+    oplog = OpLog(tmp_path)
+    seq = oplog.append("load", "m", {"model": "m"})
+    with socket.socket() as sock:
+        supervisor = _Supervisor(tmp_path, 2, sock, None)
+        supervisor._leader_died()
+        assert oplog.outcome(seq) is None and oplog.unfinished() == seq
+        supervisor._leader_died()
+    done, error = oplog.outcome(seq)  # type: ignore[misc]
+    assert done and isinstance(error, TierUnavailableError)
+    assert "died 2 times" in str(error) and status_of(error) == 503
+    assert oplog.unfinished() is None
+    supervisor._leader_died()  # nothing left unfinished: nothing to fail
