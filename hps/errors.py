@@ -23,6 +23,7 @@ on `TierUnavailableError`, and metrics are labelled by `kind`.
     │   └── SourceUnreachableError  the host cannot be reached
     ├── TierError                   a database tier failed
     │   ├── TierUnavailableError    network/timeout: fall through to the next tier, retry later
+    │   │   └── TableUnreadableError  a shared table's write never ended (its writer died)
     │   └── TierSetupError          wrong address, password, TLS files: fails at start
     ├── DeviceError                 no CUDA device, too little device memory, wrong device
     ├── BindError                   the HTTP server cannot bind its address (port in use)
@@ -151,6 +152,14 @@ class TierUnavailableError(TierError, ConnectionError):
     """A network tier did not answer in time; callers fall through and retry later."""
 
     kind = "tier_unavailable"
+
+
+class TableUnreadableError(TierUnavailableError):
+    """A table in shared memory is in the middle of a write that does not end (the
+    process writing it died, or stalled): its rows cannot be read whole. The next tier
+    answers; without one the lookup fails (HTTP 503) rather than wait for it."""
+
+    kind = "table_unreadable"
 
 
 class TierSetupError(TierError):

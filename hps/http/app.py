@@ -114,6 +114,7 @@ def create_app(
         try:
             yield
         finally:
+            state.lookups.close()
             state.executor.shutdown(wait=True, cancel_futures=True)
 
     app = ServiceApp(title="hps", summary="Hierarchical parameter server for recommender "

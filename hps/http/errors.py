@@ -11,7 +11,8 @@ one of the HTTP layer's own below; metrics count errors by it.
     ├── BadJSON                   400 bad_json      (not JSON, or not {"keys": [...]})
     ├── Unauthorized              401 unauthorized  (token set, none or a wrong one sent)
     ├── Forbidden                 403 forbidden     (admin route, no token, not on loopback)
-    └── ModelNotReady             503 model_loading / model_failed
+    ├── ModelNotReady             503 model_loading / model_failed
+    └── LookupStalled             503 lookup_stalled (no answer within the lookup limit)
 
 Input errors are 4xx and change nothing; a 5xx means the server could not do what a
 valid request asked (a model still loading, a reload whose source failed, a bug). A full
@@ -97,6 +98,14 @@ class Overloaded(ApiError):
 
     status = 503
     kind = "overloaded"
+
+
+class LookupStalled(ApiError):
+    """A lookup did not return within the server's limit (its thread is held by
+    something that does not end): refused rather than waited for."""
+
+    status = 503
+    kind = "lookup_stalled"
 
 
 class DeadlineExceeded(ApiError):

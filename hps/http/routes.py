@@ -124,8 +124,10 @@ def build_router(state: ServiceState) -> APIRouter:
                            413: ERROR_RESPONSES[413]})
     async def readyz() -> Response:
         loaded = sorted(server.models)
-        ready = state.ready()
-        status = "ready" if ready else ("failed" if state.failed else "loading")
+        held = state.lookups.held  # lookups given up on whose threads have not returned
+        ready = state.ready() and not held
+        status = "ready" if ready else ("failed" if state.failed else
+                                        "stalled" if held else "loading")
         body: dict[str, Any] = {"status": status, "loaded": loaded,
                                 "loading": state.pending(), "failed": sorted(state.failed),
                                 "degraded": server.degraded()}
@@ -133,8 +135,8 @@ def build_router(state: ServiceState) -> APIRouter:
         if updates is not None:
             body["updates"] = updates
         if not ready:
-            body["error"] = {"kind": "not_ready", "message": _not_ready(state.pending(),
-                                                                         sorted(state.failed))}
+            body["error"] = {"kind": "not_ready", "message": _not_ready(
+                state.pending(), sorted(state.failed), held)}
         return Response(json.dumps(body).encode(), status_code=200 if ready else 503,
                         media_type=JSON)
 
@@ -253,13 +255,16 @@ def _table_spec(index: int, entry: str | dict[str, Any]) -> TableSpec:
         raise ConfigError(f"sparse_files[{index}]: {exc}") from None
 
 
-def _not_ready(pending: list[str], failed: list[str]) -> str:
+def _not_ready(pending: list[str], failed: list[str], held: int) -> str:
     """Why /readyz answers 503, naming only the lists that have models in them."""
     parts = []
     if pending:
         parts.append(f"still loading: {', '.join(pending)}")
     if failed:
         parts.append(f"failed to load: {', '.join(failed)} (why: GET /v1/models)")
+    if held:
+        return (f"{held} lookup(s) did not return within the lookup limit and still hold "
+                "their threads" + (": " + "; ".join(parts) if parts else ""))
     return "models not served yet: " + ("; ".join(parts) or "starting")
 
 

@@ -130,7 +130,8 @@ class UpdateSourceState(BaseModel):
 class Readiness(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    status: str = Field(description="'ready' or 'loading' or 'failed'.")
+    status: str = Field(description="'ready', 'loading', 'failed', or 'stalled' (a lookup "
+                        "did not return within the lookup limit and still holds its thread).")
     loaded: list[str]
     loading: list[str]
     failed: list[str] = Field(description="Models whose load failed (the errors are in "

@@ -8,7 +8,6 @@ this module only records which models are pending, loaded or failed.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import ipaddress
 import logging
@@ -31,6 +30,7 @@ from hps.http.errors import (
     DeadlineExceeded,
     ErrorBody,
     Forbidden,
+    LookupStalled,
     ModelNotReady,
     Overloaded,
     Unauthorized,
@@ -40,6 +40,7 @@ from hps.http.errors import (
 )
 from hps.http.guards import allowed_hosts, allowed_origins, check_admin_request
 from hps.http.load_gate import detailed_body
+from hps.http.lookup_watch import LOOKUP_WAIT_S, GivenUp, LookupWatch
 from hps.http.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -135,6 +136,8 @@ class ServiceState:
     loader: threading.Thread | None = None
     executor: ThreadPoolExecutor = field(init=False)
     admission: Admission = field(init=False)
+    #: the lookups on the lookup threads, none waited for past its limit
+    lookups: LookupWatch = field(default_factory=LookupWatch)
     #: Host names admin routes accept (see guards.py)
     admin_hosts: frozenset[str] = field(init=False)
     #: origins of `http.allowed_hosts` admin routes accept besides the server's own
@@ -200,21 +203,29 @@ class ServiceState:
         the event loop (no thread handoff: for in-memory tiers, whose lookups are short
         compiled code, this is the fastest; a network or disk tier would stall the loop).
         Counted in the admission queue while it waits and runs; not started, and not
-        answered, once `deadline` has passed (504 rather than served late)."""
+        answered, once `deadline` has passed (504 rather than served late). On the pool,
+        never waited for past LOOKUP_WAIT_S: LookupStalled (503) then (lookup_watch.py)."""
         self.check_deadline(deadline)
         if self.lookup_threads == 0:
             return fn(*args)
         admission = self.admission
         admission.enter()
+        result: T | None = None
         try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, admission.run, deadline, fn, *args)
+            result = await self.lookups.run(self.executor, deadline, admission.run,
+                                            deadline, fn, *args)
         except Expired:
-            result = None  # the deadline has passed: check_deadline raises
+            pass  # the deadline has passed: check_deadline raises
+        except GivenUp:
+            self.check_deadline(deadline)
+            raise LookupStalled(
+                f"the lookup did not return within {LOOKUP_WAIT_S:.0f}s: a lookup thread is "
+                "held by something that does not end; retry after Retry-After seconds",
+                headers={"Retry-After": "1"}) from None
         finally:
             admission.leave()
         self.check_deadline(deadline)
-        return result
+        return result  # type: ignore[return-value]  # None only past the deadline (raised)
 
     # -- auth ---------------------------------------------------------------------------
 

@@ -15,11 +15,15 @@ the supervisor's PID: removed when the supervisor stops, and by the next start o
 host when the whole server was killed (SIGKILL).
 
 A worker that dies is started again (RESTART_DELAY seconds later, longer while it keeps
-dying soon after its start; it maps the tables and replays the op log before it
-accepts). SIGTERM or SIGINT is passed to every worker, each
-drains as `hps serve` does (connections.py) and exits 0; the supervisor then removes the
-run folder and returns. A worker that cannot start at all (its error is in the run
-folder) stops the server with that error.
+dying before it serves; it maps the tables and replays the op log before it accepts).
+A worker that served is started again after RESTART_DELAY however soon it died: every op
+waits for the leader, so a leader killed in the middle of one is back at once and
+applies it again. A leader that dies LEADER_ATTEMPTS times applying one op (an op that
+kills it) has that op failed for it: every worker keeps what it serves, the log goes on.
+SIGTERM or SIGINT is passed to every worker, each drains as `hps serve` does
+(connections.py) and exits 0; the supervisor then removes the run folder and returns. A
+worker that cannot start at all (its error is in the run folder) stops the server with
+that error.
 
 Redis as the volatile tier is read by every worker through a pool of its own (the
 leader writes it); RocksDB has one writer, the leader, and the other workers read it
@@ -54,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from hps.config import PSConfig
-from hps.errors import HPSError
+from hps.errors import HPSError, TierUnavailableError
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted
 from hps.http.workers_ops import (
     FD_ENV,
@@ -68,11 +72,12 @@ from hps.runtime.run_dir import RUN_DIR_ENV, create_run_dir, remove_run_dir
 
 log = logging.getLogger("hps.http.workers")
 
-#: seconds before a worker that died is started again; doubled for each death within
-#: STABLE seconds of its start (a worker that keeps crashing), up to RESTART_DELAY_MAX
+#: seconds before a worker that died is started again; doubled for each death in a row
+#: before it served (a worker that keeps crashing as it starts), up to RESTART_DELAY_MAX
 RESTART_DELAY = 0.5
 RESTART_DELAY_MAX = 10.0
-STABLE = 30.0
+#: deaths of the leader while it applies one op after which that op is failed
+LEADER_ATTEMPTS = 2
 #: seconds the workers get to drain and exit after SIGTERM before they are killed
 STOP_WAIT = 30.0
 
@@ -173,8 +178,8 @@ class _Supervisor:
         self.oplog = OpLog(folder)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.started: dict[int, int] = {}  # starts of each worker so far
-        self.started_at: dict[int, float] = {}
-        self.quick_deaths: dict[int, int] = {}  # deaths in a row soon after a start
+        self.quick_deaths: dict[int, int] = {}  # deaths in a row before serving
+        self.leader_deaths: dict[int, int] = {}  # op → deaths of the leader applying it
         self._signals: list[int] = []
 
     def start(self, index: int) -> None:
@@ -187,7 +192,6 @@ class _Supervisor:
             [sys.executable, "-m", "hps.http.workers_child"], env=env,
             pass_fds=(self.sock.fileno(),))
         self.started[index] = self.started.get(index, 0) + 1
-        self.started_at[index] = time.monotonic()
 
     def start_all(self) -> None:
         for index in range(self.count):
@@ -207,7 +211,9 @@ class _Supervisor:
                     if code is None or self._signals:
                         continue
                     self._failed_setup(index, code)
-                    quick = time.monotonic() - self.started_at[index] < STABLE
+                    if index == 0:
+                        self._leader_died()
+                    quick = not self.oplog.served(index, proc.pid)
                     self.quick_deaths[index] = self.quick_deaths.get(index, 0) + 1 if quick \
                         else 0
                     delay = min(RESTART_DELAY_MAX,
@@ -224,6 +230,21 @@ class _Supervisor:
             for s, handler in previous.items():
                 signal.signal(s, handler)
         return tuple(self._signals)
+
+    def _leader_died(self) -> None:
+        """Fail the op the leader was applying once it died LEADER_ATTEMPTS times on it:
+        the followers wait for its outcome, and every later op waits behind it."""
+        seq = self.oplog.unfinished()
+        if seq is None:
+            return
+        deaths = self.leader_deaths[seq] = self.leader_deaths.get(seq, 0) + 1
+        if deaths < LEADER_ATTEMPTS:
+            return
+        log.error("op %d: the leader died %d times applying it; failed, every worker keeps "
+                  "the models it serves", seq, deaths)
+        self.oplog.set_outcome(seq, TierUnavailableError(
+            f"worker 0 (the leader) died {deaths} times while it applied this change: "
+            "it was given up, and every worker serves what it served before"))
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals.append(signum)

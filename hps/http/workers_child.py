@@ -42,6 +42,7 @@ def main() -> int:
         server = ReplicatedServer(str(folder / f"config-{min(index, 1)}.json"),
                                   oplog=oplog, index=index)
         server.replay()
+        oplog.mark_serving(index)  # a death from now on is not a crash at start
     except Exception as exc:
         _write_failure(folder / f"failed-{index}", exc)
         logging.getLogger("hps").error("worker %d could not start: %s", index, exc)
@@ -82,7 +83,8 @@ def main() -> int:
                 max_body_bytes=options["max_body_bytes"],
                 lookup_threads=options["lookup_threads"], access_log=options["access_log"],
                 log_level=options["log_level"], allow_roots=options["allow_roots"],
-                on_ready=None, grpc_port=grpc_port, listening=listening, prepare=prepare)
+                on_ready=server.initial_loads_done, grpc_port=grpc_port, listening=listening,
+                prepare=prepare)
     finally:
         for d in dump:
             d.close()

@@ -23,7 +23,11 @@ worker serves the new version; each swaps it in atomically, as one process does.
 
 A worker started again (after it died) replays the log compacted: the last successful
 load or add of each model still served, mapping the tables the leader holds, before it
-takes requests (hps/http/workers_child.py), then follows the log as before. In Redis and
+takes requests (hps/http/workers_child.py), then follows the log as before. A leader
+started again replays the ops that have an outcome, then applies the first one without
+(the op its predecessor died in) again, after removing the shared tables that op had
+begun (`_remove_unfinished`); the supervisor fails an op the leader died in twice
+(hps/http/workers.py), so the log always goes on. In Redis and
 RocksDB it reads each version where the outcome says the leader stored it (`_place`),
 whatever its own registry names it; the leader drops the tables a change replaced there
 only once every live worker applied the change (hps/http/workers_drops.py). A follower's
@@ -109,7 +113,7 @@ class OpLog:
                roots: tuple[str, ...] | None = None) -> int:
         """Add an op; returns its number."""
         with file_lock(self.folder / "log.lock"):
-            seq = sum(1 for _ in open(self.path, "rb")) + 1
+            seq = self.path.read_bytes().count(b"\n") + 1  # the file closed at once
             line = json.dumps({"seq": seq, "kind": kind, "model": model, "block": block,
                                "roots": None if roots is None else list(roots)})
             with open(self.path, "a") as f:
@@ -170,6 +174,25 @@ class OpLog:
         self.ack(index, 0)
         replace_file(self.folder / "workers" / str(index), str(os.getpid()))
 
+    def mark_serving(self, index: int) -> None:
+        """Worker `index` (this process) replayed the log and takes requests."""
+        (self.folder / "serving").mkdir(exist_ok=True)
+        replace_file(self.folder / "serving" / str(index), str(os.getpid()))
+
+    def served(self, index: int, pid: int) -> bool:
+        """Whether worker `index`'s process `pid` got as far as taking requests."""
+        try:
+            return int((self.folder / "serving" / str(index)).read_text()) == pid
+        except (FileNotFoundError, ValueError):
+            return False
+
+    def unfinished(self) -> int | None:
+        """The first op the leader has not completed (no outcome), if any."""
+        for op in self.ops():  # a loop over ops, not keys
+            if self.outcome(op.seq) is None:
+                return op.seq
+        return None
+
     def ack(self, index: int, seq: int) -> None:
         replace_file(self.folder / "acks" / str(index), str(seq))
 
@@ -191,6 +214,19 @@ class OpLog:
     def lowest_ack(self) -> int:
         """The last op every live worker applied."""
         return min((self.acked(i) for i in self.live_workers()), default=0)
+
+    def lowest_serving_ack(self) -> int:
+        """The last op every live worker that takes requests applied: a worker started
+        again counts from when it replayed the log (until then it answers nobody)."""
+        serving = [i for i in self.live_workers()
+                   if self.served(i, self._pid(i))]
+        return min((self.acked(i) for i in serving), default=0)
+
+    def _pid(self, index: int) -> int:
+        try:
+            return int((self.folder / "workers" / str(index)).read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
 
 
 def initial_ops(log_: OpLog, config: PSConfig) -> None:
@@ -277,6 +313,8 @@ class ReplicatedServer(HierarchicalParameterServer):
         for op in ops[:done]:
             outcome = self.oplog.outcome(op.seq)
             ok = outcome is not None and outcome[1] is None
+            if not ok and self.leader:  # one the supervisor failed may have left tables
+                self._remove_unfinished(op)
             if ok and op.kind == "unload":
                 latest.pop(op.model, None)
             elif ok:
@@ -299,12 +337,8 @@ class ReplicatedServer(HierarchicalParameterServer):
 
     def oplog_leader_done(self, ops: Sequence[Op]) -> int:
         """The ops a leader started again had completed: those with an outcome."""
-        done = 0
-        for op in ops:  # a loop over ops, not keys
-            if self.oplog.outcome(op.seq) is None:
-                break
-            done = op.seq
-        return done
+        first = self.oplog.unfinished()
+        return len(ops) if first is None else min(first - 1, len(ops))
 
     def _follow(self) -> None:
         while not self._stop.is_set():
@@ -323,6 +357,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         if self.leader:
             stored = None
             try:
+                self._remove_unfinished(op)
                 self._apply(op)
                 stored = self._stored_names(op)
             except Exception as exc:
@@ -368,6 +403,19 @@ class ReplicatedServer(HierarchicalParameterServer):
         self._since.setdefault(op.model, op.seq)
         if self._follower is not None:  # its caches were warmed from the files
             self._follower.reset(op.model)
+
+    def _remove_unfinished(self, op: Op) -> None:
+        """The leader, before it applies op `op` (which has no outcome): the shared tables
+        a leader that died applying it left are removed, to be made again. Mapped as they
+        are, they would serve the rows it wrote before it died, and a write it was in
+        the middle of would leave their sequence counter odd for good: every lookup of
+        the version, in every worker, would wait for a writer that is gone."""
+        volatile = self.tiers.volatile
+        if op.block is None or volatile is None or not hasattr(volatile, "remove_unfinished"):
+            return
+        model = ModelConfig.model_validate(op.block)
+        for name in model.embedding_table_names:  # a loop over tables
+            volatile.remove_unfinished(table_name(model.model, name), op.seq)
 
     def _place(self, op: Op) -> None:
         """Say where the version op `op` loads is stored in the tiers every worker reads.
@@ -426,6 +474,14 @@ class ReplicatedServer(HierarchicalParameterServer):
                 log.warning("op %d: not every worker applied it within %.0fs", seq, ACK_WAIT)
                 return
             time.sleep(POLL)
+
+    def initial_loads_done(self) -> None:
+        """The app's first loads (one per configured model: they wait for the
+        supervisor's first ops) are over: every later load of a model is a reload, an op
+        of its own. Without this, a worker whose models were served before its app
+        started (a worker started again) answered its first reload of each model with
+        the first op, already applied: 200, and nothing changed."""
+        self._initial.clear()
 
     def load_model(self, model: ModelConfig, progress: LoadProgress | None = None
                    ) -> LoadedModel:
@@ -497,11 +553,13 @@ class ReplicatedServer(HierarchicalParameterServer):
 
     @property
     def models(self) -> dict[str, LoadedModel]:
-        """The models every live worker serves (a snapshot)."""
+        """The models every live worker that takes requests serves (a snapshot). A
+        worker started again joins once it replayed the log: while it starts, the others
+        serve what they served, and /readyz says so."""
         mine = super().models
         if not mine:
             return mine
-        floor = self.oplog.lowest_ack()
+        floor = self.oplog.lowest_serving_ack()
         return {name: m for name, m in mine.items() if self._since.get(name, 0) <= floor}
 
     def close(self) -> None:

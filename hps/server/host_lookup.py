@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hps.errors import TierError
+from hps.errors import TableUnreadableError, TierError
 from hps.rows.storage_types import narrow
 from hps.server.models import LoadedTable
 from hps.tiers import Tiers
@@ -62,7 +62,9 @@ class HostLookup:
         if volatile is not None and n and table.volatile_ready:
             try:
                 found = volatile.fetch_into(name, keys, out)
-            except TierError:  # down, or its data unreadable: the next tier answers
+            except TierError as exc:  # down, or its data unreadable: the next tier answers
+                if persistent is None and isinstance(exc, TableUnreadableError):
+                    raise  # no tier below holds its rows: defaults would be wrong answers
                 table.stats.add_tier_failure()
         if found is None:
             found = np.zeros(n, dtype=bool)

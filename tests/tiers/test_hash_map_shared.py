@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -14,10 +15,11 @@ import numpy as np
 import pytest
 
 from hps.config import VolatileDBConfig
-from hps.errors import ConfigError, TierError
+from hps.errors import ConfigError, TableUnreadableError, TierError
 from hps.runtime import run_dir
+from hps.tiers.hash_map import shared_table
 from hps.tiers.hash_map.shared import SharedHashMapTier
-from hps.tiers.hash_map.shared_table import SharedTableFullError
+from hps.tiers.hash_map.shared_table import SharedTable, SharedTableFullError
 
 TABLE = "hps_et.m.t"
 SPAWN = multiprocessing.get_context("spawn")
@@ -161,6 +163,90 @@ def test_readers_never_see_a_torn_row_while_the_leader_rewrites_it(tmp_path: Pat
     for bad, saw_a, saw_b in counts:
         assert bad == 0
         assert saw_a + saw_b > 0  # how many of each depends on timing; none is torn
+
+
+def _die_writing(folder: str, ready: multiprocessing.Event) -> None:
+    """A leader that loads part of a table and is in the middle of a write (the counter
+    odd) when it is killed."""
+    tier = _tier(Path(folder), leader=True)
+    tier.create_table(TABLE, DIM)
+    tier.insert(TABLE, np.arange(100, dtype=np.int64), np.ones((100, DIM), np.float32))
+    SharedTable.attach(tier.segment_path(TABLE)).begin_write()
+    ready.set()
+    time.sleep(60)
+
+
+def _killed_mid_write(folder: Path) -> None:
+    ready = SPAWN.Event()
+    child = SPAWN.Process(target=_die_writing, args=(str(folder), ready))
+    child.start()
+    assert ready.wait(60)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(timeout=30)
+
+
+def test_a_write_whose_writer_died_fails_the_read_at_once(tmp_path: Path) -> None:
+    """A reader never waits for a write whose process is gone: TableUnreadableError (the
+    next tier answers, or a 503) within WRITER_CHECK, not a wait without end."""
+    _killed_mid_write(tmp_path)
+    reader = _tier(tmp_path, leader=False)
+    try:
+        reader.create_table(TABLE, DIM)
+        started = time.monotonic()
+        with pytest.raises(TableUnreadableError, match="died in the middle of a write"):
+            reader.fetch(TABLE, np.arange(10, dtype=np.int64))
+        assert time.monotonic() - started < 1.0
+    finally:
+        reader.close()
+
+
+def test_a_write_that_does_not_end_fails_the_read_after_read_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_table, "READ_WAIT", 0.2)
+    leader = _tier(tmp_path, leader=True)
+    reader = _tier(tmp_path, leader=False)
+    try:
+        leader.create_table(TABLE, DIM)
+        leader.insert(TABLE, np.arange(10, dtype=np.int64), np.ones((10, DIM), np.float32))
+        reader.create_table(TABLE, DIM)
+        SharedTable.attach(leader.segment_path(TABLE)).begin_write()  # a writer alive
+        started = time.monotonic()
+        with pytest.raises(TableUnreadableError, match="has not ended"):
+            reader.fetch(TABLE, np.arange(10, dtype=np.int64))
+        assert 0.2 <= time.monotonic() - started < 2.0
+    finally:
+        reader.close()
+        leader.close()
+
+
+def test_a_leader_started_again_makes_the_table_of_an_unfinished_op_anew(
+        tmp_path: Path) -> None:
+    """The file a killed leader was loading (part of the rows, the counter odd) is
+    removed and made again by its successor, not mapped as a whole table."""
+    _killed_mid_write(tmp_path)
+    leader = _tier(tmp_path, leader=True)
+    left = leader.segment_path(TABLE)
+    assert left.exists()
+    try:
+        leader.remove_unfinished(TABLE, 1)
+        assert not left.exists()
+        leader.create_table(TABLE, DIM)
+        assert not leader.loaded_elsewhere(TABLE)
+        out, found = leader.fetch(TABLE, np.arange(10, dtype=np.int64))
+        assert not found.any()  # a new, empty table: the load writes it whole
+        leader.insert(TABLE, np.arange(10, dtype=np.int64), np.full((10, DIM), 2, np.float32))
+        out, found = leader.fetch(TABLE, np.arange(10, dtype=np.int64))
+        assert found.all() and (out == 2).all()
+        leader.remove_unfinished(TABLE, 1)  # made by this leader: not a leftover
+        assert left.exists()
+    finally:
+        leader.close()
+    follower = _tier(tmp_path, leader=False)
+    try:
+        with pytest.raises(TierError, match="only the run's leader"):
+            follower.remove_unfinished(TABLE, 1)
+    finally:
+        follower.close()
 
 
 def test_a_full_table_refuses_the_whole_insert_and_counts_it(tmp_path: Path) -> None:

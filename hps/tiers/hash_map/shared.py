@@ -14,8 +14,11 @@ suffix of a version loaded beside the served one) and its `generation`, which th
 processes of a run set alike before each load (the op that made that version), so every
 process finds the same file whatever storage name its registry gave the version. Outside
 a run (`generation` None) every table gets a file of its own. A table already in the run
-folder when the leader creates it (a restarted leader) is mapped, not made again:
-`loaded_elsewhere` tells the loader to skip its rows.
+folder when the leader creates it (a restarted leader replaying the ops its predecessor
+completed) is mapped, not made again: `loaded_elsewhere` tells the loader to skip its
+rows. The file of an op its predecessor did not complete is another matter: it may hold
+part of the rows, and a sequence counter left odd by a write that never ended; the
+leader removes it (`remove_unfinished`) before it applies that op again.
 
 Reads never see a torn row: each table's writes go under its sequence counter and a
 reader in another process fetches again when a write overlapped its fetch (the
@@ -99,9 +102,13 @@ class SharedHashMapTier(HashMapTier):
     def segment_path(self, table: str) -> Path:
         """The file of the version of `table` this process would make or map now."""
         if self.generation is None:
-            key = f"{table}#{os.getpid()}.{next(self._local)}"
-        else:
-            key = f"{table.split('~', 1)[0]}#g{self.generation}"
+            return self._path(f"{table}#{os.getpid()}.{next(self._local)}")
+        return self._generation_path(table, self.generation)
+
+    def _generation_path(self, table: str, generation: int) -> Path:
+        return self._path(f"{table.split('~', 1)[0]}#g{generation}")
+
+    def _path(self, key: str) -> Path:
         digest = hashlib.sha1(key.encode()).hexdigest()[:16]
         return self.segments / f"{_UNSAFE.sub('_', key.split('#')[0])[:80]}.{digest}"
 
@@ -132,6 +139,19 @@ class SharedHashMapTier(HashMapTier):
         if self.leader:
             self._made_here[table] = path
         return t
+
+    def remove_unfinished(self, table: str, generation: int) -> None:
+        """Remove the file of `table` at `generation` that a leader which died before it
+        completed that generation's op left behind (the leader, before it applies the op
+        again). No other process maps it: they map a generation's files only once its
+        op has an outcome, which a dead leader never wrote."""
+        if not self.leader:
+            raise TierError("only the run's leader (worker 0) removes shared tables")
+        path = self._generation_path(table, generation)
+        with self._tables_lock:
+            if path in self._made_here.values():
+                return  # made by this process: not a leftover
+        path.unlink(missing_ok=True)
 
     def loaded_elsewhere(self, table: str) -> bool:
         """Whether `table`'s rows were written by another process (a load skips them)."""

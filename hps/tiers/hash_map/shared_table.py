@@ -19,7 +19,11 @@ leader); it makes the sequence counter odd, writes the batch, and makes it even.
 reader in another process reads the counter before and after its fetch into its own
 output and fetches again when it changed or was odd, so it never returns a row half
 written. The counter is read from Python around the compiled call (two real loads; x86
-keeps loads in order, and stores in order), so no compiler can merge the reads.
+keeps loads in order, and stores in order), so no compiler can merge the reads. The
+writer notes its PID in the header before it makes the counter odd, so a reader never
+waits on a write that cannot end: a counter odd for WRITER_CHECK seconds whose writer is
+gone (killed in the middle of a write), or odd for READ_WAIT seconds whatever the
+writer, fails the read with TableUnreadableError (the next tier answers, or a 503).
 
 Memory: a file's whole size is allocated when it is made (`posix_fallocate`), so a tmpfs
 too small fails the load with a TierError rather than a later write with SIGBUS; the
@@ -44,8 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hps.errors import TierError
+from hps.errors import TableUnreadableError, TierError
 from hps.rows.storage_types import BFLOAT16, FLOAT16, FLOAT32, INT8, StorageType
+from hps.runtime.run_dir import pid_alive
 from hps.tiers.hash_map import loops as kernels
 from hps.tiers.hash_map.table import (
     EMPTY,
@@ -68,11 +73,17 @@ _NO_FLOATS = np.empty((0, 2), np.float32)
 # header fields (int64 each)
 _H_MAGIC, _H_SEQ, _H_SIZE, _H_TOMBSTONES = 0, 1, 2, 3
 _H_ROWS, _H_SLOTS, _H_DIM, _H_STORAGE, _H_PARTITIONS = 4, 5, 6, 7, 8
-_H_WRITTEN, _H_REFUSED, _H_VERSION = 9, 10, 11
+_H_WRITTEN, _H_REFUSED, _H_VERSION, _H_WRITER = 9, 10, 11, 12
 _HEADER_FIELDS = 16
 
 #: rows of a table made before its size is known (a load's `reserve` sizes it)
 INITIAL_ROWS = 1024
+#: seconds a reader finds the counter odd (one write) before it asks whether the writer
+#: lives: a batch of updates is written in well under that
+WRITER_CHECK = 0.01
+#: seconds a reader waits for one write to end, whatever the writer: a lookup answers
+#: (or is refused) within seconds, never waits for a writer that stalled
+READ_WAIT = 2.0
 
 
 class SharedTableFullError(TierError):
@@ -214,22 +225,43 @@ class SharedTable(Table):
 
     def begin_write(self) -> None:
         """Readers in other processes retry from here on (the counter is odd)."""
+        self.header[_H_WRITER] = os.getpid()  # before the counter: x86 keeps stores in order
         self.seq[0] += 1
 
     def end_write(self) -> None:
         self.seq[0] += 1
 
     def read_stable(self, fetch: object) -> None:
-        """Run `fetch()` (into the reader's own buffers) until no write overlapped it."""
+        """Run `fetch()` (into the reader's own buffers) until no write overlapped it.
+        Raises TableUnreadableError when one write does not end (see the module)."""
         seq = self.seq
+        odd, since = -1, 0.0  # the odd count seen last, and since when
         while True:
             before = int(seq[0])
             if before & 1:  # a write is under way: let the writer run
+                if before != odd:
+                    odd, since = before, time.monotonic()
+                else:
+                    self._check_writer(time.monotonic() - since)
                 time.sleep(0)
                 continue
             fetch()  # type: ignore[operator]
             if int(seq[0]) == before:
                 return
+
+    def _check_writer(self, waited: float) -> None:
+        """TableUnreadableError once one write has kept the counter odd too long."""
+        if waited < WRITER_CHECK:
+            return
+        writer = int(self.header[_H_WRITER])
+        if writer and not pid_alive(writer):
+            raise TableUnreadableError(
+                f"shared table {self.path.name}: process {writer} died in the middle of a "
+                "write to it; its rows cannot be read whole until the leader writes it again")
+        if waited >= READ_WAIT:
+            raise TableUnreadableError(
+                f"shared table {self.path.name}: a write by process {writer} has not ended "
+                f"in {waited:.1f}s")
 
     # -- sizing ------------------------------------------------------------------------
 
@@ -301,6 +333,7 @@ class SharedTable(Table):
         new.header[_H_WRITTEN] = n
         new.header[_H_VERSION] = self.header[_H_VERSION]
         new.header[_H_REFUSED] = self.header[_H_REFUSED]
+        new.header[_H_WRITER] = self.header[_H_WRITER]
         new.header[_H_SEQ] = self.header[_H_SEQ]  # odd: the write that moved it goes on
         old_fd = self.fd
         self.fd, self._mm = new.fd, new._mm
