@@ -156,15 +156,15 @@ def _subprocess_server(argv: list[str], log_path: Path, port: int, ready_path: s
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"{argv[2]} exited: " + log_path.read_text()[-2000:])
+            conn = http.client.HTTPConnection(url, timeout=2)
             try:
-                conn = http.client.HTTPConnection(url, timeout=2)
                 conn.request("GET", ready_path)
                 if conn.getresponse().status == 200:
-                    conn.close()
                     break
-                conn.close()
-            except OSError:
+            except OSError:  # not listening yet, or a worker reset the connection
                 pass
+            finally:
+                conn.close()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{argv[2]} not ready within {timeout} s")
             time.sleep(0.1)
