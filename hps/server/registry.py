@@ -32,8 +32,8 @@ from typing import Any
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import (
-    ConfigError,
     LookupInputError,
+    ModelExistsError,
     TierUnavailableError,
     UnknownModelError,
     UnknownTableError,
@@ -178,10 +178,10 @@ class ModelRegistry:
             return self._load(model, progress or LoadProgress())
 
     def add(self, model: ModelConfig, progress: LoadProgress | None = None) -> LoadedModel:
-        """Load a model that is not served yet; ConfigError if one of that name is."""
+        """Load a model that is not served yet; ModelExistsError if one of that name is."""
         with self._load_lock:
             if model.model in self._models:
-                raise ConfigError(f"model {model.model!r} is already served: reload it, or "
+                raise ModelExistsError(f"model {model.model!r} is already served: reload it, or "
                                   "unload it first")
             return self._load(model, progress or LoadProgress())
 
