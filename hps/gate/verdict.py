@@ -121,6 +121,13 @@ class GateLedger:
             if verdict.drift and verdict.drift.get("key_churn") is not None:
                 self._drift[(verdict.model, verdict.table)] = verdict.drift
 
+    def forget(self, model: str) -> None:
+        """Drop every count and verdict of `model` (removed: its figures go with it)."""
+        with self._lock:
+            for table in (self._refusals, self._warnings, self._last, self._drift):
+                for key in [k for k in table if k[0] == model]:
+                    del table[key]
+
     def refusals(self) -> dict[tuple[str, str, str], int]:
         with self._lock:
             return dict(self._refusals)

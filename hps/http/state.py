@@ -366,7 +366,7 @@ class ServiceState:
     def remove(self, name: str) -> None:
         """Stop serving model `name` (blocking until it is out of the registry)."""
         self.server.unload_model(name)
-        self.metrics.model_ready.labels(name).set(0)
+        self.metrics.forget_model(name)
 
     def start_loading(self) -> None:
         """Load every configured model not loaded yet, in a background thread."""

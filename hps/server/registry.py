@@ -263,7 +263,8 @@ class ModelRegistry:
         self._models = {**self._models, loaded.config.model: loaded}
 
     def unload(self, name: str) -> None:
-        """Stop serving model `name`; its tables are dropped once no lookup holds it.
+        """Stop serving model `name`; its tables are dropped once no lookup holds it, its
+        load gate figures at once.
 
         Raises UnknownModelError if it is not served.
         """
@@ -271,6 +272,7 @@ class ModelRegistry:
             old = self.model(name)
             self._models = {k: v for k, v in self._models.items() if k != name}
             self._retire(old, keep=set())
+            self.gate_ledger.forget(name)
 
     def reload(self, name: str, sparse_files: Sequence[str] | None = None,
                progress: LoadProgress | None = None) -> LoadedModel:
