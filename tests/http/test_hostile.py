@@ -314,3 +314,85 @@ def test_v2_json_infer_larger_than_the_key_limits_is_refused_before_parsing(
                               headers={"Content-Type": "application/json"})
     assert answer.status_code == 413, answer.text
     assert "error" in answer.json()
+
+
+# -- the same hostile requests to `hps serve --workers 2` ------------------------------------
+
+
+def _hostile(model: ModelFiles) -> list[tuple[str, str, dict[str, Any], int, str | None]]:
+    """(method, path, request options, status, kind) of the suite's hand-made hostile
+    requests that change nothing: this module's, test_errors' and test_openapi_codes'
+    (kind None: any kind, the status only 4xx)."""
+    from tests.http import test_errors, test_openapi_codes
+
+    lookup = f"/v1/models/{MODEL}/tables/0/lookup"
+    json_headers = {"Content-Type": "application/json"}
+    outside = [f"/etc/{t}" for t in TABLE_NAMES]
+    cases: list[tuple[str, str, dict[str, Any], int, str | None]] = [
+        ("POST", path, kwargs, status, kind)
+        for _, path, kwargs, status, kind, _ in test_errors.CASES]
+    cases += [("POST", path, {"content": body, "headers": json_headers}, status, kind)
+              for body in test_errors.UNDECODABLE.values()
+              for path, status, kind in test_errors.BODY_ROUTES]
+    # not those over its servers' small body limit, nor the 504 a deadline of 0 ms asks
+    cases += [(method, path, options, 0, None)
+              for method, _, path, options in test_openapi_codes.CASES
+              if len(options.get("content", b"")) <= test_openapi_codes.LIMIT
+              and "X-HPS-Deadline-Ms" not in options.get("headers", {})]
+    cases += [("POST", f"/v1/models/{MODEL}/tables/{table}/lookup", {
+        "content": np.arange(3, dtype="<i8").tobytes(),
+        "headers": {"Content-Type": "application/octet-stream"}}, 404, "unknown_table")
+        for table in ["²", "١", "0²", "1.0", "-1", "+1", " 1", "9" * 30]]
+    cases += [("POST", f"/v1/models/{MODEL}/reload", {"json": {"sparse_files": files}},
+               422, "config") for files in (["/tmp/a\x00b", "/tmp/c"], ["/tmp/a\nb", "/tmp/c"],
+                                            ["file://relative/x", "file://relative/y"],
+                                            ["relative/a", "relative/b"])]
+    cases += [
+        ("POST", f"/v1/models/{MODEL}/reload", {"json": {"sparse_files": outside}}, 403,
+         "forbidden"),
+        ("POST", "/v1/models", {"json": {**model.config["models"][0], "model": "x",
+                                         "sparse_files": outside}}, 403, "forbidden"),
+        ("POST", "/v1/models", {"json": {**model.config["models"][0]}}, 409, "model_exists"),
+        ("POST", lookup, {"content": b'{"keys": [9223372036854775808]}',
+                          "headers": json_headers}, 400, "bad_json"),
+        ("POST", f"/v1/models/{MODEL}/reload", {"headers": {"Host": "evil.example"}}, 403,
+         "host_not_allowed"),
+        ("POST", f"/v1/models/{MODEL}/reload", {"headers": {"Origin": "null"}}, 403,
+         "host_not_allowed"),
+        ("POST", f"/v1/models/{MODEL}/reload", {"content": b"{}", "headers": {
+            "Content-Type": "text/plain"}}, 415, "unsupported_media_type"),
+    ]
+    cases += [(method, path, {**options, "headers": {**options.get("headers", {}),
+                                                    "Host": REBOUND}}, 403, None)
+              for method, path, options in READS]
+    cases += [("GET", "/v1/models", {"headers": {"Host": sent}}, 403, "host_not_allowed")
+              for sent, _ in HOSTS]
+    return cases
+
+
+def test_the_hostile_requests_get_the_same_4xx_from_two_workers(
+        live_workers: Live) -> None:
+    """Each hostile request of the suite, sent to `hps serve --workers 2` on fresh
+    connections (either worker answers): a 4xx with a JSON body, the same status and
+    kind as one process gives, never a 5xx; afterwards every answer is still exact."""
+    live = live_workers
+    keys = live.model.keys[1][:50]
+    failures = []
+    for method, path, options, status, kind in _hostile(live.model):
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            answer = client.request(method, path, **options)
+        ok = (answer.status_code == status if status else 400 <= answer.status_code < 500)
+        ok = ok and answer.headers.get("content-type", "").startswith("application/json")
+        if ok and kind is not None:
+            ok = answer.json()["error"]["kind"] == kind
+        if not ok:
+            failures.append((method, path[:60], answer.status_code, answer.text[:200]))
+    assert not failures, failures
+    for _ in range(8):  # fresh connections: both workers
+        with httpx.Client(base_url=live.url, timeout=30) as client:
+            answer = client.post(f"/v1/models/{MODEL}/tables/1/lookup",
+                                 content=keys.astype("<i8").tobytes(),
+                                 headers={"Content-Type": "application/octet-stream"})
+            assert answer.status_code == 200, answer.text
+            assert answer.content == live.model.expected(1, keys).tobytes()
+            assert client.get("/readyz").status_code == 200
