@@ -124,9 +124,10 @@ class GateLedger:
     def forget(self, model: str) -> None:
         """Drop every count and verdict of `model` (removed: its figures go with it)."""
         with self._lock:
-            for table in (self._refusals, self._warnings, self._last, self._drift):
-                for key in [k for k in table if k[0] == model]:
-                    del table[key]
+            self._refusals = {k: v for k, v in self._refusals.items() if k[0] != model}
+            self._warnings = {k: v for k, v in self._warnings.items() if k[0] != model}
+            self._last = {k: v for k, v in self._last.items() if k[0] != model}
+            self._drift = {k: v for k, v in self._drift.items() if k[0] != model}
 
     def refusals(self) -> dict[tuple[str, str, str], int]:
         with self._lock:

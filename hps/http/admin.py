@@ -22,7 +22,6 @@ from hps.http.schemas import ERROR_RESPONSES, ErrorBody, ReloadResponse
 from hps.http.state import ServiceState
 from hps.modelfiles.confined import confined
 
-
 _ADD_EXAMPLE = {
     "model": "ranking", "sparse_files": ["/srv/models/ranking/user", "/srv/models/ranking/item"],
     "embedding_table_names": ["user", "item"], "embedding_vecsize_per_table": [16, 64],
