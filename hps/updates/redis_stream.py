@@ -23,6 +23,7 @@ CLUSTER_IDLE_SECONDS while they are idle.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -47,6 +48,8 @@ try:
     from redis.retry import Retry
 except ImportError:  # pragma: no cover - exercised only without the extra
     redis = None  # type: ignore[assignment]
+
+log = logging.getLogger("hps.updates")
 
 #: the field of a stream entry that holds the payload
 FIELD = b"u"
@@ -210,9 +213,13 @@ class RedisStreamSource(UpdateSource):
         for stream in sorted(streams):  # one command per stream: a cluster routes each
             try:
                 self._conn.client.xgroup_destroy(stream, self.group)
-            except redis.ResponseError as exc:  # the stream is gone, or not a stream
-                if "no such key" not in str(exc).lower() and "WRONGTYPE" not in str(exc):
-                    raise
+            except redis.ResponseError as exc:
+                # the key is gone or not a stream: no group to leave. Anything else is
+                # logged, not raised: a round that failed on it would try again forever
+                # and read no other model's updates meanwhile
+                if "key to exist" not in str(exc) and "WRONGTYPE" not in str(exc):
+                    log.warning("could not leave consumer group %s of stream %s: %s",
+                                self.group, stream, exc)
 
     def _join_tables(self) -> None:
         for model, names in self._tables.items():
