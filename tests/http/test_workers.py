@@ -385,3 +385,33 @@ def test_what_workers_cannot_serve_is_refused_up_front(
     with pytest.raises(ConfigError, match="workers"):
         load_config({**base, "http": {"workers": 0}})
     assert load_config({**base, "http": {"workers": "auto"}}).http.workers == "auto"
+
+
+def test_a_removed_model_leaves_no_group_and_no_series_in_any_worker(
+        served: Served, setup: tuple[ModelFiles, Path, Path], streams: RedisServer) -> None:
+    """With workers too, removing a model takes the leader's consumer group off its
+    streams and its series out of every worker's /metrics (each worker forgets its own:
+    the one answering the DELETE, the others as they apply the op)."""
+    import redis
+
+    model = setup[0]
+    block = {**copy.deepcopy(model.config["models"][0]), "model": "gone"}
+    assert httpx.post(f"{served.url}/v1/models", json=block, timeout=60).status_code == 201
+    client = redis.Redis(host=streams.host, port=int(streams.address.rsplit(":", 1)[1]))
+
+    def groups() -> list[bytes]:
+        return [g["name"] for g in client.xinfo_groups("hps_et.gone.users")]
+
+    def series() -> list[str]:  # fresh connections: either worker answers
+        lines = []
+        for _ in range(4):
+            text = httpx.get(f"{served.url}/metrics", timeout=30).text
+            lines += [line for line in text.splitlines()
+                      if 'model="gone"' in line or "hps_et.gone." in line]
+        return lines
+
+    wait_until(lambda: len(groups()) == 1 and bool(series()), timeout=30)
+    assert httpx.delete(f"{served.url}/v1/models/gone", timeout=60).status_code == 200
+    wait_until(lambda: groups() == [] and not series(), timeout=30)
+    assert client.exists("hps_et.gone.users")  # the stream stays for other replicas
+    client.close()
