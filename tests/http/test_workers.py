@@ -415,3 +415,27 @@ def test_a_removed_model_leaves_no_group_and_no_series_in_any_worker(
     wait_until(lambda: groups() == [] and not series(), timeout=30)
     assert client.exists("hps_et.gone.users")  # the stream stays for other replicas
     client.close()
+
+
+def test_two_adds_of_one_name_at_once_one_409_in_any_worker(
+        served: Served, setup: tuple[ModelFiles, Path, Path]) -> None:
+    """Two concurrent `POST /v1/models` of one name, each maybe to another worker: the
+    op log applies both in the leader, and the second's error (ModelExistsError, carried
+    back through the log) is the 409 `model_exists` one process answers."""
+    block = {**copy.deepcopy(setup[0].config["models"][0]), "model": "twice"}
+    barrier = threading.Barrier(2)
+    answers: list[httpx.Response] = []
+
+    def add() -> None:
+        barrier.wait()
+        answers.append(httpx.post(f"{served.url}/v1/models", json=block, timeout=60))
+
+    threads = [threading.Thread(target=add) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(a.status_code for a in answers) == [201, 409], [a.text for a in answers]
+    assert next(a for a in answers if a.status_code == 409).json()["error"]["kind"] == \
+        "model_exists"
+    assert httpx.delete(f"{served.url}/v1/models/twice", timeout=60).status_code == 200
