@@ -7,6 +7,7 @@ on `TierUnavailableError`, and metrics are labelled by `kind`.
 
     HPSError
     ├── ConfigError                 a ps.json / YAML / dict config is malformed
+    │   └── ModelExistsError        a model of that name is served already (HTTP 409)
     ├── MissingExtraError           an optional dependency is not installed
     ├── LookupInputError            a lookup request is malformed (HTTP 400)
     │   ├── UnknownModelError       no model of that name is loaded (HTTP 404)
@@ -45,6 +46,12 @@ class ConfigError(HPSError, ValueError):
     """A configuration is malformed; the message names the key path and the expected form."""
 
     kind = "config"
+
+
+class ModelExistsError(ConfigError):
+    """A model to add has the name of one served (or being added) already."""
+
+    kind = "model_exists"
 
 
 class MissingExtraError(HPSError, ImportError):

@@ -121,6 +121,14 @@ class GateLedger:
             if verdict.drift and verdict.drift.get("key_churn") is not None:
                 self._drift[(verdict.model, verdict.table)] = verdict.drift
 
+    def forget(self, model: str) -> None:
+        """Drop every count and verdict of `model` (removed: its figures go with it)."""
+        with self._lock:
+            self._refusals = {k: v for k, v in self._refusals.items() if k[0] != model}
+            self._warnings = {k: v for k, v in self._warnings.items() if k[0] != model}
+            self._last = {k: v for k, v in self._last.items() if k[0] != model}
+            self._drift = {k: v for k, v in self._drift.items() if k[0] != model}
+
     def refusals(self) -> dict[tuple[str, str, str], int]:
         with self._lock:
             return dict(self._refusals)

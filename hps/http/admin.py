@@ -15,20 +15,12 @@ from fastapi import APIRouter, Body
 from starlette.concurrency import run_in_threadpool
 
 from hps.config import parse_model_block
-from hps.http.errors import ApiError
+from hps.errors import ModelExistsError
 from hps.http.roots import check_absolute, check_sources
 from hps.http.routes import admin_guard, load_summary
 from hps.http.schemas import ERROR_RESPONSES, ErrorBody, ReloadResponse
 from hps.http.state import ServiceState
 from hps.modelfiles.confined import confined
-
-
-class ModelExists(ApiError):
-    """A model of that name is served, loading, or configured."""
-
-    status = 409
-    kind = "model_exists"
-
 
 _ADD_EXAMPLE = {
     "model": "ranking", "sparse_files": ["/srv/models/ranking/user", "/srv/models/ranking/item"],
@@ -74,7 +66,7 @@ def build_admin_router(state: ServiceState) -> APIRouter:
         check_absolute(model.sparse_files)
         check_sources(model.sparse_files, state.allowed_roots)
         if model.model in state.server.models or model.model in state.configured():
-            raise ModelExists(f"model {model.model!r} is already served or loading: reload "
+            raise ModelExistsError(f"model {model.model!r} is already served or loading: reload "
                               f"it (POST /v1/models/{model.model}/reload) or remove it first")
         return load_summary(await run_in_threadpool(confined, state.allowed_roots,
                                                     state.add, model))

@@ -174,12 +174,33 @@ def _body_for(request: Request) -> ErrorBody:
     return body_form(request.scope.get("path", ""))
 
 
+def _undecodable_body(exc: StarletteHTTPException) -> str | None:
+    """Why FastAPI could not decode a route's JSON body, when that is what `exc` says
+    (else None). FastAPI answers JSON syntax errors itself (a validation error: 422
+    bad_request) but any other failure of `json.loads` with a bare 400: bytes that are
+    not UTF-8, nesting deeper than the parser's stack, an integer longer than Python
+    converts (4,300 digits)."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or not isinstance(cause, (ValueError, RecursionError)):
+        return None
+    if isinstance(cause, UnicodeDecodeError):
+        why = f"it is not UTF-8 (byte {cause.start})"
+    elif isinstance(cause, RecursionError):
+        why = "it is nested too deeply"
+    else:
+        why = str(cause).split(";", 1)[0]  # not its advice to call sys.set_int_max_str_digits
+    return f"the body is not a JSON document this route reads: {why}"
+
+
 def _add_error_handlers(app: FastAPI, state: ServiceState) -> None:
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
         return state.error_response(request, exc, _body_for(request))
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        undecodable = _undecodable_body(exc)
+        if undecodable is not None:  # the kind a body that is not JSON already gets
+            return state.answer(422, "bad_request", undecodable, body=_body_for(request))
         kind = _HTTP_KINDS.get(exc.status_code, "http_error")
         return state.answer(exc.status_code, kind, str(exc.detail),
                             dict(exc.headers) if exc.headers else None, _body_for(request))

@@ -6,8 +6,10 @@ guard written as a dependency runs after the body is in memory (an admin route w
 token once read a 256 MiB JSON body before answering 401). `RequestGate` sits ahead of
 FastAPI (`app.ServiceApp`) and, for each request:
 
-1. finds its route and that route's guard (`routes.guard_of`): the token, or the admin
-   guard (the token or a loopback server, Host, Origin, JSON bodies: `state.check_admin`);
+1. finds its route and that route's guard (`routes.guard_of`): the admin guard (the
+   token or a loopback server, Host, Origin, JSON bodies: `state.check_admin`), else
+   the token where one guards the route (`state.check_client`); on a loopback server
+   without a token every route checks the Host (`state.check_own_host`);
 2. reads the body, refusing (413) one beyond `--max-body-bytes` as soon as its declared
    length or the bytes received pass it, whatever the route and with or without a token;
 3. hands FastAPI the request with its body replayed from memory.
@@ -69,7 +71,8 @@ class RequestGate:
         self.routes = [(route, guard_of(route)) for route in routes]
 
     def guard(self, scope: Scope) -> str | None:
-        """ADMIN, TOKEN or None: the guard of the route `scope` reaches (None: no route)."""
+        """ADMIN, TOKEN or None: the guard of the route `scope` reaches (None: no route,
+        or a route without one)."""
         for route, guard in self.routes:
             match, _ = route.matches(scope)
             if match is Match.FULL:
@@ -82,7 +85,9 @@ class RequestGate:
         if guard == ADMIN:
             self.state.check_admin(headers, scope.get("scheme", "http"), request_port(scope))
         elif guard == TOKEN:
-            self.state.check_token(headers.get("authorization"))
+            self.state.check_client(headers)
+        else:  # open routes (health, docs) and paths of no route: the Host rule alone
+            self.state.check_own_host(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send,
                        app: Callable[[Scope, Receive, Send], Awaitable[None]] | ASGIApp

@@ -1,9 +1,13 @@
 """Which requests admin routes (reload, adding and removing models) accept, beyond the
-token: the server's own names, and JSON bodies.
+token: the server's own names, and JSON bodies; and the Host every other route of a
+loopback server without a token checks.
 
 - Host: the request's `Host` header must name one of the server's names
   (`http.allowed_hosts`; by default the loopback names and the bound address), so a page
-  elsewhere cannot reach a loopback server through DNS rebinding.
+  elsewhere cannot reach a loopback server through DNS rebinding. Admin routes always
+  check it; the other routes when the server is bound to loopback without a token
+  (`check_host`), where nothing else keeps such a page from reading embeddings and
+  model names (with a token, the token does; bound to the network, reads are open).
 - Origin, when a browser sends one: scheme, host and port must be one of the server's own
   origins (one of its names on the scheme and port the request came in on, or an
   `http.allowed_hosts` entry written as an origin, `https://hps.example`), so a page on
@@ -33,9 +37,32 @@ _WILDCARDS = ("", "0.0.0.0", "::")
 
 
 class HostNotAllowed(Forbidden):
-    """An admin request whose Host (or Origin) is not one of the server's names."""
+    """A request whose Host (or an admin request whose Origin) is not one of the
+    server's names."""
 
     kind = "host_not_allowed"
+
+
+def shown(value: str) -> str:
+    """A header value quoted as an error message may show it: its bytes (header values
+    arrive decoded as Latin-1) read as the UTF-8 a client sends, with what is not UTF-8
+    or not printable (controls, bidi overrides) escaped, so the message neither garbles
+    a name nor carries what a terminal or a page would act on."""
+    text = value.encode("latin-1", "replace").decode("utf-8", "backslashreplace")
+    return "'" + "".join(c if c.isprintable() else c.encode("unicode_escape").decode()
+                         for c in text) + "'"
+
+
+def check_host(headers: Mapping[str, str], hosts: frozenset[str],
+               who: str = "this server answers") -> None:
+    """HostNotAllowed (403) unless the request's Host names one of `hosts`; `who`
+    begins the message (what refuses)."""
+    sent = headers.get("host", "")
+    if host_of(sent) not in hosts:
+        raise HostNotAllowed(
+            f"{who} only requests to this server's names "
+            f"({', '.join(sorted(hosts))}), not Host {shown(sent) if sent else '(none)'}: "
+            "list the name in the config's http.allowed_hosts")
 
 
 def host_of(value: str) -> str:
@@ -90,8 +117,8 @@ def check_origin(origin: str, hosts: frozenset[str], listed: frozenset[tuple[str
     own = origin_of(origin)
     if own is None or not (own in listed or (
             own[1] in hosts and own[0] == scheme and port is not None and own[2] == port)):
-        raise HostNotAllowed(f"admin routes refuse requests from pages at {origin!r} (this "
-                             f"server's origins are {scheme}://<its names>:{port})")
+        raise HostNotAllowed(f"admin routes refuse requests from pages at {shown(origin)} "
+                             f"(this server's origins are {scheme}://<its names>:{port})")
 
 
 def request_port(scope: Scope) -> int | None:
@@ -106,12 +133,7 @@ def check_admin_request(headers: Mapping[str, str], hosts: frozenset[str],
     """HostNotAllowed (403) for a foreign Host or Origin (`check_origin`; `scheme` and
     `port`: where the request came in), UnsupportedMediaType (415) for a body that is not
     JSON."""
-    host = host_of(headers.get("host", ""))
-    if host not in hosts:
-        raise HostNotAllowed(
-            f"admin routes answer only requests to this server's names "
-            f"({', '.join(sorted(hosts))}), not Host {host or '(none)'!r}: list the name "
-            "in the config's http.allowed_hosts")
+    check_host(headers, hosts, "admin routes answer")
     origin = headers.get("origin")
     if origin == "null":
         raise HostNotAllowed("admin routes refuse requests from opaque origins")

@@ -43,7 +43,7 @@ Handler = Callable[["ServiceState", Mapping[str, str], "Receive", dict[str, str 
                    Coroutine[Any, Any, Answer]]
 
 #: the request headers the handlers read (ASGI gives names in lower case)
-READ_HEADERS = frozenset({b"content-type", b"content-length", b"authorization",
+READ_HEADERS = frozenset({b"content-type", b"content-length", b"authorization", b"host",
                           b"content-encoding", b"inference-header-content-length",
                           b"x-hps-deadline-ms"})
 

@@ -139,7 +139,7 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
     channel the body is read from; `params` holds the path's `model` and `table`.
     """
     model, table = params["model"] or "", params["table"] or ""
-    state.check_token(headers.get("authorization"))
+    state.check_client(headers)
     deadline = state.admit(headers)
     media = media_type_of(headers)
     loaded_table = state.model(model).table(table)

@@ -87,6 +87,14 @@ class LoopHistogram(Collector):
             cells = self._cells.setdefault(labels, [0] * (len(self.bounds) + 1) + [0.0])
         return cells
 
+    def forget(self, label: str, value: str) -> None:
+        """Drop the label sets whose `label` is `value` (a removed model's, say)."""
+        at = self.labelnames.index(label)
+        # popped in place: a label set the event loop adds meanwhile is kept, not lost
+        # with a replaced dict (this runs on a thread of the admin route)
+        for labels in [k for k in list(self._cells) if k[at] == value]:
+            self._cells.pop(labels, None)
+
     def observe(self, cells: list[float], value: float) -> None:
         """Count `value` in `cells` (a label set's, from `cells`)."""
         # Prometheus buckets are "le": a value equal to a bound belongs to that bucket

@@ -145,6 +145,19 @@ class Metrics:
             cells = self._lookup_cells[(model, table)] = self.lookup_latency.cells(model, table)
         self.lookup_latency.observe(cells, seconds)
 
+    def forget_model(self, model: str) -> None:
+        """Drop every series labelled with `model` (removed from the server: a dashboard
+        must not keep a gone model's last figures, nor /metrics grow with each model
+        added and removed). The figures read at scrape time (`ServerCollector`) go with
+        the model by themselves."""
+        for metric in (self.load_keys, self.load_bytes, self.load_total_bytes,
+                       self.load_seconds, self.load_failures, self.model_ready,
+                       self.model_loads):
+            _drop_series(metric, model)
+        self.lookup_latency.forget("model", model)
+        for key in [k for k in list(self._lookup_cells) if k[0] == model]:
+            self._lookup_cells.pop(key, None)  # in place, as LoopHistogram.forget says
+
     def progress(self, model: str) -> MetricsProgress:
         """A LoadProgress that counts the load of `model` in these metrics."""
         return MetricsProgress(self, model)
@@ -168,6 +181,16 @@ class MetricsProgress(LoadProgress):
 
     def finish_table(self, table: str, seconds: float) -> None:
         self.metrics.load_seconds.labels(self.model, _table_label(table)).set(seconds)
+
+
+def _drop_series(metric: Any, model: str) -> None:
+    """Remove the label sets of `metric` (a labelled prometheus_client metric) whose
+    `model` label is `model`, found through its samples (`remove` takes whole label
+    sets; `remove_by_labels` is newer than the prometheus-client versions we take)."""
+    found = {tuple(sample.labels.values()) for family in metric.collect()
+             for sample in family.samples if sample.labels.get("model") == model}
+    for labels in found:
+        metric.remove(*labels)
 
 
 def _table_label(storage_name: str) -> str:

@@ -38,7 +38,7 @@ from hps.http.errors import (
     kind_of,
     status_of,
 )
-from hps.http.guards import allowed_hosts, allowed_origins, check_admin_request
+from hps.http.guards import allowed_hosts, allowed_origins, check_admin_request, check_host
 from hps.http.load_gate import detailed_body
 from hps.http.lookup_watch import LOOKUP_WAIT_S, GivenUp, LookupWatch
 from hps.http.metrics import Metrics
@@ -76,6 +76,10 @@ MIN_SHEDDING_LOOKUPS = 4
 #: the header a client gives its deadline in: milliseconds from when the server has the
 #: request's headers
 DEADLINE_HEADER = "x-hps-deadline-ms"
+
+#: Host values `check_client` remembers as the server's (its own names with each port
+#: and spelling clients use: a handful)
+_HOSTS_REMEMBERED = 64
 
 #: default size of the lookup thread pool when a tier is on the network or on disk:
 #: enough to overlap round trips, few enough that lookups do not fight over the GIL
@@ -142,6 +146,8 @@ class ServiceState:
     admin_hosts: frozenset[str] = field(init=False)
     #: origins of `http.allowed_hosts` admin routes accept besides the server's own
     admin_origins: frozenset[tuple[str, str, int]] = field(init=False)
+    #: Host header values seen to name the server (check_client's shortcut; bounded)
+    _hosts_seen: set[str] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         if self.lookup_threads is None:
@@ -245,6 +251,26 @@ class ServiceState:
                 "token: start it with --token (or HPS_TOKEN), or bind it to 127.0.0.1")
         self.check_token(headers.get("authorization"))
         check_admin_request(headers, self.admin_hosts, self.admin_origins, scheme, port)
+
+    def check_client(self, headers: Mapping[str, str]) -> None:
+        """Raise unless a request of a route the token guards may go on: the token when
+        one is set, else `check_own_host`."""
+        self.check_token(headers.get("authorization"))
+        self.check_own_host(headers)
+
+    def check_own_host(self, headers: Mapping[str, str]) -> None:
+        """On a loopback server without a token, HostNotAllowed (403) unless the Host
+        names the server (`guards.check_host`): nothing else stops a page whose DNS name
+        was rebound to 127.0.0.1 from reading what the server serves. With a token the
+        token guards; bound to the network without one, reads are open by choice."""
+        if not self.admin_open:
+            return
+        host = headers.get("host")
+        if host in self._hosts_seen:  # the hot routes' common case: one set lookup
+            return
+        check_host(headers, self.admin_hosts)
+        if host is not None and len(self._hosts_seen) < _HOSTS_REMEMBERED:
+            self._hosts_seen.add(host)
 
     def check_token(self, authorization: str | None) -> None:
         """Unauthorized unless no token is set or `authorization` is 'Bearer <token>'."""
@@ -351,7 +377,7 @@ class ServiceState:
     def remove(self, name: str) -> None:
         """Stop serving model `name` (blocking until it is out of the registry)."""
         self.server.unload_model(name)
-        self.metrics.model_ready.labels(name).set(0)
+        self.metrics.forget_model(name)
 
     def start_loading(self) -> None:
         """Load every configured model not loaded yet, in a background thread."""

@@ -139,14 +139,29 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
 
         stopped_by = supervisor.run(ready=ready)
     finally:
+        _stop_listening(sock)
         supervisor.stop()
-        sock.close()
         if grpc_held is not None:
             grpc_held.close()
         remove_run_dir(folder)
     if stopped_by:
         echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in stopped_by)}: "
              f"{workers} workers drained, shared memory removed")
+
+
+def _stop_listening(sock: socket.socket) -> None:
+    """Stop the port listening for every worker at once, before they drain.
+
+    The workers share one listening socket, which closes when its last descriptor does.
+    Had each process closed its own, a worker still listening while another drained
+    took the reconnections of the drained one's clients into its accept queue, and
+    closing it then reset those not accepted yet (every kept-alive client got one
+    reset). `shutdown` stops the socket itself listening, whoever holds it: a new
+    connection is refused from then on, as with `hps serve` alone, and what the workers
+    accepted already drains (connections.py)."""
+    with contextlib.suppress(OSError):  # not listening (a failed start)
+        sock.shutdown(socket.SHUT_RD)
+    sock.close()
 
 
 #: the folder of the run folder where each worker notes that its gRPC server listens

@@ -54,8 +54,11 @@ def main() -> int:
         metrics = app.state.hps.metrics  # type: ignore[attr-defined]
         dump.append(MetricsDump(metrics.registry, metrics_folder, index))
 
-        def applied(op: Op) -> None:  # an op another worker answered: this one's gauge
-            metrics.model_ready.labels(op.model).set(0 if op.kind == "unload" else 1)
+        def applied(op: Op) -> None:  # an op another worker answered: this one's series
+            if op.kind == "unload":
+                metrics.forget_model(op.model)
+            else:
+                metrics.model_ready.labels(op.model).set(1)
 
         server.on_applied = applied
 

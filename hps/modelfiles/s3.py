@@ -17,7 +17,9 @@ to send the requests). Credentials come from boto3's default chain.
 
 Reads: `size` is a HEAD; `read` is one ranged GET per `part_bytes` part, parts fetched in
 parallel. A GET carries the ETag that `size` saw (If-Match), so an object replaced
-between sizing and reading fails loudly instead of mixing two versions.
+between sizing and reading fails loudly instead of mixing two versions; a HEAD answered
+without an ETag or a Content-Length (not an S3 server: a plain web server) is a
+SourceError naming the header.
 
 Errors: a missing bucket or object → SourceNotFoundError; no credentials, an unknown
 access key, a bad signature, access denied → SourceAccessError; an endpoint that refuses
@@ -216,9 +218,12 @@ class S3Source(RemoteSource):
         except Exception as exc:
             # HEAD errors carry no code ('404', '403'): ask a GET for the precise one.
             raise self._error(name, self._diagnose(key, exc)) from exc
+        etag, length = head.get("ETag"), head.get("ContentLength")
+        if etag is None or length is None:
+            raise self._not_s3(name, "an ETag" if etag is None else "a Content-Length")
         with self._lock:
-            self._etags[name] = head["ETag"]
-        return int(head["ContentLength"])
+            self._etags[name] = etag
+        return int(length)
 
     def names(self) -> list[str]:
         prefix = self.location.key("")
@@ -282,6 +287,16 @@ class S3Source(RemoteSource):
                 pass
         return precise
 
+    def _not_s3(self, name: str, missing: str) -> SourceError:
+        """The error of a HEAD answered without `missing`: S3 and the stores that speak
+        its protocol always send both the ETag (what the GETs then require, so an object
+        replaced during the load is not mixed with its successor) and the length (how
+        the file is read in parts); a plain web server does not."""
+        return SourceError(
+            f"{self.describe(name)}: {self._where()} answered HEAD without {missing} "
+            "header, which S3 always sends: is the endpoint an S3 server (s3_endpoint, "
+            "AWS_ENDPOINT_URL)?")
+
     def _where(self) -> str:
         return f"endpoint {self.endpoint}" if self.endpoint else f"AWS S3 in {self.region}"
 
@@ -325,6 +340,13 @@ class S3Source(RemoteSource):
                     f"{uri}: bucket {bucket!r} is not in region {self.region} of "
                     f"{self._where()} ({code}): name the region in the URI or s3_region"
                 )
+            if isinstance(status, int) and 300 <= status < 400:
+                # S3 redirects only to name a bucket's region (301, above); botocore
+                # follows none, and a request must not be sent to another host anyway
+                return SourceError(
+                    f"{uri}: {self._where()} redirected the request (HTTP {status}), which "
+                    "S3 does not do and hps does not follow: point the endpoint at the "
+                    "store itself")
             return SourceError(f"{uri}: S3 error {code} (HTTP {status}): {msg}")
         if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
             return SourceAccessError(

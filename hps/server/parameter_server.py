@@ -129,8 +129,8 @@ class HierarchicalParameterServer:
                   ) -> LoadedModel:
         """Load a model that is not served yet and add it to `config.models`.
 
-        Raises ConfigError when a model of that name is served; a failed load serves and
-        records nothing. Other models keep serving throughout.
+        Raises ModelExistsError (a ConfigError) when a model of that name is served; a
+        failed load serves and records nothing. Other models keep serving throughout.
         """
         loaded = self._registry.add(model, progress=progress)
         self._set_models([*(m for m in self.config.models if m.model != model.model), model])

@@ -32,8 +32,8 @@ from typing import Any
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import (
-    ConfigError,
     LookupInputError,
+    ModelExistsError,
     TierUnavailableError,
     UnknownModelError,
     UnknownTableError,
@@ -178,10 +178,10 @@ class ModelRegistry:
             return self._load(model, progress or LoadProgress())
 
     def add(self, model: ModelConfig, progress: LoadProgress | None = None) -> LoadedModel:
-        """Load a model that is not served yet; ConfigError if one of that name is."""
+        """Load a model that is not served yet; ModelExistsError if one of that name is."""
         with self._load_lock:
             if model.model in self._models:
-                raise ConfigError(f"model {model.model!r} is already served: reload it, or "
+                raise ModelExistsError(f"model {model.model!r} is already served: reload it, or "
                                   "unload it first")
             return self._load(model, progress or LoadProgress())
 
@@ -263,7 +263,8 @@ class ModelRegistry:
         self._models = {**self._models, loaded.config.model: loaded}
 
     def unload(self, name: str) -> None:
-        """Stop serving model `name`; its tables are dropped once no lookup holds it.
+        """Stop serving model `name`; its tables are dropped once no lookup holds it, its
+        load gate figures at once.
 
         Raises UnknownModelError if it is not served.
         """
@@ -271,6 +272,7 @@ class ModelRegistry:
             old = self.model(name)
             self._models = {k: v for k, v in self._models.items() if k != name}
             self._retire(old, keep=set())
+            self.gate_ledger.forget(name)
 
     def reload(self, name: str, sparse_files: Sequence[str] | None = None,
                progress: LoadProgress | None = None) -> LoadedModel:

@@ -18,7 +18,9 @@ or Redis down) and a tier that cannot be written are retried with the package's 
 ("running", "down") is in `UpdateStats`. Lookups never wait for any of this.
 
 The models followed are asked of `followed()` every round, so a model loaded later is
-read from then on (from its group's committed position, or the earliest message).
+read from then on (from its group's committed position, or the earliest message), and a
+model removed is left: the source drops this group's position on its topics where it
+can (`UpdateSource.follow`), and its tables' figures leave `UpdateStats`.
 """
 
 from __future__ import annotations
@@ -163,7 +165,11 @@ class UpdateConsumer:
     def _follow(self) -> None:
         wanted = {m: tuple(tables) for m, tables in self._followed().items()}
         if wanted != self._following:
+            left = [m for m in self._following or () if m not in wanted]
+            if left:  # the batch being written counts into their figures: done first
+                self._wait_written()
             self._retried(lambda: self.source.follow(wanted))
+            self.stats.forget(left)
             self._following = wanted
 
     def _read_lag(self) -> None:

@@ -49,13 +49,20 @@ class UpdateSource(ABC):
     name: str = "source"
     #: whether `backlog()` answers (else it raises NotImplementedError)
     reports_backlog: bool = False
+    #: whether `follow` drops this group's position on the topics of a model it no
+    #: longer follows (a Redis stream's consumer group, one per stream); a Kafka group
+    #: spans every topic it reads, and its committed offsets stay
+    leaves_topics: bool = False
 
     @abstractmethod
     def follow(self, tables: Mapping[str, Sequence[str]]) -> None:
         """Read the topics of these models from now on (`tables`: model name → its table
         names): every `hps_et.<model>.*` topic, also topics of tables the model lacks
         (their messages are rejected as "unknown_table") and topics created later (found
-        within `metadata_refresh_interval_ms`). Raises UpdateSourceUnavailableError."""
+        within `metadata_refresh_interval_ms`). Models an earlier call followed that
+        `tables` leaves out are left: a source that keeps a position per topic for this
+        group drops it where the topics stay for others (`leaves_topics`). Raises
+        UpdateSourceUnavailableError."""
 
     @abstractmethod
     def rewind(self) -> None:

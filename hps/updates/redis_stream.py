@@ -23,6 +23,7 @@ CLUSTER_IDLE_SECONDS while they are idle.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -47,6 +48,8 @@ try:
     from redis.retry import Retry
 except ImportError:  # pragma: no cover - exercised only without the extra
     redis = None  # type: ignore[assignment]
+
+log = logging.getLogger("hps.updates")
 
 #: the field of a stream entry that holds the payload
 FIELD = b"u"
@@ -164,6 +167,7 @@ class RedisStreamSource(UpdateSource):
 
     name = "redis_stream"
     reports_backlog = True
+    leaves_topics = True
 
     def __init__(self, config: UpdateSourceConfig, group: str) -> None:
         self.address = config.address
@@ -186,6 +190,9 @@ class RedisStreamSource(UpdateSource):
         self._rewind = True
 
     def follow(self, tables: Mapping[str, Sequence[str]]) -> None:
+        left = {m: t for m, t in self._tables.items() if m not in tables}
+        with _reachable("leaving the streams", self.address):
+            self._leave(left)
         self._tables = {m: tuple(t) for m, t in tables.items()}
         prefixes = tuple(f"{TABLE_PREFIX}.{m}." for m in self._tables)
         self._streams = {s: at for s, at in self._streams.items() if s.startswith(prefixes)}
@@ -193,6 +200,26 @@ class RedisStreamSource(UpdateSource):
         with _reachable("joining the streams", self.address):
             self._join_tables()
         self._rescan_at = 0.0
+
+    def _leave(self, models: Mapping[str, Sequence[str]]) -> None:
+        """Destroy this group on every stream of `models` (removed from the server): a
+        group nobody reads keeps its pending entries and its place in XINFO for good.
+        The streams stay: other replicas read them through groups of their own."""
+        if not models:
+            return
+        prefixes = tuple(f"{TABLE_PREFIX}.{m}." for m in models)
+        streams = {table_name(m, t) for m, names in models.items() for t in names}
+        streams.update(s for s in (*self._streams, *self._broken) if s.startswith(prefixes))
+        for stream in sorted(streams):  # one command per stream: a cluster routes each
+            try:
+                self._conn.client.xgroup_destroy(stream, self.group)
+            except redis.ResponseError as exc:
+                # the key is gone or not a stream: no group to leave. Anything else is
+                # logged, not raised: a round that failed on it would try again forever
+                # and read no other model's updates meanwhile
+                if "key to exist" not in str(exc) and "WRONGTYPE" not in str(exc):
+                    log.warning("could not leave consumer group %s of stream %s: %s",
+                                self.group, stream, exc)
 
     def _join_tables(self) -> None:
         for model, names in self._tables.items():

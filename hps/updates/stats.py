@@ -19,10 +19,12 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hps.runtime.throttled_log import ThrottledLog
+from hps.tiers.contract import TABLE_PREFIX
 
 log = logging.getLogger("hps.updates")
 
@@ -134,6 +136,15 @@ class UpdateStats:
             else:
                 log.warning("updates of %s cannot be read (%s); the other tables' go on",
                             topic, why)
+
+    def forget(self, models: Iterable[str]) -> None:
+        """Drop the figures of every table of `models` (no longer followed)."""
+        prefixes = tuple(f"{TABLE_PREFIX}.{m}." for m in models)
+        if not prefixes:
+            return
+        with self._lock:
+            for topic in [t for t in self._tables if t.startswith(prefixes)]:
+                del self._tables[topic]
 
     def lag(self, backlog: dict[str, int]) -> None:
         """Record each table's backlog (messages not delivered yet)."""

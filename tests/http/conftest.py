@@ -156,6 +156,22 @@ def live(model_files: ModelFiles) -> Iterator[Live]:
 
 
 @pytest.fixture(scope="module")
+def live_workers(model_files: ModelFiles, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[Live]:
+    """The model served by `hps serve --workers 2` (separate processes: `app` and
+    `server` are None), without a token, on loopback."""
+    from tests.http.test_workers import serve, stop, write_run
+
+    served = serve(*write_run(tmp_path_factory.mktemp("workers-run"), model_files.config))
+    client = httpx.Client(base_url=served.url, timeout=30)
+    try:
+        yield Live(served.url, client, None, None, model_files)  # type: ignore[arg-type]
+    finally:
+        client.close()
+        stop(served)
+
+
+@pytest.fixture(scope="module")
 def live_token(model_files: ModelFiles) -> Iterator[Live]:
     """The model served with token 's3cret'."""
     yield from start(model_files, token="s3cret")

@@ -117,6 +117,33 @@ def test_add_and_remove_while_the_other_model_serves(
         reader.stop()
 
 
+def test_two_adds_of_one_name_at_once_one_wins_the_other_gets_409(
+        live_admin: Live, roots: tuple[ModelFiles, ModelFiles]) -> None:
+    """Both requests pass the route's check before either load is in (the check cannot
+    see a load in flight): the loser was refused by the registry with 422 `config`
+    ("already served"); it is the 409 `model_exists` the route answers for a taken name."""
+    barrier = threading.Barrier(2)
+    answers: list[httpx.Response] = []
+
+    def add() -> None:
+        with httpx.Client(base_url=live_admin.url, timeout=60) as client:
+            barrier.wait()
+            answers.append(client.post("/v1/models", json=_block(roots[1], "extra")))
+
+    threads = [threading.Thread(target=add) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [201, 409], [a.text for a in answers]
+    loser = next(a for a in answers if a.status_code == 409)
+    assert loser.json()["error"]["kind"] == "model_exists"
+    assert "extra" in loser.json()["error"]["message"]
+    keys = roots[1].keys[0][:20]
+    np.testing.assert_array_equal(_rows(live_admin, "extra", 0, keys), roots[1].vectors[0][:20])
+
+
 @pytest.mark.parametrize(("change", "status", "kind"), [
     ({"sparse_files": ["/etc/a", "/etc/b"]}, 403, "forbidden"),
     ({"sparse_files": ["relative/a", "relative/b"]}, 422, "config"),

@@ -116,3 +116,36 @@ def test_errors_change_nothing(live: Live) -> None:
 def test_unknown_model_info(live: Live) -> None:
     _error(live.client.get("/v1/models/nope"), 404, "unknown_model")
     _error(live.client.post("/v1/models/nope/reload"), 404, "unknown_model")
+
+
+#: bodies JSON cannot decode into values: not UTF-8, nested past the parser's stack,
+#: and an integer past Python's digit limit for int() (4,300 digits)
+UNDECODABLE = {
+    "not utf-8": b'{"keys": [1], "x": "\xff\xfe"}',
+    "nested too deep": b'{"keys": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "100,000 digits": b'{"keys": [' + b"7" * 100_000 + b"]}",
+}
+#: (route, the status and kind it answers a malformed body with)
+BODY_ROUTES = [
+    (LOOKUP, 400, "bad_json"),
+    (f"/v1/models/{MODEL}/reload", 422, "bad_request"),
+    (f"/v1/models/{MODEL}/prefetch", 422, "bad_request"),
+    ("/v1/models", 422, "bad_request"),
+]
+
+
+@pytest.mark.parametrize("body", list(UNDECODABLE.values()), ids=list(UNDECODABLE))
+@pytest.mark.parametrize(("path", "status", "kind"), BODY_ROUTES,
+                         ids=[r[0].rsplit("/", 1)[-1] for r in BODY_ROUTES])
+def test_undecodable_bodies_get_their_routes_kind(live: Live, body: bytes, path: str,
+                                                  status: int, kind: str) -> None:
+    """These got 400 `http_error` (FastAPI's own answer to a body it failed to parse) on
+    the admin routes: a status and kind in neither the OpenAPI document nor the docs. A
+    plain `{` already got the route's kind; these get the same."""
+    _error(live.client.post(path, content=body, headers=JSON), status, kind)
+    plain = live.client.post(path, content=b"{", headers=JSON)
+    assert (plain.status_code, plain.json()["error"]["kind"]) == (status, kind)
+    documented = live.client.get("/openapi.json").json()["paths"]
+    template = path.replace(f"/{MODEL}/", "/{model}/").replace("/0/", "/{table}/")
+    assert str(status) in documented[template]["post"]["responses"], template
+    assert live.client.get("/readyz").status_code == 200

@@ -15,7 +15,17 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.http.conftest import MODEL, TABLE_NAMES, Live, ModelFiles, serving, start, write_model
+from tests.http.conftest import (
+    DIMS,
+    MODEL,
+    TABLE_NAMES,
+    Live,
+    ModelFiles,
+    serving,
+    start,
+    write_model,
+)
+from tests.support.raw_http import ResponseReader, connect, raw_request
 
 
 def with_http(model: ModelFiles, **http: Any) -> ModelFiles:
@@ -173,8 +183,94 @@ def test_admin_refuses_foreign_hosts_and_origins(own: Live) -> None:
     for host in ("127.0.0.1", "localhost:1234", "[::1]:80"):
         assert reload(own, headers={"Host": host}).status_code == 200
     assert reload(own, headers={"Origin": own.url}).status_code == 200
-    answer = own.lookup_binary(0, own.model.keys[0][:2], headers={"Host": "evil.example"})
-    assert answer.status_code == 200
+
+
+#: the Host a page sends after its DNS name was rebound to 127.0.0.1
+REBOUND = "rebind.attacker.example"
+#: (method, path, request options) of a request of every kind of route that reads
+READS: list[tuple[str, str, dict[str, Any]]] = [
+    ("POST", f"/v1/models/{MODEL}/tables/0/lookup", {
+        "content": np.arange(3, dtype="<i8").tobytes(),
+        "headers": {"Content-Type": "application/octet-stream"}}),
+    ("POST", f"/v1/models/{MODEL}/tables/users/lookup", {"json": {"keys": [1, 2]}}),
+    ("POST", f"/v2/models/{MODEL}/infer", {"json": {"inputs": [
+        {"name": "KEYS", "datatype": "INT64", "shape": [2], "data": [1, 2]},
+        {"name": "NUMKEYS", "datatype": "INT32", "shape": [2], "data": [1, 1]}]}}),
+    ("GET", f"/v1/models/{MODEL}/tables/users/hot-set", {}),
+    ("GET", f"/v1/models/{MODEL}/tables/users/keys", {}),
+    ("GET", "/metrics", {}),
+    ("GET", "/v1/models", {}),
+    ("GET", f"/v1/models/{MODEL}", {}),
+    ("GET", f"/v2/models/{MODEL}", {}),
+    ("GET", "/readyz", {}),
+    ("GET", "/openapi.json", {}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "options"), READS,
+                         ids=[f"{m} {p}" for m, p, _ in READS])
+def test_a_loopback_server_without_a_token_answers_only_its_own_names(
+        own: Live, method: str, path: str, options: dict[str, Any]) -> None:
+    """DNS rebinding: a web page whose name now resolves to 127.0.0.1 read embeddings and
+    model names through every route but the admin ones (200 to any Host). Every route
+    answers only the server's names now; the loopback names and the test clients' own
+    still get 200."""
+    options = dict(options)
+    headers = options.pop("headers", {})
+    foreign = own.client.request(method, path, **options, headers={**headers, "Host": REBOUND})
+    assert foreign.status_code == 403, foreign.text
+    error = foreign.json()["error"]
+    if not path.startswith("/v2/"):  # KServe's error body is the message alone
+        assert error["kind"] == "host_not_allowed"
+        error = error["message"]
+    assert REBOUND in error
+    port = own.url.rsplit(":", 1)[1]
+    for host in (None, "127.0.0.1", f"localhost:{port}", f"[::1]:{port}"):
+        extra = {} if host is None else {"Host": host}
+        answer = own.client.request(method, path, **options, headers={**headers, **extra})
+        assert answer.status_code == 200, (host, answer.text)
+
+
+def test_lookups_answered_by_the_connection_check_the_host_too(own: Live) -> None:
+    """A lookup whose whole body comes in one read is answered by the HTTP protocol
+    itself (direct.py), not through FastAPI: the same Host rule."""
+    path = f"/v1/models/{MODEL}/tables/0/lookup"
+    body = np.asarray(own.model.keys[0][:4], "<i8").tobytes()
+    with connect(own.url) as sock:
+        reader = ResponseReader(sock)
+        sock.sendall(raw_request(path, body, host=REBOUND))
+        status, _, answer = reader.response()
+        assert status == 403 and b"host_not_allowed" in answer
+        sock.sendall(raw_request(path, body, host="localhost"))
+        status, _, answer = reader.response()
+        assert status == 200 and len(answer) == 4 * DIMS[0] * 4
+
+
+def test_with_a_token_reads_answer_any_host(live_token: Live) -> None:
+    """The token is what guards a server that has one (behind a proxy its Host is the
+    proxy's name); the Host rule is for loopback servers without one."""
+    answer = live_token.lookup_binary(0, live_token.model.keys[0][:2], headers={
+        "Host": REBOUND, "Authorization": "Bearer s3cret"})
+    assert answer.status_code == 200, answer.text
+
+
+#: (the Host's bytes, how the error message shows it)
+HOSTS = [("ünï.example".encode(), "'ünï.example'"),
+         ("\u202eevil.example".encode(), "'\\u202eevil.example'"),  # a bidi override
+         (b"bad\xff.example", "'bad\\xff.example'")]  # not UTF-8
+
+
+@pytest.mark.parametrize(("sent", "shown"), HOSTS, ids=["utf-8", "bidi", "not utf-8"])
+def test_a_non_ascii_host_is_echoed_escaped_not_garbled(own: Live, sent: bytes,
+                                                        shown: str) -> None:
+    """Header bytes arrive decoded as Latin-1: a UTF-8 Host came back as mojibake
+    ('Ã¼nÃ¯.example'). It is shown as sent now, and what cannot be shown as it is
+    (bytes that are not UTF-8, a character that is not printable) escaped."""
+    for answer in (reload(own, headers={"Host": sent}),
+                   own.client.get("/v1/models", headers={"Host": sent})):
+        assert_error(answer, 403, "host_not_allowed")
+        message = answer.json()["error"]["message"]
+        assert shown in message and message.isprintable(), message
 
 
 def test_admin_bodies_are_json_only(own: Live) -> None:
@@ -218,3 +314,85 @@ def test_v2_json_infer_larger_than_the_key_limits_is_refused_before_parsing(
                               headers={"Content-Type": "application/json"})
     assert answer.status_code == 413, answer.text
     assert "error" in answer.json()
+
+
+# -- the same hostile requests to `hps serve --workers 2` ------------------------------------
+
+
+def _hostile(model: ModelFiles) -> list[tuple[str, str, dict[str, Any], int, str | None]]:
+    """(method, path, request options, status, kind) of the suite's hand-made hostile
+    requests that change nothing: this module's, test_errors' and test_openapi_codes'
+    (kind None: any kind, the status only 4xx)."""
+    from tests.http import test_errors, test_openapi_codes
+
+    lookup = f"/v1/models/{MODEL}/tables/0/lookup"
+    json_headers = {"Content-Type": "application/json"}
+    outside = [f"/etc/{t}" for t in TABLE_NAMES]
+    cases: list[tuple[str, str, dict[str, Any], int, str | None]] = [
+        ("POST", path, kwargs, status, kind)
+        for _, path, kwargs, status, kind, _ in test_errors.CASES]
+    cases += [("POST", path, {"content": body, "headers": json_headers}, status, kind)
+              for body in test_errors.UNDECODABLE.values()
+              for path, status, kind in test_errors.BODY_ROUTES]
+    # not those over its servers' small body limit, nor the 504 a deadline of 0 ms asks
+    cases += [(method, path, options, 0, None)
+              for method, _, path, options in test_openapi_codes.CASES
+              if len(options.get("content", b"")) <= test_openapi_codes.LIMIT
+              and "X-HPS-Deadline-Ms" not in options.get("headers", {})]
+    cases += [("POST", f"/v1/models/{MODEL}/tables/{table}/lookup", {
+        "content": np.arange(3, dtype="<i8").tobytes(),
+        "headers": {"Content-Type": "application/octet-stream"}}, 404, "unknown_table")
+        for table in ["²", "١", "0²", "1.0", "-1", "+1", " 1", "9" * 30]]
+    cases += [("POST", f"/v1/models/{MODEL}/reload", {"json": {"sparse_files": files}},
+               422, "config") for files in (["/tmp/a\x00b", "/tmp/c"], ["/tmp/a\nb", "/tmp/c"],
+                                            ["file://relative/x", "file://relative/y"],
+                                            ["relative/a", "relative/b"])]
+    cases += [
+        ("POST", f"/v1/models/{MODEL}/reload", {"json": {"sparse_files": outside}}, 403,
+         "forbidden"),
+        ("POST", "/v1/models", {"json": {**model.config["models"][0], "model": "x",
+                                         "sparse_files": outside}}, 403, "forbidden"),
+        ("POST", "/v1/models", {"json": {**model.config["models"][0]}}, 409, "model_exists"),
+        ("POST", lookup, {"content": b'{"keys": [9223372036854775808]}',
+                          "headers": json_headers}, 400, "bad_json"),
+        ("POST", f"/v1/models/{MODEL}/reload", {"headers": {"Host": "evil.example"}}, 403,
+         "host_not_allowed"),
+        ("POST", f"/v1/models/{MODEL}/reload", {"headers": {"Origin": "null"}}, 403,
+         "host_not_allowed"),
+        ("POST", f"/v1/models/{MODEL}/reload", {"content": b"{}", "headers": {
+            "Content-Type": "text/plain"}}, 415, "unsupported_media_type"),
+    ]
+    cases += [(method, path, {**options, "headers": {**options.get("headers", {}),
+                                                    "Host": REBOUND}}, 403, None)
+              for method, path, options in READS]
+    cases += [("GET", "/v1/models", {"headers": {"Host": sent}}, 403, "host_not_allowed")
+              for sent, _ in HOSTS]
+    return cases
+
+
+def test_the_hostile_requests_get_the_same_4xx_from_two_workers(
+        live_workers: Live) -> None:
+    """Each hostile request of the suite, sent to `hps serve --workers 2` on fresh
+    connections (either worker answers): a 4xx with a JSON body, the same status and
+    kind as one process gives, never a 5xx; afterwards every answer is still exact."""
+    live = live_workers
+    keys = live.model.keys[1][:50]
+    failures = []
+    for method, path, options, status, kind in _hostile(live.model):
+        with httpx.Client(base_url=live.url, timeout=60) as client:
+            answer = client.request(method, path, **options)
+        ok = (answer.status_code == status if status else 400 <= answer.status_code < 500)
+        ok = ok and answer.headers.get("content-type", "").startswith("application/json")
+        if ok and kind is not None:
+            ok = answer.json()["error"]["kind"] == kind
+        if not ok:
+            failures.append((method, path[:60], answer.status_code, answer.text[:200]))
+    assert not failures, failures
+    for _ in range(8):  # fresh connections: both workers
+        with httpx.Client(base_url=live.url, timeout=30) as client:
+            answer = client.post(f"/v1/models/{MODEL}/tables/1/lookup",
+                                 content=keys.astype("<i8").tobytes(),
+                                 headers={"Content-Type": "application/octet-stream"})
+            assert answer.status_code == 200, answer.text
+            assert answer.content == live.model.expected(1, keys).tobytes()
+            assert client.get("/readyz").status_code == 200

@@ -1,4 +1,5 @@
-"""Schemathesis against the app's own OpenAPI schema: nothing a client sends gets a 5xx.
+"""Schemathesis against the app's own OpenAPI schema: nothing a client sends gets a 5xx,
+from one process or from `hps serve --workers 2`.
 
 Positive and negative cases of every operation (both lookup body forms among them) are
 sent over the socket to the live server; the check is `not_a_server_error`. Examples
@@ -19,8 +20,11 @@ MAX_EXAMPLES = 40
 TABLES = [*TABLE_NAMES, "0", "1", "no_such_table"]
 
 
-@pytest.fixture
-def api_schema(live: Live) -> schemathesis.BaseSchema:
+@pytest.fixture(params=["live", "live_workers"], ids=["one process", "2 workers"])
+def api_schema(request: pytest.FixtureRequest) -> schemathesis.BaseSchema:
+    """The schema of the app served by one process, then by `hps serve --workers 2`
+    (each case is answered by either worker; the admin routes go through the op log)."""
+    live: Live = request.getfixturevalue(request.param)
     loaded = schemathesis.openapi.from_url(f"{live.url}/openapi.json")
     loaded.config.generation.update(max_examples=MAX_EXAMPLES, deterministic=False)
     return loaded

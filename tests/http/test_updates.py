@@ -157,3 +157,55 @@ def test_redis_killed_mid_stream_and_restarted_with_its_data(
             np.frombuffer(got.content, dtype="<f4").reshape(-1, DIMS[1]),
             np.stack([last[k] for k in want_keys.tolist()]))
     publisher.close()
+
+
+def test_a_removed_model_takes_its_consumer_group_and_metric_series_with_it(
+        tmp_path: Path, streams: RedisServer) -> None:
+    """A model added, updated, looked up and removed: this server's consumer group on
+    the model's streams stayed (Redis kept a pending list and a position for a reader
+    that was gone) and so did its series in /metrics (`hps_update_table_failing`,
+    rows, lag, load and lookup figures). Both go with the model now; the streams stay
+    (other replicas read them)."""
+    import redis
+
+    served = write_model(tmp_path / "model")
+    extra = write_model(tmp_path / "extra", seed=12)
+    config = copy.deepcopy(served.config)
+    config["update_source"] = {"type": "redis_stream", "address": streams.address,
+                               "poll_timeout_ms": 100, "group": "replica-a"}
+    client = redis.Redis(host=streams.host, port=int(streams.address.rsplit(":", 1)[1]))
+    publisher = open_publisher(UpdateSourceConfig(type="redis_stream",
+                                                  address=streams.address))
+    with contextmanager(start)(replace(served, config=config),
+                               allow_roots=[str(tmp_path)]) as live:
+        block = {**extra.config["models"][0], "model": "extra"}
+        assert live.client.post("/v1/models", json=block).status_code == 201
+        topic = "hps_et.extra.users"
+        keys, rows = extra.keys[0][:10], np.full((10, DIMS[0]), 7.0, np.float32)
+        publisher.publish(topic, [codec.encode(keys, rows)])
+        wait_until(lambda: live.metric("hps_update_rows_total", table=topic) == 10,
+                   timeout=20)
+        assert live.lookup_binary(0, keys, model="extra").status_code == 200
+
+        def groups(stream: str) -> list[bytes]:
+            return [g["name"] for g in client.xinfo_groups(stream)]
+
+        assert groups(topic) == [b"replica-a"] and groups(USERS) == [b"replica-a"]
+        text = live.client.get("/metrics").text
+        assert 'table="hps_et.extra.users"' in text and 'model="extra"' in text
+
+        assert live.client.delete("/v1/models/extra").status_code == 200
+        wait_until(lambda: groups(topic) == [] and groups("hps_et.extra.items") == [],
+                   timeout=20)
+        assert client.exists(topic) and client.xlen(topic) == 1  # the stream stays
+        assert groups(USERS) == [b"replica-a"]  # the served model's group stays
+        text = live.client.get("/metrics").text
+        assert "hps_et.extra." not in text and 'model="extra"' not in text, [
+            line for line in text.splitlines() if "extra" in line]
+        # the served model's updates and series go on
+        publisher.publish(USERS, [codec.encode(served.keys[0][:3],
+                                               np.ones((3, DIMS[0]), np.float32))])
+        wait_until(lambda: live.metric("hps_update_rows_total", table=USERS) == 3,
+                   timeout=20)
+    publisher.close()
+    client.close()

@@ -303,6 +303,62 @@ def test_models_added_and_removed_reach_every_worker(
         assert gone.status_code == 404, gone.text
 
 
+def test_a_removed_model_leaves_no_group_and_no_series_in_any_worker(
+        served: Served, setup: tuple[ModelFiles, Path, Path], streams: RedisServer) -> None:
+    """With workers too, removing a model takes the leader's consumer group off its
+    streams and its series out of every worker's /metrics (each worker forgets its own:
+    the one answering the DELETE, the others as they apply the op)."""
+    import redis
+
+    model = setup[0]
+    block = {**copy.deepcopy(model.config["models"][0]), "model": "gone"}
+    assert httpx.post(f"{served.url}/v1/models", json=block, timeout=60).status_code == 201
+    client = redis.Redis(host=streams.host, port=int(streams.address.rsplit(":", 1)[1]))
+
+    def groups() -> list[bytes]:  # the leader's consumer makes the stream in a round
+        if not client.exists("hps_et.gone.users"):
+            return []
+        return [g["name"] for g in client.xinfo_groups("hps_et.gone.users")]
+
+    def series() -> list[str]:  # fresh connections: either worker answers
+        lines = []
+        for _ in range(4):
+            text = httpx.get(f"{served.url}/metrics", timeout=30).text
+            lines += [line for line in text.splitlines()
+                      if 'model="gone"' in line or "hps_et.gone." in line]
+        return lines
+
+    wait_until(lambda: len(groups()) == 1 and bool(series()), timeout=30)
+    assert httpx.delete(f"{served.url}/v1/models/gone", timeout=60).status_code == 200
+    wait_until(lambda: groups() == [] and not series(), timeout=30)
+    assert client.exists("hps_et.gone.users")  # the stream stays for other replicas
+    client.close()
+
+
+def test_two_adds_of_one_name_at_once_one_409_in_any_worker(
+        served: Served, setup: tuple[ModelFiles, Path, Path]) -> None:
+    """Two concurrent `POST /v1/models` of one name, each maybe to another worker: the
+    op log applies both in the leader, and the second's error (ModelExistsError, carried
+    back through the log) is the 409 `model_exists` one process answers."""
+    block = {**copy.deepcopy(setup[0].config["models"][0]), "model": "twice"}
+    barrier = threading.Barrier(2)
+    answers: list[httpx.Response] = []
+
+    def add() -> None:
+        barrier.wait()
+        answers.append(httpx.post(f"{served.url}/v1/models", json=block, timeout=60))
+
+    threads = [threading.Thread(target=add) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(a.status_code for a in answers) == [201, 409], [a.text for a in answers]
+    assert next(a for a in answers if a.status_code == 409).json()["error"]["kind"] == \
+        "model_exists"
+    assert httpx.delete(f"{served.url}/v1/models/twice", timeout=60).status_code == 200
+
+
 def test_a_model_added_over_http_is_read_beneath_the_allowed_root(
         setup: tuple[ModelFiles, Path, Path], tmp_path: Path) -> None:
     """The worker that loads an added model opens its files beneath the request's allowed
@@ -385,3 +441,4 @@ def test_what_workers_cannot_serve_is_refused_up_front(
     with pytest.raises(ConfigError, match="workers"):
         load_config({**base, "http": {"workers": 0}})
     assert load_config({**base, "http": {"workers": "auto"}}).http.workers == "auto"
+

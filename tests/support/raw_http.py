@@ -16,10 +16,12 @@ def connect(url: str) -> socket.socket:
 
 
 def raw_request(path: str, body: bytes, headers: dict[str, str] | None = None,
-                version: str = "1.1", chunked: bool = False) -> bytes:
+                version: str = "1.1", chunked: bool = False, host: str = "127.0.0.1"
+                ) -> bytes:
     """The bytes of one POST of `body` to `path` (binary lookups' content type unless
-    `headers` are given), framed by Content-Length or, `chunked`, in one chunk."""
-    lines = [f"POST {path} HTTP/{version}", "Host: 127.0.0.1"]
+    `headers` are given) for `host`, framed by Content-Length or, `chunked`, in one
+    chunk."""
+    lines = [f"POST {path} HTTP/{version}", f"Host: {host}"]
     lines += [f"{k}: {v}" for k, v in (headers or {
         "Content-Type": "application/octet-stream"}).items()]
     if chunked:  # no Content-Length: the ASGI path reads it

@@ -408,3 +408,32 @@ def test_a_backlog_is_applied_in_full_rounds_back_to_back(
         assert time.monotonic() - started < 3 * interval, status["tables"][TOPIC]
         assert status["tables"][TOPIC]["writes"] == 10
         wait_rows(server, keys, rows[-1])
+
+
+def test_models_left_take_the_group_off_their_streams(redis_server: RedisServer) -> None:
+    """`follow` without a model it followed destroys this group on that model's streams
+    (the streams stay, other groups with them); a stream deleted meanwhile has no group
+    to leave and is no error (Redis answers that XGROUP needs the key: that failed the
+    round, again at every round)."""
+    import redis
+
+    from hps.updates.redis_stream import RedisStreamSource
+
+    source = RedisStreamSource(UpdateSourceConfig(type="redis_stream",
+                                                  address=redis_server.address), "g1")
+    other = RedisStreamSource(UpdateSourceConfig(type="redis_stream",
+                                                 address=redis_server.address), "g2")
+    client = redis.Redis(host=redis_server.host, port=int(redis_server.address.rsplit(":")[1]))
+    try:
+        source.follow({"a": ["t", "u"], "b": ["t"]})
+        other.follow({"a": ["t"]})
+        client.delete("hps_et.a.u")
+        source.follow({"b": ["t"]})
+        assert client.exists("hps_et.a.t")
+        assert [g["name"] for g in client.xinfo_groups("hps_et.a.t")] == [b"g2"]
+        assert [g["name"] for g in client.xinfo_groups("hps_et.b.t")] == [b"g1"]
+        assert source.leaves_topics
+    finally:
+        source.close()
+        other.close()
+        client.close()

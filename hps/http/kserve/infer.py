@@ -59,7 +59,7 @@ async def handle_infer(state: ServiceState, headers: Mapping[str, str], receive:
     """The answer to `POST /v2/models/{model}[/versions/{version}]/infer`; counted in
     the model's statistics (`stats.py`) once the model is known to be served."""
     started = time.perf_counter_ns()
-    state.check_token(headers.get("authorization"))
+    state.check_client(headers)
     deadline = state.admit(headers)
     admitted = time.monotonic()
     model = params["model"] or ""
