@@ -1,9 +1,12 @@
 """Compiled code: numba set-up shared by every module that has hot loops NumPy cannot express.
 
-`kernel(signatures)` compiles a function ahead of its first call, for exactly the given
-signatures, with the GIL released (`nogil`) and the machine code cached on disk (`cache`):
-a process that finds the cache loads the kernels in milliseconds, and a call with other
-argument types raises TypeError instead of compiling inside a timed lookup.
+`kernel(signatures)` compiles a function for exactly the given signatures, each at its
+first use (hps/runtime/compile_on_use.py: a process compiles what its config calls, not
+every storage type of every tier), with the GIL released (`nogil`) and the machine code
+cached on disk (`cache`): a process that finds the cache loads a kernel in milliseconds,
+and a call with other argument types raises TypeError instead of compiling another
+version. A command that must not compile inside a timed section calls the functions
+once before it (`hps demo` loads a small model first).
 
 Where the cache lives: numba writes next to the package (`__pycache__`) when it can, else
 in the user's cache folder. When neither is writable (a read-only site-packages and no
@@ -70,10 +73,13 @@ types = numba.types
 
 
 def kernel(signatures: Sequence[Any]) -> Callable[[F], F]:
-    """`numba.njit(signatures, nogil=True, cache=True)`: compiled now, for these types only."""
+    """`numba.njit(signatures, nogil=True, cache=True)`, each signature compiled at its
+    first use; for these types only."""
 
     def wrap(fn: F) -> F:
-        compiled: F = numba.njit(list(signatures), nogil=True, cache=True)(fn)
+        from hps.runtime.compile_on_use import on_use
+
+        compiled: F = on_use(fn, signatures, nogil=True)
         return compiled
 
     return wrap
@@ -97,7 +103,9 @@ def holding_gil(signatures: Sequence[Any]) -> Callable[[F], F]:
     cached both ways)."""
 
     def wrap(fn: F) -> F:
-        compiled: F = numba.njit(list(signatures), cache=True)(fn)
+        from hps.runtime.compile_on_use import on_use
+
+        compiled: F = on_use(fn, signatures)
         return compiled
 
     return wrap
