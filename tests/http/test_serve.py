@@ -212,3 +212,58 @@ def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
                                                  np.float32), rows[:3])
     finally:
         assert proc.interrupt() in (0, 130)
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Size and modification time of every file under `folder`; only the name of
+    RocksDB's info log, which its writer (the server) appends to as it runs."""
+    return {str(p.relative_to(folder)): (0, 0) if p.name == "LOG" else
+            (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
+        tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """A second `hps demo` while `hps serve` serves the demo's folder refuses in one line,
+    naming the server's process, before a byte is written (model files, ps.json and
+    RocksDB alike); the read-only ways it names work beside the server: `hps lookup
+    --read-only`, and in Python the config with persistent_db.read_only."""
+    from hps import load_config
+    from hps.inference import HPS
+
+    folder = tmp_path / "demo"
+    demo = [sys.executable, "-m", "hps.tools.cli", "demo", "--scale", "0.01", "--folder",
+            str(folder)]
+    first = subprocess.run(demo, capture_output=True, text=True, env=cli_env, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", str(folder / "ps.json"),
+                    "--port", str(free_port())], cli_env)
+    try:
+        proc.wait_for("curl ", timeout=90)
+        before = _snapshot(folder)
+        again = subprocess.run(demo, capture_output=True, text=True, env=cli_env, timeout=300)
+        assert again.returncode == 2 and again.stdout == "", again.stdout
+        assert len(again.stderr.strip().splitlines()) == 1, again.stderr
+        assert f"process {proc.proc.pid}" in again.stderr
+        assert "nothing was written" in again.stderr and "--read-only" in again.stderr
+        assert "Traceback" not in again.stderr
+        assert _snapshot(folder) == before
+        lookup = [sys.executable, "-m", "hps.tools.cli", "lookup", str(folder / "ps.json"),
+                  "-m", "demo", "--json", "--", "17", "42", "-3"]
+        locked = subprocess.run(lookup, capture_output=True, text=True, env=cli_env,
+                                timeout=120)
+        assert locked.returncode == 2 and len(locked.stderr.strip().splitlines()) == 1
+        assert "--read-only" in locked.stderr and "persistent_db.read_only" in locked.stderr
+        read = subprocess.run([*lookup[:4], "--read-only", *lookup[4:]], capture_output=True,
+                              text=True, env=cli_env, timeout=120)
+        assert read.returncode == 0, read.stderr
+        rows = np.fromfile(folder / "user_item" / "emb_vector", "<f4").reshape(-1, 16)
+        np.testing.assert_array_equal(
+            np.asarray(json.loads(read.stdout)["vectors"], np.float32), rows[:3])
+        config = load_config(str(folder / "ps.json"))
+        config.persistent_db.read_only = True  # as README shows beside a server
+        with HPS(config) as hps:
+            np.testing.assert_array_equal(hps.lookup(np.array([17, 42, -3]), "demo", 0),
+                                          rows[:3])
+    finally:
+        assert proc.interrupt() in (0, 130)
