@@ -82,5 +82,6 @@ def demo(
 
 def _warm_up_line(compiled: int, cached: int, seconds: float) -> str:
     if compiled:
-        return f"compiled {compiled} functions in {seconds:.1f} s (first run only; numba caches them)"
-    return f"{cached} compiled functions read from numba's cache ({seconds:.2f} s)"
+        return (f"compiled functions: {compiled} compiled in {seconds:.1f} s (first run "
+                "only; numba caches them)")
+    return f"compiled functions: {cached} read from numba's cache in {seconds:.2f} s"
