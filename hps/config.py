@@ -140,6 +140,9 @@ class HttpConfig(StrictSection):
     workers              worker processes answering on the port (`hps serve --workers`);
                          "auto": the usable cores; more than 1 serves the in-process tier
                          from shared memory (docs/workers.md)
+    require_models       a model that fails to load at start stops the server, exit status
+                         2 (`hps serve --require-models`); false: it serves on without it,
+                         /readyz answering 503 (docs/http.md says which to pick)
     """
 
     allowed_sources: list[str] = Field(default_factory=list)
@@ -150,6 +153,7 @@ class HttpConfig(StrictSection):
     max_connections: int = Field(512, ge=1)
     grpc_port: int | None = Field(None, ge=0, le=65535)
     workers: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = 1
+    require_models: bool = False
 
 
 class UpdateSourceConfig(StrictSection):

@@ -267,3 +267,46 @@ def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
                                           rows[:3])
     finally:
         assert proc.interrupt() in (0, 130)
+
+
+def test_a_model_that_fails_to_load_is_one_line_and_require_models_exits(
+        tmp_path: Path, model_files: ModelFiles, cli_env: dict[str, str]) -> None:
+    """A config whose second model's folder does not exist: `hps serve` says so in one
+    line naming the model and the folder, and serves the other (/readyz 503); with
+    --require-models, or http.require_models in the config, it exits with status 2 after
+    that line, one error line and no traceback."""
+    gone = {**model_files.config["models"][0], "model": "gone",
+            "sparse_files": [str(tmp_path / "nope"), str(tmp_path / "nope2")]}
+    config = {**model_files.config, "models": [model_files.config["models"][0], gone]}
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(config))
+    port = free_port()
+    proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", str(path), "--port",
+                    str(port)], cli_env)
+    try:
+        line = proc.wait_for("hps: model 'gone' failed to load", timeout=90)
+        assert f"sparse folder '{tmp_path / 'nope'}' does not exist" in line
+        assert "--require-models" in line and "/readyz answers 503" in line
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/readyz").status_code == 503
+        served = httpx.post(f"{url}/v1/models/{MODEL}/tables/0/lookup",
+                            json={"keys": model_files.keys[0][:3].tolist()})
+        assert served.status_code == 200
+    finally:
+        assert proc.interrupt() in (0, 130)
+    failed_lines = [x for x in proc.seen if "failed to load" in x]
+    assert len(failed_lines) == 1 and not any("Traceback" in x for x in proc.seen)
+
+    required = dict(config, http={"require_models": True})
+    (tmp_path / "required.json").write_text(json.dumps(required))
+    for argv in ([str(path), "--require-models"], [str(tmp_path / "required.json")]):
+        done = subprocess.run([sys.executable, "-m", "hps.tools.cli", "serve", *argv,
+                               "--port", str(free_port())], capture_output=True, text=True,
+                              env=cli_env, timeout=180)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "hps: model 'gone' failed to load: sparse folder" in done.stdout
+        assert "(--require-models: stopping)" in done.stdout
+        errors = done.stderr.strip().splitlines()
+        assert errors[-1] == ("error: 1 of 2 models failed to load at start (gone); "
+                              "--require-models stopped the server"), done.stderr
+        assert "Traceback" not in done.stderr
