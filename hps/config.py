@@ -137,12 +137,8 @@ class HttpConfig(StrictSection):
     max_connections      connections served at once; further ones are closed at once
     grpc_port            the port of the KServe v2 gRPC service beside HTTP (`hps serve
                          --grpc-port`; Triton's is 8001); None: no gRPC
-    workers              worker processes answering on the port (`hps serve --workers`);
-                         "auto": the usable cores; more than 1 serves the in-process tier
-                         from shared memory (docs/workers.md)
-    require_models       a model that fails to load at start stops the server, exit status
-                         2 (`hps serve --require-models`); false: it serves on without it,
-                         /readyz answering 503 (docs/http.md says which to pick)
+    workers              worker processes on the port (`--workers`, "auto"; docs/workers.md)
+    require_models       a model failing to load at start stops the server (`--require-models`)
     """
 
     allowed_sources: list[str] = Field(default_factory=list)

@@ -8,67 +8,20 @@ and a call with other argument types raises TypeError instead of compiling anoth
 version. A command that must not compile inside a timed section calls the functions
 once before it (`hps demo` loads a small model first).
 
-Where the cache lives: numba writes next to the package (`__pycache__`) when it can, else
-in the user's cache folder. When neither is writable (a read-only site-packages and no
-home, as in some containers) it would refuse to cache at all, so this module points
-`NUMBA_CACHE_DIR` at a private folder under the system's temporary directory first. An
-explicit `NUMBA_CACHE_DIR` always wins.
+Where the cache lives: hps/runtime/numba_cache.py (imported first: it sets numba up).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+from hps.runtime.compile_on_use import on_use
+from hps.runtime.numba_cache import numba
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _writable_dir(path: str) -> bool:
-    """Whether files can be created in `path` (created if missing)."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path):
-            return True
-    except OSError:
-        return False
-
-
-def _user_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "numba")
-
-
-def cache_dir() -> str | None:
-    """The folder numba should cache into, or None when its own choice works.
-
-    None when NUMBA_CACHE_DIR is set or the package folder or the user cache folder is
-    writable; else a private folder in the temporary directory (created, mode 0700).
-    """
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return None
-    package = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
-    if _writable_dir(package) or _writable_dir(_user_cache_dir()):
-        return None
-    private = os.path.join(tempfile.gettempdir(), f"hps-numba-{os.getuid()}")
-    os.makedirs(private, mode=0o700, exist_ok=True)
-    return private
-
-
-def _configure() -> Any:
-    fallback = cache_dir()
-    if fallback is not None:
-        os.environ["NUMBA_CACHE_DIR"] = fallback
-    import numba
-
-    if fallback is not None:
-        # numba reads the environment once, at its import; set it for an earlier import too
-        numba.config.CACHE_DIR = fallback  # type: ignore[attr-defined]
-    return numba
-
-
-numba = _configure()
 types = numba.types
 
 
@@ -77,8 +30,6 @@ def kernel(signatures: Sequence[Any]) -> Callable[[F], F]:
     first use; for these types only."""
 
     def wrap(fn: F) -> F:
-        from hps.runtime.compile_on_use import on_use
-
         compiled: F = on_use(fn, signatures, nogil=True)
         return compiled
 
@@ -103,8 +54,6 @@ def holding_gil(signatures: Sequence[Any]) -> Callable[[F], F]:
     cached both ways)."""
 
     def wrap(fn: F) -> F:
-        from hps.runtime.compile_on_use import on_use
-
         compiled: F = on_use(fn, signatures)
         return compiled
 

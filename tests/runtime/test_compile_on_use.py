@@ -75,27 +75,35 @@ def test_undeclared_types_raise_type_error_and_compile_nothing() -> None:
         size_of.compile((types.float32[::1],))
 
 
-def test_a_compiled_caller_compiles_the_callee_it_calls() -> None:
-    assert not first_of.signatures
-    assert first_of_held(np.arange(6) + 3) == 3
-    assert len(first_of.signatures) == 1 and len(first_of_held.signatures) == 1
+def test_a_compiled_caller_compiles_the_callee_it_calls(tmp_path: Path) -> None:
+    """In a fresh cache folder (a cached caller holds its callee's code: nothing to
+    compile then), compiling the GIL-holding twin compiles the kernel it calls."""
+    code = ("import numpy as np; from tests.runtime.test_compile_on_use import first_of, "
+            "first_of_held as held; assert not first_of.signatures; "
+            "print(held(np.arange(6) + 3), len(first_of.signatures), len(held.signatures))")
+    assert _run(code, tmp_path) == "3 1 1"
 
 
 def test_compiles_are_reported_with_their_cache_state(tmp_path: Path) -> None:
     """In a fresh cache folder the first call's compile is reported as compiled; a second
     process reads it from the cache and says so."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     code = ("import numpy as np; from hps.runtime.compile_on_use import compile_events; "
             "from tests.runtime.test_compile_on_use import size_of; events = []; "
             "with_ = compile_events(events.append); with_.__enter__(); "
             "size_of(np.arange(3)); size_of(np.arange(4)); "
             "print([(e.function.rpartition('.')[2], e.seconds is None, e.from_cache) "
             "for e in events])")
-    runs = [subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300,
-                           capture_output=True, text=True, cwd=Path(__file__).parents[2]
-                           ).stdout.strip() for _ in range(2)]
+    runs = [_run(code, tmp_path) for _ in range(2)]
     assert runs == ["[('size_of', True, False), ('size_of', False, False)]",
                     "[('size_of', True, False), ('size_of', False, True)]"]
+
+
+def _run(code: str, cache: Path) -> str:
+    """What `code` prints, run in a fresh process caching into `cache`."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300,
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2]
+                          ).stdout.strip()
 
 
 def test_listeners_hear_only_while_installed() -> None:

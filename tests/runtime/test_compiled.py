@@ -1,4 +1,4 @@
-"""Compiled-code set-up: where numba caches when the usual places are read-only."""
+"""Compiled code: kernels compiled into numba's cache, and their GIL-holding twins."""
 
 from __future__ import annotations
 
@@ -19,29 +19,6 @@ from hps.runtime import compiled
 
 #: the hash map's compiled loops, the kernels this test caches
 HASH_MAP_LOOPS = "hps.tiers.hash_map.loops"
-
-
-def test_explicit_numba_cache_dir_wins(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NUMBA_CACHE_DIR", "/somewhere")
-    monkeypatch.setattr(compiled, "_writable_dir", lambda path: False)
-    assert compiled.cache_dir() is None
-
-
-def test_private_temp_dir_when_package_and_home_are_read_only(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    monkeypatch.setattr(compiled, "_writable_dir", lambda path: False)
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(compiled.tempfile, "tempdir", None)
-    chosen = compiled.cache_dir()
-    assert chosen == str(tmp_path / f"hps-numba-{os.getuid()}")
-    assert stat.S_IMODE(os.stat(chosen).st_mode) == 0o700
-
-
-def test_writable_dir_is_tried_for_real(tmp_path: Path) -> None:
-    assert compiled._writable_dir(str(tmp_path / "new" / "folder"))
-    assert not compiled._writable_dir("/proc/hps-cannot-be-here")
 
 
 def test_a_process_compiles_what_it_calls_into_a_fresh_cache_dir(tmp_path: Path) -> None:
