@@ -3,7 +3,9 @@ process's app on a bound socket, also a worker's: hps/http/workers.py) and `Serv
 
 `serve` binds first and loads the models in the background: `/healthz` answers at once,
 `/readyz` turns 200 when every model is in, and then a `curl` line that works is printed.
-A model that fails to load is one printed line naming it and what went wrong; the server
+The first compile of a load (numba compiles each function at its first use; the first
+run on a machine) is one printed line, so a slow first load shows why. A model that fails
+to load is one printed line naming it and what went wrong; the server
 serves on without it (`/readyz` 503), or, told to require every model, stops and raises
 `ModelsNotLoadedError`. A port that is taken is a `BindError` before anything is opened or
 announced.
@@ -30,6 +32,7 @@ from hps.errors import BindError, ConfigError, ModelsNotLoadedError
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, is_loopback
+from hps.runtime.compile_on_use import CompileEvent, compile_events
 from hps.runtime.cores import usable_cores
 from hps.server import HierarchicalParameterServer
 
@@ -195,12 +198,21 @@ def serve(
         if grpc_server is not None:
             echo(f"hps: serving KServe v2 over gRPC on {grpc_server.start()}")
 
-    stopped_by = run_app(
-        sock, server, host=host, token=token, max_body_bytes=max_body_bytes,
-        lookup_threads=lookup_threads, access_log=access_log, log_level=log_level,
-        allow_roots=allow_roots, on_ready=on_ready, on_failed=on_failed,
-        grpc_port=grpc_port if grpc_port is not None else server.config.http.grpc_port,
-        made=made, listening=listening)
+    compiling: list[str] = []
+
+    def on_compile(event: CompileEvent) -> None:
+        if event.seconds is not None and not event.from_cache and not compiling:
+            compiling.append(event.function)
+            echo("hps: compiling what this config runs (the first load on this machine; "
+                 "numba caches it for the next), seconds per function …")
+
+    with compile_events(on_compile):
+        stopped_by = run_app(
+            sock, server, host=host, token=token, max_body_bytes=max_body_bytes,
+            lookup_threads=lookup_threads, access_log=access_log, log_level=log_level,
+            allow_roots=allow_roots, on_ready=on_ready, on_failed=on_failed,
+            grpc_port=grpc_port if grpc_port is not None else server.config.http.grpc_port,
+            made=made, listening=listening)
     if stopped_by:
         echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in stopped_by)}: "
              "drained, every tier closed")

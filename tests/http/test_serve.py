@@ -310,3 +310,19 @@ def test_a_model_that_fails_to_load_is_one_line_and_require_models_exits(
         assert errors[-1] == ("error: 1 of 2 models failed to load at start (gone); "
                               "--require-models stopped the server"), done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_the_first_load_on_a_machine_says_it_compiles(config_file: Path, tmp_path: Path,
+                                                      cli_env: dict[str, str]) -> None:
+    """With nothing in numba's cache (a fresh machine), `hps serve` says once that it
+    compiles before the load's first compile ends; with the cache filled, it does not."""
+    env = {**cli_env, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    for run in ("fresh", "cached"):
+        proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", str(config_file),
+                        "--port", str(free_port())], env)
+        try:
+            proc.wait_for("every model is loaded", timeout=180)
+        finally:
+            assert proc.interrupt() in (0, 130)
+        said = [x for x in proc.seen if "compiling what this config runs" in x]
+        assert len(said) == (1 if run == "fresh" else 0), "".join(proc.seen)
