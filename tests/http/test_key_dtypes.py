@@ -188,3 +188,47 @@ def test_tritonclient_sees_a_bad_key_datatype(live: Live) -> None:
     finally:
         client.close()
     assert info.value.status() == "400"
+
+
+# -- KServe v2 over gRPC, with tritonclient.grpc --------------------------------------------
+
+@pytest.mark.parametrize("dtype", list(KEY_DTYPES))
+def test_grpc_keys_of_every_datatype_raw_and_typed(live: Live, dtype: str) -> None:
+    """Raw contents through tritonclient.grpc, twice (the second read through the layout
+    the first left), and typed contents (`uint64_contents` …) through the bare stub."""
+    import tritonclient.grpc as triton_grpc
+    from tritonclient.grpc import service_pb2
+
+    from hps.http.grpc.tensors import CONTENTS_FIELD
+    from tests.http.grpc_support import grpc_beside, stub
+
+    keys = [keys_of(dtype), keys_of(dtype)[:7]]
+    sent = wire(np.concatenate(keys), dtype)
+    expected = np.concatenate([live.model.expected(t, k).reshape(-1)
+                               for t, k in enumerate(keys)])
+    counts = np.array([k.size for k in keys], np.int32)
+    with grpc_beside(live) as address:
+        client = triton_grpc.InferenceServerClient(url=address)
+        try:
+            for _ in range(2):
+                inputs = [triton_grpc.InferInput("KEYS", [sent.size], dtype.upper()),
+                          triton_grpc.InferInput("NUMKEYS", [2], "INT32")]
+                inputs[0].set_data_from_numpy(sent)
+                inputs[1].set_data_from_numpy(counts)
+                got = client.infer(MODEL, inputs).as_numpy("OUTPUT0")
+                np.testing.assert_array_equal(got, expected)
+        finally:
+            client.close()
+        tensor = service_pb2.ModelInferRequest.InferInputTensor
+        key_tensor = tensor(name="KEYS", datatype=dtype.upper(), shape=[sent.size])
+        getattr(key_tensor.contents, CONTENTS_FIELD[dtype.upper()]).extend(sent.tolist())
+        count_tensor = tensor(name="NUMKEYS", datatype="INT32", shape=[2])
+        count_tensor.contents.int_contents.extend(counts.tolist())
+        channel, service = stub(address)
+        try:
+            answer = service.ModelInfer(service_pb2.ModelInferRequest(
+                model_name=MODEL, inputs=[key_tensor, count_tensor]))
+        finally:
+            channel.close()
+        np.testing.assert_array_equal(
+            np.frombuffer(answer.raw_output_contents[0], "<f4"), expected)
