@@ -137,9 +137,8 @@ class HttpConfig(StrictSection):
     max_connections      connections served at once; further ones are closed at once
     grpc_port            the port of the KServe v2 gRPC service beside HTTP (`hps serve
                          --grpc-port`; Triton's is 8001); None: no gRPC
-    workers              worker processes answering on the port (`hps serve --workers`);
-                         "auto": the usable cores; more than 1 serves the in-process tier
-                         from shared memory (docs/workers.md)
+    workers              worker processes on the port (`--workers`, "auto"; docs/workers.md)
+    require_models       a model failing to load at start stops the server (`--require-models`)
     """
 
     allowed_sources: list[str] = Field(default_factory=list)
@@ -150,6 +149,7 @@ class HttpConfig(StrictSection):
     max_connections: int = Field(512, ge=1)
     grpc_port: int | None = Field(None, ge=0, le=65535)
     workers: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = 1
+    require_models: bool = False
 
 
 class UpdateSourceConfig(StrictSection):

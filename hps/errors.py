@@ -28,6 +28,7 @@ on `TierUnavailableError`, and metrics are labelled by `kind`.
     │   └── TierSetupError          wrong address, password, TLS files: fails at start
     ├── DeviceError                 no CUDA device, too little device memory, wrong device
     ├── BindError                   the HTTP server cannot bind its address (port in use)
+    ├── ModelsNotLoadedError        a model failed to load at start, and the server requires them
     └── UpdateError                 online updates (Kafka, Redis Streams) failed
         ├── UpdateSourceUnavailableError  broker or Redis down: retried with backoff
         └── BadUpdateError          a message or publish request that cannot be applied
@@ -179,6 +180,13 @@ class DeviceError(HPSError, RuntimeError):
     """No usable CUDA device, too little device memory, or data on the wrong device."""
 
     kind = "device"
+
+
+class ModelsNotLoadedError(HPSError):
+    """A model of the config failed to load when the server started, and the server was
+    told to require them all (`hps serve --require-models`, `http.require_models`)."""
+
+    kind = "models_not_loaded"
 
 
 class BindError(HPSError, OSError):

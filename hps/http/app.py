@@ -69,6 +69,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     lookup_threads: int | None = None,
     on_ready: Callable[[], None] | None = None,
+    on_failed: Callable[[str, str], None] | None = None,
     allow_roots: Sequence[str] | None = None,
     max_queued_lookups: int | None = None,
     queue_target_s: float = TARGET_DELAY_S,
@@ -78,7 +79,8 @@ def create_app(
 
     Models of `server.config` that are not loaded yet load in a background thread when
     the app starts (its lifespan), so `/healthz` answers at once and `/readyz` is 503
-    until they are all in; `on_ready` is called once they are.
+    until they are all in; `on_ready` is called once they are, `on_failed` with a model's
+    name and what went wrong when one of them fails to load.
 
     `token`: when set, every route but `/healthz`, `/readyz` and the docs needs
     `Authorization: Bearer <token>`. `host`: the address the server binds to; without a
@@ -100,7 +102,8 @@ def create_app(
         raise ValueError("lookup_threads must be 0 (on the event loop) or more")
     state = ServiceState(server=server, metrics=Metrics(server), token=token, host=host,
                          max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
-                         on_ready=on_ready, max_queued_lookups=max_queued_lookups,
+                         on_ready=on_ready, on_failed=on_failed,
+                         max_queued_lookups=max_queued_lookups,
                          queue_target_s=queue_target_s,
                          min_queued_lookups=min_queued_lookups,
                          allowed_roots=[normalise_root(r) for r in (

@@ -7,7 +7,7 @@ one of the HTTP layer's own below; metrics count errors by it.
     ApiError                      raised by the HTTP layer itself
     ├── UnsupportedMediaType      415 unsupported_media_type
     ├── BodyTooLarge              413 body_too_large
-    ├── BadBody                   400 bad_body      (binary body not a multiple of 8 bytes)
+    ├── BadBody                   400 bad_body      (binary body not whole keys of its dtype)
     ├── BadJSON                   400 bad_json      (not JSON, or not {"keys": [...]})
     ├── Unauthorized              401 unauthorized  (token set, none or a wrong one sent)
     ├── Forbidden                 403 forbidden     (admin route, no token, not on loopback)
@@ -61,7 +61,8 @@ class BodyTooLarge(ApiError):
 
 
 class BadBody(ApiError):
-    """A binary body is not a whole number of 8-byte keys."""
+    """A binary body is not a whole number of keys of its dtype, or a header that says
+    how to read it (dtype, deadline) is not one the server reads."""
 
     kind = "bad_body"
 

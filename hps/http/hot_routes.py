@@ -45,7 +45,7 @@ Handler = Callable[["ServiceState", Mapping[str, str], "Receive", dict[str, str 
 #: the request headers the handlers read (ASGI gives names in lower case)
 READ_HEADERS = frozenset({b"content-type", b"content-length", b"authorization", b"host",
                           b"content-encoding", b"inference-header-content-length",
-                          b"x-hps-deadline-ms"})
+                          b"x-hps-deadline-ms", b"x-hps-key-dtype"})
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The lookup route, `POST /v1/models/{model}/tables/{table}/lookup`: the hot path.
 
-Bodies: little-endian int64 keys (`application/octet-stream`) → raw little-endian float32
-rows with `X-HPS-Keys`/`X-HPS-Width` headers; or JSON `{"keys": [...]}` → JSON
+Bodies: little-endian int64 keys (`application/octet-stream`; int32, uint32 or uint64
+keys with `X-HPS-Key-Dtype`) → raw little-endian float32 rows with
+`X-HPS-Keys`/`X-HPS-Width` headers; or JSON `{"keys": [...]}` → JSON
 `{"vectors": [[...]], ...}`. Keys and vectors cross as whole arrays (`np.frombuffer` in,
 a memoryview of the rows out; JSON through pydantic-core and orjson or `.tolist()`),
 never key by key.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -40,6 +41,8 @@ from hps.http.bodies import (
 from hps.http.errors import BadBody, BadJSON, UnsupportedMediaType
 from hps.http.schemas import (
     JSON,
+    KEY_DTYPE_HEADER,
+    KEY_DTYPES,
     KEYS_HEADER,
     MODEL_HEADER,
     OCTET_STREAM,
@@ -58,6 +61,8 @@ if TYPE_CHECKING:
 LOOKUP_PATH = "/v1/models/{model}/tables/{table}/lookup"
 _KEYS, _WIDTH = KEYS_HEADER.lower().encode(), WIDTH_HEADER.lower().encode()
 _MODEL, _TABLE = MODEL_HEADER.lower().encode(), TABLE_HEADER.lower().encode()
+_KEY_DTYPE = KEY_DTYPE_HEADER.lower()
+_INT64 = KEY_DTYPES["int64"]
 LOOKUP_RE = re.compile(r"^/v1/models/(?P<model>[^/]+)/tables/(?P<table>[^/]+)/lookup$")
 
 
@@ -86,21 +91,38 @@ def parse_json_keys(body: bytes) -> np.ndarray:
     return np.array(request.keys, dtype=np.int64)
 
 
-def parse_binary_keys(body: bytes) -> np.ndarray:
-    """int64 keys of a binary body (little-endian, 8 bytes each; no copy)."""
-    if len(body) % 8:
+def key_dtype_of(headers: Mapping[str, str]) -> np.dtype[Any]:
+    """The dtype of a binary body's keys: `X-HPS-Key-Dtype` (int64 without it); BadBody
+    naming the dtypes there are for any other value."""
+    name = headers.get(_KEY_DTYPE)
+    if name is None:
+        return _INT64
+    dtype = KEY_DTYPES.get(name.strip().lower())
+    if dtype is None:
+        raise BadBody(f"{KEY_DTYPE_HEADER} {name!r} is not a key dtype: send one of "
+                      f"{', '.join(KEY_DTYPES)} (int64 without the header)")
+    return dtype
+
+
+def parse_binary_keys(body: bytes, dtype: np.dtype[Any] = _INT64) -> np.ndarray:
+    """The keys of a binary body, little-endian `dtype` (no copy); BadBody naming the
+    dtype and the body's size when it is not a whole number of such keys."""
+    if len(body) % dtype.itemsize:
+        name = next(n for n, d in KEY_DTYPES.items() if d == dtype)
         raise BadBody(
-            f"binary body of {len(body)} bytes is not a whole number of keys: expected "
-            "little-endian int64 keys, 8 bytes each")
-    return np.frombuffer(body, dtype="<i8")
+            f"binary body of {len(body)} bytes is not a whole number of {name} keys "
+            f"({dtype.itemsize} bytes each, little-endian); declare the keys' dtype with "
+            f"{KEY_DTYPE_HEADER}: {', '.join(KEY_DTYPES)} (int64 without it)")
+    return np.frombuffer(body, dtype=dtype)
 
 
 # -- the lookups (run on the lookup thread pool) ------------------------------------------
 
 def lookup_binary(server: HierarchicalParameterServer, model: str, table: LoadedTable,
-                  body: bytes) -> tuple[memoryview, int, int]:
-    """(raw little-endian float32 rows, key count, width) of a binary body."""
-    keys = parse_binary_keys(body)
+                  body: bytes, dtype: np.dtype[Any] = _INT64) -> tuple[memoryview, int, int]:
+    """(raw little-endian float32 rows, key count, width) of a binary body of `dtype`
+    keys."""
+    keys = parse_binary_keys(body, dtype)
     vectors = np.ascontiguousarray(server.lookup(model, table.index, keys), dtype="<f4")
     return vectors.reshape(-1).data.cast("B"), keys.size, vectors.shape[1]
 
@@ -114,15 +136,16 @@ def lookup_json(server: HierarchicalParameterServer, model: str, table: LoadedTa
                         "count": int(keys.size), "vectors": np.ascontiguousarray(vectors)})
 
 
-def _refuse_early(headers: Mapping[str, str], table: LoadedTable, media: str) -> None:
+def _refuse_early(headers: Mapping[str, str], table: LoadedTable, media: str,
+                  dtype: np.dtype[Any]) -> None:
     """BatchTooLargeError, before a byte of the body is read, when its declared length
     is more than the table's key limit can take."""
     size = declared_length(headers)
     if size is None:
         return
-    if media == OCTET_STREAM and size // 8 > table.max_keys:
+    if media == OCTET_STREAM and size // dtype.itemsize > table.max_keys:
         raise BatchTooLargeError(
-            f"{size // 8} keys exceed the limit of {table.max_keys} for table "
+            f"{size // dtype.itemsize} keys exceed the limit of {table.max_keys} for table "
             f"{table.name!r} (max_batch_size × maxnum_catfeature_query_per_table_per_sample)")
     if media == JSON and size > json_body_limit(table.max_keys):
         raise BatchTooLargeError(
@@ -143,7 +166,8 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
     deadline = state.admit(headers)
     media = media_type_of(headers)
     loaded_table = state.model(model).table(table)
-    _refuse_early(headers, loaded_table, media)
+    dtype = key_dtype_of(headers) if media == OCTET_STREAM else _INT64
+    _refuse_early(headers, loaded_table, media, dtype)
     limit = state.max_body_bytes
     if media == JSON:  # a chunked body has no length to refuse early: bound the read
         limit = min(limit, json_body_limit(loaded_table.max_keys))
@@ -151,7 +175,7 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
     started = time.perf_counter()
     if media == OCTET_STREAM:
         data, count, width = await state.run_lookup(
-            lookup_binary, state.server, model, loaded_table, body, deadline=deadline)
+            lookup_binary, state.server, model, loaded_table, body, dtype, deadline=deadline)
         state.metrics.observe_lookup(model, loaded_table.name, time.perf_counter() - started)
         return [
             (b"content-type", OCTET_STREAM.encode()),

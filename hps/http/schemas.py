@@ -1,21 +1,33 @@
 """Request and response bodies of the HTTP API, and the OpenAPI text of the lookup route.
 
 The JSON forms are pydantic models (validated in pydantic-core, with no Python loop over
-keys). The binary form has no model: its request body is little-endian int64 keys and its
-response body little-endian float32 rows, described to OpenAPI by `LOOKUP_OPENAPI`.
+keys). The binary form has no model: its request body is little-endian keys (int64, or
+the dtype `X-HPS-Key-Dtype` declares: `KEY_DTYPES`) and its response body little-endian
+float32 rows, described to OpenAPI by `LOOKUP_REQUEST_OPENAPI` and `LOOKUP_RESPONSES`.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
 
 OCTET_STREAM = "application/octet-stream"
 JSON = "application/json"
+
+#: the dtypes binary keys may come in, little-endian, by name: /v1's `X-HPS-Key-Dtype`
+#: values, and in upper case the datatypes of KServe v2's KEYS. int64 is the default;
+#: uint64 keys are read as int64 (HugeCTR's `long long` keys), 32-bit ones widened.
+KEY_DTYPES: dict[str, np.dtype[Any]] = {
+    "int64": np.dtype("<i8"), "int32": np.dtype("<i4"), "uint32": np.dtype("<u4"),
+    "uint64": np.dtype("<u8")}
+#: request header of a binary lookup: the keys' dtype (a KEY_DTYPES name)
+KEY_DTYPE_HEADER = "X-HPS-Key-Dtype"
 
 #: response headers of a binary lookup
 KEYS_HEADER = "X-HPS-Keys"
@@ -179,7 +191,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 LOOKUP_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
-    400: _error_response("Body not a multiple of 8 bytes, bad JSON, or too many keys."),
+    400: _error_response(f"A binary body that is not a whole number of keys of its dtype "
+                         f"({KEY_DTYPE_HEADER}; the message names both), an unknown dtype, "
+                         "bad JSON, or too many keys."),
     404: _error_response("Unknown model or table."),
     413: _error_response("Body larger than the server's limit."),
     415: _error_response("Content type other than application/octet-stream or JSON."),
@@ -191,10 +205,22 @@ LOOKUP_ERRORS: dict[int | str, dict[str, Any]] = {
 
 #: OpenAPI of the lookup route's request body: the binary and the JSON form
 LOOKUP_REQUEST_OPENAPI: dict[str, Any] = {
+    "parameters": [{
+        "name": KEY_DTYPE_HEADER,
+        "in": "header",
+        "required": False,
+        "description": (
+            "The dtype of a binary body's keys (little-endian): int64 (the default), "
+            "int32, uint32 or uint64. uint64 keys are read as int64, as HugeCTR's `long "
+            "long` keys were; 32-bit keys are widened. A body that is not a whole number "
+            "of keys of that dtype is refused (400). JSON bodies ignore it."),
+        "schema": {"type": "string", "enum": list(KEY_DTYPES), "default": "int64"},
+    }],
     "requestBody": {
         "required": True,
         "description": (
-            "Either raw little-endian int64 keys (8 bytes each, no header), or JSON "
+            "Either raw little-endian keys (int64, 8 bytes each, no header; another dtype "
+            f"by {KEY_DTYPE_HEADER}), or JSON "
             '`{"keys": [...]}`. The answer has the same form as the request.'
         ),
         "content": {

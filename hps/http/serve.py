@@ -3,7 +3,12 @@ process's app on a bound socket, also a worker's: hps/http/workers.py) and `Serv
 
 `serve` binds first and loads the models in the background: `/healthz` answers at once,
 `/readyz` turns 200 when every model is in, and then a `curl` line that works is printed.
-A port that is taken is a `BindError` before anything is opened or announced.
+The first compile of a load (numba compiles each function at its first use; the first
+run on a machine) is one printed line, so a slow first load shows why. A model that fails
+to load is one printed line naming it and what went wrong; the server
+serves on without it (`/readyz` 503), or, told to require every model, stops and raises
+`ModelsNotLoadedError`. A port that is taken is a `BindError` before anything is opened or
+announced.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ import numpy as np
 import uvicorn
 
 from hps.config import PSConfig, load_config
-from hps.errors import BindError, ConfigError
+from hps.errors import BindError, ConfigError, ModelsNotLoadedError
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, is_loopback
+from hps.runtime.compile_on_use import CompileEvent, compile_events
 from hps.runtime.cores import usable_cores
 from hps.server import HierarchicalParameterServer
 
@@ -110,6 +116,7 @@ def serve(
     allow_roots: Sequence[str] | None = None,
     grpc_port: int | None = None,
     workers: int | str | None = None,
+    require_models: bool | None = None,
 ) -> None:
     """Serve every model of `config` over HTTP until interrupted (SIGINT/SIGTERM), and
     over gRPC (KServe v2, `hps.http.grpc`) on `grpc_port` (else the config's
@@ -118,6 +125,11 @@ def serve(
     `workers` (else the config's `http.workers`; "auto": the usable cores): more than
     one runs that many worker processes on the port over one table in shared memory
     (hps/http/workers.py); one serves from this process.
+
+    Each model that fails to load is echoed in one line. `require_models` (else the
+    config's `http.require_models`): the first such failure stops the server (drained,
+    tiers closed) and raises ModelsNotLoadedError naming the models that failed, so an
+    orchestrator sees the process exit instead of a server that never gets ready.
 
     The address is bound first (BindError if the port is taken), then the tiers are set
     up (a bad config or an unreachable Redis fails here, before anything is served);
@@ -128,6 +140,11 @@ def serve(
     try:
         psconfig = load_config(str(config) if isinstance(config, Path) else config)
         count = worker_count(psconfig.http.workers if workers is None else workers)
+        required = psconfig.http.require_models if require_models is None else require_models
+        if count > 1 and required:
+            raise ConfigError("--require-models (http.require_models) serves with one "
+                              "process: with --workers above 1 the supervisor does not "
+                              "stop on a failed load; watch /readyz instead")
         if count > 1:
             from hps.http.workers import supervise
 
@@ -154,6 +171,20 @@ def serve(
     def on_ready() -> None:
         threading.Thread(target=announce, name="hps-announce", daemon=True).start()
 
+    failed: list[str] = []
+
+    def on_failed(model: str, message: str) -> None:
+        failed.append(model)
+        if required:
+            echo(f"hps: model {model!r} failed to load: {message} (--require-models: "
+                 "stopping)")
+            if uv is not None:
+                uv.should_exit = True
+            return
+        echo(f"hps: model {model!r} failed to load: {message} (serving on without it: "
+             f"/readyz answers 503; fix it and POST /v1/models/{model}/reload, or serve "
+             "with --require-models to exit instead)")
+
     def made(server_: DrainingServer) -> None:
         nonlocal uv
         uv = server_
@@ -167,15 +198,28 @@ def serve(
         if grpc_server is not None:
             echo(f"hps: serving KServe v2 over gRPC on {grpc_server.start()}")
 
-    stopped_by = run_app(
-        sock, server, host=host, token=token, max_body_bytes=max_body_bytes,
-        lookup_threads=lookup_threads, access_log=access_log, log_level=log_level,
-        allow_roots=allow_roots, on_ready=on_ready,
-        grpc_port=grpc_port if grpc_port is not None else server.config.http.grpc_port,
-        made=made, listening=listening)
+    compiling: list[str] = []
+
+    def on_compile(event: CompileEvent) -> None:
+        if event.seconds is not None and not event.from_cache and not compiling:
+            compiling.append(event.function)
+            echo("hps: compiling what this config runs (the first load on this machine; "
+                 "numba caches it for the next), seconds per function …")
+
+    with compile_events(on_compile):
+        stopped_by = run_app(
+            sock, server, host=host, token=token, max_body_bytes=max_body_bytes,
+            lookup_threads=lookup_threads, access_log=access_log, log_level=log_level,
+            allow_roots=allow_roots, on_ready=on_ready, on_failed=on_failed,
+            grpc_port=grpc_port if grpc_port is not None else server.config.http.grpc_port,
+            made=made, listening=listening)
     if stopped_by:
         echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in stopped_by)}: "
              "drained, every tier closed")
+    if required and failed:
+        raise ModelsNotLoadedError(
+            f"{len(failed)} of {len(server.config.models)} models failed to load at start "
+            f"({', '.join(failed)}); --require-models stopped the server")
 
 
 def worker_count(workers: int | str) -> int:
@@ -196,6 +240,7 @@ def run_app(sock: socket.socket, server: HierarchicalParameterServer, *, host: s
             token: str | None, max_body_bytes: int, lookup_threads: int | None,
             access_log: bool, log_level: str, allow_roots: Sequence[str] | None,
             on_ready: Callable[[], None] | None, grpc_port: int | None,
+            on_failed: Callable[[str, str], None] | None = None,
             made: Callable[[DrainingServer], None] | None = None,
             listening: Callable[[Any], None] | None = None,
             prepare: Callable[[Any], None] | None = None) -> tuple[int, ...]:
@@ -204,7 +249,7 @@ def run_app(sock: socket.socket, server: HierarchicalParameterServer, *, host: s
     `listening` the gRPC server (or None) when the socket is to listen, `prepare` the
     app before it serves (a worker merges its metrics there)."""
     app = create_app(server, token=token, host=host, max_body_bytes=max_body_bytes,
-                     lookup_threads=lookup_threads, on_ready=on_ready,
+                     lookup_threads=lookup_threads, on_ready=on_ready, on_failed=on_failed,
                      allow_roots=allow_roots)
     if prepare is not None:
         prepare(app)

@@ -125,6 +125,8 @@ class ServiceState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     lookup_threads: int | None = None  # None: auto_lookup_threads(server)
     on_ready: Callable[[], None] | None = None
+    #: called with a model's name and what went wrong when it fails to load at start
+    on_failed: Callable[[str, str], None] | None = None
     #: the hard bound of lookups that may wait for or run on the lookup threads (see
     #: `admit`); None: QUEUED_LOOKUPS_PER_THREAD per lookup thread, at least
     #: MIN_QUEUED_LOOKUPS
@@ -397,8 +399,14 @@ class ServiceState:
             try:
                 self.load(model)
             except Exception as exc:  # recorded: /readyz reports it, the others still load
-                log.error("loading model %r failed: %s", model.model, exc,
-                          exc_info=not isinstance(exc, HPSError))
+                if self.on_failed is None or not isinstance(exc, HPSError):
+                    log.error("loading model %r failed: %s", model.model, exc,
+                              exc_info=not isinstance(exc, HPSError))
+                if self.on_failed is not None:
+                    try:
+                        self.on_failed(model.model, str(exc))
+                    except Exception:  # a print hook must not take the loader down
+                        log.exception("on_failed hook failed")
         if self.ready():
             log.info("all models loaded in %.1fs", time.perf_counter() - started)
             self._announce_ready()

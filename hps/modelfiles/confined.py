@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from hps.errors import SourceAccessError, SourceError, SourceNotFoundError
-from hps.modelfiles.source import ModelSource, check_length
+from hps.modelfiles.source import ModelSource, check_length, file_size
 
 T = TypeVar("T")
 
@@ -251,7 +251,7 @@ class ConfinedSource(ModelSource):
             return fd
 
     def size(self, name: str) -> int:
-        return os.fstat(self._fd(name)).st_size
+        return file_size(os.fstat(self._fd(name)), self.describe(name))
 
     def read(self, name: str, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0:

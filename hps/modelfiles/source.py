@@ -15,6 +15,7 @@ a source that is garbage collected unclosed releases them too.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import weakref
 from abc import ABC, abstractmethod
@@ -46,6 +47,16 @@ class Closing:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def file_size(info: os.stat_result, where: str) -> int:
+    """The size of the file `info` describes; SourceError when `where` is a folder or
+    anything else but a plain file (a folder's size is that of its entry table, not of
+    model data: read as a key file it would give a count of keys of nothing)."""
+    if stat.S_ISREG(info.st_mode):
+        return info.st_size
+    what = "a folder" if stat.S_ISDIR(info.st_mode) else "not a plain file"
+    raise SourceError(f"{where!r} is {what}, not a model file")
 
 
 class ModelSource(Closing, ABC):

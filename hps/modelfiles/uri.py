@@ -43,6 +43,7 @@ from hps.modelfiles.source import (
     RemoteSource,
     SourceOptions,
     check_length,
+    file_size,
     s3_endpoint,
 )
 
@@ -90,13 +91,16 @@ class LocalSource(ModelSource):
 
     def size(self, name: str) -> int:
         try:
-            return os.stat(self._file(name)).st_size
+            info = os.stat(self._file(name))
         except FileNotFoundError:
             if not os.path.isdir(self.path):
                 raise SourceNotFoundError(f"model folder {self.path!r} does not exist") from None
             raise SourceNotFoundError(f"{self._file(name)!r} does not exist") from None
+        except NotADirectoryError:
+            raise SourceError(f"{self.path!r} is a file, not a model folder") from None
         except OSError as exc:
             raise SourceError(f"cannot read {self._file(name)!r}: {exc.strerror}") from exc
+        return file_size(info, self._file(name))
 
     def names(self) -> list[str]:
         try:

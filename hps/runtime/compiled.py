@@ -1,79 +1,36 @@
 """Compiled code: numba set-up shared by every module that has hot loops NumPy cannot express.
 
-`kernel(signatures)` compiles a function ahead of its first call, for exactly the given
-signatures, with the GIL released (`nogil`) and the machine code cached on disk (`cache`):
-a process that finds the cache loads the kernels in milliseconds, and a call with other
-argument types raises TypeError instead of compiling inside a timed lookup.
+`kernel(signatures)` compiles a function for exactly the given signatures, each at its
+first use (hps/runtime/compile_on_use.py: a process compiles what its config calls, not
+every storage type of every tier), with the GIL released (`nogil`) and the machine code
+cached on disk (`cache`): a process that finds the cache loads a kernel in milliseconds,
+and a call with other argument types raises TypeError instead of compiling another
+version. A command that must not compile inside a timed section calls the functions
+once before it (`hps demo` loads a small model first).
 
-Where the cache lives: numba writes next to the package (`__pycache__`) when it can, else
-in the user's cache folder. When neither is writable (a read-only site-packages and no
-home, as in some containers) it would refuse to cache at all, so this module points
-`NUMBA_CACHE_DIR` at a private folder under the system's temporary directory first. An
-explicit `NUMBA_CACHE_DIR` always wins.
+Where the cache lives: hps/runtime/numba_cache.py (imported first: it sets numba up).
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+from hps.runtime.compile_on_use import on_use
+from hps.runtime.numba_cache import numba
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _writable_dir(path: str) -> bool:
-    """Whether files can be created in `path` (created if missing)."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path):
-            return True
-    except OSError:
-        return False
-
-
-def _user_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "numba")
-
-
-def cache_dir() -> str | None:
-    """The folder numba should cache into, or None when its own choice works.
-
-    None when NUMBA_CACHE_DIR is set or the package folder or the user cache folder is
-    writable; else a private folder in the temporary directory (created, mode 0700).
-    """
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return None
-    package = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
-    if _writable_dir(package) or _writable_dir(_user_cache_dir()):
-        return None
-    private = os.path.join(tempfile.gettempdir(), f"hps-numba-{os.getuid()}")
-    os.makedirs(private, mode=0o700, exist_ok=True)
-    return private
-
-
-def _configure() -> Any:
-    fallback = cache_dir()
-    if fallback is not None:
-        os.environ["NUMBA_CACHE_DIR"] = fallback
-    import numba
-
-    if fallback is not None:
-        # numba reads the environment once, at its import; set it for an earlier import too
-        numba.config.CACHE_DIR = fallback  # type: ignore[attr-defined]
-    return numba
-
-
-numba = _configure()
 types = numba.types
 
 
 def kernel(signatures: Sequence[Any]) -> Callable[[F], F]:
-    """`numba.njit(signatures, nogil=True, cache=True)`: compiled now, for these types only."""
+    """`numba.njit(signatures, nogil=True, cache=True)`, each signature compiled at its
+    first use; for these types only."""
 
     def wrap(fn: F) -> F:
-        compiled: F = numba.njit(list(signatures), nogil=True, cache=True)(fn)
+        compiled: F = on_use(fn, signatures, nogil=True)
         return compiled
 
     return wrap
@@ -97,7 +54,7 @@ def holding_gil(signatures: Sequence[Any]) -> Callable[[F], F]:
     cached both ways)."""
 
     def wrap(fn: F) -> F:
-        compiled: F = numba.njit(list(signatures), cache=True)(fn)
+        compiled: F = on_use(fn, signatures)
         return compiled
 
     return wrap

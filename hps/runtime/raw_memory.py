@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from hps.rows.gpu_layout import OUTPUT_CODES
-from hps.runtime.compiled import array, kernel, numba, types
+from hps.runtime.compiled import array, holding_gil, kernel, numba, types
 
 
 def _load_intrinsic(bits: int, atomic: bool) -> Any:
@@ -210,8 +210,8 @@ def _wait_while_held(address: int, sentinel: int, spins: int) -> int:
 
 #: wait_while with the GIL kept throughout: a short wait that hands no turn to another
 #: thread (hps/gpu/device_table.py says when that pays)
-wait_while_held = numba.njit([types.int32(types.int64, types.int32, types.int64)],
-                             cache=True)(_wait_while_held)
+wait_while_held = holding_gil([types.int32(types.int64, types.int32, types.int64)])(
+    _wait_while_held)
 
 _layout: bool | None = None
 

@@ -5,15 +5,22 @@ folders plus the matching ps.json, loads them into the embedded default tiers
 (in-process hash map over RocksDB), runs lookups, checks every returned vector against
 the files, and reports keys loaded, load time, lookup rate and memory.
 
-The load time is the load's alone: the compiled kernels the load runs are compiled (or,
-after the first run, read from numba's cache) first, by `compile_kernels`, and timed apart.
+The load time is the load's alone: numba compiles each function at its first use
+(hps/runtime/compile_on_use.py), so `warm_up` first runs the same demo on a small model in
+a temporary folder, which compiles what the load and the lookups run (or, after the first
+run on a machine, reads it from numba's cache), timed apart.
+
+The demo rewrites its folder's model files, ps.json and RocksDB: `check_not_served`
+refuses, before a byte is written, while a running `hps serve` holds that RocksDB.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,14 +28,22 @@ from typing import Any
 import numpy as np
 
 from hps.api import HPS
+from hps.errors import TierSetupError
 from hps.modelfiles.formats.sparse_folder import SparseModelReader, write_sparse_model
+from hps.runtime.compile_on_use import CompileEvent, compile_events
 from hps.server.loader import LoadProgress
+from hps.tiers.rocksdb.store import writer_of
 
 MODEL = "demo"
 TABLES = (("user_item", 600_000, 16), ("item_category", 400_000, 64))
 BATCH = 16_384
 #: keys every demo table holds, first in its files: the README's examples use them
 EXAMPLE_KEYS = (17, 42, -3)
+#: the demo's RocksDB, in its folder (ps.json's persistent_db.path)
+ROCKSDB_FOLDER = "rocksdb"
+#: the warm-up model's size relative to the demo's: 5,000 keys take every step of the
+#: demo's load and lookups (the same functions for the same types) in a fraction of a second
+WARM_UP_SCALE = 0.005
 
 
 def write_model(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
@@ -76,29 +91,60 @@ def ps_config(files: list[str], dims: list[int]) -> dict[str, Any]:
             "cache_refresh_percentage_per_iteration": 0.2,
         }],
         "volatile_db": {"type": "hash_map", "num_partitions": 16},
-        "persistent_db": {"type": "rocks_db", "path": "rocksdb"},
+        "persistent_db": {"type": "rocks_db", "path": ROCKSDB_FOLDER},
     }
 
 
-#: the modules whose kernels a load and its lookups run (compiled when first imported)
-KERNEL_MODULES = ("hps.rows.decode_loops", "hps.runtime.raw_memory", "hps.tiers.hash_map.loops",
-                  "hps.tiers.rocksdb.bulk", "hps.tiers.rocksdb.sst")
+def check_not_served(folder: Path) -> None:
+    """TierSetupError, before anything is written, while the demo's RocksDB in `folder` is
+    open for writing (a running `hps serve` of the demo): the demo would rewrite the model
+    files and ps.json that server serves, and then fail on that lock."""
+    writer = writer_of(str(folder / ROCKSDB_FOLDER))
+    if writer is None:
+        return
+    if writer == os.getpid():
+        who = "this process (an HPS of that config not closed yet)"
+    else:
+        who = ("another process" if writer < 0 else f"process {writer}") + \
+            " (a running `hps serve`?)"
+    raise TierSetupError(
+        f"hps demo would rewrite {folder}, but {who} has its RocksDB open for writing: "
+        "nothing was written. Stop that server first, or write the demo elsewhere with "
+        f"--folder; meanwhile `hps lookup {folder / 'ps.json'} -m {MODEL} --read-only -- "
+        f"{' '.join(map(str, EXAMPLE_KEYS))}` reads what it serves")
 
 
-def compile_kernels() -> float:
-    """Seconds taken to compile the kernels of a load: tens of seconds the first time on
-    a machine, milliseconds once numba's cache holds them (0 when already imported)."""
-    import importlib
+@dataclass(frozen=True)
+class WarmUp:
+    """What `warm_up` did: functions compiled, functions read from numba's cache, seconds."""
+
+    compiled: int
+    cached: int
+    seconds: float
+
+
+def warm_up(listener: Callable[[CompileEvent], None] | None = None) -> WarmUp:
+    """Run the demo on a small model in a temporary folder, so that what the demo's load
+    and lookups run is compiled (the first time on a machine: seconds) or read from
+    numba's cache (milliseconds) before they are timed. `listener` hears each compile."""
+    counts = {True: 0, False: 0}
+
+    def hear(event: CompileEvent) -> None:
+        if event.seconds is not None:
+            counts[event.from_cache] += 1
+        if listener is not None:
+            listener(event)
 
     started = time.perf_counter()
-    for module in KERNEL_MODULES:
-        importlib.import_module(module)
-    return time.perf_counter() - started
+    with compile_events(hear), tempfile.TemporaryDirectory(prefix="hps-demo-") as tmp:
+        _run(Path(tmp), None, WARM_UP_SCALE, seed=7, compile_seconds=0.0)
+    return WarmUp(counts[False], counts[True], time.perf_counter() - started)
 
 
 @dataclass
 class DemoReport:
-    #: compiling the kernels before the load (`compile_kernels`); not in load_seconds
+    #: the warm-up before the load (`warm_up`: compiling, the first time); not in
+    #: load_seconds
     compile_seconds: float
     keys_loaded: int
     load_seconds: float
@@ -135,11 +181,21 @@ def _disk_bytes(path: Path) -> int:
 
 
 def run_demo(folder: Path, progress: LoadProgress | None = None, scale: float = 1.0,
-             seed: int = 7) -> DemoReport:
-    """Write, load, look up, check. `scale` shrinks the model (tests use small ones)."""
+             seed: int = 7, warmed: WarmUp | None = None) -> DemoReport:
+    """Refuse while served (`check_not_served`), warm up (unless `warmed` says it was
+    done), then write, load, look up, check. `scale` shrinks the model (tests use small
+    ones)."""
+    check_not_served(folder)
+    if warmed is None:
+        warmed = warm_up()
+    return _run(folder, progress, scale, seed, warmed.seconds)
+
+
+def _run(folder: Path, progress: LoadProgress | None, scale: float, seed: int,
+         compile_seconds: float) -> DemoReport:
+    """Write, load, look up, check (no warm-up, no check of the folder)."""
     import psutil
 
-    compile_seconds = compile_kernels()
     folder.mkdir(parents=True, exist_ok=True)
     config_path = write_model(folder, seed=seed, scale=scale)
     started = time.perf_counter()

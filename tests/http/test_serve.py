@@ -212,3 +212,117 @@ def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
                                                  np.float32), rows[:3])
     finally:
         assert proc.interrupt() in (0, 130)
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Size and modification time of every file under `folder`; only the name of
+    RocksDB's info log, which its writer (the server) appends to as it runs."""
+    return {str(p.relative_to(folder)): (0, 0) if p.name == "LOG" else
+            (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
+        tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """A second `hps demo` while `hps serve` serves the demo's folder refuses in one line,
+    naming the server's process, before a byte is written (model files, ps.json and
+    RocksDB alike); the read-only ways it names work beside the server: `hps lookup
+    --read-only`, and in Python the config with persistent_db.read_only."""
+    from hps import load_config
+    from hps.inference import HPS
+
+    folder = tmp_path / "demo"
+    demo = [sys.executable, "-m", "hps.tools.cli", "demo", "--scale", "0.01", "--folder",
+            str(folder)]
+    first = subprocess.run(demo, capture_output=True, text=True, env=cli_env, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", str(folder / "ps.json"),
+                    "--port", str(free_port())], cli_env)
+    try:
+        proc.wait_for("curl ", timeout=90)
+        before = _snapshot(folder)
+        again = subprocess.run(demo, capture_output=True, text=True, env=cli_env, timeout=300)
+        assert again.returncode == 2 and again.stdout == "", again.stdout
+        assert len(again.stderr.strip().splitlines()) == 1, again.stderr
+        assert f"process {proc.proc.pid}" in again.stderr
+        assert "nothing was written" in again.stderr and "--read-only" in again.stderr
+        assert "Traceback" not in again.stderr
+        assert _snapshot(folder) == before
+        lookup = [sys.executable, "-m", "hps.tools.cli", "lookup", str(folder / "ps.json"),
+                  "-m", "demo", "--json", "--", "17", "42", "-3"]
+        locked = subprocess.run(lookup, capture_output=True, text=True, env=cli_env,
+                                timeout=120)
+        assert locked.returncode == 2 and len(locked.stderr.strip().splitlines()) == 1
+        assert "--read-only" in locked.stderr and "persistent_db.read_only" in locked.stderr
+        read = subprocess.run([*lookup[:4], "--read-only", *lookup[4:]], capture_output=True,
+                              text=True, env=cli_env, timeout=120)
+        assert read.returncode == 0, read.stderr
+        rows = np.fromfile(folder / "user_item" / "emb_vector", "<f4").reshape(-1, 16)
+        np.testing.assert_array_equal(
+            np.asarray(json.loads(read.stdout)["vectors"], np.float32), rows[:3])
+        config = load_config(str(folder / "ps.json"))
+        config.persistent_db.read_only = True  # as README shows beside a server
+        with HPS(config) as hps:
+            np.testing.assert_array_equal(hps.lookup(np.array([17, 42, -3]), "demo", 0),
+                                          rows[:3])
+    finally:
+        assert proc.interrupt() in (0, 130)
+
+
+def test_a_model_that_fails_to_load_is_one_line_and_require_models_exits(
+        tmp_path: Path, model_files: ModelFiles, cli_env: dict[str, str]) -> None:
+    """A config whose second model's folder does not exist: `hps serve` says so in one
+    line naming the model and the folder, and serves the other (/readyz 503); with
+    --require-models, or http.require_models in the config, it exits with status 2 after
+    that line, one error line and no traceback."""
+    gone = {**model_files.config["models"][0], "model": "gone",
+            "sparse_files": [str(tmp_path / "nope"), str(tmp_path / "nope2")]}
+    config = {**model_files.config, "models": [model_files.config["models"][0], gone]}
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(config))
+    port = free_port()
+    proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", str(path), "--port",
+                    str(port)], cli_env)
+    try:
+        line = proc.wait_for("hps: model 'gone' failed to load", timeout=90)
+        assert f"sparse folder '{tmp_path / 'nope'}' does not exist" in line
+        assert "--require-models" in line and "/readyz answers 503" in line
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/readyz").status_code == 503
+        served = httpx.post(f"{url}/v1/models/{MODEL}/tables/0/lookup",
+                            json={"keys": model_files.keys[0][:3].tolist()})
+        assert served.status_code == 200
+    finally:
+        assert proc.interrupt() in (0, 130)
+    failed_lines = [x for x in proc.seen if "failed to load" in x]
+    assert len(failed_lines) == 1 and not any("Traceback" in x for x in proc.seen)
+
+    required = dict(config, http={"require_models": True})
+    (tmp_path / "required.json").write_text(json.dumps(required))
+    for argv in ([str(path), "--require-models"], [str(tmp_path / "required.json")]):
+        done = subprocess.run([sys.executable, "-m", "hps.tools.cli", "serve", *argv,
+                               "--port", str(free_port())], capture_output=True, text=True,
+                              env=cli_env, timeout=180)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "hps: model 'gone' failed to load: sparse folder" in done.stdout
+        assert "(--require-models: stopping)" in done.stdout
+        errors = done.stderr.strip().splitlines()
+        assert errors[-1] == ("error: 1 of 2 models failed to load at start (gone); "
+                              "--require-models stopped the server"), done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_the_first_load_on_a_machine_says_it_compiles(config_file: Path, tmp_path: Path,
+                                                      cli_env: dict[str, str]) -> None:
+    """With nothing in numba's cache (a fresh machine), `hps serve` says once that it
+    compiles before the load's first compile ends; with the cache filled, it does not."""
+    env = {**cli_env, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    for run in ("fresh", "cached"):
+        proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", str(config_file),
+                        "--port", str(free_port())], env)
+        try:
+            proc.wait_for("every model is loaded", timeout=180)
+        finally:
+            assert proc.interrupt() in (0, 130)
+        said = [x for x in proc.seen if "compiling what this config runs" in x]
+        assert len(said) == (1 if run == "fresh" else 0), "".join(proc.seen)

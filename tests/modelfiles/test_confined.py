@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hps.errors import SourceAccessError, SourceNotFoundError
+from hps.errors import SourceAccessError, SourceError, SourceNotFoundError
 from hps.modelfiles.confined import (
     ConfinedSource,
     Escape,
@@ -83,6 +83,9 @@ def test_confined_source_reads_its_descriptors(tree: Path) -> None:
             assert "1234" not in str(refused.value)
         with pytest.raises(SourceNotFoundError):
             source.size("nope")
+        (tree / "root" / "m" / "key").mkdir()  # a folder where a model file should be
+        with pytest.raises(SourceError, match="m/key' is a folder, not a model file"):
+            source.size("key")
 
 
 def test_a_linked_folder_leading_out_is_refused(tree: Path) -> None:

@@ -8,6 +8,8 @@ import gc
 import logging
 import os
 import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,7 @@ import rocksdict
 
 from hps.config import PersistentDBConfig
 from hps.errors import LookupInputError, TierError, TierSetupError
+from hps.tiers.rocksdb.store import writer_of
 from hps.tiers.rocksdb.tier import META_CF, RocksDBTier, key_bytes
 from tests.support.rows import vectors_of
 
@@ -155,8 +158,45 @@ def test_drop_table_removes_column_family_and_metadata(tier: RocksDBTier) -> Non
 
 
 def test_second_writer_is_refused(tier: RocksDBTier) -> None:
-    with pytest.raises(TierSetupError, match="cannot open RocksDB"):
+    assert writer_of(tier.path) == os.getpid()
+    with pytest.raises(TierSetupError, match="cannot open RocksDB.*this process"):
         RocksDBTier(config(Path(tier.path)))
+
+
+def test_a_writer_in_another_process_is_named_and_its_files_are_left_alone(
+        store: Path) -> None:
+    """A store another process has open for writing: `writer_of` names that process, and
+    a second writer is refused, naming it and the read-only ways, before RocksDB writes
+    anything in the store (its info log is not rotated); a read-only open reads it."""
+    RocksDBTier(config(store)).close()
+    assert writer_of(str(store)) is None and writer_of(str(store / "none")) is None
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from hps.config import PersistentDBConfig; "
+         "from hps.tiers.rocksdb.tier import RocksDBTier; import numpy as np; "
+         f"t = RocksDBTier(PersistentDBConfig(path={str(store)!r})); t.create_table({T!r}, 4); "
+         f"t.insert({T!r}, np.arange(3), np.ones((3, 4), np.float32)); t._db.flush(True); "
+         "print('open', flush=True); sys.stdin.read(); t.close()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=Path(__file__).parents[2])
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        before = sorted((p.name, p.stat().st_mtime_ns) for p in store.iterdir())
+        assert writer_of(str(store)) == holder.pid
+        with pytest.raises(TierSetupError) as refused:
+            RocksDBTier(config(store))
+        message = str(refused.value)
+        assert f"process {holder.pid}" in message and "\n" not in message
+        assert "hps lookup --read-only" in message and "persistent_db.read_only" in message
+        assert sorted((p.name, p.stat().st_mtime_ns) for p in store.iterdir()) == before
+        reader = RocksDBTier(config(store, read_only=True))
+        try:
+            _, found = reader.fetch(T, np.arange(5))
+            assert found.tolist() == [True, True, True, False, False]
+        finally:
+            reader.close()
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0 and writer_of(str(store)) is None
 
 
 # -- read-only -------------------------------------------------------------------------

@@ -252,7 +252,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ran]]:
 
 #: what each run must print: (stdout, stderr) fragments
 EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "demo": (("compiling kernels (first run only): ", "0 mismatches", "match the model files",
+    "demo": (("compiled functions: ", "0 mismatches", "match the model files",
               "hps serve models/demo/ps.json"), ()),
     "load": (("loaded models", "500"), ()),
     "lookup": (('"keys": [-3]',), ()),

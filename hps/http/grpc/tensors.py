@@ -1,10 +1,11 @@
-"""Reading a `ModelInferRequest`: inputs KEYS (INT64) and NUMKEYS (INT32) from
-`raw_input_contents` (one entry per input, in the inputs' order) or from each input's
-typed `contents` (`int64_contents`, `int_contents`), and the outputs asked for.
+"""Reading a `ModelInferRequest`: inputs KEYS (INT64, or INT32, UINT32, UINT64) and
+NUMKEYS (INT32) from `raw_input_contents` (one entry per input, in the inputs' order) or
+from each input's typed `contents` (`int64_contents`, `int_contents`, `uint_contents`,
+`uint64_contents`, by datatype), and the outputs asked for.
 
     reading = read_request(data)         # LookupInputError: not a ModelInferRequest
     reading.model, reading.version, reading.request_id
-    keys, numkeys = reading.inputs()     # int64 [n], int64 [tables given]
+    keys, numkeys = reading.inputs()     # [n] of KEYS' datatype, int64 [tables given]
 
 The names, datatypes and byte order are the HTTP v2 route's (`kserve/schemas.py`), and
 the counts are checked by the same plan (`kserve/plan.py`). Raw inputs cross as arrays
@@ -22,10 +23,13 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from hps.errors import LookupInputError
-from hps.http.kserve.schemas import INPUTS, KEYS_INPUT, NUMKEYS_INPUT, OUTPUT
+from hps.http.kserve.schemas import DATATYPES, INPUTS, KEYS_INPUT, NUMKEYS_INPUT, OUTPUT
 
-#: the `contents` field each input's values go in when not raw
-CONTENTS_FIELD = {KEYS_INPUT: "int64_contents", NUMKEYS_INPUT: "int_contents"}
+#: the `contents` field an input's values go in when not raw, by its datatype
+CONTENTS_FIELD = {"INT64": "int64_contents", "INT32": "int_contents",
+                  "UINT32": "uint_contents", "UINT64": "uint64_contents"}
+#: KEYS' datatypes, for messages
+_KEY_TYPES = ", ".join(DATATYPES[KEYS_INPUT])
 _FIELDS = service_pb2.ModelInferRequest.DESCRIPTOR.fields_by_name
 _ID, _RAW = _FIELDS["id"].number, _FIELDS["raw_input_contents"].number
 
@@ -52,7 +56,7 @@ class Reading:
         self._inputs, self._message, self._fields = inputs, message, fields
 
     def inputs(self) -> tuple[np.ndarray, np.ndarray]:
-        """(KEYS as int64 [n], NUMKEYS as int64 [tables given]); LookupInputError."""
+        """(KEYS [n] of its datatype, NUMKEYS as int64 [tables given]); LookupInputError."""
         if self._inputs is None:
             self._inputs = read_inputs(self._message)
             if self._fields is not None and self._message.raw_input_contents:
@@ -88,7 +92,7 @@ def read_request(data: bytes) -> Reading:
 # -- the general path -----------------------------------------------------------------------
 
 def read_inputs(request: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(KEYS as int64 [n], NUMKEYS as int64 [tables given]) of a ModelInferRequest."""
+    """(KEYS [n] of its datatype, NUMKEYS as int64 [tables given]) of a ModelInferRequest."""
     inputs = request.inputs
     raw = request.raw_input_contents
     if raw and len(raw) != len(inputs):
@@ -100,15 +104,15 @@ def read_inputs(request: Any) -> tuple[np.ndarray, np.ndarray]:
         name = spec.name
         if name not in INPUTS:
             raise LookupInputError(f"unknown input {name!r}: the inputs are {KEYS_INPUT} "
-                                   f"(INT64) and {NUMKEYS_INPUT} (INT32)")
+                                   f"({_KEY_TYPES}) and {NUMKEYS_INPUT} (INT32)")
         if name in tensors:
             raise LookupInputError(f"input {name!r} is given twice")
         tensors[name] = _tensor(spec, raw[i] if raw else None)
     for name in INPUTS:
         if name not in tensors:
-            raise LookupInputError(f"input {name!r} is missing: send {KEYS_INPUT} (INT64, "
-                                   f"every table's keys) and {NUMKEYS_INPUT} (INT32, keys "
-                                   "per table)")
+            raise LookupInputError(f"input {name!r} is missing: send {KEYS_INPUT} ("
+                                   f"{_KEY_TYPES}: every table's keys) and {NUMKEYS_INPUT} "
+                                   "(INT32, keys per table)")
     _check_outputs(request)
     return tensors[KEYS_INPUT], tensors[NUMKEYS_INPUT].astype(np.int64)
 
@@ -116,10 +120,12 @@ def read_inputs(request: Any) -> tuple[np.ndarray, np.ndarray]:
 def _tensor(spec: Any, raw: bytes | None) -> np.ndarray:
     """The flat array of one input, from its raw bytes or its typed contents."""
     name = spec.name
-    datatype, dtype = INPUTS[name]
-    if spec.datatype != datatype:
-        raise LookupInputError(f"input {name!r} has datatype {spec.datatype!r}; expected "
-                               f"{datatype}")
+    datatype = spec.datatype
+    dtype = DATATYPES[name].get(datatype)
+    if dtype is None:
+        expected = _KEY_TYPES if name == KEYS_INPUT else INPUTS[name][0]
+        raise LookupInputError(f"input {name!r} has datatype {datatype!r}; expected "
+                               f"{expected}")
     if "shared_memory_region" in spec.parameters:
         raise LookupInputError("shared-memory inputs are not supported: send the data in "
                                "the request")
@@ -137,15 +143,15 @@ def _tensor(spec: Any, raw: bytes | None) -> np.ndarray:
                 f"input {name!r} of shape {list(spec.shape)} needs {count * dtype.itemsize} "
                 f"bytes of {datatype}; its raw_input_contents has {len(raw)}")
         return np.frombuffer(raw, dtype=dtype)
-    field = CONTENTS_FIELD[name]
+    field = CONTENTS_FIELD[datatype]
     if any(g != field for g in given):
         raise LookupInputError(f"input {name!r} is {datatype}: its values go in "
                                f"contents.{field}, not contents.{given[0]}")
-    values = np.asarray(getattr(spec.contents, field), dtype=np.int64)
+    values = np.asarray(getattr(spec.contents, field), dtype=dtype)
     if values.size != count:
         raise LookupInputError(f"input {name!r} has {values.size} elements; its shape "
                                f"{list(spec.shape)} needs {count}")
-    return values  # (int_contents is int32 on the wire: NUMKEYS cannot overflow here)
+    return values  # (each contents field holds its datatype's width: nothing overflows)
 
 
 def _check_outputs(request: Any) -> None:
@@ -238,6 +244,7 @@ class _Layout(NamedTuple):
     sizes: tuple[int, ...]
     keys_at: int
     numkeys_at: int
+    keys_dtype: np.dtype[Any]  # KEYS' datatype's (the head names it)
 
     def read(self, fields: _Fields) -> Reading | None:
         """The request of `fields`; None when its raw inputs' sizes or its id differ
@@ -250,7 +257,7 @@ class _Layout(NamedTuple):
             request_id = fields.request_id.decode()
         except UnicodeDecodeError:
             return None
-        keys = np.frombuffer(raw[self.keys_at], dtype=INPUTS[KEYS_INPUT][1])
+        keys = np.frombuffer(raw[self.keys_at], dtype=self.keys_dtype)
         numkeys = np.frombuffer(raw[self.numkeys_at], dtype=INPUTS[NUMKEYS_INPUT][1])
         return Reading(self.model, self.version, request_id,
                        (keys, numkeys.astype(np.int64)))
@@ -267,6 +274,8 @@ def _remember(fields: _Fields, request: Any) -> None:
     names = [spec.name for spec in request.inputs]
     if len(_LAYOUTS) >= _LAYOUTS_MAX:
         _LAYOUTS.clear()
-    _LAYOUTS[fields.head] = _Layout(request.model_name, request.model_version,
-                                    tuple(len(r) for r in fields.raw),
-                                    names.index(KEYS_INPUT), names.index(NUMKEYS_INPUT))
+    keys_at = names.index(KEYS_INPUT)
+    _LAYOUTS[fields.head] = _Layout(
+        request.model_name, request.model_version, tuple(len(r) for r in fields.raw),
+        keys_at, names.index(NUMKEYS_INPUT),
+        DATATYPES[KEYS_INPUT][request.inputs[keys_at].datatype])

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from hps.http.bodies import parse_length, validation_message
 from hps.http.errors import BadBody, BadJSON
 from hps.http.kserve.schemas import (
+    DATATYPES,
     INPUTS,
-    INT32_MAX,
     KEYS_INPUT,
     NUMKEYS_INPUT,
     OUTPUT,
@@ -33,7 +33,7 @@ class InferCall(NamedTuple):
     """A parsed inference request: the keys, keys per table, and the answer's form (a
     named tuple: made for every request, it costs half of a frozen dataclass)."""
 
-    keys: np.ndarray  # int64 [n]
+    keys: np.ndarray  # [n], of a KEYS datatype (schemas.DATATYPES): the lookup widens it
     numkeys: np.ndarray  # int64 [tables given]
     binary_output: bool
     request_id: str | None
@@ -117,21 +117,22 @@ def _parse(head: bytes, binary: memoryview) -> tuple[InferCall, BinaryLayout | N
     offset = 0
     for spec in request.inputs:
         if spec.name not in INPUTS:
-            raise BadJSON(f"unknown input {spec.name!r}: the inputs are {KEYS_INPUT} (INT64) "
-                          f"and {NUMKEYS_INPUT} (INT32)")
+            raise BadJSON(f"unknown input {spec.name!r}: the inputs are {KEYS_INPUT} ("
+                          f"{_names(KEYS_INPUT)}) and {NUMKEYS_INPUT} (INT32)")
         if spec.name in tensors:
             raise BadJSON(f"input {spec.name!r} is given twice")
         start = offset
         tensors[spec.name], offset = _tensor(spec, binary, offset)
         if spec.data is None:
-            places[spec.name] = (INPUTS[spec.name][1], tensors[spec.name].size, start)
+            places[spec.name] = (tensors[spec.name].dtype, tensors[spec.name].size, start)
     if offset != len(binary):
         raise BadBody(f"{len(binary) - offset} bytes of binary data follow the inputs' "
                       "binary_data_size; expected none")
     missing = [name for name in INPUTS if name not in tensors]
     if missing:
-        raise BadJSON(f"input {missing[0]!r} is missing: send {KEYS_INPUT} (INT64, every "
-                      f"table's keys) and {NUMKEYS_INPUT} (INT32, keys per table)")
+        raise BadJSON(f"input {missing[0]!r} is missing: send {KEYS_INPUT} ("
+                      f"{_names(KEYS_INPUT)}: every table's keys) and {NUMKEYS_INPUT} (INT32, "
+                      "keys per table)")
     binary_output = _binary_output(request)
     timeout = _timeout(request)
     call = InferCall(tensors[KEYS_INPUT], tensors[NUMKEYS_INPUT].astype(np.int64),
@@ -152,12 +153,20 @@ def _timeout(request: InferRequest) -> int | None:
     return value
 
 
+def _names(name: str) -> str:
+    """The datatypes input `name` is accepted in, for messages: "INT64, INT32, … or …"."""
+    *others, last = DATATYPES[name]
+    return f"{', '.join(others)} or {last}" if others else last
+
+
 def _tensor(spec: InferInput, binary: memoryview, offset: int) -> tuple[np.ndarray, int]:
-    """The flat array of one input, from its JSON data or the binary part at `offset`."""
-    datatype, dtype = INPUTS[spec.name]
-    if spec.datatype != datatype:
-        raise BadJSON(f"input {spec.name!r} has datatype {spec.datatype!r}; expected "
-                      f"{datatype}")
+    """The flat array of one input, of its datatype's dtype, from its JSON data or the
+    binary part at `offset`."""
+    datatype = spec.datatype
+    dtype = DATATYPES[spec.name].get(datatype)
+    if dtype is None:
+        raise BadJSON(f"input {spec.name!r} has datatype {datatype!r}; expected "
+                      f"{_names(spec.name)}")
     params = spec.parameters or {}
     if "shared_memory_region" in params:
         raise BadJSON("shared-memory inputs are not supported: send the data in the body")
@@ -178,15 +187,16 @@ def _tensor(spec: InferInput, binary: memoryview, offset: int) -> tuple[np.ndarr
     if spec.data is None:
         raise BadJSON(f"input {spec.name!r} has neither data nor binary_data_size")
     try:
-        values = np.array(spec.data, dtype=np.int64)
+        values = np.array(spec.data, dtype=dtype)
+    except OverflowError:  # a value outside the datatype's range
+        info = np.iinfo(dtype)
+        raise BadJSON(f"input {spec.name!r} is {datatype}: its values must lie in "
+                      f"[{info.min}, {info.max}]") from None
     except ValueError:  # nested rows of different lengths
         raise BadJSON(f"input {spec.name!r}: nested data rows differ in length") from None
     if values.size != count:
         raise BadJSON(f"input {spec.name!r} has {values.size} elements; its shape "
                       f"{spec.shape} needs {count}")
-    if dtype == "<i4" and values.size and (values.min() < -INT32_MAX - 1
-                                           or values.max() > INT32_MAX):
-        raise BadJSON(f"input {spec.name!r} is INT32: its values must fit 32 bits")
     return values.reshape(-1), offset
 
 

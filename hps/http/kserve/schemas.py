@@ -1,7 +1,8 @@
 """What the v2 protocol declares of an HPS model: its tensors, its one version, the JSON
 schema of an inference request, and the metadata and configuration bodies.
 
-    inputs   KEYS     INT64 [-1]   every table's keys, concatenated in table order
+    inputs   KEYS     INT64 [-1]   every table's keys, concatenated in table order (also
+                                   accepted: INT32, UINT32, UINT64; see KEY_DTYPES)
              NUMKEYS  INT32 [-1]   keys per table, in table order
     output   OUTPUT0  FP32  [-1]   the vectors of all keys, rows concatenated
 
@@ -18,7 +19,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from hps.errors import UnknownModelError
-from hps.http.schemas import INT64_MAX, INT64_MIN, JSON, OCTET_STREAM, inline_schema
+from hps.http.schemas import (
+    INT64_MIN,
+    JSON,
+    KEY_DTYPES,
+    OCTET_STREAM,
+    UINT64_MAX,
+    inline_schema,
+)
 
 KEYS_INPUT, NUMKEYS_INPUT, OUTPUT = "KEYS", "NUMKEYS", "OUTPUT0"
 #: the one version each model is served as
@@ -27,10 +35,14 @@ PLATFORM = "hps"
 HEADER_LENGTH = "inference-header-content-length"
 INFER_PATH = "/v2/models/{model}/infer"
 INFER_RE = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
-#: the input tensors: name → (datatype, little-endian NumPy dtype)
+#: the input tensors: name → (datatype declared in the metadata, little-endian NumPy dtype)
 INPUTS: dict[str, tuple[str, np.dtype[Any]]] = {
     KEYS_INPUT: ("INT64", np.dtype("<i8")), NUMKEYS_INPUT: ("INT32", np.dtype("<i4"))}
-INT32_MAX = 2**31 - 1
+#: the datatypes each input is accepted in: KEYS in any key dtype of /v1's (int64 the
+#: one declared; uint64 read as int64, 32-bit keys widened), NUMKEYS in INT32 only
+DATATYPES: dict[str, dict[str, np.dtype[Any]]] = {
+    KEYS_INPUT: {name.upper(): dtype for name, dtype in KEY_DTYPES.items()},
+    NUMKEYS_INPUT: {"INT32": np.dtype("<i4")}}
 
 
 def check_version(model: str, version: str | None) -> None:
@@ -42,8 +54,9 @@ def check_version(model: str, version: str | None) -> None:
 
 # -- the request header (JSON) ------------------------------------------------------------
 
-#: an element of a JSON tensor: an integer (no fraction, string or bool) in the int64 range
-Element = Annotated[int, Field(strict=True, ge=INT64_MIN, le=INT64_MAX)]
+#: an element of a JSON tensor: an integer (no fraction, string or bool) in the int64 or
+#: uint64 range (its own datatype's range is checked as the tensor is read)
+Element = Annotated[int, Field(strict=True, ge=INT64_MIN, le=UINT64_MAX)]
 
 
 class InferInput(BaseModel):

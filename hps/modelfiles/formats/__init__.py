@@ -102,12 +102,13 @@ def folder_format(source: ModelSource) -> tuple[str, list[str]]:
     try:
         names = source.names()
     except SourceNotFoundError:
-        names = []
+        raise SourceNotFoundError(f"sparse folder {source.uri!r} does not exist") from None
     if part_names(names):
         return "parquet", part_names(names)
+    found = f"it holds {', '.join(names[:8])}" if names else "it holds no files"
     raise ModelFileError(
-        f"sparse model {source.uri!r} has no 'key' file, no keys.npy and no *.parquet part "
-        f"files (found: {', '.join(names[:8]) or 'nothing'}): expected a HugeCTR folder "
+        f"sparse folder {source.uri!r} has no 'key' file, no keys.npy and no *.parquet part "
+        f"files ({found}): expected a HugeCTR folder "
         "(key, emb_vector), a NumPy folder (keys.npy, vectors.npy), a DCP checkpoint "
         "(.metadata), Parquet part files, or a file ending in .parquet, .npz, .safetensors "
         "or .pt"

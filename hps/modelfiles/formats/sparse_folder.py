@@ -73,6 +73,11 @@ def read_info(source: ModelSource, vec_size: int | None = None) -> SparseModelIn
             f"{FLOAT_BYTES} (float32 values): the file is truncated"
         )
     num_keys = key_bytes // KEY_BYTES
+    if num_keys == 0 and vector_bytes:
+        raise ModelFileError(
+            f"{source.describe(KEY_FILE)} is empty (0 bytes) but "
+            f"{source.describe(VECTOR_FILE)} holds {vector_bytes} bytes: the key file is "
+            "truncated, or was not written")
     if vec_size is None:
         if num_keys == 0:
             raise ModelFileError(f"{source.uri}: empty key file, cannot infer the width")
@@ -85,12 +90,12 @@ def read_info(source: ModelSource, vec_size: int | None = None) -> SparseModelIn
     if vec_size <= 0:
         raise ModelFileError(f"{source.uri}: vector width must be positive, got {vec_size}")
     expected = num_keys * vec_size * FLOAT_BYTES
-    if vector_bytes != expected:
-        found = vector_bytes / (num_keys * FLOAT_BYTES) if num_keys else float("nan")
+    if vector_bytes != expected:  # num_keys > 0 here: no keys and no rows is a table
         raise ModelFileError(
             f"{source.describe(VECTOR_FILE)} is {vector_bytes} bytes but {num_keys} keys × "
-            f"width {vec_size} × 4 bytes = {expected} bytes (the file holds {found:g} "
-            "floats per key): wrong embedding_vecsize_per_table, or a truncated file"
+            f"width {vec_size} × 4 bytes = {expected} bytes (the file holds "
+            f"{vector_bytes / (num_keys * FLOAT_BYTES):g} floats per key): wrong "
+            "embedding_vecsize_per_table, or a truncated file"
         )
     return SparseModelInfo(source.uri, num_keys, vec_size, key_bytes, vector_bytes)
 

@@ -48,6 +48,17 @@ def store_options(config: PersistentDBConfig, block_cache_bytes: int) -> Any:
     return opt
 
 
+_HELD_HERE = (
+    "cannot open {where}: this process already has it open for writing (an HPS, a "
+    "framework layer or a HierarchicalParameterServer not closed yet). Build them all from "
+    "the same config file (one server per config is shared in a process), or close the "
+    "other first")
+_HELD_ELSEWHERE = (
+    "cannot open {where}: {who} (a running `hps serve`?) has it open for writing. Read it "
+    "meanwhile with `hps lookup --read-only`, or set persistent_db.read_only: true in the "
+    "config")
+
+
 def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]:
     """Open the store at `path` with `options` (`store_options`) and every column family
     it holds. Returns `(Rdict, names of its column families other than "default")`.
@@ -60,6 +71,11 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
         raise TierSetupError(
             f"{where} does not exist; persistent_db.read_only needs an existing store"
         )
+    writer = None if read_only else writer_of(path)
+    if writer == os.getpid():
+        raise TierSetupError(_HELD_HERE.format(where=where))
+    if writer is not None:  # refused before RocksDB touches the writer's files
+        raise TierSetupError(_HELD_ELSEWHERE.format(where=where, who=f"process {writer}"))
     try:
         families = {n: options for n in column_families(path, options) if n != DEFAULT_CF}
         if read_only:
@@ -74,17 +90,45 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
         return db, set(families)
     except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
         if "hold by current process" in str(exc):  # RocksDB's own words for its lock table
-            raise TierSetupError(
-                f"cannot open {where}: this process already has it open for writing (an "
-                "HPS, a framework layer or a HierarchicalParameterServer not closed yet). "
-                "Build them all from the same config file (one server per config is shared "
-                "in a process), or close the other first") from exc
+            raise TierSetupError(_HELD_HERE.format(where=where)) from exc
         if "lock" in str(exc).lower():
-            raise TierSetupError(
-                f"cannot open {where}: another process (a running `hps serve`?) has it "
-                "open for writing. Read it meanwhile with `hps lookup --read-only`, or "
-                "set persistent_db.read_only: true in the config") from exc
+            raise TierSetupError(_HELD_ELSEWHERE.format(
+                where=where, who="another process")) from exc
         raise TierSetupError(f"cannot open {where}: {exc}") from exc
+
+
+#: the lock file RocksDB holds (a POSIX record lock) while a process has a store open
+#: for writing
+LOCK_FILE = "LOCK"
+
+
+def writer_of(path: str) -> int | None:
+    """The id of the process that has the store at `path` open for writing (this one
+    too), or None: no store there, or no writer.
+
+    Read from the kernel's table of file locks (/proc/locks) by the lock file's device
+    and inode, without opening anything: opening the store to find out rotates its
+    writer's info log (RocksDB opens that before it takes the lock), and closing any
+    descriptor of the lock file in the writing process would drop its lock. None where
+    the table cannot be read (not Linux): RocksDB's own refusal at open is then the check.
+    """
+    try:
+        info = os.stat(os.path.join(path, LOCK_FILE))
+    except FileNotFoundError:
+        return None
+    where = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii") as table:
+            rows = table.read().split("\n")
+    except OSError:
+        return None
+    for row in rows:
+        # "1: POSIX  ADVISORY  WRITE 20583 fe:00:2146414 0 EOF"
+        fields = row.split()
+        if len(fields) >= 6 and fields[1] == "POSIX" and fields[3] == "WRITE" \
+                and fields[5] == where:
+            return int(fields[4])
+    return None
 
 
 def column_families(path: str, options: Any) -> list[str]:

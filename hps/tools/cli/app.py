@@ -9,9 +9,11 @@ one line. Log records and Python warnings share one format (rich's log handler o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -28,6 +30,9 @@ from rich.progress import (
 )
 
 from hps.server.loader import LoadProgress
+
+if TYPE_CHECKING:
+    from hps.runtime.compile_on_use import CompileEvent
 
 #: -h beside --help
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
@@ -69,6 +74,24 @@ def progress_bars() -> Progress:
         TransferSpeedColumn(), TextColumn("{task.fields[keys]} keys"), TimeElapsedColumn(),
         console=err_console, transient=False,
     )
+
+
+@contextlib.contextmanager
+def compile_status(what: str) -> Iterator[Callable[[CompileEvent], None]]:
+    """A status line on stderr while `what` runs, naming each function numba compiles
+    (or reads from its cache) and how many it has done; yields the listener to pass to
+    what compiles (hps.runtime.compile_on_use.compile_events)."""
+    done = [0]
+    with err_console.status(f"{what} …") as status:
+
+        def hear(event: CompileEvent) -> None:
+            if event.seconds is None:
+                name = event.function.rpartition(".")[2]
+                status.update(f"{what}: {done[0]} compiled, now {name} …")
+            else:
+                done[0] += 1
+
+        yield hear
 
 
 def _setup_logging(verbose: bool) -> None:

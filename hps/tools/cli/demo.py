@@ -12,7 +12,14 @@ import typer
 from rich.table import Table
 
 from hps.errors import HPSError
-from hps.tools.cli.app import BarProgress, console, err_console, fail, progress_bars
+from hps.tools.cli.app import (
+    BarProgress,
+    compile_status,
+    console,
+    err_console,
+    fail,
+    progress_bars,
+)
 from hps.tools.cli.serve import DEFAULT_MAX_BODY, serve_config
 
 
@@ -31,9 +38,10 @@ def demo(
     The model (HugeCTR's format: tables user_item, width 16, and item_category, width
     64; keys 17, 42 and -3 are in both) and its ps.json go to --folder, by default
     models/demo: serve it with `hps serve models/demo/ps.json`, or pass --serve. The
-    first run on a machine compiles the kernels (timed apart from the load).
+    first run on a machine compiles what the demo runs, on a small model first (timed
+    apart from the load). While `hps serve` serves the folder it refuses, writing nothing.
     """
-    from hps.tools.demo import TABLES, compile_kernels, run_demo
+    from hps.tools.demo import TABLES, check_not_served, run_demo, warm_up
 
     if serve_after:  # before minutes of demo, not after
         try:
@@ -42,14 +50,16 @@ def demo(
             fail(exc)
     if scale <= 0:
         fail(ValueError(f"--scale must be above 0 (1.0 is ~1M keys), got {scale:g}"))
-    console.print("compiling kernels (first run only) …")
-    console.print(f"compiling kernels (first run only): {compile_kernels():.2f} s",
-                  highlight=False)
-    total = sum(int(c * scale) for _, c, _ in TABLES)
-    console.print(f"Writing a {total:,}-key model (widths 16 and 64) to {folder} …")
     try:
+        check_not_served(folder)
+        with compile_status("compiling what the demo runs (first run only)") as listener:
+            warmed = warm_up(listener)
+        console.print(_warm_up_line(warmed.compiled, warmed.cached, warmed.seconds),
+                      highlight=False, soft_wrap=True)
+        total = sum(int(c * scale) for _, c, _ in TABLES)
+        console.print(f"Writing a {total:,}-key model (widths 16 and 64) to {folder} …")
         with progress_bars() as bars:
-            report = run_demo(folder, progress=BarProgress(bars), scale=scale)
+            report = run_demo(folder, progress=BarProgress(bars), scale=scale, warmed=warmed)
     except HPSError as exc:
         fail(exc)
     table = Table(title="hps demo: embedded tiers (hash map over RocksDB)")
@@ -68,3 +78,10 @@ def demo(
         return
     serve_config(folder / "ps.json", host=host, port=port, token=None,
                  max_body_bytes=DEFAULT_MAX_BODY, access_log=False)
+
+
+def _warm_up_line(compiled: int, cached: int, seconds: float) -> str:
+    if compiled:
+        return (f"compiled functions: {compiled} compiled in {seconds:.1f} s (first run "
+                "only; numba caches them)")
+    return f"compiled functions: {cached} read from numba's cache in {seconds:.2f} s"

@@ -2,7 +2,8 @@
 
 `serve_config` is the one way the command line starts the server (`hps demo --serve`
 too): a port already taken is one line and exit status 1, before anything says
-"serving"; any other HPSError one line and exit status 2.
+"serving"; any other HPSError one line and exit status 2 (with --require-models, a model
+that failed to load at start too, after its own line).
 """
 
 from __future__ import annotations
@@ -45,24 +46,31 @@ def serve(
         None, help="Worker processes answering on the port, over one table in shared "
         "memory (docs/workers.md); \"auto\": one per usable core. Default: the config's "
         "http.workers; 1."),
+    require_models: Optional[bool] = typer.Option(
+        None, "--require-models/--no-require-models", help="Exit (status 2) when a model "
+        "fails to load at start, instead of serving on without it with /readyz at 503: "
+        "for an orchestrator that restarts what exits. Default: the config's "
+        "http.require_models; off."),
 ) -> None:
     """Serve lookups over HTTP (/v1 and KServe v2), metrics, health.
 
     Lookups: binary and JSON on /v1, and the KServe v2 / Triton protocol on /v2 (inputs
     KEYS, NUMKEYS; output OUTPUT0). Binds at once and loads the models in the
     background: /healthz answers now, /readyz
-    turns 200 when every model is loaded, and a working curl line is printed then.
+    turns 200 when every model is loaded, and a working curl line is printed then. A
+    model that fails to load is one line here.
     """
     serve_config(config, host=host, port=port, token=token or None,
                  max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
                  access_log=access_log, allow_roots=allow_root or None,
-                 grpc_port=grpc_port, workers=workers)
+                 grpc_port=grpc_port, workers=workers, require_models=require_models)
 
 
 def serve_config(config: Path, *, host: str, port: int, token: str | None,
                  max_body_bytes: int, access_log: bool, lookup_threads: int | None = None,
                  allow_roots: list[str] | None = None,
-                 grpc_port: int | None = None, workers: str | None = None) -> None:
+                 grpc_port: int | None = None, workers: str | None = None,
+                 require_models: bool | None = None) -> None:
     """Serve `config` until Ctrl-C; errors as one line (see the module's docstring)."""
     try:
         from hps.http import serve as run_server
@@ -71,7 +79,7 @@ def serve_config(config: Path, *, host: str, port: int, token: str | None,
                    max_body_bytes=max_body_bytes, access_log=access_log,
                    lookup_threads=lookup_threads,
                    echo=_echo_plain, allow_roots=allow_roots, grpc_port=grpc_port,
-                   workers=workers)
+                   workers=workers, require_models=require_models)
     except BindError as exc:  # one line, exit 1, before anything says "serving"
         fail(exc, code=1)
     except HPSError as exc:

@@ -190,5 +190,5 @@ def test_keys_out_of_range(tmp_path: Path, rng: np.random.Generator) -> None:
 def test_empty_folder_is_not_a_model(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "README").write_text("no model here")
-    with pytest.raises(ModelFileError, match=r"no 'key' file.*found: README"):
+    with pytest.raises(ModelFileError, match=r"no 'key' file.*it holds README"):
         open_model(str(tmp_path / "empty"))
