@@ -29,7 +29,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# isort: split
 import hps.runtime.numba_cache  # noqa: F401  (numba's cache folder is set before numba loads)
+
+# isort: split
 from numba.core import sigutils, typing
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
