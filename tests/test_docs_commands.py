@@ -1,9 +1,13 @@
-"""Every command line shown in README.md and docs/*.md runs as shown.
+"""Every command line and every Python block shown in README.md and docs/*.md runs as shown.
 
-The fenced ```bash, ```sh, ```shell and ```console blocks of each page run in order, as a
-reader following the page would run them: one shell command at a time (a line, or one
-side of `&&`), in a fresh copy of the tracked files, with the project's `.venv` first on
-PATH. A command must exit 0. Three kinds are handled apart, each for a stated reason:
+The fenced ```bash, ```sh, ```shell, ```console and ```python blocks of each page run in
+page order, as a reader following the page would run them, in a fresh copy of the tracked
+files whose own code is imported (PYTHONPATH), with the project's `.venv` first on PATH.
+A shell block runs one command at a time (a line, or one side of `&&`), and each must
+exit 0. The page's Python blocks run in one interpreter that lives until the page ends,
+each in the namespace the blocks above it left (tests/support/python_session.py), as a
+reader pastes them into one session: a block may use only what its page defined above
+it, and must not raise. Four kinds are handled apart, each for a stated reason:
 
 - the set-up steps (making and activating a virtual environment, `pip install`) are
   checked, not run: this suite already runs in the project's `.venv`, and installing into
@@ -12,7 +16,10 @@ PATH. A command must exit 0. Three kinds are handled apart, each for a stated re
 - `hps serve` runs in the background until its `/readyz` answers 200, the next commands
   of the page run against it, and it is stopped when the page ends. It serves on a free
   port instead of 8000, which other tests or services may hold;
-- a block after `<!-- docs-test: MARKER -->` is not run; MARKERS says which markers exist
+- a block after `<!-- docs-test: needs-WHAT -->` needs something the test provides
+  (NEEDS): a CUDA device (the page then has a second test, marked `gpu`, that runs it; the
+  first runs the page without it), the server the page started above, or a Redis server;
+- a block after `<!-- docs-test: skip-WHY -->` is not run; MARKERS says which markers exist
   and why, and commands in NOT_RUN are not run either. Both lists must stay short.
 """
 
@@ -30,15 +37,18 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import tomllib
 from packaging.requirements import Requirement
+
+from tests.support.python_session import PythonSession
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -48,10 +58,21 @@ VENV_BIN = Path(sys.executable).parent
 #: a block so marked is not run
 MARKERS = {
     "skip-network": "needs a service on the network (an S3 bucket, a registry)",
-    "skip-gpu": "needs a CUDA device",
     "skip-container": "needs a container runtime",
     "skip-long": "runs for minutes",
 }
+#: markers for what a block needs, each provided by the test as said
+NEEDS = {
+    "needs-gpu": "a CUDA device: run by the page's second test, marked `gpu` (deselected "
+                 "where there is none, as in CI: -m 'not gpu'); the first runs the page "
+                 "without the block",
+    "needs-server": "the `hps serve` the page started above, on the test's free port "
+                    "(127.0.0.1:8000 and gRPC's 127.0.0.1:8001 on the page stand for them)",
+    "needs-redis": "a redis-server of the test's own (127.0.0.1:6379 on the page stands "
+                   "for it)",
+}
+#: the addresses a page names, each standing for one the test provides
+SERVE_ADDRESS, GRPC_ADDRESS, REDIS_ADDRESS = "127.0.0.1:8000", "127.0.0.1:8001", "127.0.0.1:6379"
 #: commands that are not run, by their first words, and why
 NOT_RUN = {
     "bash scripts/test.sh": "runs the whole test suite (this test is part of it)",
@@ -61,7 +82,8 @@ NOT_RUN = {
 COMMAND_TIMEOUT = 300
 READY_TIMEOUT = 120
 
-_FENCE = re.compile(r"^```(bash|sh|shell|console)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+_FENCE = re.compile(r"^```(bash|sh|shell|console|python)[ \t]*\n(.*?)^```[ \t]*$",
+                    re.S | re.M)
 _MARKER = re.compile(r"<!--\s*docs-test:\s*([\w-]+)\s*-->\s*$")
 
 
@@ -70,19 +92,28 @@ class Block:
     page: str
     line: int
     marker: str | None
-    commands: list[str]
+    commands: list[str] = field(default_factory=list)  # a shell block's
+    source: str | None = None  # a Python block's
+
+    @property
+    def name(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
 def blocks_of(page: str) -> list[Block]:
-    """The shell blocks of `page`, each with its marker and its commands."""
+    """The shell and Python blocks of `page` in page order, each with its marker."""
     text = (ROOT / page).read_text()
     found = []
     for match in _FENCE.finditer(text):
         before = text[:match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = _MARKER.search(before)
-        found.append(Block(page, text.count("\n", 0, match.start()) + 1,
-                           marker.group(1) if marker else None,
-                           commands_of(match.group(2), console=match.group(1) == "console")))
+        block = Block(page, text.count("\n", 0, match.start()) + 1,
+                      marker.group(1) if marker else None)
+        if match.group(1) == "python":
+            block.source = match.group(2)
+        else:
+            block.commands = commands_of(match.group(2), console=match.group(1) == "console")
+        found.append(block)
     return found
 
 
@@ -186,23 +217,24 @@ STAND_INS: list[tuple[Callable[[list[str]], bool], Callable[[list[str], Path], N
     (lambda w: w[0] in (".", "source") and w[1:2] == [".venv/bin/activate"], check_venv),
 ]
 
-#: files a page's commands need that the page makes outside a shell block, and how
-GIVEN: dict[str, Callable[[Path], None]] = {}
+#: files a page's blocks need that the page makes outside a shell or Python block, and how
+GIVEN: dict[str, Callable[[Page], None]] = {}
 
 
-def _user_safetensors(work: Path) -> None:
+def _user_safetensors(page: Page) -> None:
     # the page saves it from a trained nn.Embedding with safetensors.torch.save_file
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(0)
     save_file({"weight": rng.standard_normal((1000, 16), dtype=np.float32)},
-              str(work / "user.safetensors"))
+              str(page.work / "user.safetensors"))
 
 
 GIVEN["docs/model-files.md"] = _user_safetensors
 
 
-def _torch_checkpoints(work: Path) -> None:
+def _torch_checkpoints(page: Page) -> None:
+    work = page.work
     # the page saves them from a training job: a state_dict with torch.save, and a
     # torch.distributed.checkpoint folder (one process here: DCP saves without a group)
     import torch
@@ -220,12 +252,13 @@ def _torch_checkpoints(work: Path) -> None:
 GIVEN["docs/pytorch.md"] = _torch_checkpoints
 
 
-def _ranking_model(work: Path) -> None:
+def _ranking_model(page: Page) -> None:
     # the page's model `ranking`: table `user` served from models/v1/user; models/v2/user
     # is a next version whose rows grew 10x (the load gate warns about it); user.keys
     # are keys to prefetch, raw int64
     from hps.modelfiles.formats.sparse_folder import write_sparse_model
 
+    work = page.work
     rng = np.random.default_rng(0)
     keys = np.arange(5000, dtype=np.int64)
     rows = rng.standard_normal((keys.size, 16), dtype=np.float32)
@@ -256,7 +289,40 @@ class Page:
     work: Path
     env: dict[str, str]
     port: int
-    servers: list[subprocess.Popen[bytes]]
+    servers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: each address the page names, and the one the test provides for it
+    addresses: dict[str, str] = field(default_factory=dict)
+    session: PythonSession | None = None
+
+    def __post_init__(self) -> None:
+        self.addresses.setdefault(SERVE_ADDRESS, f"127.0.0.1:{self.port}")
+        self.addresses.setdefault(GRPC_ADDRESS, f"127.0.0.1:{_free_port()}")
+
+    def local(self, text: str) -> str:
+        """`text` with the page's addresses replaced by those the test provides."""
+        for named, provided in self.addresses.items():
+            text = text.replace(named, provided)
+        grpc_port = self.addresses[GRPC_ADDRESS].rsplit(":", 1)[1]
+        return text.replace(f"--grpc-port {GRPC_ADDRESS.rsplit(':', 1)[1]}",
+                            f"--grpc-port {grpc_port}")
+
+    def run_block(self, block: Block) -> None:
+        if block.marker == "needs-server":
+            assert any(s.poll() is None for s in self.servers), (
+                f"{block.name} needs a server, and the page started none above it")
+        if block.source is not None:
+            self.run_python(block)
+            return
+        for command in block.commands:
+            if not any(command.startswith(skipped) for skipped in NOT_RUN):
+                self.run(command)
+
+    def run_python(self, block: Block) -> None:
+        assert block.source is not None
+        if self.session is None:
+            self.session = PythonSession(self.work, self.env, self.work / "python.log",
+                                         COMMAND_TIMEOUT)
+        self.session.run(self.local(block.source), block.name)
 
     def run(self, command: str) -> None:
         words = shlex.split(command)
@@ -264,7 +330,7 @@ class Page:
             if matches(words):
                 check(words, self.work)
                 return
-        command = command.replace("127.0.0.1:8000", f"127.0.0.1:{self.port}")
+        command = self.local(command)
         if words[:2] == ["hps", "serve"]:
             self.serve(f"{command} --port {self.port}")
             return
@@ -298,6 +364,8 @@ class Page:
             time.sleep(0.2)
 
     def stop(self) -> None:
+        if self.session is not None:
+            self.session.close()
         for server in self.servers:
             if server.poll() is None:
                 server.send_signal(signal.SIGINT)  # as Ctrl-C: a clean shutdown
@@ -326,45 +394,76 @@ def page_dir(tmp_path: Path) -> Iterator[Path]:
     yield work
 
 
-def _env(home: Path) -> dict[str, str]:
+def _env(home: Path, work: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(VENV_BIN.parent)
     env["HOME"] = str(home)
     env.pop("HPS_TOKEN", None)
-    env.pop("PYTHONPATH", None)
+    # the copy's own code, as `pip install .` in it gives: the environment's install may be
+    # of another tree (an editable install of another checkout)
+    env["PYTHONPATH"] = str(work)
     return env
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks_of(p)])
-def test_page_commands_run(page: str, page_dir: Path, tmp_path: Path) -> None:
-    if page in GIVEN:
-        GIVEN[page](page_dir)
+def _runs() -> Iterator[Any]:
+    """One test per page with blocks; a second, marked `gpu`, for a page with GPU blocks."""
+    for page in PAGES:
+        blocks = blocks_of(page)
+        if blocks:
+            yield pytest.param(page, False, id=page)
+        if any(b.marker == "needs-gpu" for b in blocks):
+            yield pytest.param(page, True, id=f"{page}[gpu]", marks=pytest.mark.gpu)
+
+
+@pytest.mark.parametrize(("page", "with_gpu"), list(_runs()))
+def test_page_runs(page: str, with_gpu: bool, page_dir: Path, tmp_path: Path,
+                   request: pytest.FixtureRequest) -> None:
+    blocks = blocks_of(page)
     home = tmp_path / "home"
     home.mkdir()
-    runner = Page(page_dir, _env(home), _free_port(), [])
+    runner = Page(page_dir, _env(home, page_dir), _free_port())
+    if any(b.marker == "needs-redis" for b in blocks):
+        runner.addresses[REDIS_ADDRESS] = request.getfixturevalue("redis_server").address
+    if page in GIVEN:
+        GIVEN[page](runner)
     try:
-        for block in blocks_of(page):
-            if block.marker is not None:
+        for block in blocks:
+            if block.marker in MARKERS or (block.marker == "needs-gpu" and not with_gpu):
                 continue
-            for command in block.commands:
-                if any(command.startswith(skipped) for skipped in NOT_RUN):
-                    continue
-                runner.run(command)
+            runner.run_block(block)
     finally:
         runner.stop()
 
 
 def test_markers_are_known_and_few() -> None:
     blocks = [b for p in PAGES for b in blocks_of(p)]
-    marked = [b for b in blocks if b.marker is not None]
-    for block in marked:
-        assert block.marker in MARKERS, (
-            f"{block.page}:{block.line}: unknown marker {block.marker!r} (known: {MARKERS})")
-    assert len(marked) <= max(3, len(blocks) // 4), [f"{b.page}:{b.line}" for b in marked]
+    for block in blocks:
+        assert block.marker is None or block.marker in MARKERS or block.marker in NEEDS, (
+            f"{block.name}: unknown marker {block.marker!r} (known: {[*MARKERS, *NEEDS]})")
+    not_run = [b for b in blocks if b.marker in MARKERS]
+    assert len(not_run) <= max(3, len(blocks) // 4), [b.name for b in not_run]
     commands = [c for b in blocks for c in b.commands]
     for skipped in NOT_RUN:
         assert any(c.startswith(skipped) for c in commands), f"{skipped!r} is in no page"
+
+
+def test_python_blocks_share_one_session_in_page_order(tmp_path: Path) -> None:
+    runner = Page(tmp_path, _env(tmp_path, tmp_path), _free_port())
+    try:
+        runner.run_python(Block("p.md", 1, None, source="import numpy as np\nx = np.arange(3)\n"))
+        runner.run_python(Block("p.md", 5, None, source="assert int(x.sum()) == 3\n"))
+        with pytest.raises(AssertionError, match="(?s)p.md:9 raised:.*NameError: name 'torch'"):
+            runner.run_python(Block("p.md", 9, None, source="torch.empty(3)\n"))
+        runner.run_python(Block("p.md", 12, None, source="print(x)\n"))  # it goes on
+    finally:
+        runner.stop()
+
+
+def test_a_python_block_is_read_with_its_marker() -> None:
+    assert [(b.marker, b.source) for b in blocks_of("docs/http.md") if b.source][0] == (
+        "needs-server", (ROOT / "docs/http.md").read_text().split("```python\n")[1]
+        .split("```")[0])
 
 
 def test_commands_are_split_as_a_shell_would() -> None:
@@ -376,7 +475,7 @@ def test_commands_are_split_as_a_shell_would() -> None:
 
 
 def test_a_wrong_command_or_install_line_fails(tmp_path: Path) -> None:
-    runner = Page(tmp_path, _env(tmp_path), _free_port(), [])
+    runner = Page(tmp_path, _env(tmp_path, tmp_path), _free_port())
     with pytest.raises(AssertionError, match="exited 1"):
         runner.run("false")
     with pytest.raises(AssertionError, match="exited 7"):  # nothing serves there
