@@ -271,6 +271,14 @@ def _ranking_model(page: Page) -> None:
         "maxnum_catfeature_query_per_table_per_sample": [64], "gpucache": False}]}))
 
 
+def _readme_ps_json(page: Page) -> None:
+    # the page shows ps.json as a ```json block for the reader to save
+    blocks = re.findall(r"^```json\n(.*?)^```$", (ROOT / "README.md").read_text(), re.S | re.M)
+    assert len(blocks) == 1, "README.md: one ps.json block expected"
+    (page.work / "ps.json").write_text(blocks[0])
+
+
+GIVEN["README.md"] = _readme_ps_json
 GIVEN["docs/operating.md"] = _ranking_model
 GIVEN["docs/workers.md"] = _ranking_model
 
