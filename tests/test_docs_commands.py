@@ -221,32 +221,80 @@ STAND_INS: list[tuple[Callable[[list[str]], bool], Callable[[list[str], Path], N
 GIVEN: dict[str, Callable[[Page], None]] = {}
 
 
-def _user_safetensors(page: Page) -> None:
-    # the page saves it from a trained nn.Embedding with safetensors.torch.save_file
-    from safetensors.numpy import save_file
+def _demo_tables(page: Page, **model: Any) -> None:
+    # the pages' model `demo` as `hps demo` shapes it (tables user_item, width 16, and
+    # item_category, width 64, both holding keys 17, 42 and -3), small: ps.json and
+    # tables/; `model` adds keys to the model block
+    from hps.modelfiles.formats.sparse_folder import write_sparse_model
 
     rng = np.random.default_rng(0)
-    save_file({"weight": rng.standard_normal((1000, 16), dtype=np.float32)},
-              str(page.work / "user.safetensors"))
+    keys = np.arange(-3, 997, dtype=np.int64)
+    for table, width in (("user_item", 16), ("item_category", 64)):
+        write_sparse_model(page.work / "tables" / table, keys,
+                           rng.standard_normal((keys.size, width), dtype=np.float32))
+    (page.work / "ps.json").write_text(json.dumps({"models": [{
+        "model": "demo", "sparse_files": ["tables/user_item", "tables/item_category"],
+        "embedding_table_names": ["user_item", "item_category"],
+        "embedding_vecsize_per_table": [16, 64],
+        "maxnum_catfeature_query_per_table_per_sample": [16, 16], "gpucache": False,
+        **model}]}))
 
 
-GIVEN["docs/model-files.md"] = _user_safetensors
+def _redis_updates(page: Page) -> dict[str, Any]:
+    return {"type": "redis_stream", "address": page.local(REDIS_ADDRESS)}
+
+
+GIVEN["docs/python.md"] = _demo_tables
+GIVEN["docs/gpu-cache.md"] = lambda page: _demo_tables(page, gpucache=True)
+
+
+def _demo_with_updates(page: Page) -> None:
+    # ps.json with the page's update_source; models/retrained/user_item the retrained table
+    from hps.modelfiles.formats.sparse_folder import write_sparse_model
+
+    _demo_tables(page)
+    config = json.loads((page.work / "ps.json").read_text())
+    config["update_source"] = _redis_updates(page)
+    (page.work / "ps.json").write_text(json.dumps(config))
+    keys = np.arange(100, dtype=np.int64)
+    write_sparse_model(page.work / "models" / "retrained" / "user_item", keys,
+                       np.ones((keys.size, 16), np.float32))
+
+
+GIVEN["docs/updates.md"] = _demo_with_updates
+
+
+def _wdl_model(page: Page) -> None:
+    # HugeCTR's WDL sample's two sparse folders: widths 1 and 16, keys 0..999
+    from hps.modelfiles.formats.sparse_folder import write_sparse_model
+
+    rng = np.random.default_rng(0)
+    keys = np.arange(1000, dtype=np.int64)
+    for name, width in (("wdl0_sparse.model", 1), ("wdl1_sparse.model", 16)):
+        write_sparse_model(page.work / name, keys,
+                           rng.standard_normal((keys.size, width), dtype=np.float32))
+
+
+GIVEN["docs/hugectr.md"] = _wdl_model
 
 
 def _torch_checkpoints(page: Page) -> None:
-    work = page.work
-    # the page saves them from a training job: a state_dict with torch.save, and a
-    # torch.distributed.checkpoint folder (one process here: DCP saves without a group)
+    # the page saves a torch.distributed.checkpoint folder from a training job (one
+    # process here: DCP saves without a group); its ps.json is the from-torch block of
+    # model.pt (which the page saves) with an update_source, as the page says to add
     import torch
     import torch.distributed.checkpoint as dcp
 
     generator = torch.Generator().manual_seed(0)
     warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-    torch.save({"embedding.weight": torch.randn(1000, 16, generator=generator)},
-               str(work / "model.pt"))
     dcp.save({"model.ebc.embedding_bags.t_user.weight": torch.randn(500, 8,
                                                                     generator=generator)},
-             checkpoint_id=str(work / "ckpt" / "step_9000"), no_dist=True)
+             checkpoint_id=str(page.work / "ckpt" / "step_9000"), no_dist=True)
+    (page.work / "ps.json").write_text(json.dumps({"models": [{
+        "model": "ranker", "sparse_files": [{"path": "model.pt", "tensor": "embedding.weight"}],
+        "embedding_table_names": ["embedding"], "embedding_vecsize_per_table": [16],
+        "maxnum_catfeature_query_per_table_per_sample": [26], "gpucache": False}],
+        "update_source": _redis_updates(page)}))
 
 
 GIVEN["docs/pytorch.md"] = _torch_checkpoints
