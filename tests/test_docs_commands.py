@@ -18,7 +18,8 @@ it, and must not raise. Four kinds are handled apart, each for a stated reason:
   port instead of 8000, which other tests or services may hold;
 - a block after `<!-- docs-test: needs-WHAT -->` needs something the test provides
   (NEEDS): a CUDA device (the page then has a second test, marked `gpu`, that runs it; the
-  first runs the page without it), the server the page started above, or a Redis server;
+  first runs the page without it), the server the page started above, a Redis server or
+  an S3 server;
 - a block after `<!-- docs-test: skip-WHY -->` is not run; MARKERS says which markers exist
   and why, and commands in NOT_RUN are not run either. Both lists must stay short.
 """
@@ -47,6 +48,7 @@ import numpy as np
 import pytest
 import tomllib
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.support.python_session import PythonSession
 
@@ -70,6 +72,8 @@ NEEDS = {
                     "(127.0.0.1:8000 and gRPC's 127.0.0.1:8001 on the page stand for them)",
     "needs-redis": "a redis-server of the test's own (127.0.0.1:6379 on the page stands "
                    "for it)",
+    "needs-s3": "an S3 server of the test's own (moto; AWS_ENDPOINT_URL names it), holding "
+                "the buckets the page reads",
 }
 #: the addresses a page names, each standing for one the test provides
 SERVE_ADDRESS, GRPC_ADDRESS, REDIS_ADDRESS = "127.0.0.1:8000", "127.0.0.1:8001", "127.0.0.1:6379"
@@ -205,6 +209,47 @@ def check_pip_install(words: list[str], work: Path) -> None:
     assert not problems, f"`{shlex.join(words)}` would not be a no-op here: {problems}"
 
 
+#: extras that bring this repository's own tools (tests, docs, the compose check), not
+#: what a page's code may use
+TOOL_EXTRAS = {"test", "dev", "compose"}
+
+
+def _modules_of(requirements: list[str]) -> set[str]:
+    """The top-level modules the installed distributions of `requirements` provide."""
+    names = {canonicalize_name(Requirement(r).name) for r in requirements}
+    return {module for module, dists in metadata.packages_distributions().items()
+            if any(canonicalize_name(d) in names for d in dists)}
+
+
+def not_installed(shown: set[str]) -> list[str]:
+    """The modules a page's Python cannot import after the installs it showed: `shown`
+    holds ".[extra]" for each extra and the name of each package installed by name. Those
+    of the extras not shown, less those of the base dependencies and of what was shown."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = {k: v for k, v in _extras().items() if k not in TOOL_EXTRAS}
+    present = [*project["dependencies"], *(r for k, v in extras.items() if f".[{k}]" in shown
+                                           for r in v),
+               *(s for s in shown if not s.startswith("."))]
+    absent = [r for k, v in extras.items() if f".[{k}]" not in shown for r in v]
+    return sorted(_modules_of(absent) - _modules_of(present))
+
+
+def installs_of(words: list[str]) -> set[str]:
+    """What `pip install ...` installs, as `not_installed` takes it."""
+    shown: set[str] = set()
+    args = iter(words[2:])
+    for arg in args:
+        if arg in ("-c", "--constraint", "--index-url", "--extra-index-url"):
+            next(args)  # the option's value
+        elif arg.startswith("."):
+            extras = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", arg)
+            assert extras, f"`{arg}`: not a `.[extra,...]` form"
+            shown |= {f".[{e}]" for e in (extras.group(1) or "").split(",") if e}
+        elif not arg.startswith("-"):
+            shown.add(Requirement(arg).name)
+    return shown
+
+
 def check_venv(words: list[str], work: Path) -> None:
     """Making or activating `.venv`: the tests run in the project's own, on PATH."""
     assert (VENV_BIN / "python").exists()
@@ -219,6 +264,27 @@ STAND_INS: list[tuple[Callable[[list[str]], bool], Callable[[list[str], Path], N
 
 #: files a page's blocks need that the page makes outside a shell or Python block, and how
 GIVEN: dict[str, Callable[[Page], None]] = {}
+
+
+def _parquet_lake(page: Page) -> None:
+    # the page reads s3://lake/items/, a folder of Parquet parts written by Spark:
+    # columns id (int64) and emb (list<float>)
+    import boto3
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    part = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": np.arange(1000),
+                             "emb": list(rng.standard_normal((1000, 16), dtype=np.float32))}),
+                   part)
+    s3 = boto3.client("s3", endpoint_url=page.env["AWS_ENDPOINT_URL"])
+    s3.create_bucket(Bucket="lake")
+    s3.put_object(Bucket="lake", Key="items/part-00000.parquet", Body=part.getvalue().to_pybytes())
+    s3.put_object(Bucket="lake", Key="items/_SUCCESS", Body=b"")
+
+
+GIVEN["docs/model-files.md"] = _parquet_lake
 
 
 def _demo_tables(page: Page, **model: Any) -> None:
@@ -245,7 +311,8 @@ def _redis_updates(page: Page) -> dict[str, Any]:
 
 
 GIVEN["docs/python.md"] = _demo_tables
-GIVEN["docs/gpu-cache.md"] = lambda page: _demo_tables(page, gpucache=True)
+GIVEN["docs/gpu-cache.md"] = lambda page: _demo_tables(page, gpucache=True,
+                                                    deployed_device_list=[0])
 
 
 def _demo_with_updates(page: Page) -> None:
@@ -349,6 +416,9 @@ class Page:
     #: each address the page names, and the one the test provides for it
     addresses: dict[str, str] = field(default_factory=dict)
     session: PythonSession | None = None
+    #: the installs the page showed so far (`installs_of`); None until it shows one: a page
+    #: that shows none is read in an environment that has what it uses
+    shown: set[str] | None = None
 
     def __post_init__(self) -> None:
         self.addresses.setdefault(SERVE_ADDRESS, f"127.0.0.1:{self.port}")
@@ -378,10 +448,13 @@ class Page:
         if self.session is None:
             self.session = PythonSession(self.work, self.env, self.work / "python.log",
                                          COMMAND_TIMEOUT)
-        self.session.run(self.local(block.source), block.name)
+        self.session.run(self.local(block.source), block.name,
+                         not_installed(self.shown) if self.shown is not None else ())
 
     def run(self, command: str) -> None:
         words = shlex.split(command)
+        if words[:2] == ["pip", "install"]:
+            self.shown = (self.shown or set()) | installs_of(words)
         for matches, check in STAND_INS:
             if matches(words):
                 check(words, self.work)
@@ -476,11 +549,17 @@ def _runs() -> Iterator[Any]:
 def test_page_runs(page: str, with_gpu: bool, page_dir: Path, tmp_path: Path,
                    request: pytest.FixtureRequest) -> None:
     blocks = blocks_of(page)
+    needs = {b.marker for b in blocks}
+    addresses = {}
+    if "needs-redis" in needs:
+        addresses[REDIS_ADDRESS] = request.getfixturevalue("redis_server").address
+    # before the environment is copied: the S3 server sets fake AWS credentials in it
+    s3_endpoint = request.getfixturevalue("s3_server").endpoint if "needs-s3" in needs else None
     home = tmp_path / "home"
     home.mkdir()
-    runner = Page(page_dir, _env(home, page_dir), _free_port())
-    if any(b.marker == "needs-redis" for b in blocks):
-        runner.addresses[REDIS_ADDRESS] = request.getfixturevalue("redis_server").address
+    runner = Page(page_dir, _env(home, page_dir), _free_port(), addresses=addresses)
+    if s3_endpoint is not None:
+        runner.env["AWS_ENDPOINT_URL"] = s3_endpoint
     if page in GIVEN:
         GIVEN[page](runner)
     try:
@@ -512,6 +591,19 @@ def test_python_blocks_share_one_session_in_page_order(tmp_path: Path) -> None:
         with pytest.raises(AssertionError, match="(?s)p.md:9 raised:.*NameError: name 'torch'"):
             runner.run_python(Block("p.md", 9, None, source="torch.empty(3)\n"))
         runner.run_python(Block("p.md", 12, None, source="print(x)\n"))  # it goes on
+    finally:
+        runner.stop()
+
+
+def test_a_python_block_imports_only_what_the_page_installed_above(tmp_path: Path) -> None:
+    runner = Page(tmp_path, _env(tmp_path, tmp_path), _free_port())
+    try:
+        runner.run("pip install '.[server]'")
+        runner.run_python(Block("p.md", 1, None, source="import numpy, httpx, hps\n"))
+        with pytest.raises(AssertionError, match="No module named 'torch' .not installed"):
+            runner.run_python(Block("p.md", 5, None, source="import torch.nn\n"))
+        runner.run("pip install '.[torch]'")
+        runner.run_python(Block("p.md", 9, None, source="import torch.nn\n"))
     finally:
         runner.stop()
 

@@ -3,14 +3,18 @@ one session: each block runs in the namespace the blocks before it left, so a bl
 use only what its page defined above it.
 
 `PythonSession(cwd, env)` starts `python` running this file as a script; `run(source,
-name)` sends one block and returns once it has run, raising `AssertionError` with the
-block's traceback and the session's output when it raised. The session's stdout and
+name, not_installed)` sends one block and returns once it has run, raising
+`AssertionError` with the block's traceback and the session's output when it raised. The
+top-level modules in `not_installed` cannot be imported by the block (ModuleNotFoundError,
+as if absent): what the reader's environment lacks at that point of the page. The session's stdout and
 stderr go to a log file (printed with a failure); the replies come back on a pipe of their
 own, so nothing a block prints can be mistaken for one.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import select
@@ -19,6 +23,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -37,12 +42,12 @@ class PythonSession:
         os.close(reply_write)
         self._replies = os.fdopen(reply_read, "r")
 
-    def run(self, source: str, name: str) -> None:
+    def run(self, source: str, name: str, not_installed: Sequence[str] = ()) -> None:
         """Run one block; AssertionError with its traceback if it raised."""
         assert self._process.stdin is not None
+        request = {"source": source, "name": name, "not_installed": list(not_installed)}
         try:
-            self._process.stdin.write((json.dumps({"source": source, "name": name}) + "\n")
-                                      .encode())
+            self._process.stdin.write((json.dumps(request) + "\n").encode())
             self._process.stdin.flush()
         except BrokenPipeError:
             raise AssertionError(f"{name}: the session had ended\n{self._output()}") from None
@@ -80,13 +85,31 @@ class PythonSession:
         self._replies.close()
 
 
+class _NotInstalled(importlib.abc.MetaPathFinder):
+    """Ahead of every other finder: the modules named are not found, as if not installed."""
+
+    def __init__(self) -> None:
+        self.modules: set[str] = set()
+
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        top = name.partition(".")[0]
+        if top in self.modules:
+            raise ModuleNotFoundError(
+                f"No module named {top!r} (not installed by the page's steps above)", name=top)
+        return None
+
+
 def _serve(reply_fd: int) -> None:
     """The child's side: exec each block read from stdin in one namespace, as `__main__`."""
     sys.path[0] = ""  # as in an interactive session: the current folder first
+    not_installed = _NotInstalled()
+    sys.meta_path.insert(0, not_installed)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     replies = os.fdopen(reply_fd, "w")
     for line in sys.stdin:
         request = json.loads(line)
+        not_installed.modules = set(request["not_installed"])
         try:
             exec(compile(request["source"], request["name"], "exec"), namespace)
             reply = {"ok": True}
