@@ -7,12 +7,15 @@ A shell block runs one command at a time (a line, or one side of `&&`), and each
 exit 0. The page's Python blocks run in one interpreter that lives until the page ends,
 each in the namespace the blocks above it left (tests/support/python_session.py), as a
 reader pastes them into one session: a block may use only what its page defined above
-it, and must not raise. Four kinds are handled apart, each for a stated reason:
+it, and must not raise. Once a page has shown a `pip install`, its blocks may import only
+what the installs shown so far bring (the other extras' modules are not found), as in the
+reader's environment. Four kinds are handled apart, each for a stated reason:
 
 - the set-up steps (making and activating a virtual environment, `pip install`) are
-  checked, not run: this suite already runs in the project's `.venv`, and installing into
-  it would replace the checkout's own install. A `pip install` is checked to be a no-op
-  here: every extra it names exists and every requirement is installed (STAND_INS);
+  checked, not run (tests/support/docs_installs.py): this suite already runs in the
+  project's `.venv`, and installing into it would replace the checkout's own install. A
+  `pip install` is checked to be a no-op here: every extra it names exists and every
+  requirement is installed (STAND_INS);
 - `hps serve` runs in the background until its `/readyz` answers 200, the next commands
   of the page run against it, and it is stopped when the page ends. It serves on a free
   port instead of 8000, which other tests or services may hold;
@@ -39,17 +42,14 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-import tomllib
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
+from tests.support.docs_installs import STAND_INS, installs_of, not_installed
 from tests.support.python_session import PythonSession
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,126 +141,6 @@ def commands_of(body: str, console: bool = False) -> list[str]:
                 command.append(word)
     return commands
 
-
-# -- set-up steps, checked rather than run ------------------------------------------------
-
-def _installed(requirement: Requirement, constraints: dict[str, str]) -> str | None:
-    """Why `requirement` is not met by the installed distributions (None: it is)."""
-    if requirement.marker is not None and not requirement.marker.evaluate():
-        return None
-    try:
-        version = metadata.version(requirement.name)
-    except metadata.PackageNotFoundError:
-        return f"{requirement.name} is not installed"
-    if not requirement.specifier.contains(version, prereleases=True):
-        return f"{requirement.name} {version} does not meet {requirement.specifier}"
-    pinned = constraints.get(requirement.name.lower().replace("_", "-"))
-    if pinned is not None and pinned != version:
-        return f"{requirement.name} {version} is not the pinned {pinned} (constraints.txt)"
-    return None
-
-
-def _extras() -> dict[str, list[str]]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return dict(project["optional-dependencies"])
-
-
-def check_pip_install(words: list[str], work: Path) -> None:
-    """`pip install ...` would change nothing here: each extra of `.[...]` exists and its
-    requirements are installed, and so is each package named (at its pin with -c)."""
-    args = words[2:]
-    constraints: dict[str, str] = {}
-    targets: list[str] = []
-    index_url = None
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("-c", "--constraint"):
-            for line in (work / args[i + 1]).read_text().splitlines():
-                name, sep, version = line.partition("==")
-                if sep:
-                    constraints[name.strip().lower().replace("_", "-")] = version.strip()
-            i += 2
-        elif arg in ("--index-url", "--extra-index-url"):
-            index_url = args[i + 1]
-            i += 2
-        elif arg.startswith("-"):
-            raise AssertionError(f"`{shlex.join(words)}`: option {arg} is not known here")
-        else:
-            targets.append(arg)
-            i += 1
-    assert targets, f"`{shlex.join(words)}` installs nothing"
-    extras = _extras()
-    problems = []
-    for target in targets:
-        if target.startswith("."):
-            wanted = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", target)
-            assert wanted, f"`{target}`: not a `.[extra,...]` form"
-            for extra in (wanted.group(1) or "").split(",") if wanted.group(1) else []:
-                assert extra in extras, f"`{target}`: no extra {extra!r} in pyproject.toml"
-                problems += [p for r in extras[extra]
-                             if (p := _installed(Requirement(r), constraints))]
-        else:
-            problems += [p for p in [_installed(Requirement(target), constraints)] if p]
-    if index_url is not None and "download.pytorch.org/whl/cpu" in index_url:
-        # the CPU build's version carries +cpu; a CUDA build would bring NVIDIA wheels
-        assert "torch" in targets and metadata.version("torch").endswith("+cpu"), \
-            f"`{shlex.join(words)}`: the installed torch is {metadata.version('torch')}"
-    assert not problems, f"`{shlex.join(words)}` would not be a no-op here: {problems}"
-
-
-#: extras that bring this repository's own tools (tests, docs, the compose check), not
-#: what a page's code may use
-TOOL_EXTRAS = {"test", "dev", "compose"}
-
-
-def _modules_of(requirements: list[str]) -> set[str]:
-    """The top-level modules the installed distributions of `requirements` provide."""
-    names = {canonicalize_name(Requirement(r).name) for r in requirements}
-    return {module for module, dists in metadata.packages_distributions().items()
-            if any(canonicalize_name(d) in names for d in dists)}
-
-
-def not_installed(shown: set[str]) -> list[str]:
-    """The modules a page's Python cannot import after the installs it showed: `shown`
-    holds ".[extra]" for each extra and the name of each package installed by name. Those
-    of the extras not shown, less those of the base dependencies and of what was shown."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = {k: v for k, v in _extras().items() if k not in TOOL_EXTRAS}
-    present = [*project["dependencies"], *(r for k, v in extras.items() if f".[{k}]" in shown
-                                           for r in v),
-               *(s for s in shown if not s.startswith("."))]
-    absent = [r for k, v in extras.items() if f".[{k}]" not in shown for r in v]
-    return sorted(_modules_of(absent) - _modules_of(present))
-
-
-def installs_of(words: list[str]) -> set[str]:
-    """What `pip install ...` installs, as `not_installed` takes it."""
-    shown: set[str] = set()
-    args = iter(words[2:])
-    for arg in args:
-        if arg in ("-c", "--constraint", "--index-url", "--extra-index-url"):
-            next(args)  # the option's value
-        elif arg.startswith("."):
-            extras = re.fullmatch(r"\.(?:\[([\w,-]+)\])?", arg)
-            assert extras, f"`{arg}`: not a `.[extra,...]` form"
-            shown |= {f".[{e}]" for e in (extras.group(1) or "").split(",") if e}
-        elif not arg.startswith("-"):
-            shown.add(Requirement(arg).name)
-    return shown
-
-
-def check_venv(words: list[str], work: Path) -> None:
-    """Making or activating `.venv`: the tests run in the project's own, on PATH."""
-    assert (VENV_BIN / "python").exists()
-
-
-#: the set-up commands checked rather than run (the module doc says why)
-STAND_INS: list[tuple[Callable[[list[str]], bool], Callable[[list[str], Path], None]]] = [
-    (lambda w: w[:2] == ["pip", "install"], check_pip_install),
-    (lambda w: w[1:3] == ["-m", "venv"] and w[0].startswith("python"), check_venv),
-    (lambda w: w[0] in (".", "source") and w[1:2] == [".venv/bin/activate"], check_venv),
-]
 
 #: files a page's blocks need that the page makes outside a shell or Python block, and how
 GIVEN: dict[str, Callable[[Page], None]] = {}

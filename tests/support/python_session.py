@@ -6,9 +6,9 @@ use only what its page defined above it.
 name, not_installed)` sends one block and returns once it has run, raising
 `AssertionError` with the block's traceback and the session's output when it raised. The
 top-level modules in `not_installed` cannot be imported by the block (ModuleNotFoundError,
-as if absent): what the reader's environment lacks at that point of the page. The session's stdout and
-stderr go to a log file (printed with a failure); the replies come back on a pipe of their
-own, so nothing a block prints can be mistaken for one.
+as if absent): what the reader's environment lacks at that point of the page. The
+session's stdout and stderr go to a log file (printed with a failure); the replies come
+back on a pipe of their own, so nothing a block prints can be mistaken for one.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
