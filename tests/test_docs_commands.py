@@ -409,9 +409,10 @@ def _env(home: Path, work: Path) -> dict[str, str]:
     env["VIRTUAL_ENV"] = str(VENV_BIN.parent)
     env["HOME"] = str(home)
     env.pop("HPS_TOKEN", None)
-    # the copy's own code, as `pip install .` in it gives: the environment's install may be
-    # of another tree (an editable install of another checkout)
-    env["PYTHONPATH"] = str(work)
+    # the copy's own code first, as `pip install .` in it gives: the environment's install
+    # may be of another tree (an editable install of another checkout); then what the
+    # environment adds (the GPU machine's carried wheels)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(work), env.get("PYTHONPATH")]))
     return env
 
 
