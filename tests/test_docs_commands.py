@@ -329,7 +329,8 @@ class Page:
             self.session = PythonSession(self.work, self.env, self.work / "python.log",
                                          COMMAND_TIMEOUT)
         self.session.run(self.local(block.source), block.name,
-                         not_installed(self.shown) if self.shown is not None else ())
+                         not_installed(frozenset(self.shown)) if self.shown is not None
+                         else ())
 
     def run(self, command: str) -> None:
         words = shlex.split(command)

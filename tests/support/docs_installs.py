@@ -5,6 +5,7 @@ Python import."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import sys
@@ -18,6 +19,18 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+#: a distribution the pages name, and the one the test environment holds in its place
+#: (the `test` extra's own choice: TensorFlow's CPU build, the same modules)
+IN_PLACE_OF = {"tensorflow": "tensorflow-cpu"}
+
+
+def _distribution(name: str) -> str:
+    """`name`, or what the test environment holds in its place where it lacks `name`."""
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return IN_PLACE_OF.get(canonicalize_name(name), name)
+    return name
 
 
 def _installed(requirement: Requirement, constraints: dict[str, str]) -> str | None:
@@ -25,7 +38,7 @@ def _installed(requirement: Requirement, constraints: dict[str, str]) -> str | N
     if requirement.marker is not None and not requirement.marker.evaluate():
         return None
     try:
-        version = metadata.version(requirement.name)
+        version = metadata.version(_distribution(requirement.name))
     except metadata.PackageNotFoundError:
         return f"{requirement.name} is not installed"
     if not requirement.specifier.contains(version, prereleases=True):
@@ -92,22 +105,44 @@ TOOL_EXTRAS = {"test", "dev", "compose"}
 
 def _modules_of(requirements: list[str]) -> set[str]:
     """The top-level modules the installed distributions of `requirements` provide."""
-    names = {canonicalize_name(Requirement(r).name) for r in requirements}
+    names = {canonicalize_name(_distribution(Requirement(r).name)) for r in requirements}
     return {module for module, dists in metadata.packages_distributions().items()
             if any(canonicalize_name(d) in names for d in dists)}
 
 
-def not_installed(shown: set[str]) -> list[str]:
+def _with_dependencies(requirements: list[str]) -> list[str]:
+    """`requirements` and every installed distribution they need, however deep (their
+    own extras left out): what installing them brings."""
+    found: dict[str, str] = {}
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(_distribution(requirement.name))
+        if name in found or (requirement.marker is not None
+                             and not requirement.marker.evaluate({"extra": ""})):
+            continue
+        try:
+            needs = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue  # not installed here: brings nothing here
+        found[name] = name
+        todo += [Requirement(r) for r in needs]
+    return list(found)
+
+
+@functools.lru_cache(maxsize=None)  # walks every installed distribution's metadata: seconds
+def not_installed(shown: frozenset[str]) -> list[str]:
     """The modules a page's Python cannot import after the installs it showed: `shown`
     holds ".[extra]" for each extra and the name of each package installed by name. Those
-    of the extras not shown, less those of the base dependencies and of what was shown."""
+    of the extras not shown, less those that the base dependencies and what was shown bring
+    (with their own dependencies: TensorFlow brings protobuf, the `grpc` extra's too)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = {k: v for k, v in _extras().items() if k not in TOOL_EXTRAS}
     present = [*project["dependencies"], *(r for k, v in extras.items() if f".[{k}]" in shown
                                            for r in v),
                *(s for s in shown if not s.startswith("."))]
     absent = [r for k, v in extras.items() if f".[{k}]" not in shown for r in v]
-    return sorted(_modules_of(absent) - _modules_of(present))
+    return sorted(_modules_of(absent) - _modules_of(_with_dependencies(present)))
 
 
 def installs_of(words: list[str]) -> set[str]:
