@@ -5,16 +5,15 @@ use only what its page defined above it.
 `PythonSession(cwd, env)` starts `python` running this file as a script; `run(source,
 name, not_installed)` sends one block and returns once it has run, raising
 `AssertionError` with the block's traceback and the session's output when it raised. The
-top-level modules in `not_installed` cannot be imported by the block (ModuleNotFoundError,
-as if absent): what the reader's environment lacks at that point of the page. The
-session's stdout and stderr go to a log file (printed with a failure); the replies come
-back on a pipe of their own, so nothing a block prints can be mistaken for one.
+top-level modules in `not_installed` are absent for the block (ModuleNotFoundError,
+importlib.util.find_spec None): what the reader's environment lacks at that point of the
+page. The session's stdout and stderr go to a log file (printed with a failure); the
+replies come back on a pipe of their own, so nothing a block prints can be mistaken for
+one.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import json
 import os
 import select
@@ -85,39 +84,40 @@ class PythonSession:
         self._replies.close()
 
 
-class _NotInstalled(importlib.abc.MetaPathFinder):
-    """Ahead of every other finder: the modules named are not found, as if not installed."""
-
-    def __init__(self) -> None:
-        self.modules: set[str] = set()
-
-    def find_spec(self, name: str, path: Sequence[str] | None,
-                  target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        top = name.partition(".")[0]
-        if top in self.modules:
-            raise ModuleNotFoundError(
-                f"No module named {top!r} (not installed by the page's steps above)", name=top)
-        return None
+def _hide(modules: set[str], hidden: set[str]) -> set[str]:
+    """Make the top-level `modules` absent and those `hidden` before and not in `modules`
+    present again; returns what is hidden now. A name set to None in sys.modules is absent
+    as a module not installed is: its import raises ModuleNotFoundError and
+    importlib.util.find_spec answers None (which torch.compile asks of optional modules).
+    A module already imported stays."""
+    for name in hidden - modules:
+        del sys.modules[name]
+    for name in modules - hidden:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+    return {name for name in modules if sys.modules.get(name, ...) is None}
 
 
 def _serve(reply_fd: int) -> None:
     """The child's side: exec each block read from stdin in one namespace, as `__main__`."""
     sys.path[0] = ""  # as in an interactive session: the current folder first
-    not_installed = _NotInstalled()
-    sys.meta_path.insert(0, not_installed)
+    hidden: set[str] = set()
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
     replies = os.fdopen(reply_fd, "w")
     for line in sys.stdin:
         request = json.loads(line)
-        not_installed.modules = set(request["not_installed"])
+        hidden = _hide(set(request["not_installed"]), hidden)
         try:
             exec(compile(request["source"], request["name"], "exec"), namespace)
             reply = {"ok": True}
         except BaseException as error:  # a block's SystemExit is its failure too
             # from the block's own frame on: this loop's frame says nothing of the block
             assert error.__traceback__ is not None
-            reply = {"ok": False, "error": "".join(traceback.format_exception(
-                type(error), error, error.__traceback__.tb_next))}
+            text = "".join(traceback.format_exception(type(error), error,
+                                                      error.__traceback__.tb_next))
+            top = (getattr(error, "name", None) or "").partition(".")[0]
+            if isinstance(error, ModuleNotFoundError) and top in hidden:
+                text += f"({top} is not installed by the page's steps above)\n"
+            reply = {"ok": False, "error": text}
         sys.stdout.flush()
         sys.stderr.flush()
         replies.write(json.dumps(reply) + "\n")
