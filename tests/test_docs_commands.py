@@ -418,10 +418,11 @@ def _env(home: Path, work: Path) -> dict[str, str]:
 
 
 def _runs() -> Iterator[Any]:
-    """One test per page with blocks; a second, marked `gpu`, for a page with GPU blocks."""
+    """One test per page with blocks other than GPU ones; one marked `gpu` for a page with
+    GPU blocks, running them all."""
     for page in PAGES:
         blocks = blocks_of(page)
-        if blocks:
+        if any(b.marker != "needs-gpu" for b in blocks):
             yield pytest.param(page, False, id=page)
         if any(b.marker == "needs-gpu" for b in blocks):
             yield pytest.param(page, True, id=f"{page}[gpu]", marks=pytest.mark.gpu)
