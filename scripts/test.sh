@@ -6,8 +6,31 @@
 # from apt-get where it is missing. The Redis, S3 (moto), Kafka (librdkafka's mock
 # cluster) and HTTP (uvicorn) servers the tests talk to are started by the tests' own
 # fixtures on loopback ports. GPU tests (marked `gpu`) need CUDA and run on a GPU machine
-# through scripts/gpu_check.sh instead. Arguments are passed to pytest.
+# through scripts/gpu_check.sh instead. Arguments are passed to pytest; -h or --help prints
+# this script's usage before installing anything (pytest's own help: -- -h).
 set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: bash scripts/test.sh [PYTEST ARGS...]
+
+Installs what the test suite needs, then runs it:
+  - redis-server (apt-get, with sudo when not root) where redis-server or redis-cli is missing;
+  - a virtual environment at $HPS_VENV (default .venv) when there is none;
+  - into it, within constraints.txt: this checkout with its 'test' extra (editable) and
+    PyTorch's CPU build.
+Then runs `python -m pytest tests -m "not gpu" PYTEST ARGS...`: every argument goes to
+pytest as it is (-k EXPR, -x, a test's path; `-- -h` for pytest's own help).
+GPU tests (marked gpu) run on a GPU machine through scripts/gpu_check.sh.
+
+  -h, --help   this text; nothing is installed or run
+EOF
+}
+# before anything is installed: a first -h is this script's; after `--`, pytest's
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  --) shift ;;
+esac
 cd "$(dirname "$0")/.."
 
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then

@@ -11,8 +11,8 @@ import pytest
 
 from tests.support.redis_servers import RedisClusterProcs, RedisServer
 
-# cp, seed and rng (seeded, replayable with HPS_SEED) for every folder
-pytest_plugins = ["tests.support.gpu_fixtures"]
+# cp, seed and rng (seeded, replayable with HPS_SEED) and a moto S3 server for every folder
+pytest_plugins = ["tests.support.gpu_fixtures", "tests.support.s3_server"]
 
 
 def write_table(folder: Path, keys: np.ndarray, vectors: np.ndarray) -> Path:

@@ -137,7 +137,7 @@ class UpdateConsumer:
         for it: with 10,000 update rows/s in 100 messages a second, rounds at most every
         50 ms took HugeCTR's profile on the H100 from p99 397-520 to 330-339 µs (checked
         between calls) and from 579-796 to 452-491 µs (back to back), in one device call
-        (scripts/probe_gpu_tails.py; `..._unpaced` variants for the rounds unpaced)."""
+        (docs/gpu-latency.md, "Background work")."""
         if self._applied_at is None or not self._interval:
             return
         left = self._applied_at + self._interval - time.monotonic()

@@ -12,8 +12,8 @@ from hps.modelfiles.convert import convert
 from hps.modelfiles.formats import ReadOptions, open_model
 from hps.modelfiles.inspect import inspect_model
 from tests.conftest import make_table, write_table
-from tests.modelfiles.conftest import S3Server
 from tests.modelfiles.formats.conftest import upload
+from tests.support.s3_server import S3Server
 
 #: destination name → the format it is written in
 TARGETS = {

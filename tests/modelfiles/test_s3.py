@@ -26,7 +26,7 @@ from hps.errors import (
 from hps.modelfiles.formats.sparse_folder import SparseModelReader
 from hps.modelfiles.s3 import S3Location, S3Source, parse_s3_uri
 from hps.modelfiles.uri import SourceOptions, open_source
-from tests.modelfiles.conftest import S3Server
+from tests.support.s3_server import S3Server
 
 # -- URI parsing (no server) -------------------------------------------------------------
 

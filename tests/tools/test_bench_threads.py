@@ -1,7 +1,7 @@
 """The threads profile's table and targets (`hps bench gpu --profile threads`), read off rows
 of the shape `bench_threads` returns: hps beside the floor and HierarchicalKV's published
 figure at each N, and what issue 39 asks of each row. (The timing itself needs a GPU:
-scripts/issue39_figures.sh runs it.)"""
+`hps bench gpu --profile threads` runs it.)"""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Files are written by each format's own library (pyarrow, NumPy, safetensors); the
 tables are served through the public `HPS(...).lookup` over the embedded tiers (hash
-map over RocksDB), locally or from the moto S3 server (tests/modelfiles/conftest.py).
+map over RocksDB), locally or from the moto S3 server (tests/support/s3_server.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from hps import HPS, HierarchicalParameterServer, ModelFileError
 from hps.config import ModelConfig
 from tests.conftest import make_table, model_config, write_table
-from tests.modelfiles.conftest import S3Server
+from tests.support.s3_server import S3Server
 
 
 def ps_config(tmp_path: Path, entry: str | dict[str, Any], dim: int, *,

@@ -20,8 +20,8 @@ import torch.multiprocessing as mp
 from hps.errors import ModelFileError, SourceNotFoundError
 from hps.modelfiles.formats import open_model
 from hps.modelfiles.formats.spec import TableSpec
-from tests.modelfiles.conftest import S3Server
 from tests.modelfiles.formats.conftest import assert_loads_nothing, assert_served, ps_config, upload
+from tests.support.s3_server import S3Server
 from tests.tools.test_cli import hps
 
 

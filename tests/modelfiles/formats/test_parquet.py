@@ -12,8 +12,8 @@ import pytest
 from hps.errors import ModelFileError
 from hps.modelfiles.formats import ReadOptions, TableSpec, open_model
 from tests.conftest import make_table
-from tests.modelfiles.conftest import S3Server
 from tests.modelfiles.formats.conftest import assert_loads_nothing, assert_served, ps_config, upload
+from tests.support.s3_server import S3Server
 
 
 def table(keys: np.ndarray, vectors: np.ndarray, *, fixed: bool = False,

@@ -25,9 +25,9 @@ from hps.modelfiles.formats.parquet_levels import (
 )
 from hps.modelfiles.formats.parquet_thrift import HeaderError, read_struct
 from hps.modelfiles.source import SourceOptions
-from tests.modelfiles.conftest import S3Server
 from tests.modelfiles.formats.conftest import assert_served, ps_config, upload
 from tests.modelfiles.formats.test_parquet import table
+from tests.support.s3_server import S3Server
 
 
 def direct_rows(reader: ModelReader) -> int:

@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 
 from hps.errors import UnsupportedFormatError
 from hps.modelfiles.formats import open_model
-from tests.modelfiles.conftest import S3Server
 from tests.modelfiles.formats.conftest import assert_loads_nothing, assert_served, ps_config, upload
+from tests.support.s3_server import S3Server
 
 
 def embedding(num: int, dim: int, dtype: torch.dtype = torch.float32) -> torch.nn.Embedding:
