@@ -41,7 +41,7 @@ from hps.gpu import kernels
 from hps.gpu.device_arrays import lookup_refs
 from hps.gpu.dynamic_cache import murmur3_fmix64
 from hps.gpu.host_memory import pinned_empty
-from hps.gpu.sharded_query import OnePassQuery, peers_reachable
+from hps.gpu.sharded_query import OnePassQuery, enable_peer_access, peers_reachable
 from hps.gpu.staging import device_view, external_stream
 from hps.intake.keys import is_wide
 from hps.rows.gpu_layout import OUT_FLOAT32, OUTPUT_CUPY_DTYPE
@@ -465,10 +465,7 @@ def _peer_stream(cp: Any, device: int) -> Any:
     if stream is None:
         with _PEER_LOCK:
             for other in range(cp.cuda.runtime.getDeviceCount()):
-                if other != device and cp.cuda.runtime.deviceCanAccessPeer(device, other):
-                    try:
-                        cp.cuda.runtime.deviceEnablePeerAccess(other)
-                    except cp.cuda.runtime.CUDARuntimeError:
-                        pass  # already enabled
+                if other != device:
+                    enable_peer_access(cp, device, other)
             stream = _PEER_STREAMS[key] = cp.cuda.Stream(non_blocking=True)
     return stream

@@ -11,10 +11,10 @@ cache_query_sharded, cuda/static_table.cu static_query_sharded; WholeMemory's on
 gather is the model): no partition pass, no launch per shard, and no host wait but the
 miss count's, as for a table on one device.
 
-Order against writes: the query takes every shard table's lock (in shard order), waits on
-its stream for each shard's last write, launches, records its event and enters it among
-each shard's queries in flight, so a write to any shard waits for it on the GPU
-(hps/gpu/write_order.py), as the locked path of one table does.
+Order against writes: the query holds every shard table's lock (in shard order) with its
+stream ordered after each shard's last write, launches, records its event and enters it
+among each shard's queries in flight, so a write to any shard waits for it on the GPU, as
+the locked path of one table does (hps/gpu/write_order.py hold_for_query).
 
 Misses: the kernel writes the missed positions and keys into the caller's workspace; the
 missed keys alone then take the copy path (each goes to its owning shard, which fetches
@@ -35,7 +35,6 @@ import numpy as np
 
 from hps.gpu import kernels
 from hps.gpu.fast_query import HELD_KEYS
-from hps.gpu.kernels import RANK_BITS
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.workspace import QueryWorkspace
 from hps.runtime.raw_memory import wait_while, wait_while_held
@@ -53,13 +52,17 @@ _WAVES = 16  # blocks per SM at most: the kernel's warps loop over the rest
 def peers_reachable(cupy: Any, device: int, others: set[int]) -> bool:
     """Whether `device` can read every device of `others` (itself or a peer with access,
     enabled here once per pair)."""
+    return all(enable_peer_access(cupy, device, other) for other in sorted(others - {device}))
+
+
+def enable_peer_access(cupy: Any, device: int, other: int) -> bool:
+    """Lets `device` read `other`'s memory (once per pair in the process); False where the
+    two cannot reach each other."""
     rt = cupy.cuda.runtime
-    for other in sorted(others - {device}):
-        if not rt.deviceCanAccessPeer(device, other):
-            return False
-        with _PEERS_LOCK:
-            if (device, other) in _PEERS:
-                continue
+    if not rt.deviceCanAccessPeer(device, other):
+        return False
+    with _PEERS_LOCK:
+        if (device, other) not in _PEERS:
             with cupy.cuda.Device(device):
                 try:
                     rt.deviceEnablePeerAccess(other)
@@ -122,25 +125,23 @@ class OnePassQuery:
         event = ws.event_ptr
         held = []
         try:
-            for t in self._tables:
-                t._lock.acquire()
+            for i, t in enumerate(self._tables):
+                t.hold_for_query(stream)
                 held.append(t)
-                t._check_open()
-                if t._write_event is not None:
-                    t._wait_for_writes(stream)
                 if self._dynamic:
-                    launch.ticks[len(held) - 1] = t._gate.next_tick() << RANK_BITS
+                    launch.ticks[i] = t._next_tick()
             status = launch.driver(launch.fn, blocks, 1, 1, BLOCK, 1, 1, 0, stream,
                                    launch.params, 0)
             if status == 0:
                 status = launch.record(event, stream)
             if status:
                 self._cp.cuda.driver.check_status(status)
-            for t in self._tables:
-                t._inflight[event] = stream
-        finally:
+        except BaseException:
             for t in held:
-                t._lock.release()
+                t.release_after_query(stream, 0)
+            raise
+        for t in held:
+            t.release_after_query(stream, event)
         try:
             # small batches keep the GIL through their short wait, as a table's own
             # queries do (hps/gpu/device_table.py _HELD_SPIN_KEYS says why)
@@ -151,7 +152,7 @@ class OnePassQuery:
                 count = int(ws.host_count[0])
         finally:
             for t in self._tables:
-                t._inflight.pop(event, None)
+                t.query_done(event)
         return count, ws
 
     def _thread(self, n: int) -> tuple[QueryWorkspace, _Launch]:
@@ -182,18 +183,5 @@ class _Launch:
         self._pointers = (ctypes.c_void_p * len(addresses))(*addresses)
         self.params = ctypes.addressof(self._pointers)
         self.fn = int(fn.kernel.ptr)
-        lib = kernels.driver()
-        if lib is not None:
-            self.driver, self.record = lib.cuLaunchKernel, lib.cuEventRecord
-        else:  # CuPy's calls, which raise rather than return a status
-            cp = kernels.cupy_module()
-
-            def launch(*args: Any) -> int:
-                cp.cuda.driver.launchKernel(*args)
-                return 0
-
-            def record(event: int, stream: int) -> int:
-                cp.cuda.runtime.eventRecord(event, stream)
-                return 0
-
-            self.driver, self.record = launch, record
+        lib = kernels.driver()  # present wherever CuPy runs kernels
+        self.driver, self.record = lib.cuLaunchKernel, lib.cuEventRecord

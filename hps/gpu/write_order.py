@@ -47,6 +47,35 @@ class WriteOrder:
             else:
                 self._rt.streamWaitEvent(stream_ptr, ev.ptr, 0)
 
+    # A query that another table's kernel makes of this one (a sharded table's one pass,
+    # hps/gpu/sharded_query.py), ordered as the locked path orders this table's own:
+    #     table.hold_for_query(stream)              # the lock taken, after the last write
+    #     ... launch, record `event` on stream ...
+    #     table.release_after_query(stream, event)  # event 0: nothing was launched
+    #     ... the query's miss count read ...
+    #     table.query_done(event)
+    def hold_for_query(self, stream_ptr: int) -> None:
+        """Takes the table's lock and orders `stream_ptr` after the last write. Raises
+        DeviceError (the lock released) when the table is closed."""
+        self._lock.acquire()
+        try:
+            self._check_open()
+            self._wait_for_writes(stream_ptr)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def release_after_query(self, stream_ptr: int, event_ptr: int) -> None:
+        """Counts the query recorded by `event_ptr` (0: none launched) among the queries
+        in flight, which later writes wait for, and releases the lock."""
+        if event_ptr:
+            self._inflight[event_ptr] = stream_ptr
+        self._lock.release()
+
+    def query_done(self, event_ptr: int) -> None:
+        """The query of `event_ptr` reads the table no more (its miss count landed)."""
+        self._inflight.pop(event_ptr, None)
+
     def _after_queries(self, stream_ptr: int, own_event: int = 0) -> None:
         """Orders work on `stream_ptr` after the queries in flight on other streams: the
         fast path's are waited for on the host (the gate), the others on the GPU."""

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from hps.tools.bench.gpu_public import MODEL, server_over_files
-from hps.tools.bench.gpu_threads import _draws
+from hps.tools.bench.gpu_threads import draws
 
 BATCHES = (2000, 1 << 20)
 
@@ -46,7 +46,7 @@ def bench_devices(dim: int = 64, table_keys: int = 1 << 22, seconds: float = 2.0
         try:
             for n in BATCHES:
                 results += _one_size(hps, torch, devices, keys, rows, n, dim, seconds,
-                                     _draws(rng, table_keys, n, 4, alpha, False))
+                                     draws(rng, table_keys, n, 4, alpha, False))
         finally:
             hps.close()
     return results

@@ -50,7 +50,7 @@ HKV_FIND = {1: (46.2, 58.0), 2: (83.6, 64.0), 4: (152.2, 73.0), 8: (204.9, 163.0
 FLOOR_SHARE, P99_AT_8_US = 0.9, 200.0
 
 
-def _draws(rng: np.random.Generator, table_keys: int, n: int, count: int, alpha: float,
+def draws(rng: np.random.Generator, table_keys: int, n: int, count: int, alpha: float,
            uniform: bool) -> list[np.ndarray]:
     """`count` batches of n row positions: uniform, or power law over a permutation."""
     if uniform:
@@ -147,7 +147,7 @@ def _workload(workload: str, folder: Path, keys: np.ndarray, rows: np.ndarray, d
     cached = 0.25 if "25%" in workload else 1.0
     batches = 8
     positions = [[torch.as_tensor(p, device=f"cuda:{device_id}")
-                  for p in _draws(rng, table_keys, n, batches, alpha, "uniform" in workload)]
+                  for p in draws(rng, table_keys, n, batches, alpha, "uniform" in workload)]
                  for _ in range(max(THREAD_COUNTS))]
     key_batches = [[device_keys[p].contiguous() for p in per] for per in positions]
     hps = server_over_folder(folder, dim, n, device_id, embedding_cache_type="dynamic",

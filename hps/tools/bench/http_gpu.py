@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from hps.tools.bench.gpu_threads import _draws
+from hps.tools.bench.gpu_threads import draws
 from hps.tools.bench.http import (
     MODEL,
     TABLE,
@@ -65,7 +65,7 @@ def _power_law_bodies(keys: np.ndarray, batch: int, bodies: int, alpha: float,
     """`bodies` request bodies of `batch` keys each (little-endian int64), drawn as the
     threads profile draws its power-law batches (over a random order of the table); and
     each body's rows (indices into keys)."""
-    picks = _draws(rng, keys.size, batch, bodies, alpha, uniform=False)
+    picks = draws(rng, keys.size, batch, bodies, alpha, uniform=False)
     return [keys[p].astype("<i8").tobytes() for p in picks], picks
 
 
