@@ -247,6 +247,9 @@ class ModelConfig(StrictSection):
     # (hps/gpu/sharded.py)
     gpu_sharding: Literal["replicated", "row_wise"] = "replicated"
     gpu_shards: int | None = Field(None, ge=1, le=64)
+    # hps extension: "host" gives each device one GPU table for every process of the host
+    # that serves the model (CUDA IPC, hps/gpu/shared_cache.py); "process": one per process
+    gpu_cache_scope: Literal["process", "host"] = "process"
     num_of_worker_buffer_in_pool: int = Field(1, ge=1)
     num_of_refresher_buffer_in_pool: int = Field(1, ge=1)
     thread_pool_size: int = Field(16, ge=1)
@@ -336,6 +339,11 @@ class ModelConfig(StrictSection):
         if self.gpu_sharding == "row_wise" and self.cache_type == "uvm":
             raise ValueError("gpu_sharding row_wise is not available for the uvm cache type "
                              "(its index holds every key on each device); use dynamic or static")
+        if self.gpu_cache_scope == "host" and (self.gpu_sharding == "row_wise"
+                                               or self.cache_type == "uvm"):
+            raise ValueError("gpu_cache_scope host is available for replicated dynamic and "
+                             "static GPU tables; not with gpu_sharding row_wise or the uvm "
+                             "cache type (its rows live in this process's host memory)")
         if self.gpu_shards is not None and self.gpu_shards < len(self.deployed_device_list):
             raise ValueError(f"gpu_shards ({self.gpu_shards}) must be at least the number of "
                              f"deployed devices ({len(self.deployed_device_list)}): each "

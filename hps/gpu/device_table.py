@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +51,9 @@ from hps.rows.gpu_layout import (
 )
 from hps.rows.storage_types import FLOAT32, StorageType, decode
 from hps.runtime.raw_memory import wait_while, wait_while_held
+
+if TYPE_CHECKING:
+    from hps.gpu.shared_cache import SharedTableRecord
 
 # The miss count's place holds this until the query kernel writes the count; the host
 # reads it this many times (GIL released, well under a millisecond) before it waits on
@@ -100,8 +103,13 @@ class DeviceTable(WriteOrder, HostRowUpdates):
     _update_kernel = ""
 
     def __init__(self, dim: int, device_id: int, num_sets: int, *, group: int, unroll: int,
-                 special_flags: int, storage: str | StorageType = FLOAT32) -> None:
+                 special_flags: int, storage: str | StorageType = FLOAT32,
+                 shared: SharedTableRecord | None = None) -> None:
         self.storage = table_storage(storage)
+        # a table every process of the host shares (hps/gpu/shared_cache.py): its memory
+        # mapped from the owner's, unless this process is the owner; its gate in the record
+        self._shared = shared
+        self._fresh = shared is None or shared.owner  # memory this process must initialize
         cp = kernels.cupy_module()
         self._cp = cp
         self.dim = int(dim)
@@ -124,7 +132,9 @@ class DeviceTable(WriteOrder, HostRowUpdates):
         self._lock = threading.RLock()
         self._tls = threading.local()
         # the fast path's gate and the dynamic cache's LRU tick (hps/gpu/fast_query.py)
-        self._gate = fast_query.FastGate()
+        self._gate: Any = fast_query.FastGate() if shared is None else shared.gate
+        if shared is not None:
+            shared.gate.recover = self._empty
         self._fast = fast_query.compiled() if self._fast_queries else None
         # queries in flight: their workspace's event (recorded after the query) → stream
         self._inflight: dict[int, int] = {}
@@ -149,9 +159,10 @@ class DeviceTable(WriteOrder, HostRowUpdates):
             self._keys = self._alloc((self.num_slots,), np.int64)
             self._vecs = self._alloc_rows()
             self._flags = self._alloc((special_flags,), np.int32)
-            with self._stream:
-                self._keys.fill(EMPTY_KEY)
-                self._flags.fill(0)
+            if self._fresh:
+                with self._stream:
+                    self._keys.fill(EMPTY_KEY)
+                    self._flags.fill(0)
             self._stream.synchronize()
         self._fn: dict[tuple[str, int], Any] = {}
         self._generation = 0  # bumped when kernels change: workspaces rebind their launches
@@ -180,7 +191,8 @@ class DeviceTable(WriteOrder, HostRowUpdates):
         cp = self._cp
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         try:
-            mem = cp.cuda.memory.Memory(max(nbytes, 1))
+            mem = (cp.cuda.memory.Memory(max(nbytes, 1)) if self._shared is None
+                   else self._shared.memory(cp, nbytes))
         except Exception as exc:
             raise DeviceError(
                 f"cannot allocate {nbytes / 2**30:.2f} GiB for the {self._kind} on device "
@@ -201,8 +213,9 @@ class DeviceTable(WriteOrder, HostRowUpdates):
         here (the uvm table keeps them in mapped host memory). Called with the device
         current; may queue work on the table's stream (synchronized after)."""
         rows = self._alloc(*self._row_array(self.num_slots + 1))
-        with self._stream:
-            rows.fill(0)
+        if self._fresh:
+            with self._stream:
+                rows.fill(0)
         return rows
 
     def set_launch(self, group: int, unroll: int, waves: int = 0, hints: int = 0) -> None:
@@ -219,6 +232,7 @@ class DeviceTable(WriteOrder, HostRowUpdates):
                              "HINTS": hints}
             self._fn = {}
             self._generation += 1
+            self._gate.write_queued(self._rt, 0)  # a shared gate: nothing written, reopen
 
     def _kernel(self, name: str, out_type: int = OUT_FLOAT32) -> Any:
         """Kernel `name` of the table's source, compiled for its defines and, for query
@@ -421,13 +435,20 @@ class DeviceTable(WriteOrder, HostRowUpdates):
                 self._wait_for_writes(stream_ptr)
             if self._write_event is None and self._fast is not None:
                 self._gate.open()  # no write pending: fast queries may run again
+            if self._shared is not None:
+                self._gate.enter()  # counted among the host's queries (shared_gate.py)
             # the event recorded after the kernel is kept on the lookup path although the
             # spin below does not need it: without it the HugeCTR profile's mean went from
             # 82-87 to 127-172 µs in the same run (our reading: the driver defers
             # submitting a launch queued behind busy work until the next driver call, and
             # a host spinning on memory makes none)
-            self._enqueue(keys_ptr, n, out_ptr, default_value, ws, stream_ptr, out_type,
-                          event)
+            try:
+                self._enqueue(keys_ptr, n, out_ptr, default_value, ws, stream_ptr, out_type,
+                              event)
+            except BaseException:
+                if self._shared is not None:
+                    self._gate.leave_locked()
+                raise
             self._inflight[event] = stream_ptr
         try:
             overlap.run_task()  # the caller's host work, while the kernel runs
@@ -441,6 +462,8 @@ class DeviceTable(WriteOrder, HostRowUpdates):
                 count = int(host_count[0])
         finally:
             self._inflight.pop(event, None)
+            if self._shared is not None:
+                self._gate.leave_locked()
         return count
 
     def fast_query(self, keys_ptr: int, n: int, out_ptr: int, default_value: float,
@@ -452,7 +475,7 @@ class DeviceTable(WriteOrder, HostRowUpdates):
         fast, calls = ws.fast.get(out_type), self._fast
         if (fast is None or calls is None or n > fast.limit or n == 0
                 or fast.generation != self._generation or fast.default != default_value
-                or ws.pending or self._gate.words[fast_query.CLOSED]):
+                or ws.pending or self._gate.words[fast_query.CLOSED] or self._closed):
             return fast_query.FALLBACK  # (a closed gate: a write pending, read first here)
         return fast_query.run(calls, fast, keys_ptr, n, out_ptr, stream_ptr, ws, self._gate)
 
@@ -540,7 +563,11 @@ class DeviceTable(WriteOrder, HostRowUpdates):
         return {"memory_bytes": self._memory_bytes()}
 
     def close(self) -> None:
-        """Waits for work in flight and frees the device memory. Idempotent."""
+        """Waits for work in flight and frees the device memory (a shared table: this
+        process's mappings; the owner's memory once no process is attached). Idempotent."""
+        if self._shared is not None:
+            self._close_shared()
+            return
         with self._lock:
             if self._closed:
                 return
@@ -556,6 +583,53 @@ class DeviceTable(WriteOrder, HostRowUpdates):
             self._free_extra()
 
     def _free_extra(self) -> None:
+        pass
+
+    def _close_shared(self) -> None:
+        """close() of a shared table: this process's queries drained, its mappings closed;
+        the owner's memory freed when the last process is done (shared_cache.py)."""
+        shared = self._shared
+        assert shared is not None
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True  # the locked path raises from now on, the fast path falls back
+            with self._device:
+                for ev_ptr in tuple(self._inflight):
+                    self._rt.eventSynchronize(ev_ptr)
+                self._stream.synchronize()
+            self._retire.clear()
+            self._write_event = None
+
+        def free() -> None:
+            self._keys = self._vecs = None
+            self._free_extra()
+
+        shared.close(self._cp, self._device, free)
+        if not shared.owner:
+            free()
+
+    def publish(self) -> None:
+        """A shared table this process owns is ready for the other processes (built and
+        warmed up); nothing for a table of its own or one it mapped."""
+        if self._shared is not None:
+            self._shared.publish()
+
+    @property
+    def shared(self) -> SharedTableRecord | None:
+        """The record of a table shared by the host's processes (None: this process's)."""
+        return self._shared
+
+    def _empty(self) -> None:
+        """Forgets every key (a shared table whose writer died mid-write: its rows cannot
+        be trusted); called with the writers' lock held and the gate closed."""
+        with self._device, self._stream:
+            self._keys.fill(EMPTY_KEY)
+            self._flags.fill(0)
+            self._empty_extra()
+        self._stream.synchronize()
+
+    def _empty_extra(self) -> None:
         pass
 
     def __enter__(self) -> DeviceTable:

@@ -40,7 +40,7 @@ hps/gpu/open.py.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +54,9 @@ from hps.gpu.launch_shape import BLOCK, default_group, default_unroll
 from hps.gpu.workspace import QueryWorkspace
 from hps.rows.gpu_layout import OUT_FLOAT32, stored_row_bytes, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
+
+if TYPE_CHECKING:
+    from hps.gpu.shared_cache import SharedTableRecord
 
 __all__ = ["DEFAULT_LRU_SAMPLE_SHIFT", "EMPTY_KEY", "RANK_BITS", "SET_SIZE", "EmbeddingCache",
            "murmur3_fmix64", "set_codes", "set_of"]
@@ -117,7 +120,8 @@ class EmbeddingCache(DeviceTable):
 
     def __init__(self, capacity_slots: int, dim: int, device_id: int = 0, *,
                  lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT, group: int | None = None,
-                 unroll: int | None = None, storage: str | StorageType = FLOAT32) -> None:
+                 unroll: int | None = None, storage: str | StorageType = FLOAT32,
+                 shared: SharedTableRecord | None = None) -> None:
         if capacity_slots < 1:
             raise LookupInputError(f"capacity_slots must be positive, got {capacity_slots}")
         if dim < 1:
@@ -130,12 +134,13 @@ class EmbeddingCache(DeviceTable):
         self.lru_sample_shift = int(lru_sample_shift)
         super().__init__(dim, device_id, num_sets,
                          group=group or default_group(dim), unroll=unroll or default_unroll(dim),
-                         special_flags=2, storage=storage)
+                         special_flags=2, storage=storage, shared=shared)
         self._defines["STAMP_SHIFT"] = self.lru_sample_shift
         with self._device:
             self._stamps = self._alloc((self.num_slots,), np.uint64)
-            with self._stream:
-                self._stamps.fill(0)
+            if self._fresh:
+                with self._stream:
+                    self._stamps.fill(0)
             self._stream.synchronize()
         self._stamps_ptr = int(self._stamps.data.ptr)
 
@@ -149,6 +154,7 @@ class EmbeddingCache(DeviceTable):
             self._defines = {**self._defines, "STAMP_SHIFT": self.lru_sample_shift}
             self._fn = {}
             self._generation += 1
+            self._gate.write_queued(self._rt, 0)  # a shared gate: nothing written, reopen
 
     @staticmethod
     def memory_required(capacity_slots: int, dim: int,
@@ -166,6 +172,9 @@ class EmbeddingCache(DeviceTable):
 
     def _free_extra(self) -> None:
         self._stamps = None
+
+    def _empty_extra(self) -> None:
+        self._stamps.fill(0)
 
     _query_slots = (0, 1, 7, 8, 14)
     _tick_slot = 13
@@ -273,13 +282,18 @@ class EmbeddingCache(DeviceTable):
         with self._lock:
             if self._closed:
                 self._check_open()
-            self._after_queries(stream_ptr, ws.event_ptr)
-            if self._write_event is not None:
-                self._wait_for_writes(stream_ptr)
-            cells[10].value = self._gate.next_tick() << RANK_BITS
-            ws.insert_launch.go_recorded(  # type: ignore[union-attr]
-                blocks, BLOCK, stream_ptr, int(ws.write_done.ptr))  # the GIL kept throughout
-            self._write_event = ws.write_done
+            done_ptr = 0
+            try:
+                self._after_queries(stream_ptr, ws.event_ptr)
+                if self._write_event is not None:
+                    self._wait_for_writes(stream_ptr)
+                cells[10].value = self._gate.next_tick() << RANK_BITS
+                ws.insert_launch.go_recorded(  # type: ignore[union-attr]
+                    blocks, BLOCK, stream_ptr, int(ws.write_done.ptr))  # the GIL kept throughout
+                done_ptr = int(ws.write_done.ptr)
+                self._write_event = ws.write_done
+            finally:
+                self._gate.write_queued(self._rt, done_ptr)  # a shared table's: done, reopen
 
     def codes_on_device(self, keys_ptr: int, n: int, codes_ptr: int, stream_ptr: int) -> None:
         """Unsorted set codes (set << 32 | position) of n device keys, on the stream."""

@@ -52,8 +52,9 @@ from hps.gpu import kernels, overlap
 ENTERED, CLOSED, TICK = 0, 1, 2
 # a fast launch's block of int64 words
 (FN, PARAMS, KEYS_CELL, N_CELL, OUT_CELL, VEC_CELL, TICK_CELL, KEYS_PER_BLOCK, MAX_BLOCKS,
- VEC_OK, COUNT_AT, EVENT, GATE, SPINS, THREADS, RANK_SHIFT, CONTEXT, CURRENT) = range(18)
-WORDS = 18
+ VEC_OK, COUNT_AT, EVENT, GATE, SPINS, THREADS, RANK_SHIFT, CONTEXT, CURRENT,
+ ENTERED_AT) = range(19)
+WORDS = 19
 #: results besides a miss count (>= 0): the gate was closed (take the locked path); the
 #: count had not landed after SPINS reads (wait on the event, then `leave`); below
 #: FALLBACK, a launch error (FALLBACK - result is the CUDA status)
@@ -106,9 +107,10 @@ def compile_calls(cu_launch: Any, cu_record: Any, cu_context: Any
                 block, CONTEXT):
             return FALLBACK
         gate = word(block, GATE)
-        _atomic_add64(gate + ENTERED * 8, np.int64(1))
+        entered = word(block, ENTERED_AT)
+        _atomic_add64(entered, np.int64(1))
         if np.int64(_u64_acquire(gate + CLOSED * 8)) != 0:
-            _atomic_add64(gate + ENTERED * 8, np.int64(-1))
+            _atomic_add64(entered, np.int64(-1))
             return FALLBACK
         _store64(word(block, KEYS_CELL), keys_ptr)
         _store64(word(block, N_CELL), n)
@@ -132,7 +134,7 @@ def compile_calls(cu_launch: Any, cu_record: Any, cu_context: Any
         if status == 0:
             status = cu_record(np.uint64(word(block, EVENT)), np.uint64(stream))
         if status != 0:
-            _atomic_add64(gate + ENTERED * 8, np.int64(-1))
+            _atomic_add64(entered, np.int64(-1))
             return FALLBACK - np.int64(status)
         return 0
 
@@ -141,7 +143,7 @@ def compile_calls(cu_launch: Any, cu_record: Any, cu_context: Any
         for _ in range(word(block, SPINS)):
             count = np.int64(np.int32(_u32_acquire(count_at)))
             if count != _NO_COUNT:
-                _atomic_add64(word(block, GATE) + ENTERED * 8, np.int64(-1))
+                _atomic_add64(word(block, ENTERED_AT), np.int64(-1))
                 return count
         return TIMED_OUT
 
@@ -164,12 +166,18 @@ def compile_calls(cu_launch: Any, cu_record: Any, cu_context: Any
 class FastGate:
     """A table's gate: fast queries in flight, closed or open, and the LRU tick (see the
     module docstring). The words live in a NumPy array the compiled calls reach by
-    address."""
+    address. One process's gate; hps/gpu/shared_gate.py's SharedGate is the same gate in
+    shared memory, for a table that several processes query."""
+
+    #: whether other processes query the table through this gate (SharedGate)
+    shared = False
 
     def __init__(self) -> None:
         self.words = np.zeros(4, np.int64)
         self.words[CLOSED] = 1  # opened by the locked path once the table is ready
         self.address = int(self.words.ctypes.data)
+        #: where this process's queries count themselves in (here: the gate's own word)
+        self.entered_address = self.address + ENTERED * 8
         self._calls = _gate_calls()
 
     def close(self) -> None:
@@ -185,9 +193,19 @@ class FastGate:
         """Lets fast queries in again (the table's lock held, no write pending)."""
         self.words[CLOSED] = 0
 
+    def write_queued(self, rt: Any, event_ptr: int) -> None:
+        """A write was queued and recorded `event_ptr`: nothing to do in one process (the
+        table's queries wait for it on the GPU; the locked path reopens the gate)."""
+
+    def enter(self) -> None:
+        """A locked-path query begins (its write order is the table's lock and events)."""
+
+    def leave_locked(self) -> None:
+        """A locked-path query's miss count landed."""
+
     def leave(self) -> None:
         """Ends a fast query whose count was read after its event (TIMED_OUT)."""
-        self._calls[2](self.address)
+        self._calls[2](self.entered_address)
 
     def next_tick(self) -> int:
         """The next LRU tick, shared with the fast queries (which add to it atomically)."""
@@ -196,7 +214,8 @@ class FastGate:
 
 @lru_cache(maxsize=1)
 def _gate_calls() -> tuple[Any, Any, Any, Any]:
-    """(close, drain, leave, tick) on a gate's address: compiled, and keeping the GIL
+    """(close, drain, leave, tick) on a gate's address (leave: on the address of a count
+    of queries in flight): compiled, and keeping the GIL
     (each is a few instructions on the locked path, where a release would be a point for
     another thread to take the GIL) but drain, which spins."""
     from hps.runtime.compiled import numba, types
@@ -211,8 +230,8 @@ def _gate_calls() -> tuple[Any, Any, Any, Any]:
                 return 0
         return 1
 
-    def leave(gate: int) -> None:
-        _atomic_add64(gate + ENTERED * 8, np.int64(-1))
+    def leave(entered: int) -> None:
+        _atomic_add64(entered, np.int64(-1))
 
     def tick(gate: int) -> int:
         return _atomic_add64(gate + TICK * 8, np.int64(1)) + 1
@@ -252,6 +271,7 @@ def bind(gate: FastGate, launch: Any, cells: tuple[Any, ...], limit: int, keys_p
     block[TICK_CELL] = ctypes.addressof(tick) if tick is not None else 0
     block[KEYS_PER_BLOCK], block[MAX_BLOCKS], block[VEC_OK] = keys_per_block, max_blocks, vec_ok
     block[COUNT_AT], block[EVENT], block[GATE] = ws.host_ptr, ws.event_ptr, gate.address
+    block[ENTERED_AT] = gate.entered_address
     block[SPINS], block[THREADS], block[RANK_SHIFT] = spins, threads, rank_bits
     block[CONTEXT] = context
     return FastLaunch(block, min(limit, ws.capacity), generation, default, launch)

@@ -29,11 +29,12 @@ from hps.gpu import kernels
 from hps.gpu.dynamic_cache import DEFAULT_LRU_SAMPLE_SHIFT, EmbeddingCache
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.gpu.uvm_table import UvmEmbeddingTable
-from hps.rows.gpu_layout import table_storage
+from hps.rows.gpu_layout import STORAGE_CODES, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig
+    from hps.gpu.shared_cache import SharedTableRecord
 
 
 def cache_mode(model: ModelConfig) -> str:
@@ -85,26 +86,53 @@ def cache_memory_bytes(num_keys: int, dim: int, gpucacheper: float,
 
 
 def open_device_table(model: ModelConfig, mode: str, num_keys: int, dim: int, device_id: int,
-                      *, lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT
+                      *, lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT,
+                      shared_as: tuple[str, str] | None = None
                       ) -> EmbeddingCache | StaticEmbeddingTable:
     """The device table of one model table in `mode` (see cache_mode): a static or uvm
     table sized for all `num_keys` keys (uvm: GPU rows from uvm_gpu_rows), an
     open-addressing table of gpucacheper × num_keys keys that misses are inserted into
     (gpucacheper ≥ 1: see WHOLE_TABLE), or a set-associative cache sized for
     gpucacheper × num_keys keys (see CACHE_LOAD). Rows are stored as the model's
-    embedding_storage_dtype."""
+    embedding_storage_dtype. With `gpu_cache_scope: host`, the one table of the host's
+    processes (hps/gpu/shared_cache.py), met as `shared_as` (table name, model files)."""
     storage = table_storage(model.embedding_storage_dtype)
+    shared = None
+    if model.gpu_cache_scope == "host" and mode in ("static", "dynamic"):
+        shared = _shared_record(model, mode, num_keys, dim, device_id, lru_sample_shift,
+                                shared_as)
     if mode == "static":
-        return StaticEmbeddingTable(max(int(num_keys), 1), dim, device_id, storage=storage)
+        return StaticEmbeddingTable(max(int(num_keys), 1), dim, device_id, storage=storage,
+                                    shared=shared)
     if mode == "uvm":
         rows = uvm_gpu_rows(model, num_keys, dim, device_id)
         return UvmEmbeddingTable(max(int(num_keys), 1), dim, device_id, gpu_rows=rows,
                                  storage=storage)
     if holds_whole_table(model):
         return StaticEmbeddingTable(cache_capacity(model, num_keys), dim, device_id,
-                                    storage=storage)
+                                    storage=storage, shared=shared)
     return EmbeddingCache(cache_slots(cache_capacity(model, num_keys)), dim, device_id,
-                          lru_sample_shift=lru_sample_shift, storage=storage)
+                          lru_sample_shift=lru_sample_shift, storage=storage, shared=shared)
+
+
+def _shared_record(model: ModelConfig, mode: str, num_keys: int, dim: int, device_id: int,
+                   lru_sample_shift: int, shared_as: tuple[str, str] | None
+                   ) -> SharedTableRecord:
+    """The record of the host's one table for this model table and device: created here
+    (this process allocates it) or found (this process maps it once it is ready)."""
+    from hps.gpu.shared_cache import SharedTableRecord, table_key
+    from hps.runtime.mps import check_for_shared_cache
+
+    table, files = shared_as or (str(dim), "")
+    params = {"kind": {"static": 1, "dynamic": 2 if holds_whole_table(model) else 3}[mode],
+              "dim": dim, "keys": int(num_keys), "device": device_id,
+              "capacity": cache_capacity(model, num_keys),
+              "storage": STORAGE_CODES[table_storage(model.embedding_storage_dtype).name],
+              "lru": lru_sample_shift}
+    record = SharedTableRecord(table_key(model.model, table, device_id, params, files), params)
+    if not record.owner:
+        check_for_shared_cache()
+    return record
 
 
 def uvm_gpu_rows(model: ModelConfig, num_keys: int, dim: int, device_id: int) -> int:

@@ -16,7 +16,7 @@ miss count. Kernels: cuda/static_table.cu.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from hps.gpu.launch_shape import BLOCK, default_group, default_unroll
 from hps.gpu.workspace import QueryWorkspace
 from hps.rows.gpu_layout import stored_row_bytes, table_storage
 from hps.rows.storage_types import FLOAT32, StorageType
+
+if TYPE_CHECKING:
+    from hps.gpu.shared_cache import SharedTableRecord
 
 DEFAULT_LOAD_FACTOR = 0.8
 # Batches up to this many keys probe 4 buckets per step: the batch waits for its longest
@@ -58,7 +61,8 @@ class StaticEmbeddingTable(DeviceTable):
 
     def __init__(self, num_keys: int, dim: int, device_id: int = 0, *,
                  load_factor: float = DEFAULT_LOAD_FACTOR, group: int | None = None,
-                 unroll: int | None = None, storage: str | StorageType = FLOAT32) -> None:
+                 unroll: int | None = None, storage: str | StorageType = FLOAT32,
+                 shared: SharedTableRecord | None = None) -> None:
         if num_keys < 1:
             raise LookupInputError(f"num_keys must be positive, got {num_keys}")
         if dim < 1:
@@ -72,7 +76,7 @@ class StaticEmbeddingTable(DeviceTable):
             raise LookupInputError(f"num_keys {num_keys} is too large")
         super().__init__(dim, device_id, num_buckets,
                          group=group or default_group(dim), unroll=unroll or default_unroll(dim),
-                         special_flags=3, storage=storage)
+                         special_flags=3, storage=storage, shared=shared)
 
     @staticmethod
     def memory_required(num_keys: int, dim: int, load_factor: float = DEFAULT_LOAD_FACTOR,

@@ -119,8 +119,8 @@ class GpuEmbeddingTable:
     def __init__(self, model: ModelConfig, table_id: int, num_keys: int, device_id: int,
                  fetch_host: Callable[[np.ndarray], np.ndarray], *,
                  lru_sample_shift: int = DEFAULT_LRU_SAMPLE_SHIFT,
-                 fetch_into: Callable[[np.ndarray, np.ndarray], None] | None = None
-                 ) -> None:
+                 fetch_into: Callable[[np.ndarray, np.ndarray], None] | None = None,
+                 shared_as: tuple[str, str] | None = None) -> None:
         self._cp = kernels.cupy_module()
         if not cuda_available():
             raise DeviceError("no CUDA device is available for the GPU embedding cache")
@@ -138,7 +138,11 @@ class GpuEmbeddingTable:
         self._fetch_into = fetch_into or self._copy_fetched
         self._table: EmbeddingCache | StaticEmbeddingTable = open_device_table(
             model, self.mode, num_keys, self.dim, self.device_id,
-            lru_sample_shift=lru_sample_shift)
+            lru_sample_shift=lru_sample_shift, shared_as=shared_as)
+        shared = self._table.shared
+        #: whether this process maps a table another process of the host allocated and
+        #: warmed up (gpu_cache_scope: host, hps/gpu/shared_cache.py)
+        self.attached = shared is not None and not shared.owner
         # keys it promises to hold (a dynamic cache: gpucacheper × keys; it has more slots)
         self.capacity = (cache_capacity(model, num_keys) if self.mode == "dynamic"
                          else int(self._table.capacity))
@@ -180,7 +184,10 @@ class GpuEmbeddingTable:
         """Inserts (keys int64 [n], vectors float32 [n, dim]) chunks in order until the
         cache holds `capacity` keys' worth, the last chunk included (cut to fit); the
         static table takes every chunk. Returns the keys inserted (see hps/gpu/fill.py). The
-        chunks' device copies are freed when it returns."""
+        chunks' device copies are freed when it returns. A table mapped from another
+        process (`attached`) was warmed up there: nothing is inserted."""
+        if self.attached:
+            return 0
         if self.mode != "dynamic":
             inserted = warm_up(self._table, chunks)
         else:
@@ -552,6 +559,11 @@ class GpuEmbeddingTable:
                 return self._whole.dump(0, self._whole.num_sets)[:most].get()
         return np.empty(0, np.int64)
 
+    def publish(self) -> None:
+        """Lets the host's other processes map this table, which this process allocated
+        and warmed up (gpu_cache_scope: host); nothing for a table of this process alone."""
+        self._table.publish()
+
     def stats(self) -> dict[str, Any]:
         """mode, storage_dtype, capacity, size (keys held), hits, misses, hit_rate,
         memory_bytes (the device bytes the table's rows and index take, in its storage
@@ -569,6 +581,9 @@ class GpuEmbeddingTable:
             "dim": self.dim,
             "capacity": self.capacity,
             "slots": self._table.num_slots,
+            "scope": "process" if self._table.shared is None else "host",
+            "processes": (len(self._table.shared.attached()) if self._table.shared is not None
+                          else 1),
             "size": self._table.size(),
             **self._table.memory_stats(),
             "hit_rate": counts["hits"] / looked if looked else None,

@@ -104,18 +104,24 @@ class WriteOrder:
     @contextmanager
     def _writing(self, *refs: Any) -> Iterator[None]:
         """Like _on_table_stream, also after the queries in flight; later queries wait for
-        it. Keeps `refs` (the inputs) alive until the write is done."""
+        it. Keeps `refs` (the inputs) alive until the write is done. A shared table's gate
+        (hps/gpu/shared_gate.py) stays closed to every process until the write is done."""
         cp = self._cp
         with self._on_table_stream():
-            self._after_queries(self._stream.ptr)
-            self._wait_for_writes(self._stream.ptr)
-            yield
-            done = cp.cuda.Event(block=False, disable_timing=True)
-            done.record(self._stream)
-            self._write_event = done
-            self._retire.append((done, refs))
-            while self._retire and self._retire[0][0].done:
-                self._retire.popleft()
+            done_ptr = 0
+            try:
+                self._after_queries(self._stream.ptr)
+                self._wait_for_writes(self._stream.ptr)
+                yield
+                done = cp.cuda.Event(block=False, disable_timing=True)
+                done.record(self._stream)
+                done_ptr = done.ptr
+                self._write_event = done
+                self._retire.append((done, refs))
+                while self._retire and self._retire[0][0].done:
+                    self._retire.popleft()
+            finally:
+                self._gate.write_queued(self._rt, done_ptr)
 
     @contextmanager
     def _writing_on(self, stream_ptr: int, ws: Any) -> Iterator[None]:
@@ -125,8 +131,13 @@ class WriteOrder:
         rt = self._rt
         with self._lock:
             self._check_open()
-            self._after_queries(stream_ptr, ws.event_ptr)
-            self._wait_for_writes(stream_ptr)
-            yield
-            rt.eventRecord(ws.write_done.ptr, stream_ptr)
-            self._write_event = ws.write_done
+            done_ptr = 0
+            try:
+                self._after_queries(stream_ptr, ws.event_ptr)
+                self._wait_for_writes(stream_ptr)
+                yield
+                rt.eventRecord(ws.write_done.ptr, stream_ptr)
+                done_ptr = int(ws.write_done.ptr)
+                self._write_event = ws.write_done
+            finally:
+                self._gate.write_queued(rt, done_ptr)

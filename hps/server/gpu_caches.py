@@ -87,10 +87,14 @@ class GpuCaches:
             for device in cfg.deployed_device_list:
                 fetch = self.host.for_table(table)
                 gpu = GpuEmbeddingTable(cfg, table.index, reader.num_keys, device,
-                                        fetch_host=fetch, fetch_into=fetch.into)
+                                        fetch_host=fetch, fetch_into=fetch.into,
+                                        shared_as=(table.name,
+                                                   str(cfg.sparse_files[table.index])))
                 pct = cfg.cache_refresh_percentage_per_iteration
-                if cfg.init_ec and (pct > 0 or cfg.cache_type in ("static", "uvm")):
+                if cfg.init_ec and not gpu.attached and (
+                        pct > 0 or cfg.cache_type in ("static", "uvm")):
                     gpu.warm_up(self._warm_chunks(table, reader, gpu, pct))
+                gpu.publish()  # gpu_cache_scope host: the other processes may map it now
                 table.gpu[device] = gpu
 
     def _attach_sharded(self, cfg: ModelConfig, table: LoadedTable, reader: Any) -> None:

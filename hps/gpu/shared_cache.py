@@ -1,0 +1,255 @@
+"""One GPU table per device for every process of a host (`gpu_cache_scope: host`): the
+first process that opens a table allocates it and exports its memory through CUDA IPC;
+every other process that serves the same table on that device maps it and queries it in
+place, on its own stream, with no copy.
+
+A shared table is met through its record, a small file in shared memory
+(`<shm>/hps-gpu-cache/<key>.table`, shm: `$HPS_SHM_DIR` or /dev/shm) whose key names the
+model, the table, the device, the table's shape and the model files' version (see
+`table_key`: a reload of new files makes a new table, which the processes swap to as each
+reloads). The record holds:
+
+- its state (building, ready, retired) and its owner's PID: the process that created the
+  file (O_EXCL: one wins) allocates, warms up, then marks it ready; the others wait for
+  that (an owner that dies first leaves the file to be taken over);
+- the table's parameters, which an attaching process checks against its own config;
+- the IPC handles of the table's allocations, in the order the table makes them
+  (DeviceTable._alloc): an attaching process opens each in turn instead of allocating;
+- the gate (hps/gpu/shared_gate.py): how writes from any process are ordered against
+  every process's queries.
+
+Lifetime: an attached process closes its mappings when its version retires. The owner's
+retired table stays allocated until no live process is attached (a thread watches), then
+is freed and its record removed. CUDA frees a process's allocations when it exits: the
+owner must outlive the processes it serves (in `hps serve --workers N`, the first worker
+to load; see docs/gpu-cache.md "One cache for every process").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hps.errors import ConfigError, DeviceError
+from hps.gpu.shared_gate import REGION_BYTES, SharedGate
+from hps.runtime.run_dir import base_dir, pid_alive
+
+log = logging.getLogger("hps")
+
+_MAGIC = 0x48505347_50554331  # "HPSGPUC1"
+# record words
+_MAGIC_W, _STATE, _OWNER, _HANDLES = 0, 1, 2, 3
+_PARAMS, _PARAM_WORDS = 4, 12
+_GATE_AT = 128  # bytes
+_HANDLES_AT = _GATE_AT + REGION_BYTES + 64
+_HANDLE_BYTES = 64
+_MAX_HANDLES = 16
+RECORD_BYTES = -(-(_HANDLES_AT + _MAX_HANDLES * _HANDLE_BYTES) // 4096) * 4096
+BUILDING, READY, RETIRED = 0, 1, 2
+#: how long a process waits for the owner to make a table ready (a warm-up of a large
+#: table from S3 can take minutes; the owner's death ends the wait at once)
+READY_TIMEOUT_S = 1800.0
+_LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
+
+
+def shared_dir() -> Path:
+    """Where shared tables' records are: <shm>/hps-gpu-cache."""
+    return base_dir() / "hps-gpu-cache"
+
+
+def table_key(model: str, table: str, device_id: int, params: dict[str, int],
+              files: str) -> str:
+    """The record name of a model's table on a device: the same for every process that
+    serves the same files with the same table shape, another one for new files (their
+    sizes and modification times) or another shape."""
+    stamp: list[Any] = [model, table, device_id, sorted(params.items()), files]
+    path = Path(files)
+    with contextlib.suppress(OSError):
+        entries = [path, *sorted(path.iterdir())] if path.is_dir() else [path]
+        stamp.append([(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in entries])
+    digest = hashlib.sha256(json.dumps(stamp, default=str).encode()).hexdigest()[:24]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{model}.{table}")
+    return f"{safe[:80]}.d{device_id}.{digest}"
+
+
+class SharedTableRecord:
+    """This process's side of one shared table's record (see the module docstring):
+    `owner` says whether it allocates (and must `publish` once the table is warm) or maps.
+    `params` (small ints) must match between processes. Raises ConfigError when they do
+    not, DeviceError when the owner died before the table was ready twice over."""
+
+    def __init__(self, key: str, params: dict[str, int]) -> None:
+        if len(params) > _PARAM_WORDS:
+            raise ValueError("too many shared table parameters")
+        self.key = key
+        self.params = params
+        folder = shared_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"{key}.table"
+        self._fd = -1
+        self._mm: mmap.mmap | None = None
+        self._handles_used = 0
+        self._mapped: list[int] = []  # pointers this process opened from handles
+        self._own: list[Any] = []  # allocations of the owner, kept until freed
+        self._closed = False
+        self.owner = self._open()
+        self.gate = SharedGate(self._words[_GATE_AT // 8:(_GATE_AT + REGION_BYTES) // 8],
+                               self._address + _GATE_AT, self._fd)
+
+    # -- meeting --------------------------------------------------------------------------
+
+    def _open(self) -> bool:
+        for _ in range(3):  # an owner that died before the table was ready: take over
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                fd = os.open(self.path, os.O_RDWR)
+                self._map(fd)
+                if self._wait_ready():
+                    self._check_params()
+                    return False
+                self._unmap()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
+                continue
+            os.ftruncate(fd, RECORD_BYTES)
+            self._map(fd)
+            words = self._words
+            words[_PARAMS:_PARAMS + _PARAM_WORDS] = 0
+            for i, value in enumerate(self.params.values()):
+                words[_PARAMS + i] = int(value)
+            words[_OWNER] = os.getpid()
+            words[_STATE] = BUILDING
+            words[_MAGIC_W] = _MAGIC
+            return True
+        raise DeviceError(f"the shared GPU table {self.key}: its owner died before it was "
+                          "ready, three times")
+
+    def _map(self, fd: int) -> None:
+        self._fd = fd
+        self._mm = mmap.mmap(fd, RECORD_BYTES)
+        self._words = np.frombuffer(self._mm, np.int64)
+        self._address = int(self._words.ctypes.data)
+
+    def _unmap(self) -> None:
+        self._words = np.empty(0, np.int64)
+        if self._mm is not None:
+            with contextlib.suppress(BufferError):
+                self._mm.close()
+            self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _wait_ready(self) -> bool:
+        """Waits until the owner made the table ready; False if it died first."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        told = False
+        while time.monotonic() < deadline:
+            words = self._words
+            if words[_MAGIC_W] == _MAGIC and words[_STATE] == READY:
+                return True
+            owner = int(words[_OWNER])
+            if words[_STATE] == RETIRED or (owner and not pid_alive(owner)):
+                return False
+            if not told and owner:
+                log.info("waiting for process %d to load the shared GPU table %s", owner,
+                         self.key)
+                told = True
+            time.sleep(0.01)
+        raise DeviceError(f"the shared GPU table {self.key} was not ready after "
+                          f"{READY_TIMEOUT_S:.0f} s (owner pid {int(self._words[_OWNER])})")
+
+    def _check_params(self) -> None:
+        theirs = [int(v) for v in self._words[_PARAMS:_PARAMS + len(self.params)]]
+        mine = [int(v) for v in self.params.values()]
+        if theirs != mine:
+            names = list(self.params)
+            diff = ", ".join(f"{n}: theirs {t}, ours {m}"
+                             for n, t, m in zip(names, theirs, mine, strict=True) if t != m)
+            raise ConfigError(f"the shared GPU table {self.key} was made by process "
+                              f"{int(self._words[_OWNER])} with other parameters ({diff})")
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def memory(self, cp: Any, nbytes: int) -> Any:
+        """The next allocation of the table (the device current): the owner allocates and
+        exports it; another process maps the owner's allocation of the same place."""
+        index = self._handles_used
+        if index >= _MAX_HANDLES:
+            raise DeviceError("a shared GPU table has too many allocations")
+        self._handles_used += 1
+        at = _HANDLES_AT + index * _HANDLE_BYTES
+        rt = cp.cuda.runtime
+        assert self._mm is not None
+        if self.owner:
+            mem = cp.cuda.memory.Memory(max(nbytes, 1))
+            handle = bytes(rt.ipcGetMemHandle(int(mem.ptr)))
+            self._mm[at:at + _HANDLE_BYTES] = handle.ljust(_HANDLE_BYTES, b"\0")
+            self._words[_HANDLES] = index + 1
+            self._own.append(mem)
+            return mem
+        if index >= int(self._words[_HANDLES]):
+            raise DeviceError(f"the shared GPU table {self.key} has fewer allocations than "
+                              "this process's table needs")
+        ptr = int(rt.ipcOpenMemHandle(bytes(self._mm[at:at + _HANDLE_BYTES]),
+                                      _LAZY_PEER_ACCESS))
+        self._mapped.append(ptr)
+        return cp.cuda.memory.UnownedMemory(ptr, max(nbytes, 1), self)
+
+    def publish(self) -> None:
+        """The owner's table is ready (built and warmed up): other processes may map it."""
+        if self.owner and self._mm is not None:
+            self._words[_STATE] = READY
+
+    # -- the end --------------------------------------------------------------------------
+
+    def close(self, cp: Any, device: Any, free: Any) -> None:
+        """This process is done with the table (its queries drained by the caller). A
+        mapping process closes its mappings; the owner marks the table retired and frees
+        it (`free()`) once no other live process is attached."""
+        if self._closed:
+            return
+        self._closed = True
+        self.gate.drain_own()
+        self.gate.release_slot()
+        if not self.owner:
+            with device:
+                for ptr in self._mapped:
+                    with contextlib.suppress(Exception):
+                        cp.cuda.runtime.ipcCloseMemHandle(ptr)
+            self._mapped.clear()
+            self._unmap()
+            return
+        self._words[_STATE] = RETIRED
+        if not self.gate.processes():
+            self._free(free)
+            return
+        threading.Thread(target=self._free_when_alone, args=(free,), daemon=True,
+                         name=f"hps-gpu-shared-retire-{self.key[:40]}").start()
+
+    def _free_when_alone(self, free: Any) -> None:
+        while self.gate.processes():
+            time.sleep(0.2)
+        self._free(free)
+
+    def _free(self, free: Any) -> None:
+        free()
+        self._own.clear()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self._unmap()
+
+    def attached(self) -> list[int]:
+        """PIDs of the live processes attached to the table, this one included."""
+        return self.gate.processes()
