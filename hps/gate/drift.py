@@ -10,7 +10,8 @@ rows the served version holds for them, fetched in one batch (`ServedRows.fetch`
 - churn: `keys_added` = the sampled keys the served version lacks (a share of the new
   version); `keys_removed` = the served keys the new version lacks, estimated as
   1 − shared / served keys with shared = (1 − keys_added) × the new version's keys;
-  `key_churn` is the larger.
+  `key_churn` is the larger. With an empty side it is exact: 1.0 (every key removed,
+  or every key added), never unmeasured.
 
 The served version is whatever the caller hands in: a table in a tier (`TierRows`,
 the server's reload) or another set of files (`FileRows`, `hps validate --against`).
@@ -31,8 +32,8 @@ _TINY = 1e-12
 class ServedRows(Protocol):
     """The version served now, as the drift reads it."""
 
-    #: distinct keys it holds
-    num_keys: int
+    def count(self) -> int:
+        """The distinct keys it holds (TierError when they cannot be counted now)."""
 
     def fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(float32 [n, dim] rows, bool[n] found) of host int64 `keys`, in one batch."""
@@ -52,12 +53,14 @@ class TierRows:
         self.persistent = persistent
         self.storage_name = storage_name
         self.dim = dim
-        self.num_keys = 0
+
+    def count(self) -> int:
+        """The keys of the tier that holds the table whole (TierError)."""
+        whole = self.persistent if self.persistent is not None else self.volatile
+        return int(whole.size(self.storage_name))
 
     def fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The rows of `keys`, and `num_keys` read with them (both raise TierError)."""
-        whole = self.persistent if self.persistent is not None else self.volatile
-        self.num_keys = int(whole.size(self.storage_name))
+        """The rows of `keys` (TierError)."""
         rows, found = self._volatile_rows(keys)
         if self.persistent is not None and not found.all():
             rest = np.flatnonzero(~found)
@@ -86,7 +89,10 @@ class FileRows:
 
     def __init__(self, reader: Any) -> None:
         self.reader = reader
-        self.num_keys = int(reader.num_keys)
+
+    def count(self) -> int:
+        """The rows the files hold (repeated keys counted each time)."""
+        return int(self.reader.num_keys)
 
     def fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(keys, kind="stable")
@@ -117,26 +123,35 @@ def row_norms(rows: np.ndarray) -> np.ndarray:
 def measure(sample_keys: np.ndarray, sample_norms: np.ndarray, new_keys: int,
             served: ServedRows) -> dict[str, Any]:
     """The drift figures of the module docstring. `sample_keys` are distinct, with the
-    new version's norms in `sample_norms`; `new_keys` is its distinct key count. A
-    served version that cannot be read (a tier down) gives figures with a `note`."""
+    new version's norms in `sample_norms`; `new_keys` is its distinct key count. Either
+    side may be empty: the churn is then measured all the same (an empty new version
+    removed every served key, an empty served one has every new key added); only the
+    norms, which need keys both hold, stay None. A served version that cannot be read (a
+    tier down) gives figures with a `note`."""
     out: dict[str, Any] = {"sample_keys": int(sample_keys.size), "shared_keys": 0,
                            "norm_new": None, "norm_old": None, "norm_ratio": None,
-                           "keys_added": None, "keys_removed": None, "key_churn": None}
-    if sample_keys.size == 0:
-        out["note"] = "no rows sampled (an empty table)"
-        return out
+                           "keys_added": None, "keys_removed": None, "key_churn": None,
+                           "served_keys": None}
     try:
-        old_rows, found = served.fetch(sample_keys)
+        served_keys = served.count()
+        old_rows, found = (served.fetch(sample_keys) if sample_keys.size else
+                           (np.empty((0, 0), np.float32), np.zeros(0, dtype=bool)))
     except TierError as exc:
         out["note"] = f"the served version could not be read: {exc}"
         return out
     shared = int(np.count_nonzero(found))
-    added = 1.0 - shared / sample_keys.size
+    # no sample: the new version holds no key (or too few to sample any: none added seen)
+    added = 1.0 - shared / sample_keys.size if sample_keys.size else 0.0
     held = (1.0 - added) * new_keys
-    removed = (max(0.0, served.num_keys - held) / served.num_keys
-               if served.num_keys else 0.0)
+    removed = max(0.0, served_keys - held) / served_keys if served_keys else 0.0
     out.update(shared_keys=shared, keys_added=added, keys_removed=removed,
-               key_churn=max(added, removed))
+               key_churn=max(added, removed), served_keys=served_keys)
+    if not shared:
+        out["note"] = ("no sampled key is held by both versions: the norms are not "
+                       "compared" if new_keys and served_keys else
+                       "the new version holds no keys" if not new_keys else
+                       "the served version holds no keys")
+        return out
     # rows with NaN or infinity (allowed by the config) have no norm to compare
     old_norms = row_norms(old_rows[found])
     usable = np.isfinite(sample_norms[found]) & np.isfinite(old_norms)

@@ -13,10 +13,20 @@ thread, so the checks overlap the tiers' writes); nothing reads the files a seco
 - duplicates: `last` counts repeats after the load (the whole-table tier's size, given
   to `finish`); `first` drops every row whose key an earlier row had (a compiled key
   set, `key_set.KeySet`); `refuse` refuses at the first repeat;
+- size: a table of no keys is refused (every lookup of it would answer the default
+  vector) unless `allow_empty`; a reload holding fewer than `min_key_ratio` of the
+  served version's keys is refused unless `allow_shrink`;
 - drift (reloads): the rows of about `drift_sample_keys` keys chosen by hash have their
   norms kept; `finish` measures them against the served version (`drift.measure`) and
   checks `max_norm_ratio` and `max_key_churn`, refusing under `drift: refuse`, else
-  warning.
+  warning. `allow_shrink` (`allow_empty` for an empty table) makes the churn of a
+  version smaller than the served one a warning.
+
+The same sample gives the version's digest (digest.py). A version whose digest is
+`previous_digest` (the version served before the one served now) is a rollback: the
+size and drift checks, which compare it with the version it replaces, warn but do not
+refuse it, so the version that served before can always come back. Every check let
+through that would have refused is named, with why, in the verdict's `admitted`.
 
 A refusal raises `LoadGateError` carrying the verdict. Per-row work is compiled or
 vectorised: two reductions per chunk find a chunk without NaN (the common case), the
@@ -26,11 +36,13 @@ sample costs one hash per key.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from hps.errors import ModelFileError
+from hps.errors import ModelFileError, TierError
+from hps.gate.digest import row_hashes, version_digest
 from hps.gate.drift import ServedRows, measure, row_norms
 from hps.gate.key_set import KeySet, sample_rows, sample_threshold
 from hps.gate.settings import ValidationConfig
@@ -46,18 +58,23 @@ class TableGate:
     """The checks of one table's load (see the module docstring). One use: `check` once,
     then `finish`. `served`: the version served now (a reload's drift is measured against
     it); `count_duplicates`: count repeats in the stream under `duplicates: last` too
-    (`hps validate`, where no tier counts them)."""
+    (`hps validate`, where no tier counts them); `files`: (name, bytes) of the files read,
+    named by a size refusal; `previous_digest`: the digest of the version served before
+    the one served now ("" when none is known)."""
 
     def __init__(self, settings: ValidationConfig, *, model: str, table: str, uri: str,
                  dim: int, num_keys: int, storage: StorageType = FLOAT32,
                  allow_non_finite: bool = False, served: ServedRows | None = None,
-                 count_duplicates: bool = False) -> None:
+                 count_duplicates: bool = False, files: Sequence[tuple[str, int]] = (),
+                 previous_digest: str = "") -> None:
         self.settings = settings
         self.dim = dim
         self.num_keys = num_keys
         self.storage = storage
         self.allow_non_finite = allow_non_finite
         self.served = served
+        self.files = list(files)
+        self.previous_digest = previous_digest
         self.verdict = GateVerdict(model, table, uri)
         # `last` leaves the repeats to the tiers and counts them from the whole-table
         # tier's size after the load, unless asked to count them here (no tier offline)
@@ -66,6 +83,7 @@ class TableGate:
         self._threshold = sample_threshold(num_keys, settings.drift_sample_keys)
         self._sample_keys: list[np.ndarray] = []
         self._sample_norms: list[np.ndarray] = []
+        self._sample_hashes: list[np.ndarray] = []
         self._first_bad: int | None = None
 
     def check(self, chunks: Chunks) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -84,19 +102,22 @@ class TableGate:
                 self._check_finite(first, rows)
             if self._keys is not None:
                 keys, rows = self._first_rows(first, keys, rows)
-            if self.served is not None and len(keys):
+            if len(keys):  # every load: the sample is the version's digest too
                 self._sample(keys, rows)
             yield keys, rows
 
-    def finish(self, distinct_keys: int | None = None, *, reused: bool = False
-               ) -> GateVerdict:
-        """The verdict, with the drift measured (a reload). `distinct_keys`: the keys the
-        tier holding the whole table has, which counts the repeats under `duplicates:
-        last`. `reused`: the rows were not read (the persistent tier held these exact
-        files, checked when they were loaded). Raises LoadGateError on a refusal."""
+    def finish(self, distinct_keys: int | None = None, *, reused: bool = False,
+               digest: str = "") -> GateVerdict:
+        """The verdict, with the size checked and the drift measured (a reload).
+        `distinct_keys`: the keys the tier holding the whole table has, which counts the
+        repeats under `duplicates: last`. `reused`: the rows were not read (the persistent
+        tier held these exact files, checked when they were loaded; `digest` is the one
+        recorded then, `distinct_keys` its keys). Raises LoadGateError on a refusal."""
         v = self.verdict
         v.reused = reused
-        if self._keys is not None:
+        if reused:
+            distinct = self.num_keys if distinct_keys is None else distinct_keys
+        elif self._keys is not None:
             distinct = self._keys.size
         elif distinct_keys is not None:
             v.duplicate_keys = max(0, v.rows - distinct_keys)
@@ -106,8 +127,19 @@ class TableGate:
         if v.duplicate_keys and self.settings.duplicates == "last":
             log.warning("%s: %s holds %d rows whose key a later row repeats; the last row "
                         "of each key is served", v.table, v.uri, v.duplicate_keys)
+        keys, norms, hashes = self._sampled()
+        v.keys = distinct
+        v.digest = digest if reused else version_digest(keys, hashes, distinct, self.dim)
+        v.previous_version = bool(self.previous_digest) and v.digest == self.previous_digest
+        served_keys = self._served_keys()
+        v.served_keys = served_keys
+        self._check_size(distinct, served_keys)
         if self.served is not None and not reused:
-            self._drift(distinct)
+            self._drift(keys, norms, distinct)
+        if not v.passed:
+            raise LoadGateError(v)
+        for f in v.findings:
+            log.warning("%s (%s)", f.message, self._why_served(f.check))
         return v
 
     def replay(self, chunks: Chunks) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -184,39 +216,91 @@ class TableGate:
     def _sample(self, keys: np.ndarray, rows: np.ndarray) -> None:
         at = sample_rows(keys, self._threshold)
         if at.size:
+            sampled = rows[at]
             self._sample_keys.append(keys[at])
-            self._sample_norms.append(row_norms(rows[at]))
+            self._sample_norms.append(row_norms(sampled))
+            self._sample_hashes.append(row_hashes(sampled))
 
-    def _drift(self, distinct: int) -> None:
-        keys = (np.concatenate(self._sample_keys) if self._sample_keys
-                else np.empty(0, np.int64))
-        norms = (np.concatenate(self._sample_norms) if self._sample_norms
-                 else np.empty(0, np.float64))
-        # a key the files repeat is served from its last row (or first, already
-        # filtered): keep one entry per key, the last
+    def _sampled(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The sample's distinct keys in ascending order, with the norms and hashes of
+        the row that serves each: a key the files repeat is served from its last row (or
+        its first, already filtered)."""
+        if not self._sample_keys:
+            return (np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.uint64))
+        keys = np.concatenate(self._sample_keys)
+        norms = np.concatenate(self._sample_norms)
+        hashes = np.concatenate(self._sample_hashes)
         last = keys.size - 1 - np.unique(keys[::-1], return_index=True)[1]
-        keys, norms = keys[last], norms[last]
+        return keys[last], norms[last], hashes[last]
+
+    def _served_keys(self) -> int | None:
+        """The served version's distinct keys; None on a first load, or when no tier can
+        count them now (then the size is not compared and the drift says why)."""
+        if self.served is None:
+            return None
+        try:
+            return self.served.count()
+        except TierError:
+            return None
+
+    def _check_size(self, distinct: int, served_keys: int | None) -> None:
+        """Refuse a table of no keys, and a reload far smaller than the served version."""
+        s, uri = self.settings, self.verdict.uri
+        files = ", ".join(f"{name}: {size:,} bytes" for name, size in self.files) or "no file"
+        if distinct == 0:
+            held = (f"; the served version holds {served_keys:,} keys" if served_keys else "")
+            self._gated("size", 0, 1, "allow_empty" if s.allow_empty else None,
+                        f"{uri}: the table holds no keys ({files}){held}: every lookup of it "
+                        "would answer the default vector; allow_empty (in the reload's body, "
+                        "or validation.allow_empty) loads it anyway")
+        elif served_keys and distinct < s.min_key_ratio * served_keys:
+            need = math.ceil(s.min_key_ratio * served_keys)
+            self._gated("size", distinct, need, "allow_shrink" if s.allow_shrink else None,
+                        f"{uri}: the table holds {distinct:,} keys ({files}) where the served "
+                        f"version holds {served_keys:,}: validation.min_key_ratio "
+                        f"{s.min_key_ratio:g} asks for {need:,} at least (the keys it lacks "
+                        "would answer the default vector); allow_shrink (in the reload's body, "
+                        "or validation.allow_shrink) loads it anyway")
+
+    def _drift(self, keys: np.ndarray, norms: np.ndarray, distinct: int) -> None:
         figures = measure(keys, norms, distinct, self.served)  # type: ignore[arg-type]
         self.verdict.drift = figures
-        refuse = self.settings.drift == "refuse"
+        s = self.settings
+        refuse = s.drift == "refuse"
         ratio, churn = figures["norm_ratio"], figures["key_churn"]
-        if ratio is not None and ratio > self.settings.max_norm_ratio:
-            self._find("norm_ratio", ratio, self.settings.max_norm_ratio, refuse,
-                       f"{self.verdict.uri}: row norms drifted {ratio:.3g}× from the served "
-                       f"version (mean, p50, p99 new {_figures(figures['norm_new'])} vs "
-                       f"old {_figures(figures['norm_old'])} on {figures['shared_keys']:,} "
-                       f"shared sampled keys); validation.max_norm_ratio is "
-                       f"{self.settings.max_norm_ratio:g}")
-        if churn is not None and churn > self.settings.max_key_churn:
-            self._find("key_churn", churn, self.settings.max_key_churn, refuse,
-                       f"{self.verdict.uri}: {figures['keys_added']:.1%} of the keys are new "
-                       f"and {figures['keys_removed']:.1%} of the served ones are gone; "
-                       f"validation.max_key_churn is {self.settings.max_key_churn:g}")
-        for f in self.verdict.findings:
-            if not f.refused:
-                log.warning("%s (validation.drift is warn: the version serves)", f.message)
-        if not self.verdict.passed:
-            raise LoadGateError(self.verdict)
+        if ratio is not None and ratio > s.max_norm_ratio:
+            self._gated("norm_ratio", ratio, s.max_norm_ratio, None,
+                        f"{self.verdict.uri}: row norms drifted {ratio:.3g}× from the served "
+                        f"version (mean, p50, p99 new {_figures(figures['norm_new'])} vs "
+                        f"old {_figures(figures['norm_old'])} on {figures['shared_keys']:,} "
+                        f"shared sampled keys); validation.max_norm_ratio is "
+                        f"{s.max_norm_ratio:g}", refuse=refuse)
+        if churn is not None and churn > s.max_key_churn:
+            shrunk = distinct < (figures["served_keys"] or 0)
+            opt_in = ("allow_empty" if distinct == 0 and s.allow_empty else
+                      "allow_shrink" if shrunk and s.allow_shrink else None)
+            self._gated("key_churn", churn, s.max_key_churn, opt_in,
+                        f"{self.verdict.uri}: {figures['keys_added']:.1%} of the keys are new "
+                        f"and {figures['keys_removed']:.1%} of the served ones are gone; "
+                        f"validation.max_key_churn is {s.max_key_churn:g}", refuse=refuse)
+
+    def _gated(self, check: str, figure: float, limit: float, opt_in: str | None,
+               message: str, *, refuse: bool = True) -> None:
+        """A check past its limit: a warning where `refuse` is False; else a refusal,
+        unless `opt_in` (the setting that allows it) or a rollback to the previous version
+        lets it in, which the verdict's `admitted` records."""
+        by = opt_in or ("previous_version" if refuse and self.verdict.previous_version
+                        else None)
+        if refuse and by is not None:
+            self.verdict.admitted.append({"check": check, "by": by, "why": _WHY[by]})
+        self._find(check, figure, limit, refuse and by is None, message)
+
+    def _why_served(self, check: str) -> str:
+        """Why a finding that did not refuse lets the version serve, for its log line."""
+        for entry in self.verdict.admitted:
+            if entry["check"] == check:
+                return f"let in by {entry['by']}: {entry['why']}"
+        return "validation.drift is warn: the version serves"
 
     def _find(self, check: str, figure: float, limit: float, refused: bool,
               message: str) -> None:
@@ -225,6 +309,18 @@ class TableGate:
     def _refuse(self, check: str, figure: float, limit: float, message: str) -> None:
         self._find(check, figure, limit, True, message)
         raise LoadGateError(self.verdict)
+
+
+#: why a check that would refuse lets a version in, by what let it in
+_WHY = {
+    "allow_empty": "the load asked for it (allow_empty): the table serves the default "
+                   "vector for every key",
+    "allow_shrink": "the load asked for it (allow_shrink): the keys the version lacks "
+                    "answer the default vector",
+    "previous_version": "its rows are those of the version served before the one it "
+                        "replaces (the same digest): a rollback is never refused for how "
+                        "it compares with the version it replaces",
+}
 
 
 def _rows(n: int) -> str:

@@ -1,8 +1,9 @@
 """What the load gate found: a table's verdict, the error that refuses a version, and the
 ledger of verdicts that metrics read.
 
-A `GateVerdict` holds a table's figures (rows read, non-finite rows, repeated keys, the
-drift against the served version) and its `findings`: each check past its limit, with
+A `GateVerdict` holds a table's figures (rows read, non-finite rows, repeated keys, its
+keys and the served version's, the drift against the served version, its digest) and
+its `findings`: each check past its limit, with
 the figure, the limit and whether it refused the version or only warned. A refusal is
 raised as `LoadGateError` (a `ModelFileError`, so an HTTP answer is a 422) carrying the
 verdict; the server then keeps its old version. `GateLedger` keeps the counts by model,
@@ -19,7 +20,8 @@ from typing import Any
 from hps.errors import ModelFileError
 
 #: the checks, as findings, metrics and the JSON answer name them
-CHECKS = ("width", "non_finite", "encodable", "duplicates", "norm_ratio", "key_churn")
+CHECKS = ("width", "non_finite", "encodable", "duplicates", "size", "norm_ratio",
+          "key_churn")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,17 @@ class GateVerdict:
     served: bool = True
     #: True when the rows were not read (the persistent tier held these exact files)
     reused: bool = False
+    #: the version's distinct keys, and the served version's (None: a first load, or
+    #: not countable now)
+    keys: int = 0
+    served_keys: int | None = None
+    #: the version's digest (hps/gate/digest.py); "" when not known (rows not read)
+    digest: str = ""
+    #: True when it is the version served before the one it replaces (a rollback)
+    previous_version: bool = False
+    #: the checks past their limit that let it in all the same: {"check", "by" (the
+    #: opt-in, or previous_version), "why"}
+    admitted: list[dict[str, str]] = field(default_factory=list)
     checked_at: float = field(default_factory=time.time)
 
     @property
@@ -74,7 +87,9 @@ class GateVerdict:
         return {"passed": self.passed, "served": self.served, "uri": self.uri,
                 "rows": self.rows, "non_finite_rows": self.non_finite_rows,
                 "duplicate_keys": self.duplicate_keys, "drift": self.drift,
-                "reused": self.reused, "checked_at": self.checked_at,
+                "reused": self.reused, "checked_at": self.checked_at, "keys": self.keys,
+                "served_keys": self.served_keys, "digest": self.digest,
+                "previous_version": self.previous_version, "admitted": list(self.admitted),
                 "findings": [f.as_dict() for f in self.findings]}
 
 

@@ -9,6 +9,7 @@ Model listing and reload call the tiers and load files, so they run in the threa
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any
 
@@ -195,8 +196,11 @@ def build_router(state: ServiceState) -> APIRouter:
                             404: {"model": ErrorBody, "description": "Unknown model or "
                                   "missing files."},
                             422: {"model": ErrorBody, "description": "Bad sparse_files, "
-                                  "files that are not a valid model, or a source (S3, "
-                                  "HDFS) that could not be read."},
+                                  "files that are not a valid model, a source (S3, HDFS) "
+                                  "that could not be read, or a version the load gate "
+                                  "refused (kind load_gate: the error names the table, "
+                                  "check, figure and limit; check size: a table of no "
+                                  "keys, or far smaller than the served one)."},
                             507: {"model": ErrorBody, "description": "The disk of the "
                                   "persistent tier is full: the message names the file "
                                   "and the bytes not written; the old version serves "
@@ -207,6 +211,9 @@ def build_router(state: ServiceState) -> APIRouter:
         With `{"sparse_files": [...]}` the model is read from those URIs (one per table;
         absolute paths or URIs) and later reloads keep them. Lookups see the old version
         until the new one is complete; a failed reload leaves the old version serving.
+        The load gate refuses a table of no keys, or one far smaller than the served
+        version (422, check `size`), unless `allow_empty` / `allow_shrink` say otherwise
+        for this reload; the version served before the one served now always loads.
         """
         config = state.model_config(model)
         roots = None  # the config's own files are trusted; what a request names is not
@@ -214,7 +221,9 @@ def build_router(state: ServiceState) -> APIRouter:
             config = _with_sources(config, body.sparse_files)
             check_sources(config.sparse_files, state.allowed_roots)
             roots = state.allowed_roots
-        return load_summary(await run_in_threadpool(confined, roots, state.load, config))
+        load = functools.partial(state.load, allow_empty=body is not None and body.allow_empty,
+                                 allow_shrink=body is not None and body.allow_shrink)
+        return load_summary(await run_in_threadpool(confined, roots, load, config))
 
     router.include_router(build_keys_router(state, protected, admin_guard(state)))
     return router

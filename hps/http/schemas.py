@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -66,7 +66,8 @@ class ErrorDetail(BaseModel):
     model: str | None = Field(None, description="load_gate: the model refused.")
     table: str | None = Field(None, description="load_gate: the table that failed a check.")
     check: str | None = Field(None, description="load_gate: the check that failed (width, "
-                              "finite, duplicates, drift, ...).")
+                              "non_finite, encodable, duplicates, size, norm_ratio, "
+                              "key_churn).")
     figure: float | int | str | None = Field(None, description="load_gate: what was found.")
     limit: float | int | str | None = Field(None, description="load_gate: what is allowed.")
 
@@ -106,13 +107,21 @@ class ModelList(BaseModel):
 
 
 class ReloadRequest(BaseModel):
-    """Optional body of a reload: new source URIs, one per table (absolute paths or URIs)."""
+    """Optional body of a reload: new source URIs, one per table (absolute paths or URIs),
+    and what the load gate may let in for this reload alone."""
 
     model_config = ConfigDict(extra="forbid")
 
     sparse_files: list[str | dict[str, Any]] | None = Field(
         None, description="One entry per table: a path or URI, or an object with `path`, "
                           "`format` and the format's options (as in ps.json).")
+    allow_empty: StrictBool = Field(
+        False, description="Load a table of no keys (every lookup of it answers the "
+                           "default vector); refused otherwise (422, check `size`).")
+    allow_shrink: StrictBool = Field(
+        False, description="Load a version holding fewer than validation.min_key_ratio "
+                           "of the served keys (refused otherwise: 422, check `size`); "
+                           "the key churn of the keys it lost only warns.")
 
 
 class ReloadResponse(BaseModel):

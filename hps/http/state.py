@@ -352,11 +352,15 @@ class ServiceState:
         known = ", ".join(self.configured())
         raise UnknownModelError(f"no model named {name!r} in the config (models: {known})")
 
-    def load(self, model: ModelConfig) -> LoadedModel:
-        """Load or reload one model (blocking); records the outcome in metrics."""
+    def load(self, model: ModelConfig, *, allow_empty: bool = False,
+             allow_shrink: bool = False) -> LoadedModel:
+        """Load or reload one model (blocking); records the outcome in metrics.
+        `allow_empty`, `allow_shrink`: the load gate's opt-ins for this load alone."""
         name = model.model
         try:
-            loaded = self.server.load_model(model, progress=self.metrics.progress(name))
+            loaded = self.server.load_model(model, progress=self.metrics.progress(name),
+                                            allow_empty=allow_empty,
+                                            allow_shrink=allow_shrink)
         except Exception as exc:
             kind = exc.kind if isinstance(exc, HPSError) else "internal"
             self.metrics.load_failures.labels(name, kind).inc()

@@ -57,17 +57,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hps.config import PSConfig
-from hps.errors import HPSError, TierUnavailableError
+from hps.config import UNBOUNDED, PSConfig, config_to_json
+from hps.errors import ConfigError, HPSError, TierUnavailableError
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted
-from hps.http.workers_ops import (
-    FD_ENV,
-    SETUP_FAILED,
-    OpLog,
-    check_shareable,
-    initial_ops,
-    worker_config,
-)
+from hps.http.workers_ops import FD_ENV, SETUP_FAILED, OpLog, initial_ops
 from hps.runtime.run_dir import RUN_DIR_ENV, create_run_dir, remove_run_dir
 
 log = logging.getLogger("hps.http.workers")
@@ -90,6 +83,29 @@ def check_workers(config: PSConfig, grpc_port: int | None, workers: int = 2) -> 
     check_gpu_caches(config, gpu_caches_wanted(config), workers)
     if grpc_port is not None:
         import hps.http.grpc  # noqa: F401
+
+
+def worker_config(config: PSConfig, index: int) -> dict[str, Any]:
+    """The ps.json of worker `index`: the volatile hash map shared; update consumers
+    only in the leader (it writes the shared rows for every worker)."""
+    raw = config_to_json(config)
+    if config.volatile_db.enabled and not config.volatile_db.is_redis:
+        raw["volatile_db"] = {**raw.get("volatile_db", {}), "type": "multi_process_hash_map"}
+    if index != 0:
+        raw.pop("update_source", None)
+    return raw
+
+
+def check_shareable(config: PSConfig) -> None:
+    """ConfigError naming what `--workers` > 1 cannot serve: a bounded in-process hash
+    map (shared memory has a fixed capacity). Redis is shared by nature (each worker has
+    its own pool), and RocksDB has one writer, the leader (the others read secondary
+    instances: hps/tiers/rocksdb/secondary.py)."""
+    db = config.volatile_db
+    if db.enabled and not db.is_redis and db.overflow_margin < UNBOUNDED:
+        raise ConfigError(
+            "--workers > 1 serves the hash map from shared memory, which has a fixed "
+            "capacity and no overflow policy: leave volatile_db.overflow_margin unbounded")
 
 
 def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, host: str,

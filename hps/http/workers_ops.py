@@ -56,8 +56,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hps.config import UNBOUNDED, ModelConfig, PSConfig, config_to_json
-from hps.errors import ConfigError, TierError
+from hps.config import ModelConfig, PSConfig
+from hps.errors import TierError
+from hps.gate.settings import OPT_INS, requested_opt_ins
 from hps.http.workers_drops import HeldDrops
 from hps.http.workers_gpu import cuda_here, refuse_uvm
 from hps.http.workers_prefetch import PrefetchBoard, idle_part, job_prefix
@@ -95,6 +96,8 @@ class Op:
     # the allowed roots its files are opened beneath (hps/modelfiles/confined.py): those
     # of the request that asked for it, so the worker that loads it opens them alike
     roots: tuple[str, ...] | None = None
+    # the load gate's opt-ins the request asked for (hps.gate.settings.OPT_INS)
+    opt_ins: tuple[str, ...] = ()
 
 
 class OpLog:
@@ -110,12 +113,13 @@ class OpLog:
         self._ops: list[Op] = []
 
     def append(self, kind: str, model: str, block: dict[str, Any] | None = None,
-               roots: tuple[str, ...] | None = None) -> int:
+               roots: tuple[str, ...] | None = None, opt_ins: Sequence[str] = ()) -> int:
         """Add an op; returns its number."""
         with file_lock(self.folder / "log.lock"):
             seq = self.path.read_bytes().count(b"\n") + 1  # the file closed at once
             line = json.dumps({"seq": seq, "kind": kind, "model": model, "block": block,
-                               "roots": None if roots is None else list(roots)})
+                               "roots": None if roots is None else list(roots),
+                               "opt_ins": list(opt_ins)})
             with open(self.path, "a") as f:
                 f.write(line + "\n")
                 f.flush()
@@ -129,16 +133,20 @@ class OpLog:
             raw = json.loads(line)
             roots = raw.get("roots")
             self._ops.append(Op(raw["seq"], raw["kind"], raw["model"], raw["block"],
-                                None if roots is None else tuple(roots)))
+                                None if roots is None else tuple(roots),
+                                tuple(raw.get("opt_ins", ()))))
         return list(self._ops)
 
     # -- outcomes (the leader's) --------------------------------------------------------
 
     def set_outcome(self, seq: int, error: BaseException | None,
-                    stored: dict[str, str] | None = None) -> None:
+                    stored: dict[str, str] | None = None,
+                    verdicts: dict[str, Any] | None = None) -> None:
         """The leader applied op `seq`: failed with `error`, or stored the tables of its
-        version under `stored` (table → storage name, in the tiers every worker reads)."""
-        payload: dict[str, Any] = {"ok": error is None, "stored": stored or {}}
+        version under `stored` (table → storage name, in the tiers every worker reads),
+        its load gate's `verdicts` (table → verdict) the decision every worker reports."""
+        payload: dict[str, Any] = {"ok": error is None, "stored": stored or {},
+                                   "verdicts": verdicts or {}}
         if error is not None:
             payload["message"] = str(error)
             with contextlib.suppress(Exception):
@@ -159,11 +167,12 @@ class OpLog:
                 error = pickle.loads(base64.b64decode(payload["error"]))  # our own file
         return True, error
 
-    def stored(self, seq: int) -> dict[str, str]:
-        """Where the leader stored the tables of op `seq`'s version (empty: not known)."""
+    def stored(self, seq: int, part: str = "stored") -> dict[str, Any]:
+        """Where the leader stored the tables of op `seq`'s version (empty: not known);
+        `part="verdicts"`: its load gate's verdicts."""
         try:
             return dict(json.loads((self.folder / "outcomes" / str(seq)).read_text())
-                        .get("stored", {}))
+                        .get(part, {}))
         except (FileNotFoundError, json.JSONDecodeError):
             return {}
 
@@ -324,7 +333,7 @@ class ReplicatedServer(HierarchicalParameterServer):
             self._set_models([ModelConfig.model_validate(op.block) for op in latest.values()])
         for op in sorted(latest.values(), key=lambda o: o.seq):
             try:
-                self._apply(op)
+                self._apply(op, decided=True)
             except Exception as exc:  # the others serve it: this one says why it cannot
                 log.error("worker %d: replaying op %d (%s %s) failed: %s", self.index,
                           op.seq, op.kind, op.model, exc)
@@ -355,14 +364,16 @@ class ReplicatedServer(HierarchicalParameterServer):
     def _step(self, op: Op) -> None:
         error: BaseException | None = None
         if self.leader:
-            stored = None
+            stored, verdicts = None, None
             try:
                 self._remove_unfinished(op)
                 self._apply(op)
                 stored = self._stored_names(op)
+                verdicts = {t.name: t.source.load_gate for t in super().model(op.model).tables
+                            } if stored is not None else None
             except Exception as exc:
                 error = exc
-            self.oplog.set_outcome(op.seq, error, stored)
+            self.oplog.set_outcome(op.seq, error, stored, verdicts)
         else:
             outcome = self.oplog.outcome(op.seq)
             while outcome is None and not self._stop.wait(POLL):
@@ -372,7 +383,7 @@ class ReplicatedServer(HierarchicalParameterServer):
             error = outcome[1]
             if error is None:
                 try:
-                    self._apply(op)
+                    self._apply(op, decided=True)
                 except Exception as exc:
                     log.error("worker %d: op %d (%s %s) failed here, not in the leader: %s",
                               self.index, op.seq, op.kind, op.model, exc)
@@ -382,7 +393,9 @@ class ReplicatedServer(HierarchicalParameterServer):
             self.on_applied(op)
         self.oplog.ack(self.index, op.seq)
 
-    def _apply(self, op: Op) -> None:
+    def _apply(self, op: Op, decided: bool = False) -> None:
+        """Apply `op`. `decided`: the leader admitted it (a follower, a replay), so its
+        size is not judged again here, where a replay is a first load."""
         if self._drops is not None:  # the leader: what an earlier op replaced goes first
             self._drops.before_op(op.seq, [t.storage_name for m in super().models.values()
                                            for t in m.tables])
@@ -398,8 +411,14 @@ class ReplicatedServer(HierarchicalParameterServer):
             self._since.pop(op.model, None)
             return
         model = ModelConfig.model_validate(op.block)
+        opt_ins = OPT_INS if decided else op.opt_ins
+        flags = {k: k in opt_ins for k in (OPT_INS if op.kind == "load" else OPT_INS[:1])}
         load = super().add_model if op.kind == "add" else super().load_model
-        confined(op.roots, lambda: load(model, progress=progress))
+        confined(op.roots, lambda: load(model, progress=progress, **flags))
+        if not self.leader:  # the leader's gate decided: every worker reports its verdict
+            leader = self.oplog.stored(op.seq, "verdicts")
+            for table in super().model(op.model).tables:
+                table.source.load_gate = leader.get(table.name, table.source.load_gate)
         self._since.setdefault(op.model, op.seq)
         if self._follower is not None:  # its caches were warmed from the files
             self._follower.reset(op.model)
@@ -483,24 +502,27 @@ class ReplicatedServer(HierarchicalParameterServer):
         the first op, already applied: 200, and nothing changed."""
         self._initial.clear()
 
-    def load_model(self, model: ModelConfig, progress: LoadProgress | None = None
-                   ) -> LoadedModel:
-        """Load or reload `model` in every worker (see the module)."""
+    def load_model(self, model: ModelConfig, progress: LoadProgress | None = None, *,
+                   allow_empty: bool = False, allow_shrink: bool = False) -> LoadedModel:
+        """Load or reload `model` in every worker (see the module); the load gate's
+        opt-ins go with the op to the leader, which decides."""
         seq = self._initial.pop(model.model, None)
         everyone = seq is None
         if seq is None:
             self._check_gpu(model)
-            seq = self.oplog.append("load", model.model, _block(model), current_roots())
+            seq = self.oplog.append("load", model.model, _block(model), current_roots(),
+                                    requested_opt_ins(allow_empty, allow_shrink))
         if progress is not None:
             self._progress[seq] = progress
         self._await(seq, everyone)
         return super().model(model.model)
 
-    def add_model(self, model: ModelConfig, progress: LoadProgress | None = None
-                  ) -> LoadedModel:
+    def add_model(self, model: ModelConfig, progress: LoadProgress | None = None, *,
+                  allow_empty: bool = False) -> LoadedModel:
         """Add `model` in every worker."""
         self._check_gpu(model)
-        seq = self.oplog.append("add", model.model, _block(model), current_roots())
+        seq = self.oplog.append("add", model.model, _block(model), current_roots(),
+                                requested_opt_ins(allow_empty, False))
         if progress is not None:
             self._progress[seq] = progress
         self._await(seq, everyone=True)
@@ -573,27 +595,4 @@ class ReplicatedServer(HierarchicalParameterServer):
         super().close()
         if self._gpu.journal is not None:  # after the update consumer stopped
             self._gpu.journal.close()
-
-
-def worker_config(config: PSConfig, index: int) -> dict[str, Any]:
-    """The ps.json of worker `index`: the volatile hash map shared; update consumers
-    only in the leader (it writes the shared rows for every worker)."""
-    raw = config_to_json(config)
-    if config.volatile_db.enabled and not config.volatile_db.is_redis:
-        raw["volatile_db"] = {**raw.get("volatile_db", {}), "type": "multi_process_hash_map"}
-    if index != 0:
-        raw.pop("update_source", None)
-    return raw
-
-
-def check_shareable(config: PSConfig) -> None:
-    """ConfigError naming what `--workers` > 1 cannot serve: a bounded in-process hash
-    map (shared memory has a fixed capacity). Redis is shared by nature (each worker has
-    its own pool), and RocksDB has one writer, the leader (the others read secondary
-    instances: hps/tiers/rocksdb/secondary.py)."""
-    db = config.volatile_db
-    if db.enabled and not db.is_redis and db.overflow_margin < UNBOUNDED:
-        raise ConfigError(
-            "--workers > 1 serves the hash map from shared memory, which has a fixed "
-            "capacity and no overflow policy: leave volatile_db.overflow_margin unbounded")
 

@@ -24,7 +24,11 @@ SourceError naming the header.
 Errors: a missing bucket or object → SourceNotFoundError; no credentials, an unknown
 access key, a bad signature, access denied → SourceAccessError; an endpoint that refuses
 or does not answer → SourceUnreachableError after `connect_attempts` tries. Each message
-names the full URI of the file. Not guaranteed: S3 answers 403, not 404, for a missing
+names the full URI of the file, and what the endpoint did: its HTTP status, the time it
+held the call over all its attempts. Whatever the endpoint answers, one call (a HEAD, a
+part's GET, a listing) sends at most `request_limit()` requests, retries and redirects
+included (s3_requests.py); a redirect S3 would not send (one naming no region) is not
+followed. Not guaranteed: S3 answers 403, not 404, for a missing
 object when the credentials lack s3:ListBucket, so that case reads as access denied.
 """
 
@@ -43,6 +47,13 @@ from hps.errors import (
     SourceError,
     SourceNotFoundError,
     SourceUnreachableError,
+)
+from hps.modelfiles.s3_requests import (
+    REGION_HEADER,
+    Call,
+    budgeted,
+    count_request,
+    note_answer,
 )
 from hps.modelfiles.source import SUPPORTED_FORMS, RemoteSource, SourceOptions, s3_endpoint
 
@@ -203,21 +214,35 @@ class S3Source(RemoteSource):
             s3={"addressing_style": style},
         )
         self.client: BaseClient = session.client("s3", endpoint_url=self.endpoint, config=config)
-        self.client.meta.events.register_first(
+        events = self.client.meta.events
+        events.register_first("needs-retry.s3", note_answer)
+        events.register_first(
             "needs-retry.s3", partial(_stop_connect_retries, opts.connect_attempts)
         )
+        events.register("before-send.s3", count_request)
         self._on_close(self.client.close)
         self._etags: dict[str, str] = {}
+
+    def request_limit(self) -> int:
+        """The most requests one call sends: botocore's attempts of its request and of
+        a region redirect's, and of the GET that names a HEAD's error, or the attempts
+        of a part whose body breaks off."""
+        return 2 * self.options.max_attempts + 2
+
+    def _call(self, name: str) -> Any:
+        """The budget of one call on file `name` (s3_requests.budgeted)."""
+        return budgeted(self.describe(name), self._where(), self.request_limit())
 
     # -- the ModelSource contract ---------------------------------------------------------
 
     def size(self, name: str) -> int:
         key = self.location.key(name)
-        try:
-            head = self.client.head_object(Bucket=self.location.bucket, Key=key)
-        except Exception as exc:
-            # HEAD errors carry no code ('404', '403'): ask a GET for the precise one.
-            raise self._error(name, self._diagnose(key, exc)) from exc
+        with self._call(name) as call:
+            try:
+                head = self.client.head_object(Bucket=self.location.bucket, Key=key)
+            except Exception as exc:
+                # HEAD errors carry no code ('404', '403'): ask a GET for the precise one.
+                raise self._error(name, self._diagnose(key, exc), call=call) from exc
         etag, length = head.get("ETag"), head.get("ContentLength")
         if etag is None or length is None:
             raise self._not_s3(name, "an ETag" if etag is None else "a Content-Length")
@@ -228,14 +253,18 @@ class S3Source(RemoteSource):
     def names(self) -> list[str]:
         prefix = self.location.key("")
         found: list[str] = []
-        try:
-            pages = self.client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.location.bucket, Prefix=prefix, Delimiter="/"
-            )
-            for page in pages:
-                found += [obj["Key"][len(prefix) :] for obj in page.get("Contents", ())]
-        except Exception as exc:
-            raise self._error("", exc) from exc
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.location.bucket, Prefix=prefix, Delimiter="/")
+        page_iter = iter(pages)
+        while True:  # each page is a call of its own
+            with self._call("") as call:
+                try:
+                    page = next(page_iter, None)
+                except Exception as exc:
+                    raise self._error("", exc, call=call) from exc
+            if page is None:
+                break
+            found += [obj["Key"][len(prefix) :] for obj in page.get("Contents", ())]
         return sorted(n for n in found if n)
 
     def _read_range(self, name: str, offset: int, length: int) -> bytes:
@@ -256,19 +285,21 @@ class S3Source(RemoteSource):
             args["IfMatch"] = etag
         # botocore retries the request itself; a body that breaks off or stalls once the
         # response has started is outside its reach, so that is retried here.
-        for attempt in range(1, self.options.max_attempts + 1):
-            try:
-                body = self.client.get_object(**args)["Body"]
-            except Exception as exc:
-                raise self._error(name, exc, offset=offset, length=length) from exc
-            try:
-                data: bytes = body.read()  # raises IncompleteReadError when cut short
-                return data
-            except (ResponseStreamingError, IncompleteReadError, ReadTimeoutError) as exc:
-                if attempt == self.options.max_attempts:
-                    raise self._error(name, exc) from exc
-            finally:
-                body.close()
+        with self._call(name) as call:
+            for attempt in range(1, self.options.max_attempts + 1):
+                try:
+                    body = self.client.get_object(**args)["Body"]
+                except Exception as exc:
+                    raise self._error(name, exc, offset=offset, length=length,
+                                      call=call) from exc
+                try:
+                    data: bytes = body.read()  # raises IncompleteReadError when cut short
+                    return data
+                except (ResponseStreamingError, IncompleteReadError, ReadTimeoutError) as exc:
+                    if attempt == self.options.max_attempts:
+                        raise self._error(name, exc, call=call) from exc
+                finally:
+                    body.close()
         raise AssertionError("unreachable")
 
     # -- errors ---------------------------------------------------------------------------
@@ -300,8 +331,10 @@ class S3Source(RemoteSource):
     def _where(self) -> str:
         return f"endpoint {self.endpoint}" if self.endpoint else f"AWS S3 in {self.region}"
 
-    def _error(self, name: str, exc: Exception, *, offset: int = 0, length: int = 0) -> SourceError:
-        """The SourceError subclass for a boto3/botocore failure on file `name`."""
+    def _error(self, name: str, exc: Exception, *, call: Call, offset: int = 0,
+               length: int = 0) -> SourceError:
+        """The SourceError subclass for a boto3/botocore failure on file `name`, in
+        `call` (what it sent, for how long)."""
         from botocore import exceptions as bx
 
         uri = self.describe(name)
@@ -310,6 +343,7 @@ class S3Source(RemoteSource):
             code = _code(exc)
             msg = exc.response.get("Error", {}).get("Message") or ""
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
             if code == "NoSuchBucket":
                 return SourceNotFoundError(f"{uri}: S3 bucket {bucket!r} does not exist")
             if code in _NOT_FOUND_CODES:
@@ -335,18 +369,22 @@ class S3Source(RemoteSource):
                     f"{uri}: range of {length} bytes at offset {offset} lies past the end "
                     "of the object (file shorter than its size, or changed while loading?)"
                 )
-            if code in ("PermanentRedirect", "301", "AuthorizationHeaderMalformed"):
+            region = headers.get(REGION_HEADER)
+            if region or code == "AuthorizationHeaderMalformed":
+                # S3 names the bucket's region where a request was signed for another
+                in_region = f"is in region {region}" if region else "is in another region"
                 return SourceError(
-                    f"{uri}: bucket {bucket!r} is not in region {self.region} of "
-                    f"{self._where()} ({code}): name the region in the URI or s3_region"
-                )
+                    f"{uri}: bucket {bucket!r} {in_region}, not {self.region}: "
+                    f"{self._where()} answered HTTP {status} {code}: name the region in "
+                    "the URI or s3_region")
             if isinstance(status, int) and 300 <= status < 400:
-                # S3 redirects only to name a bucket's region (301, above); botocore
-                # follows none, and a request must not be sent to another host anyway
+                # S3 redirects only to name a bucket's region (above): any other redirect
+                # is not followed, a request must not be sent to another host
+                to = f" to {headers['location']}" if headers.get("location") else ""
                 return SourceError(
-                    f"{uri}: {self._where()} redirected the request (HTTP {status}), which "
-                    "S3 does not do and hps does not follow: point the endpoint at the "
-                    "store itself")
+                    f"{uri}: {self._where()} redirected the request (HTTP {status}{to}), "
+                    "which S3 does not do and hps does not follow: point the endpoint at "
+                    "the store itself")
             return SourceError(f"{uri}: S3 error {code} (HTTP {status}): {msg}")
         if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
             return SourceAccessError(
@@ -359,14 +397,12 @@ class S3Source(RemoteSource):
             return SourceError(f"{uri}: TLS error talking to {self._where()}: {exc}")
         if isinstance(exc, bx.ConnectionError):  # refused, DNS, connect timeout, proxy
             return SourceUnreachableError(
-                f"{uri}: cannot connect to {self._where()} after "
-                f"{self.options.connect_attempts} attempt(s): {exc}"
-            )
+                f"{uri}: cannot connect to {self._where()} after {call.sent} attempt(s) "
+                f"over {call.elapsed:.1f}s: {exc}")
         if isinstance(exc, bx.ReadTimeoutError):
             return SourceUnreachableError(
-                f"{uri}: {self._where()} did not answer within {self.options.read_timeout}s "
-                f"({self.options.max_attempts} attempts)"
-            )
+                f"{uri}: {self._where()} did not answer: {call.attempts()}, each given "
+                f"{self.options.read_timeout:g}s (source_read_timeout)")
         if isinstance(exc, bx.BotoCoreError):
             return SourceError(f"{uri}: {type(exc).__name__}: {exc}")
         if isinstance(exc, SourceError):

@@ -78,6 +78,9 @@ class TableSource:
     #: the load gate's last verdict on this table (GateVerdict.as_dict()): the load that
     #: made this version, or a later reload it refused (then `served` is false)
     load_gate: dict[str, Any] | None = None
+    #: the digest of the version's rows (hps/gate/digest.py): a reload of the version
+    #: served before is recognised by it; "" when not known
+    rows_digest: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -318,6 +321,7 @@ def load_table(
             persistent.load(name, chunks())
         verdict = gate.finish(_distinct_keys(name, persistent))
         source.duplicate_keys = verdict.duplicate_keys
+        source.rows_digest = verdict.digest  # recorded with the table, for a restart
         if (source.duplicate_keys and gate.settings.duplicates == "last" and write_volatile
                 and rate < 1.0 and not source.volatile_error):
             _rewrite_share(name, reader, volatile, persistent, rate, source)  # type: ignore[arg-type]
@@ -330,9 +334,12 @@ def load_table(
         verdict = gate.finish(_distinct_keys(name, volatile) if persistent is None else None)
         source.duplicate_keys = verdict.duplicate_keys
     else:  # the persistent tier held these files and no volatile tier takes a share
-        verdict = gate.finish(reused=True)
+        verdict = gate.finish(_stored_keys(stored) if stored is not None
+                              else _distinct_keys(name, volatile), reused=True,
+                              digest=str((stored or {}).get("rows_digest", "")))
     if reuse and stored is not None:
         source.duplicate_keys = verdict.duplicate_keys = int(stored.get("duplicate_keys", 0))
+    source.rows_digest = verdict.digest
     source.reused = reuse
     source.load_gate = verdict.as_dict()
     return_freed_memory()  # the load's buffers: the process keeps what the tiers hold
@@ -366,6 +373,16 @@ def _rewrite_share(name: str, reader: ModelReader, volatile: Tier, persistent: T
         fill_volatile(name, reader, volatile, rate, stored=persistent)
     except TierError as exc:
         _leave_out_volatile(source, name, volatile, exc)
+
+
+def _stored_keys(stored: dict[str, Any]) -> int | None:
+    """The distinct keys of the files a persistent tier's record says it holds (rows less
+    repeats), None for a record without them; counting the tier instead would read
+    every key of it."""
+    try:
+        return int(stored["num_keys"]) - int(stored.get("duplicate_keys", 0))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _distinct_keys(name: str, whole: Tier | None) -> int | None:

@@ -135,6 +135,9 @@ class LoadedModel:
     #: the same files again (a plain reload, a refill of the volatile tier) reads them
     #: beneath these roots too.
     roots: tuple[str, ...] | None = None
+    #: table name → the rows digest of the version this one replaced (hps/gate/digest.py):
+    #: a reload of those rows is a rollback, which the load gate lets in
+    previous_digests: dict[str, str] = field(default_factory=dict)
 
     def table(self, table: int | str) -> LoadedTable:
         """A table by index, by name, or by its index written in ASCII digits ("0");

@@ -18,6 +18,7 @@ import numpy as np
 
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.errors import ConfigError, DeviceError, UnknownModelError
+from hps.gate.settings import requested_opt_ins
 from hps.intake.array_ref import HOST, ArrayRef
 from hps.intake.keys import (
     device_pair,
@@ -115,24 +116,30 @@ class HierarchicalParameterServer:
         """The served version of model `name`; raises UnknownModelError if none."""
         return self._registry.model(name)
 
-    def load_model(self, model: ModelConfig, progress: LoadProgress | None = None) -> LoadedModel:
+    def load_model(self, model: ModelConfig, progress: LoadProgress | None = None, *,
+                   allow_empty: bool = False, allow_shrink: bool = False) -> LoadedModel:
         """Load (or reload) `model`; it becomes visible to lookups only when complete.
 
         A reload of a served model writes the new version beside the old one (staging
         storage names) and swaps it in with one assignment; a load that fails leaves the
         old version serving and removes what it wrote. The old version's tables are
-        dropped when the last lookup reading them is done.
+        dropped when the last lookup reading them is done. `allow_empty`, `allow_shrink`:
+        the load gate's settings of those names, set for this load alone (a table of no
+        keys, a reload far smaller than the served version, is refused otherwise).
         """
-        return self._registry.load(model, progress=progress)
+        return self._registry.load(model, progress=progress,
+                                   opt_ins=requested_opt_ins(allow_empty, allow_shrink))
 
-    def add_model(self, model: ModelConfig, progress: LoadProgress | None = None
-                  ) -> LoadedModel:
+    def add_model(self, model: ModelConfig, progress: LoadProgress | None = None, *,
+                  allow_empty: bool = False) -> LoadedModel:
         """Load a model that is not served yet and add it to `config.models`.
 
         Raises ModelExistsError (a ConfigError) when a model of that name is served; a
         failed load serves and records nothing. Other models keep serving throughout.
+        `allow_empty`: a table of no keys loads (see `load_model`).
         """
-        loaded = self._registry.add(model, progress=progress)
+        loaded = self._registry.add(model, progress=progress,
+                                    opt_ins=requested_opt_ins(allow_empty, False))
         self._set_models([*(m for m in self.config.models if m.model != model.model), model])
         return loaded
 
@@ -142,9 +149,12 @@ class HierarchicalParameterServer:
         self.config = self.config.model_copy(update={"models": models})
 
     def reload_model(self, name: str, sparse_files: Sequence[str] | None = None,
-                     progress: LoadProgress | None = None) -> LoadedModel:
-        """Re-read a served model, optionally from new files (a new version)."""
-        return self._registry.reload(name, sparse_files, progress=progress)
+                     progress: LoadProgress | None = None, *, allow_empty: bool = False,
+                     allow_shrink: bool = False) -> LoadedModel:
+        """Re-read a served model, optionally from new files (a new version);
+        `allow_empty`, `allow_shrink` as for `load_model`."""
+        return self._registry.reload(name, sparse_files, progress=progress,
+                                     opt_ins=requested_opt_ins(allow_empty, allow_shrink))
 
     def unload_model(self, name: str) -> None:
         """Stop serving model `name` and take it out of `config.models`.

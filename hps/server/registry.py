@@ -18,7 +18,11 @@ refill of the volatile tier) happens beneath them too.
 Every table streams through the load gate (hps/gate/) as it loads, a reload's drift
 measured against the served version's rows in the tier that holds them whole. A version
 the gate refuses is not swapped in; `gate_ledger` counts the verdicts, and the served
-version's tables carry the refused one's in `source.load_gate`.
+version's tables carry the refused one's in `source.load_gate`. Each version remembers
+the rows digests of the one it replaced (`LoadedModel.previous_digests`): a reload of
+those rows is a rollback, which the gate's comparisons with the served version never
+refuse. A load's caller may allow, for that load alone, what the config's `validation`
+does not (`opt_ins`: allow_empty, allow_shrink).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +43,7 @@ from hps.errors import (
     UnknownTableError,
 )
 from hps.gate.drift import ServedRows, TierRows
-from hps.gate.settings import effective
+from hps.gate.settings import effective, with_opt_ins
 from hps.gate.table_gate import TableGate
 from hps.gate.verdict import GateLedger, GateVerdict, LoadGateError
 from hps.modelfiles.confined import confined, current_roots
@@ -167,28 +171,34 @@ class ModelRegistry:
             pending = [r.done for r in self._retiring]
         return all(done.wait(timeout) for done in pending)
 
-    def load(self, model: ModelConfig, progress: LoadProgress | None = None) -> LoadedModel:
+    def load(self, model: ModelConfig, progress: LoadProgress | None = None,
+             opt_ins: Collection[str] = ()) -> LoadedModel:
         """Load (or reload) `model`; it becomes visible to lookups only when complete.
 
         A reload of a served model writes the new version beside the old one (staging
         storage names) and swaps it in with one assignment; a load that fails leaves the
         old version serving and removes what it wrote (a failed first load too).
+        `opt_ins`: load gate settings (hps.gate.settings.OPT_INS) set for this load alone.
         """
         with self._load_lock:
-            return self._load(model, progress or LoadProgress())
+            return self._load(model, progress or LoadProgress(), opt_ins)
 
-    def add(self, model: ModelConfig, progress: LoadProgress | None = None) -> LoadedModel:
+    def add(self, model: ModelConfig, progress: LoadProgress | None = None,
+            opt_ins: Collection[str] = ()) -> LoadedModel:
         """Load a model that is not served yet; ModelExistsError if one of that name is."""
         with self._load_lock:
             if model.model in self._models:
                 raise ModelExistsError(f"model {model.model!r} is already served: reload it, or "
                                   "unload it first")
-            return self._load(model, progress or LoadProgress())
+            return self._load(model, progress or LoadProgress(), opt_ins)
 
-    def _load(self, model: ModelConfig, progress: LoadProgress) -> LoadedModel:
+    def _load(self, model: ModelConfig, progress: LoadProgress, opt_ins: Collection[str]
+              ) -> LoadedModel:
         """The body of `load` and `add`, beneath the roots `_roots_for` says; the caller
         holds the load lock."""
-        return confined(self._roots_for(model), self._load_beneath, model, progress)
+        with_opt_ins(self.config.validation, opt_ins)  # ConfigError for an unknown name
+        return confined(self._roots_for(model), self._load_beneath, model, progress,
+                        tuple(opt_ins))
 
     def _roots_for(self, model: ModelConfig) -> tuple[str, ...] | None:
         """The allowed roots a load of `model` opens its local files beneath: its
@@ -203,7 +213,8 @@ class ModelRegistry:
             return old.roots
         return roots
 
-    def _load_beneath(self, model: ModelConfig, progress: LoadProgress) -> LoadedModel:
+    def _load_beneath(self, model: ModelConfig, progress: LoadProgress,
+                      opt_ins: Collection[str]) -> LoadedModel:
         verdicts: list[GateVerdict] = []  # the load gate's, table by table
         try:
             readers = open_readers(self.config, model, self.chunk_bytes)  # validates first
@@ -219,13 +230,14 @@ class ModelRegistry:
             self._drop_tables(names, tiers=[self.tiers.volatile])
             self.observer.reload_started(model.model)
         written: list[str] = []
-        loaded = LoadedModel(model, [], roots=current_roots())
+        loaded = LoadedModel(model, [], roots=current_roots(), previous_digests=(
+            {t.name: t.source.rows_digest for t in old.tables} if old is not None else {}))
         fills = []
         try:
             for i, reader in enumerate(readers):
                 written.append(names[i])
-                loaded.tables.append(
-                    self._load_table(model, i, names[i], reader, progress, old, verdicts))
+                loaded.tables.append(self._load_table(model, i, names[i], reader, progress,
+                                                      old, verdicts, opt_ins))
             self.gpu.attach(loaded, readers)
             if self.filler is not None:  # pending from the moment the version serves
                 fills = [self.filler.hold(loaded, table, functools.partial(
@@ -275,7 +287,8 @@ class ModelRegistry:
             self.gate_ledger.forget(name)
 
     def reload(self, name: str, sparse_files: Sequence[str] | None = None,
-               progress: LoadProgress | None = None) -> LoadedModel:
+               progress: LoadProgress | None = None, opt_ins: Collection[str] = ()
+               ) -> LoadedModel:
         """Re-read a served model, optionally from new files (a new version)."""
         current = self.model(name).config
         update = {"sparse_files": list(sparse_files)} if sparse_files is not None else {}
@@ -284,7 +297,7 @@ class ModelRegistry:
                 f"model {name!r} has {current.num_tables} tables but "
                 f"{len(sparse_files)} sparse files were given"
             )
-        return self.load(current.model_copy(update=update), progress=progress)
+        return self.load(current.model_copy(update=update), progress=progress, opt_ins=opt_ins)
 
     def close(self) -> None:
         """Drop every replaced version now (lookups must be over), close every GPU
@@ -302,13 +315,14 @@ class ModelRegistry:
 
     def _load_table(self, model: ModelConfig, index: int, storage_name: str, reader: Any,
                     progress: LoadProgress, old: LoadedModel | None,
-                    verdicts: list[GateVerdict]) -> LoadedTable:
-        gate = TableGate(effective(self.config.validation, model.validation),
-                         model=model.model, table=model.embedding_table_names[index],
-                         uri=reader.uri, dim=reader.vec_size, num_keys=reader.num_keys,
-                         storage=model.storage,
+                    verdicts: list[GateVerdict], opt_ins: Collection[str]) -> LoadedTable:
+        name = model.embedding_table_names[index]
+        settings = with_opt_ins(effective(self.config.validation, model.validation), opt_ins)
+        gate = TableGate(settings, model=model.model, table=name, uri=reader.uri,
+                         dim=reader.vec_size, num_keys=reader.num_keys, storage=model.storage,
                          allow_non_finite=model.allow_non_finite_vectors,
-                         served=self._served_rows(old, model.embedding_table_names[index]))
+                         served=self._served_rows(old, name), files=reader.files,
+                         previous_digest=old.previous_digests.get(name, "") if old else "")
         verdicts.append(gate.verdict)
         source = load_table(
             storage_name, reader, self.tiers.volatile, self.tiers.persistent,

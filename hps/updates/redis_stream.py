@@ -57,6 +57,9 @@ FIELD = b"u"
 CONSUMER = "hps"
 #: id to read a stream's own pending entries from / to read new entries
 _PENDING, _NEW = "0", ">"
+#: the errors of a read whose stream or group is gone: NOGROUP, and Redis 7's answer to
+#: a read blocked on a stream deleted (or its group destroyed) meanwhile
+_GONE = ("NOGROUP", "UNBLOCKED")
 
 
 #: a cluster's streams live on different slots, so one XREADGROUP cannot wait on all of
@@ -260,10 +263,12 @@ class RedisStreamSource(UpdateSource):
                     # aside, read the others at once
                     self._set_aside_non_streams()
                     return []
-                if "NOGROUP" not in str(exc):
+                if not str(exc).startswith(_GONE):
                     raise
-                # the stream or its group went away (deleted, Redis restarted empty):
-                # join again from what exists now
+                # the stream or its group went away (deleted, Redis restarted empty), or
+                # a blocked read was told so (UNBLOCKED): join again from what exists
+                # now, and the next poll reads the other streams at once. Raised on, it
+                # would fail the round, whose retry pauses the other tables' updates.
                 self._streams = {}
                 self._join_tables()
                 self._rescan_at = 0.0
@@ -357,7 +362,12 @@ class RedisStreamSource(UpdateSource):
             pipe = self._conn.client.pipeline(transaction=False)
             for stream, entry_ids in ids.items():
                 pipe.xack(stream, self.group, *entry_ids)
-            pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
+        for stream, reply in zip(ids, replies, strict=True):
+            # a stream replaced by another type since its entries were read has no group
+            # to acknowledge them in (the next poll sets it aside): the others' acks stand
+            if isinstance(reply, redis.ResponseError) and "WRONGTYPE" not in str(reply):
+                raise reply
 
     def backlog(self) -> dict[str, int]:
         """Entries of each stream not acknowledged by this group (XINFO GROUPS: lag +

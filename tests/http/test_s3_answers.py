@@ -161,3 +161,31 @@ def test_a_well_formed_answer_loads(live_s3: Live, odd_s3: Odd) -> None:
     got = live_s3.lookup_binary(1, keys, model="extra")
     assert got.status_code == 200, got.text
     assert got.content == odd_s3.files.expected(1, keys).tobytes()
+
+
+def test_a_plain_http_server_as_the_endpoint_answers_422_naming_its_redirect(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m http.server` as the endpoint, asked for a folder it lacks: its 301 of
+    the bucket's listing sent botocore into a recursion (79-92 HEADs) and the reload
+    answered 422 `unexpected RecursionError`. Now the 301 is named, and not followed."""
+    from tests.modelfiles.test_s3_endpoints import PlainServer
+
+    (tmp_path / "www" / "bucket").mkdir(parents=True)
+    plain = PlainServer(tmp_path)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", plain.endpoint)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+        model = write_model(tmp_path / "v1", seed=6)
+        config = copy.deepcopy(model.config)
+        config["http"] = {"allowed_sources": [ROOT]}
+        with serving(replace(model, config=config)) as live:
+            answer = live.client.post(f"/v1/models/{MODEL}/reload", json={
+                "sparse_files": [f"{ROOT}{t}" for t in TABLE_NAMES]})
+            assert answer.status_code == 422, answer.text
+            message = answer.json()["error"]["message"]
+            assert "Recursion" not in message and "redirected the request (HTTP 301" in message
+            assert live.client.get("/readyz").status_code == 200
+        assert "HEAD 301" not in plain.requests() and plain.requests().count("GET 301") == 1
+    finally:
+        plain.close()

@@ -112,3 +112,21 @@ def test_unreadable_files_and_bad_usage(files: Path) -> None:
                                   "validation": {"drift": "maybe"}}))
     result = hps("validate", str(files / "good"), "--config", str(config))
     assert result.returncode == 2 and "validation.drift" in result.stderr
+
+
+def test_a_table_far_smaller_than_the_served_one_is_refused(files: Path) -> None:
+    keys = np.fromfile(files / "good" / "key", dtype="<i8")
+    rows = np.fromfile(files / "good" / "emb_vector", dtype="<f4").reshape(-1, 8)
+    write_table(files / "small", keys[:1000], rows[:1000])
+    result = hps("validate", str(files / "small"), "--against", str(files / "good"))
+    assert result.returncode == 1
+    assert "1,000 keys" in lines(result, "size") and "2,500 keys" in lines(result, "size")
+    assert "refused" in lines(result, "size")
+    assert "validation.min_key_ratio 0.5 asks for 2,500" in result.stderr
+    config = files / "ps.json"
+    model = model_config([str(files / "small")], [8], validation={"allow_shrink": True})
+    config.write_text(json.dumps({"models": [model]}))
+    result = hps("validate", str(files / "small"), "--against", str(files / "good"),
+                 "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "warning" in lines(result, "size")

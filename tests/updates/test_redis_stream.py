@@ -437,3 +437,38 @@ def test_models_left_take_the_group_off_their_streams(redis_server: RedisServer)
         source.close()
         other.close()
         client.close()
+
+
+def test_entries_of_a_stream_replaced_since_they_were_read_commit_with_the_rest(
+        redis_server: RedisServer, rng: np.random.Generator) -> None:
+    """A round read entries of two streams, then one stream's key was set to a string
+    before the round committed: XACK on it answers WRONGTYPE, which failed the round
+    (and the pause after a failed round held every table's updates). The other stream's
+    entries are acknowledged; the replaced key has no group left to acknowledge in."""
+    import redis
+
+    from hps.updates.redis_stream import RedisStreamSource
+
+    config = UpdateSourceConfig(type="redis_stream", address=redis_server.address)
+    source = RedisStreamSource(config, "g")
+    client = redis.Redis(host=redis_server.host, port=int(redis_server.address.rsplit(":")[1]))
+    try:
+        source.follow({"a": ["t", "u"]})
+        for table in ("t", "u"):
+            client.xadd(f"hps_et.a.{table}", {b"u": codec.encode(np.arange(2),
+                                                                 random_rows(rng, 2))})
+        read: list[Any] = []
+
+        def both() -> None:
+            read.extend(source.poll(10, 0.1))
+            assert len(read) == 2
+
+        eventually(both, 10.0, "both entries read")
+        client.delete("hps_et.a.u")
+        client.set("hps_et.a.u", "not a stream")
+        source.commit(read)
+        assert client.xpending("hps_et.a.t", "g")["pending"] == 0
+        assert source.poll(10, 0.1) == [] and "hps_et.a.u" in source.faults()
+    finally:
+        source.close()
+        client.close()

@@ -77,6 +77,14 @@ def models_reload(
     files: Optional[list[str]] = typer.Argument(
         None, help="New files, one per table, in table order (paths or URIs); without "
                    "them the model's own files are read again."),
+    allow_empty: bool = typer.Option(
+        False, "--allow-empty", help="Load a table of no keys (it answers the default "
+                                     "vector for every key); the load gate refuses it "
+                                     "otherwise."),
+    allow_shrink: bool = typer.Option(
+        False, "--allow-shrink", help="Load a version holding fewer than "
+                                      "validation.min_key_ratio of the served keys; the "
+                                      "load gate refuses it otherwise."),
     url: str = _URL, token: Optional[str] = _TOKEN,
 ) -> None:
     """Reload a model of a running server from its files, or from new ones.
@@ -89,9 +97,12 @@ def models_reload(
 
     from hps.tools.admin_client import absolute_sources, call
 
-    body = {"sparse_files": absolute_sources(files, Path.cwd())} if files else None
+    body: dict[str, Any] = {"sparse_files": absolute_sources(files, Path.cwd())} if files else {}
+    body.update({k: True for k, v in (("allow_empty", allow_empty),
+                                      ("allow_shrink", allow_shrink)) if v})
     try:
-        answer = call(url, "POST", f"/v1/models/{quote(name, safe='')}/reload", token, body)
+        answer = call(url, "POST", f"/v1/models/{quote(name, safe='')}/reload", token,
+                      body or None)
     except HPSError as exc:
         fail(exc)
     tables = ", ".join(t["name"] for t in answer["tables"])

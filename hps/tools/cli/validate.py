@@ -163,6 +163,8 @@ def _print_verdict(source: str, verdict: Any, settings: Any) -> None:
             row("encodable", f"{found['encodable'].figure:g}", f"{found['encodable'].limit:g}")
         row("duplicates", _rows(verdict.duplicate_keys),
             "0 rows" if settings.duplicates == "refuse" else f"{settings.duplicates} wins")
+        if "size" in found:  # no keys, or far fewer than the version given by --against
+            row("size", f"{found['size'].figure:,.0f} keys", f"{found['size'].limit:,.0f} keys")
         if verdict.drift is not None:
             ratio = drift.get("norm_ratio")
             row("norm_ratio", "-" if ratio is None else f"{ratio:.3g}×",
