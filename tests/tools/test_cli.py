@@ -123,7 +123,8 @@ def test_tables_fit_80_columns_with_human_labels(two_tables: dict[str, Any]) -> 
 
 def test_warnings_are_log_records(two_tables: dict[str, Any]) -> None:
     config = two_tables["config"]
-    config["models"][0]["gpucachepr"] = 0.5  # a misspelt key: UnknownConfigKeyWarning
+    # a misspelt key beside the one it resembles: UnknownConfigKeyWarning
+    config["models"][0].update(gpucachepr=0.5, gpucacheper=0.5)
     path = write_config(two_tables)
     loaded = hps("load", str(path), columns=200)
     assert loaded.returncode == 0, loaded.stderr
