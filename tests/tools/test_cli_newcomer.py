@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from tests.conftest import write_table
 from tests.tools.test_cli import hps, write_config
 
 
@@ -24,3 +26,51 @@ def test_a_misspelt_key_stops_the_command_before_anything_loads(
     assert ("'models[0].embeding_table_names' is not a config key: did you mean "
             "'models[0].embedding_table_names'?") in " ".join(result.stderr.split())
     assert not (two_tables["dir"] / "rocks").exists()  # nothing was opened nor loaded
+
+
+def _snapshot(folder: Path) -> dict[str, Any]:
+    """Size and modification time of every file of a store; the bytes of rocksdict's own
+    40-byte settings file, which rocksdict writes again, the same, at every open (a
+    read-only one too)."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.name == "rocksdict-config.json"
+            else (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_lookup_writes_no_store_unless_asked(two_tables: dict[str, Any]) -> None:
+    config = write_config(two_tables)
+    store = two_tables["dir"] / "rocks"
+    (k0, v0), _ = two_tables["tables"]
+    lookup = ["lookup", str(config), "-m", "m", "--json", "--", str(k0[0]), str(k0[7])]
+    # no store yet: the files are read into memory, and no store is created
+    fresh = hps(*lookup)
+    assert fresh.returncode == 0, fresh.stderr
+    np.testing.assert_array_equal(np.array(json.loads(fresh.stdout)["vectors"], np.float32),
+                                  v0[[0, 7]])
+    assert f"there is no RocksDB store at {store} yet" in fresh.stderr
+    assert "--write-store" in fresh.stderr
+    assert not store.exists()
+    # a store that holds the model is read read-only: not a byte of it changes, and it
+    # answers with what it holds, not with files that changed since
+    assert hps("load", str(config)).returncode == 0
+    write_table(two_tables["dir"] / "t0", k0, v0 + 1.0)
+    before = _snapshot(store)
+    stored = hps(*lookup)
+    assert stored.returncode == 0, stored.stderr
+    np.testing.assert_array_equal(np.array(json.loads(stored.stdout)["vectors"], np.float32),
+                                  v0[[0, 7]])
+    assert _snapshot(store) == before and stored.stderr == ""
+    # --read-only, kept for the scripts that pass it, is the same
+    assert hps(*lookup[:4], "--read-only", *lookup[4:]).stdout == stored.stdout
+    # --write-store loads the changed files into the store first
+    written = hps(*lookup[:4], "--write-store", *lookup[4:])
+    assert written.returncode == 0, written.stderr
+    np.testing.assert_array_equal(np.array(json.loads(written.stdout)["vectors"], np.float32),
+                                  v0[[0, 7]] + 1.0)
+    assert _snapshot(store) != before
+
+
+def test_lookup_help_says_what_it_writes() -> None:
+    text = " ".join(hps("lookup", "-h").stdout.split())
+    assert "--read-only / --write-store" in text and "[default: read-only]" in text
+    assert "no store is created" in text and "writes no store unless --write-store" in text
