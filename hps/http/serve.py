@@ -37,6 +37,8 @@ from hps.runtime.cores import usable_cores
 from hps.server import HierarchicalParameterServer
 
 log = logging.getLogger("hps.http")
+#: what a printed curl line needs when the server requires a token (it reads $HPS_TOKEN)
+TOKEN_HINT = " (with HPS_TOKEN holding the server's token)"
 
 
 def base_url(host: str, port: int) -> str:
@@ -166,7 +168,8 @@ def serve(
         if uv is None or not uv.started:
             return
         url = base_url(host, int(sock.getsockname()[1]))
-        echo(f"hps: every model is loaded; try:\n  {curl_line(server, url, token is not None)}")
+        echo(f"hps: every model is loaded; try{TOKEN_HINT if token else ''}:\n  "
+             f"{curl_line(server, url, token is not None)}")
 
     def on_ready() -> None:
         threading.Thread(target=announce, name="hps-announce", daemon=True).start()

@@ -155,7 +155,7 @@ def test_demo_serves_with_serve_and_ends_without(tmp_path: Path,
                            "--folder", str(tmp_path / "again")], capture_output=True,
                           text=True, env=cli_env, timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "hps demo --serve" in done.stdout  # ends, and says how to serve
+    assert "--serve" in done.stdout  # ends, and says how to serve (tests/http/test_hints.py)
 
 
 def test_a_taken_port_is_one_line_and_exit_1(config_file: Path,
