@@ -30,6 +30,9 @@ def _serves_the_demo(command: str, folder: Path, env: dict[str, str]) -> None:
     proc = Process(_argv(command), env)
     try:
         line = proc.wait_for("curl ", timeout=120)
+        # each table's load was said as it went, though no terminal reads the output
+        assert any(s.startswith("loading demo/user_item: ") for s in proc.seen), proc.seen
+        assert any(s.startswith("loading demo/item_category: done") for s in proc.seen)
         answer = _run_curl(line, env)
         vectors = np.fromfile(folder / "user_item" / "emb_vector", "<f4").reshape(-1, 16)
         np.testing.assert_array_equal(np.asarray(answer["vectors"], np.float32),

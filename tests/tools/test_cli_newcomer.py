@@ -5,6 +5,9 @@ every printed hint works, every help names every choice."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import write_table
-from tests.tools.test_cli import hps, write_config
+from tests.tools.test_cli import ROOT, hps, write_config
 
 
 @pytest.mark.parametrize("command", [["load"], ["lookup", "-m", "m", "--", "1"]])
@@ -74,3 +77,74 @@ def test_lookup_help_says_what_it_writes() -> None:
     text = " ".join(hps("lookup", "-h").stdout.split())
     assert "--read-only / --write-store" in text and "[default: read-only]" in text
     assert "no store is created" in text and "writes no store unless --write-store" in text
+
+
+def test_a_piped_demo_says_each_step_as_it_starts(tmp_path: Path) -> None:
+    # a numba cache of its own: this demo compiles, as the first run on a machine does
+    env = {"COLUMNS": "", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "PYTHONPATH": str(ROOT), "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    done = subprocess.run([sys.executable, "-m", "hps.tools.cli", "demo", "--scale", "0.05",
+                           "--folder", str(tmp_path / "demo")], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0] == "compiling what the demo runs (first run only) …", lines[:3]
+    order = [next(i for i, line in enumerate(lines) if line.startswith(start)) for start in (
+        "compiled functions: ", "Writing a 50,000-key model", "loading demo/user_item: 30,000 keys",
+        "loading demo/user_item: done, 30,000 keys in", "loading demo/item_category: 20,000",
+        "loading demo/item_category: done", "all looked-up vectors match")]
+    assert order == sorted(order), lines
+
+
+def test_plain_progress_lines_say_keys_rate_and_what_remains() -> None:
+    from hps.tools.cli.progress import LineProgress
+
+    lines: list[str] = []
+    heard = threading.Condition()
+
+    def say(line: str) -> None:
+        with heard:
+            lines.append(line)
+            heard.notify_all()
+
+    def wait_for(text: str) -> str:
+        with heard:
+            assert heard.wait_for(lambda: any(text in line for line in lines), timeout=30)
+        return next(line for line in lines if text in line)
+
+    progress = LineProgress(say=say, every=0.05)
+    try:
+        progress.start_table("hps_et.demo.user_item", 1000, 4 << 20)
+        assert lines == ["loading demo/user_item: 1,000 keys, 4 MiB …"]
+        progress.advance(500, 2 << 20)
+        line = wait_for("500 of 1,000 keys (50%)")
+        assert line.startswith("loading demo/user_item: ") and "keys/s, about" in line
+        assert line.endswith(" s left")
+        progress.advance(500, 2 << 20)
+        wait_for("all 1,000 keys read, writing them")
+        progress.finish_table("hps_et.demo.user_item", 2.0)
+        assert lines[-1] == "loading demo/user_item: done, 1,000 keys in 2.0 s (500 keys/s)"
+    finally:
+        progress.close()
+
+
+def test_quiet_progress_says_only_what_takes_a_while() -> None:
+    from hps.tools.cli.progress import LineProgress
+
+    lines: list[str] = []
+    progress = LineProgress(say=lines.append, every=0.05, quiet=True)
+    try:
+        progress.start_table("hps_et.m.t", 10, 100)
+        progress.finish_table("hps_et.m.t", 0.01)
+        assert lines == []  # done before a line was due
+        progress.start_table("hps_et.m.t", 10, 100)
+        progress.advance(4, 40)
+        for _ in range(3000):  # a tick is due every 0.05 s: at most 30 s
+            if lines:
+                break
+            threading.Event().wait(0.01)
+        progress.finish_table("hps_et.m.t", 1.0)
+        assert lines[0].startswith("loading m/t: 4 of 10 keys (40%)")
+        assert lines[-1] == "loading m/t: done, 10 keys in 1.0 s (10 keys/s)"
+    finally:
+        progress.close()

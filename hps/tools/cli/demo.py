@@ -1,7 +1,8 @@
 """`hps demo`: write a demo model, load it, check every looked-up vector; --serve serves it.
 
-The model and its checks are hps.tools.demo's; this is the command around them: a progress
-bar while it loads, a table of the figures, exit status 1 when a vector does not match.
+The model and its checks are hps.tools.demo's; this is the command around them: progress
+while it compiles and loads (progress.py), a table of the figures, exit status 1 when a
+vector does not match, and the commands that serve what it wrote.
 """
 
 from __future__ import annotations
@@ -14,14 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from hps.errors import HPSError
-from hps.tools.cli.app import (
-    BarProgress,
-    compile_status,
-    console,
-    err_console,
-    fail,
-    progress_bars,
-)
+from hps.tools.cli.app import console, err_console, fail
+from hps.tools.cli.progress import compile_status, load_progress
 from hps.tools.cli.serve import DEFAULT_MAX_BODY, serve_config
 
 #: where the demo writes by default
@@ -65,8 +60,8 @@ def demo(
                       highlight=False, soft_wrap=True)
         total = sum(int(c * scale) for _, c, _ in TABLES)
         console.print(f"Writing a {total:,}-key model (widths 16 and 64) to {folder} …")
-        with progress_bars() as bars:
-            report = run_demo(folder, progress=BarProgress(bars), scale=scale, warmed=warmed)
+        with load_progress() as progress:
+            report = run_demo(folder, progress=progress, scale=scale, warmed=warmed)
     except HPSError as exc:
         fail(exc)
     table = Table(title="hps demo: embedded tiers (hash map over RocksDB)")

@@ -21,8 +21,9 @@ from rich.table import Table
 from hps.errors import HPSError
 from hps.modelfiles.convert import WRITABLE
 from hps.modelfiles.formats.spec import FORMATS
-from hps.tools.cli.app import BarProgress, console, err_console, fail, progress_bars
+from hps.tools.cli.app import console, err_console, fail
 from hps.tools.cli.choices import one_of
+from hps.tools.cli.progress import load_progress
 from hps.tools.cli.sizing import gpu_memory_rows, host_memory_rows
 
 
@@ -150,9 +151,9 @@ def convert(
 
     try:
         spec = read.spec(source)
-        with progress_bars() as bars:
+        with load_progress(verb="") as progress:  # the table's name: "writing DESTINATION"
             report = run_convert(spec, destination, to, vec_size=read.width,
-                                 progress=BarProgress(bars), force=force)
+                                 progress=progress, force=force)
     except HPSError as exc:
         fail(exc)
     _print_report(f"{report.format} {source} → {destination}", report.rows())

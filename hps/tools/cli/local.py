@@ -17,8 +17,9 @@ import numpy as np
 import typer
 
 from hps.errors import HPSError, UnknownModelError
-from hps.tools.cli.app import BarProgress, console, err_console, fail, progress_bars
+from hps.tools.cli.app import console, err_console, fail
 from hps.tools.cli.models import print_models
+from hps.tools.cli.progress import load_progress
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig, PersistentDBConfig, PSConfig
@@ -30,8 +31,8 @@ def load(config: Path = typer.Argument(..., help="ps.json or YAML config.")) -> 
 
     try:
         cfg = _without_updates(str(config))
-        with progress_bars() as bars:
-            server = HierarchicalParameterServer(cfg, progress=BarProgress(bars))
+        with load_progress() as progress:
+            server = HierarchicalParameterServer(cfg, progress=progress)
     except HPSError as exc:
         fail(exc)
     with server:
@@ -60,7 +61,9 @@ def lookup(
         cfg, note = lookup_config(_without_updates(str(config)), model, write=not read_only)
         if note:
             err_console.print(note, highlight=False, soft_wrap=True)
-        with HierarchicalParameterServer(cfg) as server:
+        with load_progress(quiet=True) as progress:  # a model read into memory takes a while
+            server = HierarchicalParameterServer(cfg, progress=progress)
+        with server:
             # the server checks the keys (int64 range) and the table (name or index)
             vectors = server.lookup(model, table, keys)
     except HPSError as exc:
