@@ -92,9 +92,14 @@ def test_readme_starts_with_the_setup_commands() -> None:
     first = re.search(r"^```[a-z]*\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
     assert first is not None
     assert "\n## " not in text[:first.start()]
-    commands = [line.split("#")[0].strip() for line in first.group(1).splitlines()]
-    assert any(c.endswith("&& hps demo") and c.startswith("pip install") for c in commands)
-    assert "bash scripts/test.sh" in commands
+    lines = first.group(1).splitlines()
+    commands = [line.split("#")[0].strip() for line in lines]
+    assert len(lines) == 3 and commands[0].startswith("python3 -m venv"), lines
+    assert commands[1].startswith("pip install") and commands[1].endswith("&& hps demo")
+    # the tests: how long they take, and that using hps does not need them
+    assert commands[2] == "bash scripts/test.sh"
+    comment = lines[2].split("#", 1)[1]
+    assert "not needed to use hps" in comment and re.search(r"~\d+ min", comment), comment
 
 
 def test_readme_links_resolve() -> None:
