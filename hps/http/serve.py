@@ -4,8 +4,8 @@ process's app on a bound socket, also a worker's: hps/http/workers.py) and `Serv
 `serve` binds first and loads the models in the background: `/healthz` answers at once,
 `/readyz` turns 200 when every model is in, and then a `curl` line that works is printed.
 The first compile of a load (numba compiles each function at its first use; the first
-run on a machine) is one printed line as it starts, so a slow first load shows why. A model that fails
-to load is one printed line naming it and what went wrong; the server
+run on a machine) is one printed line as it starts, so a slow first load shows why. A
+model that fails to load is one printed line naming it and what went wrong; the server
 serves on without it (`/readyz` 503), or, told to require every model, stops and raises
 `ModelsNotLoadedError`. A port that is taken is a `BindError` before anything is opened or
 announced.

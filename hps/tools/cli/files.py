@@ -131,9 +131,10 @@ def convert(
         ..., help="Local path to write: .parquet, .npz, .safetensors, or no suffix for a "
                   "folder."),
     to: Optional[str] = typer.Option(
-        None, callback=one_of(WRITABLE), help="Format to write: sparse_folder, parquet, numpy or safetensors "
-                   "(default: from DESTINATION's suffix; without one a HugeCTR sparse "
-                   "folder; another suffix needs --to)."),
+        None, callback=one_of(WRITABLE),
+        help="Format to write: sparse_folder, parquet, numpy or safetensors (default: from "
+             "DESTINATION's suffix; without one a HugeCTR sparse folder; another suffix "
+             "needs --to)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing DESTINATION."),
     *,
     read: _TableRead,
