@@ -2,8 +2,9 @@
 
 Every key of HugeCTR's HPS config is accepted with HugeCTR's default and meaning (HugeCTR's
 `ps.json` documentation). Keys `hps` does not know are reported as `UnknownConfigKeyWarning`
-with their path and the nearest known key, so a misspelling never passes silently; the
-warning points at the caller's line, not at this module. A bad value raises `ConfigError`
+with their path and the nearest known key, so a misspelling never passes silently; a near
+miss of a known key the same block lacks is a ConfigError naming both, before anything
+loads (hps/config_keys.py). A bad value raises `ConfigError`
 naming the key path and the expected form. Types are strict where JSON has them: a string
 for a boolean, integer or number key ("yes", "256") is an error, not converted.
 `deployed_device_list` may be left out of a model without a GPU cache (`gpucache`: false).
@@ -20,12 +21,10 @@ import difflib
 import json
 import math
 import os
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import pydantic
 from pydantic import (
     BaseModel,
     Field,
@@ -35,20 +34,17 @@ from pydantic import (
     model_validator,
 )
 
+from hps.config_keys import UnknownConfigKeyWarning as UnknownConfigKeyWarning  # re-exported
+from hps.config_keys import report, unknown_keys
 from hps.errors import ConfigError
 from hps.gate.settings import ValidationConfig
 from hps.modelfiles.formats.spec import TableSpec
 from hps.rows.storage_types import StorageName, StorageType, storage_type
-from hps.runtime.caller_line import caller_stacklevel
 from hps.runtime.strict_scalars import StrictSection
 
 UNBOUNDED = 2**63 - 1
 #: widest vector a table may have (floats): a 4 MiB row
 MAX_VEC_SIZE = 1 << 20
-
-
-class UnknownConfigKeyWarning(UserWarning):
-    """A config key that `hps` does not know (often a misspelling); it is ignored."""
 
 
 class VolatileDBConfig(StrictSection):
@@ -438,45 +434,23 @@ _SECTIONS: dict[str, type[BaseModel]] = {
 }
 
 
-#: the folders whose frames a config warning skips to reach the caller's line
-_INTERNAL = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
-                  for f in (__file__, pydantic.__file__))
-
-
-def _warn_unknown(raw: dict[str, Any], known: type[BaseModel], path: str) -> None:
-    _warn_unknown_names(raw, tuple(known.model_fields), path)
-
-
-def _warn_unknown_names(raw: dict[str, Any], known: tuple[str, ...], path: str) -> None:
-    fields = set(known)
-    for key in raw:
-        if key not in fields:
-            near = difflib.get_close_matches(str(key), fields, n=1)
-            hint = (f" (did you mean '{near[0]}'?)" if near else
-                    " (docs/configuration.md lists every key)")
-            warnings.warn(
-                f"unknown config key '{path}{key}' is ignored{hint}",
-                UnknownConfigKeyWarning,
-                stacklevel=caller_stacklevel(_INTERNAL),
-            )
-
-
 def _check_keys(raw: dict[str, Any]) -> None:
-    _warn_unknown(raw, PSConfig, "")
+    """Every unknown key of `raw`, its sections, models and table entries reported at
+    once (hps/config_keys.py: a misspelt known key raises ConfigError, others warn)."""
+    found = unknown_keys(raw, tuple(PSConfig.model_fields), "")
     for section, cls in _SECTIONS.items():
         if isinstance(raw.get(section), dict):
-            _warn_unknown(raw[section], cls, f"{section}.")
+            found += unknown_keys(raw[section], tuple(cls.model_fields), f"{section}.")
     models = raw.get("models")
-    if isinstance(models, list):
-        for i, m in enumerate(models):
-            if isinstance(m, dict):
-                _warn_unknown(m, ModelConfig, f"models[{i}].")
-                files = m.get("sparse_files")
-                for j, entry in enumerate(files if isinstance(files, list) else []):
-                    if isinstance(entry, dict):
-                        _warn_unknown_names(
-                            entry, TableSpec.field_names(), f"models[{i}].sparse_files[{j}]."
-                        )
+    for i, m in enumerate(models if isinstance(models, list) else []):
+        if isinstance(m, dict):
+            found += unknown_keys(m, tuple(ModelConfig.model_fields), f"models[{i}].")
+            files = m.get("sparse_files")
+            for j, entry in enumerate(files if isinstance(files, list) else []):
+                if isinstance(entry, dict):
+                    found += unknown_keys(entry, TableSpec.field_names(),
+                                          f"models[{i}].sparse_files[{j}].")
+    report(found)
 
 
 #: names an error's location; the default spells it as a ps.json key path

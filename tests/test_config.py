@@ -58,13 +58,46 @@ def test_volatile_block_without_type_is_disabled() -> None:
 
 
 def test_unknown_key_warns_with_path_and_suggestion() -> None:
-    raw = minimal(gpucachepr=0.5)
-    raw["volatile_db"] = {"type": "hash_map", "overflow_polcy": "evict_oldest"}
+    # beside the key it resembles (which is given), or resembling none: a warning
+    raw = minimal(gpucachepr=0.5, gpucacheper=0.3, zzz=1)
+    raw["volatile_db"] = {"type": "hash_map", "overflow_policy": "evict_oldest",
+                          "overflow_polcy": "evict_oldest"}
     with pytest.warns(UnknownConfigKeyWarning) as record:
-        load_config(raw)
+        config = load_config(raw)
     messages = sorted(str(w.message) for w in record)
     assert "models[0].gpucachepr" in messages[0] and "did you mean 'gpucacheper'" in messages[0]
-    assert "volatile_db.overflow_polcy" in messages[1] and "overflow_policy" in messages[1]
+    assert "models[0].zzz" in messages[1] and "docs/configuration.md" in messages[1]
+    assert "volatile_db.overflow_polcy" in messages[2] and "overflow_policy" in messages[2]
+    assert config.models[0].gpucacheper == 0.3
+
+
+def test_a_misspelt_key_the_block_lacks_is_an_error() -> None:
+    # the known key would silently take its default (HugeCTR's table names): refused,
+    # naming both, with every such key of the config in one error
+    raw = minimal(embeding_table_names=["user", "item"])
+    raw["volatile_db"] = {"type": "hash_map", "overflow_polcy": "evict_oldest"}
+    with pytest.raises(ConfigError) as caught:
+        load_config(raw)
+    message = str(caught.value)
+    assert ("'models[0].embeding_table_names' is not a config key: did you mean "
+            "'models[0].embedding_table_names'?") in message
+    assert "did you mean 'volatile_db.overflow_policy'?" in message
+    # in a table's entry too
+    entry = minimal(sparse_files=[{"path": "/a.parquet", "key_colum": "id"}, "/b"])
+    with pytest.raises(ConfigError, match=r"did you mean 'models\[0\]\.sparse_files\[0\]"
+                       r"\.key_column'"):
+        load_config(entry)
+
+
+def test_keys_of_earlier_hugectr_files_stay_warnings() -> None:
+    # close to max_batch_size, which the block lacks, but HugeCTR's own earlier keys
+    raw = minimal()
+    raw["volatile_db"] = {"type": "hash_map", "max_get_batch_size": 100,
+                          "max_set_batch_size": 100}
+    raw["update_source"] = {"type": "kafka_message_queue", "max_receive_buffer_size": 10}
+    with pytest.warns(UnknownConfigKeyWarning) as record:
+        load_config(raw)
+    assert len(record) == 3
 
 
 @pytest.mark.parametrize(
@@ -221,7 +254,7 @@ def test_deployed_device_list_is_needed_only_with_a_gpu_cache() -> None:
 
 
 def test_unknown_key_warning_points_at_the_callers_line(tmp_path: Path) -> None:
-    raw = minimal(gpucachepr=0.5, gpucache=False)
+    raw = minimal(gpucachepr=0.5, gpucacheper=0.5, gpucache=False)
     raw["models"][0]["sparse_files"] = [str(tmp_path / "t0")]
     raw["models"][0].update(embedding_vecsize_per_table=[4],
                             maxnum_catfeature_query_per_table_per_sample=[1])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -38,6 +38,7 @@ from hps.http.roots import default_roots, normalise_root
 from hps.http.routes import build_router, token_guard
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, ServiceState
 from hps.server import HierarchicalParameterServer
+from hps.server.loader import LoadProgress
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
@@ -70,6 +71,7 @@ def create_app(
     lookup_threads: int | None = None,
     on_ready: Callable[[], None] | None = None,
     on_failed: Callable[[str, str], None] | None = None,
+    load_progress: Callable[[str], AbstractContextManager[LoadProgress]] | None = None,
     allow_roots: Sequence[str] | None = None,
     max_queued_lookups: int | None = None,
     queue_target_s: float = TARGET_DELAY_S,
@@ -80,7 +82,8 @@ def create_app(
     Models of `server.config` that are not loaded yet load in a background thread when
     the app starts (its lifespan), so `/healthz` answers at once and `/readyz` is 503
     until they are all in; `on_ready` is called once they are, `on_failed` with a model's
-    name and what went wrong when one of them fails to load.
+    name and what went wrong when one of them fails to load. `load_progress`: a model's
+    name → a context whose LoadProgress hears each load of that model (beside /metrics).
 
     `token`: when set, every route but `/healthz`, `/readyz` and the docs needs
     `Authorization: Bearer <token>`. `host`: the address the server binds to; without a
@@ -103,6 +106,7 @@ def create_app(
     state = ServiceState(server=server, metrics=Metrics(server), token=token, host=host,
                          max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
                          on_ready=on_ready, on_failed=on_failed,
+                         load_progress=load_progress,
                          max_queued_lookups=max_queued_lookups,
                          queue_target_s=queue_target_s,
                          min_queued_lookups=min_queued_lookups,

@@ -4,8 +4,8 @@ process's app on a bound socket, also a worker's: hps/http/workers.py) and `Serv
 `serve` binds first and loads the models in the background: `/healthz` answers at once,
 `/readyz` turns 200 when every model is in, and then a `curl` line that works is printed.
 The first compile of a load (numba compiles each function at its first use; the first
-run on a machine) is one printed line, so a slow first load shows why. A model that fails
-to load is one printed line naming it and what went wrong; the server
+run on a machine) is one printed line as it starts, so a slow first load shows why. A
+model that fails to load is one printed line naming it and what went wrong; the server
 serves on without it (`/readyz` 503), or, told to require every model, stops and raises
 `ModelsNotLoadedError`. A port that is taken is a `BindError` before anything is opened or
 announced.
@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,15 @@ from hps.errors import BindError, ConfigError, ModelsNotLoadedError
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, is_loopback
-from hps.runtime.compile_on_use import CompileEvent, compile_events
+from hps.runtime.compile_notice import CompileNotice
+from hps.runtime.compile_on_use import compile_events
 from hps.runtime.cores import usable_cores
 from hps.server import HierarchicalParameterServer
+from hps.server.loader import LoadProgress
 
 log = logging.getLogger("hps.http")
+#: what a printed curl line needs when the server requires a token (it reads $HPS_TOKEN)
+TOKEN_HINT = " (with HPS_TOKEN holding the server's token)"
 
 
 def base_url(host: str, port: int) -> str:
@@ -117,6 +122,7 @@ def serve(
     grpc_port: int | None = None,
     workers: int | str | None = None,
     require_models: bool | None = None,
+    load_progress: Callable[[str], AbstractContextManager[LoadProgress]] | None = None,
 ) -> None:
     """Serve every model of `config` over HTTP until interrupted (SIGINT/SIGTERM), and
     over gRPC (KServe v2, `hps.http.grpc`) on `grpc_port` (else the config's
@@ -125,6 +131,9 @@ def serve(
     `workers` (else the config's `http.workers`; "auto": the usable cores): more than
     one runs that many worker processes on the port over one table in shared memory
     (hps/http/workers.py); one serves from this process.
+
+    `load_progress`: a model's name → a context whose LoadProgress hears that model's
+    loads (`hps serve` shows them on stderr; one process only, not workers).
 
     Each model that fails to load is echoed in one line. `require_models` (else the
     config's `http.require_models`): the first such failure stops the server (drained,
@@ -166,7 +175,8 @@ def serve(
         if uv is None or not uv.started:
             return
         url = base_url(host, int(sock.getsockname()[1]))
-        echo(f"hps: every model is loaded; try:\n  {curl_line(server, url, token is not None)}")
+        echo(f"hps: every model is loaded; try{TOKEN_HINT if token else ''}:\n  "
+             f"{curl_line(server, url, token is not None)}")
 
     def on_ready() -> None:
         threading.Thread(target=announce, name="hps-announce", daemon=True).start()
@@ -198,21 +208,17 @@ def serve(
         if grpc_server is not None:
             echo(f"hps: serving KServe v2 over gRPC on {grpc_server.start()}")
 
-    compiling: list[str] = []
+    def compiling() -> None:
+        echo("hps: compiling what this config runs (the first load on this machine; "
+             "numba caches it for the next) …")
 
-    def on_compile(event: CompileEvent) -> None:
-        if event.seconds is not None and not event.from_cache and not compiling:
-            compiling.append(event.function)
-            echo("hps: compiling what this config runs (the first load on this machine; "
-                 "numba caches it for the next), seconds per function …")
-
-    with compile_events(on_compile):
+    with compile_events(CompileNotice(compiling)):
         stopped_by = run_app(
             sock, server, host=host, token=token, max_body_bytes=max_body_bytes,
             lookup_threads=lookup_threads, access_log=access_log, log_level=log_level,
             allow_roots=allow_roots, on_ready=on_ready, on_failed=on_failed,
             grpc_port=grpc_port if grpc_port is not None else server.config.http.grpc_port,
-            made=made, listening=listening)
+            made=made, listening=listening, load_progress=load_progress)
     if stopped_by:
         echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in stopped_by)}: "
              "drained, every tier closed")
@@ -243,14 +249,16 @@ def run_app(sock: socket.socket, server: HierarchicalParameterServer, *, host: s
             on_failed: Callable[[str, str], None] | None = None,
             made: Callable[[DrainingServer], None] | None = None,
             listening: Callable[[Any], None] | None = None,
-            prepare: Callable[[Any], None] | None = None) -> tuple[int, ...]:
+            prepare: Callable[[Any], None] | None = None,
+            load_progress: Callable[[str], AbstractContextManager[LoadProgress]] | None = None,
+            ) -> tuple[int, ...]:
     """Serve `server`'s app on `sock` until a signal drains it, then close the tiers;
     returns the signals that stopped it. `made` gets the uvicorn server once made,
     `listening` the gRPC server (or None) when the socket is to listen, `prepare` the
     app before it serves (a worker merges its metrics there)."""
     app = create_app(server, token=token, host=host, max_body_bytes=max_body_bytes,
                      lookup_threads=lookup_threads, on_ready=on_ready, on_failed=on_failed,
-                     allow_roots=allow_roots)
+                     allow_roots=allow_roots, load_progress=load_progress)
     if prepare is not None:
         prepare(app)
     grpc_server = _grpc_server(app, host, grpc_port, sock)

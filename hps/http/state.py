@@ -8,12 +8,14 @@ this module only records which models are pending, loaded or failed.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -42,6 +44,7 @@ from hps.http.guards import allowed_hosts, allowed_origins, check_admin_request,
 from hps.http.load_gate import detailed_body
 from hps.http.lookup_watch import LOOKUP_WAIT_S, GivenUp, LookupWatch
 from hps.http.metrics import Metrics
+from hps.server.loader import BothProgress, LoadProgress
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -127,6 +130,9 @@ class ServiceState:
     on_ready: Callable[[], None] | None = None
     #: called with a model's name and what went wrong when it fails to load at start
     on_failed: Callable[[str, str], None] | None = None
+    #: a model's name → a context whose LoadProgress hears that model's load, beside the
+    #: metrics (`hps serve` shows it on the terminal); None: the metrics alone
+    load_progress: Callable[[str], AbstractContextManager[LoadProgress]] | None = None
     #: the hard bound of lookups that may wait for or run on the lookup threads (see
     #: `admit`); None: QUEUED_LOOKUPS_PER_THREAD per lookup thread, at least
     #: MIN_QUEUED_LOOKUPS
@@ -358,9 +364,10 @@ class ServiceState:
         `allow_empty`, `allow_shrink`: the load gate's opt-ins for this load alone."""
         name = model.model
         try:
-            loaded = self.server.load_model(model, progress=self.metrics.progress(name),
-                                            allow_empty=allow_empty,
-                                            allow_shrink=allow_shrink)
+            with self._progress(name) as progress:
+                loaded = self.server.load_model(model, progress=progress,
+                                                allow_empty=allow_empty,
+                                                allow_shrink=allow_shrink)
         except Exception as exc:
             kind = exc.kind if isinstance(exc, HPSError) else "internal"
             self.metrics.load_failures.labels(name, kind).inc()
@@ -375,10 +382,21 @@ class ServiceState:
 
     def add(self, model: ModelConfig) -> LoadedModel:
         """Load a model that is not served yet (blocking); the others keep serving."""
-        loaded = self.server.add_model(model, progress=self.metrics.progress(model.model))
+        with self._progress(model.model) as progress:
+            loaded = self.server.add_model(model, progress=progress)
         self.failed.pop(model.model, None)
         self.metrics.model_ready.labels(model.model).set(1)
         return loaded
+
+    @contextlib.contextmanager
+    def _progress(self, model: str) -> Iterator[LoadProgress]:
+        """The progress of one load of `model`: the metrics', and `load_progress`'s."""
+        counted = self.metrics.progress(model)
+        if self.load_progress is None:
+            yield counted
+            return
+        with self.load_progress(model) as shown:
+            yield BothProgress(counted, shown)
 
     def remove(self, name: str) -> None:
         """Stop serving model `name` (blocking until it is out of the registry)."""

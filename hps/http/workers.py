@@ -59,6 +59,7 @@ from typing import Any
 
 from hps.config import UNBOUNDED, PSConfig, config_to_json
 from hps.errors import ConfigError, HPSError, TierUnavailableError
+from hps.http.serve import TOKEN_HINT
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted
 from hps.http.workers_ops import FD_ENV, SETUP_FAILED, OpLog, initial_ops
 from hps.runtime.run_dir import RUN_DIR_ENV, create_run_dir, remove_run_dir
@@ -151,7 +152,9 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
         def ready() -> None:
             if grpc_port is not None:  # "loaded" comes before a worker's gRPC listens
                 _wait_for_grpc(folder, supervisor)
-            echo(f"hps: every model is loaded in every worker; try: curl {url}/v1/models")
+            auth = ' -H "Authorization: Bearer $HPS_TOKEN"' if token else ""
+            echo(f"hps: every model is loaded in every worker; try{TOKEN_HINT if token else ''}"
+                 f": curl -s{auth} {url}/v1/models")
 
         stopped_by = supervisor.run(ready=ready)
     finally:

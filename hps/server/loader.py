@@ -58,6 +58,25 @@ class LoadProgress:
         """The table finished loading."""
 
 
+class BothProgress(LoadProgress):
+    """Tells two LoadProgress the same (the server's metrics and the terminal's lines)."""
+
+    def __init__(self, first: LoadProgress, second: LoadProgress) -> None:
+        self.first, self.second = first, second
+
+    def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
+        self.first.start_table(table, num_keys, num_bytes)
+        self.second.start_table(table, num_keys, num_bytes)
+
+    def advance(self, keys: int, num_bytes: int) -> None:
+        self.first.advance(keys, num_bytes)
+        self.second.advance(keys, num_bytes)
+
+    def finish_table(self, table: str, seconds: float) -> None:
+        self.first.finish_table(table, seconds)
+        self.second.finish_table(table, seconds)
+
+
 @dataclass
 class TableSource:
     """Where a loaded table came from, for `hps inspect`, the API and reload checks."""

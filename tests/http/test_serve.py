@@ -155,7 +155,7 @@ def test_demo_serves_with_serve_and_ends_without(tmp_path: Path,
                            "--folder", str(tmp_path / "again")], capture_output=True,
                           text=True, env=cli_env, timeout=90)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "hps demo --serve" in done.stdout  # ends, and says how to serve
+    assert "--serve" in done.stdout  # ends, and says how to serve (tests/http/test_hints.py)
 
 
 def test_a_taken_port_is_one_line_and_exit_1(config_file: Path,
@@ -179,7 +179,8 @@ def test_a_taken_port_is_one_line_and_exit_1(config_file: Path,
 def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
                                                   cli_env: dict[str, str]) -> None:
     """README: `hps demo` then `hps serve configs/demo.json`, keys 17, 42, -3 hit; and
-    `hps lookup` on the served RocksDB says how to read it, and reads it read-only."""
+    `hps lookup` reads the served RocksDB read-only; with --write-store it says how to
+    read it."""
     clone = tmp_path / "clone"
     (clone / "configs").mkdir(parents=True)
     shutil.copy(ROOT / "configs" / "demo.json", clone / "configs" / "demo.json")
@@ -201,11 +202,12 @@ def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
             np.testing.assert_array_equal(np.asarray(answer["vectors"], np.float32), rows[:3])
         lookup = [sys.executable, "-m", "hps.tools.cli", "lookup", "configs/demo.json",
                   "-m", "demo", "-t", "item_category", "--json", "--", "17", "42", "-3"]
-        locked = subprocess.run(lookup, capture_output=True, text=True, env=cli_env,
-                                cwd=clone, timeout=60)
+        locked = subprocess.run([*lookup[:5], "--write-store", *lookup[5:]],
+                                capture_output=True, text=True, env=cli_env, cwd=clone,
+                                timeout=60)
         assert locked.returncode == 2 and "--read-only" in locked.stderr, locked.stderr
-        read = subprocess.run([*lookup[:5], "--read-only", *lookup[5:]], capture_output=True,
-                              text=True, env=cli_env, cwd=clone, timeout=60)
+        read = subprocess.run(lookup, capture_output=True, text=True, env=cli_env, cwd=clone,
+                              timeout=60)  # read-only by default
         assert read.returncode == 0, read.stderr
         rows = np.fromfile(folder / "item_category" / "emb_vector", "<f4").reshape(-1, 64)
         np.testing.assert_array_equal(np.asarray(json.loads(read.stdout)["vectors"],
@@ -250,8 +252,8 @@ def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
         assert _snapshot(folder) == before
         lookup = [sys.executable, "-m", "hps.tools.cli", "lookup", str(folder / "ps.json"),
                   "-m", "demo", "--json", "--", "17", "42", "-3"]
-        locked = subprocess.run(lookup, capture_output=True, text=True, env=cli_env,
-                                timeout=120)
+        locked = subprocess.run([*lookup[:4], "--write-store", *lookup[4:]],
+                                capture_output=True, text=True, env=cli_env, timeout=120)
         assert locked.returncode == 2 and len(locked.stderr.strip().splitlines()) == 1
         assert "--read-only" in locked.stderr and "persistent_db.read_only" in locked.stderr
         read = subprocess.run([*lookup[:4], "--read-only", *lookup[4:]], capture_output=True,

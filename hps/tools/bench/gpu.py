@@ -32,7 +32,7 @@ from hps.gpu import kernels, overlap
 from hps.gpu.dynamic_cache import EmbeddingCache
 from hps.gpu.static_table import StaticEmbeddingTable
 from hps.tools.bench.gpu_public import PINNED_COPIES
-from hps.tools.bench.gpu_rows import format_rows
+from hps.tools.bench.gpu_rows import PROFILES, format_rows
 
 # HugeCTR's figures on the same H100 beside the same gather: G keys/s
 HUGECTR_STATIC = {16: 3.79, 64: 2.93, 128: 2.06}
@@ -378,8 +378,6 @@ def bench_gpu(dims: tuple[int, ...] = (16, 64, 128), slots: int = 1 << 24,
     return rows
 
 
-PROFILES = ("kernels", "public", "threads", "hugectr", "misses", "uvm", "devices", "sharded",
-            "storage", "torch")
 #: the bound on hps.torch.LookupLayer's cost over lookup_fromdlpack, µs a call
 LAYER_OVERHEAD_US = 5.0
 

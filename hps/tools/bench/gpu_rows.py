@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+#: the profiles of `hps bench gpu --profile` (hps/tools/bench/gpu.py runs them); here, where
+#: the command line reads them without importing the benchmarks
+PROFILES = ("kernels", "public", "threads", "hugectr", "misses", "uvm", "devices", "sharded",
+            "storage", "torch")
+
 COLUMNS = ("bench", "dim", "batch", "mode", "group", "unroll", "waves", "hints", "gkeys_s",
            "mkeys_s", "vs_float4", "vs_torch", "hugectr", "hit_rate", "mean_us", "p50_us",
            "p99_us", "floor_mkeys_s", "floor_p99_us", "events_p50_us", "over_inner_us",

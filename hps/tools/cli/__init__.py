@@ -18,7 +18,8 @@ command lives in the module of its job:
 - config.py: `hps config dump` (the ps.json a config, YAML or Python file amounts to)
 - from_torch.py: `hps config from-torch` (the ps.json block of a PyTorch checkpoint)
 - app.py: the root app and what every command shares: consoles, the one-line error exit,
-  logging, progress bars
+  logging; progress.py: loads and compiles as they go (bars on a terminal, plain lines
+  elsewhere); choices.py: options that take one of a fixed set of values
 """
 
 from __future__ import annotations

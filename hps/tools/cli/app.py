@@ -1,9 +1,8 @@
 """The root of the `hps` command and what every command shares.
 
 The root typer app (-v, --version), the two consoles (results on stdout; errors, log
-records and progress bars on stderr), the one-line error exit, and the progress bar a
-load, a conversion or a publish reports to. Output is made for an 80-column terminal:
-help in click's plain layout, tables with few columns and human labels, error messages on
+records and progress on stderr: progress.py), and the one-line error exit. Output is made
+for an 80-column terminal: help in click's plain layout, tables with few columns and human labels, error messages on
 one line. Log records and Python warnings share one format (rich's log handler on stderr).
 Output that goes to no terminal (a pipe, a file, CI's log) keeps its lines whole: nothing
 there re-wraps them to a window, so rich's 80 columns would split them for good.
@@ -11,32 +10,16 @@ there re-wraps them to a window, so rich's 80 columns would split them for good.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TransferSpeedColumn,
-)
-
-from hps.server.loader import LoadProgress
-
-if TYPE_CHECKING:
-    from hps.runtime.compile_on_use import CompileEvent
 
 #: -h beside --help
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
@@ -62,56 +45,6 @@ def _console(stderr: bool) -> Console:
 
 console = _console(stderr=False)
 err_console = _console(stderr=True)
-
-
-class BarProgress(LoadProgress):
-    """A rich progress bar per table: bytes, bytes/s, keys."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.task: TaskID | None = None
-        self.keys = 0
-
-    def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
-        self.keys = 0
-        self.task = self.progress.add_task(table, total=num_bytes, keys="0")
-
-    def advance(self, keys: int, num_bytes: int) -> None:
-        self.keys += keys
-        if self.task is not None:
-            self.progress.update(self.task, advance=num_bytes, keys=f"{self.keys:,}")
-
-    def finish_table(self, table: str, seconds: float) -> None:
-        if self.task is not None:
-            task = self.progress.tasks[self.task]
-            self.progress.update(self.task, completed=task.total)
-
-
-def progress_bars() -> Progress:
-    """The progress bars of one command, on stderr (stdout keeps its results)."""
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-        TransferSpeedColumn(), TextColumn("{task.fields[keys]} keys"), TimeElapsedColumn(),
-        console=err_console, transient=False,
-    )
-
-
-@contextlib.contextmanager
-def compile_status(what: str) -> Iterator[Callable[[CompileEvent], None]]:
-    """A status line on stderr while `what` runs, naming each function numba compiles
-    (or reads from its cache) and how many it has done; yields the listener to pass to
-    what compiles (hps.runtime.compile_on_use.compile_events)."""
-    done = [0]
-    with err_console.status(f"{what} …") as status:
-
-        def hear(event: CompileEvent) -> None:
-            if event.seconds is None:
-                name = event.function.rpartition(".")[2]
-                status.update(f"{what}: {done[0]} compiled, now {name} …")
-            else:
-                done[0] += 1
-
-        yield hear
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -19,7 +19,11 @@ import typer
 from rich.table import Table
 
 from hps.errors import HPSError
+from hps.tools.bench.gpu_rows import PROFILES
+from hps.tools.bench.load import BASELINE, BENCH_FORMATS
+from hps.tools.bench.overload import CLIENTS
 from hps.tools.cli.app import HELP_OPTIONS, console, err_console, fail
+from hps.tools.cli.choices import one_of
 from hps.tools.cli.key_counts import count_option, counts_option
 
 bench_app = typer.Typer(add_completion=False, rich_markup_mode=None,
@@ -91,11 +95,10 @@ def _tier_fetch(keys: int, dim: int, batch: int) -> None:
 
 @bench_app.command("load")
 def bench_load_cmd(
-    formats: list[str] = typer.Option(
-        [], "--format",
+    formats: list[str] = typer.Option([], "--format", callback=one_of((*BENCH_FORMATS, BASELINE)),
         help="Compare these formats' load rate with the sparse folder's (repeat the option: "
-             "parquet, numpy, safetensors, torch, dcp; torch and dcp also with "
-             "safetensors'). Without it: the scale curve."),
+             "parquet, numpy, safetensors, torch, dcp; torch and dcp also with safetensors'; "
+             "sparse_folder, the baseline, is always measured). Without it: the scale curve."),
     keys: str = typer.Option("250k,1M", parser=counts_option,
                              help="Table sizes, comma-separated (250k,1M,10M)."),
     dim: int = _DIM,
@@ -291,15 +294,16 @@ def bench_gpu_cmd(
     batch: int = typer.Option(1 << 20, parser=count_option, help="Keys per lookup."),
     repeats: int = typer.Option(20, help="Timed runs per measure."),
     device: int = typer.Option(0, help="CUDA device id."),
-    profile: list[str] = typer.Option(
-        ["kernels"], help="kernels: the cache kernels beside a dense gather; public: "
-        "lookup_fromdlpack/lookup latency beside torch.index_select; hugectr: HugeCTR's "
-        "hps_profiler workload; misses: 1M-key miss batches; uvm: the uvm cache type beside "
-        "dynamic (equal GPU memory) and static, 20M keys dim 64; devices: every GPU driven "
-        "by a thread each beside one; sharded: a table split row-wise into shards beside it "
-        "whole; storage: each embedding_storage_dtype beside float32, "
-        "1M keys dim 128, with memory; torch: hps.torch.LookupLayer over lookup_fromdlpack, "
-        "2,000 keys. Repeatable."),
+    profile: list[str] = typer.Option(["kernels"], callback=one_of(PROFILES), help=(
+        "kernels: the cache kernels beside a dense gather; public: lookup_fromdlpack/lookup "
+        "latency beside torch.index_select; threads: lookup_fromdlpack from 1, 2, 4 and 8 "
+        "threads, each on its own CUDA stream, beside torch.index_select from as many; "
+        "hugectr: HugeCTR's hps_profiler workload; misses: 1M-key miss batches; uvm: the uvm "
+        "cache type beside dynamic (equal GPU memory) and static, 20M keys dim 64; devices: "
+        "every GPU driven by a thread each beside one; sharded: a table split row-wise into "
+        "shards beside it whole; storage: each embedding_storage_dtype beside float32, 1M "
+        "keys dim 128, with memory; torch: hps.torch.LookupLayer over lookup_fromdlpack, "
+        "2,000 keys. Repeatable.")),
     updates: int = typer.Option(0, parser=count_option, help="hugectr profile: rows a second "
                                 "of an update stream (Redis Streams) applied meanwhile."),
     stream_per_thread: bool = typer.Option(
@@ -310,21 +314,18 @@ def bench_gpu_cmd(
     from hps.gpu.table import cuda_available
 
     if not cuda_available():
-        fail(RuntimeError("hps bench gpu needs a CUDA device and CuPy: "
-                           "pip install 'hps-server[gpu]'"))
-    from hps.tools.bench.gpu import PROFILES, bench_gpu, bench_profile, format_rows, targets
+        fail(RuntimeError("hps bench gpu needs a CUDA device and CuPy: pip install "
+                           "'hps-server[gpu]'"))
+    from hps.tools.bench.gpu import bench_gpu, bench_profile, format_rows, targets
 
-    rows = []
+    rows: list[dict[str, Any]] = []
+    options: dict[str, dict[str, Any]] = {"hugectr": {"updates": updates},
+                                          "threads": {"stream_per_thread": stream_per_thread}}
     for name in profile:
-        if name not in PROFILES:
-            fail(ValueError(f"--profile must be one of {', '.join(PROFILES)}, got {name!r}"))
         if name == "kernels":
             rows += bench_gpu(tuple(int(d) for d in dims.split(",")), slots, batch, False,
                               device, repeats)
         else:
-            options: dict[str, dict[str, Any]] = {
-                "hugectr": {"updates": updates},
-                "threads": {"stream_per_thread": stream_per_thread}}
             rows += bench_profile(name, device, **options.get(name, {}))
     console.print(format_rows(rows), markup=False, highlight=False)
     summary = targets(rows)
@@ -335,7 +336,8 @@ def bench_gpu_cmd(
 
 @bench_app.command("torch")
 def bench_torch_cmd(
-    device: str = typer.Option("cpu", help="cpu or cuda (the GPU cache serves the table)."),
+    device: str = typer.Option("cpu", callback=one_of(("cpu", "cuda")),
+                               help="cpu or cuda (the GPU cache serves the table)."),
     keys: int = typer.Option(2000, parser=count_option, help="Keys per lookup."),
     dim: int = typer.Option(16, help="Vector width."),
     table_keys: int = typer.Option(100_000, parser=count_option, help="Keys in the table."),
@@ -381,9 +383,9 @@ def bench_http_cmd(
     refusals: bool = typer.Option(
         False, "--refusals", help="Instead: the server's CPU per 503 refusal under "
         "overload, 20,000 refused lookups of one client process (docs/http.md)."),
-    load_client: str = typer.Option(
-        "raw", help="With --overload: each client process's HTTP client, 'raw' (prepared "
-        "bytes on a socket, the least CPU taken from the server) or 'http.client'."),
+    load_client: str = typer.Option("raw", callback=one_of(CLIENTS), help="With --overload: "
+        "each client process's HTTP client, 'raw' (prepared bytes on a socket, the least CPU "
+        "taken from the server) or 'http.client'."),
     workers: Optional[int] = typer.Option(
         None, min=1, help="Instead: `hps serve` with 1 and with this many workers beside "
         "the bare uvicorn floor with as many, driven by --client-processes; RSS and PSS "
@@ -489,10 +491,8 @@ def _http_gpu(keys: int, dim: int, batch: Any, processes: Any, seconds: float,
 
 
 def _overload(clients: int, seconds: float, rounds: int, client: str) -> None:
-    from hps.tools.bench.overload import CLIENTS, print_overload
+    from hps.tools.bench.overload import print_overload
 
-    if client not in CLIENTS:
-        fail(ValueError(f"--load-client: one of {', '.join(CLIENTS)}, not {client!r}"))
     print_overload(clients, seconds, rounds, client, _print_bench, _say)
 
 

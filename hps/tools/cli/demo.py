@@ -1,37 +1,39 @@
 """`hps demo`: write a demo model, load it, check every looked-up vector; --serve serves it.
 
-The model and its checks are hps.tools.demo's; this is the command around them: a progress
-bar while it loads, a table of the figures, exit status 1 when a vector does not match.
+The model and its checks are hps.tools.demo's; this is the command around them: progress
+while it compiles and loads (progress.py), a table of the figures, exit status 1 when a
+vector does not match, and the commands that serve what it wrote.
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from hps.errors import HPSError
-from hps.tools.cli.app import (
-    BarProgress,
-    compile_status,
-    console,
-    err_console,
-    fail,
-    progress_bars,
-)
+from hps.tools.cli.app import console, err_console, fail
+from hps.tools.cli.progress import compile_status, load_progress
 from hps.tools.cli.serve import DEFAULT_MAX_BODY, serve_config
+
+#: where the demo writes by default
+DEFAULT_FOLDER = Path("models/demo")
 
 
 def demo(
     folder: Path = typer.Option(
-        Path("models/demo"), help="Where to write the demo model and its ps.json."),
+        DEFAULT_FOLDER, help="Where to write the demo model and its ps.json."),
     scale: float = typer.Option(1.0, help="Model size relative to the default ~1M keys."),
     serve_after: bool = typer.Option(
         False, "--serve/--no-serve",
         help="After the checks, serve the demo model over HTTP until Ctrl-C."),
-    host: str = typer.Option("127.0.0.1", help="With --serve: address to bind."),
-    port: int = typer.Option(8000, help="With --serve: port."),
+    host: str = typer.Option("127.0.0.1", help="With --serve: address to bind (without: "
+                             "the one the closing hint names)."),
+    port: int = typer.Option(8000, help="With --serve: port (without: the one the closing "
+                             "hint names)."),
 ) -> None:
     """Write a demo model, load it, check every looked-up vector.
 
@@ -58,8 +60,8 @@ def demo(
                       highlight=False, soft_wrap=True)
         total = sum(int(c * scale) for _, c, _ in TABLES)
         console.print(f"Writing a {total:,}-key model (widths 16 and 64) to {folder} …")
-        with progress_bars() as bars:
-            report = run_demo(folder, progress=BarProgress(bars), scale=scale, warmed=warmed)
+        with load_progress() as progress:
+            report = run_demo(folder, progress=progress, scale=scale, warmed=warmed)
     except HPSError as exc:
         fail(exc)
     table = Table(title="hps demo: embedded tiers (hash map over RocksDB)")
@@ -73,11 +75,25 @@ def demo(
         raise typer.Exit(code=1)
     console.print("[green]all looked-up vectors match the model files[/]")
     if not serve_after:
-        console.print(f"Serve it over HTTP: [bold]hps serve {folder / 'ps.json'}[/] "
-                      "(or [bold]hps demo --serve[/])", soft_wrap=True)
+        serve_line, again = serve_hints(folder, scale, host, port)
+        console.print(f"Serve it over HTTP: [bold]{escape(serve_line)}[/] (or "
+                      f"[bold]{escape(again)}[/])", soft_wrap=True)
         return
     serve_config(folder / "ps.json", host=host, port=port, token=None,
                  max_body_bytes=DEFAULT_MAX_BODY, access_log=False)
+
+
+def serve_hints(folder: Path, scale: float, host: str, port: int) -> tuple[str, str]:
+    """The two commands that serve the model a demo with these options wrote: `hps
+    serve` of its ps.json, and the same demo again with --serve; each names the options
+    given that it needs (--folder, --scale, --host, --port), so it serves that model
+    where the user asked."""
+    where = [] if host == "127.0.0.1" else ["--host", host]
+    where += [] if port == 8000 else ["--port", str(port)]
+    demo = [] if folder == DEFAULT_FOLDER else ["--folder", str(folder)]
+    demo += [] if scale == 1.0 else ["--scale", f"{scale:g}"]
+    return (shlex.join(["hps", "serve", str(folder / "ps.json"), *where]),
+            shlex.join(["hps", "demo", *demo, "--serve", *where]))
 
 
 def _warm_up_line(compiled: int, cached: int, seconds: float) -> str:

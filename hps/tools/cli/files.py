@@ -19,7 +19,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from hps.errors import HPSError
-from hps.tools.cli.app import BarProgress, console, err_console, fail, progress_bars
+from hps.modelfiles.convert import WRITABLE
+from hps.modelfiles.formats.spec import FORMATS
+from hps.tools.cli.app import console, err_console, fail
+from hps.tools.cli.choices import one_of
+from hps.tools.cli.progress import load_progress
 from hps.tools.cli.sizing import gpu_memory_rows, host_memory_rows
 
 
@@ -52,8 +56,10 @@ _TABLE_READ_OPTIONS: dict[str, Any] = {
     "width": Annotated[Optional[int], typer.Option(
         help="Vector width (from the files if omitted; HugeCTR folders infer it).")],
     "fmt": Annotated[Optional[str], typer.Option(
-        "--format", help="sparse_folder, parquet, numpy or safetensors (default: from the "
-                         "suffix or the folder's contents).")],
+        "--format", callback=one_of(FORMATS),
+        help="sparse_folder, parquet, numpy, safetensors, torch (a torch.save state_dict) or "
+             "dcp (a PyTorch distributed checkpoint folder) (default: from the suffix or the "
+             "folder's contents).")],
     "key_column": Annotated[Optional[str], typer.Option(
         help="Parquet: the key column (default key).")],
     "vector_column": Annotated[Optional[str], typer.Option(
@@ -125,9 +131,10 @@ def convert(
         ..., help="Local path to write: .parquet, .npz, .safetensors, or no suffix for a "
                   "folder."),
     to: Optional[str] = typer.Option(
-        None, help="Format to write: sparse_folder, parquet, numpy or safetensors "
-                   "(default: from DESTINATION's suffix; without one a HugeCTR sparse "
-                   "folder; another suffix needs --to)."),
+        None, callback=one_of(WRITABLE),
+        help="Format to write: sparse_folder, parquet, numpy or safetensors (default: from "
+             "DESTINATION's suffix; without one a HugeCTR sparse folder; another suffix "
+             "needs --to)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing DESTINATION."),
     *,
     read: _TableRead,
@@ -145,9 +152,9 @@ def convert(
 
     try:
         spec = read.spec(source)
-        with progress_bars() as bars:
+        with load_progress(verb="") as progress:  # the table's name: "writing DESTINATION"
             report = run_convert(spec, destination, to, vec_size=read.width,
-                                 progress=BarProgress(bars), force=force)
+                                 progress=progress, force=force)
     except HPSError as exc:
         fail(exc)
     _print_report(f"{report.format} {source} → {destination}", report.rows())

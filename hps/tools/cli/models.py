@@ -16,6 +16,7 @@ from rich.table import Table
 from hps.errors import HPSError
 from hps.tools.admin_client import DEFAULT_URL
 from hps.tools.cli.app import HELP_OPTIONS, console, fail
+from hps.tools.cli.choices import one_of
 
 models_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                          context_settings=HELP_OPTIONS, no_args_is_help=True,
@@ -129,8 +130,8 @@ def models_remove(name: str = typer.Argument(..., help="The model to remove."),
 def models_keys(
     model: str = typer.Argument(..., help="The model."),
     table: str = typer.Argument(..., help="The table (name or index)."),
-    kind: str = typer.Option("hot", help="hot (looked-up keys) or missing (found in no "
-                                         "tier)."),
+    kind: str = typer.Option("hot", callback=one_of(("hot", "missing")),
+                             help="hot (looked-up keys) or missing (found in no tier)."),
     top: int = typer.Option(20, help="How many keys."),
     url: str = _URL, token: Optional[str] = _TOKEN,
 ) -> None:

@@ -10,7 +10,8 @@ import numpy as np
 import typer
 
 from hps.errors import HPSError, UnknownModelError
-from hps.tools.cli.app import BarProgress, console, fail, progress_bars
+from hps.tools.cli.app import console, fail
+from hps.tools.cli.progress import load_progress
 
 
 def publish(
@@ -49,8 +50,7 @@ def publish(
                                     f"{', '.join(models)})")
         tables = [table] if table is not None else list(models[model].embedding_table_names)
         sent = 0
-        with progress_bars() as bars:
-            bar = BarProgress(bars)
+        with load_progress(verb="publishing to") as bar:
             if keys is not None and vectors is not None:
                 sent = publish_arrays(cfg, model, tables[0], np.load(keys), np.load(vectors),
                                       progress=bar)

@@ -1,9 +1,10 @@
 """`hps serve`: one config's models over HTTP until Ctrl-C (the server extra: hps.http).
 
 `serve_config` is the one way the command line starts the server (`hps demo --serve`
-too): a port already taken is one line and exit status 1, before anything says
-"serving"; any other HPSError one line and exit status 2 (with --require-models, a model
-that failed to load at start too, after its own line).
+too), each model's load shown on stderr as it goes (progress.py): a port already taken
+is one line and exit status 1, before anything says "serving"; any other HPSError one
+line and exit status 2 (with --require-models, a model that failed to load at start
+too, after its own line).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import typer
 
 from hps.errors import BindError, HPSError
 from hps.tools.cli.app import console, fail
+from hps.tools.cli.progress import load_progress
 
 #: the default of --max-body-bytes
 DEFAULT_MAX_BODY = 16 << 20
@@ -79,7 +81,8 @@ def serve_config(config: Path, *, host: str, port: int, token: str | None,
                    max_body_bytes=max_body_bytes, access_log=access_log,
                    lookup_threads=lookup_threads,
                    echo=_echo_plain, allow_roots=allow_roots, grpc_port=grpc_port,
-                   workers=workers, require_models=require_models)
+                   workers=workers, require_models=require_models,
+                   load_progress=lambda model: load_progress())
     except BindError as exc:  # one line, exit 1, before anything says "serving"
         fail(exc, code=1)
     except HPSError as exc:

@@ -47,10 +47,14 @@ def test_bad_entries_name_the_key(tmp_path: Path) -> None:
         load_config(config_file(tmp_path, [{"path": "x", "key_offset": -1}]))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        load_config(config_file(tmp_path, [{"path": "x", "key_colum": "id"}]))
+        load_config(config_file(tmp_path, [{"path": "x", "key_column": "id",
+                                            "key_colum": "id"}]))
     assert any(issubclass(w.category, UnknownConfigKeyWarning)
                and "sparse_files[0].key_colum" in str(w.message)
                and "key_column" in str(w.message) for w in caught)
+    with pytest.raises(ConfigError, match=r"sparse_files\[0\]\.key_colum' is not a config "
+                       r"key: did you mean '.*sparse_files\[0\]\.key_column'"):
+        load_config(config_file(tmp_path, [{"path": "x", "key_colum": "id"}]))
 
 
 def test_options_of_another_format_are_refused_after_detection(tmp_path: Path,
