@@ -423,6 +423,10 @@ def bench_profile(profile: str, device_id: int = 0, **options: Any) -> list[dict
         from hps.tools.bench.gpu_storage import bench_storage
 
         return bench_storage(device_id=device_id, **options)
+    if profile == "processes":
+        from hps.tools.bench.gpu_processes import bench_processes
+
+        return bench_processes(device_id=device_id, **options)
     if profile == "torch":
         from hps.tools.bench.torch_layer import bench_torch_layer
 
@@ -502,11 +506,13 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if r["bench"] == "mixed":
             add(f"{r['mode']}, batch {r['batch']}: M keys/s", r["mkeys_s"], None)
+    from hps.tools.bench.gpu_processes import targets as processes_targets
     from hps.tools.bench.gpu_storage import targets as storage_targets
     from hps.tools.bench.gpu_threads import targets as threads_targets
     from hps.tools.bench.gpu_uvm import targets as uvm_targets
 
-    return out + threads_targets(rows) + uvm_targets(rows) + storage_targets(rows)
+    return (out + threads_targets(rows) + uvm_targets(rows) + storage_targets(rows)
+            + processes_targets(rows))
 
 
 def main() -> None:

@@ -11,9 +11,9 @@ from typing import Any
 #: the profiles of `hps bench gpu --profile` (hps/tools/bench/gpu.py runs them); here, where
 #: the command line reads them without importing the benchmarks
 PROFILES = ("kernels", "public", "threads", "hugectr", "misses", "uvm", "devices", "sharded",
-            "storage", "torch")
+            "storage", "torch", "processes")
 
-COLUMNS = ("bench", "dim", "batch", "mode", "group", "unroll", "waves", "hints", "gkeys_s",
+COLUMNS = ("bench", "dim", "batch", "mode", "family", "processes", "mps", "gpu_used_mib", "group", "unroll", "waves", "hints", "gkeys_s",
            "mkeys_s", "vs_float4", "vs_torch", "hugectr", "hit_rate", "mean_us", "p50_us",
            "p99_us", "floor_mkeys_s", "floor_p99_us", "events_p50_us", "over_inner_us",
            "vs_floor", "vs_hugectr_mean",

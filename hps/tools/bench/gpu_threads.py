@@ -14,10 +14,9 @@ Workloads (`hit_rate_threshold` 1.0: every miss is fetched before the call retur
   warmed by a first pass of draws;
 - "all hits, uniform": uniform draws over the whole cached table.
 
-Each call is made inside `with torch.cuda.stream(stream)`; with `stream_per_thread`
-(`--stream-per-thread`) each thread instead makes its stream current once, as a model
-server's worker thread does (torch's current stream is per thread), for hps and floor
-alike. Rows: keys/s of all threads together and the p99 of one call, hps beside the floor
+Each thread makes its stream current once, as a model server's worker thread does
+(torch's current stream is per thread), for hps and floor alike; with `stream_per_thread`
+False (`--stream-per-call`) each call is made inside `with torch.cuda.stream(stream)`. Rows: keys/s of all threads together and the p99 of one call, hps beside the floor
 at the same N, with the ratio, and HierarchicalKV's keys/s at the same N (HKV_FIND) with
 hps's ratio to it. After the timing, every output of every thread is compared with the
 model's rows; `targets` reads what issue 39 asks off the rows. `--switch-interval` sets
@@ -105,7 +104,7 @@ def bench_threads(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
                   alpha: float = 1.1, seconds: float = 2.0, device_id: int = 0,
                   switch_interval: float | None = None, seed: int = 0,
                   workloads: tuple[str, ...] = WORKLOADS,
-                  stream_per_thread: bool = False) -> list[dict[str, Any]]:
+                  stream_per_thread: bool = True) -> list[dict[str, Any]]:
     """The rows of the threads profile (see the module docstring)."""
     import torch
 
@@ -263,9 +262,10 @@ def main() -> None:
                         help="the query's wait for its miss count releases the GIL at "
                              "every size (a diagnostic of hps/gpu/device_table.py's "
                              "_HELD_SPIN_KEYS)")
-    parser.add_argument("--stream-per-thread", action="store_true",
-                        help="each thread makes its stream current once (torch.cuda."
-                             "set_stream), instead of `with torch.cuda.stream` per call")
+    parser.add_argument("--stream-per-call", dest="stream_per_thread", action="store_false",
+                        help="`with torch.cuda.stream` around every call, instead of each "
+                             "thread making its stream current once (torch.cuda.set_stream), "
+                             "as a model server's worker thread does (the default)")
     args = parser.parse_args()
     if args.spin_released:
         from hps.gpu import device_table

@@ -303,12 +303,15 @@ def bench_gpu_cmd(
         "every GPU driven by a thread each beside one; sharded: a table split row-wise into "
         "shards beside it whole; storage: each embedding_storage_dtype beside float32, 1M "
         "keys dim 128, with memory; torch: hps.torch.LookupLayer over lookup_fromdlpack, "
-        "2,000 keys. Repeatable.")),
+        "2,000 keys; processes: lookup_fromdlpack from 1, 2, 4 and 8 processes with their "
+        "own GPU caches and sharing one (gpu_cache_scope host) beside torch.index_select from "
+        "one IPC-shared table, with GPU memory and MPS. Repeatable.")),
     updates: int = typer.Option(0, parser=count_option, help="hugectr profile: rows a second "
                                 "of an update stream (Redis Streams) applied meanwhile."),
     stream_per_thread: bool = typer.Option(
-        False, "--stream-per-thread", help="threads profile: each thread sets its stream "
-        "once, as a model server's worker does, instead of switching it around every call."),
+        True, "--stream-per-thread/--stream-per-call", help="threads profile: each thread "
+        "sets its stream once, as a model server's worker does (the default), or switches "
+        "it around every call."),
 ) -> None:
     """GPU cache benchmarks, each beside its baseline measured in the same run."""
     from hps.gpu.table import cuda_available
