@@ -48,8 +48,10 @@ import numpy as np
 
 from hps.gpu import kernels, overlap
 
-# gate words
-ENTERED, CLOSED, TICK = 0, 1, 2
+# gate words: the LRU tick, which every dynamic cache's query adds to, on a cache line of
+# its own (8 words on): on the line that every query reads `closed` from, 8 processes'
+# ticks would keep taking that line from each other
+ENTERED, CLOSED, TICK = 0, 1, 8
 # a fast launch's block of int64 words
 (FN, PARAMS, KEYS_CELL, N_CELL, OUT_CELL, VEC_CELL, TICK_CELL, KEYS_PER_BLOCK, MAX_BLOCKS,
  VEC_OK, COUNT_AT, EVENT, GATE, SPINS, THREADS, RANK_SHIFT, CONTEXT, CURRENT,
@@ -173,7 +175,7 @@ class FastGate:
     shared = False
 
     def __init__(self) -> None:
-        self.words = np.zeros(4, np.int64)
+        self.words = np.zeros(16, np.int64)
         self.words[CLOSED] = 1  # opened by the locked path once the table is ready
         self.address = int(self.words.ctypes.data)
         #: where this process's queries count themselves in (here: the gate's own word)

@@ -41,13 +41,16 @@ import numpy as np
 from hps.gpu.fast_query import CLOSED, ENTERED, TICK, _gate_calls
 from hps.runtime.run_dir import pid_alive
 
-#: the gate's words in its region (int64): fast_query's three, then the writer's PID
-#: (informational: `closed` holds it too) and how many times a dead writer was recovered
+#: the gate's words in its region (int64): fast_query's (entered, closed; the tick on the
+#: next cache line), the writer's PID (informational: `closed` holds it too) and how many
+#: times a dead writer was recovered
 WRITER, RECOVERIES = 3, 4
-GATE_WORDS = 8
-#: process slots after the gate words: (pid, entered) each
+GATE_WORDS = 16
+#: process slots after the gate words: (pid, entered), each on a cache line of its own (a
+#: query adds to its process's count twice: processes sharing a line would take it from
+#: each other on every query)
 SLOTS = 128
-SLOT_WORDS = 2
+SLOT_WORDS = 8
 REGION_BYTES = (GATE_WORDS + SLOTS * SLOT_WORDS) * 8
 #: how long a query waits on a closed gate before it asks whether the writer is alive
 _WRITER_SUSPECT_S = 0.02
@@ -259,4 +262,4 @@ def _shared_calls() -> tuple[Any, Any]:
                                   nogil=True)(drain)
 
 
-assert ENTERED == 0 and TICK == 2  # the gate words fast_query's compiled query reads
+assert ENTERED == 0 and CLOSED == 1 and TICK == 8  # the words fast_query's query reads

@@ -124,7 +124,9 @@ def _caller(index: int, family: str, setup: dict[str, Any], dense: Any, ready: A
         call(0)
         stream.synchronize()
         wrong = int((out.cpu().numpy() != rows_file[positions[0]]).any(axis=1).sum())
-        results.put((index, done, elapsed, lat[::4], wrong))
+        hit_rate = (hps.server.model(MODEL).tables[0].gpu[device].stats()["hit_rate"]
+                    if hps is not None else 1.0)
+        results.put((index, done, elapsed, lat[::4], wrong, hit_rate))
     if hps is not None:
         hps.close()
 
@@ -186,6 +188,8 @@ def _family(family: str, workload: str, setup: dict[str, Any], dense: Any,
                 "p50_us": float(np.percentile(lat, 50)) * 1e6,
                 "p99_us": float(np.percentile(lat, 99)) * 1e6,
                 "wrong_rows": sum(g[4] for g in got), "mps": mps,
+                "each_mkeys_s": [round(g[1] / g[2] / 1e6, 1) for g in sorted(got)],
+                "hit_rate": min(g[5] or 0.0 for g in got),
                 "gpu_used_mib": used, "per_process_mib": per})
     finally:
         for q in gos:
@@ -243,7 +247,8 @@ def format_processes(rows: list[dict[str, Any]]) -> str:
             f"{r['mkeys_s'] / f if f else float('nan'):8.2f} "
             f"{r['mkeys_s'] / o if o else float('nan'):6.2f} {r['wrong_rows']:6d} "
             f"{'on' if r['mps'] else 'off':>4s} {r['gpu_used_mib']:8d}  "
-            f"{' '.join(map(str, r['per_process_mib']))}")
+            f"{' '.join(map(str, r['per_process_mib']))}  "
+            f"(each: {' '.join(map(str, r['each_mkeys_s']))}; hit rate >= {r['hit_rate']:.3f})")
     return "\n".join(lines)
 
 
