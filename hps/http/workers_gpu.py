@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hps.config import ModelConfig, PSConfig
 from hps.errors import ConfigError
+from hps.runtime import mps
 
 log = logging.getLogger("hps.http.workers")
 
@@ -61,17 +62,10 @@ def refuse_uvm(models: Iterable[ModelConfig]) -> None:
 
 
 def mps_pipe_directory() -> Path:
-    """Where NVIDIA's MPS control daemon keeps its pipes: $CUDA_MPS_PIPE_DIRECTORY, else
-    /tmp/nvidia-mps (the daemon's default)."""
-    return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
+    """Where NVIDIA's MPS control daemon keeps its pipes (hps/runtime/mps.py)."""
+    return mps.pipe_directory()
 
 
 def mps_daemon_found() -> bool:
-    """Whether an MPS control daemon's control pipe is in its pipe directory (the CUDA
-    driver of each worker connects to it when it starts)."""
-    import stat
-
-    try:
-        return stat.S_ISFIFO((mps_pipe_directory() / "control").stat().st_mode)
-    except OSError:
-        return False
+    """Whether an MPS control daemon answers in its pipe directory (hps/runtime/mps.py)."""
+    return mps.daemon_found()

@@ -22,12 +22,14 @@ def pipe_directory() -> Path:
 
 
 def daemon_found() -> bool:
-    """Whether an MPS control daemon's control pipe is in its pipe directory (the CUDA
-    driver of each process connects to it when it starts)."""
+    """Whether an MPS control daemon's control endpoint is in its pipe directory (the CUDA
+    driver of each process connects to it when it starts): a Unix socket (seen on an H200
+    with driver 580: `control`, `control_privileged`) or, from older daemons, a FIFO."""
     try:
-        return stat.S_ISFIFO((pipe_directory() / "control").stat().st_mode)
+        mode = (pipe_directory() / "control").stat().st_mode
     except OSError:
         return False
+    return stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode)
 
 
 def check_for_shared_cache() -> None:
