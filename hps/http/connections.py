@@ -34,6 +34,7 @@ from typing import Any
 
 from hps.config import HttpConfig
 from hps.http.direct import direct_answers
+from hps.http.framing import framing_answers
 from hps.runtime.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.http")
@@ -112,9 +113,10 @@ def protocol_base() -> type[asyncio.Protocol]:
 
 def guarded_protocol(guard: ConnectionGuard,
                      base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:
-    """`base` (uvicorn's HTTP protocol) with the deadlines and the bound of `guard`; the
-    httptools protocol also answers the hot routes directly (hps/http/direct.py)."""
-    parent: Any = base or protocol_base()
+    """`base` (uvicorn's HTTP protocol) with the deadlines and the bound of `guard`,
+    answering what is not HTTP in JSON (hps/http/framing.py); the httptools protocol also
+    answers the hot routes directly (hps/http/direct.py)."""
+    parent: Any = framing_answers(base or protocol_base())
     if getattr(parent, "on_headers_complete", None) is not None:  # httptools' callbacks
         parent = direct_answers(parent)
 
@@ -135,6 +137,10 @@ def guarded_protocol(guard: ConnectionGuard,
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             if self._hps_closed is not None:
+                return
+            if self._hps_refusal is not None:  # refused (framing.py): answered, not read
+                self._disarm()
+                guard.busy(self)
                 return
             # a request answered directly (hps/http/direct.py) whose body is coming
             request: Any = getattr(self, "_hps_pending", None)
