@@ -32,6 +32,7 @@ from starlette.routing import Match
 from hps.http.errors import BadHTTP
 from hps.http.gate import body_form
 from hps.http.metrics import ANSWERED_BY_CONNECTION, method_label
+from hps.http.routes import every_route
 
 if TYPE_CHECKING:
     import asyncio
@@ -47,22 +48,13 @@ def _reason(exc: BaseException | None) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)[:200] or "unreadable"
 
 
-def _routes(app: Any) -> list[Any]:
-    """Every route of the app: its routers' (the gate holds them: FastAPI keeps included
-    routers as such) and its own (the docs)."""
-    gate = getattr(app, "gate", None)
-    routes = [route for route, _ in gate.routes] if gate is not None else []
-    return routes + [r for r in getattr(getattr(app, "router", None), "routes", ())
-                     if getattr(r, "path", None)]
-
-
 def _route_label(app: Any, scope: Scope) -> str:
     """The route template a request of `scope` is counted under, as the metrics
     middleware counts it ("unmatched" when its line was not read or matches no route)."""
     route = scope.get("route")
     if route is None and "path" in scope and "method" in scope:
         partial = None
-        for candidate in _routes(app):
+        for candidate in every_route(app):
             match, _ = candidate.matches(scope)
             if match is Match.FULL:
                 route = candidate
