@@ -55,12 +55,13 @@ def build_admin_router(state: ServiceState) -> APIRouter:
                             507: _error("The disk of the persistent tier is full: the "
                                         "message names the file and the bytes not "
                                         "written; nothing of the model is kept.")})
-    async def add_model(block: Annotated[Any, Body(examples=[_ADD_EXAMPLE])]
+    async def add_model(block: Annotated[dict[str, Any], Body(examples=[_ADD_EXAMPLE])]
                         ) -> dict[str, Any]:
         """Load a new model while the others keep serving; answers once it serves.
 
-        The body is one entry of ps.json's `models`; `sparse_files` are absolute paths or
-        URIs under the server's allowed roots (`hps serve --allow-root`).
+        The body is one entry of ps.json's `models` (a JSON object: `null` or a list is
+        a 422, as the document says); `sparse_files` are absolute paths or URIs under the
+        server's allowed roots (`hps serve --allow-root`).
         """
         model = parse_model_block(block)
         check_absolute(model.sparse_files)

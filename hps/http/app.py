@@ -35,7 +35,7 @@ from hps.http.kserve.schemas import INFER_PATH, INFER_RE
 from hps.http.lookup import LOOKUP_PATH, LOOKUP_RE, handle_lookup
 from hps.http.metrics import Metrics, MetricsMiddleware
 from hps.http.roots import default_roots, normalise_root
-from hps.http.routes import build_router, token_guard
+from hps.http.routes import allowed_methods, build_router, token_guard
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, ServiceState
 from hps.server import HierarchicalParameterServer
 from hps.server.loader import LoadProgress
@@ -209,8 +209,11 @@ def _add_error_handlers(app: FastAPI, state: ServiceState) -> None:
         if undecodable is not None:  # the kind a body that is not JSON already gets
             return state.answer(422, "bad_request", undecodable, body=_body_for(request))
         kind = _HTTP_KINDS.get(exc.status_code, "http_error")
-        return state.answer(exc.status_code, kind, str(exc.detail),
-                            dict(exc.headers) if exc.headers else None, _body_for(request))
+        headers = dict(exc.headers) if exc.headers else None
+        if exc.status_code == 405:  # every method the path has, not its first route's
+            headers = {**(headers or {}), "Allow": allowed_methods(app, request.scope)}
+        return state.answer(exc.status_code, kind, str(exc.detail), headers,
+                            _body_for(request))
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -15,6 +15,9 @@ uvicorn's HTTP protocol class (httptools when installed, else h11) with:
   to make room; connections whose request the server is working on are never closed for
   it. When all are busy, the newcomer is closed.
 
+A client that closes its sending side after a whole request (half-close) is answered,
+then its connection closed (`eof_received`).
+
 A connection closed for any of these is aborted (its descriptor freed at once) and
 counted in `ConnectionGuard.closed` by reason; the log says so once a minute.
 
@@ -34,6 +37,7 @@ from typing import Any
 
 from hps.config import HttpConfig
 from hps.http.direct import direct_answers
+from hps.http.framing import framing_answers
 from hps.runtime.throttled_log import ThrottledLog
 
 log = logging.getLogger("hps.http")
@@ -112,9 +116,10 @@ def protocol_base() -> type[asyncio.Protocol]:
 
 def guarded_protocol(guard: ConnectionGuard,
                      base: type[asyncio.Protocol] | None = None) -> type[asyncio.Protocol]:
-    """`base` (uvicorn's HTTP protocol) with the deadlines and the bound of `guard`; the
-    httptools protocol also answers the hot routes directly (hps/http/direct.py)."""
-    parent: Any = base or protocol_base()
+    """`base` (uvicorn's HTTP protocol) with the deadlines and the bound of `guard`,
+    answering what is not HTTP in JSON (hps/http/framing.py); the httptools protocol also
+    answers the hot routes directly (hps/http/direct.py)."""
+    parent: Any = framing_answers(base or protocol_base())
     if getattr(parent, "on_headers_complete", None) is not None:  # httptools' callbacks
         parent = direct_answers(parent)
 
@@ -135,6 +140,10 @@ def guarded_protocol(guard: ConnectionGuard,
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
             if self._hps_closed is not None:
+                return
+            if self._hps_refusal is not None:  # refused (framing.py): answered, not read
+                self._disarm()
+                guard.busy(self)
                 return
             # a request answered directly (hps/http/direct.py) whose body is coming
             request: Any = getattr(self, "_hps_pending", None)
@@ -163,6 +172,25 @@ def guarded_protocol(guard: ConnectionGuard,
                 self._arm(DRAIN_IDLE_SECONDS, "drained")
             else:
                 super().shutdown()
+
+        def eof_received(self) -> bool | None:
+            """The client closed its side (`shutdown(SHUT_WR)` after its request): keep
+            writing while a whole request of it is still to be answered, then close.
+
+            uvicorn returned None here: asyncio then closed the transport, the handler
+            saw a disconnect and its answer was dropped (every route whose handler
+            waits once, /v1/models and /metrics among them). A request whose body had
+            not all come can never complete: that connection still closes at once."""
+            if self._hps_closed is not None:
+                return None
+            if self._hps_refusal:  # a 400 waits for earlier answers (framing.py)
+                return True
+            cycle = self.cycle
+            if (getattr(self, "_hps_pending", None) is not None or cycle is None
+                    or cycle.response_complete or cycle.more_body):
+                return None  # nothing to answer, or a body that never completes
+            cycle.keep_alive = False  # the newest request: answered with Connection: close
+            return True
 
         def on_headers_complete(self) -> None:  # httptools' callback (h11 has none)
             super().on_headers_complete()

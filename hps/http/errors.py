@@ -9,6 +9,7 @@ one of the HTTP layer's own below; metrics count errors by it.
     ├── BodyTooLarge              413 body_too_large
     ├── BadBody                   400 bad_body      (binary body not whole keys of its dtype)
     ├── BadJSON                   400 bad_json      (not JSON, or not {"keys": [...]})
+    ├── BadHTTP                   400 bad_http      (not HTTP/1.1 the parser reads: framing.py)
     ├── Unauthorized              401 unauthorized  (token set, none or a wrong one sent)
     ├── Forbidden                 403 forbidden     (admin route, no token, not on loopback)
     ├── ModelNotReady             503 model_loading / model_failed
@@ -71,6 +72,14 @@ class BadJSON(ApiError):
     """A JSON body is not valid JSON, or not of the expected shape."""
 
     kind = "bad_json"
+
+
+class BadHTTP(ApiError):
+    """The request is not HTTP/1.1 that uvicorn's parser reads (its request line, a
+    header, its Content-Length or chunked framing): answered by the connection itself
+    (hps/http/framing.py), which then closes."""
+
+    kind = "bad_http"
 
 
 class Unauthorized(ApiError):

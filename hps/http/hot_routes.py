@@ -32,6 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from hps.http.bodies import Answer
+from hps.http.metrics import ANSWERED_BY_CONNECTION
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
@@ -148,7 +149,7 @@ class HotRoutes:
             status = 200
             await _send_answer(send, headers, parts)
         except ClientDisconnect:
-            pass  # nobody to answer
+            pass  # nobody to answer (or the connection answered: it counted that)
         except Exception as exc:
             if status == 200:  # the answer had started: nothing more can be said
                 raise
@@ -156,7 +157,8 @@ class HotRoutes:
             status = response.status_code
             await response(scope, receive, send)
         finally:
-            self.observe(route, status, time.perf_counter() - started)
+            if ANSWERED_BY_CONNECTION not in scope:
+                self.observe(route, status, time.perf_counter() - started)
 
     @property
     def answers_whole(self) -> bool:

@@ -41,13 +41,27 @@ class UnknownJob(ApiError):
     kind = "unknown_job"
 
 
+#: the rule of `PrefetchRequest._one_source` in its JSON schema, so the OpenAPI document
+#: refuses what the server refuses: `keys` with a `table` (no `from`), or `from` (no `keys`)
+_ONE_SOURCE = {"oneOf": [
+    {"required": ["keys", "table"],
+     "properties": {"keys": {"type": "array"}, "table": {"not": {"type": "null"}},
+                    "from": {"type": "null"}}},
+    {"required": ["from"],
+     "properties": {"from": {"const": "hot-set"}, "keys": {"type": "null"}}},
+]}
+
+
 class PrefetchRequest(BaseModel):
     """What to prefetch: a table's keys, or the hot sets of the server's own sketches."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # strict: `false` is no table nor `top` (lax, it was 0), as the schema says
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True,
+                              json_schema_extra=_ONE_SOURCE)
 
     table: str | int | None = Field(
-        None, description="The table (name or index); required with `keys`.")
+        None, description="The table (name or index); required with `keys`; with `from`, "
+        "null or absent: every table.")
     keys: list[Key] | None = Field(None, description="Keys to prefetch (int64).",
                                    examples=[[1, 2, 3]])
     source: Literal["hot-set"] | None = Field(

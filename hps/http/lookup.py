@@ -166,7 +166,9 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
     deadline = state.admit(headers)
     media = media_type_of(headers)
     loaded_table = state.model(model).table(table)
-    dtype = key_dtype_of(headers) if media == OCTET_STREAM else _INT64
+    dtype = key_dtype_of(headers)  # one that is no dtype is refused on either form
+    if media != OCTET_STREAM:
+        dtype = _INT64  # a JSON body's keys are int64 whatever the header says
     _refuse_early(headers, loaded_table, media, dtype)
     limit = state.max_body_bytes
     if media == JSON:  # a chunked body has no length to refuse early: bound the read

@@ -59,6 +59,10 @@ _TIER_HITS = {"volatile": "volatile_hits", "persistent": "persistent_hits"}
 #: the hot keys whose share of the counted keys `hps_hot_keys_share` reports
 _HOT_TOP = 100
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+#: set in a request's ASGI scope when its connection answered it (a body that is not
+#: HTTP: hps/http/framing.py) and counted it: its handler, which then sees a disconnect,
+#: does not count it again
+ANSWERED_BY_CONNECTION = "hps.answered_by_connection"
 
 
 class Metrics:
@@ -129,6 +133,11 @@ class Metrics:
                 self.latency.cells(route, method, "http"))
         cells[0][0] += 1
         self.latency.observe(cells[1], seconds)
+
+    def count_request(self, route: str, method: str, status: int) -> None:
+        """Count one HTTP request answered with `status` whose time is not known (the
+        connection refused it while reading it: no latency sample). Event loop only."""
+        self.requests.cells(route, method, str(status), "http")[0] += 1
 
     def observe_grpc(self, method: str, status: int, seconds: float) -> None:
         """Count one gRPC call of `method` (its path, /inference.GRPCInferenceService/…)
@@ -377,9 +386,10 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_status)
         finally:
             route = scope.get("route")
-            self.metrics.observe_request(getattr(route, "path", None) or "unmatched",
-                                         method_label(scope["method"]), status,
-                                         time.perf_counter() - started)
+            if ANSWERED_BY_CONNECTION not in scope:
+                self.metrics.observe_request(getattr(route, "path", None) or "unmatched",
+                                             method_label(scope["method"]), status,
+                                             time.perf_counter() - started)
 
 
 def method_label(method: str) -> str:

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
+from starlette.routing import Match
 
 from hps.config import ModelConfig
 from hps.errors import ConfigError
@@ -84,9 +85,13 @@ def token_guard(state: ServiceState) -> list[Any]:
 
 
 def admin_guard(state: ServiceState) -> list[Any]:
-    """The dependencies of an admin route: the token, or without one a loopback server."""
+    """The dependencies of an admin route: the token, or without one a loopback server.
 
-    async def require_admin(request: Request, credentials: Credentials) -> None:
+    Only a server with a token declares the bearer scheme in OpenAPI: without one, no
+    Authorization is read (a loopback server serves the route, any other refuses it:
+    403 forbidden), so the document asks for none."""
+
+    async def require_admin(request: Request) -> None:
         state.check_admin(request.headers, request.url.scheme, request_port(request.scope))
 
     require_admin.hps_guard = ADMIN  # type: ignore[attr-defined]
@@ -229,6 +234,34 @@ def build_router(state: ServiceState) -> APIRouter:
     return router
 
 
+def every_route(app: Any) -> list[Any]:
+    """Every route of an app made by `create_app`, those of the routers it includes
+    among them (FastAPI keeps an included router as one entry; none is included under
+    a prefix, so their routes' paths are the app's)."""
+
+    def flat(routes: Any) -> Any:
+        for route in routes:
+            inner = getattr(route, "original_router", None)
+            if inner is not None:
+                yield from flat(inner.routes)
+            elif getattr(route, "path", None):
+                yield route
+
+    return list(flat(getattr(getattr(app, "router", None), "routes", ())))
+
+
+def allowed_methods(app: Any, scope: Any) -> str:
+    """The `Allow` header of a 405 to the request of `scope`: the methods of every route
+    at its path. (Starlette's names only the first route's: `GET` at
+    /v1/models/{model}, whose DELETE is another route.)"""
+    methods: set[str] = set()
+    for route in every_route(app):
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
 def load_summary(loaded: LoadedModel) -> dict[str, Any]:
     """What a load answers: the model, the seconds it took, each table's source."""
     return {
@@ -251,15 +284,15 @@ def _with_sources(config: ModelConfig, files: list[str | dict[str, Any]]) -> Mod
 
 
 def _table_spec(index: int, entry: str | dict[str, Any]) -> TableSpec:
-    """A sparse_files entry of a request as a TableSpec; unknown keys are refused."""
-    if isinstance(entry, str):
-        return TableSpec(entry)
-    unknown = sorted(set(entry) - set(TableSpec.field_names()))
-    if unknown:
-        raise ConfigError(f"sparse_files[{index}]: unknown key(s) {', '.join(unknown)} "
-                          f"(known: {', '.join(TableSpec.field_names())})")
+    """A sparse_files entry of a request as a TableSpec; unknown keys are refused, and
+    so is an empty path, in either form (ConfigError: a 422, not the 500 "" was)."""
+    if not isinstance(entry, str):
+        unknown = sorted(set(entry) - set(TableSpec.field_names()))
+        if unknown:
+            raise ConfigError(f"sparse_files[{index}]: unknown key(s) {', '.join(unknown)} "
+                              f"(known: {', '.join(TableSpec.field_names())})")
     try:
-        return TableSpec(**entry)
+        return TableSpec(entry) if isinstance(entry, str) else TableSpec(**entry)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"sparse_files[{index}]: {exc}") from None
 

@@ -8,6 +8,8 @@ float32 rows, described to OpenAPI by `LOOKUP_REQUEST_OPENAPI` and `LOOKUP_RESPO
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import numpy as np
@@ -198,6 +200,14 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: _error_response("A parameter is not of the expected form."),
 }
 
+def _any_case(names: Iterable[str]) -> str:
+    """A pattern that matches exactly `names`, in any case (JSON Schema's patterns have
+    no flags): what the server reads of a header of these names."""
+    spelt = ("".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c)
+                     for c in name) for name in names)
+    return f"^({'|'.join(spelt)})$"
+
+
 LOOKUP_ERRORS: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     400: _error_response(f"A binary body that is not a whole number of keys of its dtype "
@@ -221,9 +231,10 @@ LOOKUP_REQUEST_OPENAPI: dict[str, Any] = {
         "description": (
             "The dtype of a binary body's keys (little-endian): int64 (the default), "
             "int32, uint32 or uint64. uint64 keys are read as int64, as HugeCTR's `long "
-            "long` keys were; 32-bit keys are widened. A body that is not a whole number "
-            "of keys of that dtype is refused (400). JSON bodies ignore it."),
-        "schema": {"type": "string", "enum": list(KEY_DTYPES), "default": "int64"},
+            "long` keys were; 32-bit keys are widened; in any case. A body that is not a "
+            "whole number of keys of that dtype is refused (400). JSON bodies are int64 "
+            "whatever it says, but a value that is no dtype is refused (400) on both."),
+        "schema": {"type": "string", "pattern": _any_case(KEY_DTYPES), "default": "int64"},
     }],
     "requestBody": {
         "required": True,

@@ -109,6 +109,7 @@ def test_head_healthz(live: Live) -> None:
     (["/tmp/a\nb", "/tmp/c"], 422, "config"),
     (["file://relative/x", "file://relative/y"], 422, "config"),  # bypassed the checks
     (["relative/a", "relative/b"], 422, "config"),
+    (["", ""], 422, "config"),  # an empty path: was a 500 (ValueError; schemathesis)
 ])
 def test_malformed_reload_paths(own: Live, files: list[str], status: int, kind: str) -> None:
     assert_error(reload(own, files), status, kind)

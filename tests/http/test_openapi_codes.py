@@ -95,3 +95,80 @@ def test_answered_codes_are_documented(small: Live, locked: Live, method: str,
         assert answer.status_code >= 400, (path, answer.text)
         assert str(answer.status_code) in codes, (live.url, method, path,
                                                   answer.status_code, answer.text)
+
+
+# -- the document and the server agree -----------------------------------------------------
+
+
+def _methods(doc: dict[str, Any], path: str) -> set[str]:
+    return {m.upper() for m in doc["paths"][path]}
+
+
+def test_a_405_allows_every_method_of_its_path(small: Live) -> None:
+    """`Allow` lists the methods the path has, as the document does: it named only the
+    first route's (`GET` at /v1/models/{model}, whose DELETE is another route)."""
+    doc = small.client.get("/openapi.json").json()
+    values = {"model": MODEL, "table": "0", "version": "1", "job": "j1"}
+    for template in doc["paths"]:
+        path = re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], template)
+        answer = small.client.options(path)
+        assert answer.status_code == 405, (path, answer.text)
+        allowed = {m.strip() for m in answer.headers["allow"].split(",")}
+        assert allowed - {"HEAD"} == _methods(doc, template), (path, allowed)
+    assert small.client.options(f"/v1/models/{MODEL}").headers["allow"] == "DELETE, GET"
+
+
+def _schema_admits(doc: dict[str, Any], path: str, body: Any) -> bool:
+    """Whether the document's JSON request schema of POST `path` admits `body`."""
+    from jsonschema import Draft202012Validator
+
+    content = doc["paths"][path]["post"]["requestBody"]["content"]
+    schema = {**content["application/json"]["schema"], "components": doc["components"]}
+    return Draft202012Validator(schema).is_valid(body)
+
+
+#: (documented path, path, JSON body) whose acceptance the document and the server must
+#: agree on: they did not on the null model block, the null table with keys, keys with
+#: from, and empty inputs (the schema admitted them), nor on `false` as a table or a top
+#: (the server took them as 0 and 1)
+BODIES: list[tuple[str, str, Any]] = [
+    ("/v1/models", "/v1/models", None),
+    ("/v1/models/{model}/prefetch", f"/v1/models/{MODEL}/prefetch", {"keys": [1], "table": None}),
+    ("/v1/models/{model}/prefetch", f"/v1/models/{MODEL}/prefetch", {"keys": [1], "table": False}),
+    ("/v1/models/{model}/prefetch", f"/v1/models/{MODEL}/prefetch",
+     {"from": "hot-set", "table": None}),
+    ("/v1/models/{model}/prefetch", f"/v1/models/{MODEL}/prefetch",
+     {"keys": [1], "table": 0, "from": None}),
+    ("/v1/models/{model}/prefetch", f"/v1/models/{MODEL}/prefetch", {"from": "hot-set",
+                                                                    "keys": [1]}),
+    ("/v1/models/{model}/prefetch", f"/v1/models/{MODEL}/prefetch", {"from": "hot-set",
+                                                                    "top": True}),
+    ("/v1/models/{model}/reload", f"/v1/models/{MODEL}/reload", None),
+    ("/v2/models/{model}/infer", f"/v2/models/{MODEL}/infer", {"inputs": []}),
+]
+
+
+@pytest.mark.parametrize(("documented", "path", "body"), BODIES)
+def test_the_document_admits_what_the_server_takes(small: Live, documented: str, path: str,
+                                                   body: Any) -> None:
+    doc = small.client.get("/openapi.json").json()
+    answer = small.client.post(path, content=json.dumps(body).encode(),
+                               headers=JSON_HEADERS)
+    assert answer.status_code < 500, answer.text
+    assert _schema_admits(doc, documented, body) == (answer.status_code < 300), (
+        answer.status_code, answer.text)
+
+
+def test_authorization_is_declared_where_a_token_is_set(small: Live, locked: Live) -> None:
+    """Without a token no route reads Authorization (a loopback server serves the admin
+    routes without one): the document asks for none. With one, every route but health
+    and the docs declares it."""
+    open_doc = small.client.get("/openapi.json").json()
+    assert not any(op.get("security") for ops in open_doc["paths"].values()
+                   for op in ops.values())
+    assert small.client.post(f"/v1/models/{MODEL}/reload").status_code == 200
+    locked_doc = locked.client.get("/openapi.json").json()
+    for path, operations in locked_doc["paths"].items():
+        for method, operation in operations.items():
+            guarded = not (path in ("/healthz", "/readyz") or path.startswith("/v2/health"))
+            assert bool(operation.get("security")) == guarded, (method, path)

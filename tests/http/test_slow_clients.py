@@ -2,11 +2,13 @@
 keep-alive deadlines close them; 2,000 slowloris connections leave a normal client
 answered and the server's file descriptors bounded (without the deadlines, 1,100
 half-header connections held 1,123 descriptors 30 s later and, under a 1,024 limit,
-stopped the server answering anyone)."""
+stopped the server answering anyone). A client that half-closes after its request is
+answered on every GET route."""
 
 from __future__ import annotations
 
 import http.client
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,8 @@ from hps.tools.bench.slow_clients import (
     raise_fd_limit,
     slow_model_server,
 )
+from tests.http.conftest import MODEL, TABLE_NAMES, Live
+from tests.support.raw_http import connect
 
 MAX_CONNECTIONS = 128
 SETTINGS = {"max_connections": MAX_CONNECTIONS, "header_timeout": 1.0, "body_timeout": 1.0,
@@ -113,3 +117,55 @@ def test_settings_are_checked(tmp_path: Path) -> None:
                                  "embedding_vecsize_per_table": [1],
                                  "maxnum_catfeature_query_per_table_per_sample": [1]}],
                      "http": {"max_connections": 0}})
+
+
+# -- clients that half-close ----------------------------------------------------------------
+
+
+def _get_paths(live: Live) -> list[tuple[str, int]]:
+    """(path, status expected) of every GET route the OpenAPI document lists, and the
+    docs' own, with the served model's names in their parameters."""
+    doc = live.client.get("/openapi.json").json()
+    values = {"model": MODEL, "table": TABLE_NAMES[0], "version": "1", "job": "nope"}
+    paths = [("/openapi.json", 200), ("/docs", 200)]
+    for template, operations in doc["paths"].items():
+        if "get" in operations:
+            path = re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], template)
+            paths.append((path, 404 if "{job}" in template else 200))
+    return paths
+
+
+def test_a_half_closed_client_gets_its_answer_on_every_get_route(live: Live) -> None:
+    """A client that sends its request and shuts down its sending side (SHUT_WR, as
+    some clients and proxies do) is answered, then closed (with Connection: close where
+    the end came before the answer). uvicorn took the end of its input for a disconnect: /v1/models,
+    /v1/models/{model} and /metrics, whose handlers wait once, answered nothing."""
+    paths = _get_paths(live)
+    assert len(paths) > 15
+    unanswered = []
+    for path, status in paths:
+        with connect(live.url) as sock:
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            sock.shutdown(socket.SHUT_WR)
+            received = b""
+            while chunk := sock.recv(1 << 16):  # to the server's close
+                received += chunk
+        head, _, body = received.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        if not received or lines[0].split()[1] != str(status):
+            unanswered.append((path, received[:80]))
+            continue
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        assert len(body) == int(headers["content-length"]), path  # whole, then closed
+    assert not unanswered, unanswered
+
+
+def test_a_half_closed_client_with_half_a_body_is_closed(live: Live) -> None:
+    """A body that stops short and then the client's end: it can never complete, so
+    the connection closes at once (as before), nothing answered."""
+    head = (f"POST /v1/models/{MODEL}/tables/0/lookup HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/octet-stream\r\nContent-Length: 80\r\n\r\n").encode()
+    with connect(live.url) as sock:
+        sock.sendall(head + b"\0" * 8)
+        sock.shutdown(socket.SHUT_WR)
+        assert closed_by_server(sock)

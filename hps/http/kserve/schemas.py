@@ -64,9 +64,9 @@ class InferInput(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: str = Field(json_schema_extra={"enum": [KEYS_INPUT, NUMKEYS_INPUT]})
     shape: list[Annotated[int, Field(strict=True, ge=0)]]
-    datatype: str
+    datatype: str = Field(json_schema_extra={"enum": [name.upper() for name in KEY_DTYPES]})
     parameters: dict[str, Any] | None = None
     data: list[Element] | list[list[Element]] | None = None
 
@@ -87,7 +87,10 @@ class InferRequest(BaseModel):
 
     id: str | None = None
     parameters: dict[str, Any] | None = None
-    inputs: list[InferInput]
+    # what the document says of the inputs: KEYS and NUMKEYS, once each (an empty list, or
+    # one without either, is a 400 naming the missing input: parse.py). Checked by the
+    # parser, whose messages say which input is wrong, so in the schema alone.
+    inputs: list[InferInput] = Field(json_schema_extra={"minItems": 2, "maxItems": 2})
     outputs: list[InferOutput] | None = None
 
 
