@@ -5,7 +5,6 @@ side by side (docs/workers.md#gpu-caches)."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
