@@ -39,6 +39,7 @@ from hps.gpu.host_updates import HostRowUpdates
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.gpu.launch_shape import BLOCK, PIPELINED_AFTER, PIPELINED_ROW_BYTES, default_hints
 from hps.gpu.workspace import QueryWorkspace
+from hps.gpu.shared_cache import SharedParts
 from hps.gpu.write_order import WriteOrder
 from hps.intake.keys import device_output_view
 from hps.rows.gpu_layout import (
@@ -87,7 +88,7 @@ def decode_rows(raw: np.ndarray, dim: int, storage: StorageType) -> np.ndarray:
     return decode(storage, raw.view(storage.stored_dtype)[:, :dim], dim)
 
 
-class DeviceTable(WriteOrder, HostRowUpdates):
+class DeviceTable(WriteOrder, HostRowUpdates, SharedParts):
     """What the dynamic cache and the static table share: memory, streams, ordering,
     argument checks, the query launch, dump and stats. Not used directly."""
 
@@ -560,7 +561,9 @@ class DeviceTable(WriteOrder, HostRowUpdates):
     def memory_stats(self) -> dict[str, Any]:
         """What the table holds where: `memory_bytes` (device) and, for tables that keep
         rows elsewhere, their own figures (see UvmEmbeddingTable.memory_stats)."""
-        return {"memory_bytes": self._memory_bytes()}
+        shared = self._shared  # and who uses it: this process, or the host's (shared_cache.py)
+        return {"memory_bytes": self._memory_bytes(), "scope": "host" if shared else "process",
+                "processes": len(shared.attached()) if shared else 1}
 
     def close(self) -> None:
         """Waits for work in flight and frees the device memory (a shared table: this
@@ -583,53 +586,6 @@ class DeviceTable(WriteOrder, HostRowUpdates):
             self._free_extra()
 
     def _free_extra(self) -> None:
-        pass
-
-    def _close_shared(self) -> None:
-        """close() of a shared table: this process's queries drained, its mappings closed;
-        the owner's memory freed when the last process is done (shared_cache.py)."""
-        shared = self._shared
-        assert shared is not None
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True  # the locked path raises from now on, the fast path falls back
-            with self._device:
-                for ev_ptr in tuple(self._inflight):
-                    self._rt.eventSynchronize(ev_ptr)
-                self._stream.synchronize()
-            self._retire.clear()
-            self._write_event = None
-
-        def free() -> None:
-            self._keys = self._vecs = None
-            self._free_extra()
-
-        shared.close(self._cp, self._device, free)
-        if not shared.owner:
-            free()
-
-    def publish(self) -> None:
-        """A shared table this process owns is ready for the other processes (built and
-        warmed up); nothing for a table of its own or one it mapped."""
-        if self._shared is not None:
-            self._shared.publish()
-
-    @property
-    def shared(self) -> SharedTableRecord | None:
-        """The record of a table shared by the host's processes (None: this process's)."""
-        return self._shared
-
-    def _empty(self) -> None:
-        """Forgets every key (a shared table whose writer died mid-write: its rows cannot
-        be trusted); called with the writers' lock held and the gate closed."""
-        with self._device, self._stream:
-            self._keys.fill(EMPTY_KEY)
-            self._flags.fill(0)
-            self._empty_extra()
-        self._stream.synchronize()
-
-    def _empty_extra(self) -> None:
         pass
 
     def __enter__(self) -> DeviceTable:

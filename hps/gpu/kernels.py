@@ -418,3 +418,13 @@ class Launch:
         for value, arg in zip(self._values, args, strict=True):
             value.value = arg
         self.go(grid, block, stream_ptr)
+
+
+def cuda_available() -> bool:
+    """Whether CuPy imports and at least one CUDA device is present. Never raises."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:
+        return False

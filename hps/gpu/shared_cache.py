@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from hps.errors import ConfigError, DeviceError
+from hps.gpu.kernels import EMPTY_KEY
 from hps.gpu.shared_gate import REGION_BYTES, SharedGate
 from hps.runtime.run_dir import base_dir, pid_alive
 
@@ -253,3 +254,75 @@ class SharedTableRecord:
     def attached(self) -> list[int]:
         """PIDs of the live processes attached to the table, this one included."""
         return self.gate.processes()
+
+
+class SharedParts:
+    """What a DeviceTable (hps/gpu/device_table.py) does differently when it is shared by
+    the host's processes: its close, its publication once ready, its emptying after a
+    writer died. Uses the table's `_shared`, `_lock`, `_closed`, `_device`, `_inflight`,
+    `_rt`, `_stream`, `_retire`, `_write_event`, `_cp`, `_keys`, `_vecs`, `_flags` and
+    `_free_extra`."""
+
+    _shared: SharedTableRecord | None
+    _lock: Any
+    _closed: bool
+    _device: Any
+    _inflight: dict[int, int]
+    _rt: Any
+    _stream: Any
+    _retire: Any
+    _write_event: Any
+    _cp: Any
+    _keys: Any
+    _vecs: Any
+    _flags: Any
+
+    def _free_extra(self) -> None:
+        raise NotImplementedError
+
+    def _close_shared(self) -> None:
+        """close() of a shared table: this process's queries drained, its mappings closed;
+        the owner's memory freed when the last process is done (shared_cache.py)."""
+        shared = self._shared
+        assert shared is not None
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True  # the locked path raises from now on, the fast path falls back
+            with self._device:
+                for ev_ptr in tuple(self._inflight):
+                    self._rt.eventSynchronize(ev_ptr)
+                self._stream.synchronize()
+            self._retire.clear()
+            self._write_event = None
+
+        def free() -> None:
+            self._keys = self._vecs = None
+            self._free_extra()
+
+        shared.close(self._cp, self._device, free)
+        if not shared.owner:
+            free()
+
+    def publish(self) -> None:
+        """A shared table this process owns is ready for the other processes (built and
+        warmed up); nothing for a table of its own or one it mapped."""
+        if self._shared is not None:
+            self._shared.publish()
+
+    @property
+    def shared(self) -> SharedTableRecord | None:
+        """The record of a table shared by the host's processes (None: this process's)."""
+        return self._shared
+
+    def _empty(self) -> None:
+        """Forgets every key (a shared table whose writer died mid-write: its rows cannot
+        be trusted); called with the writers' lock held and the gate closed."""
+        with self._device, self._stream:
+            self._keys.fill(EMPTY_KEY)
+            self._flags.fill(0)
+            self._empty_extra()
+        self._stream.synchronize()
+
+    def _empty_extra(self) -> None:
+        pass

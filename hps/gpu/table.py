@@ -59,6 +59,7 @@ import numpy as np
 
 from hps.errors import DeviceError
 from hps.gpu import host_loops, kernels
+from hps.gpu.kernels import cuda_available  # where callers have long imported it from
 from hps.gpu.device_arrays import lookup_refs
 from hps.gpu.dynamic_cache import DEFAULT_LRU_SAMPLE_SHIFT, EmbeddingCache
 from hps.gpu.fill import refresh, warm_up
@@ -99,16 +100,6 @@ _COUNTERS = ("lookups", "keys", "hits", "misses", "sync_fetches", "async_inserts
              "dropped_inserts", "refreshed", "background_errors")
 
 
-def cuda_available() -> bool:
-    """Whether CuPy imports and at least one CUDA device is present. Never raises."""
-    try:
-        import cupy
-
-        return int(cupy.cuda.runtime.getDeviceCount()) > 0
-    except Exception:
-        return False
-
-
 class GpuEmbeddingTable:
     """The GPU cache (dynamic) or table (static) of one model table on one device.
 
@@ -139,10 +130,8 @@ class GpuEmbeddingTable:
         self._table: EmbeddingCache | StaticEmbeddingTable = open_device_table(
             model, self.mode, num_keys, self.dim, self.device_id,
             lru_sample_shift=lru_sample_shift, shared_as=shared_as)
-        shared = self._table.shared
-        #: whether this process maps a table another process of the host allocated and
-        #: warmed up (gpu_cache_scope: host, hps/gpu/shared_cache.py)
-        self.attached = shared is not None and not shared.owner
+        #: whether this process maps a table another process allocated (shared_cache.py)
+        self.attached = self._table.shared is not None and not self._table.shared.owner
         # keys it promises to hold (a dynamic cache: gpucacheper × keys; it has more slots)
         self.capacity = (cache_capacity(model, num_keys) if self.mode == "dynamic"
                          else int(self._table.capacity))
@@ -184,8 +173,7 @@ class GpuEmbeddingTable:
         """Inserts (keys int64 [n], vectors float32 [n, dim]) chunks in order until the
         cache holds `capacity` keys' worth, the last chunk included (cut to fit); the
         static table takes every chunk. Returns the keys inserted (see hps/gpu/fill.py). The
-        chunks' device copies are freed when it returns. A table mapped from another
-        process (`attached`) was warmed up there: nothing is inserted."""
+        chunks' device copies are freed when it returns; nothing where `attached`."""
         if self.attached:
             return 0
         if self.mode != "dynamic":
@@ -560,8 +548,7 @@ class GpuEmbeddingTable:
         return np.empty(0, np.int64)
 
     def publish(self) -> None:
-        """Lets the host's other processes map this table, which this process allocated
-        and warmed up (gpu_cache_scope: host); nothing for a table of this process alone."""
+        """Lets the host's other processes map this table (gpu_cache_scope: host)."""
         self._table.publish()
 
     def stats(self) -> dict[str, Any]:
@@ -581,9 +568,6 @@ class GpuEmbeddingTable:
             "dim": self.dim,
             "capacity": self.capacity,
             "slots": self._table.num_slots,
-            "scope": "process" if self._table.shared is None else "host",
-            "processes": (len(self._table.shared.attached()) if self._table.shared is not None
-                          else 1),
             "size": self._table.size(),
             **self._table.memory_stats(),
             "hit_rate": counts["hits"] / looked if looked else None,

@@ -32,7 +32,7 @@ from hps.config import PSConfig, load_config
 from hps.errors import BindError, ConfigError, ModelsNotLoadedError
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
-from hps.http.state import DEFAULT_MAX_BODY_BYTES, is_loopback
+from hps.http.state import DEFAULT_MAX_BODY_BYTES, TOKEN_HINT, is_loopback
 from hps.runtime.compile_notice import CompileNotice
 from hps.runtime.compile_on_use import compile_events
 from hps.runtime.cores import usable_cores
@@ -41,7 +41,6 @@ from hps.server.loader import LoadProgress
 
 log = logging.getLogger("hps.http")
 #: what a printed curl line needs when the server requires a token (it reads $HPS_TOKEN)
-TOKEN_HINT = " (with HPS_TOKEN holding the server's token)"
 
 
 def base_url(host: str, port: int) -> str:

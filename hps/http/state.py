@@ -55,6 +55,8 @@ log = logging.getLogger("hps.http")
 T = TypeVar("T")
 
 #: default limit of a request body: 16 MiB (2 M binary keys)
+#: what a printed hint adds when the server needs a token (`hps serve`, its workers)
+TOKEN_HINT = " (with HPS_TOKEN holding the server's token)"
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 #: default hard bound of the admission queue (lookups waiting for or on a lookup thread),
 #: per lookup thread. The queueing delay decides first (hps/http/admission.py); this bound

@@ -59,7 +59,7 @@ from typing import Any
 
 from hps.config import UNBOUNDED, PSConfig, config_to_json
 from hps.errors import ConfigError, HPSError, TierUnavailableError
-from hps.http.serve import TOKEN_HINT
+from hps.http.state import TOKEN_HINT
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted
 from hps.http.workers_ops import FD_ENV, SETUP_FAILED, OpLog, initial_ops
 from hps.runtime.run_dir import RUN_DIR_ENV, create_run_dir, remove_run_dir

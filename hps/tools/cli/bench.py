@@ -1,13 +1,12 @@
 """`hps bench …`: the benchmarks, each beside its baseline measured in the same run.
 
-The measuring is hps.tools.bench's, one module per benchmark; this is the command of each:
-its options, what it says while it runs, and its figures as a table (`_print_bench`: one
-column per run, one row per measure, human labels). Bare `hps bench` runs `tier-fetch`.
+The measuring is hps.tools.bench's, one module per benchmark; this is each one's command:
+options, what it says as it runs, its figures as a table (`_print_bench`). Bare `hps bench`
+runs `tier-fetch`.
 
-Defaults fit a laptop (a table of 1M keys, well under 2 GiB); a command that builds a
-table says the memory it expects before it starts (`_expect_memory`). Every key, row or
-slot count is read by key_counts.py (`100k`, `1M`, `2_000_000`). Options given before the
-command name belong to bare `hps bench`: with a command they are refused, not dropped.
+Defaults fit a laptop (1M keys, well under 2 GiB); a command that builds a table says the
+memory it expects first (`_expect_memory`). Counts are read by key_counts.py (`100k`, `1M`,
+`2_000_000`). Options before the command name are bare `hps bench`'s: refused with one.
 """
 
 from __future__ import annotations
@@ -303,15 +302,13 @@ def bench_gpu_cmd(
         "every GPU driven by a thread each beside one; sharded: a table split row-wise into "
         "shards beside it whole; storage: each embedding_storage_dtype beside float32, 1M "
         "keys dim 128, with memory; torch: hps.torch.LookupLayer over lookup_fromdlpack, "
-        "2,000 keys; processes: lookup_fromdlpack from 1, 2, 4 and 8 processes with their "
-        "own GPU caches and sharing one (gpu_cache_scope host) beside torch.index_select from "
-        "one IPC-shared table, with GPU memory and MPS. Repeatable.")),
+        "2,000 keys; processes: 1-8 processes with own GPU caches, then sharing one, beside "
+        "index_select from one IPC-shared table. Repeatable.")),
     updates: int = typer.Option(0, parser=count_option, help="hugectr profile: rows a second "
                                 "of an update stream (Redis Streams) applied meanwhile."),
     stream_per_thread: bool = typer.Option(
         True, "--stream-per-thread/--stream-per-call", help="threads profile: each thread "
-        "sets its stream once, as a model server's worker does (the default), or switches "
-        "it around every call."),
+        "sets its stream once, as a model server's worker does, or around every call."),
 ) -> None:
     """GPU cache benchmarks, each beside its baseline measured in the same run."""
     from hps.gpu.table import cuda_available
