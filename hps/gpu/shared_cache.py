@@ -65,8 +65,9 @@ _LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
 #: (slots + 1) rows, was not, and its readers slowed each other down as processes were
 #: added: H200 under MPS, 1M-key table, 8 processes each looking up 2,000 power-law keys,
 #: query kernel p50 (CUDA events) 94-98 µs against 25-30 µs rounded up (24 with caches of
-#: their own); the same rows copied into each process, or read on another load path
-#: (ld.global.nc, .cg), did not change it; the index's allocation, whole pages, never slowed
+#: their own). Copied into each process's own memory the same rows ran as fast; read on
+#: other load paths (ld.global.nc, .cg) they did not; the index's allocation, whole pages,
+#: never slowed. Our reading: a mapping of a partial last page is made of small pages.
 _PAGE = 2 << 20
 
 
