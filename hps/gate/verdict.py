@@ -105,6 +105,12 @@ class LoadGateError(ModelFileError):
         self.verdict = verdict
         self.finding = finding
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # with --workers the leader's refusal reaches the answering worker pickled (the op
+        # log's outcome): rebuilt from its verdict, not from the message alone, which
+        # __init__ cannot take (the worker then answered a 500 `tier` for a 422)
+        return (type(self), (self.verdict,))
+
     def details(self) -> dict[str, Any]:
         """What an answer names: the model, table, check, its figure and its limit."""
         return {"model": self.verdict.model, "table": self.verdict.table,

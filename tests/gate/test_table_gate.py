@@ -235,3 +235,18 @@ def test_bad_validation_sections_are_config_errors(validation: dict[str, Any],
         with pytest.raises(ConfigError, match=message.replace("validation.", "models\\[0\\]"
                                                               ".validation.")):
             load_config(config_with({}, validation))
+
+
+def test_a_refusal_crosses_processes_whole() -> None:
+    # with --workers the leader's refusal reaches the answering worker pickled
+    import pickle
+
+    from hps.gate.verdict import Finding, GateVerdict, LoadGateError
+
+    verdict = GateVerdict(model="m", table="t", uri="/x")
+    verdict.add(Finding("size", 0, 3000, True, "the table holds no keys"))
+    error = pickle.loads(pickle.dumps(LoadGateError(verdict)))
+    assert isinstance(error, LoadGateError) and error.kind == "load_gate"
+    assert str(error) == "the table holds no keys"
+    assert error.details() == {"model": "m", "table": "t", "check": "size", "figure": 0,
+                               "limit": 3000}

@@ -256,6 +256,7 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Issue 59's targets of the processes profile: the shared cache >= 0.9x the own
     caches at each N (with misses: >= 1.0x), >= 2x HierarchicalKV at 8 with all hits,
     p99 <= 100 us at 8, every vector exact."""
+    rows = [r for r in rows if r.get("bench") == "processes"]
     own = {(r["workload"], r["processes"]): r for r in rows if r["family"] == "own caches"}
     out = []
 
