@@ -38,14 +38,23 @@ def check_gpu_caches(config: PSConfig, wanted: Sequence[str], workers: int) -> N
     says what they cost."""
     refuse_uvm(m for m in config.models if m.model in wanted)
     if wanted:
-        log.info("models %s: each of the %d workers keeps its own GPU caches (their device "
-                 "memory counts %d times); online updates reach every worker's caches "
-                 "(docs/workers.md)", ", ".join(wanted), workers, workers)
+        shared = [m.model for m in config.models
+                  if m.model in wanted and m.gpu_cache_scope == "host"]
+        own = [name for name in wanted if name not in shared]
+        if own:
+            log.info("models %s: each of the %d workers keeps its own GPU caches (their "
+                     "device memory counts %d times; gpu_cache_scope host shares one); online "
+                     "updates reach every worker's caches (docs/workers.md)", ", ".join(own),
+                     workers, workers)
+        if shared:
+            log.info("models %s: the %d workers share one GPU cache per device "
+                     "(gpu_cache_scope host, docs/gpu-cache.md)", ", ".join(shared), workers)
         if not mps_daemon_found():
             log.warning(
                 "no MPS control daemon found (%s): the workers' GPU kernels will take turns "
-                "on the GPU in time slices. Start `nvidia-cuda-mps-control -d` before "
-                "`hps serve` (docs/workers.md#gpu-caches)", mps_pipe_directory())
+                "on the GPU in time slices (8 processes on one H100: 0.17x of one's keys/s). "
+                "Start it with `hps mps start` before `hps serve` (docs/workers.md#gpu-caches)",
+                mps_pipe_directory())
 
 
 def refuse_uvm(models: Iterable[ModelConfig]) -> None:

@@ -59,7 +59,7 @@ def test_gpu_workers_without_an_mps_daemon_are_warned(
     with caplog.at_level(logging.INFO, logger="hps.http.workers"):
         check_gpu_caches(config, ["dyn"], 4)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and "nvidia-cuda-mps-control -d" in warned[0]
+    assert len(warned) == 1 and "hps mps start" in warned[0] and "0.17x" in warned[0]
     assert any("each of the 4 workers keeps its own GPU caches" in r.getMessage()
                for r in caplog.records)
     os.mkfifo(pipes / "control")  # the daemon's control pipe: found

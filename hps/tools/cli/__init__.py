@@ -15,6 +15,7 @@ command lives in the module of its job:
 - bench.py: `hps bench …` (the benchmarks, each beside its baseline); key_counts.py: the
   one reading of their key counts (100k, 1M, 2_000_000)
 - models.py: `hps models list|add|reload|remove` (the models of a running server)
+- mps.py: `hps mps start|status|stop` (NVIDIA's MPS daemon for a GPU host's processes)
 - config.py: `hps config dump` (the ps.json a config, YAML or Python file amounts to)
 - from_torch.py: `hps config from-torch` (the ps.json block of a PyTorch checkpoint)
 - app.py: the root app and what every command shares: consoles, the one-line error exit,
@@ -34,6 +35,7 @@ from hps.tools.cli.files import convert, inspect
 from hps.tools.cli.from_torch import from_torch
 from hps.tools.cli.local import load, lookup
 from hps.tools.cli.models import models_app
+from hps.tools.cli.mps import mps_app
 from hps.tools.cli.plan import plan
 from hps.tools.cli.publish import publish
 from hps.tools.cli.serve import serve
@@ -47,6 +49,7 @@ for command in (demo, serve, load, lookup, publish, inspect, convert, plan, vali
     app.command(context_settings={"ignore_unknown_options": command is lookup})(command)
 app.add_typer(bench_app, name="bench")
 app.add_typer(models_app, name="models")
+app.add_typer(mps_app, name="mps")
 config_app.command("from-torch")(from_torch)
 app.add_typer(config_app, name="config")
 
