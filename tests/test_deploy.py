@@ -115,6 +115,23 @@ def test_services_profiles_and_ports(compose: dict[str, Any]) -> None:
         "nvidia"
 
 
+def test_gpu_containers_share_one_mps_daemon(compose: dict[str, Any]) -> None:
+    svc = services(compose)
+    mps, gpu = svc["mps"], svc["hps-gpu"]
+    assert mps["profiles"] == ["gpu"] and "nvidia-cuda-mps-control -f" in mps["entrypoint"][-1]
+    assert mps["ipc"] == "shareable" and gpu["ipc"] == "service:mps"
+    pipes = mps["environment"]["CUDA_MPS_PIPE_DIRECTORY"]
+    assert gpu["environment"]["CUDA_MPS_PIPE_DIRECTORY"] == pipes
+    assert "HPS_TOKEN" in gpu["environment"]
+    shared = {v.split(":")[0] for v in mps["volumes"]} & {v.split(":")[0] for v in gpu["volumes"]}
+    assert shared == {"mps"} and pipes.startswith("/mps/")
+    assert {"../configs:/configs:ro", "models:/models", "state:/state"} <= set(gpu["volumes"])
+    assert gpu["depends_on"]["mps"] == {"condition": "service_healthy"}
+    assert mps["healthcheck"]["test"] == ["CMD", "hps", "mps", "status"]
+    assert mps["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    _parse(["mps", "status"])  # the healthcheck's command is the CLI's
+
+
 def test_healthchecks(compose: dict[str, Any]) -> None:
     svc = services(compose)
     for name in HPS_SERVICES:
