@@ -131,7 +131,7 @@ def _caller(index: int, family: str, setup: dict[str, Any], dense: Any, ready: A
         hps.close()
 
 
-def _gpu_memory() -> tuple[int, list[int]]:
+def gpu_memory() -> tuple[int, list[int]]:
     """(MiB in use on device 0, MiB nvidia-smi lists per process)."""
     used, per = -1, []
     with contextlib.suppress(Exception):
@@ -169,7 +169,7 @@ def _family(family: str, workload: str, setup: dict[str, Any], dense: Any,
     loaded = 1 if family == "shared cache" else 0
     for _ in range(most - loaded):
         ready.get(timeout=900)
-    used, per = _gpu_memory()
+    used, per = gpu_memory()
     from hps.runtime.mps import daemon_found
 
     mps = daemon_found()

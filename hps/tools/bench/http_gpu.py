@@ -19,7 +19,10 @@ client's GIL, not the server. Before timing, every body is sent once to each hps
 and its answer compared with the table's rows (`wrong_rows`).
 
 With `workers` N > 1 every server runs N worker processes on its port (`hps serve
---workers N`: each worker its own GPU cache; the floor: uvicorn `--workers N`).
+--workers N`: each worker its own GPU cache; the floor: uvicorn `--workers N`), and a
+fourth server shares one GPU cache among its workers (gpu_cache_scope host). Beside the
+rows: the GPU memory in use while each GPU server is up (the device's, and nvidia-smi's
+per process) and whether an MPS control daemon runs.
 
 Per server and P: keys/s, p50 and p99 of the answers, the server's CPU per request (its
 processes together); per
@@ -55,6 +58,8 @@ from hps.tools.bench.overload import PATH, _level
 
 HEADERS = {"Content-Type": "application/octet-stream"}
 GPU, CPU, FLOOR = "hps serve, GPU cache", "hps serve, no GPU cache", "bare uvicorn (floor)"
+#: with several workers: one GPU cache for all of them (gpu_cache_scope host)
+SHARED = "hps serve, one GPU cache for all workers"
 #: keys a request and client processes, unless asked otherwise (the GPU benches' batch,
 #: the thread counts of the threads profile)
 BATCH, CLIENT_PROCESSES = 2000, (1, 2, 4, 8)
@@ -116,11 +121,16 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     tmp = Path(tempfile.mkdtemp(prefix="hps-bench-http-gpu-"))
     rows: list[dict[str, Any]] = []
     wrong: dict[str, int] = {}
+    memory: dict[str, tuple[int, list[int]]] = {}
     try:
         write_sparse_model(tmp / TABLE, keys, vectors)
         servers: list[tuple[str, dict[str, Any] | None]] = []
         if gpu:
             servers.append((GPU, gpu_table_config(dim, batch)))
+            if workers > 1:
+                shared = gpu_table_config(dim, batch)
+                shared["models"][0]["gpu_cache_scope"] = "host"
+                servers.append((SHARED, shared))
         servers += [(CPU, one_table_config(dim, batch)), (FLOOR, None)]
         for name, config in servers:
             port = _free_port()
@@ -139,6 +149,8 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
             with server as url:
                 if config is not None:
                     wrong[name] = _wrong_rows(url, bodies, picks, vectors)
+                if config is not None and config["models"][0].get("gpucache"):
+                    memory[name] = _gpu_memory()  # every worker loaded: what each holds
                 for p in client_processes:
                     level = _level(url, p, bodies, HEADERS, seconds, warmup, 0.0, client,
                                    pids[0])
@@ -165,6 +177,9 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     return {"rows": rows, "ratios": ratios, "wrong_rows": wrong, "num_keys": num_keys,
             "dim": dim, "batch": batch, "alpha": alpha, "seconds": seconds, "gpu": gpu,
             "lookup_threads": lookup_threads, "workers": workers,
+            "gpu_memory": {k: {"device_mib": u, "per_process_mib": per}
+                           for k, (u, per) in memory.items()},
+            "mps": _mps_found() if gpu else None,
             "client": f"one process per client, {client} keep-alive"}
 
 
@@ -193,6 +208,11 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
             f"{r['keys_per_s_vs_floor']:.2f}×, p99 {r['p99_vs_floor']:.2f}×; keys/s over "
             f"no GPU cache {r['keys_per_s_vs_cpu']:.2f}×")
     say("wrong rows: " + ", ".join(f"{k} {v}" for k, v in result["wrong_rows"].items()))
+    for name, used in result["gpu_memory"].items():
+        say(f"{name}: {used['device_mib']} MiB in use on the device; per process (nvidia-smi)"
+            f" {' '.join(map(str, used['per_process_mib']))} MiB")
+    if gpu:
+        say(f"MPS control daemon: {'on' if result['mps'] else 'off'}")
     say(f"client: {result['client']}; model {MODEL}, table {TABLE}")
     return result
 
@@ -221,3 +241,15 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _gpu_memory() -> tuple[int, list[int]]:
+    from hps.tools.bench.gpu_processes import gpu_memory
+
+    return gpu_memory()
+
+
+def _mps_found() -> bool:
+    from hps.runtime.mps import daemon_found
+
+    return daemon_found()
