@@ -83,7 +83,9 @@ class Served:
 
     def worker_pids(self) -> dict[int, int]:
         folder = self.run_folder() / "ops" / "workers"
-        return {int(p.name): int(p.read_text()) for p in folder.iterdir()}
+        # (a worker's file is replaced through a hidden temporary one: not a worker)
+        return {int(p.name): int(p.read_text()) for p in folder.iterdir()
+                if not p.name.startswith(".")}
 
 
 def _pythonpath() -> str:

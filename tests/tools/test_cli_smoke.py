@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -163,6 +164,10 @@ def in_process(*argv: str, cwd: Path) -> Ran:
 Job = Callable[[], "Ran | dict[str, Ran]"]
 
 
+#: sockets standing for MPS daemons' endpoints, open while the module's runs go on
+_ENDPOINTS: list[socket.socket] = []
+
+
 def jobs(work: Path, redis: RedisServer) -> tuple[dict[str, Job], dict[str, Job]]:
     """Every command, each in its own folder (its own files and RocksDB store): those
     that start processes of their own (servers, measured loads) as subprocesses, side by
@@ -175,6 +180,11 @@ def jobs(work: Path, redis: RedisServer) -> tuple[dict[str, Job], dict[str, Job]
         return write_model(folder(name), seed, work / name / "rocks")[0]
 
     local, looked, described = model("load", 5), model("lookup", 6), model("inspect", 7)
+    # an MPS daemon's endpoint as the GPU machine's daemon opens it (a Unix socket named
+    # `control`), for `hps mps status`; the control program itself is not on this PATH
+    pipes = folder("mps-pipes")
+    _ENDPOINTS.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+    _ENDPOINTS[-1].bind(str(pipes / "control"))
     checkpoint = folder("from-torch") / "model.pt"
     import torch
 
@@ -191,6 +201,9 @@ def jobs(work: Path, redis: RedisServer) -> tuple[dict[str, Job], dict[str, Job]
                             "--max-connections", "16"],
         "bench torch": ["bench", "torch", "--keys", "100", "--table-keys", "1k",
                         "--rounds", "2", "--calls", "3"],
+        "mps status": ["mps", "status", "--pipe-dir", str(pipes)],
+        "mps start": ["mps", "start", "--pipe-dir", str(work / "mps-new")],
+        "mps stop": ["mps", "stop", "--pipe-dir", str(pipes)],
     }
     here = {
         "bench load": ["bench", "load", "--keys", "2k", "--dim", "8", "--rounds", "1"],
@@ -248,6 +261,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ran]]:
         yield results
     finally:
         redis.close()
+        while _ENDPOINTS:
+            _ENDPOINTS.pop().close()
 
 
 #: what each run must print: (stdout, stderr) fragments
@@ -286,12 +301,15 @@ EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bench http": (("v1 binary lookup", "bare uvicorn (floor)", "one client alone"), ()),
     "bench soak": (("0 failed, 0 wrong",), ()),
     "bench slowloris": (("alone:", "attacked:"), ()),
+    "mps status": (("running (",), ()),
 }
 #: runs that must fail, with exit status 2 and the line that names the fix
 REFUSED = {
     "bench gpu": "needs a CUDA device and CuPy: pip install 'hps-server[gpu]'",
     "bench group options": "put them after it: hps bench tiers --keys 50000",
     "models reload missing": "404",
+    "mps start": "nvidia-cuda-mps-control is not on PATH",
+    "mps stop": "nvidia-cuda-mps-control is not on PATH",
 }
 
 
