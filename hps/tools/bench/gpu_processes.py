@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from hps.tools.bench.gpu_public import folder_config
 from hps.tools.bench.gpu_threads import draws
 
 PROCESS_COUNTS = (1, 2, 4, 8)
@@ -49,20 +50,10 @@ MODEL = "bench"
 
 def _config(folder: Path, dim: int, n: int, device_id: int, cached: float,
             scope: str) -> dict[str, Any]:
-    return {
-        "supportlonglong": True,
-        "models": [{
-            "model": MODEL, "sparse_files": [str(folder / "t0")],
-            "embedding_vecsize_per_table": [dim],
-            "maxnum_catfeature_query_per_table_per_sample": [n],
-            "default_value_for_each_table": [0.0], "deployed_device_list": [device_id],
-            "max_batch_size": 1, "gpucache": True, "gpucacheper": cached,
-            "hit_rate_threshold": 1.0, "embedding_cache_type": "dynamic",
-            "cache_refresh_percentage_per_iteration": 1.0 if cached >= 1 else 0.0,
-            "gpu_cache_scope": scope,
-        }],
-        "volatile_db": {"type": "hash_map"},
-    }
+    return folder_config(folder, dim, n, device_id, model=MODEL, gpucacheper=cached,
+                         hit_rate_threshold=1.0, embedding_cache_type="dynamic",
+                         cache_refresh_percentage_per_iteration=1.0 if cached >= 1 else 0.0,
+                         gpu_cache_scope=scope)
 
 
 def _caller(index: int, family: str, setup: dict[str, Any], dense: Any, ready: Any,

@@ -57,6 +57,13 @@ def server_over_folder(folder: Path, dim: int, n: int, device_id: int,
     `model` overrides the model's config keys, `top` adds server config keys."""
     from hps.api import HPS
 
+    return HPS(folder_config(folder, dim, n, device_id, top, **model))
+
+
+def folder_config(folder: Path, dim: int, n: int, device_id: int,
+                  top: dict[str, Any] | None = None, **model: Any) -> dict[str, Any]:
+    """server_over_folder's config (the in-process tier; `model` overrides the model's
+    keys, `top` adds server keys)."""
     config = {
         "supportlonglong": True,
         "models": [{
@@ -71,7 +78,7 @@ def server_over_folder(folder: Path, dim: int, n: int, device_id: int,
         "volatile_db": {"type": "hash_map"},
         **(top or {}),
     }
-    return HPS(config)
+    return config
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float]:
