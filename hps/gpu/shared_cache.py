@@ -20,14 +20,25 @@ reloads). The record holds:
 
 Lifetime: an attached process closes its mappings when its version retires. The owner's
 retired table stays allocated until no live process is attached (a thread watches), then
-is freed and its record removed. CUDA frees a process's allocations when it exits: the
-owner must outlive the processes it serves (in `hps serve --workers N`, the first worker
-to load; see docs/gpu-cache.md "One cache for every process").
+is freed and its record removed. A version of the same files loaded again in the owner's
+process (a reload) uses the owner's allocations directly (a process cannot open its own
+IPC handles) and inherits them when the owner's version retires.
+
+The owner's death. The driver keeps an exported allocation for the processes that mapped
+it, until the last of them closes it (measured with SIGKILL, with and without MPS, H100:
+the mapped rows stayed intact while another process filled 90% of the device's free
+memory), but nobody can open its handles any more. So the processes attached keep serving
+from the table, writes included (the gate is in the record, which they keep mapped), and
+log the death once; a process that loads the table from then on finds the owner dead,
+removes the record and becomes the owner of a new table. The old table's memory goes
+back to the device when the last process that maps it retires it (see
+docs/gpu-cache.md "One cache for every process").
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -35,6 +46,7 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +81,14 @@ _LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
 #: other load paths (ld.global.nc, .cg) they did not; the index's allocation, whole pages,
 #: never slowed. Our reading: a mapping of a partial last page is made of small pages.
 _PAGE = 2 << 20
+#: how often an attached process asks whether the table's owner is alive (to say so once)
+_OWNER_CHECK_S = 1.0
+
+#: the records this process owns, by key: a version of the same table loaded again in this
+#: process (a reload of the same files) uses their allocations, since a process cannot
+#: open its own IPC handles, and inherits them when the owner's version retires
+_OWNED: dict[str, SharedTableRecord] = {}
+_OWNED_LOCK = threading.Lock()
 
 
 def shared_dir() -> Path:
@@ -110,10 +130,19 @@ class SharedTableRecord:
         self._handles_used = 0
         self._mapped: list[int] = []  # pointers this process opened from handles
         self._own: list[Any] = []  # allocations of the owner, kept until freed
+        # the owner's record where this process owns the table too (see _OWNED), and the
+        # owner's list of such records
+        self._sibling: SharedTableRecord | None = None
+        self._siblings: list[SharedTableRecord] = []
         self._closed = False
         self.owner = self._open()
         self.gate = SharedGate(self._words[_GATE_AT // 8:(_GATE_AT + REGION_BYTES) // 8],
                                self._address + _GATE_AT, self._fd)
+        if self.owner:
+            with _OWNED_LOCK:
+                _OWNED[key] = self
+        elif self._sibling is None:
+            _watch_owner(self)
 
     # -- meeting --------------------------------------------------------------------------
 
@@ -126,10 +155,9 @@ class SharedTableRecord:
                 self._map(fd)
                 if self._wait_ready():
                     self._check_params()
+                    self._join_own_process()
                     return False
-                self._unmap()
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path)
+                self._take_over()
                 continue
             os.ftruncate(fd, RECORD_BYTES)
             self._map(fd)
@@ -160,17 +188,38 @@ class SharedTableRecord:
             os.close(self._fd)
             self._fd = -1
 
+    def _take_over(self) -> None:
+        """Removes the mapped record (its owner died, or retired it) so that this process
+        can make the table anew: unless another process already replaced it, under a lock
+        of the folder (two processes taking over remove one record, not each other's)."""
+        inode = os.fstat(self._fd).st_ino
+        self._unmap()
+        folder = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(self.path).st_ino == inode:
+                    os.unlink(self.path)
+        finally:
+            os.close(folder)  # the lock with it
+
     def _wait_ready(self) -> bool:
-        """Waits until the owner made the table ready; False if it died first."""
+        """Waits until the owner made the table ready; False if it died (its handles can
+        no longer be opened, before or after the table was ready) or retired it."""
         deadline = time.monotonic() + READY_TIMEOUT_S
         told = False
         while time.monotonic() < deadline:
             words = self._words
+            owner = int(words[_OWNER])
+            if owner and not pid_alive(owner):
+                return False
             if words[_MAGIC_W] == _MAGIC and words[_STATE] == READY:
                 return True
-            owner = int(words[_OWNER])
-            if words[_STATE] == RETIRED or (owner and not pid_alive(owner)):
+            if words[_STATE] == RETIRED:
                 return False
+            if owner == os.getpid():  # never ready while this process waits on itself
+                raise DeviceError(f"the shared GPU table {self.key} is still being built by "
+                                  "this process")
             if not told and owner:
                 log.info("waiting for process %d to load the shared GPU table %s", owner,
                          self.key)
@@ -178,6 +227,19 @@ class SharedTableRecord:
             time.sleep(0.01)
         raise DeviceError(f"the shared GPU table {self.key} was not ready after "
                           f"{READY_TIMEOUT_S:.0f} s (owner pid {int(self._words[_OWNER])})")
+
+    def _join_own_process(self) -> None:
+        """A table this process owns under another record (a version loaded again): its
+        allocations are the owner's, used directly."""
+        if int(self._words[_OWNER]) != os.getpid():
+            return
+        with _OWNED_LOCK:
+            owner = _OWNED.get(self.key)
+            if owner is None or owner._closed:
+                raise DeviceError(f"the shared GPU table {self.key} is this process's, but "
+                                  "this process no longer holds it")
+            self._sibling = owner
+            owner._siblings.append(self)
 
     def _check_params(self) -> None:
         theirs = [int(v) for v in self._words[_PARAMS:_PARAMS + len(self.params)]]
@@ -199,9 +261,9 @@ class SharedTableRecord:
             raise DeviceError("a shared GPU table has too many allocations")
         self._handles_used += 1
         at = _HANDLES_AT + index * _HANDLE_BYTES
-        rt = cp.cuda.runtime
         assert self._mm is not None
         if self.owner:
+            rt = cp.cuda.runtime
             mem = cp.cuda.memory.Memory(-(-max(nbytes, 1) // _PAGE) * _PAGE)
             handle = bytes(rt.ipcGetMemHandle(int(mem.ptr)))
             self._mm[at:at + _HANDLE_BYTES] = handle.ljust(_HANDLE_BYTES, b"\0")
@@ -211,6 +273,9 @@ class SharedTableRecord:
         if index >= int(self._words[_HANDLES]):
             raise DeviceError(f"the shared GPU table {self.key} has fewer allocations than "
                               "this process's table needs")
+        if self._sibling is not None:
+            return self._sibling._own[index]
+        rt = cp.cuda.runtime
         ptr = int(rt.ipcOpenMemHandle(bytes(self._mm[at:at + _HANDLE_BYTES]),
                                       _LAZY_PEER_ACCESS))
         self._mapped.append(ptr)
@@ -233,11 +298,20 @@ class SharedTableRecord:
         self.gate.drain_own()
         self.gate.release_slot()
         if not self.owner:
+            if self._sibling is not None:
+                with _OWNED_LOCK:
+                    with contextlib.suppress(ValueError):
+                        self._sibling._siblings.remove(self)
+                self._sibling = None
             with device:
                 for ptr in self._mapped:
                     with contextlib.suppress(Exception):
                         cp.cuda.runtime.ipcCloseMemHandle(ptr)
             self._mapped.clear()
+            self._unmap()
+            return
+        if self._hand_over():
+            free()  # this version's references: the heir keeps the allocations
             self._unmap()
             return
         self._words[_STATE] = RETIRED
@@ -246,6 +320,25 @@ class SharedTableRecord:
             return
         threading.Thread(target=self._free_when_alone, args=(free,), daemon=True,
                          name=f"hps-gpu-shared-retire-{self.key[:40]}").start()
+
+    def _hand_over(self) -> bool:
+        """The owner's version retires while another version of this process uses the
+        table: that one becomes the owner (the table is not retired). False if none."""
+        with _OWNED_LOCK:
+            heirs = [r for r in self._siblings if not r._closed]
+            self._siblings = []
+            if not heirs:
+                if _OWNED.get(self.key) is self:
+                    del _OWNED[self.key]
+                return False
+            heir = heirs[0]
+            heir.owner, heir._sibling, heir._own = True, None, self._own
+            heir._siblings = heirs[1:]
+            for other in heir._siblings:
+                other._sibling = heir
+            _OWNED[self.key] = heir
+            self._own = []
+            return True
 
     def _free_when_alone(self, free: Any) -> None:
         while self.gate.processes():
@@ -262,6 +355,51 @@ class SharedTableRecord:
     def attached(self) -> list[int]:
         """PIDs of the live processes attached to the table, this one included."""
         return self.gate.processes()
+
+    def owner_pid(self) -> int:
+        """The PID of the process that allocated the table."""
+        return int(self._words[_OWNER]) if self._words.size else 0
+
+
+def _watch_owner(record: SharedTableRecord) -> None:
+    """Says once, in a process that maps `record`'s table, that its owner died (the
+    table keeps serving here: see the module docstring). One thread for every record of
+    the process, started with the first."""
+    with _WATCH_LOCK:
+        _WATCHED.add(record)
+        global _watcher
+        if _watcher is None or not _watcher.is_alive():
+            _watcher = threading.Thread(target=_watch_owners, daemon=True,
+                                        name="hps-gpu-shared-owners")
+            _watcher.start()
+
+
+_WATCHED: weakref.WeakSet[SharedTableRecord] = weakref.WeakSet()
+_WATCH_LOCK = threading.Lock()
+_watcher: threading.Thread | None = None
+
+
+def _watch_owners() -> None:
+    while True:
+        time.sleep(_OWNER_CHECK_S)
+        with _WATCH_LOCK:
+            records = [r for r in _WATCHED if not r._closed]
+            _WATCHED.clear()
+            if not records:
+                global _watcher
+                _watcher = None
+                return
+        for record in records:
+            owner = record.owner_pid()
+            if owner and not record.owner and not pid_alive(owner):
+                log.warning(
+                    "process %d, which allocated the shared GPU table %s, died: this process "
+                    "keeps serving from the table it maps (the driver keeps the memory until "
+                    "the last process that maps it lets go); a process that loads the table "
+                    "from now on allocates a new one", owner, record.key)
+                continue  # said once
+            with _WATCH_LOCK:
+                _WATCHED.add(record)
 
 
 class SharedParts:

@@ -1,7 +1,9 @@
 """One GPU cache for every process of the host (gpu_cache_scope: host,
 hps/gpu/shared_cache.py), on a GPU: processes that map the owner's cache serve exact rows
-through the public call while every process's misses are inserted into it, a process is
-SIGKILLed mid-lookup, and a reload of new files moves the processes to a new cache."""
+through the public call while every process's misses are inserted into it and a process is
+SIGKILLed mid-lookup; while every process reloads the same files, online updates arrive
+through a real Redis stream and the owner is SIGKILLed, every row stays exact, and a
+process that loads afterwards makes a new cache."""
 
 from __future__ import annotations
 
@@ -120,3 +122,161 @@ def test_processes_share_one_cache_and_every_row_is_exact(model: Path) -> None:
     assert free_before - cupy.cuda.runtime.memGetInfo()[0] < 4 * gpu._table.memory_bytes() + (
         4 << 30)
     owner.close()
+
+
+# -- the cache's life: reloads, online updates, the owner's death -----------------------
+
+UPDATED = 2_000  # the first keys of the file, which the online updates change
+
+
+def _new_rows() -> np.ndarray:
+    return np.random.default_rng(99).standard_normal((UPDATED, DIM)).astype(np.float32)
+
+
+def _following(folder: Path, port: int, group: str) -> dict[str, Any]:
+    """The model, following a Redis stream with a consumer group of this process's own
+    (every process applies every update to its own tiers: docs/updates.md)."""
+    config = _config(folder)
+    config["update_source"] = {"type": "redis_stream", "address": f"127.0.0.1:{port}",
+                               "group": group, "poll_timeout_ms": 50}
+    return config
+
+
+def _applied(hps: Any) -> int:
+    status = hps.server.update_status()
+    return sum(int(t.get("rows", 0)) for t in status["tables"].values()) if status else 0
+
+
+def _hold(folder: str, shm: str, port: int, ready: Any, reload: Any) -> None:
+    """The owner: loads first (allocates the cache), reloads the same files when told (its
+    new version uses its own allocations and inherits them), then waits to be killed."""
+    os.environ["HPS_SHM_DIR"] = shm
+    from hps.api import HPS
+
+    hps = HPS(_following(Path(folder), port, "owner"))
+    ready.put(os.getpid())
+    reload.wait(300)
+    hps.server.reload_model("m")
+    ready.put("reloaded")
+    time.sleep(600)
+
+
+def _serve(folder: str, shm: str, port: int, seed: int, ready: Any, reload: Any,
+           updated: Any, stop: Any, out: Any) -> None:
+    """A caller process: mixed hits and misses of the keys the updates leave alone, every
+    row checked; reloads the same files when told; once told of the updates and once its
+    own tiers applied them, checks the updated keys' new rows too."""
+    os.environ["HPS_SHM_DIR"] = shm
+    import torch
+
+    from hps.api import HPS
+
+    hps = HPS(_following(Path(folder), port, f"caller-{seed}"))
+    keys, rows = _expected(Path(folder))
+    changed, new = keys[:UPDATED], _new_rows()
+    rng = np.random.default_rng(seed)
+    stream = torch.cuda.Stream()
+    torch.cuda.set_stream(stream)
+    result = torch.empty((N, DIM), device="cuda")
+    attached = hps.server.model("m").tables[0].gpu[0].attached  # type: ignore[attr-defined]
+    ready.put(os.getpid())
+    calls = wrong = checked = 0
+    reloaded = False
+    while not stop.is_set():
+        pick = rng.integers(UPDATED, KEYS + KEYS // 10, N)  # a tenth of the keys unknown
+        batch = np.where(pick < KEYS, keys[np.minimum(pick, KEYS - 1)], -1 - pick)
+        hps.lookup_fromdlpack(torch.as_tensor(batch, device="cuda"), result, "m", 0)
+        stream.synchronize()
+        want = np.where((pick < KEYS)[:, None], rows[np.minimum(pick, KEYS - 1)], 0.0)
+        wrong += int((result.cpu().numpy() != want).any(axis=1).sum())
+        calls += 1
+        if reload.is_set() and not reloaded:
+            hps.server.reload_model("m")  # the same files: the same shared cache
+            reloaded = True
+        if updated.is_set() and not checked and _applied(hps) >= UPDATED:
+            for at in range(0, UPDATED, N):
+                part = torch.as_tensor(changed[at:at + N], device="cuda")
+                hps.lookup_fromdlpack(part, result[:part.numel()], "m", 0)
+                stream.synchronize()
+                got = result[:part.numel()].cpu().numpy()
+                wrong += int((got != new[at:at + N]).any(axis=1).sum())
+                checked += part.numel()
+    hps.close()
+    out.put((calls, wrong, attached, reloaded, checked))
+
+
+def test_reloads_updates_and_the_owners_death_keep_every_row_exact(model: Path,
+                                                                 tmp_path: Path) -> None:
+    from hps.api import HPS
+    from hps.config import UpdateSourceConfig
+    from hps.tiers.contract import table_name
+    from hps.updates import codec
+    from hps.updates.open import open_publisher
+    from tests.support.redis_servers import RedisServer, eventually
+
+    redis = RedisServer(tmp_path / "redis").start()
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Queue(), ctx.Queue()
+    reload, updated, stop = ctx.Event(), ctx.Event(), ctx.Event()
+    shm = os.environ["HPS_SHM_DIR"]
+    procs: list[Any] = []
+    try:
+        owner = ctx.Process(target=_hold, args=(str(model), shm, redis.port, ready, reload))
+        owner.start()
+        procs.append(owner)
+        assert ready.get(timeout=300) == owner.pid
+        callers = [ctx.Process(target=_serve, args=(str(model), shm, redis.port, s, ready,
+                                                    reload, updated, stop, out))
+                   for s in range(3)]
+        for p in callers:
+            p.start()
+        procs += callers
+        for _ in callers:
+            ready.get(timeout=300)
+        time.sleep(1.0)
+        reload.set()  # every process reloads the same files, the owner included
+        assert ready.get(timeout=300) == "reloaded"
+        time.sleep(1.0)
+        keys, _ = _expected(model)
+        config = _following(model, redis.port, "publisher")
+        publisher = open_publisher(UpdateSourceConfig(**config["update_source"]))
+        try:
+            new = _new_rows()
+            publisher.publish(table_name("m", "sparse_embedding0"),  # HugeCTR's default name
+                              [codec.encode(keys[i:i + 500], new[i:i + 500])
+                               for i in range(0, UPDATED, 500)])
+        finally:
+            publisher.close()
+        updated.set()
+        time.sleep(2.0)
+        os.kill(owner.pid, signal.SIGKILL)  # the process that allocated the cache
+        owner.join(30)
+        time.sleep(1.5)  # the others go on serving from the cache they map
+        # a process that loads the model now cannot map the dead owner's memory: it
+        # allocates a new cache, serving the file's rows and the updates exactly
+        late = HPS(_following(model, redis.port, "late"))
+        gpu = late.server.model("m").tables[0].gpu[0]  # type: ignore[attr-defined]
+        assert not gpu.attached
+        eventually(lambda: _assert_applied(late), 60, "the late process applied the updates")
+        changed = keys[:UPDATED]
+        got = np.concatenate([late.lookup(changed[i:i + N], "m", 0)
+                              for i in range(0, UPDATED, N)])
+        assert np.array_equal(got, new)
+        stop.set()
+        results = [out.get(timeout=300) for _ in callers]
+        late.close()
+    finally:
+        stop.set()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(30)
+        redis.close()
+    assert all(r[0] > 10 for r in results), results
+    assert [r[1] for r in results] == [0, 0, 0], results
+    assert all(r[2] and r[3] for r in results), results  # they mapped it and reloaded
+    assert all(r[4] == UPDATED for r in results), results  # each saw the new rows
+
+
+def _assert_applied(hps: Any) -> None:
+    assert _applied(hps) >= UPDATED

@@ -2,7 +2,8 @@
 hps/gpu/shared_cache.py), in real processes, with no GPU: the record's election and
 parameters, writers excluded from every process's readers (a torn read is counted), a
 reader or a writer SIGKILLed mid-operation, the owner's memory kept until the last process
-is gone."""
+is gone, the owner killed after the table was ready, a version loaded again in the owner's
+process."""
 
 from __future__ import annotations
 
@@ -235,6 +236,69 @@ def test_the_owner_frees_a_retired_table_when_the_last_process_detaches(shm: Pat
         time.sleep(0.05)
     assert freed == [1]
     assert not path.exists()
+
+
+def _own_ready_and_wait(shm: str, key: str, ready: Any) -> None:
+    os.environ["HPS_SHM_DIR"] = shm
+    _owner(key)
+    ready.set()
+    time.sleep(600)
+
+
+def test_an_owner_killed_leaves_the_table_to_its_processes_and_a_new_one_is_made(
+        shm: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import hps.gpu.shared_cache as shared_cache
+
+    monkeypatch.setattr(shared_cache, "_OWNER_CHECK_S", 0.05)
+    ready = mp.get_context("spawn").Event()
+    proc = _run(_own_ready_and_wait, str(shm), "t", ready)
+    assert ready.wait(60)
+    attached = SharedTableRecord("t", PARAMS)  # maps the table before its owner dies
+    assert not attached.owner and attached.owner_pid() == proc.pid
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(30)
+    # the process attached keeps its table: its writes and queries still go through the
+    # gate, which lives in the record it maps
+    attached.gate.close()
+    attached.gate.open()
+    attached.gate.enter()
+    attached.gate.leave_locked()
+    with caplog.at_level("WARNING", logger="hps"):
+        deadline = time.monotonic() + 10
+        while "died" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+    said = [r for r in caplog.records if f"process {proc.pid}, which allocated" in r.message]
+    assert len(said) == 1, caplog.text  # once, not every check
+    # a process that loads the table now cannot open the dead owner's handles: it makes
+    # a new table under a new record, and the processes still on the old one keep theirs
+    newcomer = SharedTableRecord("t", PARAMS)
+    assert newcomer.owner and newcomer.owner_pid() == os.getpid()
+    assert newcomer.path.stat().st_ino != os.fstat(attached._fd).st_ino  # noqa: SLF001
+    assert attached.owner_pid() == proc.pid
+    newcomer.publish()
+    again = SharedTableRecord("t", PARAMS)  # and the next one joins the new table
+    assert not again.owner and again.owner_pid() == os.getpid()
+
+
+def test_a_version_loaded_again_in_the_owners_process_inherits_the_table(shm: Path) -> None:
+    owner = _owner("t")
+    allocations = [object(), object()]
+    owner._own.extend(allocations)  # noqa: SLF001 (what memory() keeps: CuPy's, on a GPU)
+    again = SharedTableRecord("t", PARAMS)  # a reload of the same files, same process
+    assert not again.owner
+    owner._words[3] = len(allocations)  # noqa: SLF001 (handles published)
+    assert [again.memory(None, 1), again.memory(None, 1)] == allocations  # no IPC open
+    freed: list[int] = []
+    owner.close(None, contextlib.nullcontext(), lambda: freed.append(1))
+    # the old version's references go; the table stays, owned by the new version
+    assert freed == [1] and again.owner
+    assert int(np.frombuffer(again.path.read_bytes()[:16], np.int64)[1]) == READY
+    third = SharedTableRecord("t", PARAMS)
+    assert not third.owner  # still the one table to join
+    third.close(None, contextlib.nullcontext(), lambda: freed.append(3))  # its caller frees
+    again.close(None, contextlib.nullcontext(), lambda: freed.append(2))
+    assert freed == [1, 2] and not again.path.exists()  # the last one out frees it
 
 
 def test_records_live_under_the_shared_memory_folder(shm: Path) -> None:

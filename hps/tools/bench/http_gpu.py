@@ -239,9 +239,6 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(result))
 
 
-if __name__ == "__main__":
-    main()
-
 
 def _gpu_memory() -> tuple[int, list[int]]:
     from hps.tools.bench.gpu_processes import gpu_memory
@@ -253,3 +250,7 @@ def _mps_found() -> bool:
     from hps.runtime.mps import daemon_found
 
     return daemon_found()
+
+
+if __name__ == "__main__":
+    main()
