@@ -32,6 +32,9 @@ LAYOUTS = {
     "replicated dynamic": {"gpucacheper": 0.4, "hit_rate_threshold": 1.0},
     "replicated static": {"embedding_cache_type": "static"},
     "replicated uvm": {"embedding_cache_type": "uvm", "gpucacheper": 0.3},
+    # one cache per device for every process of the host (this test's process owns them)
+    "replicated dynamic, host scope": {"gpucacheper": 0.4, "hit_rate_threshold": 1.0,
+                                       "gpu_cache_scope": "host"},
     "sharded dynamic": {"gpu_sharding": "row_wise", "gpucacheper": 0.4,
                         "hit_rate_threshold": 1.0},
     "sharded static": {"gpu_sharding": "row_wise", "embedding_cache_type": "static"},

@@ -9,11 +9,15 @@ each batch size:
   threads' current device left at 0: the call serves keys on device k from device k's
   cache whatever the thread's current device): keys/s of them all, and the ratio to one
   device (the target: >= 1.9x on 2 GPUs).
+And in processes, the way past the GIL (hps/tools/bench/gpu_processes.py's caller): one
+process per device, each loading the model deployed on its device alone (replicated: a
+cache each), on its own stream; one process on device 0 alone, then every process at once.
 Every output is checked against the model file's rows after the timing.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import tempfile
 import threading
 import time
@@ -49,7 +53,55 @@ def bench_devices(dim: int = 64, table_keys: int = 1 << 22, seconds: float = 2.0
                                      draws(rng, table_keys, n, 4, alpha, False))
         finally:
             hps.close()
+        del rows
+        for n in BATCHES:
+            results += _process_per_device(Path(tmp), devices, n, dim, seconds, alpha, seed)
     return results
+
+
+def _process_per_device(folder: Path, devices: list[int], n: int, dim: int, seconds: float,
+                        alpha: float, seed: int) -> list[dict[str, Any]]:
+    """keys/s of one process on device 0, then of a process on every device at once."""
+    from hps.tools.bench.gpu_processes import caller, process_config
+
+    ctx = mp.get_context("spawn")
+    ready, results = ctx.Queue(), ctx.Queue()
+    gos = [ctx.Queue() for _ in devices]
+    procs = []
+    for index, device in enumerate(devices):
+        setup = {"folder": str(folder), "n": n, "dim": dim, "device": device, "alpha": alpha,
+                 "seed": seed, "cached": 1.0,
+                 "config": process_config(folder, dim, n, device, 1.0, "process")}
+        p = ctx.Process(target=caller, daemon=True,
+                        args=(index, "own caches", setup, None, ready, gos[index], results))
+        p.start()
+        procs.append(p)
+
+    def point(count: int) -> tuple[float, int]:
+        for index in range(count):
+            gos[index].put(seconds)
+        got = [results.get(timeout=seconds * 10 + 300) for _ in range(count)]
+        return (sum(g[1] for g in got) / max(g[2] for g in got), sum(g[4] for g in got))
+
+    try:
+        for _ in devices:
+            ready.get(timeout=900)
+        one, wrong_one = point(1)
+        every, wrong_every = point(len(devices))
+    finally:
+        for q in gos:
+            q.put(None)
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    return [
+        {"bench": "devices", "dim": dim, "batch": n, "mode": "1 GPU, 1 process",
+         "mkeys_s": one / 1e6, "wrong_rows": wrong_one},
+        {"bench": "devices", "dim": dim, "batch": n,
+         "mode": f"{len(devices)} GPUs, a process each", "mkeys_s": every / 1e6,
+         "vs_one": every / one, "wrong_rows": wrong_every},
+    ]
 
 
 def _one_size(hps: Any, torch: Any, devices: list[int], keys: np.ndarray, rows: np.ndarray,

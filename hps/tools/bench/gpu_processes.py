@@ -48,7 +48,7 @@ HKV_AT_8 = 205.0
 MODEL = "bench"
 
 
-def _config(folder: Path, dim: int, n: int, device_id: int, cached: float,
+def process_config(folder: Path, dim: int, n: int, device_id: int, cached: float,
             scope: str) -> dict[str, Any]:
     return folder_config(folder, dim, n, device_id, model=MODEL, gpucacheper=cached,
                          hit_rate_threshold=1.0, embedding_cache_type="dynamic",
@@ -56,7 +56,7 @@ def _config(folder: Path, dim: int, n: int, device_id: int, cached: float,
                          gpu_cache_scope=scope)
 
 
-def _caller(index: int, family: str, setup: dict[str, Any], dense: Any, ready: Any,
+def caller(index: int, family: str, setup: dict[str, Any], dense: Any, ready: Any,
             go: Any, results: Any) -> None:
     """One process: load (or map), warm its workspaces, then at each `go` signal run the
     point it is part of and put (index, keys, seconds, latencies, wrong rows)."""
@@ -146,12 +146,12 @@ def _family(family: str, workload: str, setup: dict[str, Any], dense: Any,
     cached = 0.25 if "25%" in workload else 1.0
     scope = "host" if family == "shared cache" else "process"
     setup = {**setup, "cached": cached,
-             "config": _config(Path(setup["folder"]), setup["dim"], setup["n"],
+             "config": process_config(Path(setup["folder"]), setup["dim"], setup["n"],
                                setup["device"], cached, scope)}
     procs = []
     for index in range(most):
         shared = dense if family == "floor" else None  # only the floor maps the dense table
-        p = ctx.Process(target=_caller, daemon=True,
+        p = ctx.Process(target=caller, daemon=True,
                         args=(index, family, setup, shared, ready, gos[index], results))
         p.start()
         procs.append(p)
