@@ -576,14 +576,19 @@ class DeviceTable(WriteOrder, HostRowUpdates, SharedParts):
                 return
             self._closed = True
             self._gate.close()  # for good: the locked path raises from now on
-            with self._device:
-                for ev_ptr in tuple(self._inflight):
-                    self._rt.eventSynchronize(ev_ptr)
-                self._stream.synchronize()
-            self._retire.clear()
-            self._write_event = None
+            self._finish_work()
             self._keys = self._vecs = None
             self._free_extra()
+
+    def _finish_work(self) -> None:
+        """Waits for this process's queries in flight and the table's writes, and drops
+        the inputs the writes kept alive (the lock held, the table marked closed)."""
+        with self._device:
+            for ev_ptr in tuple(self._inflight):
+                self._rt.eventSynchronize(ev_ptr)
+            self._stream.synchronize()
+        self._retire.clear()
+        self._write_event = None
 
     def _free_extra(self) -> None:
         pass

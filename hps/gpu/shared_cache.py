@@ -405,25 +405,23 @@ def _watch_owners() -> None:
 class SharedParts:
     """What a DeviceTable (hps/gpu/device_table.py) does differently when it is shared by
     the host's processes: its close, its publication once ready, its emptying after a
-    writer died. Uses the table's `_shared`, `_lock`, `_closed`, `_device`, `_inflight`,
-    `_rt`, `_stream`, `_retire`, `_write_event`, `_cp`, `_keys`, `_vecs`, `_flags` and
-    `_free_extra`."""
+    writer died. Uses the table's `_shared`, `_lock`, `_closed`, `_device`, `_stream`,
+    `_cp`, `_keys`, `_vecs`, `_flags`, `_finish_work` and `_free_extra`."""
 
     _shared: SharedTableRecord | None
     _lock: Any
     _closed: bool
     _device: Any
-    _inflight: dict[int, int]
-    _rt: Any
     _stream: Any
-    _retire: Any
-    _write_event: Any
     _cp: Any
     _keys: Any
     _vecs: Any
     _flags: Any
 
     def _free_extra(self) -> None:
+        raise NotImplementedError
+
+    def _finish_work(self) -> None:
         raise NotImplementedError
 
     def _close_shared(self) -> None:
@@ -435,12 +433,7 @@ class SharedParts:
             if self._closed:
                 return
             self._closed = True  # the locked path raises from now on, the fast path falls back
-            with self._device:
-                for ev_ptr in tuple(self._inflight):
-                    self._rt.eventSynchronize(ev_ptr)
-                self._stream.synchronize()
-            self._retire.clear()
-            self._write_event = None
+            self._finish_work()
 
         def free() -> None:
             self._keys = self._vecs = None
