@@ -13,7 +13,9 @@ per row family; the first N of them run at each point. Families, side by side:
   process);
 - shared cache: every process serves the model from one GPU cache per device
   (gpu_cache_scope host, hps/gpu/shared_cache.py): the first allocates and warms it up,
-  the others map it.
+  the others map it;
+- threads: N threads of one process instead, each on its own stream (the threads
+  profile, hps/tools/bench/gpu_threads.py, run in a process of its own), for comparison.
 
 Workloads: "all hits" (power-law keys, alpha 1.1, the whole table cached: gpucacheper 1)
 and "cache 25%" (the same keys, a dynamic cache of a quarter of the table, misses fetched
@@ -21,6 +23,10 @@ from the in-process tier and inserted). Every process checks its last output aga
 model files. Beside each row: whether an MPS control daemon answers (hps/runtime/mps.py),
 the GPU memory in use on the device while the eight processes are loaded, and what
 nvidia-smi lists per process (MiB). `targets` reads issue 59's targets off the rows.
+
+`--mps both` runs the whole profile twice, each time in a child process: with an MPS
+control daemon this bench starts in a temporary pipe directory, and with none (an empty
+one): the rows of both, MPS on and off, in one table.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import json
 import multiprocessing as mp
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +48,8 @@ from hps.tools.bench.gpu_public import folder_config
 from hps.tools.bench.gpu_threads import draws
 
 PROCESS_COUNTS = (1, 2, 4, 8)
-FAMILIES = ("floor", "own caches", "shared cache")
+FAMILIES = ("floor", "threads", "own caches", "shared cache")
+MPS_MODES = ("as-is", "on", "off", "both")
 WORKLOADS = ("all hits", "cache 25%")
 #: HierarchicalKV's C++ find from 8 threads on one H100 (issue 39's measurement)
 HKV_AT_8 = 205.0
@@ -192,6 +200,36 @@ def _family(family: str, workload: str, setup: dict[str, Any], dense: Any,
     return rows
 
 
+def _threads_child(table_keys: int, seconds: float, workload: str, results: Any) -> None:
+    from hps.tools.bench.gpu_threads import bench_threads
+
+    results.put(bench_threads(table_keys=table_keys, seconds=seconds, workloads=(workload,),
+                              stream_per_thread=True))
+
+
+def _threads(workload: str, setup: dict[str, Any], seconds: float) -> list[dict[str, Any]]:
+    """The threads profile's rows for `workload`, from a process of their own, as rows of
+    this profile (threads in place of processes)."""
+    from hps.runtime.mps import daemon_found
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    name = "all hits, power law" if workload == "all hits" else "cache 25%, power law"
+    p = ctx.Process(target=_threads_child, daemon=True,
+                    args=(setup["table_keys"], seconds, name, results))
+    p.start()
+    try:
+        got = results.get(timeout=900)
+    finally:
+        p.join(60)
+    return [{"bench": "processes", "family": "threads", "workload": workload,
+             "processes": r["threads"], "mkeys_s": r["mkeys_s"], "p50_us": float("nan"),
+             "p99_us": r["p99_us"], "vs_threads_floor": r["vs_floor"],
+             "wrong_rows": r["wrong_rows"], "mps": daemon_found(), "each_mkeys_s": [],
+             "hit_rate": float("nan"), "gpu_used_mib": -1, "per_process_mib": []}
+            for r in got]
+
+
 def bench_processes(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
                     alpha: float = 1.1, seconds: float = 3.0, device_id: int = 0,
                     seed: int = 0, workloads: tuple[str, ...] = WORKLOADS,
@@ -211,11 +249,14 @@ def bench_processes(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
         dense = torch.as_tensor(rows, device=f"cuda:{device_id}")
         del rows
         setup = {"folder": str(folder), "n": n, "dim": dim, "device": device_id,
-                 "alpha": alpha, "seed": seed}
+                 "alpha": alpha, "seed": seed, "table_keys": table_keys}
         for workload in workloads:
             for family in families:
                 if family == "floor" and workload != WORKLOADS[0]:
                     continue  # the floor has no misses: one family of rows
+                if family == "threads":
+                    out += _threads(workload, setup, seconds)
+                    continue
                 out += _family(family, workload, setup, dense, seconds)
         del dense
     return out
@@ -223,15 +264,15 @@ def bench_processes(dim: int = 64, n: int = 2000, table_keys: int = 1 << 22,
 
 def format_processes(rows: list[dict[str, Any]]) -> str:
     """The rows as the profile's table, each beside the floor and the own caches at N."""
-    floor = {r["processes"]: r["mkeys_s"] for r in rows if r["family"] == "floor"}
-    own = {(r["workload"], r["processes"]): r["mkeys_s"] for r in rows
+    floor = {(r["mps"], r["processes"]): r["mkeys_s"] for r in rows if r["family"] == "floor"}
+    own = {(r["mps"], r["workload"], r["processes"]): r["mkeys_s"] for r in rows
            if r["family"] == "own caches"}
     lines = [f"{'family, workload':30s} {'N':>2s} {'M keys/s':>9s} {'p50 us':>7s} "
              f"{'p99 us':>7s} {'x floor':>8s} {'x own':>6s} {'wrong':>6s} {'MPS':>4s} "
              f"{'GPU MiB':>8s}  per process MiB"]
     for r in rows:
-        f = floor.get(r["processes"])
-        o = own.get((r["workload"], r["processes"]))
+        f = floor.get((r["mps"], r["processes"]))
+        o = own.get((r["mps"], r["workload"], r["processes"]))
         lines.append(
             f"{r['family'] + ', ' + r['workload']:30s} {r['processes']:2d} "
             f"{r['mkeys_s']:9.1f} {r['p50_us']:7.0f} {r['p99_us']:7.0f} "
@@ -244,10 +285,14 @@ def format_processes(rows: list[dict[str, Any]]) -> str:
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 59's targets of the processes profile: the shared cache >= 0.9x the own
-    caches at each N (with misses: >= 1.0x), >= 2x HierarchicalKV at 8 with all hits,
-    p99 <= 100 us at 8, every vector exact."""
+    """Issue 59's targets of the processes profile (of the rows with MPS on, where there
+    are such): the shared cache >= 0.9x the own caches at each N (with misses: >= 1.0x),
+    >= 2x HierarchicalKV at 8 with all hits, p99 <= 100 us at 8; threads >= their floor
+    (index_select from the same threads) at 2, 4 and 8, p99 <= 1 ms at 8; every vector
+    exact."""
     rows = [r for r in rows if r.get("bench") == "processes"]
+    if any(r["mps"] for r in rows):
+        rows = [r for r in rows if r["mps"]]
     own = {(r["workload"], r["processes"]): r for r in rows if r["family"] == "own caches"}
     out = []
 
@@ -257,6 +302,11 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         name = f"{r['family']}, {r['workload']}, {r['processes']} processes"
         add(f"{name}: every vector exact", r["wrong_rows"], r["wrong_rows"] == 0)
+        if r["family"] == "threads" and r["processes"] > 1:
+            name = f"threads, {r['workload']}, {r['processes']} threads"
+            add(f"{name}: >= their floor", r["vs_threads_floor"], r["vs_threads_floor"] >= 1.0)
+            if r["processes"] == max(PROCESS_COUNTS):
+                add(f"{name}: p99 <= 1 ms", r["p99_us"], r["p99_us"] <= 1000.0)
         if r["family"] != "shared cache":
             continue
         o = own.get((r["workload"], r["processes"]))
@@ -281,10 +331,19 @@ def main() -> None:
     parser.add_argument("--workload", action="append", choices=WORKLOADS)
     parser.add_argument("--family", action="append", choices=FAMILIES)
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--mps", choices=MPS_MODES, default="as-is",
+                        help="as-is: whatever daemon the environment has; on / off / both: "
+                             "the profile in a child process with a daemon this bench "
+                             "starts, with none, or each in turn")
     args = parser.parse_args()
-    rows = bench_processes(seconds=args.seconds, table_keys=args.table_keys,
-                           workloads=tuple(args.workload or WORKLOADS),
-                           families=tuple(args.family or FAMILIES))
+    if args.mps == "as-is":
+        rows = bench_processes(seconds=args.seconds, table_keys=args.table_keys,
+                               workloads=tuple(args.workload or WORKLOADS),
+                               families=tuple(args.family or FAMILIES))
+    else:
+        argv = _without_option(_without_option(sys.argv[1:], "--json"), "--mps")
+        rows = [r for mode in (("on", "off") if args.mps == "both" else (args.mps,))
+                for r in _with_mps(mode, argv)]
     print(format_processes(rows), flush=True)
     found = targets(rows)
     unmet = [t for t in found if t["met"] != "yes"]
@@ -293,6 +352,46 @@ def main() -> None:
           flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+def _without_option(argv: list[str], option: str) -> list[str]:
+    """argv less `option` and its value (as `--option value` or `--option=value`)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out
+
+
+def _with_mps(mode: str, argv: list[str]) -> list[dict[str, Any]]:
+    """The profile's rows from a child process run with an MPS control daemon started
+    here in a temporary pipe directory (mode "on"), or with an empty one ("off")."""
+    from hps.errors import HPSError
+    from hps.runtime import mps
+
+    with tempfile.TemporaryDirectory(prefix="hps-mps-") as tmp:
+        pipes, logs = Path(tmp) / "pipe", Path(tmp) / "log"
+        pipes.mkdir()
+        logs.mkdir()
+        if mode == "on":
+            mps.start(pipes, logs)
+        try:
+            out = Path(tmp) / "rows.json"
+            env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipes),
+                   "CUDA_MPS_LOG_DIRECTORY": str(logs)}
+            print(f"-- MPS {mode}", flush=True)
+            subprocess.run([sys.executable, "-m", "hps.tools.bench.gpu_processes", *argv,
+                            "--json", str(out)], env=env, check=True)
+            return list(json.loads(out.read_text()))
+        finally:
+            if mode == "on":
+                with contextlib.suppress(HPSError):
+                    mps.stop(pipes, 10.0)
 
 
 if __name__ == "__main__":
