@@ -53,3 +53,18 @@ def test_the_command_refuses_an_unknown_client_before_it_runs() -> None:
     assert ("Invalid value for '--load-client': 'httpx' is not one of raw, http.client"
             in " ".join(result.stderr.split()))
     assert "Traceback" not in result.stderr
+
+
+def test_the_table_served_from_rocksdb_alone() -> None:
+    """`tier="rocksdb"`: the server reads RocksDB only, and answers every level."""
+    result = bench_overload(num_keys=2000, dim=8, batch=16, levels=(1, 2), seconds=0.5,
+                            warmup=0.2, backoffs=(None,), tier="rocksdb")
+    assert result["tier"] == "rocksdb"
+    assert [r["clients"] for r in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["served_per_s"] > 0 and row["other"] == 0
+
+
+def test_an_unknown_tier_is_refused_before_a_server_starts() -> None:
+    with pytest.raises(ValueError, match="tier: one of hash_map, rocksdb"):
+        bench_overload(levels=(1, 2), tier="redis")

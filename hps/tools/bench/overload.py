@@ -1,7 +1,8 @@
 """Overload: many client processes against one `hps serve`, beside its own peak.
 
-`bench_overload()` serves one table (`num_keys` keys, width `dim`, the in-process hash map
-tier, `lookup_threads` lookup threads, so lookups pass the server's admission rule,
+`bench_overload()` serves one table (`num_keys` keys, width `dim`, from `tier`: the
+in-process hash map, or RocksDB alone as the persistent tier with no volatile one,
+`lookup_threads` lookup threads, so lookups pass the server's admission rule,
 hps/http/admission.py) with `hps serve` in a subprocess, then runs closed-loop client
 *processes* (one keep-alive connection each, binary v1 lookups of `batch` keys, each
 request carrying `X-HPS-Deadline-Ms: deadline_ms` unless 0) at every client count of
@@ -61,6 +62,8 @@ BACKOFFS: tuple[float | None, ...] = (None, 0.02)
 #: two headers and the body (hps/tools/bench/raw_http.py): a third or less of the CPU
 #: http.client takes a request, which the 2-core machine takes from the server measured
 CLIENTS = ("raw", "http.client")
+#: where the served table lives: the in-process hash map, or RocksDB alone
+TIERS = ("hash_map", "rocksdb")
 PATH = f"/v1/models/{MODEL}/tables/{TABLE}/lookup"
 
 
@@ -215,7 +218,8 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
                    seconds: float = 5.0, warmup: float = 1.0, deadline_ms: int = 10,
                    lookup_threads: int = 2,
                    backoffs: tuple[float | None, ...] = BACKOFFS, rounds: int = 1,
-                   client: str = "raw", seed: int = 0) -> dict[str, Any]:
+                   client: str = "raw", tier: str = "hash_map",
+                   seed: int = 0) -> dict[str, Any]:
     """Served rate, p99, shed and expired counts at each client count of `levels`, the
     last once per client behaviour of `backoffs`, all of it `rounds` times against one
     server (see the module's docstring). `summaries` compare the last level with the
@@ -232,6 +236,8 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
         raise ValueError("rounds: at least 1")
     if client not in CLIENTS:
         raise ValueError(f"client: one of {', '.join(CLIENTS)}, not {client!r}")
+    if tier not in TIERS:
+        raise ValueError(f"tier: one of {', '.join(TIERS)}, not {tier!r}")
     keys, vectors = make_table(num_keys, dim, seed=seed)
     rng = np.random.default_rng(seed + 1)
     bodies = [keys[rng.integers(0, num_keys, batch)].astype("<i8").tobytes()
@@ -245,6 +251,9 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
     try:
         write_sparse_model(tmp / TABLE, keys, vectors)
         config = one_table_config(dim, batch)
+        if tier == "rocksdb":  # the rows in RocksDB (loaded at start), nothing above it
+            config["volatile_db"] = {"type": "disabled"}
+            config["persistent_db"] = {"type": "rocks_db", "path": str(tmp / "rocksdb")}
         (tmp / "ps.json").write_text(json.dumps(config))
         pids: list[int] = []
         with _http_server(tmp / "ps.json", _free_port(), lookup_threads, None,
@@ -269,21 +278,24 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
         "summaries": summaries,
         "num_keys": num_keys, "dim": dim, "batch": batch, "seconds": seconds,
         "deadline_ms": deadline_ms, "lookup_threads": lookup_threads, "rounds": rounds,
+        "tier": tier,
         "client": f"one process per client, {client} keep-alive (TCP_NODELAY)",
     }
 
 
 def print_overload(clients: int, seconds: float, rounds: int, client: str,
                    table: Callable[[list[dict[str, Any]], str], None],
-                   say: Callable[[str], None] = print) -> dict[str, Any]:
+                   say: Callable[[str], None] = print, tier: str = "hash_map"
+                   ) -> dict[str, Any]:
     """`bench_overload` at 1, 2, 4, 8, 16 (those below `clients`) and `clients` client
     processes, its figures printed through `table(rows, title)` (a table a round: one
     column a level fits 80 columns, every round's levels did not) and `say(line)`;
     returns them."""
     levels = tuple(n for n in (1, 2, 4, 8, 16) if n < clients) + (clients,)
     say(f"client processes {', '.join(map(str, levels))}, {seconds:g} s each, "
-        f"{rounds} rounds …")
-    result = bench_overload(levels=levels, seconds=seconds, rounds=rounds, client=client)
+        f"{rounds} rounds, the table in {tier} …")
+    result = bench_overload(levels=levels, seconds=seconds, rounds=rounds, client=client,
+                            tier=tier)
     for round_ in range(rounds):
         table([{"name": f"{r['clients']}" + ("" if r["backoff"] == "Retry-After"
                                              else f", {r['backoff']}"),
@@ -350,6 +362,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--client", choices=CLIENTS, default="raw",
                         help="the client of each process (default raw: prepared bytes "
                              "on a socket, the least CPU taken from the server)")
+    parser.add_argument("--tier", choices=TIERS, default="hash_map",
+                        help="where the served table lives: the in-process hash map, or "
+                             "RocksDB alone (no volatile tier)")
     args = parser.parse_args(argv)
     backoffs = tuple(None if b.strip().lower() == "retry-after" else float(b) / 1000
                      for b in args.backoff.split(","))
@@ -357,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
                             tuple(int(n) for n in args.levels.split(",")),
                             seconds=args.seconds, deadline_ms=args.deadline_ms,
                             lookup_threads=args.lookup_threads, backoffs=backoffs,
-                            rounds=args.rounds, client=args.client)
+                            rounds=args.rounds, client=args.client, tier=args.tier)
     print(json.dumps(result, indent=2))
 
 

@@ -20,7 +20,7 @@ from rich.table import Table
 from hps.errors import HPSError
 from hps.tools.bench.gpu_rows import PROFILES
 from hps.tools.bench.load import BASELINE, BENCH_FORMATS
-from hps.tools.bench.overload import CLIENTS
+from hps.tools.bench.overload import CLIENTS, TIERS
 from hps.tools.cli.app import HELP_OPTIONS, console, err_console, fail
 from hps.tools.cli.choices import one_of
 from hps.tools.cli.key_counts import count_option, counts_option
@@ -386,6 +386,9 @@ def bench_http_cmd(
     load_client: str = typer.Option("raw", callback=one_of(CLIENTS), help="With --overload: "
         "each client process's HTTP client, 'raw' (prepared bytes on a socket, the least CPU "
         "taken from the server) or 'http.client'."),
+    tier: str = typer.Option("hash_map", callback=one_of(TIERS), help="With --overload: "
+        "where the served table lives, 'hash_map' (in process) or 'rocksdb' (RocksDB "
+        "alone, no volatile tier)."),
     workers: Optional[int] = typer.Option(
         None, min=1, help="Instead: `hps serve` with 1 and with this many workers beside "
         "the bare uvicorn floor with as many, driven by --client-processes; RSS and PSS "
@@ -421,7 +424,7 @@ def bench_http_cmd(
         print_refusals(_say)
         return
     if overload:
-        _overload(clients if clients != 8 else 64, seconds, rounds, load_client)
+        _overload(clients if clients != 8 else 64, seconds, rounds, load_client, tier)
         return
     if gpu:
         return _http_gpu(keys, dim, batch, client_processes, seconds, lookup_threads,
@@ -490,10 +493,10 @@ def _http_gpu(keys: int, dim: int, batch: Any, processes: Any, seconds: float,
                    _print_bench, _say, workers=workers)
 
 
-def _overload(clients: int, seconds: float, rounds: int, client: str) -> None:
+def _overload(clients: int, seconds: float, rounds: int, client: str, tier: str) -> None:
     from hps.tools.bench.overload import print_overload
 
-    print_overload(clients, seconds, rounds, client, _print_bench, _say)
+    print_overload(clients, seconds, rounds, client, _print_bench, _say, tier)
 
 
 def _say(line: str) -> None:
