@@ -21,24 +21,24 @@ appended an op answers once it applied the op itself and every live worker acked
 most ACK_WAIT seconds; a worker that dies is not waited for), so after the answer every
 worker serves the new version; each swaps it in atomically, as one process does.
 
-A worker started again (after it died) replays the log compacted: the last successful
-load or add of each model still served, mapping the tables the leader holds, before it
-takes requests (hps/http/workers_child.py), then follows the log as before. A leader
-started again replays the ops that have an outcome, then applies the first one without
-(the op its predecessor died in) again, after removing the shared tables that op had
-begun (`_remove_unfinished`); the supervisor fails an op the leader died in twice
-(hps/http/workers.py), so the log always goes on. In Redis and
-RocksDB it reads each version where the outcome says the leader stored it (`_place`),
-whatever its own registry names it; the leader drops the tables a change replaced there
-only once every live worker applied the change (hps/http/workers_drops.py). A follower's
-RocksDB is a secondary instance of the leader's store (hps/tiers/rocksdb/secondary.py),
-opened again before each op.
+A worker started again (after it died) replays the log compacted: the last successful load
+or add of each model still served, mapping the tables the leader holds, before it takes
+requests (hps/http/workers_child.py), then follows the log as before. A leader started
+again replays the ops that have an outcome, then applies the first one without (the op its
+predecessor died in) again, after removing the shared tables that op had begun
+(`_remove_unfinished`); the supervisor fails an op the leader died in twice
+(hps/http/workers.py), so the log always goes on. In Redis and RocksDB it reads each
+version where the outcome says the leader stored it (`_place`), whatever its own registry
+names it; the leader drops the tables a change replaced there only once every live worker
+applied the change (hps/http/workers_drops.py). A follower's RocksDB is a secondary
+instance of the leader's store (hps/tiers/rocksdb/secondary.py), opened again before each
+op.
 
 A model counts as served by the server (`models`: /readyz, /v1/models) once every live
-worker serves it. Only the leader consumes online updates: its /readyz shows their state, and
-/metrics shows the leader's update figures whichever worker answers
-(hps/http/workers_metrics.py). A prefetch asked of one worker runs in every worker
-through the run's prefetch board, which the same thread reads (hps/http/workers_prefetch.py).
+worker serves it. Only the leader consumes online updates: its /readyz shows their state,
+and /metrics shows the leader's update figures whichever worker answers
+(hps/http/workers_metrics.py). A prefetch asked of one worker runs in every worker through
+the run's prefetch board, which the same thread reads (hps/http/workers_prefetch.py).
 """
 
 from __future__ import annotations
@@ -190,10 +190,9 @@ class OpLog:
 
     def served(self, index: int, pid: int) -> bool:
         """Whether worker `index`'s process `pid` got as far as taking requests."""
-        try:
+        with contextlib.suppress(FileNotFoundError, ValueError):
             return int((self.folder / "serving" / str(index)).read_text()) == pid
-        except (FileNotFoundError, ValueError):
-            return False
+        return False
 
     def unfinished(self) -> int | None:
         """The first op the leader has not completed (no outcome), if any."""
@@ -206,10 +205,9 @@ class OpLog:
         replace_file(self.folder / "acks" / str(index), str(seq))
 
     def acked(self, index: int) -> int:
-        try:
+        with contextlib.suppress(FileNotFoundError, ValueError):
             return int((self.folder / "acks" / str(index)).read_text() or 0)
-        except (FileNotFoundError, ValueError):
-            return 0
+        return 0
 
     def live_workers(self) -> list[int]:
         """Indices of the workers whose process is alive."""
@@ -227,15 +225,13 @@ class OpLog:
     def lowest_serving_ack(self) -> int:
         """The last op every live worker that takes requests applied: a worker started
         again counts from when it replayed the log (until then it answers nobody)."""
-        serving = [i for i in self.live_workers()
-                   if self.served(i, self._pid(i))]
+        serving = [i for i in self.live_workers() if self.served(i, self._pid(i))]
         return min((self.acked(i) for i in serving), default=0)
 
     def _pid(self, index: int) -> int:
-        try:
+        with contextlib.suppress(FileNotFoundError, ValueError):
             return int((self.folder / "workers" / str(index)).read_text())
-        except (FileNotFoundError, ValueError):
-            return 0
+        return 0
 
 
 def initial_ops(log_: OpLog, config: PSConfig) -> None:
@@ -319,6 +315,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         ops = self.oplog.ops()
         done = self.oplog.acked(0) if not self.leader else self.oplog_leader_done(ops)
         latest: dict[str, Op] = {}
+        first: dict[str, int] = {}  # the op that made each model served, for `models`
         for op in ops[:done]:
             outcome = self.oplog.outcome(op.seq)
             ok = outcome is not None and outcome[1] is None
@@ -326,8 +323,10 @@ class ReplicatedServer(HierarchicalParameterServer):
                 self._remove_unfinished(op)
             if ok and op.kind == "unload":
                 latest.pop(op.model, None)
+                first.pop(op.model, None)
             elif ok:
                 latest[op.model] = op
+                first.setdefault(op.model, op.seq)
             self._record(op.seq, outcome[1] if outcome else None)
         if done:  # the models the server serves now, not the config's first ones
             self._set_models([ModelConfig.model_validate(op.block) for op in latest.values()])
@@ -337,6 +336,9 @@ class ReplicatedServer(HierarchicalParameterServer):
             except Exception as exc:  # the others serve it: this one says why it cannot
                 log.error("worker %d: replaying op %d (%s %s) failed: %s", self.index,
                           op.seq, op.kind, op.model, exc)
+        # served since the op that first made it so, as in the workers that never stopped
+        # (dated by its last reload, a model left /readyz until every worker acked that)
+        self._since.update({name: seq for name, seq in first.items() if name in self._since})
         self._done = done
         if done:
             self.oplog.ack(self.index, done)
