@@ -68,3 +68,11 @@ def test_the_table_served_from_rocksdb_alone() -> None:
 def test_an_unknown_tier_is_refused_before_a_server_starts() -> None:
     with pytest.raises(ValueError, match="tier: one of hash_map, rocksdb"):
         bench_overload(levels=(1, 2), tier="redis")
+
+
+def test_the_command_refuses_an_unknown_tier_before_it_runs() -> None:
+    result = hps("bench", "http", "--overload", "--tier", "redis")
+    assert result.returncode == 2
+    assert ("Invalid value for '--tier': 'redis' is not one of hash_map, rocksdb"
+            in " ".join(result.stderr.split()))
+    assert "Traceback" not in result.stderr

@@ -424,7 +424,10 @@ def bench_http_cmd(
         print_refusals(_say)
         return
     if overload:
-        _overload(clients if clients != 8 else 64, seconds, rounds, load_client, tier)
+        from hps.tools.bench.overload import print_overload
+
+        print_overload(clients if clients != 8 else 64, seconds, rounds, load_client,
+                       _print_bench, _say, tier)
         return
     if gpu:
         return _http_gpu(keys, dim, batch, client_processes, seconds, lookup_threads,
@@ -491,12 +494,6 @@ def _http_gpu(keys: int, dim: int, batch: Any, processes: Any, seconds: float,
     processes = list(CLIENT_PROCESSES) if processes == [1, 4, 16] else processes
     print_http_gpu(keys, dim, batch[0], processes, seconds, lookup_threads, client,
                    _print_bench, _say, workers=workers)
-
-
-def _overload(clients: int, seconds: float, rounds: int, client: str, tier: str) -> None:
-    from hps.tools.bench.overload import print_overload
-
-    print_overload(clients, seconds, rounds, client, _print_bench, _say, tier)
 
 
 def _say(line: str) -> None:
