@@ -56,13 +56,25 @@ def test_the_command_refuses_an_unknown_client_before_it_runs() -> None:
 
 
 def test_the_table_served_from_rocksdb_alone() -> None:
-    """`tier="rocksdb"`: the server reads RocksDB only, and answers every level."""
+    """`tier="rocksdb"`: the same levels and answers, every key read from the model's
+    RocksDB database (the server's own counters say so), none from a volatile tier."""
     result = bench_overload(num_keys=2000, dim=8, batch=16, levels=(1, 2), seconds=0.5,
                             warmup=0.2, backoffs=(None,), tier="rocksdb")
     assert result["tier"] == "rocksdb"
     assert [r["clients"] for r in result["rows"]] == [1, 2]
     for row in result["rows"]:
         assert row["served_per_s"] > 0 and row["other"] == 0
+    assert result["keys_by_tier"]["persistent"] >= 16 * sum(
+        r["served_per_s"] * 0.5 for r in result["rows"])
+    assert result["keys_by_tier"].get("volatile", 0) == 0
+
+
+def test_the_hash_map_is_the_default_tier() -> None:
+    result = bench_overload(num_keys=2000, dim=8, batch=16, levels=(1, 2), seconds=0.3,
+                            warmup=0.1, backoffs=(None,))
+    assert result["tier"] == "hash_map"
+    assert result["keys_by_tier"]["volatile"] > 0
+    assert result["keys_by_tier"].get("persistent", 0) == 0
 
 
 def test_an_unknown_tier_is_refused_before_a_server_starts() -> None:

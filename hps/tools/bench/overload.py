@@ -10,7 +10,8 @@ request carrying `X-HPS-Deadline-Ms: deadline_ms` unless 0) at every client coun
 last level (the overload) runs once per client behaviour of `backoffs`. The client of
 each process is `raw` (prepared request bytes on a socket: hps/tools/bench/raw_http.py)
 or `http.client`, which on the 2-core machine takes the server measured about three
-times the CPU per request (both printed per level: `client_cpu_us`, `server_cpu_us`).
+times the CPU per request (both printed per level: `client_cpu_us`, `server_cpu_us`). At the end the server's own counters say how many
+keys each tier served (`keys_by_tier`), so the figures are known to be the tier's.
 
 What a client does after a 503: `None` honours `Retry-After` (waits the seconds it says,
 as a well-behaved client of a shedding server does: urllib3's Retry, the gRPC and AWS
@@ -35,10 +36,12 @@ import argparse
 import http.client
 import json
 import multiprocessing
+import re
 import shutil
 import socket
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -269,6 +272,7 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
                 peak = max(below, key=lambda r: r["served_per_s"])
                 for i, last in enumerate(over):
                     compared[i].append(_against(last, peak))
+            keys_by_tier = _keys_by_tier(url)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summaries = [_median_round(per_round) for per_round in compared]
@@ -278,7 +282,7 @@ def bench_overload(num_keys: int = 100_000, dim: int = 64, batch: int = 128,
         "summaries": summaries,
         "num_keys": num_keys, "dim": dim, "batch": batch, "seconds": seconds,
         "deadline_ms": deadline_ms, "lookup_threads": lookup_threads, "rounds": rounds,
-        "tier": tier,
+        "tier": tier, "keys_by_tier": keys_by_tier,
         "client": f"one process per client, {client} keep-alive (TCP_NODELAY)",
     }
 
@@ -308,6 +312,9 @@ def print_overload(clients: int, seconds: float, rounds: int, client: str,
               f"per request, deadline {result['deadline_ms']} ms")
     say(f"clients after a 503 honour Retry-After unless the column says; client: "
         f"{result['client']}")
+    say("keys served by tier: " + ", ".join(f"{name} {count:,}" for name, count
+                                            in sorted(result["keys_by_tier"].items(),
+                                                      reverse=True)))
     for s in result["summaries"]:
         say(f"{s['clients']} clients, backoff {s['backoff']}: {s['served_per_s']:,.0f} "
             f"served/s = {s['vs_peak']:.2f}× the peak ({s['peak_per_s']:,.0f}/s at "
@@ -316,6 +323,15 @@ def print_overload(clients: int, seconds: float, rounds: int, client: str,
             f"{', '.join(f'{v:.2f}×' for v in s['rounds_vs_peak'])}; p99 "
             f"{', '.join(f'{v:.1f}' for v in s['rounds_p99_ms'])} ms)")
     return result
+
+
+def _keys_by_tier(url: str) -> dict[str, int]:
+    """The keys the server says each tier served over the run (`hps_tier_hits_total` of
+    its /metrics, by tier: "volatile", "persistent"): which tier the figures are of."""
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return {tier: int(float(count)) for tier, count in re.findall(
+        r'^hps_tier_hits_total\{[^}]*tier="(\w+)"[^}]*\} (\S+)$', text, re.MULTILINE)}
 
 
 def _against(last: dict[str, Any], peak: dict[str, Any]) -> dict[str, Any]:
