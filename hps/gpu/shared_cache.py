@@ -84,11 +84,12 @@ _PAGE = 2 << 20
 #: how often an attached process asks whether the table's owner is alive (to say so once)
 _OWNER_CHECK_S = 1.0
 
-#: the records this process owns, by key: a version of the same table loaded again in this
-#: process (a reload of the same files) uses their allocations, since a process cannot
-#: open its own IPC handles, and inherits them when the owner's version retires
-_OWNED: dict[str, SharedTableRecord] = {}
-_OWNED_LOCK = threading.Lock()
+#: this process's records of the tables it owns, by key: the owner's first, then those of
+#: the versions of the same table loaded again here (a reload of the same files), which use
+#: its allocations (a process cannot open its own IPC handles); when the first retires, the
+#: next inherits them
+_LOCAL: dict[str, list[SharedTableRecord]] = {}
+_LOCAL_LOCK = threading.Lock()
 
 
 def shared_dir() -> Path:
@@ -130,18 +131,15 @@ class SharedTableRecord:
         self._handles_used = 0
         self._mapped: list[int] = []  # pointers this process opened from handles
         self._own: list[Any] = []  # allocations of the owner, kept until freed
-        # the owner's record where this process owns the table too (see _OWNED), and the
-        # owner's list of such records
-        self._sibling: SharedTableRecord | None = None
-        self._siblings: list[SharedTableRecord] = []
+        self._same_process = False  # a version of a table this process owns (_LOCAL)
         self._closed = False
         self.owner = self._open()
         self.gate = SharedGate(self._words[_GATE_AT // 8:(_GATE_AT + REGION_BYTES) // 8],
                                self._address + _GATE_AT, self._fd)
         if self.owner:
-            with _OWNED_LOCK:
-                _OWNED[key] = self
-        elif self._sibling is None:
+            with _LOCAL_LOCK:
+                _LOCAL[key] = [self]
+        elif not self._same_process:
             _watch_owner(self)
 
     # -- meeting --------------------------------------------------------------------------
@@ -233,13 +231,13 @@ class SharedTableRecord:
         allocations are the owner's, used directly."""
         if int(self._words[_OWNER]) != os.getpid():
             return
-        with _OWNED_LOCK:
-            owner = _OWNED.get(self.key)
-            if owner is None or owner._closed:
+        with _LOCAL_LOCK:
+            records = _LOCAL.get(self.key)
+            if not records:
                 raise DeviceError(f"the shared GPU table {self.key} is this process's, but "
                                   "this process no longer holds it")
-            self._sibling = owner
-            owner._siblings.append(self)
+            records.append(self)
+            self._same_process = True
 
     def _check_params(self) -> None:
         theirs = [int(v) for v in self._words[_PARAMS:_PARAMS + len(self.params)]]
@@ -273,8 +271,9 @@ class SharedTableRecord:
         if index >= int(self._words[_HANDLES]):
             raise DeviceError(f"the shared GPU table {self.key} has fewer allocations than "
                               "this process's table needs")
-        if self._sibling is not None:
-            return self._sibling._own[index]
+        if self._same_process:
+            with _LOCAL_LOCK:
+                return _LOCAL[self.key][0]._own[index]
         rt = cp.cuda.runtime
         ptr = int(rt.ipcOpenMemHandle(bytes(self._mm[at:at + _HANDLE_BYTES]),
                                       _LAZY_PEER_ACCESS))
@@ -298,11 +297,9 @@ class SharedTableRecord:
         self.gate.drain_own()
         self.gate.release_slot()
         if not self.owner:
-            if self._sibling is not None:
-                with _OWNED_LOCK:
-                    with contextlib.suppress(ValueError):
-                        self._sibling._siblings.remove(self)
-                self._sibling = None
+            if self._same_process:
+                with _LOCAL_LOCK:
+                    _LOCAL[self.key].remove(self)
             with device:
                 for ptr in self._mapped:
                     with contextlib.suppress(Exception):
@@ -324,19 +321,13 @@ class SharedTableRecord:
     def _hand_over(self) -> bool:
         """The owner's version retires while another version of this process uses the
         table: that one becomes the owner (the table is not retired). False if none."""
-        with _OWNED_LOCK:
-            heirs = [r for r in self._siblings if not r._closed]
-            self._siblings = []
-            if not heirs:
-                if _OWNED.get(self.key) is self:
-                    del _OWNED[self.key]
+        with _LOCAL_LOCK:
+            records = [r for r in _LOCAL.pop(self.key, ()) if r is not self]
+            if not records:
                 return False
-            heir = heirs[0]
-            heir.owner, heir._sibling, heir._own = True, None, self._own
-            heir._siblings = heirs[1:]
-            for other in heir._siblings:
-                other._sibling = heir
-            _OWNED[self.key] = heir
+            heir = records[0]
+            heir.owner, heir._same_process, heir._own = True, False, self._own
+            _LOCAL[self.key] = records
             self._own = []
             return True
 
@@ -365,9 +356,9 @@ def _watch_owner(record: SharedTableRecord) -> None:
     """Says once, in a process that maps `record`'s table, that its owner died (the
     table keeps serving here: see the module docstring). One thread for every record of
     the process, started with the first."""
+    global _watcher
     with _WATCH_LOCK:
         _WATCHED.add(record)
-        global _watcher
         if _watcher is None or not _watcher.is_alive():
             _watcher = threading.Thread(target=_watch_owners, daemon=True,
                                         name="hps-gpu-shared-owners")
@@ -380,26 +371,24 @@ _watcher: threading.Thread | None = None
 
 
 def _watch_owners() -> None:
+    global _watcher
     while True:
         time.sleep(_OWNER_CHECK_S)
         with _WATCH_LOCK:
             records = [r for r in _WATCHED if not r._closed]
-            _WATCHED.clear()
             if not records:
-                global _watcher
                 _watcher = None
                 return
         for record in records:
             owner = record.owner_pid()
-            if owner and not record.owner and not pid_alive(owner):
+            if owner and not pid_alive(owner):
                 log.warning(
                     "process %d, which allocated the shared GPU table %s, died: this process "
                     "keeps serving from the table it maps (the driver keeps the memory until "
                     "the last process that maps it lets go); a process that loads the table "
                     "from now on allocates a new one", owner, record.key)
-                continue  # said once
-            with _WATCH_LOCK:
-                _WATCHED.add(record)
+                with _WATCH_LOCK:
+                    _WATCHED.discard(record)  # said once
 
 
 class SharedParts:

@@ -48,35 +48,52 @@ def _expected(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     return keys, np.fromfile(folder / "emb_vector", np.float32).reshape(-1, DIM)
 
 
+class _Caller:
+    """A caller process's side: its HPS over the model files, on a torch stream of its own
+    (made current), and a lookup of mixed known and unknown keys whose every row it
+    checks against the files."""
+
+    def __init__(self, folder: Path, config: dict[str, Any]) -> None:
+        import torch
+
+        from hps.api import HPS
+
+        self.torch = torch
+        self.hps = HPS(config)
+        self.keys, self.rows = _expected(folder)
+        self.stream = torch.cuda.Stream()
+        torch.cuda.set_stream(self.stream)
+        self.result = torch.empty((N, DIM), device="cuda")
+        table = self.hps.server.model("m").tables[0]
+        self.attached = table.gpu[0].attached  # type: ignore[attr-defined]
+
+    def wrong_rows(self, pick: np.ndarray) -> int:
+        """Looks up the file's keys at `pick` (past its end: unknown keys, the default
+        row); the rows that differ from the file's."""
+        keys, rows = self.keys, self.rows
+        batch = np.where(pick < KEYS, keys[np.minimum(pick, KEYS - 1)], -1 - pick)
+        self.hps.lookup_fromdlpack(self.torch.as_tensor(batch, device="cuda"), self.result,
+                                   "m", 0)
+        self.stream.synchronize()
+        want = np.where((pick < KEYS)[:, None], rows[np.minimum(pick, KEYS - 1)], 0.0)
+        return int((self.result.cpu().numpy() != want).any(axis=1).sum())
+
+
 def _lookups(folder: str, shm: str, seconds: float, seed: int, ready: Any, out: Any) -> None:
     """A caller process: maps the cache, looks up mixed hits and misses (known and unknown
     keys) with torch tensors on its own stream, checks every row; puts (calls, wrong,
     attached)."""
     os.environ["HPS_SHM_DIR"] = shm
-    import torch
-
-    from hps.api import HPS
-
-    hps = HPS(_config(Path(folder)))
-    keys, rows = _expected(Path(folder))
+    me = _Caller(Path(folder), _config(Path(folder)))
     rng = np.random.default_rng(seed)
-    stream = torch.cuda.Stream()
-    torch.cuda.set_stream(stream)
-    result = torch.empty((N, DIM), device="cuda")
-    attached = hps.server.model("m").tables[0].gpu[0].attached  # type: ignore[attr-defined]
     ready.put(os.getpid())
     calls = wrong = 0
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        pick = rng.integers(0, KEYS + KEYS // 10, N)  # a tenth of the keys unknown
-        batch = np.where(pick < KEYS, keys[np.minimum(pick, KEYS - 1)], -1 - pick)
-        hps.lookup_fromdlpack(torch.as_tensor(batch, device="cuda"), result, "m", 0)
-        stream.synchronize()
-        want = np.where((pick < KEYS)[:, None], rows[np.minimum(pick, KEYS - 1)], 0.0)
-        wrong += int((result.cpu().numpy() != want).any(axis=1).sum())
+        wrong += me.wrong_rows(rng.integers(0, KEYS + KEYS // 10, N))  # a tenth unknown
         calls += 1
-    hps.close()
-    out.put((calls, wrong, attached))
+    me.hps.close()
+    out.put((calls, wrong, me.attached))
 
 
 def test_processes_share_one_cache_and_every_row_is_exact(model: Path) -> None:
@@ -167,28 +184,15 @@ def _serve(folder: str, shm: str, port: int, seed: int, ready: Any, reload: Any,
     row checked; reloads the same files when told; once told of the updates and once its
     own tiers applied them, checks the updated keys' new rows too."""
     os.environ["HPS_SHM_DIR"] = shm
-    import torch
-
-    from hps.api import HPS
-
-    hps = HPS(_following(Path(folder), port, f"caller-{seed}"))
-    keys, rows = _expected(Path(folder))
-    changed, new = keys[:UPDATED], _new_rows()
+    me = _Caller(Path(folder), _following(Path(folder), port, f"caller-{seed}"))
+    hps, torch, stream, result = me.hps, me.torch, me.stream, me.result
+    changed, new = me.keys[:UPDATED], _new_rows()
     rng = np.random.default_rng(seed)
-    stream = torch.cuda.Stream()
-    torch.cuda.set_stream(stream)
-    result = torch.empty((N, DIM), device="cuda")
-    attached = hps.server.model("m").tables[0].gpu[0].attached  # type: ignore[attr-defined]
     ready.put(os.getpid())
     calls = wrong = checked = 0
     reloaded = False
     while not stop.is_set():
-        pick = rng.integers(UPDATED, KEYS + KEYS // 10, N)  # a tenth of the keys unknown
-        batch = np.where(pick < KEYS, keys[np.minimum(pick, KEYS - 1)], -1 - pick)
-        hps.lookup_fromdlpack(torch.as_tensor(batch, device="cuda"), result, "m", 0)
-        stream.synchronize()
-        want = np.where((pick < KEYS)[:, None], rows[np.minimum(pick, KEYS - 1)], 0.0)
-        wrong += int((result.cpu().numpy() != want).any(axis=1).sum())
+        wrong += me.wrong_rows(rng.integers(UPDATED, KEYS + KEYS // 10, N))  # a tenth unknown
         calls += 1
         if reload.is_set() and not reloaded:
             hps.server.reload_model("m")  # the same files: the same shared cache
@@ -202,7 +206,7 @@ def _serve(folder: str, shm: str, port: int, seed: int, ready: Any, reload: Any,
                 wrong += int((got != new[at:at + N]).any(axis=1).sum())
                 checked += part.numel()
     hps.close()
-    out.put((calls, wrong, attached, reloaded, checked))
+    out.put((calls, wrong, me.attached, reloaded, checked))
 
 
 def test_reloads_updates_and_the_owners_death_keep_every_row_exact(model: Path,

@@ -17,7 +17,6 @@ Every output is checked against the model file's rows after the timing.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import tempfile
 import threading
 import time
@@ -62,39 +61,23 @@ def bench_devices(dim: int = 64, table_keys: int = 1 << 22, seconds: float = 2.0
 def _process_per_device(folder: Path, devices: list[int], n: int, dim: int, seconds: float,
                         alpha: float, seed: int) -> list[dict[str, Any]]:
     """keys/s of one process on device 0, then of a process on every device at once."""
-    from hps.tools.bench.gpu_processes import caller, process_config
+    from hps.tools.bench.gpu_processes import Callers, process_config
 
-    ctx = mp.get_context("spawn")
-    ready, results = ctx.Queue(), ctx.Queue()
-    gos = [ctx.Queue() for _ in devices]
-    procs = []
-    for index, device in enumerate(devices):
-        setup = {"folder": str(folder), "n": n, "dim": dim, "device": device, "alpha": alpha,
-                 "seed": seed, "cached": 1.0,
-                 "config": process_config(folder, dim, n, device, 1.0, "process")}
-        p = ctx.Process(target=caller, daemon=True,
-                        args=(index, "own caches", setup, None, ready, gos[index], results))
-        p.start()
-        procs.append(p)
+    callers = Callers("own caches", [
+        {"folder": str(folder), "n": n, "dim": dim, "device": device, "alpha": alpha,
+         "seed": seed, "cached": 1.0,
+         "config": process_config(folder, dim, n, device, 1.0, "process")}
+        for device in devices])
 
     def point(count: int) -> tuple[float, int]:
-        for index in range(count):
-            gos[index].put(seconds)
-        got = [results.get(timeout=seconds * 10 + 300) for _ in range(count)]
+        got = callers.point(count, seconds)
         return (sum(g[1] for g in got) / max(g[2] for g in got), sum(g[4] for g in got))
 
     try:
-        for _ in devices:
-            ready.get(timeout=900)
         one, wrong_one = point(1)
         every, wrong_every = point(len(devices))
     finally:
-        for q in gos:
-            q.put(None)
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
+        callers.stop()
     return [
         {"bench": "devices", "dim": dim, "batch": n, "mode": "1 GPU, 1 process",
          "mkeys_s": one / 1e6, "wrong_rows": wrong_one},

@@ -145,29 +145,60 @@ def gpu_memory() -> tuple[int, list[int]]:
     return used, per
 
 
+class Callers:
+    """`caller` processes, one per setup, each loaded and then told to run the points it
+    is part of (`point`: the first `count` of them at once); `stop` ends them. With
+    `owner_first` the first loads alone before the others start (a shared cache: it
+    allocates and warms up, the others map it)."""
+
+    def __init__(self, family: str, setups: list[dict[str, Any]], dense: Any = None,
+                 owner_first: bool = False) -> None:
+        ctx = mp.get_context("spawn")
+        self._ready, self._results = ctx.Queue(), ctx.Queue()
+        self._gos = [ctx.Queue() for _ in setups]
+        self._procs = []
+        try:
+            for index, setup in enumerate(setups):
+                p = ctx.Process(target=caller, daemon=True,
+                                args=(index, family, setup, dense, self._ready,
+                                      self._gos[index], self._results))
+                p.start()
+                self._procs.append(p)
+                if index == 0 and owner_first:
+                    self._ready.get(timeout=900)
+            for _ in setups[1 if owner_first else 0:]:
+                self._ready.get(timeout=900)
+        except BaseException:
+            self.stop()
+            raise
+
+    def point(self, count: int, seconds: float) -> list[tuple[Any, ...]]:
+        """Each of the first `count` callers' (index, keys, seconds, latencies, wrong rows,
+        hit rate) of `seconds` run at once."""
+        for index in range(count):
+            self._gos[index].put(seconds)
+        return [self._results.get(timeout=seconds * 10 + 300) for _ in range(count)]
+
+    def stop(self) -> None:
+        for q in self._gos:
+            q.put(None)
+        for p in self._procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+
+
 def _family(family: str, workload: str, setup: dict[str, Any], dense: Any,
             seconds: float) -> list[dict[str, Any]]:
-    ctx = mp.get_context("spawn")
-    most = max(PROCESS_COUNTS)
-    ready, results = ctx.Queue(), ctx.Queue()
-    gos = [ctx.Queue() for _ in range(most)]
     cached = 0.25 if "25%" in workload else 1.0
     scope = "host" if family == "shared cache" else "process"
     setup = {**setup, "cached": cached,
              "config": process_config(Path(setup["folder"]), setup["dim"], setup["n"],
-                               setup["device"], cached, scope)}
-    procs = []
-    for index in range(most):
-        shared = dense if family == "floor" else None  # only the floor maps the dense table
-        p = ctx.Process(target=caller, daemon=True,
-                        args=(index, family, setup, shared, ready, gos[index], results))
-        p.start()
-        procs.append(p)
-        if index == 0 and family == "shared cache":
-            ready.get(timeout=900)  # the owner warms the cache up; the others then map it
-    loaded = 1 if family == "shared cache" else 0
-    for _ in range(most - loaded):
-        ready.get(timeout=900)
+                                      setup["device"], cached, scope)}
+    # only the floor maps the dense table
+    callers = Callers(family, [setup] * max(PROCESS_COUNTS),
+                      dense if family == "floor" else None,
+                      owner_first=family == "shared cache")
     used, per = gpu_memory()
     from hps.runtime.mps import daemon_found
 
@@ -175,9 +206,7 @@ def _family(family: str, workload: str, setup: dict[str, Any], dense: Any,
     rows = []
     try:
         for count in PROCESS_COUNTS:
-            for index in range(count):
-                gos[index].put(seconds)
-            got = [results.get(timeout=seconds * 10 + 120) for _ in range(count)]
+            got = callers.point(count, seconds)
             keys = sum(g[1] for g in got)
             elapsed = max(g[2] for g in got)
             lat = [s for g in got for s in g[3]]
@@ -191,12 +220,7 @@ def _family(family: str, workload: str, setup: dict[str, Any], dense: Any,
                 "hit_rate": min(g[5] or 0.0 for g in got),
                 "gpu_used_mib": used, "per_process_mib": per})
     finally:
-        for q in gos:
-            q.put(None)
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
+        callers.stop()
     return rows
 
 
