@@ -34,14 +34,27 @@ def base_dir() -> Path:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process of that PID exists (signal 0 checks without sending)."""
+    """Whether a process of that PID runs (signal 0 checks without sending). A zombie is
+    dead: it exists until its parent reaps it, which a parent busy with other work (a
+    test, a supervisor between polls) may not do for seconds, and a zombie holds nothing
+    any more: no lock, no mapping, no query in flight."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process: alive, not ours to judge
         return True
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether the process has exited and awaits its parent's wait (Linux's /proc; False
+    where /proc cannot tell)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")  # the state follows the name
 
 
 def remove_dead_runs(base: Path | None = None) -> list[Path]:
