@@ -12,7 +12,9 @@ a lookup; they release the GIL.
   insert kernel's input order (hps/gpu/dynamic_cache.py `set_codes` is the NumPy twin and the
   reference of both);
 - `stage_misses`: both in one call; `stage` is the lookup path's (it keeps the GIL for
-  small batches: hps/runtime/compiled.py HOLD_GIL_BYTES).
+  small batches: hps/runtime/compiled.py HOLD_GIL_BYTES);
+- `stage_by_shard` (`stage_sharded` on the lookup path): the same for a sharded table's
+  misses, the distinct keys grouped by shard, each shard's set codes over its own group.
 """
 
 from __future__ import annotations
@@ -106,3 +108,56 @@ def stage(missed: np.ndarray, num_sets: int, unique: np.ndarray, inverse: np.nda
     tier fetch does."""
     twin = by_size(missed.size * 32, stage_misses_held, stage_misses)
     return int(twin(missed, num_sets, unique, inverse, codes))
+
+
+_STAGE_SHARDED = [types.int64(_KEYS, types.int64, types.uint32, array(np.int64),
+                              array(np.int32), array(np.uint64), array(np.int64))]
+
+
+@kernel(_STAGE_SHARDED)
+def stage_by_shard(missed: np.ndarray, num_shards: int, num_sets: int, unique: np.ndarray,
+                   inverse: np.ndarray, codes: np.ndarray, starts: np.ndarray) -> int:
+    """stage_misses for a table sharded by key hash (hps/gpu/sharded.py `shard_of`): the
+    distinct keys into unique[:u] grouped by shard, shard s's at unique[starts[s]:
+    starts[s + 1]] (in order of first appearance); inverse[i] = index in unique of
+    missed[i]; each group's sorted set codes (positions within the group) at the same
+    place in codes. Returns u."""
+    first = np.empty(missed.size, np.int64)
+    first_inverse = np.empty(missed.size, np.int32)
+    u = dedupe(missed, first, first_inverse)
+    shard = np.empty(u, np.int64)
+    starts[:] = 0
+    for j in range(u):
+        low = _fmix64(uint64(first[j])) & uint64(0xFFFFFFFF)
+        shard[j] = np.int64((low * uint64(num_shards)) >> _S32)
+        starts[shard[j] + 1] += 1
+    for s in range(num_shards):
+        starts[s + 1] += starts[s]
+    place = np.empty(u, np.int32)
+    filled = starts[:num_shards].copy()
+    for j in range(u):
+        place[j] = filled[shard[j]]
+        unique[place[j]] = first[j]
+        filled[shard[j]] += 1
+    for i in range(missed.size):
+        inverse[i] = place[first_inverse[i]]
+    for s in range(num_shards):
+        a, b = starts[s], starts[s + 1]
+        if b > a:
+            set_codes(unique[a:b], num_sets, codes[a:b])
+    return u
+
+
+@holding_gil(_STAGE_SHARDED)
+def stage_by_shard_held(missed: np.ndarray, num_shards: int, num_sets: int,
+                        unique: np.ndarray, inverse: np.ndarray, codes: np.ndarray,
+                        starts: np.ndarray) -> int:
+    """`stage_by_shard` keeping the GIL (see `stage`)."""
+    return stage_by_shard(missed, num_shards, num_sets, unique, inverse, codes, starts)
+
+
+def stage_sharded(missed: np.ndarray, num_shards: int, num_sets: int, unique: np.ndarray,
+                  inverse: np.ndarray, codes: np.ndarray, starts: np.ndarray) -> int:
+    """`stage_by_shard` as the lookup path calls it (the GIL kept as `stage` keeps it)."""
+    twin = by_size(missed.size * 32, stage_by_shard_held, stage_by_shard)
+    return int(twin(missed, num_shards, num_sets, unique, inverse, codes, starts))

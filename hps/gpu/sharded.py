@@ -19,8 +19,10 @@ shard's run, each shard looks up its run into a rows buffer (a shard on another 
 gets its run by a peer copy and sends its rows back, ordered with events both ways), and
 one scatter puts every row at its position in the caller's output. The run sizes are the
 one extra host wait. Misses go to the host tiers from the shard that owns the key, so
-each missed key is fetched once. Inserts, updates, the warm-up and the refresh are split
-on the host by the same hash (NumPy).
+each missed key is fetched once. Where the one pass serves (hps/gpu/sharded_query.py),
+its misses are fetched once for all shards and inserted into each
+(hps/gpu/sharded_misses.py). Inserts, updates, the warm-up and the refresh are split on
+the host by the same hash (NumPy).
 
 With one device and `gpu_shards` > 1 every shard lives on that device: the routing, the
 per-shard misses and updates run (and are tested against the NumPy model) on a machine
@@ -41,6 +43,7 @@ from hps.gpu import kernels
 from hps.gpu.device_arrays import lookup_refs
 from hps.gpu.dynamic_cache import murmur3_fmix64
 from hps.gpu.host_memory import pinned_empty
+from hps.gpu.sharded_misses import ShardedMisses
 from hps.gpu.sharded_query import OnePassQuery, enable_peer_access, peers_reachable
 from hps.gpu.staging import device_view, external_stream
 from hps.intake.keys import is_wide
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
     from hps.gpu.table import GpuEmbeddingTable
 
 _LOW32 = np.uint64(0xFFFFFFFF)
+#: the counters of the one pass (its misses: those hps/gpu/sharded_misses.py served)
+_ONE_PASS_COUNTS = ("lookups", "keys", "hits", "misses", "sync_fetches")
 _S32 = np.uint64(32)
 
 # One pass over the batch: each key's shard, and the key and its position appended to its
@@ -216,7 +221,7 @@ class ShardedTable:
                     "background_errors"):
             total[key] = sum(int(p.get(key) or 0) for p in parts)
         # what the one pass served without the shards (their misses the shards count)
-        one_pass = {"lookups": 0, "keys": 0, "hits": 0}
+        one_pass = dict.fromkeys(_ONE_PASS_COUNTS, 0)
         for view in self._views.values():
             for key, value in view.one_pass_counts().items():
                 one_pass[key] += value
@@ -254,6 +259,10 @@ class ShardedView:
         if OnePassQuery.applies(table.shards) and peers_reachable(
                 self._cp, device, {s.device_id for s in table.shards}):
             self._one_pass = OnePassQuery(self._cp, device, table.shards)
+        # its misses fetched once for every shard (hps/gpu/sharded_misses.py), where it applies
+        self._misses: ShardedMisses | None = None
+        if self._one_pass is not None and ShardedMisses.applies(table.shards):
+            self._misses = ShardedMisses(self._cp, device, table.shards)
         #: whether lookups take the one pass where it applies (True) or the copy path
         #: (False: for comparing the two, `hps bench gpu --profile sharded`)
         self.use_one_pass = True
@@ -337,7 +346,11 @@ class ShardedView:
         counts["lookups"] += 1
         counts["keys"] += n - misses
         counts["hits"] += n - misses
-        if misses:
+        if misses and self._misses is not None:
+            counts["keys"] += misses
+            counts["misses"] += misses
+            self._misses.serve(ws, misses, n, out_ptr, stream, counts)
+        elif misses:
             cp = self._cp
             with cp.cuda.Device(self.device_id), external_stream(cp, stream):
                 missed = cp.asarray(ws.host_keys[:misses])
@@ -350,17 +363,17 @@ class ShardedView:
     def _thread_counts(self) -> dict[str, int]:
         counts: dict[str, int] | None = getattr(self._tls, "counts", None)
         if counts is None:
-            counts = self._tls.counts = {"lookups": 0, "keys": 0, "hits": 0}
+            counts = self._tls.counts = dict.fromkeys(_ONE_PASS_COUNTS, 0)
             with self._lock:
                 self._counts.append(counts)
         return counts
 
     def one_pass_counts(self) -> dict[str, int]:
-        """The lookups the one pass served and their hits (its misses are counted by the
-        shards that served them)."""
+        """The lookups the one pass served, their hits, and the misses it served itself
+        (those of the copy path are counted by the shards that served them)."""
         with self._lock:
             parts = list(self._counts)
-        return {k: sum(c[k] for c in parts) for k in ("lookups", "keys", "hits")}
+        return {k: sum(c[k] for c in parts) for k in _ONE_PASS_COUNTS}
 
     def _lookup_copied(self, keys: Any, n: int, out_ptr: int, stream: int, out_type: int
                        ) -> None:

@@ -16,9 +16,10 @@ stream ordered after each shard's last write, launches, records its event and en
 among each shard's queries in flight, so a write to any shard waits for it on the GPU, as
 the locked path of one table does (hps/gpu/write_order.py hold_for_query).
 
-Misses: the kernel writes the missed positions and keys into the caller's workspace; the
-missed keys alone then take the copy path (each goes to its owning shard, which fetches
-it once from the host tiers and inserts it), and their rows are scattered into place.
+Misses: the kernel writes the missed positions and keys into the caller's workspace;
+dynamic-cache shards serve them as one table serves its own, fetched once for all shards
+(hps/gpu/sharded_misses.py); other kinds send the missed keys alone through the copy
+path (each to its owning shard, which fetches and inserts it) and scatter their rows.
 
 Where it does not apply, the copy path serves: more than HPS_MAX_SHARDS shards, uvm
 shards (refused by the config anyway), outputs other than float32, or two devices without

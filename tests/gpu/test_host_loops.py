@@ -31,3 +31,27 @@ def test_set_codes_match_the_numpy_twin(rng: np.random.Generator, num_sets: int)
     codes = np.empty(keys.size, np.uint64)
     set_codes(keys, num_sets, codes)
     np.testing.assert_array_equal(codes, numpy_set_codes(keys, num_sets))
+
+
+@pytest.mark.parametrize("n,shards", [(0, 2), (1, 2), (600, 2), (5000, 3), (40, 8)])
+def test_stage_by_shard_groups_the_distinct_keys_by_their_shard(
+        rng: np.random.Generator, n: int, shards: int) -> None:
+    from hps.gpu.host_loops import stage_sharded
+    from hps.gpu.sharded import shard_of
+
+    num_sets = 101
+    missed = rng.integers(-(2**40), 2**40, max(1, n // 2), dtype=np.int64)[
+        rng.integers(0, max(1, n // 2), n)]  # repeats
+    unique = np.full(n, 7, np.int64)
+    inverse = np.full(n, -1, np.int32)
+    codes = np.zeros(n, np.uint64)
+    starts = np.full(shards + 1, -1, np.int64)
+    u = stage_sharded(missed, shards, num_sets, unique, inverse, codes, starts)
+    assert u == np.unique(missed).size and starts[0] == 0 and starts[-1] == u
+    np.testing.assert_array_equal(unique[inverse], missed)
+    held = unique[:u]
+    for s in range(shards):
+        group = held[starts[s]:starts[s + 1]]
+        assert np.all(shard_of(group, shards) == s)
+        np.testing.assert_array_equal(codes[starts[s]:starts[s + 1]],
+                                      numpy_set_codes(group, num_sets))

@@ -91,9 +91,12 @@ def test_sharded_lookups_are_exact_through_every_entry(
             np.testing.assert_array_equal(strided, want)
         stats = view.stats()
         per_shard = [p["keys"] for p in stats["per_shard"]]
-        # the one pass counts its hits itself, the shards the misses it handed them
-        assert sum(per_shard) + stats["one_pass"]["keys"] == stats["keys"] > 0
-        assert stats["one_pass"]["hits"] == stats["one_pass"]["keys"] > 0
+        # the one pass counts its keys itself (a dynamic cache's misses too: it serves
+        # them, hps/gpu/sharded_misses.py), the shards the misses it handed them
+        one_pass = stats["one_pass"]
+        assert sum(per_shard) + one_pass["keys"] == stats["keys"] > 0
+        assert one_pass["hits"] + one_pass["misses"] == one_pass["keys"] > 0
+        assert (one_pass["misses"] > 0) == (cache_type == "dynamic")
         assert min(p["size"] for p in stats["per_shard"]) > 0  # every shard holds its share
     finally:
         hps.close()
@@ -102,9 +105,9 @@ def test_sharded_lookups_are_exact_through_every_entry(
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_each_shard_holds_its_keys_as_the_numpy_model_of_its_cache(
         cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
-    """No warm-up; each batch's misses are fetched and inserted by the shard that owns
-    them, so after every batch each shard holds what the NumPy model of its cache holds
-    when given the keys of its shard, and each missed key was fetched once. (Few keys
+    """No warm-up; each batch's misses are fetched once and inserted into the shard that
+    owns them, so after every batch each shard holds what the NumPy model of its cache
+    holds when given the keys of its shard, and each missed key was fetched once. (Few keys
     for the sets: no set overflows, so the held keys do not depend on the order of
     inserts within a batch.)"""
     dim, n, shards = 8, 20000, 3
@@ -135,6 +138,41 @@ def test_each_shard_holds_its_keys_as_the_numpy_model_of_its_cache(
             np.testing.assert_array_equal(held, model.dump(0, model.num_sets))
             assert held.size > 0 and np.all(shard_of(held, shards) == s)
         assert owner.stats()["sync_fetches"] == len(seen)  # each missed key fetched once
+    finally:
+        hps.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_misses_above_the_hit_rate_threshold_are_inserted_later(
+        cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
+    """HugeCTR's semantics on a sharded table: a batch whose hit rate reaches the
+    threshold keeps the default rows of its misses, and their shards insert them in the
+    background, after which they are served."""
+    dim, shards = 8, 2
+    keys = rng.choice(2**40, 20000, replace=False).astype(np.int64)
+    rows = rng.standard_normal((keys.size, dim)).astype(np.float32)
+    hps = _server(tmp_path, keys, rows, gpu_shards=shards, gpucacheper=0.5,
+                  hit_rate_threshold=0.5, init_ec=False)
+    try:
+        view = hps.server.model("m").tables[0].gpu[0]
+        known = np.unique(rng.choice(keys, 1000))
+        out = cp.empty((known.size, dim), cp.float32)
+        hps.lookup_fromdlpack(cp.asarray(known), out, "m", 0)  # all miss: fetched now
+        np.testing.assert_array_equal(out.get(), _expected(keys, rows, known))
+        new = np.setdiff1d(np.unique(rng.choice(keys, 200)), known)
+        q = np.r_[known, new]  # most held: above the threshold
+        out = cp.empty((q.size, dim), cp.float32)
+        hps.lookup_fromdlpack(cp.asarray(q), out, "m", 0)
+        got = out.get()
+        np.testing.assert_array_equal(got[:known.size], _expected(keys, rows, known))
+        assert np.all(got[known.size:] == DEFAULT)  # the new keys' rows come later
+        for shard in view.owner.shards:
+            shard._inserts.wait_idle(timeout=30)
+        hps.lookup_fromdlpack(cp.asarray(q), out, "m", 0)
+        np.testing.assert_array_equal(out.get(), _expected(keys, rows, q))
+        stats = view.stats()
+        assert stats["async_inserts"] == new.size
+        assert stats["sync_fetches"] == known.size
     finally:
         hps.close()
 

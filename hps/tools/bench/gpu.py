@@ -510,12 +510,13 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["bench"] == "mixed":
             add(f"{r['mode']}, batch {r['batch']}: M keys/s", r["mkeys_s"], None)
     from hps.tools.bench.gpu_processes import targets as processes_targets
+    from hps.tools.bench.gpu_sharded import targets as sharded_targets
     from hps.tools.bench.gpu_storage import targets as storage_targets
     from hps.tools.bench.gpu_threads import targets as threads_targets
     from hps.tools.bench.gpu_uvm import targets as uvm_targets
 
     return (out + threads_targets(rows) + uvm_targets(rows) + storage_targets(rows)
-            + processes_targets(rows))
+            + processes_targets(rows) + sharded_targets(rows))
 
 
 def main() -> None:

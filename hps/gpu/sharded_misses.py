@@ -1,0 +1,181 @@
+"""The misses of a sharded table's one-pass query (hps/gpu/sharded_query.py), served the way
+one GPU serves its own (hps/gpu/table.py `_serve_misses`).
+
+Why. The one pass leaves the missed keys in pinned host memory and their positions on the
+caller's device. The copy path (hps/gpu/sharded.py) then sent the missed keys back to the
+device, partitioned them, waited on the host for the run sizes, and had every shard query
+them again, wait for its own miss count, fetch, insert and return rows by peer copies: a
+2,000-key power-law batch with a few misses ran at 0.12x one GPU on two H100s. Here the
+missed keys are fetched once, for every shard together, as one table fetches them:
+
+- above the model's `hit_rate_threshold` (HugeCTR's semantics) the batch keeps the default
+  rows the query wrote, and each shard's background worker fetches and inserts its keys;
+- below it, the distinct keys are grouped by shard with each group's set codes (compiled,
+  hps/gpu/host_loops.py `stage_sharded`), fetched through the host path the shards share,
+  sent in one copy, scattered into the caller's output by one kernel, and inserted into
+  every shard from that one copy: a shard on the caller's device by its own staged insert
+  on the caller's stream, a shard on another device by the same insert on a stream of
+  that device, reading the staged rows over the peer link, the caller's stream waiting
+  for it. No host wait beyond the query's miss count; the rows an online update overtook
+  are dropped again, as one table drops them (hps/gpu/update_log.py).
+
+Applies to shards that are dynamic caches (the kind that takes inserts) of one set count;
+other kinds keep the copy path.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hps.gpu import host_loops, kernels
+from hps.gpu.sharded_query import enable_peer_access
+from hps.gpu.staging import MissStaging
+from hps.gpu.workspace import QueryWorkspace
+
+if TYPE_CHECKING:
+    from hps.gpu.table import GpuEmbeddingTable
+
+
+class ShardedMisses:
+    """The miss path of the one pass from device `device_id` over `shards`. Thread-safe:
+    each thread stages in buffers of its own."""
+
+    def __init__(self, cupy: Any, device_id: int, shards: list[GpuEmbeddingTable]) -> None:
+        self._cp = cupy
+        self._rt = cupy.cuda.runtime
+        self.device_id = device_id
+        self.shards = shards
+        first = shards[0]
+        self.dim = first.dim
+        self._threshold = first._threshold
+        self._num_sets = int(first._cache.num_sets)  # type: ignore[union-attr]
+        self._fetch_into = first._fetch_into  # the host path every shard shares
+        for other in {s.device_id for s in shards} - {device_id}:
+            # a shard elsewhere reads the staged rows where they were sent
+            enable_peer_access(cupy, other, device_id)
+        self._scatter_fn = kernels.function("rows.cu", "scatter_rows", device_id, DIM=self.dim)
+        self._tls = threading.local()
+
+    @staticmethod
+    def applies(shards: list[GpuEmbeddingTable]) -> bool:
+        """Whether every shard is a dynamic cache, all of one set count."""
+        caches = [s._cache for s in shards]
+        return all(c is not None for c in caches) and len(
+            {c.num_sets for c in caches if c is not None}) == 1
+
+    def serve(self, ws: QueryWorkspace, m: int, n: int, out_ptr: int, stream: int,
+              counts: dict[str, int]) -> None:
+        """The m misses of the n-key query just made on `stream` (this device current),
+        whose missed keys and positions `ws` holds, into the float32 output at out_ptr."""
+        missed = ws.host_keys[:m]
+        shards = self.shards
+        if not self._threshold.synchronous(m, n):
+            # the query's default rows stand; each shard fetches and inserts its keys later
+            starts, keys = self._grouped(missed)
+            for s, shard in enumerate(shards):
+                if starts[s + 1] > starts[s]:
+                    shard._submit(keys[starts[s]:starts[s + 1]].copy())
+            return
+        state = self._state()
+        staging = state.staging
+        keys, codes, inverse, rows = staging.prepare(m, self.dim)
+        marks = [shard._updates.mark() for shard in shards]  # before the fetch
+        u = host_loops.stage_sharded(missed, len(shards), self._num_sets, keys, inverse,
+                                     codes, state.starts)
+        self._fetch_into(keys[:u], rows[:u])
+        staging.send(u, stream)
+        counts["sync_fetches"] += u
+        d_keys, d_codes, d_inverse, d_rows = staging.device_ptrs()
+        self._scatter(state, ws.positions_ptr, d_inverse, m, d_rows, out_ptr, stream)
+        starts = state.starts.tolist()
+        row_bytes = self.dim * 4
+        for s, shard in enumerate(shards):
+            a, b = starts[s], starts[s + 1]
+            if a == b:
+                continue
+            at = (d_keys + a * 8, d_rows + a * row_bytes, d_codes + a * 8, b - a)
+            if shard.device_id == self.device_id:
+                shard._cache.insert_staged(*at, shard._state().ws, stream)  # type: ignore
+            else:
+                self._insert_there(state, shard, at, stream)
+            stale = shard._updates.raced(marks[s], keys[a:b])
+            if stale.size:  # fetched before an update of theirs: not kept
+                shard._cache.remove(stale)  # type: ignore[union-attr]
+        staging.done(stream)
+        ws.released_by(staging.done_ptr)
+
+    def _grouped(self, missed: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """The distinct missed keys grouped by shard, and where each group starts."""
+        state = self._state()
+        unique = np.empty(missed.size, np.int64)
+        inverse = np.empty(missed.size, np.int32)
+        codes = np.empty(missed.size, np.uint64)
+        host_loops.stage_sharded(missed, len(self.shards), self._num_sets, unique, inverse,
+                                 codes, state.starts)
+        return state.starts.tolist(), unique
+
+    def _scatter(self, state: _ThreadState, positions: int, inverse: int, m: int,
+                 rows: int, out_ptr: int, stream: int) -> None:
+        """out[positions[j]] = rows[inverse[j]] for the m misses."""
+        vec4 = self.dim % 4 == 0 and out_ptr % 16 == 0
+        width = self.dim // 4 if vec4 else self.dim
+        state.scatter(kernels.grid(self.device_id, m * width), 256, stream,
+                      positions, inverse, m, rows, out_ptr, vec4)
+
+    def _insert_there(self, state: _ThreadState, shard: GpuEmbeddingTable,
+                      at: tuple[int, int, int, int], stream: int) -> None:
+        """A shard on another device inserts the staged rows on a stream of its device,
+        after the caller's stream has sent them; the caller's stream waits for it (the
+        staging is reused only after)."""
+        rt, there = self._rt, shard.device_id
+        peer = state.peer(self._cp, there)
+        rt.eventRecord(state.sent_ptr, stream)
+        rt.setDevice(there)
+        try:
+            rt.streamWaitEvent(peer.stream_ptr, state.sent_ptr, 0)
+            shard._cache.insert_staged(*at, shard._state().ws,  # type: ignore[union-attr]
+                                       peer.stream_ptr)
+            rt.eventRecord(peer.done_ptr, peer.stream_ptr)
+        finally:
+            rt.setDevice(self.device_id)
+        rt.streamWaitEvent(stream, peer.done_ptr, 0)
+
+    def _state(self) -> _ThreadState:
+        state: _ThreadState | None = getattr(self._tls, "state", None)
+        if state is None:
+            state = self._tls.state = _ThreadState(self._cp, self._scatter_fn,
+                                                   len(self.shards))
+        return state
+
+
+class _Peer:
+    """One thread's stream on another device, and the event its inserts end with."""
+
+    def __init__(self, cupy: Any, device: int) -> None:
+        with cupy.cuda.Device(device):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self.done = cupy.cuda.Event(block=False, disable_timing=True)
+        self.stream_ptr = int(self.stream.ptr)
+        self.done_ptr = int(self.done.ptr)
+
+
+class _ThreadState:
+    """One thread's staging (made on the caller's device), scatter launch, group starts,
+    the event its sends end with, and its streams on the other shards' devices."""
+
+    def __init__(self, cupy: Any, scatter_fn: Any, num_shards: int) -> None:
+        self.staging = MissStaging(cupy)
+        self.scatter = kernels.Launch(scatter_fn, "ptr ptr i64 ptr ptr i32")
+        self.starts = np.zeros(num_shards + 1, np.int64)
+        self.sent = cupy.cuda.Event(block=False, disable_timing=True)
+        self.sent_ptr = int(self.sent.ptr)
+        self._peers: dict[int, _Peer] = {}
+
+    def peer(self, cupy: Any, device: int) -> _Peer:
+        peer = self._peers.get(device)
+        if peer is None:
+            peer = self._peers[device] = _Peer(cupy, device)
+        return peer
