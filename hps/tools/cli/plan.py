@@ -147,8 +147,12 @@ def _plan_table(shape: Any, log: str | None, shares: list[float], batch: int
     from hps.tools.plan.key_log import read_key_log
     from hps.tools.plan.memory import dynamic_cache_bytes, table_memory
 
-    report: dict[str, Any] = {"shape": shape, "table": shape.label,
-                              "memory": table_memory(shape), "curve": None}
+    from hps.tools.plan.layout import layout_choice
+
+    memory = table_memory(shape)
+    report: dict[str, Any] = {"shape": shape, "table": shape.label, "memory": memory,
+                              "curve": None}
+    keys = None
     if log is not None:
         keys = read_key_log(log)
         started = time.perf_counter()
@@ -158,6 +162,7 @@ def _plan_table(shape: Any, log: str | None, shares: list[float], batch: int
             replay_seconds=time.perf_counter() - started,
             cache_bytes=[dynamic_cache_bytes(shape.num_keys, shape.dim, r.share)[shape.storage]
                          for r in curve])
+    report["layout"] = layout_choice(shape, memory[0].by_storage[shape.storage], keys, batch)
     return report
 
 
@@ -174,6 +179,7 @@ def _as_json(report: dict[str, Any]) -> dict[str, Any]:
                      "overflow_policy": shape.overflow_policy,
                      "persistent_db": shape.persistent},
         "memory": [t.as_dict() for t in report["memory"]],
+        "layout": None if report["layout"] is None else report["layout"].as_dict(),
         "hit_rates": None,
     }
     if report["curve"] is not None:
@@ -214,6 +220,10 @@ def _print_table(report: dict[str, Any]) -> None:
     out.caption = "\n".join(f"{_MARKS[i]} {n}" for i, n in enumerate(notes)) + \
         "\n* the config's storage type"
     console.print(out)
+    choice = report["layout"]
+    if choice is not None:
+        console.print(f"over {choice.devices} GPUs, {choice.faster} is expected faster: "
+                      f"{choice.why}.", highlight=False)
     if report["curve"] is None:
         return
     rates = Table(title=f"{shape.label}: dynamic GPU cache on {report['key_log']}",
