@@ -19,8 +19,9 @@ missed keys are fetched once, for every shard together, as one table fetches the
   for it. No host wait beyond the query's miss count; the rows an online update overtook
   are dropped again, as one table drops them (hps/gpu/update_log.py).
 
-Applies to shards that are dynamic caches (the kind that takes inserts) of one set count;
-other kinds keep the copy path.
+Shards that hold the whole table (gpucacheper 1: an open-addressing table filled by its
+misses) take the staged rows while they have room, as one such table does; static shards
+hold every key they serve, so their misses (unknown keys) are only fetched and scattered.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class ShardedMisses:
         first = shards[0]
         self.dim = first.dim
         self._threshold = first._threshold
-        self._num_sets = int(first._cache.num_sets)  # type: ignore[union-attr]
+        # misses inserted in the background above the threshold: the dynamic kinds' rule
+        self._dynamic = first._cache is not None or first._whole is not None
+        self._num_sets = int(first._cache.num_sets) if first._cache is not None else 1
         self._fetch_into = first._fetch_into  # the host path every shard shares
         for other in {s.device_id for s in shards} - {device_id}:
             # a shard elsewhere reads the staged rows where they were sent
@@ -61,10 +64,13 @@ class ShardedMisses:
 
     @staticmethod
     def applies(shards: list[GpuEmbeddingTable]) -> bool:
-        """Whether every shard is a dynamic cache, all of one set count."""
+        """Whether the shards are of one kind (dynamic caches of one set count, whole-table
+        caches, or static tables)."""
         caches = [s._cache for s in shards]
-        return all(c is not None for c in caches) and len(
-            {c.num_sets for c in caches if c is not None}) == 1
+        if all(c is not None for c in caches):
+            return len({c.num_sets for c in caches if c is not None}) == 1
+        return all(s._cache is None and (s._whole is None) == (shards[0]._whole is None)
+                   for s in shards)
 
     def serve(self, ws: QueryWorkspace, m: int, n: int, out_ptr: int, stream: int,
               counts: dict[str, int]) -> None:
@@ -72,7 +78,7 @@ class ShardedMisses:
         whose missed keys and positions `ws` holds, into the float32 output at out_ptr."""
         missed = ws.host_keys[:m]
         shards = self.shards
-        if not self._threshold.synchronous(m, n):
+        if self._dynamic and not self._threshold.synchronous(m, n):
             # the query's default rows stand; each shard fetches and inserts its keys later
             starts, keys = self._grouped(missed)
             for s, shard in enumerate(shards):
@@ -96,14 +102,19 @@ class ShardedMisses:
             a, b = starts[s], starts[s + 1]
             if a == b:
                 continue
+            if shard._cache is None and (
+                    shard._whole is None or shard._whole_inserted + b - a > shard.capacity):
+                continue  # static, or a whole-table cache that is full: nothing to insert
             at = (d_keys + a * 8, d_rows + a * row_bytes, d_codes + a * 8, b - a)
             if shard.device_id == self.device_id:
-                shard._cache.insert_staged(*at, shard._state().ws, stream)  # type: ignore
+                _insert(shard, at, stream)
             else:
                 self._insert_there(state, shard, at, stream)
             stale = shard._updates.raced(marks[s], keys[a:b])
-            if stale.size:  # fetched before an update of theirs: not kept
-                shard._cache.remove(stale)  # type: ignore[union-attr]
+            if stale.size and shard._cache is not None:  # an update overtook: not kept
+                shard._cache.remove(stale)
+            elif stale.size:  # a whole-table cache keeps them: made current
+                shard._whole.update(stale, shard._fetch(stale))  # type: ignore[union-attr]
         staging.done(stream)
         ws.released_by(staging.done_ptr)
 
@@ -136,8 +147,7 @@ class ShardedMisses:
         rt.setDevice(there)
         try:
             rt.streamWaitEvent(peer.stream_ptr, state.sent_ptr, 0)
-            shard._cache.insert_staged(*at, shard._state().ws,  # type: ignore[union-attr]
-                                       peer.stream_ptr)
+            _insert(shard, at, peer.stream_ptr)
             rt.eventRecord(peer.done_ptr, peer.stream_ptr)
         finally:
             rt.setDevice(self.device_id)
@@ -149,6 +159,17 @@ class ShardedMisses:
             state = self._tls.state = _ThreadState(self._cp, self._scatter_fn,
                                                    len(self.shards))
         return state
+
+
+def _insert(shard: GpuEmbeddingTable, at: tuple[int, int, int, int], stream: int) -> None:
+    """Staged keys, rows and set codes (device addresses, count) into the shard, on
+    `stream` of its device (current)."""
+    keys, rows, codes, count = at
+    if shard._cache is not None:
+        shard._cache.insert_staged(keys, rows, codes, count, shard._state().ws, stream)
+    elif shard._whole is not None:
+        shard._whole_inserted += count
+        shard._whole.insert_staged(keys, rows, count, shard._state().ws, stream)
 
 
 class _Peer:

@@ -91,12 +91,13 @@ def test_sharded_lookups_are_exact_through_every_entry(
             np.testing.assert_array_equal(strided, want)
         stats = view.stats()
         per_shard = [p["keys"] for p in stats["per_shard"]]
-        # the one pass counts its keys itself (a dynamic cache's misses too: it serves
-        # them, hps/gpu/sharded_misses.py), the shards the misses it handed them
+        # the one pass counts its keys itself, its misses too (it serves them:
+        # hps/gpu/sharded_misses.py; the unknown keys at least), the shards the misses of
+        # the entries it does not serve (a float16 output)
         one_pass = stats["one_pass"]
         assert sum(per_shard) + one_pass["keys"] == stats["keys"] > 0
         assert one_pass["hits"] + one_pass["misses"] == one_pass["keys"] > 0
-        assert (one_pass["misses"] > 0) == (cache_type == "dynamic")
+        assert one_pass["misses"] > 0
         assert min(p["size"] for p in stats["per_shard"]) > 0  # every shard holds its share
     finally:
         hps.close()

@@ -296,7 +296,8 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if r["bench"] != "sharded" or r["layout"] != "sharded, one pass":
             continue
-        what = f"sharded, {r['table']}, {r.get('phase', '')} {r['keys']}, batch {r['batch']}"
+        phase = f"{r['phase']}, " if "phase" in r else ""
+        what = f"sharded, {r['table']}, {phase}{r['keys']}, batch {r['batch']}"
         if r["table"] == "a quarter cached":
             add(f"{what}: >= 0.8x one GPU", r["vs_whole"], r["vs_whole"] >= 0.8)
         elif r["table"] == "all hits" and r["batch"] > 2000 and "vs_bound" in r:
