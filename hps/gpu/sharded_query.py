@@ -21,6 +21,16 @@ dynamic-cache shards serve them as one table serves its own, fetched once for al
 (hps/gpu/sharded_misses.py); other kinds send the missed keys alone through the copy
 path (each to its owning shard, which fetches and inserts it) and scatter their rows.
 
+The fast path: as one table's fast query (hps/gpu/fast_query.py), the one pass is one
+compiled call when every shard's gate is open: it counts itself into each gate (and backs
+out of all if any is closed: a write is pending, the locked path below then orders the
+query after it and reopens the gates once the writes are done), takes each dynamic
+shard's LRU tick, launches, records the event, spins on the miss count and leaves the
+gates. A writer to any shard closes its gate and waits for the queries counted in, so no
+row changes under the kernel. It saves the locked path's Python: a lock, a write check and
+an in-flight entry per shard (on two H200s, 2,000-key all-hit batches: see
+docs/gpu-cache.md "One table over several GPUs").
+
 Where it does not apply, the copy path serves: more than HPS_MAX_SHARDS shards, uvm
 shards (refused by the config anyway), outputs other than float32, or two devices without
 peer access.
@@ -29,13 +39,15 @@ peer access.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hps.gpu import kernels
-from hps.gpu.fast_query import HELD_KEYS
+from hps.gpu import fast_query
+from hps.gpu.fast_query import CLOSED, FALLBACK, HELD_KEYS, TICK, TIMED_OUT
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.workspace import QueryWorkspace
 from hps.runtime.raw_memory import wait_while, wait_while_held
@@ -101,6 +113,16 @@ class OnePassQuery:
         self._keys_per_block = (32 // first._group) * (BLOCK // 32)
         self._max_blocks = kernels.multiprocessors(device_id) * _WAVES
         self._tls = threading.local()
+        # the fast path's gates (one process's: a shared table's gate is not for it) and
+        # the compiled calls, None where they cannot be had
+        gates = [t._gate for t in self._tables]
+        self._gates = np.array([g.address for g in gates], np.int64)
+        self._entered = [g.entered_address for g in gates]
+        self._leave = fast_query._gate_calls()[2]
+        self._fast = None if any(g.shared for g in gates) else _compiled()
+        from hps.gpu.dynamic_cache import RANK_BITS
+
+        self._rank_shift = RANK_BITS if self._dynamic else -1
 
     @staticmethod
     def applies(shards: list[GpuEmbeddingTable]) -> bool:
@@ -117,13 +139,17 @@ class OnePassQuery:
         missed positions (device) and keys (host) until this thread's next query."""
         ws, launch = self._thread(n)
         ws.wait_released(stream)
-        ws.host_count[0] = _NO_COUNT  # the kernel's last block overwrites it
         cells = launch.cells
         cells[3].value, cells[4].value, cells[5].value = keys_ptr, n, out_ptr
         cells[6].value = self._tables[0]._dim4 and out_ptr % 16 == 0
         cells[11].value = default_value
         blocks = min(-(-n // self._keys_per_block), self._max_blocks)
         event = ws.event_ptr
+        if self._fast is not None:
+            count = self._fast_query(launch, ws, n, blocks, stream)
+            if count != FALLBACK:
+                return count, ws
+        ws.host_count[0] = _NO_COUNT  # the kernel's last block overwrites it
         held = []
         try:
             for i, t in enumerate(self._tables):
@@ -156,6 +182,26 @@ class OnePassQuery:
                 t.query_done(event)
         return count, ws
 
+    def _fast_query(self, launch: _Launch, ws: QueryWorkspace, n: int, blocks: int,
+                    stream: int) -> int:
+        """The one pass in one compiled call (the module docstring's fast path): the miss
+        count, or FALLBACK when a gate was closed."""
+        call = self._fast[1] if n <= HELD_KEYS else self._fast[0]  # type: ignore[index]
+        result = int(call(self._gates.ctypes.data, self._gates.size, launch.ticks_ptr,
+                          self._rank_shift, launch.fn, blocks, BLOCK, stream, launch.params,
+                          ws.event_ptr, ws.host_ptr, _SPINS))
+        if result >= 0 or result == FALLBACK:
+            return result
+        if result == TIMED_OUT:  # a long kernel, or one queued behind other work
+            try:
+                self._rt.eventSynchronize(ws.event_ptr)
+                return int(ws.host_count[0])
+            finally:
+                for entered in self._entered:
+                    self._leave(entered)
+        self._cp.cuda.driver.check_status(FALLBACK - result)
+        raise RuntimeError(f"cuLaunchKernel failed with status {FALLBACK - result}")
+
     def _thread(self, n: int) -> tuple[QueryWorkspace, _Launch]:
         state = getattr(self._tls, "state", None)
         if state is None:
@@ -176,6 +222,7 @@ class _Launch:
     def __init__(self, fn: Any, shards_ptr: int, num_shards: int, ws: QueryWorkspace) -> None:
         u64, i64, i32, f32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
         self.ticks = np.zeros(MAX_SHARDS, np.uint64)
+        self.ticks_ptr = int(self.ticks.ctypes.data)
         self.cells: list[Any] = [u64(shards_ptr), i64(num_shards), None, u64(), i64(), u64(),
                                  i32(), u64(ws.ctl_ptr), u64(ws.host_ptr),
                                  u64(ws.positions_ptr), u64(ws.keys_ptr), f32()]
@@ -186,3 +233,66 @@ class _Launch:
         self.fn = int(fn.kernel.ptr)
         lib = kernels.driver()  # present wherever CuPy runs kernels
         self.driver, self.record = lib.cuLaunchKernel, lib.cuEventRecord
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled() -> tuple[Any, Any] | None:
+    """(query, held query): the fast path's compiled call, releasing the GIL and keeping
+    it (as fast_query's), or None where libcuda or numba cannot give it.
+
+    query(gates, count, ticks, rank_shift, fn, blocks, threads, stream, params, event,
+    count_at, spins) -> the miss count, FALLBACK (a gate was closed: nothing launched),
+    TIMED_OUT (the count had not landed after `spins` reads: wait on the event, then
+    leave every gate), or below FALLBACK a launch error."""
+    lib = kernels.driver()
+    if lib is None:
+        return None
+    try:
+        from hps.runtime.compiled import numba, types
+    except ImportError:
+        return None
+    from hps.runtime.raw_memory import _atomic_add64, _store32, _store64, _u32_acquire, _u64
+    from hps.runtime.raw_memory import _u64_acquire
+
+    cu_launch, cu_record = lib.cuLaunchKernel, lib.cuEventRecord
+
+    @numba.njit(inline="always")
+    def leave(gates: int, count: int) -> None:
+        for j in range(count):
+            _atomic_add64(np.int64(_u64(gates + j * 8)), np.int64(-1))  # ENTERED is word 0
+
+    def query(gates: int, count: int, ticks: int, rank_shift: int, fn: int, blocks: int,
+              threads: int, stream: int, params: int, event: int, count_at: int,
+              spins: int) -> int:
+        for i in range(count):
+            gate = np.int64(_u64(gates + i * 8))
+            _atomic_add64(gate, np.int64(1))
+            if np.int64(_u64_acquire(gate + CLOSED * 8)) != 0:
+                leave(gates, i + 1)
+                return FALLBACK
+        if rank_shift >= 0:
+            for i in range(count):
+                gate = np.int64(_u64(gates + i * 8))
+                tick = _atomic_add64(gate + TICK * 8, np.int64(1)) + 1
+                _store64(ticks + i * 8, tick << rank_shift)
+        _store32(count_at, np.int64(_NO_COUNT))
+        one = np.uint32(1)
+        status = cu_launch(np.uint64(fn), np.uint32(blocks), one, one, np.uint32(threads),
+                           one, one, np.uint32(0), np.uint64(stream), np.uint64(params),
+                           np.uint64(0))
+        if status == 0:
+            status = cu_record(np.uint64(event), np.uint64(stream))
+        if status != 0:
+            leave(gates, count)
+            return FALLBACK - np.int64(status)
+        for _ in range(spins):
+            missed = np.int64(np.int32(_u32_acquire(count_at)))
+            if missed != _NO_COUNT:
+                leave(gates, count)
+                return missed
+        return TIMED_OUT
+
+    i64 = types.int64
+    signature = i64(i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64)
+    # not cached: they call through addresses of this process (as fast_query's)
+    return numba.njit(signature, nogil=True)(query), numba.njit(signature)(query)

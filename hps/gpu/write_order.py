@@ -55,12 +55,15 @@ class WriteOrder:
     #     ... the query's miss count read ...
     #     table.query_done(event)
     def hold_for_query(self, stream_ptr: int) -> None:
-        """Takes the table's lock and orders `stream_ptr` after the last write. Raises
-        DeviceError (the lock released) when the table is closed."""
+        """Takes the table's lock and orders `stream_ptr` after the last write; with none
+        pending, reopens the gate, as the locked path of the table's own queries does.
+        Raises DeviceError (the lock released) when the table is closed."""
         self._lock.acquire()
         try:
             self._check_open()
             self._wait_for_writes(stream_ptr)
+            if self._write_event is None and not self._gate.shared:
+                self._gate.open()  # no write pending: the one pass's fast path may run again
         except BaseException:
             self._lock.release()
             raise

@@ -212,3 +212,51 @@ def test_updates_and_refresh_reach_the_owning_shard(cp: Any, rng: np.random.Gene
         np.testing.assert_array_equal(lookup_all_hits(others), newer)
     finally:
         hps.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_one_pass_runs_compiled_while_no_write_is_pending(
+        cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
+    """The one pass's fast path (hps/gpu/sharded_query.py) serves the lookups between
+    writes; a write closes its shard's gate, the next lookup takes the locked path, sees
+    the write, and reopens the gates for the ones after it. Every row exact."""
+    from hps.gpu.fast_query import FALLBACK
+
+    dim, n, shards = 8, 4000, 2
+    keys = rng.choice(2**40, n, replace=False).astype(np.int64)
+    rows = rng.standard_normal((n, dim)).astype(np.float32)
+    hps = _server(tmp_path, keys, rows, gpu_shards=shards, embedding_cache_type="static")
+    try:
+        server = hps.server
+        table = server.model("m").tables[0]
+        one_pass = table.gpu[0]._one_pass
+        results: list[int] = []
+        free, held = one_pass._fast
+
+        def counted(call: Any) -> Any:
+            def run(*args: Any) -> int:
+                results.append(int(call(*args)))
+                return results[-1]
+            return run
+
+        one_pass._fast = (counted(free), counted(held))
+
+        def lookup(q: np.ndarray) -> np.ndarray:
+            out = cp.empty((q.size, dim), cp.float32)
+            hps.lookup_fromdlpack(cp.asarray(q), out, "m", 0)
+            return out.get()
+
+        q = rng.choice(keys, 1000)
+        for _ in range(4):
+            np.testing.assert_array_equal(lookup(q), _expected(keys, rows, q))
+        assert results[-3:] == [0, 0, 0]  # compiled, all hits (the first may reopen the gates)
+        changed = rng.choice(keys, 300, replace=False)
+        fresh = rng.standard_normal((changed.size, dim)).astype(np.float32)
+        server.tiers.volatile.insert(table.storage_name, changed, fresh)
+        server._gpu.writer("m", table)(changed, fresh)  # closes the written shards' gates
+        results.clear()
+        np.testing.assert_array_equal(lookup(changed), fresh)
+        np.testing.assert_array_equal(lookup(changed), fresh)
+        assert results[0] == FALLBACK and results[-1] == 0
+    finally:
+        hps.close()
