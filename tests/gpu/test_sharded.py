@@ -255,8 +255,8 @@ def test_the_one_pass_runs_compiled_while_no_write_is_pending(
         server.tiers.volatile.insert(table.storage_name, changed, fresh)
         server._gpu.writer("m", table)(changed, fresh)  # closes the written shards' gates
         results.clear()
-        np.testing.assert_array_equal(lookup(changed), fresh)
-        np.testing.assert_array_equal(lookup(changed), fresh)
+        for _ in range(3):  # the locked path reopens once it finds the write done
+            np.testing.assert_array_equal(lookup(changed), fresh)
         assert results[0] == FALLBACK and results[-1] == 0
     finally:
         hps.close()
