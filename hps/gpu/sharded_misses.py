@@ -12,12 +12,15 @@ missed keys are fetched once, for every shard together, as one table fetches the
   rows the query wrote, and each shard's background worker fetches and inserts its keys;
 - below it, the distinct keys are grouped by shard with each group's set codes (compiled,
   hps/gpu/host_loops.py `stage_sharded`), fetched through the host path the shards share,
-  sent in one copy, scattered into the caller's output by one kernel, and inserted into
-  every shard from that one copy: a shard on the caller's device by its own staged insert
-  on the caller's stream, a shard on another device by the same insert on a stream of
-  that device, reading the staged rows over the peer link, the caller's stream waiting
-  for it. No host wait beyond the query's miss count; the rows an online update overtook
-  are dropped again, as one table drops them (hps/gpu/update_log.py).
+  sent in one copy, scattered into the caller's output by one kernel, and inserted: a
+  shard on the caller's device by its own staged insert on the caller's stream, a shard
+  on another device by the same insert on a stream of that device, from a copy of the
+  staging sent there. The caller's stream does not wait for another device's insert (its
+  rows are scattered already); that shard orders the insert against its own queries, as
+  any write. No host wait beyond the query's miss count (and, before the staging is
+  written again, the previous call's copies to other devices, long done by then); the
+  rows an online update overtook are dropped again, as one table drops them
+  (hps/gpu/update_log.py).
 
 Shards that hold the whole table (gpucacheper 1: an open-addressing table filled by its
 misses) take the staged rows while they have room, as one such table does; static shards
@@ -87,6 +90,7 @@ class ShardedMisses:
             return
         state = self._state()
         staging = state.staging
+        state.wait_for_peers(self._rt)  # their copies of the staging are done
         keys, codes, inverse, rows = staging.prepare(m, self.dim)
         marks = [shard._updates.mark() for shard in shards]  # before the fetch
         u = host_loops.stage_sharded(missed, len(shards), self._num_sets, keys, inverse,
@@ -109,12 +113,15 @@ class ShardedMisses:
             if shard.device_id == self.device_id:
                 _insert(shard, at, stream)
             else:
-                self._insert_there(state, shard, at, stream)
+                self._insert_there(state, shard, at, u)
             stale = shard._updates.raced(marks[s], keys[a:b])
-            if stale.size and shard._cache is not None:  # an update overtook: not kept
-                shard._cache.remove(stale)
-            elif stale.size:  # a whole-table cache keeps them: made current
-                shard._whole.update(stale, shard._fetch(stale))  # type: ignore[union-attr]
+            if stale.size:
+                with shard._device:
+                    if shard._cache is not None:  # an update overtook them: not kept
+                        shard._cache.remove(stale)
+                    else:  # a whole-table cache keeps them: made current
+                        shard._whole.update(  # type: ignore[union-attr]
+                            stale, shard._fetch(stale))
         staging.done(stream)
         ws.released_by(staging.done_ptr)
 
@@ -137,21 +144,24 @@ class ShardedMisses:
                       positions, inverse, m, rows, out_ptr, vec4)
 
     def _insert_there(self, state: _ThreadState, shard: GpuEmbeddingTable,
-                      at: tuple[int, int, int, int], stream: int) -> None:
+                      at: tuple[int, int, int, int], u: int) -> None:
         """A shard on another device inserts the staged rows on a stream of its device,
-        after the caller's stream has sent them; the caller's stream waits for it (the
-        staging is reused only after)."""
+        from a copy of the staging sent there (once a call per device)."""
         rt, there = self._rt, shard.device_id
-        peer = state.peer(self._cp, there)
-        rt.eventRecord(state.sent_ptr, stream)
+        staging = state.staging
         rt.setDevice(there)
         try:
-            rt.streamWaitEvent(peer.stream_ptr, state.sent_ptr, 0)
-            _insert(shard, at, peer.stream_ptr)
+            peer = state.peer(self._cp, there, staging.nbytes)
+            if not peer.pending:
+                staging.send_to(peer.buffer_ptr, u, peer.stream_ptr)
+            moved = peer.buffer_ptr - staging.device_ptr  # the same layout there
+            keys, rows, codes, count = at
+            _insert(shard, (keys + moved, rows + moved, codes + moved, count),
+                    peer.stream_ptr)
             rt.eventRecord(peer.done_ptr, peer.stream_ptr)
+            peer.pending = True
         finally:
             rt.setDevice(self.device_id)
-        rt.streamWaitEvent(stream, peer.done_ptr, 0)
 
     def _state(self) -> _ThreadState:
         state: _ThreadState | None = getattr(self._tls, "state", None)
@@ -173,30 +183,49 @@ def _insert(shard: GpuEmbeddingTable, at: tuple[int, int, int, int], stream: int
 
 
 class _Peer:
-    """One thread's stream on another device, and the event its inserts end with."""
+    """One thread's stream on another device, its copy of the staging there, and the
+    event its copy and inserts end with (pending until the thread's next staging)."""
 
     def __init__(self, cupy: Any, device: int) -> None:
+        self._cp = cupy
         with cupy.cuda.Device(device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self.done = cupy.cuda.Event(block=False, disable_timing=True)
         self.stream_ptr = int(self.stream.ptr)
         self.done_ptr = int(self.done.ptr)
+        self.buffer: Any = None
+        self.buffer_ptr = 0
+        self.pending = False
+
+    def fit(self, nbytes: int) -> None:
+        """A staging copy of at least `nbytes` (the device current)."""
+        if self.buffer is None or self.buffer.nbytes < nbytes:
+            self.buffer = self._cp.empty(nbytes, np.uint8)
+            self.buffer_ptr = int(self.buffer.data.ptr)
 
 
 class _ThreadState:
     """One thread's staging (made on the caller's device), scatter launch, group starts,
-    the event its sends end with, and its streams on the other shards' devices."""
+    and its peers on the other shards' devices."""
 
     def __init__(self, cupy: Any, scatter_fn: Any, num_shards: int) -> None:
         self.staging = MissStaging(cupy)
         self.scatter = kernels.Launch(scatter_fn, "ptr ptr i64 ptr ptr i32")
         self.starts = np.zeros(num_shards + 1, np.int64)
-        self.sent = cupy.cuda.Event(block=False, disable_timing=True)
-        self.sent_ptr = int(self.sent.ptr)
         self._peers: dict[int, _Peer] = {}
 
-    def peer(self, cupy: Any, device: int) -> _Peer:
+    def peer(self, cupy: Any, device: int, nbytes: int) -> _Peer:
+        """The thread's peer on `device` (current), its staging copy of `nbytes` or more."""
         peer = self._peers.get(device)
         if peer is None:
             peer = self._peers[device] = _Peer(cupy, device)
+        peer.fit(nbytes)
         return peer
+
+    def wait_for_peers(self, rt: Any) -> None:
+        """Waits until the copies of the last staging to other devices (and their inserts)
+        are done: the staging is about to be written again."""
+        for peer in self._peers.values():
+            if peer.pending:
+                rt.eventSynchronize(peer.done_ptr)
+                peer.pending = False
