@@ -28,8 +28,8 @@ query after it and reopens the gates once the writes are done), takes each dynam
 shard's LRU tick, launches, records the event, spins on the miss count and leaves the
 gates. A writer to any shard closes its gate and waits for the queries counted in, so no
 row changes under the kernel. It saves the locked path's Python: a lock, a write check and
-an in-flight entry per shard (on two H200s, 2,000-key all-hit batches: see
-docs/gpu-cache.md "One table over several GPUs").
+an in-flight entry per shard (docs/gpu-cache.md "What sharding costs and what it wins"
+has the rates).
 
 Where it does not apply, the copy path serves: more than HPS_MAX_SHARDS shards, uvm
 shards (refused by the config anyway), outputs other than float32, or two devices without

@@ -8,8 +8,8 @@ compared at the same bytes per GPU, the config's own:
 - replicated at gpucacheper p takes the bytes a sharded table of N × p (at most the whole
   table) takes on each GPU; a sharded config of p compares with replicated at p / N;
 - where the replicated cache holds the whole table, it wins: every key is a local hit,
-  while sharded lookups pay the link (on two H100s over NVLink, all hits: 0.43-0.76x one
-  GPU, docs/gpu-cache.md "Every GPU of a host");
+  while sharded lookups pay the link (two H200s over NVLink, all hits: 0.45-0.81x one GPU,
+  docs/gpu-cache.md "What sharding costs and what it wins");
 - otherwise sharding serves more of the keys from GPU memory. What that is worth depends
   on the keys: with a key log, the two caches' hit rates are replayed (hit_rates.py) and
   sharding is expected faster when it misses measurably less (by MISS_MARGIN of the
