@@ -60,7 +60,8 @@ class ShardedMisses:
         self._num_sets = int(first._cache.num_sets) if first._cache is not None else 1
         self._fetch_into = first._fetch_into  # the host path every shard shares
         for other in {s.device_id for s in shards} - {device_id}:
-            # a shard elsewhere reads the staged rows where they were sent
+            # access both ways between the devices (the one pass enabled this device's to
+            # the others'); the inserts elsewhere read their own copy of the staging
             enable_peer_access(cupy, other, device_id)
         self._scatter_fn = kernels.function("rows.cu", "scatter_rows", device_id, DIM=self.dim)
         self._tls = threading.local()
