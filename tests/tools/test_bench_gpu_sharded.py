@@ -1,0 +1,43 @@
+"""The sharded profile's targets (`hps bench gpu --profile sharded`, issue 61's figures)
+read off rows shaped as hps/tools/bench/gpu_sharded.py makes them: which rows are held to
+which bound, one GPU's rows and the copy path's never."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hps.tools.bench.gpu_sharded import targets
+
+
+def _row(table: str, keys: str, batch: int, layout: str, **figures: Any) -> dict[str, Any]:
+    return {"bench": "sharded", "table": table, "keys": keys, "batch": batch,
+            "layout": layout, "wrong_rows": 0, **figures}
+
+
+def test_each_one_pass_row_is_held_to_its_own_bound() -> None:
+    rows = [
+        _row("all hits", "uniform", 2000, "whole, one GPU", M_keys_per_s=80.0),
+        _row("all hits", "uniform", 2000, "sharded, one pass", vs_whole=0.81, vs_bound=0.81),
+        _row("all hits", "uniform", 2000, "sharded, copies", vs_whole=0.1, vs_bound=0.1),
+        _row("all hits", "uniform", 1 << 20, "sharded, one pass", vs_whole=0.45, vs_bound=0.7),
+        _row("a quarter cached", "alpha 1.1", 2000, "sharded, one pass", phase="steady state",
+             vs_whole=0.79, hit_rate=0.99),
+        _row("half a table a GPU", "uniform", 2000, "sharded, one pass",
+             phase="steady state", vs_whole=2.3, vs_bound=0.7),
+    ]
+    rows[-1]["wrong_rows"] = 3
+    got = {t["target"]: (t["measured"], t["met"]) for t in targets(rows)}
+    assert got == {
+        "sharded, all hits, uniform, batch 2000: >= 0.8x one GPU": (0.81, "yes"),
+        "sharded, all hits, uniform, batch 2000: wrong rows 0": (0, "yes"),
+        "sharded, all hits, uniform, batch 1048576: >= 0.8x the link bound": (0.7, "NO"),
+        "sharded, all hits, uniform, batch 1048576: wrong rows 0": (0, "yes"),
+        "sharded, a quarter cached, steady state, alpha 1.1, batch 2000: >= 0.8x one GPU":
+            (0.79, "NO"),
+        "sharded, a quarter cached, steady state, alpha 1.1, batch 2000: wrong rows 0":
+            (0, "yes"),
+        "sharded, half a table a GPU, steady state, uniform, batch 2000: >= 1.0x one GPU":
+            (2.3, "yes"),
+        "sharded, half a table a GPU, steady state, uniform, batch 2000: wrong rows 0":
+            (3, "NO"),
+    }
