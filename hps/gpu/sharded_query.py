@@ -17,9 +17,10 @@ among each shard's queries in flight, so a write to any shard waits for it on th
 the locked path of one table does (hps/gpu/write_order.py hold_for_query).
 
 Misses: the kernel writes the missed positions and keys into the caller's workspace;
-dynamic-cache shards serve them as one table serves its own, fetched once for all shards
-(hps/gpu/sharded_misses.py); other kinds send the missed keys alone through the copy
-path (each to its owning shard, which fetches and inserts it) and scatter their rows.
+hps/gpu/sharded_misses.py serves them as one table serves its own, fetched once for all
+shards; shards of mixed kinds (which it does not take) send the missed keys alone
+through the copy path (each to its owning shard, which fetches and inserts it) and
+scatter their rows.
 
 The fast path: as one table's fast query (hps/gpu/fast_query.py), the one pass is one
 compiled call when every shard's gate is open: it counts itself into each gate (and backs

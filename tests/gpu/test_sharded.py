@@ -43,6 +43,13 @@ def _server(tmp_path: Path, keys: np.ndarray, rows: np.ndarray, **model: Any) ->
     return api.HPS(config)
 
 
+def _looked_up(cp: Any, hps: Any, q: np.ndarray, dim: int) -> np.ndarray:
+    """The rows of host keys `q` through lookup_fromdlpack with CuPy arrays, to the host."""
+    out = cp.empty((q.size, dim), cp.float32)
+    hps.lookup_fromdlpack(cp.asarray(q), out, "m", 0)
+    return out.get()
+
+
 def _expected(keys: np.ndarray, rows: np.ndarray, q: np.ndarray) -> np.ndarray:
     order = np.argsort(keys)
     at = np.minimum(np.searchsorted(keys[order], q), keys.size - 1)
@@ -193,10 +200,9 @@ def test_updates_and_refresh_reach_the_owning_shard(cp: Any, rng: np.random.Gene
 
         def lookup_all_hits(q: np.ndarray) -> np.ndarray:
             before = view.stats()["hits"]
-            out = cp.empty((q.size, dim), cp.float32)
-            hps.lookup_fromdlpack(cp.asarray(q), out, "m", 0)
+            got = _looked_up(cp, hps, q, dim)
             assert view.stats()["hits"] - before == q.size
-            return out.get()
+            return got
 
         # an online update: the tiers first, then the caches, as hps/server/updates.py does
         changed = rng.choice(keys, 500, replace=False)
@@ -241,14 +247,10 @@ def test_the_one_pass_runs_compiled_while_no_write_is_pending(
 
         one_pass._fast = (counted(free), counted(held))
 
-        def lookup(q: np.ndarray) -> np.ndarray:
-            out = cp.empty((q.size, dim), cp.float32)
-            hps.lookup_fromdlpack(cp.asarray(q), out, "m", 0)
-            return out.get()
-
         q = rng.choice(keys, 1000)
         for _ in range(4):
-            np.testing.assert_array_equal(lookup(q), _expected(keys, rows, q))
+            np.testing.assert_array_equal(_looked_up(cp, hps, q, dim),
+                                          _expected(keys, rows, q))
         assert results[-3:] == [0, 0, 0]  # compiled, all hits (the first may reopen the gates)
         changed = rng.choice(keys, 300, replace=False)
         fresh = rng.standard_normal((changed.size, dim)).astype(np.float32)
@@ -256,7 +258,7 @@ def test_the_one_pass_runs_compiled_while_no_write_is_pending(
         server._gpu.writer("m", table)(changed, fresh)  # closes the written shards' gates
         results.clear()
         for _ in range(3):  # the locked path reopens once it finds the write done
-            np.testing.assert_array_equal(lookup(changed), fresh)
+            np.testing.assert_array_equal(_looked_up(cp, hps, changed, dim), fresh)
         assert results[0] == FALLBACK and results[-1] == 0
     finally:
         hps.close()

@@ -162,7 +162,8 @@ def _plan_table(shape: Any, log: str | None, shares: list[float], batch: int
             replay_seconds=time.perf_counter() - started,
             cache_bytes=[dynamic_cache_bytes(shape.num_keys, shape.dim, r.share)[shape.storage]
                          for r in curve])
-    report["layout"] = layout_choice(shape, memory[0].by_storage[shape.storage], keys, batch)
+    dynamic = next(t for t in memory if t.tier.startswith("GPU dynamic cache"))
+    report["layout"] = layout_choice(shape, dynamic.by_storage[shape.storage], keys, batch)
     return report
 
 
