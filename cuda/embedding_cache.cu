@@ -122,41 +122,86 @@ extern "C" __global__ void cache_query(
     hps_finish_query(ctl, host_count);
 }
 
-// cache_query of a sharded table (gpu_sharding row_wise) in one pass on the caller's
-// device: each key's shard by its hash, that shard's set probed and its row read where it
-// lives (a peer's over NVLink), hits stamped with that shard's tick; misses and the count
-// as cache_query. One key per lane group and round (compiled with UNROLL 1).
-#if UNROLL == 1
+// cache_query of a sharded table (gpu_sharding row_wise) in one pass: each key's shard by
+// its hash, that shard's set probed and its row read where it lives, hits stamped with that
+// shard's tick; misses and the count as cache_query. It serves the keys of the shards in
+// `mine` (bit s: shard s) alone, so one query runs it two ways (hps/gpu/sharded_query.py):
+// once on the caller's device for every shard, reading peers' sets and rows over NVLink
+// (pull), or once on each device for the shards it holds, reading its own memory and
+// writing the rows into the caller's output over NVLink (push: no remote reads but the
+// keys', and writes need no round trip). The launches of one query share ctl, the miss
+// lists and the count: `blocks` is their blocks in all. UNROLL keys per lane group and
+// round, each of its own shard.
 extern "C" __global__ void cache_query_sharded(
     const hps_shard* __restrict__ shards, const long long num_shards, const hps_ticks ticks,
     const hps_key* __restrict__ keys, const long long n, hps_out_t* __restrict__ out,
     const int out_vec4, int* __restrict__ ctl, int* host_count, int* __restrict__ miss_pos,
-    hps_key* __restrict__ miss_keys, const float default_value) {
+    hps_key* __restrict__ miss_keys, const float default_value, const u32 mine,
+    const u32 blocks) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
     const u32 gmask = hps_group_mask(lane);
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const bool vec4 = out_vec4 != 0;
 
-    for (long long base = warp * KPW; base < n; base += nwarps * KPW) {
-        const long long p = base + g;
-        const int s = p < n ? hps_shard_of(keys[p], num_shards) : 0;
-        const hps_shard sh = shards[s];
-        long long pos[1];
-        hps_key key[1];
-        long long slot[1];
-        cache_find_slots(keys, n, base, g, gl, gmask, sh.slot_keys, (u32)sh.num_sets,
-                         sh.flags[0] != 0, pos, key, slot);
-        hps_lane_row r[1];
-        if (slot[0] >= 0) hps_load_row(sh.vecs + slot[0] * ROW_STRIDE, gl, r[0]);
-        cache_answer_round(n, pos, key, slot, r, gl, lane, sh.num_sets * SET_SIZE, sh.stamps,
-                           out, out_vec4 != 0, ctl, miss_pos, miss_keys, hps_tick_of(ticks, s),
-                           default_value);
-    }
-    hps_finish_query(ctl, host_count);
-}
+    // warp-uniform loop: every lane runs every round, so warp-wide ballots are legal
+    for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
+        long long pos[UNROLL], slot[UNROLL];
+        hps_key key[UNROLL];
+        int s[UNROLL];
+        u32 set[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            pos[u] = base + u * KPW + g;
+            key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
+            s[u] = hps_shard_of(key[u], num_shards);
+            if (((mine >> s[u]) & 1u) == 0u) pos[u] = n;  // another launch's key: skipped
+            set[u] = hps_set_of(key[u], (u32)shards[s[u]].num_sets);
+        }
+        hps_key k[UNROLL][KPL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (pos[u] < n && key[u] != HPS_EMPTY_KEY)
+                hps_load_index_keys(shards[s[u]].slot_keys + (u64)set[u] * SET_SIZE, gl, k[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool probe = pos[u] < n && key[u] != HPS_EMPTY_KEY;
+            int way = probe ? hps_match(k[u], key[u], gl) : -1;
+            way = __reduce_max_sync(gmask, way);
+            slot[u] = way >= 0 ? (long long)set[u] * SET_SIZE + way : -1;
+            if (key[u] == HPS_EMPTY_KEY && pos[u] < n && shards[s[u]].flags[0] != 0)
+                slot[u] = shards[s[u]].num_sets * SET_SIZE;
+        }
+        hps_lane_row r[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (slot[u] >= 0) hps_load_row(shards[s[u]].vecs + slot[u] * ROW_STRIDE, gl, r[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool valid = pos[u] < n;
+            if (valid) {
+                hps_out_t* orow = out + pos[u] * DIM;
+                if (slot[u] >= 0) {
+                    hps_store_out(orow, gl, r[u], vec4);
+                    const u64 tick = hps_tick_of(ticks, s[u]);
+                    bool stamp = gl == 0 && slot[u] != shards[s[u]].num_sets * SET_SIZE;
+#if STAMP_SHIFT > 0
+                    stamp = stamp && (hps_murmur3_fmix64((u64)key[u] ^ tick) &
+                                      ((1ULL << STAMP_SHIFT) - 1)) == 0;
 #endif
+                    if (stamp) shards[s[u]].stamps[slot[u]] = tick;
+                } else {
+                    hps_fill_out(orow, gl, default_value, vec4);
+                }
+            }
+            hps_record_misses<true>(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
+                                    miss_pos, miss_keys);
+        }
+    }
+    hps_finish_query_of(ctl, host_count, blocks);
+}
 
 // cache_query software-pipelined (hps_pipelined_rounds), for large batches into 16-bit
 // outputs of short rows, in a grid of one wave (static_query_pipelined in

@@ -540,7 +540,10 @@ __device__ __forceinline__ void hps_pipelined_rounds(const long long n,
 }
 
 // Appends (position, key) of the misses of one warp round to the miss lists with one
-// atomic per warp on ctl[0]. Every lane of the warp must call it.
+// atomic per warp on ctl[0]; SYSTEM: a system-scope atomic, for the launches of one query
+// on several devices that share the lists (cache_query_sharded). Every lane of the warp
+// must call it.
+template <bool SYSTEM = false>
 __device__ __forceinline__ void hps_record_misses(bool leader_miss, long long pos, hps_key key,
                                                   int lane, int* __restrict__ miss_count,
                                                   int* __restrict__ miss_pos,
@@ -548,7 +551,9 @@ __device__ __forceinline__ void hps_record_misses(bool leader_miss, long long po
     const u32 ballot = __ballot_sync(0xffffffffu, leader_miss);
     if (ballot == 0u) return;
     int base = 0;
-    if (lane == 0) base = atomicAdd(miss_count, __popc(ballot));
+    if (lane == 0)
+        base = SYSTEM ? atomicAdd_system(miss_count, __popc(ballot))
+                      : atomicAdd(miss_count, __popc(ballot));
     base = __shfl_sync(0xffffffffu, base, 0);
     if (leader_miss) {
         const int off = base + __popc(ballot & ((1u << lane) - 1u));
@@ -573,6 +578,24 @@ __device__ __forceinline__ void hps_finish_query(int* ctl, int* host_count) {
             const int count = atomicExch(ctl, 0);
             ctl[1] = 0;
             __threadfence();  // the reset is seen before the count: the next query may follow at once
+            *reinterpret_cast<volatile int*>(host_count) = count;
+        }
+    }
+}
+
+// hps_finish_query of one query launched as several grids, on several devices, that share
+// ctl (cache_query_sharded): `blocks` in all of them, counted with system-scope atomics,
+// so the last block of any grid publishes the count.
+__device__ __forceinline__ void hps_finish_query_of(int* ctl, int* host_count, const u32 blocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        const u32 done = atomicAdd_system(reinterpret_cast<u32*>(ctl + 1), 1u);
+        if (done == blocks - 1) {
+            __threadfence_system();
+            const int count = atomicExch_system(ctl, 0);
+            atomicExch_system(ctl + 1, 0);
+            __threadfence_system();
             *reinterpret_cast<volatile int*>(host_count) = count;
         }
     }

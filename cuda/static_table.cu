@@ -204,38 +204,81 @@ extern "C" __global__ void static_query(
     hps_finish_query(ctl, host_count);
 }
 
-// static_query of a sharded table in one pass on the caller's device (cache_query_sharded
-// in cuda/embedding_cache.cu says how), without stamps. Compiled with UNROLL 1.
-#if UNROLL == 1
+// static_query of a sharded table in one pass (cache_query_sharded in
+// cuda/embedding_cache.cu says how, `mine` and `blocks` included), without stamps: UNROLL
+// keys per lane group and round, each of its own shard, every key's first bucket read at
+// once (static_find_slots' large-batch probe); a key of a shard outside `mine` is read
+// and left to the launch that serves it.
 extern "C" __global__ void static_query_sharded(
     const hps_shard* __restrict__ shards, const long long num_shards, const hps_ticks ticks,
     const hps_key* __restrict__ keys, const long long n, hps_out_t* __restrict__ out,
     const int out_vec4, int* __restrict__ ctl, int* host_count, int* __restrict__ miss_pos,
-    hps_key* __restrict__ miss_keys, const float default_value) {
+    hps_key* __restrict__ miss_keys, const float default_value, const u32 mine,
+    const u32 blocks) {
     const int lane = threadIdx.x & 31;
     const int gl = lane & (GROUP - 1);
     const int g = lane / GROUP;
     const u32 gmask = hps_group_mask(lane);
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const bool vec4 = out_vec4 != 0;
 
-    for (long long base = warp * KPW; base < n; base += nwarps * KPW) {
-        const long long p = base + g;
-        const int s = p < n ? hps_shard_of(keys[p], num_shards) : 0;
-        const hps_shard sh = shards[s];
-        long long pos[1];
-        hps_key key[1];
-        long long slot[1];
-        static_find_slots(keys, n, base, g, gl, gmask, sh.slot_keys, (u32)sh.num_sets,
-                          sh.flags[0] != 0, pos, key, slot);
-        hps_lane_row r[1];
-        if (slot[0] >= 0) hps_load_row(sh.vecs + slot[0] * ROW_STRIDE, gl, r[0]);
-        static_answer_round(n, pos, key, slot, r, gl, lane, out, out_vec4 != 0, ctl, miss_pos,
-                            miss_keys, default_value);
+    for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
+        long long pos[UNROLL], slot[UNROLL];
+        hps_key key[UNROLL];
+        int s[UNROLL];
+        u32 bucket[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            pos[u] = base + u * KPW + g;
+            key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
+            s[u] = hps_shard_of(key[u], num_shards);
+            if (((mine >> s[u]) & 1u) == 0u) pos[u] = n, key[u] = HPS_EMPTY_KEY;  // not ours
+            bucket[u] = hps_set_of(key[u], (u32)shards[s[u]].num_sets);
+        }
+        hps_key k[UNROLL][KPL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (key[u] != HPS_EMPTY_KEY)
+                hps_load_index_keys(shards[s[u]].slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const u32 num_buckets = (u32)shards[s[u]].num_sets;
+            slot[u] = -1;
+            if (key[u] != HPS_EMPTY_KEY) {
+                const int way = __reduce_max_sync(gmask, hps_match(k[u], key[u], gl));
+                bool empty = false;
+#pragma unroll
+                for (int q = 0; q < KPL; ++q) empty |= k[u][q] == HPS_EMPTY_KEY;
+                if (way >= 0) {
+                    slot[u] = (long long)bucket[u] * SET_SIZE + way;
+                } else if (!__any_sync(gmask, empty)) {
+                    const u32 next = bucket[u] + 1 == num_buckets ? 0 : bucket[u] + 1;
+                    slot[u] = static_probe(shards[s[u]].slot_keys, num_buckets, next, key[u],
+                                           gl, gmask);
+                }
+            } else if (pos[u] < n && shards[s[u]].flags[0] != 0) {
+                slot[u] = (long long)num_buckets * SET_SIZE;
+            }
+        }
+        hps_lane_row r[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+            if (slot[u] >= 0) hps_load_row(shards[s[u]].vecs + slot[u] * ROW_STRIDE, gl, r[u]);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const bool valid = pos[u] < n;
+            if (valid) {
+                hps_out_t* orow = out + pos[u] * DIM;
+                if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
+                else hps_fill_out(orow, gl, default_value, vec4);
+            }
+            hps_record_misses<true>(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
+                                    miss_pos, miss_keys);
+        }
     }
-    hps_finish_query(ctl, host_count);
+    hps_finish_query_of(ctl, host_count, blocks);
 }
-#endif
 
 // static_query software-pipelined (hps_pipelined_rounds), for large batches into 16-bit
 // outputs: every warp loops over the batch (a grid of one wave, sized by occupancy in

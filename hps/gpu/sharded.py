@@ -35,6 +35,7 @@ import ctypes
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -141,6 +142,8 @@ def shard_keys(num_keys: int, num_shards: int) -> int:
 def split_by_shard(keys: np.ndarray, num_shards: int) -> list[np.ndarray]:
     """Positions of `keys` of each shard, in their order (one stable sort, no loop per key)."""
     shards = shard_of(keys, num_shards)
+    if num_shards <= 127:  # a stable sort of bytes is a radix sort: 4M keys 0.04 s, not 0.10
+        shards = shards.astype(np.int8)
     order = np.argsort(shards, kind="stable")
     bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
     return [order[bounds[s]:bounds[s + 1]] for s in range(num_shards)]
@@ -180,17 +183,34 @@ class ShardedTable:
 
     def warm_up(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
         """Each chunk's rows go to their shards' warm-ups, in file order, until each shard
-        holds what it promises (hps/gpu/fill.py)."""
-        inserted = [0] * self.num_shards
-        for keys, vectors in chunks:
-            for s, where in enumerate(split_by_shard(keys, self.num_shards)):
-                shard = self.shards[s]
-                room = int(shard.capacity) - inserted[s] if shard.mode == "dynamic" else None
-                if where.size == 0 or room is not None and room <= 0:
-                    continue
-                where = where if room is None else where[:room]
-                inserted[s] += shard.warm_up([(keys[where], vectors[where])])
-        return sum(inserted)
+        holds what it promises (hps/gpu/fill.py). The shards take their parts at once, one
+        thread each, while this one splits the next chunk: a part's rows gathered on the
+        host (which NumPy does without the GIL) and inserted on its device, one after the
+        other, was the warm-up's time (2 H200s, 4M rows of 64: 0.45x a table replicated
+        on both)."""
+        submitted = [0] * self.num_shards
+        pending: list[Any] = [None] * self.num_shards  # each shard's part in flight
+        inserted = 0
+
+        def part(shard: GpuEmbeddingTable, keys: np.ndarray, vectors: np.ndarray,
+                 where: np.ndarray) -> int:
+            return int(shard.warm_up([(keys[where], vectors[where])]))
+
+        with ThreadPoolExecutor(self.num_shards, thread_name_prefix="hps-warm-up") as pool:
+            for keys, vectors in chunks:
+                for s, where in enumerate(split_by_shard(keys, self.num_shards)):
+                    shard = self.shards[s]
+                    room = (int(shard.capacity) - submitted[s] if shard.mode == "dynamic"
+                            else None)
+                    if where.size == 0 or room is not None and room <= 0:
+                        continue
+                    where = where if room is None else where[:room]
+                    submitted[s] += where.size
+                    if pending[s] is not None:  # a shard takes its parts in file order
+                        inserted += pending[s].result()
+                    pending[s] = pool.submit(part, shard, keys, vectors, where)
+            inserted += sum(f.result() for f in pending if f is not None)
+        return inserted
 
     def refresh(self) -> int:
         return sum(int(s.refresh()) for s in self.shards)

@@ -16,7 +16,15 @@ stream ordered after each shard's last write, launches, records its event and en
 among each shard's queries in flight, so a write to any shard waits for it on the GPU, as
 the locked path of one table does (hps/gpu/write_order.py hold_for_query).
 
-Misses: the kernel writes the missed positions and keys into the caller's workspace;
+Large batches are pushed rather than pulled: the same kernel runs once
+on each device for the shards it holds (bit mask `mine`), reads its own sets and rows and
+writes the rows into the caller's output over NVLink, while the caller's device serves its
+own shards; the peer launches follow the caller's stream through an event and the
+caller's stream waits for theirs. A pulled row costs two round trips over the link (its
+set, then the row) and its bytes in flight; a pushed row one posted write.
+`PUSH_AFTER`, `SHAPE` and docs/gpu-cache.md give the measurements that chose them.
+
+Misses: the kernels write the missed positions and keys into the caller's workspace;
 hps/gpu/sharded_misses.py serves them as one table serves its own, fetched once for all
 shards; shards of mixed kinds (which it does not take) send the missed keys alone
 through the copy path (each to its owning shard, which fetches and inserts it) and
@@ -58,6 +66,10 @@ if TYPE_CHECKING:
 
 #: most shards one pass reads (cuda/hps_common.cuh HPS_MAX_SHARDS)
 MAX_SHARDS = 8
+#: the one pass's launch shape: (lanes per key, keys per lane group and round)
+SHAPE = (8, 2)
+#: batches of more keys than this are pushed (the module docstring), where they can be
+PUSH_AFTER = 1 << 16
 _NO_COUNT = -1
 _SPINS = 1 << 16
 _WAVES = 16  # blocks per SM at most: the kernel's warps loop over the rest
@@ -102,18 +114,30 @@ class OnePassQuery:
         first = self._tables[0]
         self._dynamic = first._kind == "embedding cache"
         self._kernel = "cache_query_sharded" if self._dynamic else "static_query_sharded"
+        self._device_of = [shard.device_id for shard in shards]
+        self._devices = sorted(set(self._device_of))
         rows = []
         for t in self._tables:
             stamps = getattr(t, "_stamps_ptr", 0) if self._dynamic else 0
             rows.append([t._keys_ptr, stamps, t._vecs_ptr, t.num_sets, t._flags_ptr, 0])
-        with cupy.cuda.Device(device_id):
-            self._shards = cupy.asarray(np.array(rows, np.int64))
-            self._fn = kernels.function(first._source, self._kernel, device_id,
-                                        **{**first._defines, "UNROLL": 1})
-        self._shards_ptr = int(self._shards.data.ptr)
-        self._keys_per_block = (32 // first._group) * (BLOCK // 32)
-        self._max_blocks = kernels.multiprocessors(device_id) * _WAVES
-        self._tls = threading.local()
+        self._rows = np.array(rows, np.int64)
+        # each device's bit mask of the shards it holds, for the push
+        self._mine = {d: sum(1 << s for s, on in enumerate(self._device_of) if on == d)
+                      for d in self._devices}
+        self._all = (1 << len(shards)) - 1
+        self._max_blocks = {d: kernels.multiprocessors(d) * _WAVES
+                            for d in set(self._devices) | {device_id}}
+        #: whether large batches can be pushed (the module docstring): every shard's
+        #: device reaches this one
+        self.can_push = all(
+            enable_peer_access(cupy, d, device_id) for d in self._devices if d != device_id)
+        #: batches of more keys than this are pushed; None: none are
+        self.push_after: int | None = PUSH_AFTER if self.can_push else None
+        self._on: dict[int, tuple[Any, int, Any]] = {}  # device: (shards, their address, fn)
+        self._attribute = _pointer_attribute()
+        #: the queries pushed (for tests and the bench: which way a batch went)
+        self.pushed = 0
+        self.set_shape(*SHAPE)
         # the fast path's gates (one process's: a shared table's gate is not for it) and
         # the compiled calls, None where they cannot be had
         gates = [t._gate for t in self._tables]
@@ -124,6 +148,20 @@ class OnePassQuery:
         from hps.gpu.dynamic_cache import RANK_BITS
 
         self._rank_shift = RANK_BITS if self._dynamic else -1
+
+    def set_shape(self, group: int, unroll: int) -> None:
+        """The launch shape (SHAPE; for tuning, `hps bench gpu --profile sharded
+        --sweep`). Call it with no query in flight."""
+        defines = {**self._tables[0]._defines, "GROUP": group, "UNROLL": unroll}
+        devices = self._devices if self.can_push else [self.device_id]
+        for device in set(devices) | {self.device_id}:
+            with self._cp.cuda.Device(device):
+                shards = self._cp.asarray(self._rows)
+                fn = kernels.function(self._tables[0]._source, self._kernel, device, **defines)
+            self._on[device] = (shards, int(shards.data.ptr), fn)
+        self._keys_per_block = (32 // defines["GROUP"]) * defines["UNROLL"] * (BLOCK // 32)
+        self.shape = (group, unroll)
+        self._tls = threading.local()  # every thread's launch is bound to the old kernels
 
     @staticmethod
     def applies(shards: list[GpuEmbeddingTable]) -> bool:
@@ -144,10 +182,15 @@ class OnePassQuery:
         cells[3].value, cells[4].value, cells[5].value = keys_ptr, n, out_ptr
         cells[6].value = self._tables[0]._dim4 and out_ptr % 16 == 0
         cells[11].value = default_value
-        blocks = min(-(-n // self._keys_per_block), self._max_blocks)
+        push = (self.push_after is not None and n > self.push_after
+                and self._peers_write(keys_ptr, out_ptr))
+        grids = self._grids(n, push)
+        self.pushed += push
+        cells[13].value = sum(blocks for _, _, blocks in grids)
         event = ws.event_ptr
-        if self._fast is not None:
-            count = self._fast_query(launch, ws, n, blocks, stream)
+        if self._fast is not None and not push:
+            cells[0].value, cells[12].value = self._on[self.device_id][1], self._all
+            count = self._fast_query(launch, ws, n, grids[0][2], stream)
             if count != FALLBACK:
                 return count, ws
         ws.host_count[0] = _NO_COUNT  # the kernel's last block overwrites it
@@ -158,10 +201,8 @@ class OnePassQuery:
                 held.append(t)
                 if self._dynamic:
                     launch.ticks[i] = t._next_tick()
-            status = launch.driver(launch.fn, blocks, 1, 1, BLOCK, 1, 1, 0, stream,
-                                   launch.params, 0)
-            if status == 0:
-                status = launch.record(event, stream)
+            self._launch(launch, grids, stream)
+            status = launch.record(event, stream)
             if status:
                 self._cp.cuda.driver.check_status(status)
         except BaseException:
@@ -182,6 +223,83 @@ class OnePassQuery:
             for t in self._tables:
                 t.query_done(event)
         return count, ws
+
+    def _grids(self, n: int, push: bool) -> list[tuple[int, int, int]]:
+        """(device, shards it serves, blocks) of each launch of a query of n keys: the
+        caller's device for every shard, or, pushed, each device for its own (the
+        caller's first)."""
+        serving = ([(self.device_id, self._all)] if not push else
+                   [(d, self._mine.get(d, 0)) for d in
+                    [self.device_id] + [d for d in self._devices if d != self.device_id]])
+        return [(d, mine, min(-(-n // self._keys_per_block), self._max_blocks[d]))
+                for d, mine in serving if mine]
+
+    def _launch(self, launch: _Launch, grids: list[tuple[int, int, int]], stream: int) -> None:
+        """Queues the query's launches: the caller's device's on `stream`; each peer's on
+        this thread's stream there, after `stream`'s work so far, with `stream` made to
+        wait for it."""
+        cells, rt = launch.cells, self._rt
+        peers = [g for g in grids if g[0] != self.device_id]
+        if peers:
+            ready = self._peer_events(self.device_id)[1]
+            rt.eventRecord(ready, stream)
+        for device, mine, blocks in grids:
+            cells[0].value, cells[12].value = self._on[device][1], mine
+            fn = int(self._on[device][2].kernel.ptr)
+            if device == self.device_id:
+                status = launch.driver(fn, blocks, 1, 1, BLOCK, 1, 1, 0, stream,
+                                       launch.params, 0)
+            else:
+                peer_stream, done = self._peer_events(device)
+                rt.setDevice(device)
+                try:
+                    rt.streamWaitEvent(peer_stream, ready, 0)
+                    status = launch.driver(fn, blocks, 1, 1, BLOCK, 1, 1, 0, peer_stream,
+                                           launch.params, 0)
+                    if status == 0:
+                        rt.eventRecord(done, peer_stream)
+                finally:
+                    rt.setDevice(self.device_id)
+                if status == 0:
+                    rt.streamWaitEvent(stream, done, 0)
+            if status:
+                if len(grids) > 1:  # the grids launched count into ctl: let them end, reset it
+                    rt.deviceSynchronize()
+                    launch.ws.ctl.fill(0)
+                self._cp.cuda.driver.check_status(status)
+
+    def _peers_write(self, *pointers: int) -> bool:
+        """Whether every shard's device may read and write the caller's memory at
+        `pointers` (the keys and the output): memory of cudaMalloc (the kind legacy IPC
+        takes, from no pool), which peer access opens. Other memory is pulled: a
+        stream-ordered pool's grants peers nothing unless asked, and its access flags
+        said read-write from a peer that then faulted on it (2 H200s, CuPy's
+        MemoryAsyncPool); a virtual mapping's (torch's expandable segments) likewise."""
+        attribute = self._attribute
+        if attribute is None:
+            return False
+        flag, pool = ctypes.c_int32(), ctypes.c_uint64()
+        for ptr in pointers:
+            if (attribute(ctypes.byref(flag), _LEGACY_IPC, ptr) != 0 or flag.value != 1
+                    or attribute(ctypes.byref(pool), _MEMPOOL, ptr) != 0 or pool.value):
+                return False
+        return True
+
+    def _peer_events(self, device: int) -> tuple[int, int]:
+        """This thread's (stream, event) on a peer `device` for its pushed launches; on the
+        caller's device (0, the event the peers wait on)."""
+        peers = getattr(self._tls, "peers", None)
+        if peers is None:
+            peers = self._tls.peers = {}
+        got = peers.get(device)
+        if got is None:
+            with self._cp.cuda.Device(device):
+                keep = (self._cp.cuda.Stream(non_blocking=True) if device != self.device_id
+                        else None, self._cp.cuda.Event(block=False, disable_timing=True))
+            peers[device] = keep
+            got = keep
+        stream, ev = got
+        return (int(stream.ptr) if stream is not None else 0), int(ev.ptr)
 
     def _fast_query(self, launch: _Launch, ws: QueryWorkspace, n: int, blocks: int,
                     stream: int) -> int:
@@ -210,23 +328,27 @@ class OnePassQuery:
         ws, launch = state
         if n > ws.capacity or launch is None:
             ws.reserve(n)
-            launch = _Launch(self._fn, self._shards_ptr, len(self._tables), ws)
+            launch = _Launch(self._on[self.device_id][2], len(self._tables), ws)
             self._tls.state = (ws, launch)
         return ws, launch
 
 
 class _Launch:
-    """One thread's parameter block of the one-pass kernel: the shards' array and count,
-    the ticks by value, then the batch's keys, count, output, vec4 flag, the workspace's
-    counters and miss buffers, the default value."""
+    """One thread's parameter block of the one-pass kernel: the shards' array (of the
+    device launched on) and count, the ticks by value, then the batch's keys, count,
+    output, vec4 flag, the workspace's counters and miss buffers, the default value, the
+    shards this launch serves and the blocks of every launch of the query. A launch copies
+    the values, so one block serves each launch of a query in turn."""
 
-    def __init__(self, fn: Any, shards_ptr: int, num_shards: int, ws: QueryWorkspace) -> None:
+    def __init__(self, fn: Any, num_shards: int, ws: QueryWorkspace) -> None:
         u64, i64, i32, f32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+        u32 = ctypes.c_uint32
+        self.ws = ws
         self.ticks = np.zeros(MAX_SHARDS, np.uint64)
         self.ticks_ptr = int(self.ticks.ctypes.data)
-        self.cells: list[Any] = [u64(shards_ptr), i64(num_shards), None, u64(), i64(), u64(),
+        self.cells: list[Any] = [u64(), i64(num_shards), None, u64(), i64(), u64(),
                                  i32(), u64(ws.ctl_ptr), u64(ws.host_ptr),
-                                 u64(ws.positions_ptr), u64(ws.keys_ptr), f32()]
+                                 u64(ws.positions_ptr), u64(ws.keys_ptr), f32(), u32(), u32()]
         addresses = [int(self.ticks.ctypes.data) if c is None else ctypes.addressof(c)
                      for c in self.cells]
         self._pointers = (ctypes.c_void_p * len(addresses))(*addresses)
@@ -234,6 +356,25 @@ class _Launch:
         self.fn = int(fn.kernel.ptr)
         lib = kernels.driver()  # present wherever CuPy runs kernels
         self.driver, self.record = lib.cuLaunchKernel, lib.cuEventRecord
+
+
+#: cuPointerGetAttribute's CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (an int) and
+#: CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE (a pointer; cuda.h)
+_LEGACY_IPC, _MEMPOOL = 10, 17
+
+
+@functools.lru_cache(maxsize=1)
+def _pointer_attribute() -> Any:
+    """libcuda's cuPointerGetAttribute (data, attribute, pointer), or None."""
+    import ctypes.util
+
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
+    except OSError:
+        return None
+    call = lib.cuPointerGetAttribute
+    call.argtypes, call.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64], ctypes.c_int
+    return call
 
 
 @functools.lru_cache(maxsize=1)

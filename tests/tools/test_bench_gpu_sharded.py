@@ -1,6 +1,7 @@
 """The sharded profile's targets (`hps bench gpu --profile sharded`, issue 61's figures)
 read off rows shaped as hps/tools/bench/gpu_sharded.py makes them: which rows are held to
-which bound, one GPU's rows and the copy path's never."""
+which bound, one GPU's rows, the copy path's and the sweep's never; the warm-up's against
+the replicated table's."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ def test_each_one_pass_row_is_held_to_its_own_bound() -> None:
         _row("all hits", "uniform", 1 << 20, "sharded, one pass", vs_whole=0.45, vs_bound=0.7),
         _row("a quarter cached", "alpha 1.1", 2000, "sharded, one pass", phase="steady state",
              vs_whole=0.79, hit_rate=0.99),
+        _row("all hits", "uniform", 1 << 20,
+             "sharded, one pass (sweep: 4 lanes a key, 2 keys a round, pushed)",
+             vs_whole=0.2, vs_bound=0.3, mode="(sweep)"),
+        _row("warm-up at load", "the file's", 1 << 22, "replicated", warm_up_s=2.0),
+        _row("warm-up at load", "the file's", 1 << 22, "sharded", warm_up_s=2.5,
+             vs_replicated=0.8),
         _row("half a table a GPU", "uniform", 2000, "sharded, one pass",
              phase="steady state", vs_whole=2.3, vs_bound=0.7),
     ]
@@ -36,6 +43,7 @@ def test_each_one_pass_row_is_held_to_its_own_bound() -> None:
             (0.79, "NO"),
         "sharded, a quarter cached, steady state, alpha 1.1, batch 2000: wrong rows 0":
             (0, "yes"),
+        "sharded, warm-up at load: >= 1.0x replicated": (0.8, "NO"),
         "sharded, half a table a GPU, steady state, uniform, batch 2000: >= 1.0x one GPU":
             (2.3, "yes"),
         "sharded, half a table a GPU, steady state, uniform, batch 2000: wrong rows 0":

@@ -526,7 +526,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1 << 20)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--sweep", action="store_true",
-                        help="also time other launch shapes (kernels, storage)")
+                        help="also time other launch shapes (kernels, storage, sharded)")
     parser.add_argument("--only", choices=("throughput", "latency", "mixed"))
     parser.add_argument("--profile", action="append", choices=PROFILES,
                         help="public: the public calls' latency beside their floor; "
@@ -551,7 +551,7 @@ def main() -> None:
         if profile != "kernels":
             options: dict[str, Any] = ({"table_keys": args.table_keys}
                                        if profile == "misses" and args.table_keys else {})
-            if profile == "storage" and args.sweep:
+            if profile in ("storage", "sharded") and args.sweep:
                 options["sweep"] = True
             if profile == "hugectr" and args.updates:
                 options["updates"] = args.updates

@@ -11,7 +11,14 @@ cost alone). Rows:
   dense table on cuda:0; with several devices the link bound of the batch: the one-GPU
   time or the remote rows' bytes at the peer-read bandwidth that a plain gather kernel on
   cuda:0 reading cuda:1's copy of the rows measures in the same run, whichever is longer
-  (`bound_M_keys_per_s`, `vs_bound`);
+  (`bound_M_keys_per_s`, `vs_bound`). The layouts are timed in turns (ROUNDS of each, in
+  the same order), so a drift of the machine's speed reaches each of them alike. With
+  `sweep`, also the one pass in other launch shapes, pulled and pushed at every size
+  (hps/gpu/sharded_query.py SHAPE and PUSH_AFTER: what chose them; these tables, holding
+  the whole table, are static shards);
+- warm-up (`_warm_up_rows`): seconds to load the model with the caches warmed from its
+  file (`cache_refresh_percentage_per_iteration` 1.0) replicated on every device and
+  sharded over them, beside the load without GPU caches;
 - misses (`_miss_rows`): a quarter of the table cached, one GPU and the shards at the
   same hit rate, filling from empty and in steady state; with several devices the case
   sharding exists for, each device's cache budget half the table (one GPU caching half,
@@ -42,7 +49,8 @@ def _power_law(rng: np.random.Generator, size: int, n: int, alpha: float = 1.1) 
 
 
 def bench_sharded(dim: int = 64, table_keys: int = 1 << 22, shards: int = 2,
-                  seconds: float = 1.0, seed: int = 0) -> list[dict[str, Any]]:
+                  seconds: float = 1.0, seed: int = 0, sweep: bool = False
+                  ) -> list[dict[str, Any]]:
     """keys/s of sharded vs whole tables (see the module docstring), with ratios."""
     import cupy as cp
     import torch
@@ -71,30 +79,158 @@ def bench_sharded(dim: int = 64, table_keys: int = 1 << 22, shards: int = 2,
     all_hits = {"embedding_cache_type": "dynamic", "gpucacheper": 1.0, "hit_rate_threshold": 1.0}
     sharded = {**all_hits, "gpu_sharding": "row_wise", "gpu_shards": num_shards,
                "deployed_device_list": devices}
-    whole = _timed(keys, rows, all_hits, cases, seconds, (True,))
-    split = _timed(keys, rows, sharded, cases, seconds, (True, False))
+    timed = _timed(keys, rows, {"whole": all_hits, "sharded": sharded}, cases, seconds,
+                   _ways(sweep))
     results: list[dict[str, Any]] = []
     bounds: dict[str, float] = {}  # the 2,000-key cases' bounds, for the capacity rows
     for c, (n, how, _, _, _, floor, peer) in enumerate(cases):
         base = {"bench": "sharded", "table": "all hits", "keys": how, "batch": n,
                 "devices": len(devices), "shards": num_shards,
                 "floor_M_keys_per_s": floor / 1e6}
-        w_rate, w_wrong = whole[c][True]
-        results.append({**base, "layout": "whole, one GPU", "M_keys_per_s": w_rate / 1e6,
-                        "vs_floor": w_rate / floor, "wrong_rows": w_wrong})
-        for one_pass, label in ((True, "sharded, one pass"), (False, "sharded, copies")):
-            rate, wrong = split[c][one_pass]
+        w_rate = timed[c][WHOLE][0]
+        for label, (rate, wrong) in timed[c].items():
             row = {**base, "layout": label, "M_keys_per_s": rate / 1e6,
-                   "vs_floor": rate / floor, "vs_whole": rate / w_rate, "wrong_rows": wrong}
-            if peer is not None:  # one GPU serving all of it, or the link, if slower
+                   "vs_floor": rate / floor, "wrong_rows": wrong}
+            if label != WHOLE:
+                row["vs_whole"] = rate / w_rate
+            if peer is not None and label != WHOLE:  # one GPU serving it all, or the link
                 bound_s = max(n / w_rate, n * (num_shards - 1) / num_shards / peer)
                 row["bound_M_keys_per_s"] = n / bound_s / 1e6
                 row["vs_bound"] = rate * bound_s / n
                 if n == 2000:
                     bounds[how] = n / bound_s
+            if "(sweep" in label:
+                row["mode"] = "(sweep)"
             results.append(row)
+    if len(devices) > 1:
+        results += _warm_up_rows(keys, rows, devices, num_shards)
     results += _miss_rows(keys, rows, devices, num_shards, seconds, rng, bounds)
     return results
+
+
+WHOLE, ONE_PASS, COPIES = "whole, one GPU", "sharded, one pass", "sharded, copies"
+#: turns each layout is timed in (`_timed`)
+ROUNDS = 4
+
+
+def _ways(sweep: bool) -> list[tuple[str, str, tuple[bool, tuple[int, int], int | None] | None]]:
+    """(label, layout, (one pass?, launch shape, pushed after)) of each way the all-hits rows
+    time: the shipped ones, and with `sweep` the one pass in other shapes, pulled and
+    pushed at every batch size."""
+    from hps.gpu.sharded_query import PUSH_AFTER, SHAPE
+
+    ways: list[tuple[str, str, tuple[bool, tuple[int, int], int | None] | None]] = [
+        (WHOLE, "whole", None), (ONE_PASS, "sharded", (True, SHAPE, PUSH_AFTER)),
+        (COPIES, "sharded", (False, SHAPE, PUSH_AFTER))]
+    if sweep:
+        ways += [(f"{ONE_PASS} (sweep: {g} lanes a key, {u} keys a round, {label})",
+                  "sharded", (True, (g, u), after))
+                 for g, u in ((8, 1), (8, 2), (4, 2), (8, 4))
+                 for label, after in (("pulled", None), ("pushed", 0))]
+    return ways
+
+
+def _timed(keys: np.ndarray, rows: np.ndarray, layouts: dict[str, dict[str, Any]],
+           cases: list[Any], seconds: float, ways: list[Any]
+           ) -> list[dict[str, tuple[float, int]]]:
+    """For each case, {way's label: (keys/s, wrong rows of a checked lookup after the
+    timing)} of HPS over the table with each layout's config keys (one server a layout,
+    every case), the ways timed in ROUNDS turns; a sweep's ways get a third of the time."""
+    import torch
+
+    from hps import write_sparse_model
+    from hps.tools.bench.gpu_public import server_over_folder
+
+    most = max(case[0] for case in cases)
+    out: list[dict[str, tuple[float, int]]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        write_sparse_model(Path(tmp) / "t0", keys, rows)
+        servers: dict[str, Any] = {}
+        try:
+            for name, model in layouts.items():
+                servers[name] = server_over_folder(Path(tmp), rows.shape[1], most, 0, **model)
+            views = {name: list(hps.server.model(MODEL).tables[0].gpu.values())
+                     for name, hps in servers.items()}
+            for n, _, picks, batches, result, _, _ in cases:
+                done = {label: [0, 0.0] for label, _, _ in ways}
+                for _ in range(ROUNDS):
+                    for label, layout, setup in ways:
+                        hps = servers[layout]
+                        if setup is not None:
+                            _set_way(views[layout], *setup)
+                        share = seconds / ROUNDS / (3 if "(sweep" in label else 1)
+                        rate = _rate(lambda i, b=batches, o=result, h=hps:
+                                     h.lookup_fromdlpack(b[i % 4], o, MODEL, 0), n, share)
+                        done[label][0] += int(rate * share)
+                        done[label][1] += share
+                timed: dict[str, tuple[float, int]] = {}
+                for label, layout, setup in ways:
+                    if setup is not None:
+                        _set_way(views[layout], *setup)
+                    servers[layout].lookup_fromdlpack(batches[0], result, MODEL, 0)
+                    torch.cuda.synchronize()
+                    wrong = int((result.cpu().numpy() != rows[picks[0]]).any(axis=1).sum())
+                    keys_done, spent = done[label]
+                    timed[label] = (keys_done / spent, wrong)
+                out.append(timed)
+        finally:
+            for hps in servers.values():
+                hps.close()
+    return out
+
+
+def _set_way(views: list[Any], one_pass: bool, shape: tuple[int, int], push_after: int | None
+             ) -> None:
+    """Sets a sharded table's views to take the one pass or the copies, the one pass in
+    `shape`, batches of more than `push_after` keys pushed (None: none; where they can
+    be)."""
+    for view in views:
+        view.use_one_pass = one_pass
+        query = view._one_pass
+        if query is None:
+            continue
+        if getattr(query, "shape", None) != shape:
+            query.set_shape(*shape)
+        query.push_after = push_after if query.can_push else None
+
+
+def _warm_up_rows(keys: np.ndarray, rows: np.ndarray, devices: list[int], num_shards: int
+                  ) -> list[dict[str, Any]]:
+    """Seconds to load the model (the public HPS(config)) without GPU caches, then with
+    caches warmed from its file replicated on every device and sharded over them; the
+    warm-up's part is the difference to the first, its rate the table's keys a second
+    (`vs_replicated`: the sharded table's rate over the replicated one's)."""
+    from hps import write_sparse_model
+    from hps.tools.bench.gpu_public import server_over_folder
+
+    dim = rows.shape[1]
+    warm = {"embedding_cache_type": "dynamic", "gpucacheper": 1.0,
+            "cache_refresh_percentage_per_iteration": 0.2, "deployed_device_list": devices}
+    layouts = [("no GPU cache", {"gpucache": False}),
+               ("replicated", warm),
+               ("sharded", {**warm, "gpu_sharding": "row_wise", "gpu_shards": num_shards})]
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        write_sparse_model(Path(tmp) / "t0", keys, rows)
+        for label, model in layouts:
+            start = time.perf_counter()
+            server_over_folder(Path(tmp), dim, 2000, 0, **model).close()
+            seconds[label] = time.perf_counter() - start
+    floor = seconds["no GPU cache"]
+    out = []
+    for label, spent in seconds.items():
+        row = {"bench": "sharded", "table": "warm-up at load", "keys": "the file's",
+               "batch": keys.size, "devices": len(devices), "shards": num_shards,
+               "layout": label, "load_s": spent}
+        if label != "no GPU cache":
+            row["warm_up_s"] = spent - floor
+            row["M_keys_per_s"] = keys.size / max(spent - floor, 1e-9) / 1e6
+        out.append(row)
+    replicated = seconds["replicated"] - floor
+    for row in out:
+        if row["layout"] == "sharded":
+            row["vs_replicated"] = replicated / max(row["warm_up_s"], 1e-9)
+    return out
 
 
 def _miss_rows(keys: np.ndarray, rows: np.ndarray, devices: list[int], num_shards: int,
@@ -103,7 +239,7 @@ def _miss_rows(keys: np.ndarray, rows: np.ndarray, devices: list[int], num_shard
     """Tables with misses (below the hit rate threshold: each batch's misses fetched and
     inserted before it returns), 2,000-key batches drawn fresh from a pool of POOL_BATCHES
     (more distinct keys than a quarter of the table), no warm-up, one GPU beside the
-    shards with the same batches in the same order:
+    shards with the same batches in the same order, in turns (`_filling`):
     - a quarter of the table cached, one GPU and sharded alike (so at the same hit rate,
       printed): filling from empty (the first FILL_BATCHES), then in steady state;
     - each device's cache budget half the table (the case sharding exists for): one GPU
@@ -139,9 +275,8 @@ def _miss_rows(keys: np.ndarray, rows: np.ndarray, devices: list[int], num_shard
             picks, batches = pools[how]
             base = {"bench": "sharded", "table": table, "keys": how, "batch": n,
                     "devices": len(devices), "shards": num_shards}
-            measured = {layout: _filling(Path(tmp), rows, picks, batches, model, seconds)
-                        for layout, model in (("whole, one GPU", one_model),
-                                              ("sharded, one pass", sharded_model))}
+            measured = _filling(Path(tmp), rows, picks, batches,
+                                {WHOLE: one_model, ONE_PASS: sharded_model}, seconds)
             one = measured["whole, one GPU"]
             for layout, phases in measured.items():
                 for phase, (rate, hit_rate, wrong) in phases.items():
@@ -164,85 +299,64 @@ POOL_BATCHES, FILL_BATCHES = 8000, 1000
 
 
 def _filling(folder: Path, rows: np.ndarray, picks: np.ndarray, batches: Any,
-             model: dict[str, Any], seconds: float) -> dict[str, tuple[float, float, int]]:
-    """{phase: (keys/s, hit rate, wrong rows)} of a table of `model` filling from empty
-    (one pass over the first FILL_BATCHES), then in steady state (`seconds` looping over
-    all of them, after twice as long)."""
+             models: dict[str, dict[str, Any]], seconds: float
+             ) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """{layout: {phase: (keys/s, hit rate, wrong rows)}} of tables of `models` (one
+    server each, all open at once) filling from empty (one pass over the first
+    FILL_BATCHES), then in steady state (`seconds` of calls each, after twice as long):
+    every batch looked up by each table in turn, each call timed with a sync after it,
+    so the tables see the same keys in the same order and any drift of the machine
+    alike."""
     import torch
 
     from hps.tools.bench.gpu_public import server_over_folder
 
     count, n = picks.shape
-    hps = server_over_folder(folder, rows.shape[1], n, 0, **model)
+    servers: dict[str, Any] = {}
     try:
-        table = hps.server.model(MODEL).tables[0].gpu[0]
+        for label, model in models.items():
+            servers[label] = server_over_folder(folder, rows.shape[1], n, 0, **model)
+        tables = {label: hps.server.model(MODEL).tables[0].gpu[0]
+                  for label, hps in servers.items()}
         result = torch.empty((n, rows.shape[1]), device="cuda:0")
         sync = torch.cuda.current_stream().synchronize
-        at = [FILL_BATCHES]  # the steady state goes on from where the fill stopped
-
-        def call(i: int) -> None:
-            hps.lookup_fromdlpack(batches[(at[0] + i) % count], result, MODEL, 0)
-
-        # the first call's one-time costs (kernels loaded, buffers made) are not the fill's:
-        # a batch of keys the table does not have, which fills nothing the pool asks for
-        hps.lookup_fromdlpack(-1 - batches[0], result, MODEL, 0)
+        for hps in servers.values():
+            # the first call's one-time costs (kernels loaded, buffers made) are not the
+            # fill's: a batch of keys the table does not have, which fills nothing
+            hps.lookup_fromdlpack(-1 - batches[0], result, MODEL, 0)
         sync()
-        phases: dict[str, tuple[float, float, int]] = {}
+        at = 0
+        out: dict[str, dict[str, tuple[float, float, int]]] = {label: {} for label in models}
         for phase in ("filling from empty", "settling", "steady state"):
-            before = table.stats()
-            if phase == "filling from empty":
-                start = time.perf_counter()
-                for i in range(FILL_BATCHES):
-                    hps.lookup_fromdlpack(batches[i], result, MODEL, 0)
+            before = {label: table.stats() for label, table in tables.items()}
+            spent = dict.fromkeys(models, 0.0)
+            calls = 0
+            limit = seconds * (2 if phase == "settling" else 1)
+            while (calls < FILL_BATCHES if phase == "filling from empty"
+                   else min(spent.values()) < limit):
+                batch = batches[at % count]
+                for label, hps in servers.items():
+                    start = time.perf_counter()
+                    hps.lookup_fromdlpack(batch, result, MODEL, 0)
                     sync()
-                rate = FILL_BATCHES * n / (time.perf_counter() - start)
-            else:
-                rate = _rate(call, n, seconds * (2 if phase == "settling" else 1), warm=0)
-                at[0] += int(rate * seconds) // n
-            after = table.stats()
-            hits = after["hits"] - before["hits"]
-            looked = hits + after["misses"] - before["misses"]
-            hps.lookup_fromdlpack(batches[0], result, MODEL, 0)
-            sync()
-            wrong = int((result.cpu().numpy() != rows[picks[0]]).any(axis=1).sum())
-            if phase != "settling":
-                phases[phase] = (rate, hits / looked if looked else float("nan"), wrong)
-        return phases
+                    spent[label] += time.perf_counter() - start
+                at += 1
+                calls += 1
+            if phase == "settling":
+                continue
+            for label, hps in servers.items():
+                after = tables[label].stats()
+                hits = after["hits"] - before[label]["hits"]
+                looked = hits + after["misses"] - before[label]["misses"]
+                hps.lookup_fromdlpack(batches[0], result, MODEL, 0)
+                sync()
+                wrong = int((result.cpu().numpy() != rows[picks[0]]).any(axis=1).sum())
+                out[label][phase] = (calls * n / spent[label],
+                                     hits / looked if looked else float("nan"), wrong)
+        return out
     finally:
-        hps.close()
-
-
-def _timed(keys: np.ndarray, rows: np.ndarray, model: dict[str, Any], cases: list[Any],
-           seconds: float, modes: tuple[bool, ...]) -> list[dict[bool, tuple[float, int]]]:
-    """For each case, and each of `modes` (one pass or not, on a sharded table): keys/s of
-    HPS over the table with `model`'s config keys, and the wrong rows of a checked lookup
-    after the timing. One server for every case."""
-    import torch
-
-    most = max(case[0] for case in cases)
-    out: list[dict[bool, tuple[float, int]]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        hps = server_over_files(Path(tmp), keys, rows, most, 0, **model)
-        try:
-            views = list(hps.server.model(MODEL).tables[0].gpu.values())
-            for n, _, picks, batches, result, _, _ in cases:
-                timed: dict[bool, tuple[float, int]] = {}
-                for one_pass in modes:
-                    for view in views:
-                        if hasattr(view, "use_one_pass"):
-                            view.use_one_pass = one_pass
-                    for i in range(3):  # warm-up rounds: the caches fill
-                        hps.lookup_fromdlpack(batches[i % 4], result, MODEL, 0)
-                    rate = _rate(lambda i, b=batches, o=result:
-                                 hps.lookup_fromdlpack(b[i % 4], o, MODEL, 0), n, seconds)
-                    hps.lookup_fromdlpack(batches[0], result, MODEL, 0)
-                    torch.cuda.synchronize()
-                    wrong = int((result.cpu().numpy() != rows[picks[0]]).any(axis=1).sum())
-                    timed[one_pass] = (rate, wrong)
-                out.append(timed)
-        finally:
+        for hps in servers.values():
             hps.close()
-    return out
 
 
 def _peer_gather_rate(remote: Any, index: list[Any], out: Any, n: int, dim: int,
@@ -298,7 +412,10 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"target": target, "measured": value, "met": "yes" if ok else "NO"})
 
     for r in rows:
-        if r["bench"] != "sharded" or r["layout"] != "sharded, one pass":
+        if r["bench"] == "sharded" and "vs_replicated" in r:
+            add("sharded, warm-up at load: >= 1.0x replicated", r["vs_replicated"],
+                r["vs_replicated"] >= 1.0)
+        if r["bench"] != "sharded" or r["layout"] != ONE_PASS:
             continue
         phase = f"{r['phase']}, " if "phase" in r else ""
         what = f"sharded, {r['table']}, {phase}{r['keys']}, batch {r['batch']}"
