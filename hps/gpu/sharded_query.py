@@ -66,9 +66,16 @@ if TYPE_CHECKING:
 
 #: most shards one pass reads (cuda/hps_common.cuh HPS_MAX_SHARDS)
 MAX_SHARDS = 8
-#: the one pass's launch shape: (lanes per key, keys per lane group and round)
+#: the one pass's launch shape: (lanes per key, keys per lane group and round). One GPU's
+#: own at dim 64; two H200s, `hps bench gpu --profile sharded --sweep`: 8 lanes and 1, 2 or
+#: 4 keys, or 4 lanes and 2, moved the pulled 1M-key rate by 3% (uniform) to 8%
+#: (power-law), the 2,000-key rate by up to 9%, with (8, 2) first or within 1-2% of it on
+#: every pulled and pushed row but the 2,000-key power-law one (0.96x)
 SHAPE = (8, 2)
-#: batches of more keys than this are pushed (the module docstring), where they can be
+#: batches of more keys than this are pushed (the module docstring), where they can be.
+#: Same sweep: pushed 1M uniform keys ran 1.20x pulled; 1M power-law 0.93x (pulled hot
+#: rows are read again and again, pushed ones each cross the link); 2,000 keys 0.57-0.70x
+#: (a second launch and two events across devices)
 PUSH_AFTER = 1 << 16
 _NO_COUNT = -1
 _SPINS = 1 << 16
@@ -142,7 +149,6 @@ class OnePassQuery:
         # the compiled calls, None where they cannot be had
         gates = [t._gate for t in self._tables]
         self._gates = np.array([g.address for g in gates], np.int64)
-        self._entered = [g.entered_address for g in gates]
         self._leave = fast_query._gate_calls()[2]
         self._fast = None if any(g.shared for g in gates) else _compiled()
         from hps.gpu.dynamic_cache import RANK_BITS
@@ -316,8 +322,8 @@ class OnePassQuery:
                 self._rt.eventSynchronize(ws.event_ptr)
                 return int(ws.host_count[0])
             finally:
-                for entered in self._entered:
-                    self._leave(entered)
+                for gate in self._gates:  # a process's gate counts its queries at word 0
+                    self._leave(int(gate))
         self._cp.cuda.driver.check_status(FALLBACK - result)
         raise RuntimeError(f"cuLaunchKernel failed with status {FALLBACK - result}")
 
