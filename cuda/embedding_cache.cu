@@ -151,24 +151,18 @@ extern "C" __global__ void cache_query_sharded(
         long long pos[UNROLL], slot[UNROLL];
         hps_key key[UNROLL];
         int s[UNROLL];
+        hps_sharded_round_keys(keys, n, base, g, num_shards, mine, pos, key, s);
         u32 set[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            pos[u] = base + u * KPW + g;
-            key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
-            s[u] = hps_shard_of(key[u], num_shards);
-            if (((mine >> s[u]) & 1u) == 0u) pos[u] = n;  // another launch's key: skipped
-            set[u] = hps_set_of(key[u], (u32)shards[s[u]].num_sets);
-        }
         hps_key k[UNROLL][KPL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-            if (pos[u] < n && key[u] != HPS_EMPTY_KEY)
+        for (int u = 0; u < UNROLL; ++u) {
+            set[u] = hps_set_of(key[u], (u32)shards[s[u]].num_sets);
+            if (key[u] != HPS_EMPTY_KEY)
                 hps_load_index_keys(shards[s[u]].slot_keys + (u64)set[u] * SET_SIZE, gl, k[u]);
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            const bool probe = pos[u] < n && key[u] != HPS_EMPTY_KEY;
-            int way = probe ? hps_match(k[u], key[u], gl) : -1;
+            int way = key[u] != HPS_EMPTY_KEY ? hps_match(k[u], key[u], gl) : -1;
             way = __reduce_max_sync(gmask, way);
             slot[u] = way >= 0 ? (long long)set[u] * SET_SIZE + way : -1;
             if (key[u] == HPS_EMPTY_KEY && pos[u] < n && shards[s[u]].flags[0] != 0)

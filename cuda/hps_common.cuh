@@ -693,6 +693,23 @@ __device__ __forceinline__ int hps_shard_of(hps_key key, long long count) {
     return (int)(((hps_murmur3_fmix64((u64)key) & 0xffffffffULL) * (u64)count) >> 32);
 }
 
+// The keys of one lane group in one round of a sharded query (cache_query_sharded,
+// static_query_sharded): keys[base + u * KPW + g] for u < UNROLL, with each key's shard.
+// A key of a shard outside `mine` (bit s: shard s), like a position past n, gets pos n and
+// key HPS_EMPTY_KEY: the launch that serves its shard answers it.
+__device__ __forceinline__ void hps_sharded_round_keys(
+    const hps_key* __restrict__ keys, const long long n, const long long base, const int g,
+    const long long num_shards, const u32 mine, long long (&pos)[UNROLL],
+    hps_key (&key)[UNROLL], int (&s)[UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        pos[u] = base + u * KPW + g;
+        key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
+        s[u] = hps_shard_of(key[u], num_shards);
+        if (((mine >> s[u]) & 1u) == 0u) pos[u] = n, key[u] = HPS_EMPTY_KEY;
+    }
+}
+
 // ticks.t[s] without an indexed read of the parameters (which would copy them to local
 // memory in every thread).
 __device__ __forceinline__ u64 hps_tick_of(const hps_ticks& ticks, int s) {

@@ -154,7 +154,9 @@ __device__ __forceinline__ void static_find_slots(
 }
 
 // The end of one query round: hits' rows (loaded into r) to out[pos]; misses filled with
-// default_value and appended to the miss lists. Every lane of the warp must call it.
+// default_value and appended to the miss lists (SYSTEM: hps_record_misses'). Every lane of
+// the warp must call it.
+template <bool SYSTEM = false>
 __device__ __forceinline__ void static_answer_round(
     const long long n, const long long (&pos)[UNROLL], const hps_key (&key)[UNROLL],
     const long long (&slot)[UNROLL], const hps_lane_row (&r)[UNROLL], const int gl,
@@ -168,8 +170,8 @@ __device__ __forceinline__ void static_answer_round(
             if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
             else hps_fill_out(orow, gl, default_value, vec4);
         }
-        hps_record_misses(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
-                          miss_pos, miss_keys);
+        hps_record_misses<SYSTEM>(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane,
+                                  ctl, miss_pos, miss_keys);
     }
 }
 
@@ -221,26 +223,20 @@ extern "C" __global__ void static_query_sharded(
     const u32 gmask = hps_group_mask(lane);
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
-    const bool vec4 = out_vec4 != 0;
 
     for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
         long long pos[UNROLL], slot[UNROLL];
         hps_key key[UNROLL];
         int s[UNROLL];
+        hps_sharded_round_keys(keys, n, base, g, num_shards, mine, pos, key, s);
         u32 bucket[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            pos[u] = base + u * KPW + g;
-            key[u] = pos[u] < n ? keys[pos[u]] : HPS_EMPTY_KEY;
-            s[u] = hps_shard_of(key[u], num_shards);
-            if (((mine >> s[u]) & 1u) == 0u) pos[u] = n, key[u] = HPS_EMPTY_KEY;  // not ours
-            bucket[u] = hps_set_of(key[u], (u32)shards[s[u]].num_sets);
-        }
         hps_key k[UNROLL][KPL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+        for (int u = 0; u < UNROLL; ++u) {
+            bucket[u] = hps_set_of(key[u], (u32)shards[s[u]].num_sets);
             if (key[u] != HPS_EMPTY_KEY)
                 hps_load_index_keys(shards[s[u]].slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
+        }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const u32 num_buckets = (u32)shards[s[u]].num_sets;
@@ -265,17 +261,8 @@ extern "C" __global__ void static_query_sharded(
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u)
             if (slot[u] >= 0) hps_load_row(shards[s[u]].vecs + slot[u] * ROW_STRIDE, gl, r[u]);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const bool valid = pos[u] < n;
-            if (valid) {
-                hps_out_t* orow = out + pos[u] * DIM;
-                if (slot[u] >= 0) hps_store_out(orow, gl, r[u], vec4);
-                else hps_fill_out(orow, gl, default_value, vec4);
-            }
-            hps_record_misses<true>(gl == 0 && valid && slot[u] < 0, pos[u], key[u], lane, ctl,
-                                    miss_pos, miss_keys);
-        }
+        static_answer_round<true>(n, pos, key, slot, r, gl, lane, out, out_vec4 != 0, ctl,
+                                  miss_pos, miss_keys, default_value);
     }
     hps_finish_query_of(ctl, host_count, blocks);
 }

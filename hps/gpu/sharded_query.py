@@ -128,10 +128,13 @@ class OnePassQuery:
             stamps = getattr(t, "_stamps_ptr", 0) if self._dynamic else 0
             rows.append([t._keys_ptr, stamps, t._vecs_ptr, t.num_sets, t._flags_ptr, 0])
         self._rows = np.array(rows, np.int64)
-        # each device's bit mask of the shards it holds, for the push
-        self._mine = {d: sum(1 << s for s, on in enumerate(self._device_of) if on == d)
-                      for d in self._devices}
+        # which device serves which shards (a bit mask): pulled, the caller's every one;
+        # pushed, each device the shards it holds, the caller's device first
         self._all = (1 << len(shards)) - 1
+        mine = {d: sum(1 << s for s, on in enumerate(self._device_of) if on == d)
+                for d in self._devices}
+        self._pulled = [(device_id, self._all)]
+        self._pushed = [(d, mine[d]) for d in sorted(mine, key=lambda d: d != device_id)]
         self._max_blocks = {d: kernels.multiprocessors(d) * _WAVES
                             for d in set(self._devices) | {device_id}}
         #: whether large batches can be pushed (the module docstring): every shard's
@@ -140,7 +143,8 @@ class OnePassQuery:
             enable_peer_access(cupy, d, device_id) for d in self._devices if d != device_id)
         #: batches of more keys than this are pushed; None: none are
         self.push_after: int | None = PUSH_AFTER if self.can_push else None
-        self._on: dict[int, tuple[Any, int, Any]] = {}  # device: (shards, their address, fn)
+        # device: (the shards' array there, its address, the kernel's address)
+        self._on: dict[int, tuple[Any, int, int]] = {}
         self._attribute = _pointer_attribute()
         #: the queries pushed (for tests and the bench: which way a batch went)
         self.pushed = 0
@@ -164,7 +168,7 @@ class OnePassQuery:
             with self._cp.cuda.Device(device):
                 shards = self._cp.asarray(self._rows)
                 fn = kernels.function(self._tables[0]._source, self._kernel, device, **defines)
-            self._on[device] = (shards, int(shards.data.ptr), fn)
+            self._on[device] = (shards, int(shards.data.ptr), int(fn.kernel.ptr))
         self._keys_per_block = (32 // defines["GROUP"]) * defines["UNROLL"] * (BLOCK // 32)
         self.shape = (group, unroll)
         self._tls = threading.local()  # every thread's launch is bound to the old kernels
@@ -231,14 +235,9 @@ class OnePassQuery:
         return count, ws
 
     def _grids(self, n: int, push: bool) -> list[tuple[int, int, int]]:
-        """(device, shards it serves, blocks) of each launch of a query of n keys: the
-        caller's device for every shard, or, pushed, each device for its own (the
-        caller's first)."""
-        serving = ([(self.device_id, self._all)] if not push else
-                   [(d, self._mine.get(d, 0)) for d in
-                    [self.device_id] + [d for d in self._devices if d != self.device_id]])
+        """(device, shards it serves, blocks) of each launch of a query of n keys."""
         return [(d, mine, min(-(-n // self._keys_per_block), self._max_blocks[d]))
-                for d, mine in serving if mine]
+                for d, mine in (self._pushed if push else self._pulled)]
 
     def _launch(self, launch: _Launch, grids: list[tuple[int, int, int]], stream: int) -> None:
         """Queues the query's launches: the caller's device's on `stream`; each peer's on
@@ -250,8 +249,8 @@ class OnePassQuery:
             ready = self._peer_events(self.device_id)[1]
             rt.eventRecord(ready, stream)
         for device, mine, blocks in grids:
-            cells[0].value, cells[12].value = self._on[device][1], mine
-            fn = int(self._on[device][2].kernel.ptr)
+            _, cells[0].value, fn = self._on[device]
+            cells[12].value = mine
             if device == self.device_id:
                 status = launch.driver(fn, blocks, 1, 1, BLOCK, 1, 1, 0, stream,
                                        launch.params, 0)
@@ -270,7 +269,7 @@ class OnePassQuery:
                     rt.streamWaitEvent(stream, done, 0)
             if status:
                 if len(grids) > 1:  # the grids launched count into ctl: let them end, reset it
-                    rt.deviceSynchronize()
+                    rt.streamSynchronize(stream)  # it waits for the peers launched so far
                     launch.ws.ctl.fill(0)
                 self._cp.cuda.driver.check_status(status)
 
@@ -346,7 +345,7 @@ class _Launch:
     shards this launch serves and the blocks of every launch of the query. A launch copies
     the values, so one block serves each launch of a query in turn."""
 
-    def __init__(self, fn: Any, num_shards: int, ws: QueryWorkspace) -> None:
+    def __init__(self, fn: int, num_shards: int, ws: QueryWorkspace) -> None:
         u64, i64, i32, f32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
         u32 = ctypes.c_uint32
         self.ws = ws
@@ -359,7 +358,7 @@ class _Launch:
                      for c in self.cells]
         self._pointers = (ctypes.c_void_p * len(addresses))(*addresses)
         self.params = ctypes.addressof(self._pointers)
-        self.fn = int(fn.kernel.ptr)
+        self.fn = fn  # the caller's device's kernel, for the fast path
         lib = kernels.driver()  # present wherever CuPy runs kernels
         self.driver, self.record = lib.cuLaunchKernel, lib.cuEventRecord
 

@@ -189,7 +189,7 @@ def _set_way(views: list[Any], one_pass: bool, shape: tuple[int, int], push_afte
         query = view._one_pass
         if query is None:
             continue
-        if getattr(query, "shape", None) != shape:
+        if query.shape != shape:
             query.set_shape(*shape)
         query.push_after = push_after if query.can_push else None
 
