@@ -129,20 +129,25 @@ def build_router(state: ServiceState) -> APIRouter:
                                  "loaded (yet, or a load failed)."},
                            413: ERROR_RESPONSES[413]})
     async def readyz() -> Response:
+        # one snapshot of the models for the whole answer: a workers' server computes
+        # them anew on each read (hps/http/workers_ops.py), and an answer that read them
+        # four times said loaded [] and loading [] at once (tests/http/
+        # test_workers_leader_kill.py, killing the leader mid-op)
         loaded = sorted(server.models)
+        pending = state.pending(loaded)
         held = state.lookups.held  # lookups given up on whose threads have not returned
-        ready = state.ready() and not held
+        ready = state.ready(loaded) and not held
         status = "ready" if ready else ("failed" if state.failed else
                                         "stalled" if held else "loading")
         body: dict[str, Any] = {"status": status, "loaded": loaded,
-                                "loading": state.pending(), "failed": sorted(state.failed),
+                                "loading": pending, "failed": sorted(state.failed),
                                 "degraded": server.degraded()}
         updates = _update_state(server)
         if updates is not None:
             body["updates"] = updates
         if not ready:
             body["error"] = {"kind": "not_ready", "message": _not_ready(
-                state.pending(), sorted(state.failed), held)}
+                pending, sorted(state.failed), held)}
         return Response(json.dumps(body).encode(), status_code=200 if ready else 503,
                         media_type=JSON)
 

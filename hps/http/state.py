@@ -14,7 +14,7 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -328,12 +328,14 @@ class ServiceState:
     def configured(self) -> list[str]:
         return [m.model for m in self.server.config.models]
 
-    def pending(self) -> list[str]:
-        loaded = self.server.models
+    def pending(self, loaded: Collection[str] | None = None) -> list[str]:
+        """The configured models neither loaded nor failed; of `loaded` (a snapshot of
+        the server's models) when given."""
+        loaded = self.server.models if loaded is None else loaded
         return [n for n in self.configured() if n not in loaded and n not in self.failed]
 
-    def ready(self) -> bool:
-        loaded = self.server.models
+    def ready(self, loaded: Collection[str] | None = None) -> bool:
+        loaded = self.server.models if loaded is None else loaded
         return all(n in loaded for n in self.configured())
 
     def model(self, name: str) -> LoadedModel:
