@@ -42,14 +42,8 @@ from hps.gpu.workspace import QueryWorkspace
 from hps.gpu.shared_cache import SharedParts
 from hps.gpu.write_order import WriteOrder
 from hps.intake.keys import device_output_view
-from hps.rows.gpu_layout import (
-    OUT_FLOAT32,
-    OUTPUT_CODES,
-    STORAGE_CODES,
-    row_unit_bytes,
-    stored_row_bytes,
-    table_storage,
-)
+from hps.rows.gpu_layout import (OUT_FLOAT32, OUTPUT_CODES, STORAGE_CODES, row_unit_bytes,
+                                 stored_row_bytes, table_storage)
 from hps.rows.storage_types import FLOAT32, StorageType, decode
 from hps.runtime.raw_memory import wait_while, wait_while_held
 
@@ -235,14 +229,16 @@ class DeviceTable(WriteOrder, HostRowUpdates, SharedParts):
             self._generation += 1
             self._gate.write_queued(self._rt, 0)  # a shared gate: nothing written, reopen
 
-    def _kernel(self, name: str, out_type: int = OUT_FLOAT32) -> Any:
-        """Kernel `name` of the table's source, compiled for its defines and, for query
-        kernels, output type `out_type`."""
-        fn = self._fn.get((name, out_type))
+    def _kernel(self, name: str, out_type: int = OUT_FLOAT32, device: int | None = None
+                ) -> Any:
+        """Kernel `name` of the table's source for its defines and, for queries, output
+        type `out_type`; of its device, or of a peer `device` that reaches its memory."""
+        device = self.device_id if device is None else device
+        fn = self._fn.get((name, out_type, device))
         if fn is None:
-            fn = kernels.function(self._source, name, self.device_id,
+            fn = kernels.function(self._source, name, device,
                                   **self._out_defines(self._defines, out_type))
-            self._fn[(name, out_type)] = fn
+            self._fn[(name, out_type, device)] = fn
         return fn
 
     @staticmethod

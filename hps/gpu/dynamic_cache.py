@@ -242,7 +242,9 @@ class EmbeddingCache(DeviceTable):
         [n, dim] and their sorted set codes uint64 [n], contiguous. Ordered after the
         queries in flight on other streams and the writes before it; later queries and
         writes wait for it (see DeviceTable._writing_on, inlined: this is the lookup
-        path's).
+        path's). The kernel runs on the workspace's device: the table's, or a peer that
+        reaches its memory (a sharded table's miss path inserts into every shard from the
+        caller's device, on the caller's stream: hps/gpu/sharded_misses.py).
 
         `scatter` (positions, inverse, count, out: device addresses) also writes the rows
         into a lookup's output, out[positions[j]] = rows[inverse[j]] for j < count
@@ -250,8 +252,10 @@ class EmbeddingCache(DeviceTable):
         cache_insert_scatter): the miss path pays one kernel launch, not two. The output
         is of output type `out_type` (hps/rows/gpu_layout.py)."""
         cells = ws.insert_cells
-        if cells is None or ws.generation != self._generation or ws.insert_type != out_type:
-            launch = kernels.Launch(self._kernel("cache_insert_scatter", out_type),
+        if (cells is None or ws.insert_generation != self._generation
+                or ws.insert_type != out_type):
+            launch = kernels.Launch(self._kernel("cache_insert_scatter", out_type,
+                                                 ws.device_id),
                                     "ptr i64 ptr ptr i32 ptr ptr ptr u32 ptr u64 "
                                     "u32 ptr ptr i64 ptr i32")
             for i, v in ((5, self._keys_ptr), (6, self._stamps_ptr), (7, self._vecs_ptr),
@@ -259,13 +263,14 @@ class EmbeddingCache(DeviceTable):
                 launch.set(i, v)
             ws.insert_launch = launch
             ws.insert_type = out_type
+            ws.insert_generation = self._generation
             ws.insert_cells = cells = launch.values
         cells[0].value = codes_ptr
         cells[1].value = n
         cells[2].value = keys_ptr
         cells[3].value = rows_ptr
         cells[4].value = self._dim4 and rows_ptr % 16 == 0
-        blocks = kernels.grid(self.device_id, n * self._group, BLOCK)
+        blocks = kernels.grid(ws.device_id, n * self._group, BLOCK)
         cells[11].value = blocks
         if scatter is None:
             cells[14].value = 0
@@ -277,7 +282,7 @@ class EmbeddingCache(DeviceTable):
             cells[14].value = count
             cells[15].value = out_ptr
             cells[16].value = vec4
-            blocks += kernels.grid(self.device_id, count * (self.dim // 4 if vec4 else self.dim),
+            blocks += kernels.grid(ws.device_id, count * (self.dim // 4 if vec4 else self.dim),
                                    BLOCK)
         with self._lock:
             if self._closed:

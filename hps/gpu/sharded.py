@@ -21,8 +21,8 @@ one scatter puts every row at its position in the caller's output. The run sizes
 one extra host wait. Misses go to the host tiers from the shard that owns the key, so
 each missed key is fetched once. Where the one pass serves (hps/gpu/sharded_query.py),
 its misses are fetched once for all shards and inserted into each
-(hps/gpu/sharded_misses.py). Inserts, updates, the warm-up and the refresh are split on
-the host by the same hash (NumPy).
+(hps/gpu/sharded_misses.py). Inserts, updates and the refresh are split on the host by
+the same hash (NumPy); the warm-up on each device (`ShardedTable.warm_up`).
 
 With one device and `gpu_shards` > 1 every shard lives on that device: the routing, the
 per-shard misses and updates run (and are tested against the NumPy model) on a machine
@@ -32,6 +32,7 @@ with one GPU.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
     from hps.gpu.table import GpuEmbeddingTable
 
 _LOW32 = np.uint64(0xFFFFFFFF)
+#: rows a device takes of a warm-up chunk at once (each device is sent every chunk: a
+#: whole-table chunk, `cache_refresh_percentage_per_iteration` 0, of a table sharded for
+#: its size would not fit one device)
+WARM_PART_BYTES = 256 << 20
 #: the counters of the one pass (its misses: those hps/gpu/sharded_misses.py served)
 _ONE_PASS_COUNTS = ("lookups", "keys", "hits", "misses", "sync_fetches")
 _S32 = np.uint64(32)
@@ -126,6 +131,20 @@ extern "C" __global__ void scatter_words16(const unsigned short* rows,
 """
 
 
+@functools.lru_cache(maxsize=1)
+def _shard_of_kernel(cp: Any) -> Any:
+    """shard_of on the device: (int64 keys, uint64 shards) -> int8 shard of each key."""
+    return cp.ElementwiseKernel(
+        "int64 key, uint64 shards", "int8 shard",
+        """
+        unsigned long long k = (unsigned long long)key;
+        k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
+        k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
+        k ^= k >> 33;
+        shard = (signed char)(((k & 0xffffffffULL) * shards) >> 32);
+        """, "hps_shard_of")
+
+
 def shard_of(keys: np.ndarray, num_shards: int) -> np.ndarray:
     """The shard (int64) of each host int64 key among `num_shards`; the kernel's twin."""
     low = murmur3_fmix64(keys) & _LOW32
@@ -183,33 +202,48 @@ class ShardedTable:
 
     def warm_up(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
         """Each chunk's rows go to their shards' warm-ups, in file order, until each shard
-        holds what it promises (hps/gpu/fill.py). The shards take their parts at once, one
-        thread each, while this one splits the next chunk: a part's rows gathered on the
-        host (which NumPy does without the GIL) and inserted on its device, one after the
-        other, was the warm-up's time (2 H200s, 4M rows of 64: 0.45x a table replicated
-        on both)."""
-        submitted = [0] * self.num_shards
-        pending: list[Any] = [None] * self.num_shards  # each shard's part in flight
+        holds what it promises (hps/gpu/fill.py). Every device takes each chunk whole, in
+        parts of at most WARM_PART_BYTES of rows, one thread a device while this one reads
+        the next chunk: the part sent over, each of its shards' keys picked out there (in
+        file order) and inserted, set codes sorted on the device. The host splitting each
+        chunk and gathering each shard's rows, then sorting its set codes, was the
+        warm-up's time (2 H200s, 4M rows of 64: 0.84x a table replicated on both)."""
+        submitted = [0] * self.num_shards  # each shard's keys so far (its device's thread's)
+        devices = sorted({shard.device_id for shard in self.shards})
+        pending: dict[int, Any] = {}  # each device's chunk in flight
         inserted = 0
-
-        def part(shard: GpuEmbeddingTable, keys: np.ndarray, vectors: np.ndarray,
-                 where: np.ndarray) -> int:
-            return int(shard.warm_up([(keys[where], vectors[where])]))
-
-        with ThreadPoolExecutor(self.num_shards, thread_name_prefix="hps-warm-up") as pool:
+        with ThreadPoolExecutor(len(devices), thread_name_prefix="hps-warm-up") as pool:
             for keys, vectors in chunks:
-                for s, where in enumerate(split_by_shard(keys, self.num_shards)):
+                keys = np.ascontiguousarray(keys, np.int64)
+                for device in devices:
+                    if device in pending:  # a device takes the chunks in file order
+                        inserted += pending.pop(device).result()
+                    pending[device] = pool.submit(self._warm_device, device, keys, vectors,
+                                                  submitted)
+            inserted += sum(f.result() for f in pending.values())
+        return inserted
+
+    def _warm_device(self, device: int, keys: np.ndarray, vectors: np.ndarray,
+                     submitted: list[int]) -> int:
+        """A chunk's keys of `device`'s shards into them (see warm_up); the keys inserted."""
+        cp = kernels.cupy_module()
+        mine = [s for s, shard in enumerate(self.shards) if shard.device_id == device]
+        row_bytes = max(1, vectors.nbytes // max(1, keys.shape[0]))
+        step = max(1, WARM_PART_BYTES // row_bytes)
+        inserted = 0
+        with cp.cuda.Device(device):
+            for start in range(0, keys.shape[0], step):
+                part_keys = cp.asarray(keys[start:start + step])
+                part_rows = cp.asarray(vectors[start:start + step])
+                owner = _shard_of_kernel(cp)(part_keys, np.uint64(self.num_shards))
+                for s in mine:
                     shard = self.shards[s]
-                    room = (int(shard.capacity) - submitted[s] if shard.mode == "dynamic"
-                            else None)
-                    if where.size == 0 or room is not None and room <= 0:
-                        continue
-                    where = where if room is None else where[:room]
-                    submitted[s] += where.size
-                    if pending[s] is not None:  # a shard takes its parts in file order
-                        inserted += pending[s].result()
-                    pending[s] = pool.submit(part, shard, keys, vectors, where)
-            inserted += sum(f.result() for f in pending if f is not None)
+                    where = cp.flatnonzero(owner == s)
+                    if shard.mode == "dynamic":
+                        where = where[:max(0, int(shard.capacity) - submitted[s])]
+                    if where.size:
+                        submitted[s] += int(where.size)
+                        inserted += int(shard.warm_up([(part_keys[where], part_rows[where])]))
         return inserted
 
     def refresh(self) -> int:
@@ -281,7 +315,7 @@ class ShardedView:
             self._one_pass = OnePassQuery(self._cp, device, table.shards)
         # its misses fetched once for every shard (hps/gpu/sharded_misses.py), where it applies
         self._misses: ShardedMisses | None = None
-        if self._one_pass is not None and ShardedMisses.applies(table.shards):
+        if self._one_pass is not None and ShardedMisses.applies(device, table.shards):
             self._misses = ShardedMisses(self._cp, device, table.shards)
         #: whether lookups take the one pass where it applies (True) or the copy path
         #: (False: for comparing the two, `hps bench gpu --profile sharded`)

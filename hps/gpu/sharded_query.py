@@ -109,6 +109,30 @@ _PEERS: set[tuple[int, int]] = set()
 _PEERS_LOCK = threading.Lock()
 
 
+@functools.lru_cache(maxsize=None)
+def peer_atomics(device: int, other: int) -> bool:
+    """Whether kernels on `device` may use atomics on `other`'s memory (NVLink: native
+    peer atomics; over PCIe they are not atomic): what a pushed query's shared miss count
+    and an insert into another device's shard need. The device itself: True."""
+    if device == other:
+        return True
+    lib = kernels.driver()
+    if lib is None:
+        return False
+    handles = [ctypes.c_int32(), ctypes.c_int32()]
+    for handle, ordinal in zip(handles, (device, other), strict=True):
+        if lib.cuDeviceGet(ctypes.byref(handle), ordinal) != 0:
+            return False
+    value = ctypes.c_int32()
+    status = lib.cuDeviceGetP2PAttribute(ctypes.byref(value), _NATIVE_ATOMICS, handles[0],
+                                         handles[1])
+    return status == 0 and value.value == 1
+
+
+#: cuDeviceGetP2PAttribute's CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED (cuda.h)
+_NATIVE_ATOMICS = 3
+
+
 class OnePassQuery:
     """The one-pass query of a sharded table from device `device_id` (see the module
     docstring). Thread-safe: each thread has its own workspace and launch."""
@@ -138,9 +162,10 @@ class OnePassQuery:
         self._max_blocks = {d: kernels.multiprocessors(d) * _WAVES
                             for d in set(self._devices) | {device_id}}
         #: whether large batches can be pushed (the module docstring): every shard's
-        #: device reaches this one
+        #: device reaches this one, with atomics (the shared miss count)
         self.can_push = all(
-            enable_peer_access(cupy, d, device_id) for d in self._devices if d != device_id)
+            enable_peer_access(cupy, d, device_id) and peer_atomics(d, device_id)
+            for d in self._devices if d != device_id)
         #: batches of more keys than this are pushed; None: none are
         self.push_after: int | None = PUSH_AFTER if self.can_push else None
         # device: (the shards' array there, its address, the kernel's address)

@@ -140,12 +140,6 @@ class MissStaging:
         copy."""
         self._copy(0, self._offsets[3] + u * self._dim * 4, stream_ptr)
 
-    def send_to(self, device_ptr: int, u: int, stream_ptr: int) -> None:
-        """send()'s bytes to another buffer of the layout's size (another device's, on a
-        stream of that device, current); the caller keeps the host buffer until it ran."""
-        self._held.copy_to_device(device_ptr, self._host_ptr,
-                                  self._offsets[3] + u * self._dim * 4, stream_ptr)
-
     def send_index(self, stream_ptr: int) -> None:
         """Copies keys, codes and inverse (not the rows) to the device."""
         self._copy(0, self._offsets[3], stream_ptr)

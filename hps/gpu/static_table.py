@@ -128,10 +128,12 @@ class StaticEmbeddingTable(DeviceTable):
         queued on the caller's stream `stream_ptr` (the device current), ordered after the
         queries in flight and the writes before it, later ones after it. The caller keeps
         the keys built under `num_keys` (no error is raised here: a key that finds no
-        slot is counted in the flags and not held)."""
-        launch = kernels.Launch(self._kernel("static_build"), "ptr i64 ptr i32 ptr ptr u32 ptr")
+        slot is counted in the flags and not held). The kernel runs on the workspace's
+        device: the table's, or a peer that reaches its memory (a sharded table's)."""
+        launch = kernels.Launch(self._kernel("static_build", device=ws.device_id),
+                                "ptr i64 ptr i32 ptr ptr u32 ptr")
         with self._writing_on(stream_ptr, ws):
-            launch(kernels.grid(self.device_id, n * self._group, BLOCK), BLOCK, stream_ptr,
+            launch(kernels.grid(ws.device_id, n * self._group, BLOCK), BLOCK, stream_ptr,
                    keys_ptr, n, rows_ptr, self._dim4 and rows_ptr % 16 == 0, self._keys_ptr,
                    self._vecs_ptr, self.num_sets, self._flags_ptr)
 

@@ -151,6 +151,48 @@ def test_each_shard_holds_its_keys_as_the_numpy_model_of_its_cache(
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_warm_up_fills_each_shard_in_file_order_as_the_numpy_model(
+        cp: Any, rng: np.random.Generator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up (cache_refresh_percentage_per_iteration) sends each chunk to the
+    device, in parts (a small part size here: several a chunk), picks out each shard's
+    keys there and inserts them in file order until the shard holds its capacity: each
+    shard holds what the NumPy model of its cache holds given the same inserts. The sets
+    overflow (more keys a shard than it holds), so the order is checked too."""
+    from hps.gpu import sharded
+
+    dim, n, shards, part = 8, 30000, 3, 700
+    monkeypatch.setattr(sharded, "WARM_PART_BYTES", part * dim * 4)
+    keys = rng.choice(2**40, n, replace=False).astype(np.int64)
+    rows = rng.standard_normal((n, dim)).astype(np.float32)
+    hps = _server(tmp_path, keys, rows, gpu_shards=shards, gpucacheper=0.5,
+                  cache_refresh_percentage_per_iteration=0.25, hit_rate_threshold=1.1)
+    try:
+        owner = hps.server.model("m").tables[0].gpu[0].owner
+        caches = [shard._table for shard in owner.shards]
+        models = [ReferenceCache(c.num_slots, dim) for c in caches]
+        room = [int(shard.capacity) for shard in owner.shards]
+        chunk = int(0.25 * owner.capacity)  # hps/server/gpu_caches.py _warm_chunk
+        owned = shard_of(keys, shards)
+        for first in range(0, n, chunk):
+            for start in range(first, min(first + chunk, n), part):
+                stop = min(start + part, first + chunk, n)
+                for s, model in enumerate(models):
+                    mine = np.flatnonzero(owned[start:stop] == s)[:max(room[s], 0)] + start
+                    room[s] -= mine.size
+                    if mine.size:
+                        model.insert(keys[mine], rows[mine])
+        assert min(room) <= 0  # every shard was filled to its capacity
+        for cache, model in zip(caches, models, strict=True):
+            held = np.sort(cache.dump(0, cache.num_sets).get())
+            np.testing.assert_array_equal(held, model.dump(0, model.num_sets))
+        q = rng.choice(keys, 3000)
+        np.testing.assert_array_equal(_looked_up(cp, hps, q, dim), _expected(keys, rows, q))
+    finally:
+        hps.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_misses_above_the_hit_rate_threshold_are_inserted_later(
         cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
     """HugeCTR's semantics on a sharded table: a batch whose hit rate reaches the
