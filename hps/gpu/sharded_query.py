@@ -32,8 +32,10 @@ scatter their rows.
 
 The fast path: as one table's fast query (hps/gpu/fast_query.py), the one pass is one
 compiled call when every shard's gate is open: it counts itself into each gate (and backs
-out of all if any is closed: a write is pending, the locked path below then orders the
-query after it and reopens the gates once the writes are done), takes each dynamic
+out of all if any is closed. A write closed it: where every such write is done, the gates
+reopen and the call is tried once more, which a lookup after one with misses finds, its
+inserts done; else the locked path below orders the query after the writes and reopens
+the gates once they are done), takes each dynamic
 shard's LRU tick, launches, records the event, spins on the miss count and leaves the
 gates. A writer to any shard closes its gate and waits for the queries counted in, so no
 row changes under the kernel. It saves the locked path's Python: a lock, a write check and
@@ -226,6 +228,8 @@ class OnePassQuery:
         if self._fast is not None and not push:
             cells[0].value, cells[12].value = self._on[self.device_id][1], self._all
             count = self._fast_query(launch, ws, n, grids[0][2], stream)
+            if count == FALLBACK and all(t.reopen_for_one_pass() for t in self._tables):
+                count = self._fast_query(launch, ws, n, grids[0][2], stream)  # writes done
             if count != FALLBACK:
                 return count, ws
         ws.host_count[0] = _NO_COUNT  # the kernel's last block overwrites it

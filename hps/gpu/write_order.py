@@ -33,6 +33,7 @@ class WriteOrder:
     _write_event: Any
     _retire: Any
     _gate: Any
+    _closed: bool
 
     def _check_open(self) -> None:
         raise NotImplementedError
@@ -67,6 +68,22 @@ class WriteOrder:
         except BaseException:
             self._lock.release()
             raise
+
+    def reopen_for_one_pass(self) -> bool:
+        """Whether the gate is open for a sharded table's one pass, reopened (as
+        hold_for_query does) when the last write is done: then the one pass may take its
+        fast path instead of ordering itself here (a lookup with misses inserts into its
+        shards, so in steady state each next one found the gates closed, the inserts long
+        done). False while a write is pending or the table is closed: the locked path then
+        orders the query, or raises."""
+        with self._lock:
+            ev = self._write_event
+            if ev is not None and ev.done:
+                self._write_event = ev = None
+            if ev is None and not self._closed and not self._gate.shared:
+                self._gate.open()
+                return True
+            return False
 
     def release_after_query(self, stream_ptr: int, event_ptr: int) -> None:
         """Counts the query recorded by `event_ptr` (0: none launched) among the queries
