@@ -119,14 +119,7 @@ class ShardedMisses:
                 shard._whole.insert_staged(at[0], at[1], b - a, state.inserts[s], stream)
             else:
                 continue  # static, or a whole-table cache that is full: nothing to insert
-            stale = shard._updates.raced(marks[s], keys[a:b])
-            if stale.size:
-                with shard._device:
-                    if shard._cache is not None:  # an update overtook them: not kept
-                        shard._cache.remove(stale)
-                    else:  # a whole-table cache keeps them: made current
-                        shard._whole.update(  # type: ignore[union-attr]
-                            stale, shard._fetch(stale))
+            shard._drop_raced(marks[s], keys[a:b])
         if scatter is not None:
             self._scatter(state, ws.positions_ptr, d_inverse, m, d_rows, out_ptr, stream)
         staging.done(stream)

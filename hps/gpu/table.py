@@ -343,17 +343,13 @@ class GpuEmbeddingTable:
             cache.insert_staged(d_keys, d_rows, d_codes, u, ws, stream,
                                 scatter=(ws.positions_ptr, inverse_ptr, m, out_ptr),
                                 out_type=out_type)
-            stale = self._updates.raced(updates, keys[:u])
-            if stale.size:  # fetched before an update of theirs: not kept
-                cache.remove(stale)
+            self._drop_raced(updates, keys[:u])
         else:
             self._scatter_rows(ws, m, inverse_ptr, d_rows, out_ptr, stream, out_type)
             if whole is not None and self._whole_inserted + u <= self.capacity:
                 self._whole_inserted += u
                 whole.insert_staged(d_keys, d_rows, u, ws, stream)
-                stale = self._updates.raced(updates, keys[:u])
-                if stale.size:  # fetched before an update of theirs: made current
-                    whole.update(stale, self._fetch(stale))
+                self._drop_raced(updates, keys[:u])
         staging.done(stream)
         ws.released_by(staging.done_ptr)
 
@@ -435,13 +431,23 @@ class GpuEmbeddingTable:
             self._all_counts.append(counts)
         return ThreadState(ws, staging, Scratch(self._cp, self.dim), counts)
 
+    def _drop_raced(self, mark: int, keys: np.ndarray) -> None:
+        """After a miss fill of `keys` fetched since `mark` (hps/gpu/update_log.py): the
+        rows of those an online update overtook are not kept in a cache, and made current
+        in a whole-table cache (which keeps every key it was given)."""
+        stale = self._updates.raced(mark, keys)
+        if stale.size:
+            with self._device:
+                if self._cache is not None:
+                    self._cache.remove(stale)
+                elif self._whole is not None:
+                    self._whole.update(stale, self._fetch(stale))
+
     def _fetch(self, keys: np.ndarray) -> np.ndarray:
         rows = np.ascontiguousarray(self._fetch_host(keys), dtype=np.float32)
         if rows.shape != (keys.size, self.dim):
-            raise DeviceError(
-                f"fetch_host returned shape {rows.shape} for {keys.size} keys; expected "
-                f"({keys.size}, {self.dim})"
-            )
+            raise DeviceError(f"fetch_host returned shape {rows.shape} for {keys.size} keys; "
+                              f"expected ({keys.size}, {self.dim})")
         return rows
 
     def _counts(self) -> dict[str, int]:

@@ -63,8 +63,7 @@ class WriteOrder:
         try:
             self._check_open()
             self._wait_for_writes(stream_ptr)
-            if self._write_event is None and not self._gate.shared:
-                self._gate.open()  # no write pending: the one pass's fast path may run again
+            self._open_when_written()
         except BaseException:
             self._lock.release()
             raise
@@ -79,11 +78,16 @@ class WriteOrder:
         with self._lock:
             ev = self._write_event
             if ev is not None and ev.done:
-                self._write_event = ev = None
-            if ev is None and not self._closed and not self._gate.shared:
-                self._gate.open()
-                return True
-            return False
+                self._write_event = None
+            return not self._closed and self._open_when_written()
+
+    def _open_when_written(self) -> bool:
+        """With no write pending, opens the gate to the one pass's fast path (a shared
+        table's gate is for its own queries alone); whether it did. The lock held."""
+        if self._write_event is None and not self._gate.shared:
+            self._gate.open()
+            return True
+        return False
 
     def release_after_query(self, stream_ptr: int, event_ptr: int) -> None:
         """Counts the query recorded by `event_ptr` (0: none launched) among the queries
