@@ -180,8 +180,8 @@ class OpLog:
 
     def register(self, index: int) -> None:
         """Worker `index` (this process) starts: its ack goes back to 0."""
-        self.ack(index, 0)
         replace_file(self.folder / "workers" / str(index), str(os.getpid()))
+        self.ack(index, 0)  # after the PID: never read as its predecessor's (see below)
 
     def mark_serving(self, index: int) -> None:
         """Worker `index` (this process) replayed the log and takes requests."""
@@ -223,10 +223,12 @@ class OpLog:
         return min((self.acked(i) for i in self.live_workers()), default=0)
 
     def lowest_serving_ack(self) -> int:
-        """The last op every live worker that takes requests applied: a worker started
-        again counts from when it replayed the log (until then it answers nobody)."""
-        serving = [i for i in self.live_workers() if self.served(i, self._pid(i))]
-        return min((self.acked(i) for i in serving), default=0)
+        """The last op every live worker that takes requests applied (one started again:
+        once it replayed the log). An ack counts if the PID is the same after it: a leader
+        started again between the reads has ack 0 (register), and /readyz then listed none."""
+        serving = {i: pid for i in self.live_workers() if self.served(i, pid := self._pid(i))}
+        acks = {i: self.acked(i) for i in serving}
+        return min((a for i, a in acks.items() if self._pid(i) == serving[i]), default=0)
 
     def _pid(self, index: int) -> int:
         with contextlib.suppress(FileNotFoundError, ValueError):
@@ -248,8 +250,7 @@ class ReplicatedServer(HierarchicalParameterServer):
     """A worker's parameter server: model changes go through the op log (see the module).
 
     `ReplicatedServer(config, oplog=, index=)`; the config's tiers must be shareable (the
-    supervisor checks: hps/http/workers.py).
-    """
+    supervisor checks: hps/http/workers.py)."""
 
     def __init__(self, config: PSConfig | dict[str, Any] | str, *, oplog: OpLog, index: int
                  ) -> None:
@@ -342,8 +343,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         self._done = done
         if done:
             self.oplog.ack(self.index, done)
-        self._thread = threading.Thread(target=self._follow, name="hps-workers-ops",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._follow, name="hps-workers-ops", daemon=True)
         self._thread.start()
 
     def oplog_leader_done(self, ops: Sequence[Op]) -> int:

@@ -20,6 +20,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +38,7 @@ from hps.http.workers import _Supervisor
 from hps.http.workers_ops import OpLog
 from hps.runtime.run_dir import pid_alive
 from tests.http.conftest import TABLE_NAMES, ModelFiles, write_model
-from tests.http.test_workers import Served, serve, stop, write_run
+from tests.http.test_workers import Served, _pythonpath, serve, stop, write_run
 from tests.support.checking_clients import HUNG, CheckingClients, Expected
 
 #: the longest a lookup may wait for its answer (or its 503)
@@ -350,3 +352,54 @@ def test_an_op_the_leader_dies_in_twice_is_failed_for_every_worker(tmp_path: Pat
     assert "died 2 times" in str(error) and status_of(error) == 503
     assert oplog.unfinished() is None
     supervisor._leader_died()  # nothing left unfinished: nothing to fail
+
+
+#: a worker started again: it registers in the run folder, says so and lives on
+_SUCCESSOR = ("import sys, time; from pathlib import Path; "
+              "from hps.http.workers_ops import OpLog; OpLog(Path(sys.argv[1])).register(0); "
+              "print('registered', flush=True); time.sleep(60)")
+
+
+def test_a_leader_started_again_between_the_reads_leaves_the_models_served(
+        tmp_path: Path) -> None:
+    """`lowest_serving_ack` (the floor of the models /readyz lists) reads each worker's
+    PID, serving mark and ack one file after another. The leader killed and started
+    again between those reads (the successor's `register` puts the ack back to 0) must
+    not pair the dead leader's serving mark with its successor's 0: every model left
+    /readyz of the worker that answered. The read of the leader's serving mark is held
+    (a FIFO) while the leader is killed and its successor registers."""
+    oplog = OpLog(tmp_path)
+    for _ in range(3):
+        oplog.append("load", "m", {"model": "m"})
+    leader = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    (oplog.folder / "workers" / "0").write_text(str(leader.pid))
+    oplog.ack(0, 3)
+    oplog.register(1)  # this process is worker 1, the one that answers
+    oplog.ack(1, 3)
+    oplog.mark_serving(1)
+    mark = oplog.folder / "serving" / "0"
+    os.mkfifo(mark)
+    successor: list[subprocess.Popen[str]] = []
+
+    def restart_during_the_read() -> None:
+        with open(mark, "w") as held:  # opens once the reader reads the mark
+            leader.kill()
+            leader.wait()
+            successor.append(subprocess.Popen(
+                [sys.executable, "-c", _SUCCESSOR, str(tmp_path)], stdout=subprocess.PIPE,
+                text=True, env={**os.environ, "PYTHONPATH": _pythonpath()}))
+            assert successor[0].stdout is not None
+            assert successor[0].stdout.readline() == "registered\n"
+            held.write(str(leader.pid))  # the mark the dead leader left
+
+    thread = threading.Thread(target=restart_during_the_read, daemon=True)
+    thread.start()
+    try:
+        floor = oplog.lowest_serving_ack()
+        thread.join(timeout=30)
+        assert oplog.acked(0) == 0 and oplog.live_workers() == [0, 1]  # the successor's
+        assert floor == 3  # worker 1's: the successor serves nobody yet
+    finally:
+        for proc in (leader, *successor):
+            proc.kill()
+            proc.communicate()  # reaped, its output pipe closed
