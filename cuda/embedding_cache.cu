@@ -194,7 +194,7 @@ extern "C" __global__ void cache_query_sharded(
                                     miss_pos, miss_keys);
         }
     }
-    hps_finish_query_of(ctl, host_count, blocks);
+    hps_finish_query_of<true>(ctl, host_count, blocks);
 }
 
 // cache_query software-pipelined (hps_pipelined_rounds), for large batches into 16-bit

@@ -562,6 +562,31 @@ __device__ __forceinline__ void hps_record_misses(bool leader_miss, long long po
     }
 }
 
+// hps_finish_query (below) of a query launched as several grids that share ctl, `blocks` in all
+// of them (SYSTEM: on several devices, cache_query_sharded's pushed launches, so ctl is
+// counted and reset with system-scope atomics and the last block of any grid publishes).
+template <bool SYSTEM>
+__device__ __forceinline__ void hps_finish_query_of(int* ctl, int* host_count, const u32 blocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        u32* done_at = reinterpret_cast<u32*>(ctl + 1);
+        const u32 done = SYSTEM ? atomicAdd_system(done_at, 1u) : atomicAdd(done_at, 1u);
+        if (done == blocks - 1) {
+            __threadfence_system();
+            const int count = SYSTEM ? atomicExch_system(ctl, 0) : atomicExch(ctl, 0);
+            if (SYSTEM) {
+                atomicExch_system(ctl + 1, 0);
+                __threadfence_system();
+            } else {
+                ctl[1] = 0;
+                __threadfence();  // the reset is seen before the count: the next query may follow at once
+            }
+            *reinterpret_cast<volatile int*>(host_count) = count;
+        }
+    }
+}
+
 // The end of every query kernel: the last block to finish publishes the miss count to
 // `host_count` (mapped pinned host memory) and resets ctl = {miss count, blocks done} for
 // the workspace's next query, so a query needs no memset and no copy of its own. The host
@@ -569,36 +594,7 @@ __device__ __forceinline__ void hps_record_misses(bool leader_miss, long long po
 // fences make every block's writes (the missed keys in host memory among them) visible
 // before the count, and no block touches the table after it.
 __device__ __forceinline__ void hps_finish_query(int* ctl, int* host_count) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        const u32 done = atomicAdd(reinterpret_cast<u32*>(ctl + 1), 1u);
-        if (done == gridDim.x - 1) {
-            __threadfence_system();
-            const int count = atomicExch(ctl, 0);
-            ctl[1] = 0;
-            __threadfence();  // the reset is seen before the count: the next query may follow at once
-            *reinterpret_cast<volatile int*>(host_count) = count;
-        }
-    }
-}
-
-// hps_finish_query of one query launched as several grids, on several devices, that share
-// ctl (cache_query_sharded): `blocks` in all of them, counted with system-scope atomics,
-// so the last block of any grid publishes the count.
-__device__ __forceinline__ void hps_finish_query_of(int* ctl, int* host_count, const u32 blocks) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        const u32 done = atomicAdd_system(reinterpret_cast<u32*>(ctl + 1), 1u);
-        if (done == blocks - 1) {
-            __threadfence_system();
-            const int count = atomicExch_system(ctl, 0);
-            atomicExch_system(ctl + 1, 0);
-            __threadfence_system();
-            *reinterpret_cast<volatile int*>(host_count) = count;
-        }
-    }
+    hps_finish_query_of<false>(ctl, host_count, gridDim.x);
 }
 
 // Writes the present (non-empty) keys of slots [first, last) to out, order unspecified;

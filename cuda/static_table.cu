@@ -323,7 +323,7 @@ extern "C" __global__ void static_query_sharded(
         static_answer_round<true>(n, pos, key, slot, r, gl, lane, out, out_vec4 != 0, ctl,
                                   miss_pos, miss_keys, default_value);
     }
-    hps_finish_query_of(ctl, host_count, blocks);
+    hps_finish_query_of<true>(ctl, host_count, blocks);
 }
 
 // static_query software-pipelined (hps_pipelined_rounds), for large batches into 16-bit
