@@ -198,8 +198,9 @@ def grid(device_id: int, threads: int, block: int = 256, waves: int = 16) -> int
 def driver() -> Any:
     """This process's libcuda with the calls the compiled paths make declared (pointers
     as 64-bit integers: the same registers on the x86-64 and AArch64 ABIs): cuLaunchKernel,
-    cuEventRecord, cuStreamWaitEvent, cuMemcpyHtoDAsync_v2, cuCtxGetCurrent; None where
-    there is no libcuda."""
+    cuEventRecord, cuStreamWaitEvent, cuMemcpyHtoDAsync_v2, cuCtxGetCurrent,
+    cuPointerGetAttribute, cuDeviceGet, cuDeviceGetP2PAttribute; None where there is no
+    libcuda."""
     import ctypes.util
 
     try:
@@ -212,7 +213,10 @@ def driver() -> Any:
                            ("cuEventRecord", [u64, u64]),
                            ("cuStreamWaitEvent", [u64, u64, u32]),
                            ("cuMemcpyHtoDAsync_v2", [u64, u64, u64, u64]),
-                           ("cuCtxGetCurrent", [u64])):
+                           ("cuCtxGetCurrent", [u64]),
+                           ("cuPointerGetAttribute", [u64, i32, u64]),
+                           ("cuDeviceGet", [u64, i32]),
+                           ("cuDeviceGetP2PAttribute", [u64, i32, i32, i32])):
         call = getattr(lib, name)
         call.argtypes, call.restype = argtypes, i32
     return lib

@@ -64,11 +64,26 @@ WARM_PART_BYTES = 256 << 20
 _ONE_PASS_COUNTS = ("lookups", "keys", "hits", "misses", "sync_fetches")
 _S32 = np.uint64(32)
 
-# One pass over the batch: each key's shard, and the key and its position appended to its
-# shard's run (order within a run is the atomics' order: a run is a set of keys). The
-# lanes of a warp that share a shard take their slots with one atomic (a 1M-key batch
-# on 2 shards spent ~1 ms in per-key atomics on two counters).
+# shard_of on the device (hps_shard_of of cuda/hps_common.cuh), each key's shard alone (the
+# warm-up's), and one pass over the batch: each key's shard, and the key and its position
+# appended to its shard's run (order within a run is the atomics' order: a run is a set of
+# keys). The lanes of a warp that share a shard take their slots with one atomic (a
+# 1M-key batch on 2 shards spent ~1 ms in per-key atomics on two counters).
 _KERNELS = r"""
+__device__ unsigned long long shard_of_key(long long key, unsigned long long num_shards) {
+  unsigned long long k = (unsigned long long)key;
+  k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return ((k & 0xffffffffULL) * num_shards) >> 32;
+}
+
+extern "C" __global__ void shard_of_keys(const long long* keys, long long n,
+                                         unsigned long long num_shards, signed char* shards) {
+  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) shards[i] = (signed char)shard_of_key(keys[i], num_shards);
+}
+
 extern "C" __global__ void partition_by_shard(
     const long long* keys, long long n, unsigned long long num_shards,
     unsigned int* counts, long long* runs, long long* positions) {
@@ -78,11 +93,7 @@ extern "C" __global__ void partition_by_shard(
   long long key = 0;
   if (live) {
     key = keys[i];
-    unsigned long long k = (unsigned long long)key;
-    k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
-    k ^= k >> 33;
-    s = ((k & 0xffffffffULL) * num_shards) >> 32;
+    s = shard_of_key(key, num_shards);
   }
   unsigned int active = __ballot_sync(0xffffffffu, live);
   if (!live) return;
@@ -131,18 +142,15 @@ extern "C" __global__ void scatter_words16(const unsigned short* rows,
 """
 
 
-@functools.lru_cache(maxsize=1)
-def _shard_of_kernel(cp: Any) -> Any:
-    """shard_of on the device: (int64 keys, uint64 shards) -> int8 shard of each key."""
-    return cp.ElementwiseKernel(
-        "int64 key, uint64 shards", "int8 shard",
-        """
-        unsigned long long k = (unsigned long long)key;
-        k ^= k >> 33; k *= 0xff51afd7ed558ccdULL;
-        k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL;
-        k ^= k >> 33;
-        shard = (signed char)(((k & 0xffffffffULL) * shards) >> 32);
-        """, "hps_shard_of")
+@functools.lru_cache(maxsize=None)
+def _kernels_on(device: int) -> tuple[Any, ...]:
+    """(shard_of_keys, partition_by_shard, scatter_words32, scatter_words16) of _KERNELS,
+    compiled once and loaded on `device`."""
+    cp = kernels.cupy_module()
+    with cp.cuda.Device(device):
+        module = cp.RawModule(code=_KERNELS, options=("--std=c++17",))
+        return tuple(module.get_function(name) for name in (
+            "shard_of_keys", "partition_by_shard", "scatter_words32", "scatter_words16"))
 
 
 def shard_of(keys: np.ndarray, num_shards: int) -> np.ndarray:
@@ -195,6 +203,8 @@ class ShardedTable:
         self.mode = first.mode
         self.capacity = sum(int(s.capacity) for s in self.shards)
         self._views = {d: ShardedView(self, d) for d in devices}
+        self._shards_on = {d: [s for s, shard in enumerate(self.shards) if shard.device_id == d]
+                           for d in devices}
 
     def view(self, device: int) -> ShardedView:
         """What serves lookups whose keys and output are on `device`."""
@@ -227,7 +237,7 @@ class ShardedTable:
                      submitted: list[int]) -> int:
         """A chunk's keys of `device`'s shards into them (see warm_up); the keys inserted."""
         cp = kernels.cupy_module()
-        mine = [s for s, shard in enumerate(self.shards) if shard.device_id == device]
+        shard_of_keys = _kernels_on(device)[0]
         row_bytes = max(1, vectors.nbytes // max(1, keys.shape[0]))
         step = max(1, WARM_PART_BYTES // row_bytes)
         inserted = 0
@@ -235,8 +245,11 @@ class ShardedTable:
             for start in range(0, keys.shape[0], step):
                 part_keys = cp.asarray(keys[start:start + step])
                 part_rows = cp.asarray(vectors[start:start + step])
-                owner = _shard_of_kernel(cp)(part_keys, np.uint64(self.num_shards))
-                for s in mine:
+                n = int(part_keys.size)
+                owner = cp.empty(n, np.int8)
+                shard_of_keys((-(-n // 256),), (256,),
+                              (part_keys, np.int64(n), np.uint64(self.num_shards), owner))
+                for s in self._shards_on[device]:
                     shard = self.shards[s]
                     where = cp.flatnonzero(owner == s)
                     if shard.mode == "dynamic":
@@ -306,7 +319,6 @@ class ShardedView:
         self.capacity = table.capacity
         self._cp = kernels.cupy_module()
         self._rt = self._cp.cuda.runtime
-        self._kernel: Any = None
         self._lock = threading.Lock()
         # the one-pass query over every shard (hps/gpu/sharded_query.py), where it applies
         self._one_pass: OnePassQuery | None = None
@@ -436,7 +448,7 @@ class ShardedView:
         cp = self._cp
         table = self.owner
         num = table.num_shards
-        partition, scatter32, scatter16 = self._kernels()
+        partition, scatter32, scatter16 = _kernels_on(self.device_id)[1:]
         counts = cp.zeros(num, np.uint32)
         runs = cp.empty((num, n), np.int64)
         positions = cp.empty((num, n), np.int64)
@@ -488,16 +500,6 @@ class ShardedView:
                                          n * row_bytes, peer_stream.ptr)
                 done = peer_stream.record()
         cp.cuda.ExternalStream(stream).wait_event(done)
-
-    def _kernels(self) -> Any:
-        """(partition_by_shard, scatter_words32, scatter_words16), compiled once."""
-        if self._kernel is None:
-            with self._lock:
-                if self._kernel is None:
-                    module = self._cp.RawModule(code=_KERNELS, options=("--std=c++17",))
-                    self._kernel = tuple(module.get_function(name) for name in (
-                        "partition_by_shard", "scatter_words32", "scatter_words16"))
-        return self._kernel
 
     # -- the table's writes and state, through its owner ---------------------------------
 

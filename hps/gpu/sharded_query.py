@@ -123,11 +123,11 @@ def peer_atomics(device: int, other: int) -> bool:
         return False
     handles = [ctypes.c_int32(), ctypes.c_int32()]
     for handle, ordinal in zip(handles, (device, other), strict=True):
-        if lib.cuDeviceGet(ctypes.byref(handle), ordinal) != 0:
+        if lib.cuDeviceGet(ctypes.addressof(handle), ordinal) != 0:
             return False
     value = ctypes.c_int32()
-    status = lib.cuDeviceGetP2PAttribute(ctypes.byref(value), _NATIVE_ATOMICS, handles[0],
-                                         handles[1])
+    status = lib.cuDeviceGetP2PAttribute(ctypes.addressof(value), _NATIVE_ATOMICS,
+                                         handles[0].value, handles[1].value)
     return status == 0 and value.value == 1
 
 
@@ -172,7 +172,7 @@ class OnePassQuery:
         self.push_after: int | None = PUSH_AFTER if self.can_push else None
         # device: (the shards' array there, its address, the kernel's address)
         self._on: dict[int, tuple[Any, int, int]] = {}
-        self._attribute = _pointer_attribute()
+        self._driver = kernels.driver()
         #: the queries pushed (for tests and the bench: which way a batch went)
         self.pushed = 0
         self.set_shape(*SHAPE)
@@ -309,13 +309,14 @@ class OnePassQuery:
         stream-ordered pool's grants peers nothing unless asked, and its access flags
         said read-write from a peer that then faulted on it (2 H200s, CuPy's
         MemoryAsyncPool); a virtual mapping's (torch's expandable segments) likewise."""
-        attribute = self._attribute
-        if attribute is None:
+        if self._driver is None:
             return False
+        attribute = self._driver.cuPointerGetAttribute
         flag, pool = ctypes.c_int32(), ctypes.c_uint64()
+        flag_at, pool_at = ctypes.addressof(flag), ctypes.addressof(pool)
         for ptr in pointers:
-            if (attribute(ctypes.byref(flag), _LEGACY_IPC, ptr) != 0 or flag.value != 1
-                    or attribute(ctypes.byref(pool), _MEMPOOL, ptr) != 0 or pool.value):
+            if (attribute(flag_at, _LEGACY_IPC, ptr) != 0 or flag.value != 1
+                    or attribute(pool_at, _MEMPOOL, ptr) != 0 or pool.value):
                 return False
         return True
 
@@ -395,20 +396,6 @@ class _Launch:
 #: cuPointerGetAttribute's CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (an int) and
 #: CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE (a pointer; cuda.h)
 _LEGACY_IPC, _MEMPOOL = 10, 17
-
-
-@functools.lru_cache(maxsize=1)
-def _pointer_attribute() -> Any:
-    """libcuda's cuPointerGetAttribute (data, attribute, pointer), or None."""
-    import ctypes.util
-
-    try:
-        lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
-    except OSError:
-        return None
-    call = lib.cuPointerGetAttribute
-    call.argtypes, call.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64], ctypes.c_int
-    return call
 
 
 @functools.lru_cache(maxsize=1)

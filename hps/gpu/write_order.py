@@ -41,12 +41,15 @@ class WriteOrder:
     def _wait_for_writes(self, stream_ptr: int) -> None:
         """Orders work on `stream_ptr` after the last write (each write is ordered after
         the one before it, so the last one is enough)."""
+        if not self._writes_done():
+            self._rt.streamWaitEvent(stream_ptr, self._write_event.ptr, 0)
+
+    def _writes_done(self) -> bool:
+        """Whether the last write is done (its event then forgotten)."""
         ev = self._write_event
-        if ev is not None:
-            if ev.done:
-                self._write_event = None
-            else:
-                self._rt.streamWaitEvent(stream_ptr, ev.ptr, 0)
+        if ev is not None and ev.done:
+            self._write_event = ev = None
+        return ev is None
 
     # A query that another table's kernel makes of this one (a sharded table's one pass,
     # hps/gpu/sharded_query.py), ordered as the locked path orders this table's own:
@@ -76,10 +79,7 @@ class WriteOrder:
         done). False while a write is pending or the table is closed: the locked path then
         orders the query, or raises."""
         with self._lock:
-            ev = self._write_event
-            if ev is not None and ev.done:
-                self._write_event = None
-            return not self._closed and self._open_when_written()
+            return not self._closed and self._writes_done() and self._open_when_written()
 
     def _open_when_written(self) -> bool:
         """With no write pending, opens the gate to the one pass's fast path (a shared
