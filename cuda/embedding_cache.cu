@@ -345,6 +345,42 @@ extern "C" __global__ void cache_insert_scatter(
                          src, out, out_vec4);
 }
 
+// Where each shard's group of a sharded miss batch starts (cache_insert_sharded), by value.
+struct hps_starts {
+    long long at[HPS_MAX_SHARDS + 1];
+};
+
+// A sharded table's miss path in one launch (hps/gpu/sharded_misses.py): the staged batch
+// is grouped by shard (group s at [starts.at[s], starts.at[s + 1]), its set codes sorted
+// within the group, positions relative to its start); blocks below `insert_blocks` insert
+// every group into its own shard as cache_insert does (one lane group a set: the shards'
+// memory is disjoint, so the groups need no order between them), a peer's shard over
+// NVLink, each with its shard's tick; the other blocks scatter the rows into the lookup's
+// output, as cache_insert_scatter's do.
+extern "C" __global__ void cache_insert_sharded(
+    const hps_shard* __restrict__ shards, const long long num_shards, const hps_ticks ticks,
+    const hps_starts starts, const u64* __restrict__ codes, const hps_key* __restrict__ keys,
+    const float* __restrict__ src, const int src_vec4, const u32 insert_blocks,
+    const int* __restrict__ pos, const int* __restrict__ inv, const long long count,
+    hps_out_t* __restrict__ out, const int out_vec4) {
+    if (blockIdx.x >= insert_blocks) {
+        hps_scatter_rows(blockIdx.x - insert_blocks, gridDim.x - insert_blocks, pos, inv, count,
+                         src, out, out_vec4);
+        return;
+    }
+#pragma unroll
+    for (int s = 0; s < HPS_MAX_SHARDS; ++s) {  // unrolled: no indexed read of the parameters
+        if (s >= num_shards) break;
+        const long long a = starts.at[s], b = starts.at[s + 1];
+        if (a == b) continue;
+        const hps_shard shard = shards[s];
+        cache_insert_blocks(blockIdx.x, insert_blocks, codes + a, b - a, keys + a,
+                            src + a * DIM, src_vec4, const_cast<hps_key*>(shard.slot_keys),
+                            shard.stamps, const_cast<hps_row_t*>(shard.vecs),
+                            (u32)shard.num_sets, const_cast<int*>(shard.flags), ticks.t[s]);
+    }
+}
+
 // Finds the slot of `key` (group-cooperative), -1 when absent.
 __device__ __forceinline__ long long cache_find(const hps_key* slot_keys, u32 num_sets, hps_key key,
                                                 bool special_present, int gl, u32 gmask) {

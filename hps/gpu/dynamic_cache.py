@@ -284,21 +284,47 @@ class EmbeddingCache(DeviceTable):
             cells[16].value = vec4
             blocks += kernels.grid(ws.device_id, count * (self.dim // 4 if vec4 else self.dim),
                                    BLOCK)
-        with self._lock:
+        cells[10].value = self.hold_for_insert(stream_ptr, ws.event_ptr)
+        done = None
+        try:
+            ws.insert_launch.go_recorded(  # type: ignore[union-attr]
+                blocks, BLOCK, stream_ptr, int(ws.write_done.ptr))  # the GIL kept throughout
+            done = ws.write_done
+        finally:
+            self.release_after_insert(done)
+
+    # An insert queued on the lookup path, here or by a kernel that inserts into several
+    # tables at once (a sharded table's misses: hps/gpu/sharded_misses.py):
+    #     tick = table.hold_for_insert(stream, own_event)  # the lock taken, the order set
+    #     ... launch with `tick`, record `done` (an Event) on stream ...
+    #     table.release_after_insert(done)                 # None: nothing was launched
+    def hold_for_insert(self, stream_ptr: int, own_event: int) -> int:
+        """Takes the table's lock, closes its gate and orders `stream_ptr` after the
+        queries in flight on other streams (`own_event`: the caller's own, not waited for)
+        and after the last write; returns the insert's LRU tick (shifted for its ranks).
+        Raises DeviceError (the lock released) when the table is closed."""
+        self._lock.acquire()
+        try:
             if self._closed:
                 self._check_open()
-            done_ptr = 0
-            try:
-                self._after_queries(stream_ptr, ws.event_ptr)
-                if self._write_event is not None:
-                    self._wait_for_writes(stream_ptr)
-                cells[10].value = self._gate.next_tick() << RANK_BITS
-                ws.insert_launch.go_recorded(  # type: ignore[union-attr]
-                    blocks, BLOCK, stream_ptr, int(ws.write_done.ptr))  # the GIL kept throughout
-                done_ptr = int(ws.write_done.ptr)
-                self._write_event = ws.write_done
-            finally:
-                self._gate.write_queued(self._rt, done_ptr)  # a shared table's: done, reopen
+            self._after_queries(stream_ptr, own_event)
+            if self._write_event is not None:
+                self._wait_for_writes(stream_ptr)
+            return int(self._gate.next_tick() << RANK_BITS)
+        except BaseException:
+            self._gate.write_queued(self._rt, 0)
+            self._lock.release()
+            raise
+
+    def release_after_insert(self, done: Any) -> None:
+        """The insert held by hold_for_insert was queued and recorded the event `done`
+        (None: it was not): later queries and writes wait for it; the lock released."""
+        try:
+            if done is not None:
+                self._write_event = done
+            self._gate.write_queued(self._rt, int(done.ptr) if done is not None else 0)
+        finally:
+            self._lock.release()
 
     def codes_on_device(self, keys_ptr: int, n: int, codes_ptr: int, stream_ptr: int) -> None:
         """Unsorted set codes (set << 32 | position) of n device keys, on the stream."""

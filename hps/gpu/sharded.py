@@ -44,6 +44,7 @@ import numpy as np
 from hps.gpu import kernels
 from hps.gpu.device_arrays import lookup_refs
 from hps.gpu.dynamic_cache import murmur3_fmix64
+from hps.gpu.fast_query import FALLBACK
 from hps.gpu.host_memory import pinned_empty
 from hps.gpu.sharded_misses import ShardedMisses
 from hps.gpu.sharded_query import OnePassQuery, enable_peer_access, peers_reachable
@@ -212,51 +213,68 @@ class ShardedTable:
 
     def warm_up(self, chunks: Iterable[tuple[np.ndarray, np.ndarray]]) -> int:
         """Each chunk's rows go to their shards' warm-ups, in file order, until each shard
-        holds what it promises (hps/gpu/fill.py). Every device takes each chunk whole, in
-        parts of at most WARM_PART_BYTES of rows, one thread a device while this one reads
-        the next chunk: the part sent over, each of its shards' keys picked out there (in
-        file order) and inserted, set codes sorted on the device. The host splitting each
-        chunk and gathering each shard's rows, then sorting its set codes, was the
-        warm-up's time (2 H200s, 4M rows of 64: 0.84x a table replicated on both)."""
+        holds what it promises (hps/gpu/fill.py). Each chunk crosses from the host once, in
+        parts of at most WARM_PART_BYTES of rows, to the first device, and from there to
+        the others over the link; one thread a device, while this one reads and sends the
+        next part, picks its shards' keys out of the part (in file order) and inserts
+        them, set codes sorted on the device.
+
+        Why. The host splitting each chunk and gathering each shard's rows, then sorting
+        its set codes, was the warm-up's time (2 H200s, 4M rows of 64: 0.84x a table
+        replicated on both); with that on the devices, every device taking each part from
+        the host was (0.92-1.04x: two pageable copies of the file at once, each as slow
+        as one replicated table's, which copies it once a device in turn)."""
+        cp = kernels.cupy_module()
         submitted = [0] * self.num_shards  # each shard's keys so far (its device's thread's)
         devices = sorted({shard.device_id for shard in self.shards})
-        pending: dict[int, Any] = {}  # each device's chunk in flight
+        first = devices[0]
+        pending: dict[int, Any] = {}  # each device's part in flight
         inserted = 0
         with ThreadPoolExecutor(len(devices), thread_name_prefix="hps-warm-up") as pool:
             for keys, vectors in chunks:
                 keys = np.ascontiguousarray(keys, np.int64)
-                for device in devices:
-                    if device in pending:  # a device takes the chunks in file order
-                        inserted += pending.pop(device).result()
-                    pending[device] = pool.submit(self._warm_device, device, keys, vectors,
-                                                  submitted)
+                step = max(1, WARM_PART_BYTES // max(1, vectors.nbytes // max(1, keys.size)))
+                for start in range(0, keys.shape[0], step):
+                    with cp.cuda.Device(first):
+                        part = (cp.asarray(keys[start:start + step]),
+                                cp.asarray(vectors[start:start + step]))
+                        sent = cp.cuda.Event(block=False, disable_timing=True)
+                        sent.record()
+                    for device in devices:
+                        if device in pending:  # a device takes the parts in file order
+                            inserted += pending.pop(device).result()
+                        pending[device] = pool.submit(self._warm_device, device, part, sent,
+                                                      submitted)
             inserted += sum(f.result() for f in pending.values())
         return inserted
 
-    def _warm_device(self, device: int, keys: np.ndarray, vectors: np.ndarray,
+    def _warm_device(self, device: int, part: tuple[Any, Any], sent: Any,
                      submitted: list[int]) -> int:
-        """A chunk's keys of `device`'s shards into them (see warm_up); the keys inserted."""
+        """A part's keys of `device`'s shards into them (see warm_up): the part's keys and
+        rows on the first device, there once `sent` completes; the keys inserted."""
         cp = kernels.cupy_module()
         shard_of_keys = _kernels_on(device)[0]
-        row_bytes = max(1, vectors.nbytes // max(1, keys.shape[0]))
-        step = max(1, WARM_PART_BYTES // row_bytes)
         inserted = 0
         with cp.cuda.Device(device):
-            for start in range(0, keys.shape[0], step):
-                part_keys = cp.asarray(keys[start:start + step])
-                part_rows = cp.asarray(vectors[start:start + step])
-                n = int(part_keys.size)
-                owner = cp.empty(n, np.int8)
-                shard_of_keys((-(-n // 256),), (256,),
-                              (part_keys, np.int64(n), np.uint64(self.num_shards), owner))
-                for s in self._shards_on[device]:
-                    shard = self.shards[s]
-                    where = cp.flatnonzero(owner == s)
-                    if shard.mode == "dynamic":
-                        where = where[:max(0, int(shard.capacity) - submitted[s])]
-                    if where.size:
-                        submitted[s] += int(where.size)
-                        inserted += int(shard.warm_up([(part_keys[where], part_rows[where])]))
+            stream = cp.cuda.get_current_stream()
+            stream.wait_event(sent)
+            part_keys, part_rows = part
+            if part_keys.device.id != device:  # a peer copy of the first device's
+                part_keys, part_rows = _copied(cp, part_keys, stream), _copied(cp, part_rows,
+                                                                              stream)
+            n = int(part_keys.size)
+            owner = cp.empty(n, np.int8)
+            shard_of_keys((-(-n // 256),), (256,),
+                          (part_keys, np.int64(n), np.uint64(self.num_shards), owner))
+            for s in self._shards_on[device]:
+                shard = self.shards[s]
+                where = cp.flatnonzero(owner == s)
+                if shard.mode == "dynamic":
+                    where = where[:max(0, int(shard.capacity) - submitted[s])]
+                if where.size:
+                    submitted[s] += int(where.size)
+                    inserted += int(shard.warm_up([(part_keys[where], part_rows[where])]))
+            stream.synchronize()  # the first device's part is freed for the next one
         return inserted
 
     def refresh(self) -> int:
@@ -379,13 +397,23 @@ class ShardedView:
                           out_type: int = OUT_FLOAT32) -> None:
         """GpuEmbeddingTable.lookup_contiguous's contract, for the whole sharded table."""
         cp = self._cp
-        if self._one_pass is not None and out_type == OUT_FLOAT32 and self.use_one_pass:
+        one_pass = self._one_pass
+        if one_pass is not None and out_type == OUT_FLOAT32 and self.use_one_pass:
+            # the fast path first: one compiled call, no device switch (it checks the
+            # context), as one table's lookup_contiguous
+            missed = one_pass.fast(keys_ptr, n, out_ptr, stream, self._default)
+            if missed == 0:
+                counts = self._thread_counts()
+                counts["lookups"] += 1
+                counts["keys"] += n
+                counts["hits"] += n
+                return
             rt, dev = self._rt, self.device_id  # no CuPy arrays, no context managers
             previous = rt.getDevice()
             if previous != dev:
                 rt.setDevice(dev)
             try:
-                self._one_pass_lookup(keys_ptr, n, out_ptr, stream)
+                self._one_pass_lookup(keys_ptr, n, out_ptr, stream, missed)
             finally:
                 if previous != dev:
                     rt.setDevice(previous)
@@ -403,11 +431,17 @@ class ShardedView:
             return
         self._one_pass_lookup(int(keys.data.ptr), n, out_ptr, stream)
 
-    def _one_pass_lookup(self, keys_ptr: int, n: int, out_ptr: int, stream: int) -> None:
+    def _one_pass_lookup(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
+                         missed: int = FALLBACK) -> None:
         """The one pass (hps/gpu/sharded_query.py) into a float32 output, this device
-        current; its misses alone through the copy path, each to its own shard."""
-        misses, ws = self._one_pass.query(  # type: ignore[union-attr]
-            keys_ptr, n, out_ptr, stream, self._default)
+        current; its misses served by hps/gpu/sharded_misses.py, or through the copy path,
+        each to its own shard. `missed`: the miss count of the query its fast path made
+        already (FALLBACK: none made)."""
+        one_pass: OnePassQuery = self._one_pass  # type: ignore[assignment]
+        if missed == FALLBACK:
+            misses, ws = one_pass.query(keys_ptr, n, out_ptr, stream, self._default)
+        else:
+            misses, ws = missed, one_pass.workspace()
         counts = self._thread_counts()
         counts["lookups"] += 1
         counts["keys"] += n - misses
@@ -524,6 +558,14 @@ class ShardedView:
 
 _PEER_STREAMS: dict[tuple[int, int], Any] = {}
 _PEER_LOCK = threading.Lock()
+
+
+def _copied(cp: Any, array: Any, stream: Any) -> Any:
+    """A copy on the current device of a contiguous array on another, on `stream` (a
+    peer copy over the link where the two have access)."""
+    copy = cp.empty_like(array)
+    copy.data.copy_from_device_async(array.data, array.nbytes, stream)
+    return copy
 
 
 def _peer_stream(cp: Any, device: int) -> Any:

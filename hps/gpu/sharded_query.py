@@ -207,31 +207,50 @@ class OnePassQuery:
         return (len(shards) <= MAX_SHARDS and len(kinds) == 1
                 and kinds <= {"embedding cache", "static table"})
 
+    def fast(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
+             default_value: float) -> int:
+        """query()'s fast path alone, with any device current (the compiled call checks
+        the context): the miss count (the misses in workspace()), or FALLBACK where query()
+        must serve it (a gate closed, another device current, a batch this thread's
+        bound launch does not take, a miss path still reading its workspace)."""
+        state = getattr(self._tls, "state", None)
+        if state is None:
+            return FALLBACK
+        ws, launch = state
+        if (launch.block is None or n > launch.limit or ws.pending
+                or default_value != launch.default):
+            return FALLBACK
+        return self._run(launch, keys_ptr, n, out_ptr, stream)
+
+    def workspace(self) -> QueryWorkspace:
+        """This thread's workspace: the misses of its last query."""
+        return self._tls.state[0]  # type: ignore[no-any-return]
+
     def query(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
               default_value: float) -> tuple[int, QueryWorkspace]:
         """Rows of the n int64 keys at `keys_ptr` into the float32 [n, dim] output at
-        `out_ptr` (both contiguous on this device), default_value for keys no shard
-        holds, queued on `stream`; returns the miss count and the workspace holding the
-        missed positions (device) and keys (host) until this thread's next query."""
+        `out_ptr` (both contiguous on this device, current), default_value for keys no
+        shard holds, queued on `stream`; returns the miss count and the workspace holding
+        the missed positions (device) and keys (host) until this thread's next query."""
         ws, launch = self._thread(n)
         ws.wait_released(stream)
+        if launch.block is not None and n <= launch.limit and default_value == launch.default:
+            count = self._run(launch, keys_ptr, n, out_ptr, stream)
+            if count == FALLBACK and all(t.reopen_for_one_pass() for t in self._tables):
+                count = self._run(launch, keys_ptr, n, out_ptr, stream)  # writes done
+            if count != FALLBACK:
+                return count, ws
         cells = launch.cells
         cells[3].value, cells[4].value, cells[5].value = keys_ptr, n, out_ptr
         cells[6].value = self._tables[0]._dim4 and out_ptr % 16 == 0
         cells[11].value = default_value
+        launch.default = default_value
         push = (self.push_after is not None and n > self.push_after
                 and self._peers_write(keys_ptr, out_ptr))
         grids = self._grids(n, push)
         self.pushed += push
         cells[13].value = sum(blocks for _, _, blocks in grids)
         event = ws.event_ptr
-        if self._fast is not None and not push:
-            cells[0].value, cells[12].value = self._on[self.device_id][1], self._all
-            count = self._fast_query(launch, ws, n, grids[0][2], stream)
-            if count == FALLBACK and all(t.reopen_for_one_pass() for t in self._tables):
-                count = self._fast_query(launch, ws, n, grids[0][2], stream)  # writes done
-            if count != FALLBACK:
-                return count, ws
         ws.host_count[0] = _NO_COUNT  # the kernel's last block overwrites it
         held = []
         try:
@@ -336,20 +355,18 @@ class OnePassQuery:
         stream, ev = got
         return (int(stream.ptr) if stream is not None else 0), int(ev.ptr)
 
-    def _fast_query(self, launch: _Launch, ws: QueryWorkspace, n: int, blocks: int,
-                    stream: int) -> int:
-        """The one pass in one compiled call (the module docstring's fast path): the miss
-        count, or FALLBACK when a gate was closed."""
+    def _run(self, launch: _Launch, keys_ptr: int, n: int, out_ptr: int, stream: int) -> int:
+        """The one pass in one compiled call (the module docstring's fast path) of this
+        thread's bound launch: the miss count, or FALLBACK when a gate was closed or
+        another device is current."""
         call = self._fast[1] if n <= HELD_KEYS else self._fast[0]  # type: ignore[index]
-        result = int(call(self._gates.ctypes.data, self._gates.size, launch.ticks_ptr,
-                          self._rank_shift, launch.fn, blocks, BLOCK, stream, launch.params,
-                          ws.event_ptr, ws.host_ptr, _SPINS))
+        result = int(call(launch.block_address, keys_ptr, n, out_ptr, stream))
         if result >= 0 or result == FALLBACK:
             return result
         if result == TIMED_OUT:  # a long kernel, or one queued behind other work
             try:
-                self._rt.eventSynchronize(ws.event_ptr)
-                return int(ws.host_count[0])
+                self._rt.eventSynchronize(launch.ws.event_ptr)
+                return int(launch.ws.host_count[0])
             finally:
                 for gate in self._gates:  # a process's gate counts its queries at word 0
                     self._leave(int(gate))
@@ -357,14 +374,18 @@ class OnePassQuery:
         raise RuntimeError(f"cuLaunchKernel failed with status {FALLBACK - result}")
 
     def _thread(self, n: int) -> tuple[QueryWorkspace, _Launch]:
+        """This thread's workspace and launch (made again for a larger batch), with the
+        fast path's words bound where it has one (this device current)."""
         state = getattr(self._tls, "state", None)
-        if state is None:
-            state = self._tls.state = (QueryWorkspace(self._cp, self.device_id), None)
-        ws, launch = state
-        if n > ws.capacity or launch is None:
-            ws.reserve(n)
-            launch = _Launch(self._on[self.device_id][2], len(self._tables), ws)
-            self._tls.state = (ws, launch)
+        if state is not None and n <= state[0].capacity:
+            return state  # type: ignore[no-any-return]
+        ws = state[0] if state is not None else QueryWorkspace(self._cp, self.device_id)
+        ws.reserve(n)
+        shards, fn = self._on[self.device_id][1:]
+        launch = _Launch(fn, len(self._tables), ws)
+        if self._fast is not None:
+            launch.bind(self, shards, self._cp.cuda.driver.ctxGetCurrent())
+        self._tls.state = (ws, launch)
         return ws, launch
 
 
@@ -373,7 +394,11 @@ class _Launch:
     device launched on) and count, the ticks by value, then the batch's keys, count,
     output, vec4 flag, the workspace's counters and miss buffers, the default value, the
     shards this launch serves and the blocks of every launch of the query. A launch copies
-    the values, so one block serves each launch of a query in turn."""
+    the values, so one block serves each launch of a query in turn.
+
+    `block`: the fast path's words (`bind`), which the compiled call reads to fill the
+    cells of a pulled query of up to `limit` keys and launch it; None where there is no
+    fast path."""
 
     def __init__(self, fn: int, num_shards: int, ws: QueryWorkspace) -> None:
         u64, i64, i32, f32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
@@ -388,9 +413,44 @@ class _Launch:
                      for c in self.cells]
         self._pointers = (ctypes.c_void_p * len(addresses))(*addresses)
         self.params = ctypes.addressof(self._pointers)
-        self.fn = fn  # the caller's device's kernel, for the fast path
+        self.fn = fn  # the caller's device's kernel
         lib = kernels.driver()  # present wherever CuPy runs kernels
         self.driver, self.record = lib.cuLaunchKernel, lib.cuEventRecord
+        self.block: np.ndarray | None = None
+        self.block_address = 0
+        self.limit = 0
+        self.default: float | None = None  # the default value cells[11] holds
+
+    def bind(self, query: OnePassQuery, shards: int, context: int) -> None:
+        """The fast path's words for `query`'s pulled launches from its device, whose
+        shards' array is at `shards` and CUDA context is `context`."""
+        cells = self.cells
+        at = ctypes.addressof
+        words = {W_FN: self.fn, W_PARAMS: self.params, W_GATES: int(query._gates.ctypes.data),
+                 W_GATE_COUNT: query._gates.size, W_TICKS: self.ticks_ptr,
+                 W_RANK_SHIFT: query._rank_shift, W_KEYS_CELL: at(cells[3]),
+                 W_N_CELL: at(cells[4]), W_OUT_CELL: at(cells[5]), W_VEC_CELL: at(cells[6]),
+                 W_VEC_OK: int(query._tables[0]._dim4), W_BLOCKS_CELL: at(cells[13]),
+                 W_KEYS_PER_BLOCK: query._keys_per_block,
+                 W_MAX_BLOCKS: query._max_blocks[query.device_id],
+                 W_SHARDS_CELL: at(cells[0]), W_SHARDS: shards, W_MINE_CELL: at(cells[12]),
+                 W_MINE: query._all, W_COUNT_AT: self.ws.host_ptr, W_EVENT: self.ws.event_ptr,
+                 W_SPINS: _SPINS, W_THREADS: BLOCK, W_CONTEXT: context}
+        block = np.zeros(WORDS, np.int64)
+        for index, value in words.items():
+            block[index] = value
+        self.block, self.block_address = block, int(block.ctypes.data)
+        # larger batches may be pushed (query() decides)
+        self.limit = min(self.ws.capacity, query.push_after or self.ws.capacity)
+
+
+#: the words of a thread's bound launch (_Launch.bind) that the fast path's compiled call
+#: reads: where to write the batch's cells and what, the gates, the launch and the wait
+(W_FN, W_PARAMS, W_GATES, W_GATE_COUNT, W_TICKS, W_RANK_SHIFT, W_KEYS_CELL, W_N_CELL,
+ W_OUT_CELL, W_VEC_CELL, W_VEC_OK, W_BLOCKS_CELL, W_KEYS_PER_BLOCK, W_MAX_BLOCKS,
+ W_SHARDS_CELL, W_SHARDS, W_MINE_CELL, W_MINE, W_COUNT_AT, W_EVENT, W_SPINS, W_THREADS,
+ W_CONTEXT, W_CURRENT) = range(24)
+WORDS = 24
 
 
 #: cuPointerGetAttribute's CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE (an int) and
@@ -403,10 +463,10 @@ def _compiled() -> tuple[Any, Any] | None:
     """(query, held query): the fast path's compiled call, releasing the GIL and keeping
     it (as fast_query's), or None where libcuda or numba cannot give it.
 
-    query(gates, count, ticks, rank_shift, fn, blocks, threads, stream, params, event,
-    count_at, spins) -> the miss count, FALLBACK (a gate was closed: nothing launched),
-    TIMED_OUT (the count had not landed after `spins` reads: wait on the event, then
-    leave every gate), or below FALLBACK a launch error."""
+    query(block, keys, n, out, stream) -> the miss count, FALLBACK (a gate was closed, or
+    the current context is not the bound device's: nothing launched), TIMED_OUT (the
+    count had not landed after the bound spins: wait on the event, then leave every
+    gate), or below FALLBACK a launch error. `block`: a _Launch's bound words."""
     lib = kernels.driver()
     if lib is None:
         return None
@@ -417,38 +477,58 @@ def _compiled() -> tuple[Any, Any] | None:
     from hps.runtime.raw_memory import _atomic_add64, _store32, _store64, _u32_acquire, _u64
     from hps.runtime.raw_memory import _u64_acquire
 
-    cu_launch, cu_record = lib.cuLaunchKernel, lib.cuEventRecord
+    cu_launch, cu_record, cu_context = lib.cuLaunchKernel, lib.cuEventRecord, lib.cuCtxGetCurrent
+
+    @numba.njit(inline="always")
+    def word(block: int, index: int) -> int:
+        return np.int64(_u64(block + index * 8))
 
     @numba.njit(inline="always")
     def leave(gates: int, count: int) -> None:
         for j in range(count):
             _atomic_add64(np.int64(_u64(gates + j * 8)), np.int64(-1))  # ENTERED is word 0
 
-    def query(gates: int, count: int, ticks: int, rank_shift: int, fn: int, blocks: int,
-              threads: int, stream: int, params: int, event: int, count_at: int,
-              spins: int) -> int:
+    def query(block: int, keys_ptr: int, n: int, out_ptr: int, stream: int) -> int:
+        # the bound kernel is of the caller's device: its context must be current
+        if cu_context(np.uint64(block + W_CURRENT * 8)) != 0 or word(block, W_CURRENT) != word(
+                block, W_CONTEXT):
+            return FALLBACK
+        gates, count = word(block, W_GATES), word(block, W_GATE_COUNT)
         for i in range(count):
             gate = np.int64(_u64(gates + i * 8))
             _atomic_add64(gate, np.int64(1))
             if np.int64(_u64_acquire(gate + CLOSED * 8)) != 0:
                 leave(gates, i + 1)
                 return FALLBACK
+        rank_shift, ticks = word(block, W_RANK_SHIFT), word(block, W_TICKS)
         if rank_shift >= 0:
             for i in range(count):
                 gate = np.int64(_u64(gates + i * 8))
                 tick = _atomic_add64(gate + TICK * 8, np.int64(1)) + 1
                 _store64(ticks + i * 8, tick << rank_shift)
+        per, most = word(block, W_KEYS_PER_BLOCK), word(block, W_MAX_BLOCKS)
+        blocks = min((n + per - 1) // per, most)
+        _store64(word(block, W_KEYS_CELL), keys_ptr)
+        _store64(word(block, W_N_CELL), n)
+        _store64(word(block, W_OUT_CELL), out_ptr)
+        aligned = word(block, W_VEC_OK) != 0 and out_ptr % 16 == 0
+        _store32(word(block, W_VEC_CELL), np.int64(1 if aligned else 0))
+        _store64(word(block, W_SHARDS_CELL), word(block, W_SHARDS))  # the locked path's
+        _store32(word(block, W_MINE_CELL), word(block, W_MINE))  # pushes change them
+        _store32(word(block, W_BLOCKS_CELL), blocks)
+        count_at = word(block, W_COUNT_AT)
         _store32(count_at, np.int64(_NO_COUNT))
         one = np.uint32(1)
-        status = cu_launch(np.uint64(fn), np.uint32(blocks), one, one, np.uint32(threads),
-                           one, one, np.uint32(0), np.uint64(stream), np.uint64(params),
-                           np.uint64(0))
+        stream_u = np.uint64(stream)
+        status = cu_launch(np.uint64(word(block, W_FN)), np.uint32(blocks), one, one,
+                           np.uint32(word(block, W_THREADS)), one, one, np.uint32(0), stream_u,
+                           np.uint64(word(block, W_PARAMS)), np.uint64(0))
         if status == 0:
-            status = cu_record(np.uint64(event), np.uint64(stream))
+            status = cu_record(np.uint64(word(block, W_EVENT)), stream_u)
         if status != 0:
             leave(gates, count)
             return FALLBACK - np.int64(status)
-        for _ in range(spins):
+        for _ in range(word(block, W_SPINS)):
             missed = np.int64(np.int32(_u32_acquire(count_at)))
             if missed != _NO_COUNT:
                 leave(gates, count)
@@ -456,6 +536,6 @@ def _compiled() -> tuple[Any, Any] | None:
         return TIMED_OUT
 
     i64 = types.int64
-    signature = i64(i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64)
+    signature = i64(i64, i64, i64, i64, i64)
     # not cached: they call through addresses of this process (as fast_query's)
     return numba.njit(signature, nogil=True)(query), numba.njit(signature)(query)

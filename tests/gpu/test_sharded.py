@@ -151,22 +151,26 @@ def test_each_shard_holds_its_keys_as_the_numpy_model_of_its_cache(
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("every_device", [False, True])
 def test_the_warm_up_fills_each_shard_in_file_order_as_the_numpy_model(
         cp: Any, rng: np.random.Generator, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, every_device: bool) -> None:
     """The warm-up (cache_refresh_percentage_per_iteration) sends each chunk to the
-    device, in parts (a small part size here: several a chunk), picks out each shard's
-    keys there and inserts them in file order until the shard holds its capacity: each
-    shard holds what the NumPy model of its cache holds given the same inserts. The sets
-    overflow (more keys a shard than it holds), so the order is checked too."""
+    first device, in parts (a small part size here: several a chunk), and from there to
+    the others (shards on every device where there are several); each device picks out
+    its shards' keys and inserts them in file order until each shard holds its capacity:
+    each shard holds what the NumPy model of its cache holds given the same inserts. The
+    sets overflow (more keys a shard than it holds), so the order is checked too."""
     from hps.gpu import sharded
 
     dim, n, shards, part = 8, 30000, 3, 700
     monkeypatch.setattr(sharded, "WARM_PART_BYTES", part * dim * 4)
     keys = rng.choice(2**40, n, replace=False).astype(np.int64)
     rows = rng.standard_normal((n, dim)).astype(np.float32)
+    devices = list(range(int(cp.cuda.runtime.getDeviceCount()))) if every_device else [0]
     hps = _server(tmp_path, keys, rows, gpu_shards=shards, gpucacheper=0.5,
-                  cache_refresh_percentage_per_iteration=0.25, hit_rate_threshold=1.1)
+                  cache_refresh_percentage_per_iteration=0.25, hit_rate_threshold=1.1,
+                  deployed_device_list=devices)
     try:
         owner = hps.server.model("m").tables[0].gpu[0].owner
         caches = [shard._table for shard in owner.shards]

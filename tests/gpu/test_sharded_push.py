@@ -163,3 +163,54 @@ def test_memory_the_peers_cannot_reach_is_pulled(cp: Any, rng: np.random.Generat
             np.testing.assert_array_equal(plain_out.get(), model.expected(q))
     finally:
         hps.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_compiled_one_pass_serves_its_own_device_and_leaves_others_to_the_switch(
+        cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
+    """Small all-hit batches on device 0 take the one pass's compiled call, which checks
+    the current context: looked up while device 1 is current, the call refuses (nothing
+    launched) and the lookup switches to device 0 and back, the rows exact; with device 0
+    current it serves at once."""
+    from hps.gpu.fast_query import FALLBACK
+
+    devices = list(range(int(cp.cuda.runtime.getDeviceCount())))
+    assert len(devices) >= 2, "run on a machine with two GPUs or more"
+    keys = rng.choice(2**40, 50_000, replace=False).astype(np.int64)
+    rows = rng.standard_normal((keys.size, DIM)).astype(np.float32)
+    model = Model(keys, rows)
+    hps = _server(tmp_path, keys, rows, devices, gpucacheper=1.0, hit_rate_threshold=1.0)
+    try:
+        query = hps.server.model("m").tables[0].gpu[0]._one_pass
+        results: list[int] = []
+        free, held = query._fast
+
+        def counted(call: Any) -> Any:
+            def run(*args: Any) -> int:
+                results.append(int(call(*args)))
+                return results[-1]
+            return run
+
+        query._fast = (counted(free), counted(held))
+        q = rng.choice(keys, 1500)
+        with cp.cuda.Device(0):
+            device_keys = cp.asarray(q)
+            out = cp.empty((q.size, DIM), cp.float32)
+            for _ in range(3):  # the misses fill the shards; then all hits
+                hps.lookup_fromdlpack(device_keys, out, "m", 0)
+            np.testing.assert_array_equal(out.get(), model.expected(q))
+        results.clear()
+        out.fill(0)
+        with cp.cuda.Device(1):
+            hps.lookup_fromdlpack(device_keys, out, "m", 0)
+            assert cp.cuda.runtime.getDevice() == 1
+        assert results == [FALLBACK, 0]  # refused in device 1's context, then served on 0
+        np.testing.assert_array_equal(out.get(), model.expected(q))
+        results.clear()
+        out.fill(0)
+        with cp.cuda.Device(0):
+            hps.lookup_fromdlpack(device_keys, out, "m", 0)
+        assert results == [0]
+        np.testing.assert_array_equal(out.get(), model.expected(q))
+    finally:
+        hps.close()

@@ -197,9 +197,11 @@ def _set_way(views: list[Any], one_pass: bool, shape: tuple[int, int], push_afte
 def _warm_up_rows(keys: np.ndarray, rows: np.ndarray, devices: list[int], num_shards: int
                   ) -> list[dict[str, Any]]:
     """Seconds to load the model (the public HPS(config)) without GPU caches, then with
-    caches warmed from its file replicated on every device and sharded over them; the
-    warm-up's part is the difference to the first, its rate the table's keys a second
-    (`vs_replicated`: the sharded table's rate over the replicated one's)."""
+    caches warmed from its file replicated on every device and sharded over them, each
+    the median of WARM_UP_ROUNDS loads taken in turns (one load each swung the ratio by
+    0.1 between runs); the warm-up's part is the difference to the first, its rate the
+    table's keys a second (`vs_replicated`: the sharded table's rate over the replicated
+    one's)."""
     from hps import write_sparse_model
     from hps.tools.bench.gpu_public import server_over_folder
 
@@ -209,13 +211,15 @@ def _warm_up_rows(keys: np.ndarray, rows: np.ndarray, devices: list[int], num_sh
     layouts = [("no GPU cache", {"gpucache": False}),
                ("replicated", warm),
                ("sharded", {**warm, "gpu_sharding": "row_wise", "gpu_shards": num_shards})]
-    seconds: dict[str, float] = {}
+    loads: dict[str, list[float]] = {label: [] for label, _ in layouts}
     with tempfile.TemporaryDirectory() as tmp:
         write_sparse_model(Path(tmp) / "t0", keys, rows)
-        for label, model in layouts:
-            start = time.perf_counter()
-            server_over_folder(Path(tmp), dim, 2000, 0, **model).close()
-            seconds[label] = time.perf_counter() - start
+        for _ in range(WARM_UP_ROUNDS):
+            for label, model in layouts:
+                start = time.perf_counter()
+                server_over_folder(Path(tmp), dim, 2000, 0, **model).close()
+                loads[label].append(time.perf_counter() - start)
+    seconds = {label: float(np.median(spent)) for label, spent in loads.items()}
     floor = seconds["no GPU cache"]
     out = []
     for label, spent in seconds.items():
@@ -231,6 +235,10 @@ def _warm_up_rows(keys: np.ndarray, rows: np.ndarray, devices: list[int], num_sh
         if row["layout"] == "sharded":
             row["vs_replicated"] = replicated / max(row["warm_up_s"], 1e-9)
     return out
+
+
+#: loads of each layout the warm-up rows take the median of
+WARM_UP_ROUNDS = 3
 
 
 def _miss_rows(keys: np.ndarray, rows: np.ndarray, devices: list[int], num_shards: int,
