@@ -273,6 +273,16 @@ __device__ __forceinline__ void static_probe_on(
 // keys per lane group and round, each of its own shard, every key's first bucket read at
 // once (static_find_slots' large-batch probe); a key of a shard outside `mine` is read
 // and left to the launch that serves it.
+//
+// Batches of up to PROBE_AHEAD_KEYS keys (latency-bound: each step over NVLink is a round
+// trip) also read each key's second bucket in the first step: buckets of 8 slots fill
+// often enough that a 2,000-key batch nearly always had a key past its first, and the
+// kernel waited for that key's second round trip (two H200s: 14.0 us all remote against
+// 9.1 local and 7.7 on one GPU, after static_probe_on). Larger batches are bandwidth-
+// bound and skip it (64 more bytes a key).
+#ifndef PROBE_AHEAD_KEYS
+#define PROBE_AHEAD_KEYS 65536
+#endif
 extern "C" __global__ void static_query_sharded(
     const hps_shard* __restrict__ shards, const long long num_shards, const hps_ticks ticks,
     const hps_key* __restrict__ keys, const long long n, hps_out_t* __restrict__ out,
@@ -285,6 +295,8 @@ extern "C" __global__ void static_query_sharded(
     const u32 gmask = hps_group_mask(lane);
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    // small batches read each key's second bucket with its first (PROBE_AHEAD_KEYS)
+    const bool ahead = n <= PROBE_AHEAD_KEYS;
 
     for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
         long long pos[UNROLL], slot[UNROLL];
@@ -292,25 +304,43 @@ extern "C" __global__ void static_query_sharded(
         int s[UNROLL];
         hps_sharded_round_keys(keys, n, base, g, num_shards, mine, pos, key, s);
         u32 bucket[UNROLL];
-        hps_key k[UNROLL][KPL];
+        hps_key k[UNROLL][KPL], next[UNROLL][KPL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            bucket[u] = hps_set_of(key[u], (u32)shards[s[u]].num_sets);
-            if (key[u] != HPS_EMPTY_KEY)
+            const u32 num_buckets = (u32)shards[s[u]].num_sets;
+            bucket[u] = hps_set_of(key[u], num_buckets);
+            if (key[u] != HPS_EMPTY_KEY) {
                 hps_load_index_keys(shards[s[u]].slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
+                if (ahead)
+                    hps_load_index_keys(
+                        shards[s[u]].slot_keys + (u64)((bucket[u] + 1) % num_buckets) * SET_SIZE,
+                        gl, next[u]);
+            }
         }
-        bool more[UNROLL];  // the first bucket was full and did not hold the key
+        bool more[UNROLL];  // the buckets read were full and did not hold the key
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             slot[u] = -1;
             more[u] = false;
             if (key[u] != HPS_EMPTY_KEY) {
-                const int way = __reduce_max_sync(gmask, hps_match(k[u], key[u], gl));
+                int way = __reduce_max_sync(gmask, hps_match(k[u], key[u], gl));
                 bool empty = false;
 #pragma unroll
                 for (int q = 0; q < KPL; ++q) empty |= k[u][q] == HPS_EMPTY_KEY;
-                if (way >= 0) slot[u] = (long long)bucket[u] * SET_SIZE + way;
-                else more[u] = !__any_sync(gmask, empty);
+                if (way >= 0) {
+                    slot[u] = (long long)bucket[u] * SET_SIZE + way;
+                } else if (!__any_sync(gmask, empty)) {  // full: the key may lie past it
+                    more[u] = true;
+                    if (ahead) {  // the next bucket, read in the same step
+                        bucket[u] = (bucket[u] + 1) % (u32)shards[s[u]].num_sets;
+                        way = __reduce_max_sync(gmask, hps_match(next[u], key[u], gl));
+                        empty = false;
+#pragma unroll
+                        for (int q = 0; q < KPL; ++q) empty |= next[u][q] == HPS_EMPTY_KEY;
+                        if (way >= 0) slot[u] = (long long)bucket[u] * SET_SIZE + way;
+                        more[u] = way < 0 && !__any_sync(gmask, empty);
+                    }
+                }
             } else if (pos[u] < n && shards[s[u]].flags[0] != 0) {
                 slot[u] = shards[s[u]].num_sets * SET_SIZE;
             }
