@@ -243,8 +243,8 @@ class EmbeddingCache(DeviceTable):
         queries in flight on other streams and the writes before it; later queries and
         writes wait for it (see DeviceTable._writing_on, inlined: this is the lookup
         path's). The kernel runs on the workspace's device: the table's, or a peer that
-        reaches its memory (a sharded table's miss path inserts into every shard from the
-        caller's device, on the caller's stream: hps/gpu/sharded_misses.py).
+        reaches its memory. (A sharded table's miss path inserts into every shard by one
+        launch of its own, under hold_for_insert: hps/gpu/sharded_misses.py.)
 
         `scatter` (positions, inverse, count, out: device addresses) also writes the rows
         into a lookup's output, out[positions[j]] = rows[inverse[j]] for j < count

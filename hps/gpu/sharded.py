@@ -346,7 +346,8 @@ class ShardedView:
         # its misses fetched once for every shard (hps/gpu/sharded_misses.py), where it applies
         self._misses: ShardedMisses | None = None
         if self._one_pass is not None and ShardedMisses.applies(device, table.shards):
-            self._misses = ShardedMisses(self._cp, device, table.shards)
+            self._misses = ShardedMisses(self._cp, device, table.shards,
+                                         self._one_pass.shards_ptr)
         #: whether lookups take the one pass where it applies (True) or the copy path
         #: (False: for comparing the two, `hps bench gpu --profile sharded`)
         self.use_one_pass = True
@@ -403,10 +404,7 @@ class ShardedView:
             # context), as one table's lookup_contiguous
             missed = one_pass.fast(keys_ptr, n, out_ptr, stream, self._default)
             if missed == 0:
-                counts = self._thread_counts()
-                counts["lookups"] += 1
-                counts["keys"] += n
-                counts["hits"] += n
+                self._count_one_pass(n, 0)
                 return
             rt, dev = self._rt, self.device_id  # no CuPy arrays, no context managers
             previous = rt.getDevice()
@@ -442,23 +440,31 @@ class ShardedView:
             misses, ws = one_pass.query(keys_ptr, n, out_ptr, stream, self._default)
         else:
             misses, ws = missed, one_pass.workspace()
-        counts = self._thread_counts()
-        counts["lookups"] += 1
-        counts["keys"] += n - misses
-        counts["hits"] += n - misses
+        counts = self._count_one_pass(n, misses)
         if misses and self._misses is not None:
-            counts["keys"] += misses
-            counts["misses"] += misses
             self._misses.serve(ws, misses, n, out_ptr, stream, counts)
         elif misses:
             cp = self._cp
             with cp.cuda.Device(self.device_id), external_stream(cp, stream):
-                missed = cp.asarray(ws.host_keys[:misses])
+                missed_keys = cp.asarray(ws.host_keys[:misses])
                 rows = cp.empty((misses, self.dim), np.float32)
-                self._lookup_copied(missed, misses, int(rows.data.ptr), stream, OUT_FLOAT32)
+                self._lookup_copied(missed_keys, misses, int(rows.data.ptr), stream,
+                                    OUT_FLOAT32)
                 out = device_view(cp, out_ptr, (n, self.dim), np.float32, None)
                 out[ws.positions[:misses]] = rows
                 ws.release(stream)
+
+    def _count_one_pass(self, n: int, misses: int) -> dict[str, int]:
+        """Counts a one-pass lookup of n keys with `misses` into this thread's counters
+        (its misses where the one pass serves them: hps/gpu/sharded_misses.py; else the
+        shards of the copy path count them); returns the counters."""
+        counts = self._thread_counts()
+        served = misses if self._misses is not None else 0
+        counts["lookups"] += 1
+        counts["hits"] += n - misses
+        counts["keys"] += n - misses + served
+        counts["misses"] += served
+        return counts
 
     def _thread_counts(self) -> dict[str, int]:
         counts: dict[str, int] | None = getattr(self._tls, "counts", None)

@@ -50,10 +50,12 @@ if TYPE_CHECKING:
 
 
 class ShardedMisses:
-    """The miss path of the one pass from device `device_id` over `shards`. Thread-safe:
-    each thread stages in buffers of its own."""
+    """The miss path of the one pass from device `device_id` over `shards`, whose array
+    (cuda/hps_common.cuh hps_shard, on `device_id`: the one pass's) is at `shards_ptr`.
+    Thread-safe: each thread stages in buffers of its own."""
 
-    def __init__(self, cupy: Any, device_id: int, shards: list[GpuEmbeddingTable]) -> None:
+    def __init__(self, cupy: Any, device_id: int, shards: list[GpuEmbeddingTable],
+                 shards_ptr: int) -> None:
         self._cp = cupy
         self._rt = cupy.cuda.runtime
         self.device_id = device_id
@@ -67,7 +69,8 @@ class ShardedMisses:
         self._fetch_into = first._fetch_into  # the host path every shard shares
         self._scatter_fn = kernels.function("rows.cu", "scatter_rows", device_id, DIM=self.dim)
         caches = [s._cache for s in shards]
-        self._insert_all = (_InsertAll(cupy, device_id, caches)  # type: ignore[arg-type]
+        self._insert_all = (_InsertAll(cupy, device_id, caches,  # type: ignore[arg-type]
+                                       shards_ptr)
                             if all(c is not None for c in caches) else None)
         self._tls = threading.local()
 
@@ -152,7 +155,7 @@ class ShardedMisses:
         if state is None:
             state = self._tls.state = _ThreadState(
                 self._cp, self.device_id, self._scatter_fn,
-                0 if self._insert_all is not None else len(self.shards))
+                len(self.shards) if self.shards[0]._whole is not None else 0)
         return state
 
 
@@ -160,8 +163,8 @@ class _ThreadState:
     """One thread's staging (made on the caller's device), scatter launch and group
     starts (MAX_SHARDS + 1 of them: cache_insert_sharded takes them by value), the
     parameters of its one-launch insert, or a workspace of the caller's device for each
-    shard's staged insert (`staged_inserts` of them: an insert's launch is bound to its
-    shard and to the device it runs on)."""
+    whole-table shard's staged insert (`staged_inserts` of them: an insert's launch is
+    bound to its shard and to the device it runs on)."""
 
     def __init__(self, cupy: Any, device_id: int, scatter_fn: Any, staged_inserts: int
                  ) -> None:
@@ -180,15 +183,12 @@ class _InsertAll:
     pass takes them), those without misses too: the launch's event becomes each one's
     last write, so each must be ordered before it."""
 
-    def __init__(self, cupy: Any, device_id: int, caches: list[EmbeddingCache]) -> None:
+    def __init__(self, cupy: Any, device_id: int, caches: list[EmbeddingCache],
+                 shards_ptr: int) -> None:
         self._cp = cupy
         self.device_id = device_id
         self.caches = caches
-        rows = [[c._keys_ptr, c._stamps_ptr, c._vecs_ptr, c.num_sets, c._flags_ptr, 0]
-                for c in caches]
-        with cupy.cuda.Device(device_id):
-            self._shards = cupy.asarray(np.array(rows, np.int64))  # cuda/hps_common.cuh hps_shard
-        self._shards_ptr = int(self._shards.data.ptr)
+        self._shards_ptr = shards_ptr  # the one pass's array of the shards, on device_id
         self._fn = 0
         self._generation = -1  # the first shard's, whose defines the kernel is built with
         lib = kernels.driver()  # present wherever CuPy runs kernels
@@ -208,13 +208,13 @@ class _InsertAll:
             params = state.insert_all = _InsertParams(self._cp, self.device_id, state.starts,
                                                       self._shards_ptr, len(self.caches))
         positions, inverse, count, out_ptr = scatter
-        dim4 = first._dim4
-        vec4 = dim4 and out_ptr % 16 == 0 and rows % 16 == 0
+        src_vec4 = first._dim4 and rows % 16 == 0
+        vec4 = src_vec4 and out_ptr % 16 == 0
         insert_blocks = kernels.grid(self.device_id, u * first._group, BLOCK)
         blocks = insert_blocks + kernels.grid(
             self.device_id, count * (first.dim // 4 if vec4 else first.dim), BLOCK)
         c = params.cells
-        c[4].value, c[5].value, c[6].value, c[7].value = codes, keys, rows, dim4 and rows % 16 == 0
+        c[4].value, c[5].value, c[6].value, c[7].value = codes, keys, rows, src_vec4
         c[8].value, c[9].value, c[10].value, c[11].value = insert_blocks, positions, inverse, count
         c[12].value, c[13].value = out_ptr, vec4
         held: list[EmbeddingCache] = []

@@ -152,11 +152,6 @@ class OnePassQuery:
         self._kernel = "cache_query_sharded" if self._dynamic else "static_query_sharded"
         self._device_of = [shard.device_id for shard in shards]
         self._devices = sorted(set(self._device_of))
-        rows = []
-        for t in self._tables:
-            stamps = getattr(t, "_stamps_ptr", 0) if self._dynamic else 0
-            rows.append([t._keys_ptr, stamps, t._vecs_ptr, t.num_sets, t._flags_ptr, 0])
-        self._rows = np.array(rows, np.int64)
         # which device serves which shards (a bit mask): pulled, the caller's every one;
         # pushed, each device the shards it holds, the caller's device first
         self._all = (1 << len(shards)) - 1
@@ -173,8 +168,18 @@ class OnePassQuery:
             for d in self._devices if d != device_id)
         #: batches of more keys than this are pushed; None: none are
         self.push_after: int | None = PUSH_AFTER if self.can_push else None
-        # device: (the shards' array there, its address, the kernel's address)
-        self._on: dict[int, tuple[Any, int, int]] = {}
+        # the shards' array (cuda/hps_common.cuh hps_shard) on every device launched on,
+        # made once: the miss path's one-launch insert reads the caller device's too
+        rows = [[t._keys_ptr, getattr(t, "_stamps_ptr", 0) if self._dynamic else 0,
+                 t._vecs_ptr, t.num_sets, t._flags_ptr, 0] for t in self._tables]
+        self._arrays: dict[int, Any] = {}
+        for device in set(self._devices if self.can_push else []) | {device_id}:
+            with cupy.cuda.Device(device):
+                self._arrays[device] = cupy.asarray(np.array(rows, np.int64))
+        #: the address of the shards' array on this device
+        self.shards_ptr = int(self._arrays[device_id].data.ptr)
+        # device: (the shards' array's address there, the kernel's address)
+        self._on: dict[int, tuple[int, int]] = {}
         self._driver = kernels.driver()
         #: the queries pushed (for tests and the bench: which way a batch went)
         self.pushed = 0
@@ -193,12 +198,9 @@ class OnePassQuery:
         """The launch shape (SHAPE; for tuning, `hps bench gpu --profile sharded
         --sweep`). Call it with no query in flight."""
         defines = {**self._tables[0]._defines, "GROUP": group, "UNROLL": unroll}
-        devices = self._devices if self.can_push else [self.device_id]
-        for device in set(devices) | {self.device_id}:
-            with self._cp.cuda.Device(device):
-                shards = self._cp.asarray(self._rows)
-                fn = kernels.function(self._tables[0]._source, self._kernel, device, **defines)
-            self._on[device] = (shards, int(shards.data.ptr), int(fn.kernel.ptr))
+        for device, shards in self._arrays.items():
+            fn = kernels.function(self._tables[0]._source, self._kernel, device, **defines)
+            self._on[device] = (int(shards.data.ptr), int(fn.kernel.ptr))
         self._keys_per_block = (32 // defines["GROUP"]) * defines["UNROLL"] * (BLOCK // 32)
         self.shape = (group, unroll)
         self._tls = threading.local()  # every thread's launch is bound to the old kernels
@@ -300,7 +302,7 @@ class OnePassQuery:
             ready = self._peer_events(self.device_id)[1]
             rt.eventRecord(ready, stream)
         for device, mine, blocks in grids:
-            _, cells[0].value, fn = self._on[device]
+            cells[0].value, fn = self._on[device]
             cells[12].value = mine
             if device == self.device_id:
                 status = launch.driver(fn, blocks, 1, 1, BLOCK, 1, 1, 0, stream,
@@ -384,7 +386,7 @@ class OnePassQuery:
             return state  # type: ignore[no-any-return]
         ws = state[0] if state is not None else QueryWorkspace(self._cp, self.device_id)
         ws.reserve(n)
-        shards, fn = self._on[self.device_id][1:]
+        shards, fn = self._on[self.device_id]
         launch = _Launch(fn, len(self._tables), ws)
         if self._fast is not None:
             launch.bind(self, shards, self._cp.cuda.driver.ctxGetCurrent())

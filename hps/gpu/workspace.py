@@ -90,8 +90,8 @@ class QueryWorkspace:
         self.scatter_cells: list[Any] | None = None
         self.scatter_type = 0  # the output type scatter_launch writes
         self.insert_type = 0  # the output type insert_launch scatters into
-        # the table generation insert_launch is of (a workspace only a sharded table's
-        # miss path inserts through makes no query that would set `generation`)
+        # the table generation insert_launch is of (its own: `generation` is the query
+        # launches', which a workspace that only inserts never binds)
         self.insert_generation = -1
 
     def reserve(self, n: int) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from hps.gpu.cache_model import ReferenceCache
 from hps.gpu.sharded import shard_of
+from tests.support.one_pass_calls import record_compiled_calls
 
 pytestmark = pytest.mark.gpu
 
@@ -282,16 +283,7 @@ def test_the_one_pass_runs_compiled_while_no_write_is_pending(
         server = hps.server
         table = server.model("m").tables[0]
         one_pass = table.gpu[0]._one_pass
-        results: list[int] = []
-        free, held = one_pass._fast
-
-        def counted(call: Any) -> Any:
-            def run(*args: Any) -> int:
-                results.append(int(call(*args)))
-                return results[-1]
-            return run
-
-        one_pass._fast = (counted(free), counted(held))
+        results = record_compiled_calls(one_pass)
 
         q = rng.choice(keys, 1000)
         for _ in range(4):

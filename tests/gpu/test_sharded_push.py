@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hps.gpu.sharded_query import PUSH_AFTER
+from tests.support.one_pass_calls import record_compiled_calls
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
@@ -182,16 +183,7 @@ def test_the_compiled_one_pass_serves_its_own_device_and_leaves_others_to_the_sw
     hps = _server(tmp_path, keys, rows, devices, gpucacheper=1.0, hit_rate_threshold=1.0)
     try:
         query = hps.server.model("m").tables[0].gpu[0]._one_pass
-        results: list[int] = []
-        free, held = query._fast
-
-        def counted(call: Any) -> Any:
-            def run(*args: Any) -> int:
-                results.append(int(call(*args)))
-                return results[-1]
-            return run
-
-        query._fast = (counted(free), counted(held))
+        results = record_compiled_calls(query)
         q = rng.choice(keys, 1500)
         with cp.cuda.Device(0):
             device_keys = cp.asarray(q)
