@@ -222,8 +222,9 @@ class OnePassQuery:
         if state is None:
             return FALLBACK
         ws, launch = state
-        if (launch.block is None or n > launch.limit or ws.pending
-                or default_value != launch.default):
+        after = self.push_after  # _pushes(n), inlined: this is every small lookup's path
+        if (launch.block is None or n > launch.limit or (after is not None and n > after)
+                or ws.pending or default_value != launch.default):
             return FALLBACK
         return self._run(launch, keys_ptr, n, out_ptr, stream)
 
@@ -239,7 +240,8 @@ class OnePassQuery:
         the missed positions (device) and keys (host) until this thread's next query."""
         ws, launch = self._thread(n)
         ws.wait_released(stream)
-        if launch.block is not None and n <= launch.limit and default_value == launch.default:
+        if (launch.block is not None and n <= launch.limit and not self._pushes(n)
+                and default_value == launch.default):
             count = self._run(launch, keys_ptr, n, out_ptr, stream)
             if count == FALLBACK and all(t.reopen_for_one_pass() for t in self._tables):
                 count = self._run(launch, keys_ptr, n, out_ptr, stream)  # writes done
@@ -250,8 +252,7 @@ class OnePassQuery:
         cells[6].value = self._tables[0]._dim4 and out_ptr % 16 == 0
         cells[11].value = default_value
         launch.default = default_value
-        push = (self.push_after is not None and n > self.push_after
-                and self._peers_write(keys_ptr, out_ptr))
+        push = self._pushes(n) and self._peers_write(keys_ptr, out_ptr)
         grids = self._grids(n, push)
         self.pushed += push
         cells[13].value = sum(blocks for _, _, blocks in grids)
@@ -286,6 +287,11 @@ class OnePassQuery:
             for t in self._tables:
                 t.query_done(event)
         return count, ws
+
+    def _pushes(self, n: int) -> bool:
+        """Whether a batch of n keys is pushed where it can be: never the fast path's
+        pulled launch. Asked at each call: the bench changes push_after (0: every batch)."""
+        return self.push_after is not None and n > self.push_after
 
     def _grids(self, n: int, push: bool) -> list[tuple[int, int, int]]:
         """(device, shards it serves, blocks) of each launch of a query of n keys."""
@@ -445,8 +451,7 @@ class _Launch:
         for index, value in words.items():
             block[index] = value
         self.block, self.block_address = block, int(block.ctypes.data)
-        # larger batches may be pushed (query() decides)
-        self.limit = min(self.ws.capacity, query.push_after or self.ws.capacity)
+        self.limit = self.ws.capacity
 
 
 #: the words of a thread's bound launch (_Launch.bind) that the fast path's compiled call

@@ -44,6 +44,23 @@ def _server(tmp_path: Path, keys: np.ndarray, rows: np.ndarray, **model: Any) ->
     return api.HPS(config)
 
 
+def _a_set_of_each_set(keys: np.ndarray, num_sets: list[int]) -> np.ndarray:
+    """The first SET_SIZE keys (in `keys`' order) of each set of each shard, whose caches
+    have `num_sets` sets each."""
+    from hps.gpu.dynamic_cache import SET_SIZE, set_of
+
+    owned = shard_of(keys, len(num_sets))
+    sets = np.empty(keys.size, np.int64)
+    for s, count in enumerate(num_sets):
+        sets[owned == s] = set_of(keys[owned == s], count)
+    group = owned.astype(np.int64) << 32 | sets
+    order = np.argsort(group, kind="stable")
+    grouped = group[order]
+    starts = np.r_[0, np.flatnonzero(grouped[1:] != grouped[:-1]) + 1]
+    rank = np.arange(keys.size) - np.repeat(starts, np.diff(np.r_[starts, keys.size]))
+    return keys[order[rank < SET_SIZE]]
+
+
 def _looked_up(cp: Any, hps: Any, q: np.ndarray, dim: int) -> np.ndarray:
     """The rows of host keys `q` through lookup_fromdlpack with CuPy arrays, to the host."""
     out = cp.empty((q.size, dim), cp.float32)
@@ -116,9 +133,10 @@ def test_each_shard_holds_its_keys_as_the_numpy_model_of_its_cache(
         cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
     """No warm-up; each batch's misses are fetched once and inserted into the shard that
     owns them, so after every batch each shard holds what the NumPy model of its cache
-    holds when given the keys of its shard, and each missed key was fetched once. (Few keys
-    for the sets: no set overflows, so the held keys do not depend on the order of
-    inserts within a batch.)"""
+    holds when given the keys of its shard, and each missed key was fetched once. (The
+    batches are drawn from at most a set's worth of keys of each set of each shard: no set
+    overflows, so the held keys do not depend on the order of inserts within a batch,
+    which follows the order the kernel listed its misses in.)"""
     dim, n, shards = 8, 20000, 3
     keys = rng.choice(2**40, n, replace=False).astype(np.int64)
     rows = rng.standard_normal((n, dim)).astype(np.float32)
@@ -128,9 +146,10 @@ def test_each_shard_holds_its_keys_as_the_numpy_model_of_its_cache(
         owner = hps.server.model("m").tables[0].gpu[0].owner
         caches = [shard._table for shard in owner.shards]
         models = [ReferenceCache(c.num_slots, dim) for c in caches]
+        pool = _a_set_of_each_set(keys, [c.num_sets for c in caches])
         seen: set[int] = set()
         for _ in range(4):
-            q = rng.permutation(np.unique(rng.choice(keys, 800))).astype(np.int64)
+            q = rng.permutation(np.unique(rng.choice(pool, 800))).astype(np.int64)
             out = cp.empty((q.size, dim), cp.float32)
             hps.lookup_fromdlpack(cp.asarray(q), out, "m", 0)
             np.testing.assert_array_equal(out.get(), _expected(keys, rows, q))

@@ -206,3 +206,38 @@ def test_the_compiled_one_pass_serves_its_own_device_and_leaves_others_to_the_sw
         np.testing.assert_array_equal(out.get(), model.expected(q))
     finally:
         hps.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_push_after_is_asked_at_each_lookup(cp: Any, rng: np.random.Generator,
+                                            tmp_path: Path) -> None:
+    """A thread's bound fast path does not keep the push_after it was bound under: set
+    lower later (the bench's sweep sets 0: every batch), a small all-hit batch is pushed
+    rather than pulled by the compiled call; set back, it is pulled again. Rows exact."""
+    devices = list(range(int(cp.cuda.runtime.getDeviceCount())))
+    assert len(devices) >= 2, "run on a machine with two GPUs or more"
+    keys = rng.choice(2**40, 50_000, replace=False).astype(np.int64)
+    rows = rng.standard_normal((keys.size, DIM)).astype(np.float32)
+    model = Model(keys, rows)
+    hps = _server(tmp_path, keys, rows, devices, gpucacheper=1.0, hit_rate_threshold=1.0)
+    try:
+        query = hps.server.model("m").tables[0].gpu[0]._one_pass
+        q = rng.choice(keys, 1500)
+        with cp.cuda.Device(0):
+            device_keys = cp.asarray(q)
+            out = cp.empty((q.size, DIM), cp.float32)
+            for _ in range(3):  # bound, and the shards filled: all hits from here
+                hps.lookup_fromdlpack(device_keys, out, "m", 0)
+            assert query.pushed == 0
+            query.push_after = 0
+            out.fill(0)
+            hps.lookup_fromdlpack(device_keys, out, "m", 0)
+            assert query.pushed == 1
+            np.testing.assert_array_equal(out.get(), model.expected(q))
+            query.push_after = PUSH_AFTER
+            out.fill(0)
+            hps.lookup_fromdlpack(device_keys, out, "m", 0)
+            assert query.pushed == 1
+            np.testing.assert_array_equal(out.get(), model.expected(q))
+    finally:
+        hps.close()
