@@ -53,6 +53,19 @@ __device__ __forceinline__ void cache_find_slots(
     }
 }
 
+// A hit's LRU stamp, by lane 0 of its group: `tick` into its slot (never the special slot,
+// which is in no set); with STAMP_SHIFT s > 0 only one hit in 2^s, those whose
+// hps_murmur3_fmix64(key ^ tick) has its low s bits zero (sampled LRU).
+__device__ __forceinline__ void cache_stamp_hit(u64* __restrict__ stamps, const long long slot,
+                                                const long long special_slot, const hps_key key,
+                                                const u64 tick, const int gl) {
+    bool stamp = gl == 0 && slot != special_slot;
+#if STAMP_SHIFT > 0
+    stamp = stamp && (hps_murmur3_fmix64((u64)key ^ tick) & ((1ULL << STAMP_SHIFT) - 1)) == 0;
+#endif
+    if (stamp) stamps[slot] = tick;
+}
+
 // The end of one query round: hits' rows (loaded into r) to out[pos], their slots stamped;
 // misses filled with default_value and appended to the miss lists. Every lane of the warp
 // must call it.
@@ -70,11 +83,7 @@ __device__ __forceinline__ void cache_answer_round(
             hps_out_t* orow = out + pos[u] * DIM;
             if (slot[u] >= 0) {
                 hps_store_out(orow, gl, r[u], vec4);
-                bool stamp = gl == 0 && slot[u] != special_slot;
-#if STAMP_SHIFT > 0
-                stamp = stamp && (hps_murmur3_fmix64((u64)key[u] ^ tick) & ((1ULL << STAMP_SHIFT) - 1)) == 0;
-#endif
-                if (stamp) stamps[slot[u]] = tick;
+                cache_stamp_hit(stamps, slot[u], special_slot, key[u], tick, gl);
             } else {
                 hps_fill_out(orow, gl, default_value, vec4);
             }
@@ -179,13 +188,9 @@ extern "C" __global__ void cache_query_sharded(
                 hps_out_t* orow = out + pos[u] * DIM;
                 if (slot[u] >= 0) {
                     hps_store_out(orow, gl, r[u], vec4);
-                    const u64 tick = hps_tick_of(ticks, s[u]);
-                    bool stamp = gl == 0 && slot[u] != shards[s[u]].num_sets * SET_SIZE;
-#if STAMP_SHIFT > 0
-                    stamp = stamp && (hps_murmur3_fmix64((u64)key[u] ^ tick) &
-                                      ((1ULL << STAMP_SHIFT) - 1)) == 0;
-#endif
-                    if (stamp) shards[s[u]].stamps[slot[u]] = tick;
+                    cache_stamp_hit(shards[s[u]].stamps, slot[u],
+                                    shards[s[u]].num_sets * SET_SIZE, key[u],
+                                    hps_tick_of(ticks, s[u]), gl);
                 } else {
                     hps_fill_out(orow, gl, default_value, vec4);
                 }
