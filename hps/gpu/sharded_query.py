@@ -223,7 +223,7 @@ class OnePassQuery:
             return FALLBACK
         ws, launch = state
         after = self.push_after  # _pushes(n), inlined: this is every small lookup's path
-        if (launch.block is None or n > launch.limit or (after is not None and n > after)
+        if (launch.block is None or n > ws.capacity or (after is not None and n > after)
                 or ws.pending or default_value != launch.default):
             return FALLBACK
         return self._run(launch, keys_ptr, n, out_ptr, stream)
@@ -240,7 +240,7 @@ class OnePassQuery:
         the missed positions (device) and keys (host) until this thread's next query."""
         ws, launch = self._thread(n)
         ws.wait_released(stream)
-        if (launch.block is not None and n <= launch.limit and not self._pushes(n)
+        if (launch.block is not None and not self._pushes(n)
                 and default_value == launch.default):
             count = self._run(launch, keys_ptr, n, out_ptr, stream)
             if count == FALLBACK and all(t.reopen_for_one_pass() for t in self._tables):
@@ -408,8 +408,8 @@ class _Launch:
     the values, so one block serves each launch of a query in turn.
 
     `block`: the fast path's words (`bind`), which the compiled call reads to fill the
-    cells of a pulled query of up to `limit` keys and launch it; None where there is no
-    fast path."""
+    cells of a pulled query of up to its workspace's capacity and launch it; None where
+    there is no fast path."""
 
     def __init__(self, fn: int, num_shards: int, ws: QueryWorkspace) -> None:
         u64, i64, i32, f32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
@@ -429,7 +429,6 @@ class _Launch:
         self.driver, self.record = lib.cuLaunchKernel, lib.cuEventRecord
         self.block: np.ndarray | None = None
         self.block_address = 0
-        self.limit = 0
         self.default: float | None = None  # the default value cells[11] holds
 
     def bind(self, query: OnePassQuery, shards: int, context: int) -> None:
@@ -451,7 +450,6 @@ class _Launch:
         for index, value in words.items():
             block[index] = value
         self.block, self.block_address = block, int(block.ctypes.data)
-        self.limit = self.ws.capacity
 
 
 #: the words of a thread's bound launch (_Launch.bind) that the fast path's compiled call

@@ -166,6 +166,18 @@ def test_memory_the_peers_cannot_reach_is_pulled(cp: Any, rng: np.random.Generat
         hps.close()
 
 
+def _all_hits_server(cp: Any, rng: np.random.Generator, tmp_path: Path
+                     ) -> tuple[Any, np.ndarray, Model]:
+    """A server over 50,000 keys sharded over every device, each shard caching all of
+    its keys (filled by the first lookups' misses); its keys and their model."""
+    devices = list(range(int(cp.cuda.runtime.getDeviceCount())))
+    assert len(devices) >= 2, "run on a machine with two GPUs or more"
+    keys = rng.choice(2**40, 50_000, replace=False).astype(np.int64)
+    rows = rng.standard_normal((keys.size, DIM)).astype(np.float32)
+    hps = _server(tmp_path, keys, rows, devices, gpucacheper=1.0, hit_rate_threshold=1.0)
+    return hps, keys, Model(keys, rows)
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_the_compiled_one_pass_serves_its_own_device_and_leaves_others_to_the_switch(
         cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
@@ -175,12 +187,7 @@ def test_the_compiled_one_pass_serves_its_own_device_and_leaves_others_to_the_sw
     current it serves at once."""
     from hps.gpu.fast_query import FALLBACK
 
-    devices = list(range(int(cp.cuda.runtime.getDeviceCount())))
-    assert len(devices) >= 2, "run on a machine with two GPUs or more"
-    keys = rng.choice(2**40, 50_000, replace=False).astype(np.int64)
-    rows = rng.standard_normal((keys.size, DIM)).astype(np.float32)
-    model = Model(keys, rows)
-    hps = _server(tmp_path, keys, rows, devices, gpucacheper=1.0, hit_rate_threshold=1.0)
+    hps, keys, model = _all_hits_server(cp, rng, tmp_path)
     try:
         query = hps.server.model("m").tables[0].gpu[0]._one_pass
         results = record_compiled_calls(query)
@@ -214,12 +221,7 @@ def test_push_after_is_asked_at_each_lookup(cp: Any, rng: np.random.Generator,
     """A thread's bound fast path does not keep the push_after it was bound under: set
     lower later (the bench's sweep sets 0: every batch), a small all-hit batch is pushed
     rather than pulled by the compiled call; set back, it is pulled again. Rows exact."""
-    devices = list(range(int(cp.cuda.runtime.getDeviceCount())))
-    assert len(devices) >= 2, "run on a machine with two GPUs or more"
-    keys = rng.choice(2**40, 50_000, replace=False).astype(np.int64)
-    rows = rng.standard_normal((keys.size, DIM)).astype(np.float32)
-    model = Model(keys, rows)
-    hps = _server(tmp_path, keys, rows, devices, gpucacheper=1.0, hit_rate_threshold=1.0)
+    hps, keys, model = _all_hits_server(cp, rng, tmp_path)
     try:
         query = hps.server.model("m").tables[0].gpu[0]._one_pass
         q = rng.choice(keys, 1500)
