@@ -670,7 +670,10 @@ __device__ __forceinline__ void hps_scatter_rows(const u32 block, const u32 bloc
 // A sharded table's shards as one query on the caller's device reads them
 // (hps/gpu/sharded_query.py): each shard's index, stamps (0 for a static table), rows and
 // flags by address, on its own device (a peer's read over NVLink, peer access enabled), in
-// a small device array built once; the query's tick of each shard's LRU by value.
+// a small device array built once for each device launched on, with whether the shard
+// lives on another device than that one (`remote`); after the shards, at entry
+// `num_shards`, that device's hot copy of its peers' hottest rows (hps/gpu/hot_rows.py;
+// no sets: none). The query's tick of each shard's LRU by value.
 #define HPS_MAX_SHARDS 8
 struct hps_shard {
     const hps_key* slot_keys;
@@ -678,7 +681,7 @@ struct hps_shard {
     const hps_row_t* vecs;
     long long num_sets;
     const int* flags;
-    long long reserved;
+    long long remote;
 };
 struct hps_ticks {
     u64 t[HPS_MAX_SHARDS];

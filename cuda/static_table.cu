@@ -268,6 +268,68 @@ __device__ __forceinline__ void static_probe_on(
     }
 }
 
+// The keys of one lane group in the round at `base` of static_query_sharded (`now`: read
+// a round before, see there), with each key's shard (hps_sharded_round_keys), after the
+// probe of the launching device's entry `num_shards` (hps/gpu/hot_rows.py) where `hot`,
+// one bucket read on this device:
+// - a hot copy (it has rows): the caller's device's copy of its peers' hottest rows. A key
+//   of a remote shard found in it is read from it (its shard becomes `num_shards`, its
+//   slot the copy's); one not found is read where it lives if its shard is `mine`, else
+//   left to the launch that serves its shard (a pushed query's peer).
+// - a mirror (no rows): a peer's copy of the caller's copy's index, in a pushed query's
+//   launch on that peer. A key of `mine` found in it is left to the caller's launch, which
+//   reads it from its copy.
+// Keys outside `mine` and not asked of a copy get pos n and key HPS_EMPTY_KEY. The copy
+// and its mirrors are built so that a key lies in its first bucket or counts as absent
+// (one past it is read from its owner: the caller's launch and the peer's agree, both
+// reading the first bucket alone), so one read is the whole probe. No sets: no probe.
+__device__ __forceinline__ void static_load_round(const hps_key* __restrict__ keys,
+                                                  const long long n, const long long base,
+                                                  const int g, hps_key (&next)[UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const long long at = base + u * KPW + g;
+        next[u] = at < n ? keys[at] : HPS_EMPTY_KEY;
+    }
+}
+__device__ __forceinline__ void static_round_keys(
+    const hps_key (&now)[UNROLL], const long long n, const long long base, const int g,
+    const hps_shard* __restrict__ shards, const long long num_shards, const u32 mine,
+    const bool hot, const int gl, const u32 gmask, long long (&pos)[UNROLL],
+    hps_key (&key)[UNROLL], int (&s)[UNROLL], long long (&slot)[UNROLL]) {
+    const u32 sets = hot ? (u32)shards[num_shards].num_sets : 0u;
+    const bool copy = shards[num_shards].vecs != nullptr;
+    const hps_key* __restrict__ hot_keys = shards[num_shards].slot_keys;
+    hps_key k[UNROLL][KPL];
+    u32 bucket[UNROLL];
+    bool ask[UNROLL], in_mine[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        pos[u] = base + u * KPW + g;
+        key[u] = now[u];
+        s[u] = hps_shard_of(key[u], num_shards);
+        in_mine[u] = ((mine >> s[u]) & 1u) != 0u;
+        ask[u] = sets != 0 && key[u] != HPS_EMPTY_KEY &&
+                 (copy ? shards[s[u]].remote != 0 : in_mine[u]);
+        if (!in_mine[u] && !ask[u]) pos[u] = n, key[u] = HPS_EMPTY_KEY;
+        if (ask[u]) {
+            bucket[u] = hps_set_of(key[u], sets);
+            hps_load_index_keys(hot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        if (!ask[u]) continue;
+        const int way = __reduce_max_sync(gmask, hps_match(k[u], key[u], gl));
+        if (way >= 0 && copy) {
+            slot[u] = (long long)bucket[u] * SET_SIZE + way;
+            s[u] = (int)num_shards;
+        } else if (way >= 0 || !in_mine[u]) {
+            pos[u] = n, key[u] = HPS_EMPTY_KEY;
+        }
+    }
+}
+
 // static_query of a sharded table in one pass (cache_query_sharded in
 // cuda/embedding_cache.cu says how, `mine` and `blocks` included), without stamps: UNROLL
 // keys per lane group and round, each of its own shard, every key's first bucket read at
@@ -279,7 +341,14 @@ __device__ __forceinline__ void static_probe_on(
 // often enough that a 2,000-key batch nearly always had a key past its first, and the
 // kernel waited for that key's second round trip (two H200s: 14.0 us all remote against
 // 9.1 local and 7.7 on one GPU, after static_probe_on). Larger batches are bandwidth-
-// bound and skip it (64 more bytes a key).
+// bound and skip it (64 more bytes a key), and they alone read the hot copy: a small
+// batch waits for its slowest key, which the copy does not make faster, and its probe is
+// one more step before the link (2,000 power-law keys, two H200s: 0.89 of one GPU with
+// it, 0.94 without).
+//
+// Each warp reads its next round's keys before it works on this one's, so their load (a
+// round trip over the link in a pushed query's peer launch: the keys are the caller's)
+// is in flight during the round rather than first in its chain of dependent loads.
 #ifndef PROBE_AHEAD_KEYS
 #define PROBE_AHEAD_KEYS 65536
 #endif
@@ -298,18 +367,25 @@ extern "C" __global__ void static_query_sharded(
     // small batches read each key's second bucket with its first (PROBE_AHEAD_KEYS)
     const bool ahead = n <= PROBE_AHEAD_KEYS;
 
-    for (long long base = warp * (KPW * UNROLL); base < n; base += nwarps * (KPW * UNROLL)) {
+    const long long stride = nwarps * (KPW * UNROLL);
+    hps_key next[UNROLL];
+    static_load_round(keys, n, warp * (KPW * UNROLL), g, next);
+    for (long long base = warp * (KPW * UNROLL); base < n; base += stride) {
         long long pos[UNROLL], slot[UNROLL];
-        hps_key key[UNROLL];
+        hps_key key[UNROLL], now[UNROLL];
         int s[UNROLL];
-        hps_sharded_round_keys(keys, n, base, g, num_shards, mine, pos, key, s);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) now[u] = next[u];
+        static_load_round(keys, n, base + stride, g, next);
+        static_round_keys(now, n, base, g, shards, num_shards, mine, !ahead, gl, gmask, pos,
+                          key, s, slot);
         u32 bucket[UNROLL];
         hps_key k[UNROLL][KPL], next[UNROLL][KPL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const u32 num_buckets = (u32)shards[s[u]].num_sets;
             bucket[u] = hps_set_of(key[u], num_buckets);
-            if (key[u] != HPS_EMPTY_KEY) {
+            if (key[u] != HPS_EMPTY_KEY && s[u] != (int)num_shards) {
                 hps_load_index_keys(shards[s[u]].slot_keys + (u64)bucket[u] * SET_SIZE, gl, k[u]);
                 if (ahead)
                     hps_load_index_keys(
@@ -320,8 +396,9 @@ extern "C" __global__ void static_query_sharded(
         bool more[UNROLL];  // the buckets read were full and did not hold the key
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-            slot[u] = -1;
             more[u] = false;
+            if (s[u] == (int)num_shards) continue;  // the hot copy's (its slot found)
+            slot[u] = -1;
             if (key[u] != HPS_EMPTY_KEY) {
                 int way = __reduce_max_sync(gmask, hps_match(k[u], key[u], gl));
                 bool empty = false;

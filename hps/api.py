@@ -86,6 +86,13 @@ class HPS:
         `wait(timeout)` (docs/operating.md#warm-ups)."""
         return self.server.prefetch(model_name, table_id, keys)
 
+    def replicate_hot_rows(self, model_name: str, table_id: int | str, keys: Any = None
+                           ) -> dict[str, Any]:
+        """Copy the rows of `keys` (heaviest first; None: the keys lookups asked for most)
+        of a table sharded over GPUs onto every device that reads them over the link, so
+        lookups read them locally (docs/gpu-cache.md#hot-copies)."""
+        return self.server.replicate_hot_rows(model_name, table_id, keys)
+
     def close(self) -> None:
         """Let go of the server: the last of its users (this and other `HPS` of the same
         config, the framework layers) stops its background work and closes its tiers."""

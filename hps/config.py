@@ -243,6 +243,10 @@ class ModelConfig(StrictSection):
     # (hps/gpu/sharded.py)
     gpu_sharding: Literal["replicated", "row_wise"] = "replicated"
     gpu_shards: int | None = Field(None, ge=1, le=64)
+    # hps extension: keys of each device's hot copy of its peers' shards' heaviest rows, a
+    # static table sharded over several devices (unset: hps/gpu/hot_rows.py HOT_ROWS; 0:
+    # none), filled by HPS.replicate_hot_rows
+    gpu_hot_rows: int | None = Field(None, ge=0, le=1 << 26)
     # hps extension: "host" gives each device one GPU table for every process of the host
     # that serves the model (CUDA IPC, hps/gpu/shared_cache.py); "process": one per process
     gpu_cache_scope: Literal["process", "host"] = "process"

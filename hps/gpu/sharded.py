@@ -9,6 +9,7 @@ its share of the keys, so its queries, misses, inserts and refresh are the ones 
 for every table.
 
     shard of key = (low 32 bits of murmur3_fmix64(key)) × shards >> 32
+    (hps/gpu/shard_routing.py)
 
 The caches' sets take the high 32 bits of the same hash (hps/gpu/dynamic_cache.py
 `set_of`), so a shard's keys still spread over all of its sets.
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,12 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hps.errors import ConfigError
 from hps.gpu import kernels
 from hps.gpu.device_arrays import lookup_refs
-from hps.gpu.dynamic_cache import murmur3_fmix64
 from hps.gpu.fast_query import FALLBACK
 from hps.gpu.host_memory import pinned_empty
+from hps.gpu.hot_rows import HOT_ROWS, HotCopies
 from hps.gpu.sharded_misses import ShardedMisses
+from hps.gpu.shard_routing import shard_keys, split_by_shard
 from hps.gpu.sharded_query import OnePassQuery, enable_peer_access, peers_reachable
 from hps.gpu.staging import device_view, external_stream
 from hps.intake.keys import is_wide
@@ -56,14 +58,12 @@ if TYPE_CHECKING:
     from hps.config import ModelConfig
     from hps.gpu.table import GpuEmbeddingTable
 
-_LOW32 = np.uint64(0xFFFFFFFF)
 #: rows a device takes of a warm-up chunk at once (each device is sent every chunk: a
 #: whole-table chunk, `cache_refresh_percentage_per_iteration` 0, of a table sharded for
 #: its size would not fit one device)
 WARM_PART_BYTES = 256 << 20
 #: the counters of the one pass (its misses: those hps/gpu/sharded_misses.py served)
 _ONE_PASS_COUNTS = ("lookups", "keys", "hits", "misses", "sync_fetches")
-_S32 = np.uint64(32)
 
 # shard_of on the device (hps_shard_of of cuda/hps_common.cuh), each key's shard alone (the
 # warm-up's), and one pass over the batch: each key's shard, and the key and its position
@@ -154,29 +154,6 @@ def _kernels_on(device: int) -> tuple[Any, ...]:
             "shard_of_keys", "partition_by_shard", "scatter_words32", "scatter_words16"))
 
 
-def shard_of(keys: np.ndarray, num_shards: int) -> np.ndarray:
-    """The shard (int64) of each host int64 key among `num_shards`; the kernel's twin."""
-    low = murmur3_fmix64(keys) & _LOW32
-    return ((low * np.uint64(num_shards)) >> _S32).astype(np.int64)
-
-
-def shard_keys(num_keys: int, num_shards: int) -> int:
-    """Keys one shard is sized for: its even share plus the hash's spread (about six
-    standard deviations of a binomial share), so a whole-table shard never overflows."""
-    share = num_keys / num_shards
-    return max(1, math.ceil(share + 6.0 * math.sqrt(share) + 16))
-
-
-def split_by_shard(keys: np.ndarray, num_shards: int) -> list[np.ndarray]:
-    """Positions of `keys` of each shard, in their order (one stable sort, no loop per key)."""
-    shards = shard_of(keys, num_shards)
-    if num_shards <= 127:  # a stable sort of bytes is a radix sort: 4M keys 0.04 s, not 0.10
-        shards = shards.astype(np.int8)
-    order = np.argsort(shards, kind="stable")
-    bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
-    return [order[bounds[s]:bounds[s + 1]] for s in range(num_shards)]
-
-
 class ShardedTable:
     """The shards of one table, and what writes go through (routed by key hash)."""
 
@@ -203,6 +180,9 @@ class ShardedTable:
         self.storage = first.storage
         self.mode = first.mode
         self.capacity = sum(int(s.capacity) for s in self.shards)
+        # each device's copy of its peers' hottest rows (hps/gpu/hot_rows.py)
+        self.hot = HotCopies(self.shards, HOT_ROWS if model.gpu_hot_rows is None
+                             else int(model.gpu_hot_rows))
         self._views = {d: ShardedView(self, d) for d in devices}
         self._shards_on = {d: [s for s, shard in enumerate(self.shards) if shard.device_id == d]
                            for d in devices}
@@ -278,15 +258,33 @@ class ShardedTable:
         return inserted
 
     def refresh(self) -> int:
-        return sum(int(s.refresh()) for s in self.shards)
+        with self.hot.lock:  # (the hot copies' writes: HotCopies says why under its lock)
+            total = sum(int(s.refresh()) for s in self.shards)
+            self.hot.refill()
+        return total
 
     def update(self, keys: np.ndarray, vectors: np.ndarray) -> int:
-        return sum(int(self.shards[s].update(keys[w], vectors[w]))
-                   for s, w in self._routed(keys))
+        with self.hot.lock:
+            held = sum(int(self.shards[s].update(keys[w], vectors[w]))
+                       for s, w in self._routed(keys))
+            self.hot.update(keys, vectors)
+        return held
 
     def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
-        for s, where in self._routed(keys):
-            self.shards[s].insert(keys[where], vectors[where])
+        with self.hot.lock:
+            for s, where in self._routed(keys):
+                self.shards[s].insert(keys[where], vectors[where])
+            self.hot.update(keys, vectors)
+
+    def replicate_hot(self, keys: np.ndarray) -> dict[int, int]:
+        """Each device's hot copy holds the rows of `keys` (host int64, heaviest first)
+        that its peers' shards hold (hps/gpu/hot_rows.py); the keys each device's copy
+        holds. Raises ConfigError where the table has no hot copies."""
+        if not self.hot:
+            raise ConfigError(
+                "this table has no hot copies: they are made for a static table sharded "
+                "over several devices (not stored as int8), with gpu_hot_rows above 0")
+        return self.hot.replicate(keys)
 
     def _routed(self, keys: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
         keys = np.ascontiguousarray(keys, dtype=np.int64)
@@ -312,12 +310,15 @@ class ShardedTable:
                 one_pass[key] += value
                 total[key] += value
         total["one_pass"] = one_pass
+        total["hot_rows"] = self.hot.stats()
+        total["memory_bytes"] += self.hot.memory_bytes()
         looked = total["hits"] + total["misses"]
         total["hit_rate"] = total["hits"] / looked if looked else None
         total["per_shard"] = parts
         return total
 
     def close(self) -> None:
+        self.hot.close()
         for shard in self.shards:
             shard.close()
 
@@ -342,7 +343,7 @@ class ShardedView:
         self._one_pass: OnePassQuery | None = None
         if OnePassQuery.applies(table.shards) and peers_reachable(
                 self._cp, device, {s.device_id for s in table.shards}):
-            self._one_pass = OnePassQuery(self._cp, device, table.shards)
+            self._one_pass = OnePassQuery(self._cp, device, table.shards, table.hot.on(device))
         # its misses fetched once for every shard (hps/gpu/sharded_misses.py), where it applies
         self._misses: ShardedMisses | None = None
         if self._one_pass is not None and ShardedMisses.applies(device, table.shards):

@@ -67,6 +67,7 @@ from hps.gpu.workspace import QueryWorkspace
 from hps.runtime.raw_memory import wait_while, wait_while_held
 
 if TYPE_CHECKING:
+    from hps.gpu.hot_rows import HotRows
     from hps.gpu.table import GpuEmbeddingTable
 
 #: most shards one pass reads (cuda/hps_common.cuh HPS_MAX_SHARDS)
@@ -142,23 +143,26 @@ class OnePassQuery:
     """The one-pass query of a sharded table from device `device_id` (see the module
     docstring). Thread-safe: each thread has its own workspace and launch."""
 
-    def __init__(self, cupy: Any, device_id: int, shards: list[GpuEmbeddingTable]) -> None:
+    def __init__(self, cupy: Any, device_id: int, shards: list[GpuEmbeddingTable],
+                 hot: HotRows | None = None) -> None:
         self._cp = cupy
         self._rt = cupy.cuda.runtime
         self.device_id = device_id
         self._tables = [shard._table for shard in shards]
+        #: the tables a query reads and holds: the shards' and this device's hot copy's
+        self._held = self._tables + ([hot.table] if hot is not None else [])
         first = self._tables[0]
         self._dynamic = first._kind == "embedding cache"
         self._kernel = "cache_query_sharded" if self._dynamic else "static_query_sharded"
         self._device_of = [shard.device_id for shard in shards]
         self._devices = sorted(set(self._device_of))
         # which device serves which shards (a bit mask): pulled, the caller's every one;
-        # pushed, each device the shards it holds, the caller's device first
+        # pushed, each device the shards it holds, the caller's device last (_launch)
         self._all = (1 << len(shards)) - 1
         mine = {d: sum(1 << s for s, on in enumerate(self._device_of) if on == d)
                 for d in self._devices}
         self._pulled = [(device_id, self._all)]
-        self._pushed = [(d, mine[d]) for d in sorted(mine, key=lambda d: d != device_id)]
+        self._pushed = [(d, mine[d]) for d in sorted(mine, key=lambda d: d == device_id)]
         self._max_blocks = {d: kernels.multiprocessors(d) * _WAVES
                             for d in set(self._devices) | {device_id}}
         #: whether large batches can be pushed (the module docstring): every shard's
@@ -169,13 +173,19 @@ class OnePassQuery:
         #: batches of more keys than this are pushed; None: none are
         self.push_after: int | None = PUSH_AFTER if self.can_push else None
         # the shards' array (cuda/hps_common.cuh hps_shard) on every device launched on,
-        # made once: the miss path's one-launch insert reads the caller device's too
-        rows = [[t._keys_ptr, getattr(t, "_stamps_ptr", 0) if self._dynamic else 0,
-                 t._vecs_ptr, t.num_sets, t._flags_ptr, 0] for t in self._tables]
+        # made once, with this device's hot copy after the shards (hps/gpu/hot_rows.py;
+        # on a peer the mirror of its index, for the peer's pushed launches): the miss
+        # path's one-launch insert reads the caller device's too
         self._arrays: dict[int, Any] = {}
         for device in set(self._devices if self.can_push else []) | {device_id}:
+            rows = [[t._keys_ptr, getattr(t, "_stamps_ptr", 0) if self._dynamic else 0,
+                     t._vecs_ptr, t.num_sets, t._flags_ptr, int(on != device)]
+                    for t, on in zip(self._tables, self._device_of, strict=True)]
+            rows.append(hot.entry(device) if hot is not None else [0] * 6)
             with cupy.cuda.Device(device):
                 self._arrays[device] = cupy.asarray(np.array(rows, np.int64))
+        if hot is not None:
+            hot.attach(self._arrays)
         #: the address of the shards' array on this device
         self.shards_ptr = int(self._arrays[device_id].data.ptr)
         # device: (the shards' array's address there, the kernel's address)
@@ -186,7 +196,7 @@ class OnePassQuery:
         self.set_shape(*SHAPE)
         # the fast path's gates (one process's: a shared table's gate is not for it) and
         # the compiled calls, None where they cannot be had
-        gates = [t._gate for t in self._tables]
+        gates = [t._gate for t in self._held]
         self._gates = np.array([g.address for g in gates], np.int64)
         self._leave = fast_query._gate_calls()[2]
         self._fast = None if any(g.shared for g in gates) else _compiled()
@@ -243,7 +253,7 @@ class OnePassQuery:
         if (launch.block is not None and not self._pushes(n)
                 and default_value == launch.default):
             count = self._run(launch, keys_ptr, n, out_ptr, stream)
-            if count == FALLBACK and all(t.reopen_for_one_pass() for t in self._tables):
+            if count == FALLBACK and all(t.reopen_for_one_pass() for t in self._held):
                 count = self._run(launch, keys_ptr, n, out_ptr, stream)  # writes done
             if count != FALLBACK:
                 return count, ws
@@ -260,10 +270,10 @@ class OnePassQuery:
         ws.host_count[0] = _NO_COUNT  # the kernel's last block overwrites it
         held = []
         try:
-            for i, t in enumerate(self._tables):
+            for i, t in enumerate(self._held):
                 t.hold_for_query(stream)
                 held.append(t)
-                if self._dynamic:
+                if self._dynamic:  # (a cache's shards take no hot copy)
                     launch.ticks[i] = t._next_tick()
             self._launch(launch, grids, stream)
             status = launch.record(event, stream)
@@ -284,7 +294,7 @@ class OnePassQuery:
                 self._rt.eventSynchronize(event)
                 count = int(ws.host_count[0])
         finally:
-            for t in self._tables:
+            for t in self._held:
                 t.query_done(event)
         return count, ws
 
@@ -299,15 +309,18 @@ class OnePassQuery:
                 for d, mine in (self._pushed if push else self._pulled)]
 
     def _launch(self, launch: _Launch, grids: list[tuple[int, int, int]], stream: int) -> None:
-        """Queues the query's launches: the caller's device's on `stream`; each peer's on
-        this thread's stream there, after `stream`'s work so far, with `stream` made to
-        wait for it."""
+        """Queues the query's launches: each peer's on this thread's stream there, after
+        `stream`'s work so far, then the caller's device's on `stream`, which then waits
+        for the peers'. (Two H200s, 1M pushed keys: each peer's kernel ran as long as the
+        caller's or longer, 400 against 265 us uniform, and launched after the caller's it
+        started a device switch later.)"""
         cells, rt = launch.cells, self._rt
         peers = [g for g in grids if g[0] != self.device_id]
         if peers:
             ready = self._peer_events(self.device_id)[1]
             rt.eventRecord(ready, stream)
-        for device, mine, blocks in grids:
+        launched = []  # the peers' done events
+        for device, mine, blocks in grids:  # the peers' first: theirs are the longer kernels
             cells[0].value, fn = self._on[device]
             cells[12].value = mine
             if device == self.device_id:
@@ -322,15 +335,18 @@ class OnePassQuery:
                                            launch.params, 0)
                     if status == 0:
                         rt.eventRecord(done, peer_stream)
+                        launched.append(done)
                 finally:
                     rt.setDevice(self.device_id)
-                if status == 0:
-                    rt.streamWaitEvent(stream, done, 0)
             if status:
+                for done in launched:
+                    rt.streamWaitEvent(stream, done, 0)
                 if len(grids) > 1:  # the grids launched count into ctl: let them end, reset it
                     rt.streamSynchronize(stream)  # it waits for the peers launched so far
                     launch.ws.ctl.fill(0)
                 self._cp.cuda.driver.check_status(status)
+        for done in launched:  # after the caller's launch, which must not wait for them
+            rt.streamWaitEvent(stream, done, 0)
 
     def _peers_write(self, *pointers: int) -> bool:
         """Whether every shard's device may read and write the caller's memory at

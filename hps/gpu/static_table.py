@@ -44,6 +44,11 @@ def _num_buckets(num_keys: int, load_factor: float) -> int:
     return max(1, -(-int(np.ceil(max(int(num_keys), 1) / load_factor)) // SET_SIZE))
 
 
+def num_slots(num_keys: int, load_factor: float = DEFAULT_LOAD_FACTOR) -> int:
+    """Slots of a static table of `num_keys` keys at `load_factor`."""
+    return _num_buckets(num_keys, load_factor) * SET_SIZE
+
+
 class TableFullError(LookupInputError):
     """More keys were built into a static table than it was sized for."""
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig
+from hps.errors import ConfigError
 from hps.server.cache_journal import UpdateJournal
 from hps.server.host_lookup import HostLookup
 from hps.server.loader import served_chunks
@@ -144,6 +145,20 @@ class GpuCaches:
         for gpu in caches:
             gpu.insert(keys, vectors)
         return int(keys.size) * len(caches)
+
+    @staticmethod
+    def replicate_hot(table: LoadedTable, keys: np.ndarray) -> dict[int, int]:
+        """Each hot copy of `table`'s sharded cache filled with the rows of `keys` (host
+        int64, heaviest first; hps/gpu/hot_rows.py): the keys each device's copy holds.
+        Raises ConfigError where it has none."""
+        owners = [gpu for gpu in _distinct(table.gpu.values()) if hasattr(gpu, "hot")]
+        if not owners:
+            raise ConfigError(f"table {table.name!r} is not sharded over GPUs "
+                              "(gpu_sharding row_wise): it has no hot copies")
+        held: dict[int, int] = {}
+        for owner in owners:
+            held.update(owner.replicate_hot(keys))
+        return held
 
     @staticmethod
     def held_keys(table: LoadedTable, most: int) -> np.ndarray:

@@ -317,6 +317,26 @@ class HierarchicalParameterServer:
         finally:
             loaded.refs.release()
 
+    def replicate_hot_rows(self, model: str, table: int | str, keys: Any = None
+                           ) -> dict[str, Any]:
+        """Fills each device's hot copy of a sharded static table (hps/gpu/hot_rows.py)
+        with the rows of `keys` (any integer array or list, heaviest first; None: the
+        table's hot-key sketch's heaviest) held by its peers' shards. Returns the keys
+        offered and what each device's copy holds. Raises UnknownModelError,
+        UnknownTableError, KeyTypeError, or ConfigError where the table has no hot
+        copies."""
+        loaded = self._registry.acquire(model)
+        try:
+            t = loaded.table(table)
+            if keys is None:
+                keys = t.keys_seen.sketch("hot").top(1 << 26)["keys"]
+            host_keys = host_key_array(key_ref(keys))
+            held = GpuCaches.replicate_hot(t, host_keys)
+            return {"model": model, "table": t.name, "keys": int(host_keys.size),
+                    "held": {str(device): n for device, n in held.items()}}
+        finally:
+            loaded.refs.release()
+
     def prefetch(self, model: str, table: int | str, keys: Any, job_id: str | None = None
                  ) -> PrefetchJob:
         """Warm the volatile tier (from the persistent one) and the GPU caches of a table

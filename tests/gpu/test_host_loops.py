@@ -37,7 +37,7 @@ def test_set_codes_match_the_numpy_twin(rng: np.random.Generator, num_sets: int)
 def test_stage_by_shard_groups_the_distinct_keys_by_their_shard(
         rng: np.random.Generator, n: int, shards: int) -> None:
     from hps.gpu.host_loops import stage_sharded
-    from hps.gpu.sharded import shard_of
+    from hps.gpu.shard_routing import shard_of
 
     num_sets = 101
     missed = rng.integers(-(2**40), 2**40, max(1, n // 2), dtype=np.int64)[

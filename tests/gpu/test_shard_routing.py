@@ -9,7 +9,7 @@ import pytest
 from hps.config import ModelConfig
 from hps.errors import ConfigError
 from hps.gpu.dynamic_cache import set_of
-from hps.gpu.sharded import shard_keys, shard_of, split_by_shard
+from hps.gpu.shard_routing import shard_keys, shard_of, split_by_shard
 
 
 def test_shards_are_even_and_independent_of_the_caches_sets(rng: np.random.Generator) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hps.gpu.cache_model import ReferenceCache
-from hps.gpu.sharded import shard_of
+from hps.gpu.shard_routing import shard_of
 from tests.support.one_pass_calls import record_compiled_calls
 
 pytestmark = pytest.mark.gpu

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hps.errors import ConfigError, UnknownModelError, UnknownTableError
+from hps.errors import ConfigError, HPSError, UnknownModelError, UnknownTableError
 from hps.server import HierarchicalParameterServer
 from hps.server.key_sketch import KeySketch, TableKeys
 from hps.server.sketch_loops import new_state
@@ -219,3 +219,22 @@ def test_a_read_feeds_what_is_pending_first() -> None:
 def test_the_sampling_is_described_by_where_it_is_taken() -> None:
     assert TableKeys(16).sampling("hot").startswith("1 in 16 host lookups")
     assert TableKeys(8, source="gpu_lookups").sampling("hot").startswith("1 in 8 GPU lookups")
+
+
+def test_hot_copies_are_refused_where_a_table_has_none(two_tables: dict[str, Any]) -> None:
+    """`replicate_hot_rows` of a table with no GPU cache sharded over devices: a clear
+    error, as for an unknown model or table or keys that are not integers."""
+    server = _server(two_tables)
+    try:
+        with pytest.raises(ConfigError, match="no hot copies"):
+            server.replicate_hot_rows("m", 0, [1, 2, 3])
+        with pytest.raises(ConfigError, match="no hot copies"):
+            server.replicate_hot_rows("m", 0)  # the sketch's keys
+        with pytest.raises(UnknownModelError):
+            server.replicate_hot_rows("nope", 0, [1])
+        with pytest.raises(UnknownTableError):
+            server.replicate_hot_rows("m", 7, [1])
+        with pytest.raises(HPSError):
+            server.replicate_hot_rows("m", 0, ["a", "b"])
+    finally:
+        server.close()

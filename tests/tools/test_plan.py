@@ -72,7 +72,7 @@ def test_bytes_are_the_tiers_own_sizing() -> None:
 def test_a_sharded_table_takes_its_shards_on_each_device() -> None:
     """gpu_sharding row_wise: 3 shards over 2 devices, so the fuller device holds 2 shards,
     each sized as hps/gpu/sharded.py sizes them; unsharded, each device holds it whole."""
-    from hps.gpu.sharded import shard_keys
+    from hps.gpu.shard_routing import shard_keys
 
     whole = _by_tier(table_memory(TableShape("m", "t", 1_000_000, 32, devices=2)))
     sharded = _by_tier(table_memory(TableShape("m", "t", 1_000_000, 32, devices=2, shards=3)))

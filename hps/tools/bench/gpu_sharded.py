@@ -15,7 +15,10 @@ cost alone). Rows:
   the same order), so a drift of the machine's speed reaches each of them alike. With
   `sweep`, also the one pass in other launch shapes, pulled and pushed at every size
   (hps/gpu/sharded_query.py SHAPE and PUSH_AFTER: what chose them; these tables, holding
-  the whole table, are static shards);
+  the whole table, are static shards). The one pass runs with each device's hot copy
+  (hps/gpu/hot_rows.py) holding the HOT_ROWS heaviest keys of the power-law draws, as a
+  user who knows their hot keys fills it (`HPS.replicate_hot_rows`), once the first
+  lookups filled the shards, and again with the copies empty;
 - warm-up (`_warm_up_rows`): seconds to load the model with the caches warmed from its
   file (`cache_refresh_percentage_per_iteration` 1.0) replicated on every device and
   sharded over them, beside the load without GPU caches;
@@ -36,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from hps.gpu.hot_rows import HOT_ROWS
 from hps.tools.bench.gpu_public import MODEL, server_over_files
 
 
@@ -109,22 +113,28 @@ def bench_sharded(dim: int = 64, table_keys: int = 1 << 22, shards: int = 2,
 
 
 WHOLE, ONE_PASS, COPIES = "whole, one GPU", "sharded, one pass", "sharded, copies"
+NO_HOT = "sharded, one pass, hot copies empty"
 #: turns each layout is timed in (`_timed`)
 ROUNDS = 4
 
 
-def _ways(sweep: bool) -> list[tuple[str, str, tuple[bool, tuple[int, int], int | None] | None]]:
-    """(label, layout, (one pass?, launch shape, pushed after)) of each way the all-hits rows
-    time: the shipped ones, and with `sweep` the one pass in other shapes, pulled and
-    pushed at every batch size."""
+Way = tuple[bool, tuple[int, int], "int | None", bool]
+
+
+def _ways(sweep: bool) -> list[tuple[str, str, Way | None]]:
+    """(label, layout, (one pass?, launch shape, pushed after, hot copies filled?)) of each
+    way the all-hits rows time: the shipped ones, the one pass with its hot copies empty,
+    and with `sweep` the one pass in other shapes, pulled and pushed at every batch
+    size."""
     from hps.gpu.sharded_query import PUSH_AFTER, SHAPE
 
-    ways: list[tuple[str, str, tuple[bool, tuple[int, int], int | None] | None]] = [
-        (WHOLE, "whole", None), (ONE_PASS, "sharded", (True, SHAPE, PUSH_AFTER)),
-        (COPIES, "sharded", (False, SHAPE, PUSH_AFTER))]
+    ways: list[tuple[str, str, Way | None]] = [
+        (WHOLE, "whole", None), (ONE_PASS, "sharded", (True, SHAPE, PUSH_AFTER, True)),
+        (NO_HOT, "sharded", (True, SHAPE, PUSH_AFTER, False)),
+        (COPIES, "sharded", (False, SHAPE, PUSH_AFTER, False))]
     if sweep:
         ways += [(f"{ONE_PASS} (sweep: {g} lanes a key, {u} keys a round, {label})",
-                  "sharded", (True, (g, u), after))
+                  "sharded", (True, (g, u), after, True))
                  for g, u in ((8, 1), (8, 2), (4, 2), (8, 4))
                  for label, after in (("pulled", None), ("pushed", 0))]
     return ways
@@ -151,13 +161,15 @@ def _timed(keys: np.ndarray, rows: np.ndarray, layouts: dict[str, dict[str, Any]
                 servers[name] = server_over_folder(Path(tmp), rows.shape[1], most, 0, **model)
             views = {name: list(hps.server.model(MODEL).tables[0].gpu.values())
                      for name, hps in servers.items()}
+            hot = _HotCopies(servers["sharded"], keys[:HOT_ROWS], cases)
             for n, _, picks, batches, result, _, _ in cases:
                 done = {label: [0, 0.0] for label, _, _ in ways}
                 for _ in range(ROUNDS):
                     for label, layout, setup in ways:
                         hps = servers[layout]
                         if setup is not None:
-                            _set_way(views[layout], *setup)
+                            _set_way(views[layout], *setup[:3])
+                            hot.set(setup[3])
                         share = seconds / ROUNDS / (3 if "(sweep" in label else 1)
                         rate = _rate(lambda i, b=batches, o=result, h=hps:
                                      h.lookup_fromdlpack(b[i % 4], o, MODEL, 0), n, share)
@@ -166,7 +178,8 @@ def _timed(keys: np.ndarray, rows: np.ndarray, layouts: dict[str, dict[str, Any]
                 timed: dict[str, tuple[float, int]] = {}
                 for label, layout, setup in ways:
                     if setup is not None:
-                        _set_way(views[layout], *setup)
+                        _set_way(views[layout], *setup[:3])
+                        hot.set(setup[3])
                     servers[layout].lookup_fromdlpack(batches[0], result, MODEL, 0)
                     torch.cuda.synchronize()
                     wrong = int((result.cpu().numpy() != rows[picks[0]]).any(axis=1).sum())
@@ -177,6 +190,28 @@ def _timed(keys: np.ndarray, rows: np.ndarray, layouts: dict[str, dict[str, Any]
             for hps in servers.values():
                 hps.close()
     return out
+
+
+class _HotCopies:
+    """The sharded server's hot copies, filled with `hot` keys or emptied on demand: filled
+    once every case's batches were looked up (the shards, caching the whole table, fill
+    from their first lookups' misses)."""
+
+    def __init__(self, hps: Any, hot: np.ndarray, cases: list[Any]) -> None:
+        import torch
+
+        for n, _, _, batches, result, _, _ in cases:
+            for b in batches:
+                hps.lookup_fromdlpack(b, result, MODEL, 0)
+        torch.cuda.synchronize()
+        views = hps.server.model(MODEL).tables[0].gpu.values()
+        self._has = any(view.owner.hot for view in views)  # (one device: none)
+        self._hps, self._hot, self._filled = hps, hot, False
+
+    def set(self, filled: bool) -> None:
+        if self._has and filled != self._filled:
+            self._hps.replicate_hot_rows(MODEL, 0, self._hot if filled else [])
+            self._filled = filled
 
 
 def _set_way(views: list[Any], one_pass: bool, shape: tuple[int, int], push_after: int | None

@@ -81,6 +81,17 @@ def static_table_bytes(num_keys: int, dim: int) -> dict[str, int]:
         lambda s: StaticEmbeddingTable.memory_required(max(num_keys, 1), dim, storage=s))
 
 
+def hot_bytes(shape: TableShape) -> dict[str, int]:
+    """A device's bytes of a sharded static table's hot copies (hps/gpu/hot_rows.py), by
+    storage type: none on one device, or stored as int8."""
+    from hps.gpu.hot_rows import hot_copy_bytes
+    from hps.rows.storage_types import INT8
+
+    devices = min(shape.devices, shape.shards)
+    return _each_storage(lambda s: hot_copy_bytes(shape.hot_rows, shape.dim, s, devices)
+                         if shape.hot_rows and devices > 1 and s != INT8.name else 0)
+
+
 def hash_map_bytes(num_keys: int, dim: int, num_partitions: int = 16) -> dict[str, int]:
     """The in-process hash map's bytes for `num_keys` rows, by storage type."""
     from hps.tiers.hash_map import HashMapTier
@@ -131,14 +142,21 @@ def table_memory(shape: TableShape) -> list[TierBytes]:
     static = static_table_bytes(n, dim)
     per_gpu = PER_DEVICE
     if shape.shards > 1:  # row-wise sharded: a device holds its shards, each of a share
-        from hps.gpu.sharded import shard_keys
+        from hps.gpu.open import WHOLE_TABLE
+        from hps.gpu.shard_routing import shard_keys
 
         share, on_one = shard_keys(n, shape.shards), shape.shards_per_device
         dynamic = {k: on_one * v for k, v in
                    dynamic_cache_bytes(share, dim, shape.gpucacheper).items()}
         static = {k: on_one * v for k, v in static_table_bytes(share, dim).items()}
+        # each device's hot copy of its peers' rows and its peers' copies' indexes
+        hot = hot_bytes(shape)
+        static = {k: v + hot[k] for k, v in static.items()}
+        if shape.gpucacheper >= WHOLE_TABLE:  # the dynamic cache is a static table then
+            dynamic = {k: v + hot[k] for k, v in dynamic.items()}
         per_gpu = (f"per GPU: {on_one} of {shape.shards} shards of {share:,} keys "
-                   "(gpu_sharding row_wise)")
+                   "(gpu_sharding row_wise)" + (f", a hot copy of {shape.hot_rows:,} keys"
+                                                if any(hot.values()) else ""))
     return [
         TierBytes(f"GPU dynamic cache, {100 * shape.gpucacheper:g}%", "device", dynamic,
                   per_gpu),

@@ -56,6 +56,7 @@ class TableShape:
     volatile_keys: int = -1  # keys the volatile tier holds (-1: every key)
     persistent: bool = False
     shards: int = 1  # gpu_sharding row_wise: the table's GPU shards over its devices
+    hot_rows: int = 0  # keys of each device's hot copy (gpu_hot_rows: a sharded static table)
 
     @property
     def shards_per_device(self) -> int:
@@ -116,6 +117,8 @@ def find_table(shapes: Sequence[TableShape], name: str, option: str) -> int:
 
 
 def _shape(config: PSConfig, model: ModelConfig, i: int, num_keys: int) -> TableShape:
+    from hps.gpu.hot_rows import HOT_ROWS
+
     volatile = config.volatile_db
     persistent = config.persistent_db.enabled
     return TableShape(
@@ -131,6 +134,8 @@ def _shape(config: PSConfig, model: ModelConfig, i: int, num_keys: int) -> Table
         persistent=persistent,
         shards=(model.gpu_shards or len(model.deployed_device_list)
                 if model.gpu_sharding == "row_wise" else 1),
+        hot_rows=(HOT_ROWS if model.gpu_hot_rows is None else model.gpu_hot_rows)
+        if model.gpu_sharding == "row_wise" else 0,
     )
 
 
