@@ -215,7 +215,9 @@ extern "C" __global__ void static_query(
 // 2,000 keys all of the peer's shard: 21.8 us a kernel, 10.2 us with no probe past the
 // first bucket, 8.7 us with every key the caller's; CUPTI times). Every lane of the warp
 // must call it.
+#ifndef PROBE_STEP
 #define PROBE_STEP 4
+#endif
 __device__ __forceinline__ void static_probe_on(
     const hps_shard* __restrict__ shards, const int (&s)[UNROLL],
     const hps_key (&key)[UNROLL], const u32 (&first)[UNROLL], bool (&more)[UNROLL],
@@ -346,13 +348,24 @@ __device__ __forceinline__ void static_round_keys(
 // one more step before the link (2,000 power-law keys, two H200s: 0.89 of one GPU with
 // it, 0.94 without).
 //
+// Large batches take a build of their own (hps/gpu/sharded_query.py LARGE_BUILD): no second
+// bucket read ahead (PROBE_AHEAD_KEYS 0) and one bucket a probe step (PROBE_STEP 1), which
+// leaves 94 registers, and 3 blocks an SM (80 registers: 32 bytes spilled). Two H200s, 1M
+// keys, pushed with hot copies: in 120 registers and 2 blocks an SM the caller's launch ran
+// 195 us against the whole table's 144 on one GPU, with nearly every row it served local
+// (CUPTI); with this build the bench's power-law row went from 0.74 to 0.94 of the link
+// bound, uniform from 0.78 to 0.84 (`hps bench gpu --profile sharded`, two calls).
+//
 // Each warp reads its next round's keys before it works on this one's, so their load (a
 // round trip over the link in a pushed query's peer launch: the keys are the caller's)
 // is in flight during the round rather than first in its chain of dependent loads.
 #ifndef PROBE_AHEAD_KEYS
 #define PROBE_AHEAD_KEYS 65536
 #endif
-extern "C" __global__ void static_query_sharded(
+#ifndef SHARDED_MIN_BLOCKS
+#define SHARDED_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(256, SHARDED_MIN_BLOCKS) static_query_sharded(
     const hps_shard* __restrict__ shards, const long long num_shards, const hps_ticks ticks,
     const hps_key* __restrict__ keys, const long long n, hps_out_t* __restrict__ out,
     const int out_vec4, int* __restrict__ ctl, int* host_count, int* __restrict__ miss_pos,
@@ -365,7 +378,7 @@ extern "C" __global__ void static_query_sharded(
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     // small batches read each key's second bucket with its first (PROBE_AHEAD_KEYS)
-    const bool ahead = n <= PROBE_AHEAD_KEYS;
+    const bool ahead = PROBE_AHEAD_KEYS > 0 && n <= PROBE_AHEAD_KEYS;
 
     const long long stride = nwarps * (KPW * UNROLL);
     hps_key next[UNROLL];

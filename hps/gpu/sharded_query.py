@@ -21,7 +21,9 @@ on each device for the shards it holds (bit mask `mine`), reads its own sets and
 writes the rows into the caller's output over NVLink, while the caller's device serves its
 own shards; the peer launches follow the caller's stream through an event and the
 caller's stream waits for theirs. A pulled row costs two round trips over the link (its
-set, then the row) and its bytes in flight; a pushed row one posted write.
+set, then the row) and its bytes in flight; a pushed row one posted write. Batches of more
+than LARGE_AFTER keys, pushed or pulled, take the kernel's large-batch build, and read
+the devices' hot copies of their peers' heaviest rows (hps/gpu/hot_rows.py).
 `PUSH_AFTER`, `SHAPE` and docs/gpu-cache.md give the measurements that chose them.
 
 Misses: the kernels write the missed positions and keys into the caller's workspace;
@@ -83,6 +85,10 @@ SHAPE = (8, 2)
 #: rows are read again and again, pushed ones each cross the link); 2,000 keys 0.57-0.70x
 #: (a second launch and two events across devices)
 PUSH_AFTER = 1 << 16
+#: batches of more keys than this take the kernel's large-batch build (static shards:
+#: cuda/static_table.cu says what it leaves out), through the locked path
+LARGE_AFTER = 1 << 16
+LARGE_BUILD = {"PROBE_AHEAD_KEYS": 0, "PROBE_STEP": 1, "SHARDED_MIN_BLOCKS": 3}
 _NO_COUNT = -1
 _SPINS = 1 << 16
 _WAVES = 16  # blocks per SM at most: the kernel's warps loop over the rest
@@ -188,8 +194,9 @@ class OnePassQuery:
             hot.attach(self._arrays)
         #: the address of the shards' array on this device
         self.shards_ptr = int(self._arrays[device_id].data.ptr)
-        # device: (the shards' array's address there, the kernel's address)
-        self._on: dict[int, tuple[int, int]] = {}
+        # device: (the shards' array's address there, the kernel's address, the address
+        # of its large-batch build)
+        self._on: dict[int, tuple[int, int, int]] = {}
         self._driver = kernels.driver()
         #: the queries pushed (for tests and the bench: which way a batch went)
         self.pushed = 0
@@ -208,9 +215,13 @@ class OnePassQuery:
         """The launch shape (SHAPE; for tuning, `hps bench gpu --profile sharded
         --sweep`). Call it with no query in flight."""
         defines = {**self._tables[0]._defines, "GROUP": group, "UNROLL": unroll}
+        source = self._tables[0]._source
         for device, shards in self._arrays.items():
-            fn = kernels.function(self._tables[0]._source, self._kernel, device, **defines)
-            self._on[device] = (int(shards.data.ptr), int(fn.kernel.ptr))
+            fn = kernels.function(source, self._kernel, device, **defines)
+            large = fn if self._dynamic else kernels.function(
+                source, self._kernel, device, **defines, **LARGE_BUILD)
+            self._on[device] = (int(shards.data.ptr), int(fn.kernel.ptr),
+                                int(large.kernel.ptr))
         self._keys_per_block = (32 // defines["GROUP"]) * defines["UNROLL"] * (BLOCK // 32)
         self.shape = (group, unroll)
         self._tls = threading.local()  # every thread's launch is bound to the old kernels
@@ -234,7 +245,7 @@ class OnePassQuery:
         ws, launch = state
         after = self.push_after  # _pushes(n), inlined: this is every small lookup's path
         if (launch.block is None or n > ws.capacity or (after is not None and n > after)
-                or ws.pending or default_value != launch.default):
+                or n > LARGE_AFTER or ws.pending or default_value != launch.default):
             return FALLBACK
         return self._run(launch, keys_ptr, n, out_ptr, stream)
 
@@ -250,7 +261,7 @@ class OnePassQuery:
         the missed positions (device) and keys (host) until this thread's next query."""
         ws, launch = self._thread(n)
         ws.wait_released(stream)
-        if (launch.block is not None and not self._pushes(n)
+        if (launch.block is not None and not self._pushes(n) and n <= LARGE_AFTER
                 and default_value == launch.default):
             count = self._run(launch, keys_ptr, n, out_ptr, stream)
             if count == FALLBACK and all(t.reopen_for_one_pass() for t in self._held):
@@ -275,7 +286,7 @@ class OnePassQuery:
                 held.append(t)
                 if self._dynamic:  # (a cache's shards take no hot copy)
                     launch.ticks[i] = t._next_tick()
-            self._launch(launch, grids, stream)
+            self._launch(launch, grids, stream, n > LARGE_AFTER)
             status = launch.record(event, stream)
             if status:
                 self._cp.cuda.driver.check_status(status)
@@ -308,10 +319,11 @@ class OnePassQuery:
         return [(d, mine, min(-(-n // self._keys_per_block), self._max_blocks[d]))
                 for d, mine in (self._pushed if push else self._pulled)]
 
-    def _launch(self, launch: _Launch, grids: list[tuple[int, int, int]], stream: int) -> None:
+    def _launch(self, launch: _Launch, grids: list[tuple[int, int, int]], stream: int,
+                large: bool) -> None:
         """Queues the query's launches: each peer's on this thread's stream there, after
         `stream`'s work so far, then the caller's device's on `stream`, which then waits
-        for the peers'. (Two H200s, 1M pushed keys: each peer's kernel ran as long as the
+        for the peers'; `large`: the kernels' large-batch builds. (Two H200s, 1M pushed keys: each peer's kernel ran as long as the
         caller's or longer, 400 against 265 us uniform, and launched after the caller's it
         started a device switch later.)"""
         cells, rt = launch.cells, self._rt
@@ -321,7 +333,8 @@ class OnePassQuery:
             rt.eventRecord(ready, stream)
         launched = []  # the peers' done events
         for device, mine, blocks in grids:  # the peers' first: theirs are the longer kernels
-            cells[0].value, fn = self._on[device]
+            cells[0].value, small, big = self._on[device]
+            fn = big if large else small
             cells[12].value = mine
             if device == self.device_id:
                 status = launch.driver(fn, blocks, 1, 1, BLOCK, 1, 1, 0, stream,
@@ -408,7 +421,7 @@ class OnePassQuery:
             return state  # type: ignore[no-any-return]
         ws = state[0] if state is not None else QueryWorkspace(self._cp, self.device_id)
         ws.reserve(n)
-        shards, fn = self._on[self.device_id]
+        shards, fn, _ = self._on[self.device_id]
         launch = _Launch(fn, len(self._tables), ws)
         if self._fast is not None:
             launch.bind(self, shards, self._cp.cuda.driver.ctxGetCurrent())
