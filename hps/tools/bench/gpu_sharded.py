@@ -18,7 +18,8 @@ cost alone). Rows:
   the whole table, are static shards). The one pass runs with each device's hot copy
   (hps/gpu/hot_rows.py) holding the HOT_ROWS heaviest keys of the power-law draws, as a
   user who knows their hot keys fills it (`HPS.replicate_hot_rows`), once the first
-  lookups filled the shards, and again with the copies empty;
+  lookups filled the shards, and, for batches that read the copies (more than
+  LARGE_AFTER keys), again with the copies empty;
 - warm-up (`_warm_up_rows`): seconds to load the model with the caches warmed from its
   file (`cache_refresh_percentage_per_iteration` 1.0) replicated on every device and
   sharded over them, beside the load without GPU caches;
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from hps.gpu.hot_rows import HOT_ROWS
+from hps.gpu.sharded_query import LARGE_AFTER, PUSH_AFTER, SHAPE
 from hps.tools.bench.gpu_public import MODEL, server_over_files
 
 
@@ -126,8 +128,6 @@ def _ways(sweep: bool) -> list[tuple[str, str, Way | None]]:
     way the all-hits rows time: the shipped ones, the one pass with its hot copies empty,
     and with `sweep` the one pass in other shapes, pulled and pushed at every batch
     size."""
-    from hps.gpu.sharded_query import PUSH_AFTER, SHAPE
-
     ways: list[tuple[str, str, Way | None]] = [
         (WHOLE, "whole", None), (ONE_PASS, "sharded", (True, SHAPE, PUSH_AFTER, True)),
         (NO_HOT, "sharded", (True, SHAPE, PUSH_AFTER, False)),
@@ -163,9 +163,12 @@ def _timed(keys: np.ndarray, rows: np.ndarray, layouts: dict[str, dict[str, Any]
                      for name, hps in servers.items()}
             hot = _HotCopies(servers["sharded"], keys[:HOT_ROWS], cases)
             for n, _, picks, batches, result, _, _ in cases:
-                done = {label: [0, 0.0] for label, _, _ in ways}
+                # batches that read no hot copy do not time the way without them (the
+                # same code), nor refill the copies between their turns
+                case_ways = [w for w in ways if w[0] != NO_HOT or n > LARGE_AFTER]
+                done = {label: [0, 0.0] for label, _, _ in case_ways}
                 for _ in range(ROUNDS):
-                    for label, layout, setup in ways:
+                    for label, layout, setup in case_ways:
                         hps = servers[layout]
                         if setup is not None:
                             _set_way(views[layout], *setup[:3])
@@ -176,7 +179,7 @@ def _timed(keys: np.ndarray, rows: np.ndarray, layouts: dict[str, dict[str, Any]
                         done[label][0] += int(rate * share)
                         done[label][1] += share
                 timed: dict[str, tuple[float, int]] = {}
-                for label, layout, setup in ways:
+                for label, layout, setup in case_ways:
                     if setup is not None:
                         _set_way(views[layout], *setup[:3])
                         hot.set(setup[3])
