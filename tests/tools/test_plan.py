@@ -84,6 +84,33 @@ def test_a_sharded_table_takes_its_shards_on_each_device() -> None:
         assert sharded["GPU static table"][s] < whole["GPU static table"][s]
 
 
+def test_a_sharded_static_table_counts_its_hot_copies() -> None:
+    """Over several devices, each device's static shards come with its hot copy of its
+    peers' rows and their copies' index mirrors (hps/gpu/hot_rows.py), as does a dynamic
+    cache holding the whole table (a static table too); none on one device, for int8
+    storage or with gpu_hot_rows 0."""
+    from hps.gpu.hot_rows import HOT_LOAD_FACTOR, hot_copy_bytes
+    from hps.gpu.static_table import num_slots
+
+    def memory(**shape: Any) -> dict[str, dict[str, int]]:
+        return _by_tier(table_memory(TableShape("m", "t", 1_000_000, 32, shards=2, **shape)))
+
+    bare = memory(devices=2, hot_rows=0)
+    hot = memory(devices=2, hot_rows=4096, gpucacheper=1.0)
+    one_device = memory(devices=1, hot_rows=4096)
+    for s in STORAGE_NAMES:
+        copy = hot_copy_bytes(4096, 32, s, 2) if s != "int8" else 0
+        assert copy == (0 if s == "int8" else StaticEmbeddingTable.memory_required(
+            4096, 32, HOT_LOAD_FACTOR, s) + num_slots(4096, HOT_LOAD_FACTOR) * 8)
+        assert hot["GPU static table"][s] == bare["GPU static table"][s] + copy
+        assert hot["GPU dynamic cache, 100%"][s] == memory(
+            devices=2, hot_rows=0, gpucacheper=1.0)["GPU dynamic cache, 100%"][s] + copy
+        assert one_device["GPU static table"][s] == memory(
+            devices=1, hot_rows=0)["GPU static table"][s]
+    assert memory(devices=2, hot_rows=4096)["GPU dynamic cache, 20%"] == bare[
+        "GPU dynamic cache, 20%"]  # a cache's shards take no copy
+
+
 def test_jemalloc_size_classes() -> None:
     assert [jemalloc_size(n) for n in (1, 8, 9, 24, 36, 128, 132, 262, 518, 1025)] == \
         [8, 8, 16, 32, 48, 128, 160, 320, 640, 1280]
