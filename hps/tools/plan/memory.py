@@ -140,7 +140,7 @@ def table_memory(shape: TableShape) -> list[TierBytes]:
         "overflow_margin)"
     dynamic = dynamic_cache_bytes(n, dim, shape.gpucacheper)
     static = static_table_bytes(n, dim)
-    per_gpu = PER_DEVICE
+    per_gpu = static_note = PER_DEVICE
     if shape.shards > 1:  # row-wise sharded: a device holds its shards, each of a share
         from hps.gpu.open import WHOLE_TABLE
         from hps.gpu.shard_routing import shard_keys
@@ -152,15 +152,17 @@ def table_memory(shape: TableShape) -> list[TierBytes]:
         # each device's hot copy of its peers' rows and its peers' copies' indexes
         hot = hot_bytes(shape)
         static = {k: v + hot[k] for k, v in static.items()}
+        per_gpu = static_note = (f"per GPU: {on_one} of {shape.shards} shards of "
+                                 f"{share:,} keys (gpu_sharding row_wise)")
+        if any(hot.values()):
+            static_note += f", a hot copy of {shape.hot_rows:,} keys"
         if shape.gpucacheper >= WHOLE_TABLE:  # the dynamic cache is a static table then
             dynamic = {k: v + hot[k] for k, v in dynamic.items()}
-        per_gpu = (f"per GPU: {on_one} of {shape.shards} shards of {share:,} keys "
-                   "(gpu_sharding row_wise)" + (f", a hot copy of {shape.hot_rows:,} keys"
-                                                if any(hot.values()) else ""))
+            per_gpu = static_note
     return [
         TierBytes(f"GPU dynamic cache, {100 * shape.gpucacheper:g}%", "device", dynamic,
                   per_gpu),
-        TierBytes("GPU static table", "device", static, per_gpu),
+        TierBytes("GPU static table", "device", static, static_note),
         TierBytes("GPU uvm index + hot rows", "device", _each_storage(
             lambda s: UvmEmbeddingTable.device_bytes_required(
                 n, dim, uvm_gpu_rows(shape, s), storage=s)), PER_DEVICE),
