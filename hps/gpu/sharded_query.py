@@ -323,9 +323,9 @@ class OnePassQuery:
                 large: bool) -> None:
         """Queues the query's launches: each peer's on this thread's stream there, after
         `stream`'s work so far, then the caller's device's on `stream`, which then waits
-        for the peers'; `large`: the kernels' large-batch builds. (Two H200s, 1M pushed keys: each peer's kernel ran as long as the
-        caller's or longer, 400 against 265 us uniform, and launched after the caller's it
-        started a device switch later.)"""
+        for the peers'; `large`: the kernels' large-batch builds. (Two H200s, 1M pushed
+        keys: each peer's kernel ran as long as the caller's or longer, 400 against 265 us
+        uniform, and launched after the caller's it started a device switch later.)"""
         cells, rt = launch.cells, self._rt
         peers = [g for g in grids if g[0] != self.device_id]
         if peers:

@@ -329,7 +329,8 @@ class HierarchicalParameterServer:
         try:
             t = loaded.table(table)
             if keys is None:
-                keys = t.keys_seen.sketch("hot").top(1 << 26)["keys"]
+                sketch = t.keys_seen.sketch("hot")
+                keys = sketch.top(sketch.capacity)["keys"]
             host_keys = host_key_array(key_ref(keys))
             held = GpuCaches.replicate_hot(t, host_keys)
             return {"model": model, "table": t.name, "keys": int(host_keys.size),

@@ -16,7 +16,7 @@ import pytest
 from hps.gpu.hot_rows import SMALL_BATCH
 from hps.gpu.shard_routing import shard_of
 from hps.gpu.sharded_query import PUSH_AFTER
-from tests.gpu.test_sharded_push import DIM, Model, _server
+from tests.gpu.test_sharded_push import DIM, Model, _server, wrong_rows
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
@@ -105,7 +105,6 @@ def test_updates_reach_the_copies_while_callers_read_them(
     hps, keys, model, devices = _static_server(cp, rng, tmp_path)
     try:
         server = hps.server
-        table = server.model("m").tables[0]
         hot = keys[:40_000]
         hps.replicate_hot_rows("m", 0, hot)
         updated, read = hot[:5_000], np.r_[hot[5_000:], keys[40_000:80_000]]
@@ -118,11 +117,7 @@ def test_updates_reach_the_copies_while_callers_read_them(
                 r = np.random.default_rng(seed)
                 while not stop.is_set():
                     for n in (SMALL, LARGE):
-                        q = r.choice(read, n)
-                        out = torch.full((n, DIM), np.nan, device=f"cuda:{device}")
-                        hps.lookup_fromdlpack(torch.as_tensor(q, device=f"cuda:{device}"),
-                                              out, "m", 0)
-                        bad = int((out.cpu().numpy() != model.expected(q)).any(axis=1).sum())
+                        bad = wrong_rows(hps, device, r.choice(read, n), model)
                         if bad:
                             errors.append(f"cuda:{device}, {n} keys: {bad} wrong rows")
             except Exception as exc:  # reported below
@@ -133,12 +128,7 @@ def test_updates_reach_the_copies_while_callers_read_them(
             t.start()
         try:
             for _ in range(3):  # each round rewrites every updated key, the copies' too
-                for start in range(0, updated.size, 1000):
-                    part = updated[start:start + 1000]
-                    fresh = rng.standard_normal((part.size, DIM)).astype(np.float32)
-                    server.tiers.volatile.insert(table.storage_name, part, fresh)
-                    server._gpu.writer("m", table)(part, fresh)
-                    model.rows[np.searchsorted(model.keys, part)] = fresh
+                model.update_online(server, updated, rng)
                 hps.replicate_hot_rows("m", 0, hot[::-1])  # refilled meanwhile, too
         finally:
             stop.set()

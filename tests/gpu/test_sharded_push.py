@@ -57,6 +57,27 @@ class Model:
         want[found] = self.rows[at[found]]
         return want
 
+    def update_online(self, server: Any, keys: np.ndarray, rng: np.random.Generator) -> None:
+        """New rows for `keys`, 1,000 at a time, as hps/server/updates.py applies them:
+        the tiers, then the caches of table 0 of model "m"; the model follows."""
+        table = server.model("m").tables[0]
+        for start in range(0, keys.size, 1000):
+            part = keys[start:start + 1000]
+            fresh = rng.standard_normal((part.size, DIM)).astype(np.float32)
+            server.tiers.volatile.insert(table.storage_name, part, fresh)
+            server._gpu.writer("m", table)(part, fresh)
+            self.rows[np.searchsorted(self.keys, part)] = fresh
+
+
+def wrong_rows(hps: Any, device: int, q: np.ndarray, model: Model) -> int:
+    """Rows of a lookup of `q` (torch keys and output on `device`) that the model does not
+    give."""
+    import torch
+
+    out = torch.full((q.size, DIM), np.nan, device=f"cuda:{device}")
+    hps.lookup_fromdlpack(torch.as_tensor(q, device=f"cuda:{device}"), out, "m", 0)
+    return int((out.cpu().numpy() != model.expected(q)).any(axis=1).sum())
+
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("layout", [
@@ -89,11 +110,7 @@ def test_pushed_batches_are_exact_from_every_device_with_misses_and_updates(
                 while not stop.is_set():
                     q = r.choice(steady, BATCH)
                     q[::20] = r.integers(2**41, 2**42, q[::20].size)  # in no tier
-                    out = torch.full((BATCH, DIM), np.nan, device=f"cuda:{device}")
-                    hps.lookup_fromdlpack(torch.as_tensor(q, device=f"cuda:{device}"), out,
-                                          "m", 0)
-                    got = out.cpu().numpy()
-                    bad = int((got != model.expected(q)).any(axis=1).sum())
+                    bad = wrong_rows(hps, device, q, model)
                     if bad:
                         errors.append(f"keys on cuda:{device}: {bad} wrong rows")
             except Exception as exc:  # reported below
@@ -103,14 +120,8 @@ def test_pushed_batches_are_exact_from_every_device_with_misses_and_updates(
         for t in threads:
             t.start()
         try:
-            # online updates meanwhile, as hps/server/updates.py applies them: the tiers,
-            # then the caches (the callers read none of these keys)
-            for start in range(0, updated.size, 1000):
-                part = updated[start:start + 1000]
-                fresh = rng.standard_normal((part.size, DIM)).astype(np.float32)
-                server.tiers.volatile.insert(table.storage_name, part, fresh)
-                server._gpu.writer("m", table)(part, fresh)
-                model.rows[np.searchsorted(model.keys, part)] = fresh
+            # online updates meanwhile (the callers read none of these keys)
+            model.update_online(server, updated, rng)
             deadline = time.monotonic() + 60
             while (min(q.pushed for q in queries.values()) < 3 and not errors
                    and time.monotonic() < deadline):

@@ -42,7 +42,7 @@ import numpy as np
 
 from hps.gpu.hot_rows import HOT_ROWS
 from hps.gpu.sharded_query import LARGE_AFTER, PUSH_AFTER, SHAPE
-from hps.tools.bench.gpu_public import MODEL, server_over_files
+from hps.tools.bench.gpu_public import MODEL
 
 
 def _power_law(rng: np.random.Generator, size: int, n: int, alpha: float = 1.1) -> np.ndarray:

@@ -83,13 +83,19 @@ def static_table_bytes(num_keys: int, dim: int) -> dict[str, int]:
 
 def hot_bytes(shape: TableShape) -> dict[str, int]:
     """A device's bytes of a sharded static table's hot copies (hps/gpu/hot_rows.py), by
-    storage type: none on one device, or stored as int8."""
-    from hps.gpu.hot_rows import hot_copy_bytes
-    from hps.rows.storage_types import INT8
+    storage type: none on one device, or where the copies do not apply."""
+    from hps.gpu.hot_rows import hot_copy_applies, hot_copy_bytes
+    from hps.gpu.static_table import StaticEmbeddingTable
+    from hps.rows.storage_types import storage_type
 
     devices = min(shape.devices, shape.shards)
-    return _each_storage(lambda s: hot_copy_bytes(shape.hot_rows, shape.dim, s, devices)
-                         if shape.hot_rows and devices > 1 and s != INT8.name else 0)
+
+    def copies(s: str) -> int:
+        applies = devices > 1 and hot_copy_applies(StaticEmbeddingTable._kind,
+                                                   storage_type(s), shape.hot_rows)
+        return hot_copy_bytes(shape.hot_rows, shape.dim, s, devices) if applies else 0
+
+    return _each_storage(copies)
 
 
 def hash_map_bytes(num_keys: int, dim: int, num_partitions: int = 16) -> dict[str, int]:
