@@ -35,7 +35,7 @@ from hps.http.kserve.schemas import INFER_PATH, INFER_RE
 from hps.http.lookup import LOOKUP_PATH, LOOKUP_RE, handle_lookup
 from hps.http.metrics import Metrics, MetricsMiddleware
 from hps.http.roots import default_roots, normalise_root
-from hps.http.routes import allowed_methods, build_router, token_guard
+from hps.http.routes import allowed_methods, build_router, every_route, token_guard
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, ServiceState
 from hps.server import HierarchicalParameterServer
 from hps.server.loader import LoadProgress
@@ -136,12 +136,14 @@ def create_app(
     admin_router = build_admin_router(state)
     app.include_router(admin_router)
     _add_error_handlers(app, state)
-    # the routers' own routes (FastAPI keeps included routers as such, not their routes)
-    app.gate = RequestGate(state, [*router.routes, *v2_router.routes, *admin_router.routes])
+    # every route, those of included routers among them (FastAPI keeps an included router
+    # as one entry: the keys router's admin route once escaped the gate's guard so)
+    app.gate = RequestGate(state, every_route(app))
     app.hot_routes = HotRoutes(state, [
         HotRoute.declared(router.routes, LOOKUP_PATH, LOOKUP_RE, handle_lookup, error_body),
         HotRoute.declared(v2_router.routes, INFER_PATH, INFER_RE, handle_infer, v2_error_body)])
-    app.add_middleware(MetricsMiddleware, metrics=state.metrics)  # every other answer
+    # every other answer, the gate's own among them: around the gate, not in FastAPI's stack
+    app.counted = MetricsMiddleware(app.gated, state.metrics)
     return app
 
 
@@ -149,25 +151,31 @@ class ServiceApp(FastAPI):
     """FastAPI, with the hot routes answered by `hot_routes` ahead of its middleware stack
     (`HotRoutes.__call__` says what that skips and what it saves).
 
-    Every other request goes through FastAPI as usual. Middleware added to the app
-    (`add_middleware`) therefore does not see the hot routes: wrap the app itself
-    (`Middleware(app)`) for something every request must pass through."""
+    Every other request is counted by `counted` (the request metrics), then passes the
+    `gate` and goes through FastAPI as usual. Middleware added to the app
+    (`add_middleware`) therefore sees neither the hot routes nor the gate's refusals: wrap
+    the app itself (`Middleware(app)`) for something every request must pass through."""
 
     hot_routes: HotRoutes | None = None
     gate: RequestGate | None = None  # guards and bounds every other request's body
+    counted: MetricsMiddleware | None = None  # counts every other request, around `gated`
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         hot = self.hot_routes
         hit = hot.match(scope) if hot is not None else None
         if hit is None:
-            if self.gate is None:
-                await super().__call__(scope, receive, send)
-            else:
-                await self.gate(scope, receive, send, super().__call__)
+            await (self.gated if self.counted is None else self.counted)(scope, receive, send)
             return
         assert hot is not None
         scope["app"] = self
         await hot(scope, receive, send, *hit)
+
+    async def gated(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """FastAPI behind the gate."""
+        if self.gate is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.gate(scope, receive, send, super().__call__)
 
 
 def _version() -> str:

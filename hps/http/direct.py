@@ -149,6 +149,12 @@ def direct_answers(base: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
             self._hps_pending = None
             self._hps_answer(pending)
 
+        def connection_lost(self, exc: Exception | None) -> None:
+            pending, self._hps_pending = self._hps_pending, None
+            if pending is not None:  # its body never came whole: counted as the ASGI path does
+                self.config.app.hot_routes.count_abandoned(pending.route)
+            super().connection_lost(exc)
+
         def _hps_answer(self, pending: _Pending) -> None:
             hot = self.config.app.hot_routes
             body = pending.body[0] if len(pending.body) == 1 else b"".join(pending.body)

@@ -27,12 +27,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from starlette.routing import Match
-
 from hps.http.errors import BadHTTP
 from hps.http.gate import body_form
 from hps.http.metrics import ANSWERED_BY_CONNECTION, method_label
-from hps.http.routes import every_route
+from hps.http.routes import every_route, route_of
 
 if TYPE_CHECKING:
     import asyncio
@@ -53,15 +51,7 @@ def _route_label(app: Any, scope: Scope) -> str:
     middleware counts it ("unmatched" when its line was not read or matches no route)."""
     route = scope.get("route")
     if route is None and "path" in scope and "method" in scope:
-        partial = None
-        for candidate in every_route(app):
-            match, _ = candidate.matches(scope)
-            if match is Match.FULL:
-                route = candidate
-                break
-            if match is Match.PARTIAL and partial is None:
-                partial = candidate
-        route = route or partial
+        route = route_of(every_route(app), scope)
     return getattr(route, "path", None) or "unmatched"
 
 

@@ -14,6 +14,10 @@ FastAPI (`app.ServiceApp`) and, for each request:
    length or the bytes received pass it, whatever the route and with or without a token;
 3. hands FastAPI the request with its body replayed from memory.
 
+The request metrics sit around the gate (`app.ServiceApp`), so what it answers itself
+(401, 403, 413) and a body its client abandoned (499, `metrics.CLIENT_CLOSED`) are counted
+like FastAPI's answers, under the route FastAPI would have chosen (`route_of`).
+
 The hot routes (lookup, v2 infer) do the same in their handlers (token, then `read_body`)
 and never come here. The routes keep their guards as dependencies too: they describe the
 security scheme in the OpenAPI document, and a route is never open if the gate is bypassed.
@@ -30,7 +34,7 @@ from starlette.routing import Match
 from hps.http.bodies import read_body
 from hps.http.errors import error_body, v2_error_body
 from hps.http.guards import request_port
-from hps.http.routes import ADMIN, TOKEN, guard_of
+from hps.http.routes import ADMIN, TOKEN, guard_of, route_of
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -67,6 +71,8 @@ class RequestGate:
     """The guard and body limit of every request FastAPI answers (see the module)."""
 
     def __init__(self, state: ServiceState, routes: list[Any]) -> None:
+        """`routes`: every route of the app, those of included routers among them
+        (`routes.every_route`)."""
         self.state = state
         self.routes = [(route, guard_of(route)) for route in routes]
 
@@ -100,9 +106,11 @@ class RequestGate:
         try:
             self.check(scope, headers)
             body = await read_body(headers, receive, self.state.max_body_bytes)
-        except ClientDisconnect:
-            return  # nobody to answer
+        except ClientDisconnect:  # nobody to answer
+            scope["route"] = route_of((route for route, _ in self.routes), scope)
+            return
         except Exception as exc:
+            scope["route"] = route_of((route for route, _ in self.routes), scope)
             response = self.state.error_response(Request(scope), exc,
                                                  body_form(scope.get("path", "")))
             if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:

@@ -32,7 +32,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from hps.http.bodies import Answer
-from hps.http.metrics import ANSWERED_BY_CONNECTION
+from hps.http.metrics import ANSWERED_BY_CONNECTION, CLIENT_CLOSED
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
@@ -148,8 +148,8 @@ class HotRoutes:
                                                 receive, params)
             status = 200
             await _send_answer(send, headers, parts)
-        except ClientDisconnect:
-            pass  # nobody to answer (or the connection answered: it counted that)
+        except ClientDisconnect:  # nobody to answer (or the connection answered: it
+            status = CLIENT_CLOSED  # counted that, ANSWERED_BY_CONNECTION)
         except Exception as exc:
             if status == 200:  # the answer had started: nothing more can be said
                 raise
@@ -214,3 +214,8 @@ class HotRoutes:
     def observe(self, route: HotRoute, status: int, seconds: float) -> None:
         """Count one request of `route` answered with `status` after `seconds`."""
         self.state.metrics.observe_request(route.route.path, "POST", status, seconds)
+
+    def count_abandoned(self, route: HotRoute) -> None:
+        """Count one request of `route` that its client left before its body was whole
+        (answered to no one: CLIENT_CLOSED), where its time is not known."""
+        self.state.metrics.count_request(route.route.path, "POST", CLIENT_CLOSED)

@@ -59,6 +59,10 @@ _TIER_HITS = {"volatile": "volatile_hits", "persistent": "persistent_hits"}
 #: the hot keys whose share of the counted keys `hps_hot_keys_share` reports
 _HOT_TOP = 100
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+#: the code a request is counted under when no answer went out because its client left
+#: before its body was whole (or its connection was closed for a body too slow to come):
+#: nginx's "client closed request". Nothing failed on the server's side, so never 500.
+CLIENT_CLOSED = 499
 #: set in a request's ASGI scope when its connection answered it (a body that is not
 #: HTTP: hps/http/framing.py) and counted it: its handler, which then sees a disconnect,
 #: does not count it again
@@ -360,7 +364,9 @@ def _numbers(stats: dict[str, Any]) -> Iterator[tuple[str, float]]:
 
 
 class MetricsMiddleware:
-    """Counts and times every HTTP request by route template, method and status.
+    """Counts and times every HTTP request by route template, method and status: the code
+    it was answered with, 500 when it raised before an answer, CLIENT_CLOSED when it
+    returned without one (its client had gone).
 
     The hot routes do not pass through it: `hot_routes.HotRoutes` answers them before the
     middleware stack and counts them itself (`Metrics.observe_request`)."""
@@ -374,7 +380,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
+        status = CLIENT_CLOSED
 
         async def send_status(message: Message) -> None:
             nonlocal status
@@ -382,9 +388,13 @@ class MetricsMiddleware:
                 status = message["status"]
             await send(message)
 
+        answered = False
         try:
             await self.app(scope, receive, send_status)
+            answered = True
         finally:
+            if not answered and status == CLIENT_CLOSED:  # it raised before an answer
+                status = 500
             route = scope.get("route")
             if ANSWERED_BY_CONNECTION not in scope:
                 self.metrics.observe_request(getattr(route, "path", None) or "unmatched",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -253,6 +254,20 @@ def every_route(app: Any) -> list[Any]:
                 yield route
 
     return list(flat(getattr(getattr(app, "router", None), "routes", ())))
+
+
+def route_of(routes: Iterable[Any], scope: Any) -> Any | None:
+    """The route among `routes` a request of `scope` is counted under, as FastAPI's router
+    finds it: the one it matches in full, else the first it matches but for its method
+    (answered 405), else None."""
+    partial = None
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return route
+        if match is Match.PARTIAL and partial is None:
+            partial = route
+    return partial
 
 
 def allowed_methods(app: Any, scope: Any) -> str:

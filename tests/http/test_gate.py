@@ -59,7 +59,8 @@ def post_head(live: Live, path: str, length: int, extra: str = "") -> str:
             f"Content-Length: {length}\n{extra}")
 
 
-@pytest.mark.parametrize("path", ["/v1/models", f"/v1/models/{MODEL}/reload"])
+@pytest.mark.parametrize("path", ["/v1/models", f"/v1/models/{MODEL}/reload",
+                                  f"/v1/models/{MODEL}/prefetch"])
 def test_admin_token_is_checked_before_the_body_is_read(guarded: Live, path: str) -> None:
     """A 256 MiB body is declared and never sent: the 401 comes without waiting for it
     (it used to come after FastAPI had read and parsed the whole body)."""
