@@ -23,10 +23,13 @@ thread, so the checks overlap the tiers' writes); nothing reads the files a seco
   version smaller than the served one a warning.
 
 The same sample gives the version's digest (digest.py). A version whose digest is
-`previous_digest` (the version served before the one served now) is a rollback: the
-size and drift checks, which compare it with the version it replaces, warn but do not
-refuse it, so the version that served before can always come back. Every check let
-through that would have refused is named, with why, in the verdict's `admitted`.
+`previous`'s (the version served before the one served now) is a rollback: the size and
+drift checks, which compare it with the version it replaces, warn but do not refuse it,
+so the version that served before can always come back as it passed. A pass that rested
+on an opt-in (`PassedVersion.opt_ins`) lets it back only where the load gives that
+opt-in again: else a version let in once by `allow_shrink` came back without it after
+every rollback. Every check let through that would have refused is named, with why, in
+the verdict's `admitted`, and the opt-ins the pass rests on in its `opt_ins`.
 
 A refusal raises `LoadGateError` carrying the verdict. Per-row work is compiled or
 vectorised: two reductions per chunk find a chunk without NaN (the common case), the
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,8 +48,8 @@ from hps.errors import ModelFileError, TierError
 from hps.gate.digest import row_hashes, version_digest
 from hps.gate.drift import ServedRows, measure, row_norms
 from hps.gate.key_set import KeySet, sample_rows, sample_threshold
-from hps.gate.settings import ValidationConfig
-from hps.gate.verdict import Finding, GateVerdict, LoadGateError
+from hps.gate.settings import OPT_INS, ValidationConfig
+from hps.gate.verdict import Finding, GateVerdict, LoadGateError, PassedVersion
 from hps.rows.storage_types import FLOAT32, StorageType, first_unencodable_row
 
 log = logging.getLogger("hps.gate")
@@ -59,14 +62,14 @@ class TableGate:
     then `finish`. `served`: the version served now (a reload's drift is measured against
     it); `count_duplicates`: count repeats in the stream under `duplicates: last` too
     (`hps validate`, where no tier counts them); `files`: (name, bytes) of the files read,
-    named by a size refusal; `previous_digest`: the digest of the version served before
-    the one served now ("" when none is known)."""
+    named by a size refusal; `previous`: the version served before the one served now
+    (None when none is known)."""
 
     def __init__(self, settings: ValidationConfig, *, model: str, table: str, uri: str,
                  dim: int, num_keys: int, storage: StorageType = FLOAT32,
                  allow_non_finite: bool = False, served: ServedRows | None = None,
                  count_duplicates: bool = False, files: Sequence[tuple[str, int]] = (),
-                 previous_digest: str = "") -> None:
+                 previous: PassedVersion | None = None) -> None:
         self.settings = settings
         self.dim = dim
         self.num_keys = num_keys
@@ -74,7 +77,8 @@ class TableGate:
         self.allow_non_finite = allow_non_finite
         self.served = served
         self.files = list(files)
-        self.previous_digest = previous_digest
+        self.previous = previous
+        self._rollback = False  # the previous-version rule lets this version in (finish)
         self.verdict = GateVerdict(model, table, uri)
         # `last` leaves the repeats to the tiers and counts them from the whole-table
         # tier's size after the load, unless asked to count them here (no tier offline)
@@ -107,12 +111,15 @@ class TableGate:
             yield keys, rows
 
     def finish(self, distinct_keys: int | None = None, *, reused: bool = False,
-               digest: str = "") -> GateVerdict:
+               digest: str = "", passed_with: Collection[str] = ()) -> GateVerdict:
         """The verdict, with the size checked and the drift measured (a reload).
         `distinct_keys`: the keys the tier holding the whole table has, which counts the
         repeats under `duplicates: last`. `reused`: the rows were not read (the persistent
         tier held these exact files, checked when they were loaded; `digest` is the one
-        recorded then, `distinct_keys` its keys). Raises LoadGateError on a refusal."""
+        recorded then, `distinct_keys` its keys). `passed_with`: the opt-ins an earlier
+        pass of these same files rested on (recorded with the persistent tier's copy): a
+        restart's first load, compared with nothing, does not clear them. Raises
+        LoadGateError on a refusal."""
         v = self.verdict
         v.reused = reused
         if reused:
@@ -130,12 +137,16 @@ class TableGate:
         keys, norms, hashes = self._sampled()
         v.keys = distinct
         v.digest = digest if reused else version_digest(keys, hashes, distinct, self.dim)
-        v.previous_version = bool(self.previous_digest) and v.digest == self.previous_digest
+        previous = self.previous
+        v.previous_version = (previous is not None and bool(previous.digest)
+                              and v.digest == previous.digest)
+        self._rollback = v.previous_version and self._missing_opt_ins() == []
         served_keys = self._served_keys()
         v.served_keys = served_keys
         self._check_size(distinct, served_keys)
         if self.served is not None and not reused:
             self._drift(keys, norms, distinct)
+        v.opt_ins = self._rests_on(passed_with)
         if not v.passed:
             raise LoadGateError(v)
         for f in v.findings:
@@ -289,11 +300,28 @@ class TableGate:
         """A check past its limit: a warning where `refuse` is False; else a refusal,
         unless `opt_in` (the setting that allows it) or a rollback to the previous version
         lets it in, which the verdict's `admitted` records."""
-        by = opt_in or ("previous_version" if refuse and self.verdict.previous_version
-                        else None)
+        by = opt_in or ("previous_version" if refuse and self._rollback else None)
         if refuse and by is not None:
             self.verdict.admitted.append({"check": check, "by": by, "why": _WHY[by]})
+        elif refuse and self.verdict.previous_version:  # a rollback short of its opt-in
+            message += (f"; these rows are the version served before, which passed only "
+                        f"with {' and '.join(self._missing_opt_ins())}: give it again to "
+                        "load them")
         self._find(check, figure, limit, refuse and by is None, message)
+
+    def _missing_opt_ins(self) -> list[str]:
+        """The opt-ins the previous version's pass rested on that this load does not give."""
+        needed = self.previous.opt_ins if self.previous is not None else frozenset()
+        return sorted(name for name in needed if not getattr(self.settings, name))
+
+    def _rests_on(self, recorded: Collection[str]) -> list[str]:
+        """The opt-ins this version's pass rests on (`recorded`: those an earlier pass of
+        the same files rested on)."""
+        by = {entry["by"] for entry in self.verdict.admitted}
+        rests = (by & set(OPT_INS)) | set(recorded)
+        if "previous_version" in by and self.previous is not None:
+            rests |= self.previous.opt_ins
+        return sorted(rests)
 
     def _why_served(self, check: str) -> str:
         """Why a finding that did not refuse lets the version serve, for its log line."""

@@ -39,6 +39,16 @@ class Finding:
                 "refused": self.refused, "message": self.message}
 
 
+@dataclass(frozen=True)
+class PassedVersion:
+    """A table's version that passed the gate, as a later reload's rollback rule reads
+    it: its rows digest, and the opt-ins (allow_empty, allow_shrink) its pass rests on.
+    A rollback to it is let in as it passed: one that needed an opt-in needs it again."""
+
+    digest: str
+    opt_ins: frozenset[str] = frozenset()
+
+
 @dataclass
 class GateVerdict:
     """The gate's figures and findings for one table of one load."""
@@ -70,6 +80,9 @@ class GateVerdict:
     #: the checks past their limit that let it in all the same: {"check", "by" (the
     #: opt-in, or previous_version), "why"}
     admitted: list[dict[str, str]] = field(default_factory=list)
+    #: the opt-ins its pass rests on: those that let a check in, and, where the
+    #: previous-version rule let one in, those the earlier pass of these rows rested on
+    opt_ins: list[str] = field(default_factory=list)
     checked_at: float = field(default_factory=time.time)
 
     @property
@@ -90,6 +103,7 @@ class GateVerdict:
                 "reused": self.reused, "checked_at": self.checked_at, "keys": self.keys,
                 "served_keys": self.served_keys, "digest": self.digest,
                 "previous_version": self.previous_version, "admitted": list(self.admitted),
+                "opt_ins": list(self.opt_ins),
                 "findings": [f.as_dict() for f in self.findings]}
 
 

@@ -100,6 +100,9 @@ class TableSource:
     #: the digest of the version's rows (hps/gate/digest.py): a reload of the version
     #: served before is recognised by it; "" when not known
     rows_digest: str = ""
+    #: the opt-ins (allow_empty, allow_shrink) the gate's pass of these rows rested on: a
+    #: rollback to them needs the same (GateVerdict.opt_ins); kept with the digest
+    rows_opt_ins: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -341,6 +344,7 @@ def load_table(
         verdict = gate.finish(_distinct_keys(name, persistent))
         source.duplicate_keys = verdict.duplicate_keys
         source.rows_digest = verdict.digest  # recorded with the table, for a restart
+        source.rows_opt_ins = verdict.opt_ins
         if (source.duplicate_keys and gate.settings.duplicates == "last" and write_volatile
                 and rate < 1.0 and not source.volatile_error):
             _rewrite_share(name, reader, volatile, persistent, rate, source)  # type: ignore[arg-type]
@@ -350,15 +354,18 @@ def load_table(
         for _ in chunks():
             pass
         # without a persistent tier the volatile tier holds the whole table
-        verdict = gate.finish(_distinct_keys(name, volatile) if persistent is None else None)
+        verdict = gate.finish(_distinct_keys(name, volatile) if persistent is None else None,
+                              passed_with=_stored_opt_ins(stored) if reuse else ())
         source.duplicate_keys = verdict.duplicate_keys
     else:  # the persistent tier held these files and no volatile tier takes a share
         verdict = gate.finish(_stored_keys(stored) if stored is not None
                               else _distinct_keys(name, volatile), reused=True,
-                              digest=str((stored or {}).get("rows_digest", "")))
+                              digest=str((stored or {}).get("rows_digest", "")),
+                              passed_with=_stored_opt_ins(stored))
     if reuse and stored is not None:
         source.duplicate_keys = verdict.duplicate_keys = int(stored.get("duplicate_keys", 0))
     source.rows_digest = verdict.digest
+    source.rows_opt_ins = verdict.opt_ins
     source.reused = reuse
     source.load_gate = verdict.as_dict()
     return_freed_memory()  # the load's buffers: the process keeps what the tiers hold
@@ -392,6 +399,13 @@ def _rewrite_share(name: str, reader: ModelReader, volatile: Tier, persistent: T
         fill_volatile(name, reader, volatile, rate, stored=persistent)
     except TierError as exc:
         _leave_out_volatile(source, name, volatile, exc)
+
+
+def _stored_opt_ins(stored: dict[str, Any] | None) -> list[str]:
+    """The opt-ins recorded with a table's stored rows (none in a store written before
+    they were recorded, or of another shape)."""
+    recorded = (stored or {}).get("rows_opt_ins")
+    return [str(name) for name in recorded] if isinstance(recorded, list) else []
 
 
 def _stored_keys(stored: dict[str, Any]) -> int | None:

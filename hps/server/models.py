@@ -11,6 +11,7 @@ import numpy as np
 
 from hps.config import ModelConfig
 from hps.errors import BatchTooLargeError, UnknownTableError
+from hps.gate.verdict import PassedVersion
 from hps.gpu.key_sample import KeySampler
 from hps.intake.array_ref import ArrayRef
 from hps.intake.keys import key_array, key_ref
@@ -135,9 +136,10 @@ class LoadedModel:
     #: the same files again (a plain reload, a refill of the volatile tier) reads them
     #: beneath these roots too.
     roots: tuple[str, ...] | None = None
-    #: table name → the rows digest of the version this one replaced (hps/gate/digest.py):
-    #: a reload of those rows is a rollback, which the load gate lets in
-    previous_digests: dict[str, str] = field(default_factory=dict)
+    #: table name → the rows digest of the version this one replaced (hps/gate/digest.py)
+    #: and the opt-ins its pass rested on: a reload of those rows is a rollback, which
+    #: the load gate lets in as they passed (with those opt-ins given again)
+    previous_versions: dict[str, PassedVersion] = field(default_factory=dict)
 
     def table(self, table: int | str) -> LoadedTable:
         """A table by index, by name, or by its index written in ASCII digits ("0");

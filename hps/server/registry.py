@@ -19,9 +19,10 @@ Every table streams through the load gate (hps/gate/) as it loads, a reload's dr
 measured against the served version's rows in the tier that holds them whole. A version
 the gate refuses is not swapped in; `gate_ledger` counts the verdicts, and the served
 version's tables carry the refused one's in `source.load_gate`. Each version remembers
-the rows digests of the one it replaced (`LoadedModel.previous_digests`): a reload of
-those rows is a rollback, which the gate's comparisons with the served version never
-refuse. A load's caller may allow, for that load alone, what the config's `validation`
+the rows digests of the one it replaced, with the opt-ins each one's pass rested on
+(`LoadedModel.previous_versions`): a reload of those rows is a rollback, which the gate's
+comparisons with the served version never refuse where the load gives those opt-ins
+again. A load's caller may allow, for that load alone, what the config's `validation`
 does not (`opt_ins`: allow_empty, allow_shrink).
 """
 
@@ -45,7 +46,7 @@ from hps.errors import (
 from hps.gate.drift import ServedRows, TierRows
 from hps.gate.settings import effective, with_opt_ins
 from hps.gate.table_gate import TableGate
-from hps.gate.verdict import GateLedger, GateVerdict, LoadGateError
+from hps.gate.verdict import GateLedger, GateVerdict, LoadGateError, PassedVersion
 from hps.modelfiles.confined import confined, current_roots
 from hps.runtime.background import BackgroundWorker
 from hps.runtime.backoff import Backoff
@@ -230,8 +231,9 @@ class ModelRegistry:
             self._drop_tables(names, tiers=[self.tiers.volatile])
             self.observer.reload_started(model.model)
         written: list[str] = []
-        loaded = LoadedModel(model, [], roots=current_roots(), previous_digests=(
-            {t.name: t.source.rows_digest for t in old.tables} if old is not None else {}))
+        loaded = LoadedModel(model, [], roots=current_roots(), previous_versions=(
+            {t.name: PassedVersion(t.source.rows_digest, frozenset(t.source.rows_opt_ins))
+             for t in old.tables} if old is not None else {}))
         fills = []
         try:
             for i, reader in enumerate(readers):
@@ -322,7 +324,7 @@ class ModelRegistry:
                          dim=reader.vec_size, num_keys=reader.num_keys, storage=model.storage,
                          allow_non_finite=model.allow_non_finite_vectors,
                          served=self._served_rows(old, name), files=reader.files,
-                         previous_digest=old.previous_digests.get(name, "") if old else "")
+                         previous=old.previous_versions.get(name) if old else None)
         verdicts.append(gate.verdict)
         source = load_table(
             storage_name, reader, self.tiers.volatile, self.tiers.persistent,

@@ -16,7 +16,7 @@ from hps.gate.drift import FileRows
 from hps.gate.key_set import KeySet, sample_rows, sample_threshold
 from hps.gate.settings import ValidationConfig, effective
 from hps.gate.table_gate import TableGate
-from hps.gate.verdict import GateLedger, LoadGateError
+from hps.gate.verdict import GateLedger, LoadGateError, PassedVersion
 from hps.modelfiles.formats import ReadOptions, open_model
 from hps.rows.storage_types import storage_type
 from tests.conftest import model_config, write_table
@@ -29,7 +29,7 @@ def chunked(keys: np.ndarray, rows: np.ndarray, size: int = 100
 
 def gate(keys: np.ndarray, rows: np.ndarray, **settings: Any) -> TableGate:
     options = {k: settings.pop(k) for k in ("served", "storage", "allow_non_finite",
-                                             "count_duplicates") if k in settings}
+                                             "count_duplicates", "previous") if k in settings}
     return TableGate(ValidationConfig(**settings), model="m", table="t", uri="/files",
                      dim=rows.shape[1], num_keys=len(keys), **options)
 
@@ -183,6 +183,69 @@ def test_key_churn_is_estimated_from_the_sample(tmp_path: Path,
     loose = gate(new_keys, new, served=served(tmp_path, old_keys, old), max_key_churn=0.3)
     run(loose, new_keys, new)
     assert loose.finish().passed and not loose.verdict.findings
+
+
+def _digest(keys: np.ndarray, rows: np.ndarray) -> str:
+    g = gate(keys, rows)
+    run(g, keys, rows)
+    return g.finish().digest
+
+
+def test_a_rollback_comes_back_only_with_the_opt_ins_its_pass_rested_on(
+        tmp_path: Path, rng: np.random.Generator) -> None:
+    """The version served before passed only with allow_shrink: a reload of its rows is
+    let in by the previous-version rule only where allow_shrink is given again; one that
+    passed without an opt-in comes back without one."""
+    keys = np.arange(8000, dtype=np.int64)
+    rows = rng.standard_normal((keys.size, 4)).astype(np.float32)
+    small_keys, small = keys[:1000], rows[:1000]
+    shrunk = PassedVersion(_digest(small_keys, small), frozenset({"allow_shrink"}))
+
+    def reload(**settings: Any) -> TableGate:
+        g = gate(small_keys, small, served=served(tmp_path, keys, rows), **settings)
+        run(g, small_keys, small)
+        return g
+
+    with pytest.raises(LoadGateError, match="passed only with allow_shrink: give it "
+                       "again to load them") as refused:
+        reload(previous=shrunk).finish()
+    assert refused.value.details()["check"] == "size"
+    assert refused.value.verdict.previous_version
+    verdict = reload(previous=shrunk, allow_shrink=True).finish()
+    assert [(a["check"], a["by"]) for a in verdict.admitted] == [("size", "allow_shrink")]
+    assert verdict.opt_ins == ["allow_shrink"] and verdict.as_dict()["opt_ins"] == [
+        "allow_shrink"]
+    clean = PassedVersion(shrunk.digest)  # the same rows, once passed without an opt-in
+    verdict = reload(previous=clean).finish()
+    assert [(a["check"], a["by"]) for a in verdict.admitted] == [("size", "previous_version")]
+    assert verdict.opt_ins == []
+    with pytest.raises(LoadGateError, match="the table holds 1,000 keys") as refused:
+        reload(previous=PassedVersion("0" * 32)).finish()  # another version's rows
+    assert not refused.value.verdict.previous_version
+    assert "passed only with" not in str(refused.value)
+
+
+def test_a_rollback_let_in_by_the_rule_keeps_the_opt_ins_of_its_earlier_pass(
+        tmp_path: Path, rng: np.random.Generator) -> None:
+    """Rows let back by the previous-version rule (a drift no opt-in allows) rest on what
+    their earlier pass rested on: the next rollback to them needs it again too."""
+    keys = np.arange(4000, dtype=np.int64)
+    rows = rng.standard_normal((keys.size, 4)).astype(np.float32)
+    blown = rows * 10
+    earlier = PassedVersion(_digest(keys, blown), frozenset({"allow_shrink"}))
+    g = gate(keys, blown, served=served(tmp_path, keys, rows), drift="refuse",
+             previous=earlier, allow_shrink=True)
+    run(g, keys, blown)
+    verdict = g.finish()
+    assert [(a["check"], a["by"]) for a in verdict.admitted] == [
+        ("norm_ratio", "previous_version")]
+    assert verdict.opt_ins == ["allow_shrink"]
+    g = gate(keys, blown, served=served(tmp_path, keys, rows), drift="refuse",
+             previous=earlier)
+    run(g, keys, blown)
+    with pytest.raises(LoadGateError, match="row norms drifted 10×.*passed only with "
+                       "allow_shrink"):
+        g.finish()
 
 
 def test_ledger_counts_refusals_and_warnings_by_check() -> None:

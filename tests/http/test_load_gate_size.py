@@ -181,3 +181,35 @@ def test_hps_models_reload_allow_empty(live_strict: Live, tmp_path: Path) -> Non
     assert f"reloaded model {MODEL}" in done.stdout
     np.testing.assert_array_equal(users(live_strict.url, live_strict.model.keys[0][:3]),
                                   np.full((3, DIMS[0]), 0.5, np.float32))
+
+
+def test_a_shrunken_version_needs_its_opt_in_after_every_rollback(
+        live_strict: Live, tmp_path: Path) -> None:
+    """allow_shrink lets a version in once: after a rollback the same files without it
+    answer 422 (they were let in as `previous_version`), with it 200, as often as they
+    alternate; the rollback always comes back."""
+    from tests.conftest import write_table
+
+    model = live_strict.model
+    keys, rows = model.keys[0], model.vectors[0]
+    write_table(tmp_path / "small", keys[:500], rows[:500])
+    items = model.dir / TABLE_NAMES[1]
+    small, whole = [tmp_path / "small", items], [model.dir / TABLE_NAMES[0], items]
+    for turn in range(3):
+        refused = reload(live_strict.url, small)
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert (error["kind"], error["table"], error["check"]) == ("load_gate", "users",
+                                                                    "size")
+        assert ("passed only with allow_shrink: give it again" in error["message"]) == (
+            turn > 0)
+        np.testing.assert_array_equal(users(live_strict.url, keys[-20:]), rows[-20:])
+        allowed = reload(live_strict.url, small, allow_shrink=True)
+        assert allowed.status_code == 200, allowed.text
+        assert allowed.json()["tables"][0]["source"]["load_gate"]["opt_ins"] == [
+            "allow_shrink"]
+        back = reload(live_strict.url, whole)
+        assert back.status_code == 200, back.text
+        gate = back.json()["tables"][0]["source"]["load_gate"]
+        assert gate["previous_version"] and gate["opt_ins"] == []
+        np.testing.assert_array_equal(users(live_strict.url, keys[-20:]), rows[-20:])

@@ -163,3 +163,66 @@ def test_the_digest_outlives_a_restart_over_the_same_rocksdb(
     with HierarchicalParameterServer(config) as server:
         source = server.model("m").table(0).source
         assert source.reused and source.rows_digest == digest
+
+
+@pytest.mark.parametrize("opt_in", ["allow_shrink", "allow_empty"])
+def test_an_opt_in_lets_a_version_in_once_not_after_every_rollback(
+        tmp_path: Path, rng: np.random.Generator, opt_in: str) -> None:
+    """The report's alternation: a version let in by an opt-in, a rollback, the same
+    version again without the opt-in: refused every time (it was let in as
+    `previous_version` as often as they alternated), served every time the opt-in comes
+    with it, and the rollback always comes back."""
+    keys, rows = make_table(rng, 4000, 4)
+    write_table(tmp_path / "v1", keys, rows)
+    if opt_in == "allow_shrink":
+        write_table(tmp_path / "v2", keys[:500], rows[:500])
+    else:
+        empty_table(tmp_path / "v2")
+    check = "size"
+    with HierarchicalParameterServer(config_of(tmp_path, "v1", 4, True, STRICT)) as server:
+        for turn in range(3):
+            with pytest.raises(LoadGateError) as refused:
+                reload_from(server, tmp_path / "v2")
+            assert refused.value.details()["check"] == check
+            # from the second turn on, v2 is the version served before: the refusal says
+            # which opt-in its pass rested on
+            assert refused.value.verdict.previous_version == (turn > 0)
+            assert (f"passed only with {opt_in}: give it again" in str(refused.value)) == (
+                turn > 0)
+            np.testing.assert_array_equal(server.lookup("m", 0, keys[-3:]), rows[-3:])
+
+            server.reload_model("m", [str(tmp_path / "v2")], **{opt_in: True})
+            gate = server.model("m").table(0).source.load_gate
+            assert gate["opt_ins"] == [opt_in] and gate["previous_version"] == (turn > 0)
+            assert {a["by"] for a in gate["admitted"]} == {opt_in}
+            assert server.model("m").table(0).source.rows_opt_ins == [opt_in]
+
+            reload_from(server, tmp_path / "v1")  # the rollback: no opt-in needed
+            gate = server.model("m").table(0).source.load_gate
+            assert gate["previous_version"] and gate["opt_ins"] == []
+            assert [a["by"] for a in gate["admitted"]] == ["previous_version"]
+            np.testing.assert_array_equal(server.lookup("m", 0, keys[-3:]), rows[-3:])
+
+
+def test_the_opt_ins_of_stored_rows_outlive_a_restart(
+        tmp_path: Path, rng: np.random.Generator) -> None:
+    """Rows let in by allow_shrink and served again after a restart over the same RocksDB
+    (not read again) still need allow_shrink to come back as the previous version."""
+    keys, rows = make_table(rng, 4000, 4)
+    write_table(tmp_path / "v1", keys, rows)
+    write_table(tmp_path / "half", keys[:2000], rows[:2000])
+    write_table(tmp_path / "small", keys[:500], rows[:500])
+    config = config_of(tmp_path, "v1", 4, True)
+    with HierarchicalParameterServer(config) as server:
+        reload_from(server, tmp_path / "half")  # at the limit: no opt-in
+        server.reload_model("m", [str(tmp_path / "small")], allow_shrink=True)
+        assert server.model("m").table(0).source.rows_opt_ins == ["allow_shrink"]
+    config["models"][0]["sparse_files"] = [str(tmp_path / "small")]
+    with HierarchicalParameterServer(config) as server:
+        source = server.model("m").table(0).source
+        assert source.reused and source.rows_opt_ins == ["allow_shrink"]
+        reload_from(server, tmp_path / "half")
+        with pytest.raises(LoadGateError, match="passed only with allow_shrink"):
+            reload_from(server, tmp_path / "small")
+        server.reload_model("m", [str(tmp_path / "small")], allow_shrink=True)
+        np.testing.assert_array_equal(server.lookup("m", 0, keys[:3]), rows[:3])
