@@ -340,9 +340,11 @@ class S3Source(RemoteSource):
         uri = self.describe(name)
         bucket = self.location.bucket
         if isinstance(exc, bx.ClientError):
-            code = _code(exc)
-            msg = exc.response.get("Error", {}).get("Message") or ""
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            # an answer without S3's XML error body (a web server's HTML page, which
+            # botocore parses to an empty code) is read by its status, as a HEAD's is
+            code = _code(exc) or (str(status) if status else "")
+            msg = exc.response.get("Error", {}).get("Message") or ""
             headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
             if code == "NoSuchBucket":
                 return SourceNotFoundError(f"{uri}: S3 bucket {bucket!r} does not exist")
@@ -375,8 +377,8 @@ class S3Source(RemoteSource):
                 in_region = f"is in region {region}" if region else "is in another region"
                 return SourceError(
                     f"{uri}: bucket {bucket!r} {in_region}, not {self.region}: "
-                    f"{self._where()} answered HTTP {status} {code}: name the region in "
-                    "the URI or s3_region")
+                    f"{self._where()} answered {_answer(status, code)}: name the region "
+                    "in the URI or s3_region")
             if isinstance(status, int) and 300 <= status < 400:
                 # S3 redirects only to name a bucket's region (above): any other redirect
                 # is not followed, a request must not be sent to another host
@@ -385,7 +387,9 @@ class S3Source(RemoteSource):
                     f"{uri}: {self._where()} redirected the request (HTTP {status}{to}), "
                     "which S3 does not do and hps does not follow: point the endpoint at "
                     "the store itself")
-            return SourceError(f"{uri}: S3 error {code} (HTTP {status}): {msg}")
+            named = f" {code}" if code != str(status) else ""  # S3's own code, if any
+            said = f": {msg}" if msg else ""
+            return SourceError(f"{uri}: S3 error{named} (HTTP {status}){said}")
         if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError)):
             return SourceAccessError(
                 f"{uri}: no AWS credentials found ({exc}): set AWS_ACCESS_KEY_ID and "
@@ -412,3 +416,9 @@ class S3Source(RemoteSource):
 
 def _code(exc: Any) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _answer(status: Any, code: str) -> str:
+    """'HTTP 301 PermanentRedirect', or 'HTTP 301' where the code is the status itself
+    (botocore's code of an answer without an error body)."""
+    return f"HTTP {status}" if code in ("", str(status)) else f"HTTP {status} {code}"

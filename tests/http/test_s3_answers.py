@@ -1,6 +1,7 @@
 """Models added and reloaded from an S3 endpoint that answers as S3 never does: a plain
 HTTP server (http.server in a thread, set as AWS_ENDPOINT_URL) whose HEAD lacks the
-ETag or the Content-Length, refuses with a bare 403, or redirects. Each ends in a 4xx
+ETag or the Content-Length, refuses with a bare 403, answers a web server's HTML 404
+page, or redirects (elsewhere, or naming another region). Each ends in a 4xx
 with a JSON error naming what the endpoint answered (a HEAD without an ETag was a 500:
 KeyError 'ETag'); nothing is added, the served model keeps serving. Real uvicorn over a
 socket, boto3 over HTTP to the odd server."""
@@ -8,6 +9,7 @@ socket, boto3 over HTTP to the odd server."""
 from __future__ import annotations
 
 import copy
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -50,6 +52,21 @@ class OddS3(BaseHTTPRequestHandler):
         shape = self.shape
         if data is None:
             self.send_error(404)
+            return
+        if shape == "html404":  # a web server's page (well-formed XML): no S3 error body
+            page = b"<html><body><h1>404 Not Found</h1></body></html>"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            if not head:
+                self.wfile.write(page)
+            return
+        if shape == "region":  # S3's answer to a request signed for another region
+            self.send_response(301)
+            self.send_header("x-amz-bucket-region", "eu-west-1")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
             return
         if shape == "forbidden":  # a bare 403: no S3 XML error body
             self.send_response(403)
@@ -119,6 +136,11 @@ SHAPES = [
     ("forbidden", 403, "source_access", ["s3://bucket/models/users/key"]),
     ("moved", 422, "source", ["s3://bucket/models/users/key", "301"]),
     ("temporary", 422, "source", ["s3://bucket/models/users/key", "redirected", "307"]),
+    # (was 422 `S3 error  (HTTP 404): `: botocore's code of an HTML page is empty)
+    ("html404", 404, "source_not_found", ["s3://bucket/models/users", "does not exist"]),
+    # (said `answered HTTP 301 301`)
+    ("region", 422, "source", ["bucket 'bucket' is in region eu-west-1, not us-east-1",
+                               "answered HTTP 301: name the region"]),
 ]
 
 
@@ -143,6 +165,8 @@ def test_odd_s3_answers_end_in_a_4xx_and_change_nothing(
     assert error["kind"] == kind, error
     for word in words:
         assert word in error["message"], error["message"]
+    assert not re.search(r"HTTP (\d{3}) \1\b", error["message"]), error["message"]
+    assert "S3 error  " not in error["message"] and not error["message"].endswith(": ")
     assert any(r.startswith("HEAD /bucket/models/users/key") for r in handler.seen), \
         handler.seen
     listed = live_s3.client.get("/v1/models").json()["models"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hps.errors import SourceError, SourceUnreachableError
+from hps.errors import SourceError, SourceNotFoundError, SourceUnreachableError
 from hps.modelfiles.formats import ReadOptions, open_model
 from hps.modelfiles.s3 import S3Source
 from hps.modelfiles.source import SourceOptions
@@ -104,9 +104,16 @@ def test_a_plain_http_server_asked_for_a_folder_as_a_file(plain: PlainServer) ->
     assert plain.requests() == ["HEAD 301"]
 
 
+#: a web server's error page that is well-formed XML: botocore parses it to an empty
+#: error code (a page that is not XML it reads as the bare status)
+HTML_PAGE = (b"<html><head><title>{status}</title></head><body><h1>{status}</h1>"
+             b"</body></html>")
+
+
 class Odd(BaseHTTPRequestHandler):
     """Answers every request as `shape` says: `slow` (holds it `hold` seconds), `region`
-    (S3's 301 naming another region), `busy` (503); notes each in `seen`."""
+    (S3's 301 naming another region), `busy` (503), `html404` and `html500` (a web
+    server's HTML page, no S3 error body); notes each in `seen`."""
 
     shape = "slow"
     hold = 1.0
@@ -125,7 +132,17 @@ class Odd(BaseHTTPRequestHandler):
         self.seen.append(f"{self.command} {self.path}")
         if self.shape == "slow":
             time.sleep(self.hold)
-        status = {"slow": 200, "region": 301, "busy": 503}[self.shape]
+        status = {"slow": 200, "region": 301, "busy": 503, "html404": 404,
+                  "html500": 500}[self.shape]
+        if self.shape.startswith("html"):
+            page = HTML_PAGE.replace(b"{status}", str(status).encode())
+            self.send_response(status)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(page)
+            return
         self.send_response(status)
         if self.shape == "region":
             self.send_header("x-amz-bucket-region", "eu-west-1")
@@ -171,9 +188,37 @@ def test_s3s_redirect_to_another_region_is_named_and_bounded(
     handler.shape = "region"
     with S3Source("s3://bucket/t", SourceOptions(s3_endpoint=endpoint)) as source:
         with pytest.raises(SourceError, match="s3://bucket/t/key: bucket 'bucket' is in region "
-                                              "eu-west-1, not us-east-1"):
+                                              "eu-west-1, not us-east-1") as error:
             source.size("key")
         assert 1 <= len(handler.seen) <= source.request_limit(), handler.seen
+    # the status once (it said `answered HTTP 301 301`: botocore's code of a bare answer)
+    assert f"endpoint {endpoint} answered HTTP 301: name the region" in str(error.value)
+
+
+def test_a_web_servers_html_404_is_a_missing_file(odd: tuple[type[Odd], str]) -> None:
+    """An HTML 404 page, no S3 error body: botocore's code is empty, and the HEAD's
+    precise GET made it `S3 error  (HTTP 404): ` (422 over HTTP). It is the file that is
+    missing, on every call: the HEAD, a part's GET, the listing."""
+    handler, endpoint = odd
+    handler.shape = "html404"
+    with S3Source("s3://bucket/t", SourceOptions(s3_endpoint=endpoint)) as source:
+        for call in (lambda: source.size("key"), lambda: source.read("key", 0, 8)):
+            with pytest.raises(SourceNotFoundError, match=re.escape(
+                    "s3://bucket/t/key does not exist (no object 't/key' in bucket "
+                    "'bucket')")):
+                call()
+        with pytest.raises(SourceNotFoundError, match="s3://bucket/t/ does not exist"):
+            source.names()
+    assert "GET /bucket/t/key" in handler.seen  # the page was read, not only the HEAD
+
+
+def test_a_web_servers_html_500_names_its_status_once(odd: tuple[type[Odd], str]) -> None:
+    handler, endpoint = odd
+    handler.shape = "html500"
+    options = SourceOptions(s3_endpoint=endpoint, max_attempts=1)
+    with S3Source("s3://bucket/t", options) as source, pytest.raises(SourceError) as error:
+        source.read("key", 0, 8)
+    assert str(error.value).startswith("s3://bucket/t/key: S3 error (HTTP 500)")
 
 
 def test_an_endpoint_that_keeps_failing_is_tried_max_attempts_times(
@@ -182,6 +227,6 @@ def test_an_endpoint_that_keeps_failing_is_tried_max_attempts_times(
     handler.shape = "busy"
     options = SourceOptions(s3_endpoint=endpoint, max_attempts=2)
     with S3Source("s3://bucket/t", options) as source:
-        with pytest.raises(SourceError, match=r"s3://bucket/t/key: S3 error 503 \(HTTP 503\)"):
+        with pytest.raises(SourceError, match=r"s3://bucket/t/key: S3 error \(HTTP 503\)"):
             source.size("key")
         assert len(handler.seen) <= source.request_limit()
