@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -199,6 +200,14 @@ class UpdateSourceConfig(StrictSection):
         return self.type != "null"
 
 
+def _devices_schema(schema: dict[str, Any]) -> None:
+    """ModelConfig's JSON schema says what `_devices_without_cache` reads:
+    deployed_device_list may be left out only with gpucache: false."""
+    schema["required"] = [k for k in schema.get("required", ()) if k != "deployed_device_list"]
+    schema["anyOf"] = [{"required": ["deployed_device_list"]},
+                       {"required": ["gpucache"], "properties": {"gpucache": {"const": False}}}]
+
+
 class ModelConfig(StrictSection):
     """One model: its tables, their widths and sources, and the lookup limits.
 
@@ -206,6 +215,8 @@ class ModelConfig(StrictSection):
     suffix or the folder's contents), or an object `{"path": …, "format": …, options}`
     (see hps.modelfiles.formats.spec.TableSpec): Parquet, NumPy and safetensors files as well.
     """
+
+    model_config = ConfigDict(json_schema_extra=_devices_schema)
 
     model: str = Field(pattern=r"^[A-Za-z0-9_-]{1,120}$")
     sparse_files: list[str | TableSpec] = Field(min_length=1)

@@ -14,11 +14,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body
 from starlette.concurrency import run_in_threadpool
 
-from hps.config import parse_model_block
+from hps.config import ModelConfig, parse_model_block
 from hps.errors import ModelExistsError
 from hps.http.roots import check_absolute, check_sources
 from hps.http.routes import admin_guard, load_summary
-from hps.http.schemas import ERROR_RESPONSES, ErrorBody, ReloadResponse
+from hps.http.schemas import JSON, ERROR_RESPONSES, ErrorBody, ReloadResponse, inline_schema
 from hps.http.state import ServiceState
 from hps.modelfiles.confined import confined
 
@@ -28,6 +28,14 @@ _ADD_EXAMPLE = {
     "maxnum_catfeature_query_per_table_per_sample": [1, 8], "deployed_device_list": [0],
     "max_batch_size": 1024, "gpucache": False,
 }
+
+
+#: the body as `parse_model_block` reads it: a model block's keys, those it requires named,
+#: no other key (the document said any object, so `{}` was valid by it and answered 422).
+#: The route still takes a dict: the block's errors are the config's, with its hints.
+_ADD_BODY = {"requestBody": {"content": {JSON: {"schema": {
+    **inline_schema(ModelConfig), "additionalProperties": False,
+    "title": "ModelBlock", "description": "One entry of ps.json's `models`."}}}}}
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -41,6 +49,7 @@ def build_admin_router(state: ServiceState) -> APIRouter:
 
     @router.post("/v1/models", status_code=201, response_model=ReloadResponse,
                  dependencies=admin, summary="Add a model (a model block of ps.json)",
+                 openapi_extra=_ADD_BODY,
                  responses={**ERROR_RESPONSES,
                             403: _error("Admin routes need a token unless the server is bound "
                                         "to loopback; or a source is outside the allowed "

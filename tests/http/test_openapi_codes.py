@@ -133,6 +133,7 @@ def _schema_admits(doc: dict[str, Any], path: str, body: Any) -> bool:
 #: (the server took them as 0 and 1)
 BODIES: list[tuple[str, str, Any]] = [
     ("/v1/models", "/v1/models", None),
+    ("/v1/models", "/v1/models", {}),  # the document admitted it: no key was required
     ("/v1/models/{model}/prefetch", f"/v1/models/{MODEL}/prefetch", {"keys": [1], "table": None}),
     ("/v1/models/{model}/prefetch", f"/v1/models/{MODEL}/prefetch", {"keys": [1], "table": False}),
     ("/v1/models/{model}/prefetch", f"/v1/models/{MODEL}/prefetch",
@@ -157,6 +158,35 @@ def test_the_document_admits_what_the_server_takes(small: Live, documented: str,
     assert answer.status_code < 500, answer.text
     assert _schema_admits(doc, documented, body) == (answer.status_code < 300), (
         answer.status_code, answer.text)
+
+
+def test_the_document_and_the_server_agree_on_model_blocks(small: Live) -> None:
+    """`POST /v1/models`: the blocks the document refuses (a required key left out, a
+    device list left out of a model with GPU caches, a key no block has, a width written
+    as a string) are the blocks the server answers 422 `config`; the blocks it admits are
+    added (201), a device list left out of a model without GPU caches among them."""
+    doc = small.client.get("/openapi.json").json()
+    block = {**small.model.config["models"][0], "model": "added"}
+    assert block["gpucache"] is False
+    schema = doc["paths"]["/v1/models"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]
+    assert set(schema["required"]) == {"model", "sparse_files", "embedding_vecsize_per_table",
+                                       "maxnum_catfeature_query_per_table_per_sample"}
+    no_devices = {k: v for k, v in block.items() if k != "deployed_device_list"}
+    refused = [{}, {"model": "added"}, {**block, "no_such_key": 1},
+               {**block, "embedding_vecsize_per_table": ["8", "64"]},
+               {**no_devices, "gpucache": True}, {**no_devices, "gpucache": None}]
+    refused += [{k: v for k, v in block.items() if k != key} for key in schema["required"]]
+    for body in refused:
+        assert not _schema_admits(doc, "/v1/models", body), body
+        answer = small.client.post("/v1/models", json=body)
+        assert answer.status_code == 422, (body, answer.text)
+        assert answer.json()["error"]["kind"] == "config", answer.text
+    for body in (block, no_devices):
+        assert _schema_admits(doc, "/v1/models", body), body
+        added = small.client.post("/v1/models", json=body)
+        assert added.status_code == 201, added.text
+        assert small.client.delete("/v1/models/added").status_code == 200
 
 
 def test_authorization_is_declared_where_a_token_is_set(small: Live, locked: Live) -> None:
