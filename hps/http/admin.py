@@ -18,7 +18,7 @@ from hps.config import ModelConfig, parse_model_block
 from hps.errors import ModelExistsError
 from hps.http.roots import check_absolute, check_sources
 from hps.http.routes import admin_guard, load_summary
-from hps.http.schemas import JSON, ERROR_RESPONSES, ErrorBody, ReloadResponse, inline_schema
+from hps.http.schemas import ERROR_RESPONSES, JSON, ErrorBody, ReloadResponse, inline_schema
 from hps.http.state import ServiceState
 from hps.modelfiles.confined import confined
 
