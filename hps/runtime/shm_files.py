@@ -7,9 +7,9 @@ a file, a symbolic link or a folder of theirs under one of them first. Every fol
 makes there is therefore mode 0700 and checked after it is made or found: a real folder
 (not a link), owned by this process's user, closed to everyone else. Every file of such a
 folder that hps maps is opened without following a link (O_NOFOLLOW) and checked before it
-is trusted: a regular file of this user's, with one name, closed to others. What fails a
-check is refused with `NotOurs`, whose message says why; callers wrap it in the error of
-their layer.
+is trusted: a regular file of this user's, with one name, that others cannot write. What
+fails a check is refused with `NotOurs`, whose message says why; callers wrap it in the
+error of their layer.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ import os
 import stat
 from pathlib import Path
 
-#: the permission bits a folder or file of ours may not have: anything for the group or others
+#: the permission bits a folder of ours may not have: anything for the group or others
 _OPEN_TO_OTHERS = 0o077
+#: those a file of ours may not have: writing by the group or others (its folder, 0700,
+#: keeps others from reading it)
+_WRITABLE_BY_OTHERS = 0o022
 
 
 class NotOurs(Exception):
@@ -45,7 +48,8 @@ def user_name(uid: int) -> str:
 
 def _problem(st: os.stat_result, what: str) -> str | None:
     """Why a path whose lstat/fstat is `st` is not a `what` ('folder' or 'file') of this
-    user's closed to others; None when it is."""
+    user's, closed to others (a folder) or that others cannot write (a file); None when it
+    is."""
     mode = st.st_mode
     if stat.S_ISLNK(mode):
         return "is a symbolic link"
@@ -55,8 +59,8 @@ def _problem(st: os.stat_result, what: str) -> str | None:
         return "is not a regular file"
     if st.st_uid != me():
         return f"belongs to user {user_name(st.st_uid)}, not to this process's {user_name(me())}"
-    if mode & _OPEN_TO_OTHERS:
-        return f"has mode {stat.S_IMODE(mode):04o}, open to other users (ours are 0700/0600)"
+    if mode & (_OPEN_TO_OTHERS if what == "folder" else _WRITABLE_BY_OTHERS):
+        return f"has mode {stat.S_IMODE(mode):04o}, open to other users"
     if what == "file" and st.st_nlink != 1:
         return f"has {st.st_nlink} names (a hard link)"
     return None
@@ -83,8 +87,8 @@ def private_folder(path: Path) -> Path:
 def open_file(path: Path, flags: int) -> tuple[int, os.stat_result]:
     """An fd of `path` opened with `flags` plus O_NOFOLLOW and O_NONBLOCK (a FIFO planted
     there does not block the open), and its fstat, once checked to be a regular file of
-    this user's with one name, closed to others. Raises NotOurs otherwise (the fd closed),
-    FileNotFoundError when it is absent."""
+    this user's with one name that others cannot write. Raises NotOurs otherwise (the fd
+    closed), FileNotFoundError when it is absent."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:

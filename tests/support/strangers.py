@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +30,10 @@ class Stranger:
         """A line of Python that gives the path in `variable` to this user."""
         return f"os.lchown({variable}, {self.uid}, {self.uid})"
 
-    def process(self, *argv: str) -> subprocess.Popen[bytes]:
-        """`argv` run as this user."""
-        return subprocess.Popen(list(argv) or [sys.executable, "-c", "import time; "
-                                               "time.sleep(600)"], user=self.uid,
-                                group=self.uid)
+    def process(self) -> subprocess.Popen[bytes]:
+        """A process of this user's that sleeps (`sleep`: this user may not run a Python
+        of root's home)."""
+        return subprocess.Popen(["sleep", "600"], user=self.uid, group=self.uid)
 
 
 @pytest.fixture()
