@@ -104,7 +104,7 @@ def create_run_dir(base: Path | None = None, *, private: bool = False) -> Path:
             clear_stale(path)
             os.mkdir(path, 0o700)
         check_folder(path)
-    except (NotOurs, FileExistsError) as exc:
+    except (NotOurs, OSError) as exc:  # OSError: planted meanwhile, or not removable
         raise HPSError(f"cannot make the run folder: {exc}; remove it, or point "
                        f"{BASE_ENV} at a folder of your own") from None
     return path
