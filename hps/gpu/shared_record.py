@@ -49,8 +49,11 @@ _MAGIC_W, _STATE, _OWNER, _HANDLES = 0, 1, 2, 3
 _PARAMS, _PARAM_WORDS = 4, 12
 _GATE_AT = 128  # bytes
 #: the owner's progress while it builds: the first word of the padding after the gate (no
-#: query runs before the table is ready, so no reader shares its line meanwhile)
+#: query runs before the table is ready, so no reader shares its line meanwhile); then
+#: when the owner process started (/proc's clock ticks since boot): a live process of the
+#: owner's PID that started at another time took a dead owner's PID
 _PROGRESS = (_GATE_AT + REGION_BYTES) // 8
+_OWNER_START = _PROGRESS + 1
 _HANDLES_AT = _GATE_AT + REGION_BYTES + 64
 _HANDLE_BYTES = 64
 _MAX_HANDLES = 16
@@ -98,6 +101,7 @@ def create(path: Path, params: dict[str, int]) -> int | None:
     words = np.zeros(RECORD_BYTES // 8, np.int64)
     words[_PARAMS:_PARAMS + len(params)] = [int(v) for v in params.values()]
     words[_OWNER], words[_STATE], words[_MAGIC_W] = os.getpid(), BUILDING, _MAGIC
+    words[_OWNER_START] = _started(os.getpid()) or 0
     draft = folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.new"
     fd = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
@@ -178,7 +182,7 @@ def wait_ready(words: np.ndarray, key: str) -> bool:
     progress = int(words[_PROGRESS])
     told = False
     while True:
-        if not pid_alive(owner):
+        if not owner_alive(words):
             return False
         state = int(words[_STATE])
         if state == READY:
@@ -201,6 +205,26 @@ def wait_ready(words: np.ndarray, key: str) -> bool:
             raise DeviceError(f"the shared GPU table {key} was not ready after "
                               f"{READY_TIMEOUT_S:.0f} s (owner pid {owner})")
         time.sleep(0.01)
+
+
+def owner_alive(words: np.ndarray) -> bool:
+    """Whether the process that made the record `words` (mapped) still runs: its PID is
+    alive and, where /proc says when it started, it started when the owner did."""
+    owner = int(words[_OWNER])
+    if not pid_alive(owner):
+        return False
+    started = int(words[_OWNER_START])
+    return not started or _started(owner) in (None, started)
+
+
+def _started(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks after boot (/proc/<pid>/stat's 22nd
+    field); None where /proc cannot tell."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(stat[stat.rfind(b")") + 2:].split()[19])  # fields after the name
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _check_owner(owner: int, key: str) -> None:

@@ -38,14 +38,16 @@ def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture()
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The waits' bounds made short (the children set the same)."""
+    """The waits' bounds made short (the children set the same): an owner's word still
+    for 2 s is stuck, ticking every 0.05 s (40 ticks: a loaded machine starves no thread
+    that long)."""
     _quick()
-    monkeypatch.setattr(shared_record, "STUCK_S", 1.0)
+    monkeypatch.setattr(shared_record, "STUCK_S", 2.0)
     monkeypatch.setattr(shared_gate, "LOCK_WAIT_S", 1.0)
 
 
 def _quick() -> None:
-    shared_record.STUCK_S, shared_record.PROGRESS_TICK_S = 1.0, 0.05
+    shared_record.STUCK_S, shared_record.PROGRESS_TICK_S = 2.0, 0.05
     import hps.gpu.shared_cache as shared_cache
 
     shared_cache.PROGRESS_TICK_S = 0.05  # type: ignore[attr-defined]
@@ -226,7 +228,7 @@ def owner(shm: Path) -> Iterator[Any]:
 
 
 def test_a_live_owner_slower_than_the_bound_is_waited_for(quick: None, owner: Any) -> None:
-    proc = owner(build_s=3.0)  # three times STUCK_S, its progress word moving
+    proc = owner(build_s=6.0)  # three times STUCK_S, its progress word moving
     record = SharedTableRecord("t", PARAMS)
     assert not record.owner and record.owner_pid() == proc.pid
 
@@ -241,32 +243,48 @@ def test_a_stopped_owner_is_refused(quick: None, owner: Any) -> None:
         os.kill(proc.pid, signal.SIGCONT)
     said = str(e.value)
     assert "the shared GPU table t was not ready after" in said
-    assert f"(owner pid {proc.pid})" in said and "made no progress for 1 s" in said
+    assert f"(owner pid {proc.pid})" in said and "made no progress for 2 s" in said
 
 
-def test_an_owner_that_builds_nothing_is_refused(quick: None) -> None:
-    """A record naming a live process of this user's that never advances the word."""
-    sleeper = mp.get_context("spawn").Process(target=time.sleep, args=(600,), daemon=True)
-    sleeper.start()
-    try:
-        fd = create(_record_path("t"), PARAMS)
-        assert fd is not None
-        os.pwrite(fd, np.array([sleeper.pid], np.int64).tobytes(), 2 * 8)
-        os.close(fd)
-        with pytest.raises(DeviceError, match=f"owner pid {sleeper.pid}.*made no progress"):
-            SharedTableRecord("t", PARAMS)
-    finally:
-        sleeper.kill()
-        sleeper.join(30)
+def _plant_owner(pid: int, started: int | None) -> None:
+    """A record being built, naming process `pid` (started at `started`) as its owner."""
+    fd = create(_record_path("t"), PARAMS)
+    assert fd is not None
+    os.pwrite(fd, np.array([pid], np.int64).tobytes(), shared_record._OWNER * 8)
+    os.pwrite(fd, np.array([started or 0], np.int64).tobytes(),
+              shared_record._OWNER_START * 8)
+    os.close(fd)
+
+
+@pytest.fixture()
+def sleeper() -> Iterator[Any]:
+    """A live process of this user's that builds nothing."""
+    proc = mp.get_context("spawn").Process(target=time.sleep, args=(600,), daemon=True)
+    proc.start()
+    yield proc
+    proc.kill()
+    proc.join(30)
+
+
+def test_an_owner_that_builds_nothing_is_refused(quick: None, sleeper: Any) -> None:
+    _plant_owner(sleeper.pid, shared_record._started(sleeper.pid))
+    with pytest.raises(DeviceError, match=f"owner pid {sleeper.pid}.*made no progress"):
+        SharedTableRecord("t", PARAMS)
+
+
+def test_an_owner_whose_pid_another_process_took_is_taken_over(sleeper: Any) -> None:
+    """The owner died and its PID went to another process: that one started later."""
+    started = shared_record._started(sleeper.pid)
+    assert started is not None
+    _plant_owner(sleeper.pid, started - 1)
+    record = SharedTableRecord("t", PARAMS)  # at once: no wait for its progress
+    assert record.owner and record.owner_pid() == os.getpid()
 
 
 def test_an_owner_of_another_user_is_refused_at_once(stranger: Stranger) -> None:  # noqa: F811
     theirs = stranger.process()
     try:
-        fd = create(_record_path("t"), PARAMS)
-        assert fd is not None
-        os.pwrite(fd, np.array([theirs.pid], np.int64).tobytes(), 2 * 8)
-        os.close(fd)
+        _plant_owner(theirs.pid, shared_record._started(theirs.pid))
         with pytest.raises(DeviceError) as e:  # before STUCK_S (20 s here)
             SharedTableRecord("t", PARAMS)
     finally:
