@@ -6,10 +6,9 @@ place, on its own stream, with no copy.
 A shared table is met through its record, a small file in shared memory
 (`<shm>/hps-gpu-cache-<uid>/<key>.table`, shm: `$HPS_SHM_DIR` or /dev/shm; its file, the
 checks it passes before it is mapped and the wait for its owner: hps/gpu/shared_record.py)
-whose key names the
-model, the table, the device, the table's shape and the model files' version (see
-`table_key`: a reload of new files makes a new table, which the processes swap to as each
-reloads). The record holds:
+whose key names the model, the table, the device, the table's shape and the model files'
+version (see `table_key`: a reload of new files makes a new table, which the processes
+swap to as each reloads). The record holds:
 
 - its state (building, ready, retired) and its owner's PID: the process that created the
   file (linked into place: one wins) allocates, warms up, then marks it ready; the others
@@ -58,21 +57,21 @@ from hps.errors import ConfigError, DeviceError
 from hps.gpu.kernels import EMPTY_KEY
 from hps.gpu.shared_gate import REGION_BYTES, SharedGate, lock_within
 from hps.gpu.shared_record import (
-    _GATE_AT,
-    _HANDLE_BYTES,
-    _HANDLES,
-    _HANDLES_AT,
-    _MAX_HANDLES,
-    _OWNER,
-    _PARAM_WORDS,
-    _PARAMS,
-    _PROGRESS,
-    _STATE,
     BUILDING,
+    GATE_AT,
+    HANDLE_BYTES,
+    HANDLES,
+    HANDLES_AT,
+    MAX_HANDLES,
+    OWNER,
+    PARAM_WORDS,
+    PARAMS,
+    PROGRESS,
     PROGRESS_TICK_S,
     READY,
     RECORD_BYTES,
     RETIRED,
+    STATE,
     Damaged,
     create,
     open_existing,
@@ -127,7 +126,7 @@ class SharedTableRecord:
     owner is stuck or another user's, or it could not be made or joined in three tries."""
 
     def __init__(self, key: str, params: dict[str, int]) -> None:
-        if len(params) > _PARAM_WORDS:
+        if len(params) > PARAM_WORDS:
             raise ValueError("too many shared table parameters")
         self.key = key
         self.params = params
@@ -140,8 +139,8 @@ class SharedTableRecord:
         self._same_process = False  # a version of a table this process owns (_LOCAL)
         self._closed = False
         self.owner = self._open()
-        self.gate = SharedGate(self._words[_GATE_AT // 8:(_GATE_AT + REGION_BYTES) // 8],
-                               self._address + _GATE_AT, self._fd,
+        self.gate = SharedGate(self._words[GATE_AT // 8:(GATE_AT + REGION_BYTES) // 8],
+                               self._address + GATE_AT, self._fd,
                                name=f"the shared GPU table {key}")
         if self.owner:
             threading.Thread(target=self._tick_while_building, daemon=True,
@@ -185,9 +184,9 @@ class SharedTableRecord:
         tell this live process from a stuck one by it."""
         while not self._closed:
             words = self._words
-            if words.size == 0 or int(words[_STATE]) != BUILDING:
+            if words.size == 0 or int(words[STATE]) != BUILDING:
                 return
-            words[_PROGRESS] += 1
+            words[PROGRESS] += 1
             del words  # no reference to the mapping while asleep (it may be unmapped)
             time.sleep(PROGRESS_TICK_S)
 
@@ -232,7 +231,7 @@ class SharedTableRecord:
     def _join_own_process(self) -> None:
         """A table this process owns under another record (a version loaded again): its
         allocations are the owner's, used directly."""
-        if int(self._words[_OWNER]) != os.getpid():
+        if int(self._words[OWNER]) != os.getpid():
             return
         with _LOCAL_LOCK:
             records = _LOCAL.get(self.key)
@@ -243,14 +242,14 @@ class SharedTableRecord:
             self._same_process = True
 
     def _check_params(self) -> None:
-        theirs = [int(v) for v in self._words[_PARAMS:_PARAMS + len(self.params)]]
+        theirs = [int(v) for v in self._words[PARAMS:PARAMS + len(self.params)]]
         mine = [int(v) for v in self.params.values()]
         if theirs != mine:
             names = list(self.params)
             diff = ", ".join(f"{n}: theirs {t}, ours {m}"
                              for n, t, m in zip(names, theirs, mine, strict=True) if t != m)
             raise ConfigError(f"the shared GPU table {self.key} was made by process "
-                              f"{int(self._words[_OWNER])} with other parameters ({diff})")
+                              f"{int(self._words[OWNER])} with other parameters ({diff})")
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -258,27 +257,27 @@ class SharedTableRecord:
         """The next allocation of the table (the device current): the owner allocates and
         exports it; another process maps the owner's allocation of the same place."""
         index = self._handles_used
-        if index >= _MAX_HANDLES:
+        if index >= MAX_HANDLES:
             raise DeviceError("a shared GPU table has too many allocations")
         self._handles_used += 1
-        at = _HANDLES_AT + index * _HANDLE_BYTES
+        at = HANDLES_AT + index * HANDLE_BYTES
         assert self._mm is not None
         if self.owner:
             rt = cp.cuda.runtime
             mem = cp.cuda.memory.Memory(-(-max(nbytes, 1) // _PAGE) * _PAGE)
             handle = bytes(rt.ipcGetMemHandle(int(mem.ptr)))
-            self._mm[at:at + _HANDLE_BYTES] = handle.ljust(_HANDLE_BYTES, b"\0")
-            self._words[_HANDLES] = index + 1
+            self._mm[at:at + HANDLE_BYTES] = handle.ljust(HANDLE_BYTES, b"\0")
+            self._words[HANDLES] = index + 1
             self._own.append(mem)
             return mem
-        if index >= int(self._words[_HANDLES]):
+        if index >= int(self._words[HANDLES]):
             raise DeviceError(f"the shared GPU table {self.key} has fewer allocations than "
                               "this process's table needs")
         if self._same_process:
             with _LOCAL_LOCK:
                 return _LOCAL[self.key][0]._own[index]
         rt = cp.cuda.runtime
-        ptr = int(rt.ipcOpenMemHandle(bytes(self._mm[at:at + _HANDLE_BYTES]),
+        ptr = int(rt.ipcOpenMemHandle(bytes(self._mm[at:at + HANDLE_BYTES]),
                                       _LAZY_PEER_ACCESS))
         self._mapped.append(ptr)
         return cp.cuda.memory.UnownedMemory(ptr, max(nbytes, 1), self)
@@ -286,7 +285,7 @@ class SharedTableRecord:
     def publish(self) -> None:
         """The owner's table is ready (built and warmed up): other processes may map it."""
         if self.owner and self._mm is not None:
-            self._words[_STATE] = READY
+            self._words[STATE] = READY
 
     # -- the end --------------------------------------------------------------------------
 
@@ -314,7 +313,7 @@ class SharedTableRecord:
             free()  # this version's references: the heir keeps the allocations
             self._unmap()
             return
-        self._words[_STATE] = RETIRED
+        self._words[STATE] = RETIRED
         if not self.gate.processes():
             self._free(free)
             return
@@ -352,7 +351,7 @@ class SharedTableRecord:
 
     def owner_pid(self) -> int:
         """The PID of the process that allocated the table."""
-        return int(self._words[_OWNER]) if self._words.size else 0
+        return int(self._words[OWNER]) if self._words.size else 0
 
 
 def _watch_owner(record: SharedTableRecord) -> None:

@@ -45,19 +45,19 @@ log = logging.getLogger("hps")
 
 _MAGIC = 0x48505347_50554332  # "HPSGPUC2": with the progress word
 # record words
-_MAGIC_W, _STATE, _OWNER, _HANDLES = 0, 1, 2, 3
-_PARAMS, _PARAM_WORDS = 4, 12
-_GATE_AT = 128  # bytes
+_MAGIC_W, STATE, OWNER, HANDLES = 0, 1, 2, 3
+PARAMS, PARAM_WORDS = 4, 12
+GATE_AT = 128  # bytes
 #: the owner's progress while it builds: the first word of the padding after the gate (no
 #: query runs before the table is ready, so no reader shares its line meanwhile); then
 #: when the owner process started (/proc's clock ticks since boot): a live process of the
 #: owner's PID that started at another time took a dead owner's PID
-_PROGRESS = (_GATE_AT + REGION_BYTES) // 8
-_OWNER_START = _PROGRESS + 1
-_HANDLES_AT = _GATE_AT + REGION_BYTES + 64
-_HANDLE_BYTES = 64
-_MAX_HANDLES = 16
-RECORD_BYTES = -(-(_HANDLES_AT + _MAX_HANDLES * _HANDLE_BYTES) // 4096) * 4096
+PROGRESS = (GATE_AT + REGION_BYTES) // 8
+OWNER_START = PROGRESS + 1
+HANDLES_AT = GATE_AT + REGION_BYTES + 64
+HANDLE_BYTES = 64
+MAX_HANDLES = 16
+RECORD_BYTES = -(-(HANDLES_AT + MAX_HANDLES * HANDLE_BYTES) // 4096) * 4096
 BUILDING, READY, RETIRED = 0, 1, 2
 #: how long a process waits for a live owner, whose progress word moves, to make a table
 #: ready (a warm-up of a large table from S3 can take minutes; the owner's death ends the
@@ -99,9 +99,9 @@ def create(path: Path, params: dict[str, int]) -> int | None:
     folder = path.parent
     _sweep(folder)
     words = np.zeros(RECORD_BYTES // 8, np.int64)
-    words[_PARAMS:_PARAMS + len(params)] = [int(v) for v in params.values()]
-    words[_OWNER], words[_STATE], words[_MAGIC_W] = os.getpid(), BUILDING, _MAGIC
-    words[_OWNER_START] = _started(os.getpid()) or 0
+    words[PARAMS:PARAMS + len(params)] = [int(v) for v in params.values()]
+    words[OWNER], words[STATE], words[_MAGIC_W] = os.getpid(), BUILDING, _MAGIC
+    words[OWNER_START] = process_started(os.getpid()) or 0
     draft = folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.new"
     fd = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
@@ -155,13 +155,13 @@ def damage(words: np.ndarray) -> str | None:
     """What makes `words` (a whole record) no record hps wrote; None when it is one."""
     if words[_MAGIC_W] != _MAGIC:
         return "does not start with a record's mark"
-    if int(words[_STATE]) not in (BUILDING, READY, RETIRED):
-        return f"holds no state a record has ({int(words[_STATE])})"
-    if not 0 < int(words[_OWNER]) <= _PID_MAX:
-        return f"names no process as its owner ({int(words[_OWNER])})"
-    if not 0 <= int(words[_HANDLES]) <= _MAX_HANDLES:
-        return f"holds {int(words[_HANDLES])} allocations, more than a table has"
-    gate = words[_GATE_AT // 8:(_GATE_AT + REGION_BYTES) // 8]
+    if int(words[STATE]) not in (BUILDING, READY, RETIRED):
+        return f"holds no state a record has ({int(words[STATE])})"
+    if not 0 < int(words[OWNER]) <= _PID_MAX:
+        return f"names no process as its owner ({int(words[OWNER])})"
+    if not 0 <= int(words[HANDLES]) <= MAX_HANDLES:
+        return f"holds {int(words[HANDLES])} allocations, more than a table has"
+    gate = words[GATE_AT // 8:(GATE_AT + REGION_BYTES) // 8]
     slots = gate[GATE_WORDS:].reshape(SLOTS, SLOT_WORDS)
     pids, counts = slots[:, 0], slots[:, 1]
     writers = gate[[CLOSED, WRITER]]
@@ -177,14 +177,14 @@ def wait_ready(words: np.ndarray, key: str) -> bool:
     after the table was ready) or retired it. Raises DeviceError, naming the record, the
     owner's PID and the wait, for this process's own record, an owner of another user's,
     an owner whose progress stood still for STUCK_S, or a wait past READY_TIMEOUT_S."""
-    owner = int(words[_OWNER])  # set before the record was linked, never changed
+    owner = int(words[OWNER])  # set before the record was linked, never changed
     begun = moved = time.monotonic()
-    progress = int(words[_PROGRESS])
+    progress = int(words[PROGRESS])
     told = False
     while True:
         if not owner_alive(words):
             return False
-        state = int(words[_STATE])
+        state = int(words[STATE])
         if state == READY:
             return True
         if state == RETIRED:
@@ -194,8 +194,8 @@ def wait_ready(words: np.ndarray, key: str) -> bool:
             _check_owner(owner, key)
             log.info("waiting for process %d to load the shared GPU table %s", owner, key)
             told = True
-        if int(words[_PROGRESS]) != progress:
-            progress, moved = int(words[_PROGRESS]), now
+        if int(words[PROGRESS]) != progress:
+            progress, moved = int(words[PROGRESS]), now
         elif now - moved > STUCK_S:
             raise DeviceError(
                 f"the shared GPU table {key} was not ready after {now - begun:.0f} s (owner "
@@ -210,14 +210,14 @@ def wait_ready(words: np.ndarray, key: str) -> bool:
 def owner_alive(words: np.ndarray) -> bool:
     """Whether the process that made the record `words` (mapped) still runs: its PID is
     alive and, where /proc says when it started, it started when the owner did."""
-    owner = int(words[_OWNER])
+    owner = int(words[OWNER])
     if not pid_alive(owner):
         return False
-    started = int(words[_OWNER_START])
-    return not started or _started(owner) in (None, started)
+    started = int(words[OWNER_START])
+    return not started or process_started(owner) in (None, started)
 
 
-def _started(pid: int) -> int | None:
+def process_started(pid: int) -> int | None:
     """When process `pid` started, in clock ticks after boot (/proc/<pid>/stat's 22nd
     field); None where /proc cannot tell."""
     try:

@@ -124,7 +124,7 @@ def _owner_minus_one(path: Path) -> None:
     """A record with its mark whose owner word is -1 (kill(-1, 0) "finds" every process)."""
     fd = create(path, PARAMS)
     assert fd is not None
-    os.pwrite(fd, np.array([-1], np.int64).tobytes(), 2 * 8)
+    os.pwrite(fd, np.array([-1], np.int64).tobytes(), shared_record.OWNER * 8)
     os.close(fd)
 
 
@@ -132,7 +132,8 @@ def _bad_slot(path: Path) -> None:
     """A record whose first process slot holds a count and no PID."""
     fd = create(path, PARAMS)
     assert fd is not None
-    os.pwrite(fd, np.array([0, 5], np.int64).tobytes(), 128 + 16 * 8)
+    os.pwrite(fd, np.array([0, 5], np.int64).tobytes(),
+              shared_record.GATE_AT + shared_gate.GATE_WORDS * 8)
     os.close(fd)
 
 
@@ -250,9 +251,9 @@ def _plant_owner(pid: int, started: int | None) -> None:
     """A record being built, naming process `pid` (started at `started`) as its owner."""
     fd = create(_record_path("t"), PARAMS)
     assert fd is not None
-    os.pwrite(fd, np.array([pid], np.int64).tobytes(), shared_record._OWNER * 8)
+    os.pwrite(fd, np.array([pid], np.int64).tobytes(), shared_record.OWNER * 8)
     os.pwrite(fd, np.array([started or 0], np.int64).tobytes(),
-              shared_record._OWNER_START * 8)
+              shared_record.OWNER_START * 8)
     os.close(fd)
 
 
@@ -267,14 +268,14 @@ def sleeper() -> Iterator[Any]:
 
 
 def test_an_owner_that_builds_nothing_is_refused(quick: None, sleeper: Any) -> None:
-    _plant_owner(sleeper.pid, shared_record._started(sleeper.pid))
+    _plant_owner(sleeper.pid, shared_record.process_started(sleeper.pid))
     with pytest.raises(DeviceError, match=f"owner pid {sleeper.pid}.*made no progress"):
         SharedTableRecord("t", PARAMS)
 
 
 def test_an_owner_whose_pid_another_process_took_is_taken_over(sleeper: Any) -> None:
     """The owner died and its PID went to another process: that one started later."""
-    started = shared_record._started(sleeper.pid)
+    started = shared_record.process_started(sleeper.pid)
     assert started is not None
     _plant_owner(sleeper.pid, started - 1)
     record = SharedTableRecord("t", PARAMS)  # at once: no wait for its progress
@@ -284,7 +285,7 @@ def test_an_owner_whose_pid_another_process_took_is_taken_over(sleeper: Any) -> 
 def test_an_owner_of_another_user_is_refused_at_once(stranger: Stranger) -> None:  # noqa: F811
     theirs = stranger.process()
     try:
-        _plant_owner(theirs.pid, shared_record._started(theirs.pid))
+        _plant_owner(theirs.pid, shared_record.process_started(theirs.pid))
         with pytest.raises(DeviceError) as e:  # before STUCK_S (20 s here)
             SharedTableRecord("t", PARAMS)
     finally:
