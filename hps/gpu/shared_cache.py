@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from hps.errors import ConfigError, DeviceError
+from hps.gpu import shared_record
 from hps.gpu.kernels import EMPTY_KEY
 from hps.gpu.shared_gate import REGION_BYTES, SharedGate, lock_within
 from hps.gpu.shared_record import (
@@ -67,7 +68,6 @@ from hps.gpu.shared_record import (
     PARAM_WORDS,
     PARAMS,
     PROGRESS,
-    PROGRESS_TICK_S,
     READY,
     RECORD_BYTES,
     RETIRED,
@@ -188,7 +188,7 @@ class SharedTableRecord:
                 return
             words[PROGRESS] += 1
             del words  # no reference to the mapping while asleep (it may be unmapped)
-            time.sleep(PROGRESS_TICK_S)
+            time.sleep(shared_record.PROGRESS_TICK_S)
 
     def _map(self, fd: int) -> None:
         self._fd = fd

@@ -41,16 +41,13 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     """The waits' bounds made short (the children set the same): an owner's word still
     for 2 s is stuck, ticking every 0.05 s (40 ticks: a loaded machine starves no thread
     that long)."""
-    _quick()
     monkeypatch.setattr(shared_record, "STUCK_S", 2.0)
+    monkeypatch.setattr(shared_record, "PROGRESS_TICK_S", 0.05)
     monkeypatch.setattr(shared_gate, "LOCK_WAIT_S", 1.0)
 
 
 def _quick() -> None:
     shared_record.STUCK_S, shared_record.PROGRESS_TICK_S = 2.0, 0.05
-    import hps.gpu.shared_cache as shared_cache
-
-    shared_cache.PROGRESS_TICK_S = 0.05  # type: ignore[attr-defined]
     shared_gate.LOCK_WAIT_S = 1.0
 
 
