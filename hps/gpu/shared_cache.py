@@ -4,14 +4,16 @@ every other process that serves the same table on that device maps it and querie
 place, on its own stream, with no copy.
 
 A shared table is met through its record, a small file in shared memory
-(`<shm>/hps-gpu-cache/<key>.table`, shm: `$HPS_SHM_DIR` or /dev/shm) whose key names the
-model, the table, the device, the table's shape and the model files' version (see
-`table_key`: a reload of new files makes a new table, which the processes swap to as each
-reloads). The record holds:
+(`<shm>/hps-gpu-cache-<uid>/<key>.table`, shm: `$HPS_SHM_DIR` or /dev/shm; its file, the
+checks it passes before it is mapped and the wait for its owner: hps/gpu/shared_record.py)
+whose key names the model, the table, the device, the table's shape and the model files'
+version (see `table_key`: a reload of new files makes a new table, which the processes
+swap to as each reloads). The record holds:
 
 - its state (building, ready, retired) and its owner's PID: the process that created the
-  file (O_EXCL: one wins) allocates, warms up, then marks it ready; the others wait for
-  that (an owner that dies first leaves the file to be taken over);
+  file (linked into place: one wins) allocates, warms up, then marks it ready; the others
+  wait for that while its progress word moves (an owner that dies first leaves the file to
+  be taken over; one that stops making progress is refused);
 - the table's parameters, which an attaching process checks against its own config;
 - the IPC handles of the table's allocations, in the order the table makes them
   (DeviceTable._alloc): an attaching process opens each in turn instead of allocating;
@@ -38,7 +40,6 @@ docs/gpu-cache.md "One cache for every process").
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -53,25 +54,35 @@ from typing import Any
 import numpy as np
 
 from hps.errors import ConfigError, DeviceError
+from hps.gpu import shared_record
 from hps.gpu.kernels import EMPTY_KEY
-from hps.gpu.shared_gate import REGION_BYTES, SharedGate
-from hps.runtime.run_dir import base_dir, pid_alive
+from hps.gpu.shared_gate import REGION_BYTES, SharedGate, lock_within
+from hps.gpu.shared_record import (
+    BUILDING,
+    GATE_AT,
+    HANDLE_BYTES,
+    HANDLES,
+    HANDLES_AT,
+    MAX_HANDLES,
+    OWNER,
+    PARAM_WORDS,
+    PARAMS,
+    PROGRESS,
+    READY,
+    RECORD_BYTES,
+    RETIRED,
+    STATE,
+    Damaged,
+    create,
+    open_existing,
+    shared_dir,
+    wait_ready,
+)
+from hps.runtime.run_dir import pid_alive
+from hps.runtime.shm_files import NotOurs
 
 log = logging.getLogger("hps")
 
-_MAGIC = 0x48505347_50554331  # "HPSGPUC1"
-# record words
-_MAGIC_W, _STATE, _OWNER, _HANDLES = 0, 1, 2, 3
-_PARAMS, _PARAM_WORDS = 4, 12
-_GATE_AT = 128  # bytes
-_HANDLES_AT = _GATE_AT + REGION_BYTES + 64
-_HANDLE_BYTES = 64
-_MAX_HANDLES = 16
-RECORD_BYTES = -(-(_HANDLES_AT + _MAX_HANDLES * _HANDLE_BYTES) // 4096) * 4096
-BUILDING, READY, RETIRED = 0, 1, 2
-#: how long a process waits for the owner to make a table ready (a warm-up of a large
-#: table from S3 can take minutes; the owner's death ends the wait at once)
-READY_TIMEOUT_S = 1800.0
 _LAZY_PEER_ACCESS = 1  # cudaIpcMemLazyEnablePeerAccess
 #: shared allocations are whole 2 MiB pages (the GPU's large page). The rows' allocation,
 #: (slots + 1) rows, was not, and its readers slowed each other down as processes were
@@ -90,11 +101,6 @@ _OWNER_CHECK_S = 1.0
 #: next inherits them
 _LOCAL: dict[str, list[SharedTableRecord]] = {}
 _LOCAL_LOCK = threading.Lock()
-
-
-def shared_dir() -> Path:
-    """Where shared tables' records are: <shm>/hps-gpu-cache."""
-    return base_dir() / "hps-gpu-cache"
 
 
 def table_key(model: str, table: str, device_id: int, params: dict[str, int],
@@ -116,16 +122,15 @@ class SharedTableRecord:
     """This process's side of one shared table's record (see the module docstring):
     `owner` says whether it allocates (and must `publish` once the table is warm) or maps.
     `params` (small ints) must match between processes. Raises ConfigError when they do
-    not, DeviceError when the owner died before the table was ready twice over."""
+    not, DeviceError when the record is not this user's (hps/gpu/shared_record.py), its
+    owner is stuck or another user's, or it could not be made or joined in three tries."""
 
     def __init__(self, key: str, params: dict[str, int]) -> None:
-        if len(params) > _PARAM_WORDS:
+        if len(params) > PARAM_WORDS:
             raise ValueError("too many shared table parameters")
         self.key = key
         self.params = params
-        folder = shared_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{key}.table"
+        self.path = shared_dir() / f"{key}.table"
         self._fd = -1
         self._mm: mmap.mmap | None = None
         self._handles_used = 0
@@ -134,9 +139,12 @@ class SharedTableRecord:
         self._same_process = False  # a version of a table this process owns (_LOCAL)
         self._closed = False
         self.owner = self._open()
-        self.gate = SharedGate(self._words[_GATE_AT // 8:(_GATE_AT + REGION_BYTES) // 8],
-                               self._address + _GATE_AT, self._fd)
+        self.gate = SharedGate(self._words[GATE_AT // 8:(GATE_AT + REGION_BYTES) // 8],
+                               self._address + GATE_AT, self._fd,
+                               name=f"the shared GPU table {key}")
         if self.owner:
+            threading.Thread(target=self._tick_while_building, daemon=True,
+                             name=f"hps-gpu-shared-build-{key[:40]}").start()
             with _LOCAL_LOCK:
                 _LOCAL[key] = [self]
         elif not self._same_process:
@@ -146,29 +154,41 @@ class SharedTableRecord:
 
     def _open(self) -> bool:
         for _ in range(3):  # an owner that died before the table was ready: take over
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                fd = os.open(self.path, os.O_RDWR)
+            fd = create(self.path, self.params)
+            if fd is not None:
                 self._map(fd)
-                if self._wait_ready():
-                    self._check_params()
-                    self._join_own_process()
-                    return False
-                self._take_over()
+                return True
+            try:
+                fd = open_existing(self.path)
+            except FileNotFoundError:
+                continue  # removed meanwhile (its owner retired it): make it
+            except Damaged as exc:  # nobody's (see shared_record.py): made anew
+                log.warning("the shared GPU table %s: %s, left by no live process: replaced",
+                            self.key, exc)
+                self._remove_record(exc.inode)
                 continue
-            os.ftruncate(fd, RECORD_BYTES)
+            except NotOurs as exc:
+                raise DeviceError(f"the shared GPU table {self.key} is refused: {exc} (only "
+                                  "records of this user's are mapped; remove it)") from None
             self._map(fd)
+            if wait_ready(self._words, self.key):
+                self._check_params()
+                self._join_own_process()
+                return False
+            self._take_over()
+        raise DeviceError(f"the shared GPU table {self.key}: could not be made or joined in "
+                          "three tries (its owner died before it was ready, each time)")
+
+    def _tick_while_building(self) -> None:
+        """The owner's progress word advances while it builds (shared_record.py): waiters
+        tell this live process from a stuck one by it."""
+        while not self._closed:
             words = self._words
-            words[_PARAMS:_PARAMS + _PARAM_WORDS] = 0
-            for i, value in enumerate(self.params.values()):
-                words[_PARAMS + i] = int(value)
-            words[_OWNER] = os.getpid()
-            words[_STATE] = BUILDING
-            words[_MAGIC_W] = _MAGIC
-            return True
-        raise DeviceError(f"the shared GPU table {self.key}: its owner died before it was "
-                          "ready, three times")
+            if words.size == 0 or int(words[STATE]) != BUILDING:
+                return
+            words[PROGRESS] += 1
+            del words  # no reference to the mapping while asleep (it may be unmapped)
+            time.sleep(shared_record.PROGRESS_TICK_S)
 
     def _map(self, fd: int) -> None:
         self._fd = fd
@@ -188,48 +208,30 @@ class SharedTableRecord:
 
     def _take_over(self) -> None:
         """Removes the mapped record (its owner died, or retired it) so that this process
-        can make the table anew: unless another process already replaced it, under a lock
-        of the folder (two processes taking over remove one record, not each other's)."""
+        can make the table anew (see _remove_record)."""
         inode = os.fstat(self._fd).st_ino
         self._unmap()
-        folder = os.open(self.path.parent, os.O_RDONLY)
+        self._remove_record(inode)
+
+    def _remove_record(self, inode: int) -> None:
+        """Removes the record of inode `inode` unless another process already replaced it,
+        under a lock of the folder (two processes taking over remove one record, not each
+        other's)."""
+        folder = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
-            fcntl.flock(folder, fcntl.LOCK_EX)
+            if not lock_within(folder):
+                raise DeviceError(f"the shared GPU table {self.key}: the lock of its folder "
+                                  f"{self.path.parent} was held by another process too long")
             with contextlib.suppress(FileNotFoundError):
-                if os.stat(self.path).st_ino == inode:
+                if os.stat(self.path, follow_symlinks=False).st_ino == inode:
                     os.unlink(self.path)
         finally:
             os.close(folder)  # the lock with it
 
-    def _wait_ready(self) -> bool:
-        """Waits until the owner made the table ready; False if it died (its handles can
-        no longer be opened, before or after the table was ready) or retired it."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        told = False
-        while time.monotonic() < deadline:
-            words = self._words
-            owner = int(words[_OWNER])
-            if owner and not pid_alive(owner):
-                return False
-            if words[_MAGIC_W] == _MAGIC and words[_STATE] == READY:
-                return True
-            if words[_STATE] == RETIRED:
-                return False
-            if owner == os.getpid():  # never ready while this process waits on itself
-                raise DeviceError(f"the shared GPU table {self.key} is still being built by "
-                                  "this process")
-            if not told and owner:
-                log.info("waiting for process %d to load the shared GPU table %s", owner,
-                         self.key)
-                told = True
-            time.sleep(0.01)
-        raise DeviceError(f"the shared GPU table {self.key} was not ready after "
-                          f"{READY_TIMEOUT_S:.0f} s (owner pid {int(self._words[_OWNER])})")
-
     def _join_own_process(self) -> None:
         """A table this process owns under another record (a version loaded again): its
         allocations are the owner's, used directly."""
-        if int(self._words[_OWNER]) != os.getpid():
+        if int(self._words[OWNER]) != os.getpid():
             return
         with _LOCAL_LOCK:
             records = _LOCAL.get(self.key)
@@ -240,14 +242,14 @@ class SharedTableRecord:
             self._same_process = True
 
     def _check_params(self) -> None:
-        theirs = [int(v) for v in self._words[_PARAMS:_PARAMS + len(self.params)]]
+        theirs = [int(v) for v in self._words[PARAMS:PARAMS + len(self.params)]]
         mine = [int(v) for v in self.params.values()]
         if theirs != mine:
             names = list(self.params)
             diff = ", ".join(f"{n}: theirs {t}, ours {m}"
                              for n, t, m in zip(names, theirs, mine, strict=True) if t != m)
             raise ConfigError(f"the shared GPU table {self.key} was made by process "
-                              f"{int(self._words[_OWNER])} with other parameters ({diff})")
+                              f"{int(self._words[OWNER])} with other parameters ({diff})")
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -255,27 +257,27 @@ class SharedTableRecord:
         """The next allocation of the table (the device current): the owner allocates and
         exports it; another process maps the owner's allocation of the same place."""
         index = self._handles_used
-        if index >= _MAX_HANDLES:
+        if index >= MAX_HANDLES:
             raise DeviceError("a shared GPU table has too many allocations")
         self._handles_used += 1
-        at = _HANDLES_AT + index * _HANDLE_BYTES
+        at = HANDLES_AT + index * HANDLE_BYTES
         assert self._mm is not None
         if self.owner:
             rt = cp.cuda.runtime
             mem = cp.cuda.memory.Memory(-(-max(nbytes, 1) // _PAGE) * _PAGE)
             handle = bytes(rt.ipcGetMemHandle(int(mem.ptr)))
-            self._mm[at:at + _HANDLE_BYTES] = handle.ljust(_HANDLE_BYTES, b"\0")
-            self._words[_HANDLES] = index + 1
+            self._mm[at:at + HANDLE_BYTES] = handle.ljust(HANDLE_BYTES, b"\0")
+            self._words[HANDLES] = index + 1
             self._own.append(mem)
             return mem
-        if index >= int(self._words[_HANDLES]):
+        if index >= int(self._words[HANDLES]):
             raise DeviceError(f"the shared GPU table {self.key} has fewer allocations than "
                               "this process's table needs")
         if self._same_process:
             with _LOCAL_LOCK:
                 return _LOCAL[self.key][0]._own[index]
         rt = cp.cuda.runtime
-        ptr = int(rt.ipcOpenMemHandle(bytes(self._mm[at:at + _HANDLE_BYTES]),
+        ptr = int(rt.ipcOpenMemHandle(bytes(self._mm[at:at + HANDLE_BYTES]),
                                       _LAZY_PEER_ACCESS))
         self._mapped.append(ptr)
         return cp.cuda.memory.UnownedMemory(ptr, max(nbytes, 1), self)
@@ -283,7 +285,7 @@ class SharedTableRecord:
     def publish(self) -> None:
         """The owner's table is ready (built and warmed up): other processes may map it."""
         if self.owner and self._mm is not None:
-            self._words[_STATE] = READY
+            self._words[STATE] = READY
 
     # -- the end --------------------------------------------------------------------------
 
@@ -311,7 +313,7 @@ class SharedTableRecord:
             free()  # this version's references: the heir keeps the allocations
             self._unmap()
             return
-        self._words[_STATE] = RETIRED
+        self._words[STATE] = RETIRED
         if not self.gate.processes():
             self._free(free)
             return
@@ -349,7 +351,7 @@ class SharedTableRecord:
 
     def owner_pid(self) -> int:
         """The PID of the process that allocated the table."""
-        return int(self._words[_OWNER]) if self._words.size else 0
+        return int(self._words[OWNER]) if self._words.size else 0
 
 
 def _watch_owner(record: SharedTableRecord) -> None:

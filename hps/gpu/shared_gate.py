@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from hps.errors import DeviceError
 from hps.gpu.fast_query import CLOSED, ENTERED, TICK, _gate_calls
 from hps.runtime.run_dir import pid_alive
 
@@ -56,6 +57,9 @@ REGION_BYTES = (GATE_WORDS + SLOTS * SLOT_WORDS) * 8
 _WRITER_SUSPECT_S = 0.02
 #: how long a writer waits on a slot's count before it asks whether its process is alive
 _READER_SUSPECT_S = 0.002
+#: how long a process that attaches waits for the record's lock (held a few µs by a
+#: process that attaches or a writer's short write; longer is a process stuck or not ours)
+LOCK_WAIT_S = 20.0
 
 
 class GateFullError(RuntimeError):
@@ -65,8 +69,8 @@ class GateFullError(RuntimeError):
 class SharedGate:
     """The gate of one shared table, on `words` (an int64 view of REGION_BYTES of shared
     memory, at address `address`) with `lock_fd` (an open file of the record: its flock is
-    the writers' lock). `recover` empties the table after a writer died mid-write (called
-    with the lock held and the gate closed).
+    the writers' lock), `name` saying whose gate it is in errors. `recover` empties the
+    table after a writer died mid-write (called with the lock held and the gate closed).
 
     Has FastGate's interface (hps/gpu/fast_query.py) plus the cross-process parts; every
     method but the fast path's runs under the table's own lock, as FastGate's do."""
@@ -74,7 +78,9 @@ class SharedGate:
     shared = True
 
     def __init__(self, words: np.ndarray, address: int, lock_fd: int,
-                 recover: Callable[[], None] | None = None) -> None:
+                 recover: Callable[[], None] | None = None,
+                 name: str = "the shared GPU cache") -> None:
+        self.name = name
         self.words = words
         self.address = address
         self._fd = lock_fd
@@ -91,8 +97,12 @@ class SharedGate:
     # -- process slots --------------------------------------------------------------------
 
     def _claim_slot(self) -> int:
-        """A free slot (unused, or of a dead process) for this process, under the lock."""
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        """A free slot (unused, or of a dead process) for this process, under the lock.
+        Raises DeviceError when the lock stays held LOCK_WAIT_S."""
+        if not lock_within(self._fd, LOCK_WAIT_S):
+            raise DeviceError(f"{self.name}: its lock was held by another process for "
+                              f"{LOCK_WAIT_S:g} s while this process attached (a writer "
+                              "stuck, or a process that is not this server's)")
         try:
             for slot in range(SLOTS):  # a loop over process slots, at attach only
                 word = GATE_WORDS + slot * SLOT_WORDS
@@ -229,6 +239,20 @@ class SharedGate:
     def next_tick(self) -> int:
         """The next LRU tick, shared by every process's queries and inserts."""
         return int(self._calls[3](self.address))
+
+
+def lock_within(fd: int, seconds: float = LOCK_WAIT_S) -> bool:
+    """Takes the flock of `fd` (exclusive), waiting at most `seconds`; False when it stayed
+    held (flock has no timeout of its own: polled, a millisecond apart)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
 
 
 @lru_cache(maxsize=1)

@@ -124,6 +124,30 @@ def start(pipe_dir: Path, log_dir: Path, wait_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+#: the most of the pid file read: a PID is a few digits
+_PID_FILE_BYTES = 64
+
+
+def daemon_pid(pipe_dir: Path) -> str | None:
+    """The daemon's PID from `<pipe_dir>/nvidia-cuda-mps-control.pid`; None when that is
+    absent, not a regular file (a FIFO would block a plain read forever), or holds no PID.
+    Opened without following a link and without blocking, read at most _PID_FILE_BYTES."""
+    try:
+        fd = os.open(pipe_dir / f"{CONTROL}.pid",
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = os.read(fd, _PID_FILE_BYTES).strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return text.decode() if text.isdigit() else None
+
+
 def stop(pipe_dir: Path, timeout_s: float = 10.0) -> None:
     """Asks the daemon in `pipe_dir` to quit and waits at most `timeout_s` for it (its quit
     can hang: never waited for without a bound). Raises DeviceError on a timeout, naming
@@ -145,7 +169,9 @@ def stop(pipe_dir: Path, timeout_s: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         pass
     if found_in(pipe_dir):
-        pid = (pipe_dir / f"{CONTROL}.pid")
-        named = pid.read_text().strip() if pid.exists() else "its PID"
+        pid = daemon_pid(pipe_dir)
+        how = (f"end it with `kill {pid}`" if pid else
+               f"end it by hand: its pid file {pipe_dir / (CONTROL + '.pid')} names no PID "
+               "(absent, not a regular file, or no number)")
         raise DeviceError(f"the MPS control daemon in {pipe_dir} did not quit within "
-                          f"{timeout_s:g} s; end it with `kill {named}`")
+                          f"{timeout_s:g} s; {how}")

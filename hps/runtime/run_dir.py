@@ -8,6 +8,11 @@ process serving shared tables by itself makes `hps-mp-<pid>-<random>`.
 The owner removes the folder when it stops; a run whose owner died without removing it
 (SIGKILL of the whole server) is removed by the next run that starts on the host, which
 finds its PID gone. The processes of a run find it through `$HPS_RUN_DIR`.
+
+A run folder is mode 0700 and checked to be this user's (hps/runtime/shm_files.py): what
+another user planted at a run folder's name is refused with one line (an HPSError), never
+removed or used; what this user left there (a folder, file or link of a process that had
+the same PID) is removed and the folder made anew.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from hps.errors import HPSError
+from hps.runtime.shm_files import NotOurs, check_folder, clear_stale, me
 
 #: the prefix of every run folder
 PREFIX = "hps-mp-"
@@ -58,7 +66,8 @@ def _zombie(pid: int) -> bool:
 
 
 def remove_dead_runs(base: Path | None = None) -> list[Path]:
-    """Remove the run folders whose owner PID no longer exists; returns those removed."""
+    """Remove this user's run folders whose owner PID no longer exists (another user's are
+    theirs to remove); returns those removed."""
     base = base or base_dir()
     removed: list[Path] = []
     with contextlib.suppress(OSError):
@@ -69,8 +78,9 @@ def remove_dead_runs(base: Path | None = None) -> list[Path]:
                 pid = int(entry.name[len(PREFIX):].split("-", 1)[0])
             except ValueError:
                 continue
-            if pid != os.getpid() and not pid_alive(pid):
-                shutil.rmtree(entry, ignore_errors=True)
+            if pid != os.getpid() and not pid_alive(pid) and _mine(entry):
+                with contextlib.suppress(OSError):  # removed by another run meanwhile
+                    clear_stale(entry)
                 removed.append(entry)
     return removed
 
@@ -78,16 +88,35 @@ def remove_dead_runs(base: Path | None = None) -> list[Path]:
 def create_run_dir(base: Path | None = None, *, private: bool = False) -> Path:
     """A new, empty run folder owned by this process (dead runs' folders go first):
     `hps-mp-<pid>` for a supervisor's run, or with `private` one of several a process
-    may hold (`hps-mp-<pid>-<random>`: a tier serving shared tables by itself)."""
+    may hold (`hps-mp-<pid>-<random>`: a tier serving shared tables by itself). Raises
+    HPSError, with one line naming the path and why, when another user's file, link or
+    folder is at the name, or the folder made is not this user's 0700 folder."""
     base = base or base_dir()
     remove_dead_runs(base)
-    if private:
-        base.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base))
-    path = base / f"{PREFIX}{os.getpid()}"
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(mode=0o700, parents=True)
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        if private:  # a fresh random name (O_EXCL), mode 0700
+            path = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=base))
+        else:
+            path = base / f"{PREFIX}{os.getpid()}"
+            # named after this process: what is there was left by a process that had this
+            # PID before (dead, as this one holds it now), or planted
+            clear_stale(path)
+            os.mkdir(path, 0o700)
+        check_folder(path)
+    except (NotOurs, OSError) as exc:  # OSError: planted meanwhile, or not removable
+        raise HPSError(f"cannot make the run folder: {exc}; remove it, or point "
+                       f"{BASE_ENV} at a folder of your own") from None
     return path
+
+
+def _mine(entry: Path) -> bool:
+    """Whether `entry` (a file, link or folder itself, not what a link names) is this
+    user's."""
+    try:
+        return entry.lstat().st_uid == me()
+    except OSError:
+        return False
 
 
 def current_run_dir() -> Path | None:

@@ -324,5 +324,8 @@ def test_a_version_loaded_again_in_the_owners_process_inherits_the_table(shm: Pa
 
 def test_records_live_under_the_shared_memory_folder(shm: Path) -> None:
     record = _owner("m.t.d0.abc")
-    assert record.path.parent == shared_dir() == shm / "hps-gpu-cache"
+    folder = shm / f"hps-gpu-cache-{os.geteuid()}"  # the user's own, closed to others
+    assert record.path.parent == shared_dir() == folder
+    assert folder.stat().st_mode & 0o777 == 0o700 and folder.stat().st_uid == os.geteuid()
+    assert record.path.stat().st_mode & 0o777 == 0o600
     assert int(np.frombuffer(record.path.read_bytes()[:16], np.int64)[1]) == READY

@@ -98,6 +98,28 @@ def test_a_quit_that_hangs_is_bounded(control: Path, tmp_path: Path) -> None:
         os.kill(pid, signal.SIGTERM)
 
 
+def test_a_pid_file_that_is_a_fifo_does_not_hang_stop(control: Path, tmp_path: Path) -> None:
+    """The pid file is read only when it is a regular file, a few bytes of it: a FIFO in
+    its place (which a plain read waits on for a writer, forever) is named, not read."""
+    pipes = tmp_path / "pipes"
+    path = f"{control}:/usr/bin:/bin"
+    assert hps("start", "--pipe-dir", str(pipes), path=path).returncode == 0
+    pidfile = pipes / "nvidia-cuda-mps-control.pid"
+    pid = int(pidfile.read_text())
+    pidfile.unlink()
+    os.mkfifo(pidfile)
+    try:
+        stopped = hps("stop", "--pipe-dir", str(pipes), "--timeout", "2", path=path,
+                      STAND_IN_HANGS="1")  # returns: before, the call's 120 s ran out
+        assert stopped.returncode == 2
+        assert stopped.stderr.strip().splitlines() == [
+            f"error: the MPS control daemon in {pipes} did not quit within 2 s; end it by "
+            f"hand: its pid file {pidfile} names no PID (absent, not a regular file, or no "
+            "number)"]
+    finally:
+        os.kill(pid, signal.SIGTERM)
+
+
 def test_without_the_program_one_line(tmp_path: Path) -> None:
     done = hps("start", "--pipe-dir", str(tmp_path / "p"), path="/usr/bin:/bin")
     assert done.returncode == 2

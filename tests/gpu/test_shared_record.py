@@ -1,0 +1,319 @@
+"""The file of a shared GPU table's record (hps/gpu/shared_record.py), in real processes,
+with no GPU: its folder is the user's own (0700), a record is checked before it is mapped
+(a link, a FIFO, a hard link, another user's file refused; a short, zero, garbage record of
+the user's replaced), and every wait on one is bounded (an owner stopped, another user's,
+a lock held by another user's process) while a live owner slower than the bound is waited
+for."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hps.gpu.shared_gate as shared_gate
+import hps.gpu.shared_record as shared_record
+from hps.errors import DeviceError
+from hps.gpu.shared_cache import SharedTableRecord, shared_dir
+from hps.gpu.shared_record import RECORD_BYTES, create
+from tests.support.strangers import Stranger, stranger  # noqa: F401 (a fixture)
+
+PARAMS = {"kind": 3, "dim": 8, "keys": 1000}
+
+
+@pytest.fixture(autouse=True)
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HPS_SHM_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture()
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waits' bounds made short (the children set the same): an owner's word still
+    for 2 s is stuck, ticking every 0.05 s (40 ticks: a loaded machine starves no thread
+    that long)."""
+    monkeypatch.setattr(shared_record, "STUCK_S", 2.0)
+    monkeypatch.setattr(shared_record, "PROGRESS_TICK_S", 0.05)
+    monkeypatch.setattr(shared_gate, "LOCK_WAIT_S", 1.0)
+
+
+def _quick() -> None:
+    shared_record.STUCK_S, shared_record.PROGRESS_TICK_S = 2.0, 0.05
+    shared_gate.LOCK_WAIT_S = 1.0
+
+
+def _run(target: Any, *args: Any) -> Any:
+    proc = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
+    proc.start()
+    return proc
+
+
+def _record_path(name: str) -> Path:
+    return shared_dir() / f"{name}.table"
+
+
+# -- the folder -------------------------------------------------------------------------
+
+
+def _folder() -> Path:
+    return Path(os.environ["HPS_SHM_DIR"]) / f"hps-gpu-cache-{os.geteuid()}"
+
+
+def test_the_folder_is_made_0700_for_this_user_only() -> None:
+    record = SharedTableRecord("t", PARAMS)
+    st = _folder().lstat()
+    assert record.path.parent == _folder() and st.st_mode & 0o777 == 0o700
+    assert st.st_uid == os.geteuid()
+
+
+@pytest.mark.parametrize("plant", ["link", "file", "open", "stranger"])
+def test_a_folder_not_this_users_own_is_refused(
+        tmp_path: Path, plant: str, stranger: Stranger) -> None:  # noqa: F811
+    folder = _folder()
+    if plant == "link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        folder.symlink_to(tmp_path / "elsewhere")
+    elif plant == "file":
+        folder.write_text("")
+    else:
+        folder.mkdir()
+        folder.chmod(0o777)  # what the folder was made as (0777 minus the umask)
+        if plant == "stranger":
+            folder.chmod(0o700)
+            stranger.owns(folder)
+    said = {"link": "is a symbolic link", "file": "is not a folder",
+            "open": "has mode 0777, open to other users",
+            "stranger": f"belongs to user {stranger.uid}"}[plant]
+    with pytest.raises(DeviceError, match="the shared GPU cache's folder is refused: ") as e:
+        SharedTableRecord("t", PARAMS)
+    assert said in str(e.value) and str(folder) in str(e.value)
+
+
+# -- a record found -----------------------------------------------------------------------
+
+
+def _zero(path: Path) -> None:
+    path.write_bytes(bytes(RECORD_BYTES))
+
+
+def _empty(path: Path) -> None:  # what a crash between O_EXCL and ftruncate left
+    path.write_bytes(b"")
+
+
+def _short(path: Path) -> None:
+    path.write_bytes(os.urandom(RECORD_BYTES // 3))
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(os.urandom(RECORD_BYTES))
+
+
+def _owner_minus_one(path: Path) -> None:
+    """A record with its mark whose owner word is -1 (kill(-1, 0) "finds" every process)."""
+    fd = create(path, PARAMS)
+    assert fd is not None
+    os.pwrite(fd, np.array([-1], np.int64).tobytes(), shared_record.OWNER * 8)
+    os.close(fd)
+
+
+def _bad_slot(path: Path) -> None:
+    """A record whose first process slot holds a count and no PID."""
+    fd = create(path, PARAMS)
+    assert fd is not None
+    os.pwrite(fd, np.array([0, 5], np.int64).tobytes(),
+              shared_record.GATE_AT + shared_gate.GATE_WORDS * 8)
+    os.close(fd)
+
+
+DAMAGED = {"zero": _zero, "empty": _empty, "short": _short, "garbage": _garbage,
+           "owner-1": _owner_minus_one, "slot": _bad_slot}
+
+
+@pytest.mark.parametrize("plant", list(DAMAGED))
+def test_a_damaged_record_of_this_user_is_replaced(
+        plant: str, caplog: pytest.LogCaptureFixture) -> None:
+    path = _record_path("t")
+    DAMAGED[plant](path)
+    with caplog.at_level(logging.WARNING, logger="hps"):
+        record = SharedTableRecord("t", PARAMS)
+    assert record.owner and record.owner_pid() == os.getpid()
+    assert shared_record.damage(np.frombuffer(path.read_bytes(), np.int64)) is None
+    assert "left by no live process: replaced" in caplog.text
+
+
+@pytest.mark.parametrize("plant", list(DAMAGED))
+def test_a_record_of_another_user_is_refused(
+        plant: str, stranger: Stranger) -> None:  # noqa: F811
+    path = _record_path("t")
+    DAMAGED[plant](path)
+    stranger.owns(path)
+    with pytest.raises(DeviceError, match=f"belongs to user {stranger.uid}") as e:
+        SharedTableRecord("t", PARAMS)
+    assert "the shared GPU table t is refused" in str(e.value)
+    assert path.stat().st_uid == stranger.uid  # left as it was
+
+
+def test_a_link_to_another_record_is_refused_and_that_record_untouched() -> None:
+    b = SharedTableRecord("b", PARAMS)
+    b.publish()
+    _record_path("a").symlink_to(b.path)
+    before = b.path.read_bytes()
+    with pytest.raises(DeviceError, match=r"a\.table is a symbolic link"):
+        SharedTableRecord("a", PARAMS)
+    assert b.path.read_bytes() == before and b.attached() == [os.getpid()]
+    os.link(b.path, _record_path("c"))  # a hard link: the same record under two names
+    with pytest.raises(DeviceError, match="has 2 names"):
+        SharedTableRecord("c", PARAMS)
+
+
+def test_a_fifo_record_is_refused_without_blocking() -> None:
+    os.mkfifo(_record_path("t"), 0o600)
+    with pytest.raises(DeviceError, match="is not a regular file"):
+        SharedTableRecord("t", PARAMS)
+
+
+def test_drafts_of_dead_processes_are_swept() -> None:
+    dead = mp.get_context("spawn").Process(target=time.sleep, args=(0,))
+    dead.start()
+    dead.join()
+    draft = _folder()
+    draft.mkdir(mode=0o700, exist_ok=True)
+    draft = draft / f".x.table.{dead.pid}.0a1b2c3d.new"
+    draft.write_bytes(bytes(RECORD_BYTES))
+    SharedTableRecord("t", PARAMS)
+    assert not draft.exists()
+    assert [p.name for p in _folder().iterdir()] == ["t.table"]
+
+
+# -- waits -------------------------------------------------------------------------------
+
+
+def _own(shm: str, key: str, ready: Any, build_s: float) -> None:
+    """An owner that builds for `build_s` (its thread ticking), then publishes and stays."""
+    os.environ["HPS_SHM_DIR"] = shm
+    _quick()
+    record = SharedTableRecord(key, PARAMS)
+    assert record.owner
+    ready.set()
+    time.sleep(build_s)
+    record.publish()
+    time.sleep(600)
+
+
+@pytest.fixture()
+def owner(shm: Path) -> Iterator[Any]:
+    procs: list[Any] = []
+
+    def start(build_s: float) -> Any:
+        ready = mp.get_context("spawn").Event()
+        procs.append(_run(_own, str(shm), "t", ready, build_s))
+        assert ready.wait(120)
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+
+
+def test_a_live_owner_slower_than_the_bound_is_waited_for(quick: None, owner: Any) -> None:
+    proc = owner(build_s=6.0)  # three times STUCK_S, its progress word moving
+    record = SharedTableRecord("t", PARAMS)
+    assert not record.owner and record.owner_pid() == proc.pid
+
+
+def test_a_stopped_owner_is_refused(quick: None, owner: Any) -> None:
+    proc = owner(build_s=600)
+    os.kill(proc.pid, signal.SIGSTOP)  # alive, its progress word still
+    try:
+        with pytest.raises(DeviceError) as e:
+            SharedTableRecord("t", PARAMS)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    said = str(e.value)
+    assert "the shared GPU table t was not ready after" in said
+    assert f"(owner pid {proc.pid})" in said and "made no progress for 2 s" in said
+
+
+def _plant_owner(pid: int, started: int | None) -> None:
+    """A record being built, naming process `pid` (started at `started`) as its owner."""
+    fd = create(_record_path("t"), PARAMS)
+    assert fd is not None
+    os.pwrite(fd, np.array([pid], np.int64).tobytes(), shared_record.OWNER * 8)
+    os.pwrite(fd, np.array([started or 0], np.int64).tobytes(),
+              shared_record.OWNER_START * 8)
+    os.close(fd)
+
+
+@pytest.fixture()
+def sleeper() -> Iterator[Any]:
+    """A live process of this user's that builds nothing."""
+    proc = mp.get_context("spawn").Process(target=time.sleep, args=(600,), daemon=True)
+    proc.start()
+    yield proc
+    proc.kill()
+    proc.join(30)
+
+
+def test_an_owner_that_builds_nothing_is_refused(quick: None, sleeper: Any) -> None:
+    _plant_owner(sleeper.pid, shared_record.process_started(sleeper.pid))
+    with pytest.raises(DeviceError, match=f"owner pid {sleeper.pid}.*made no progress"):
+        SharedTableRecord("t", PARAMS)
+
+
+def test_an_owner_whose_pid_another_process_took_is_taken_over(sleeper: Any) -> None:
+    """The owner died and its PID went to another process: that one started later."""
+    started = shared_record.process_started(sleeper.pid)
+    assert started is not None
+    _plant_owner(sleeper.pid, started - 1)
+    record = SharedTableRecord("t", PARAMS)  # at once: no wait for its progress
+    assert record.owner and record.owner_pid() == os.getpid()
+
+
+def test_an_owner_of_another_user_is_refused_at_once(stranger: Stranger) -> None:  # noqa: F811
+    theirs = stranger.process()
+    try:
+        _plant_owner(theirs.pid, shared_record.process_started(theirs.pid))
+        with pytest.raises(DeviceError) as e:  # before STUCK_S (20 s here)
+            SharedTableRecord("t", PARAMS)
+    finally:
+        theirs.kill()
+        theirs.wait(30)
+    said = str(e.value)
+    assert f"owner pid {theirs.pid}" in said and f"a process of user {stranger.uid}" in said
+
+
+def _hold_lock(path: str, ready: Any, uid: int) -> None:
+    """Another user's process holding the record's lock (opened before it became that
+    user: a file it can no longer open, as a process started by root may)."""
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.setgid(uid)
+    os.setuid(uid)
+    ready.set()
+    time.sleep(600)
+
+
+def test_a_lock_held_by_another_users_process_is_waited_for_within_the_bound(
+        quick: None, stranger: Stranger) -> None:  # noqa: F811
+    record = SharedTableRecord("t", PARAMS)
+    record.publish()
+    ready = mp.get_context("spawn").Event()
+    proc = _run(_hold_lock, str(record.path), ready, stranger.uid)
+    assert ready.wait(120)
+    try:
+        with pytest.raises(DeviceError, match="the shared GPU table t: its lock was held by "
+                                              "another process for 1 s"):
+            SharedTableRecord("t", PARAMS)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
