@@ -194,6 +194,7 @@ def _served_version(served: Served, expected: Expected) -> int:
                             content=expected.keys[pick].astype("<i8").tobytes(),
                             headers={"Content-Type": "application/octet-stream"},
                             timeout=HUNG)
+        assert answer.status_code == 200, answer.text
         got = np.frombuffer(answer.content, "<f4").reshape(pick.size, -1)
         found.add(next(i for i, rows in enumerate(expected.versions)
                        if np.array_equal(rows, got)))
@@ -579,7 +580,8 @@ def test_leader_killed_in_reloads_over_rocksdb_and_updates_every_worker_serves_t
     report = {"storms": STORMS, "kills": len(run.points), "updates_sent": publisher.sent,
               "lookups": len(answers), "wrong": len(wrong), "mismatched": len(mismatched),
               "refused_reloads": len(refused), "exits": exits,
-              "not_found": sum(1 for x in answers if x.status == 404)}
+              "not_found": sum(1 for x in answers if x.status == 404),
+              "errors": [line.strip()[:300] for line in served.seen if " ERROR " in line][:8]}
     print(json.dumps(report))
     assert killed == {"reload"}
     assert not by_signal and not any("Fatal Python error" in line for line in served.seen), \
