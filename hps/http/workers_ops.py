@@ -314,8 +314,8 @@ class ReplicatedServer(HierarchicalParameterServer):
                 there = base + STAGING_SUFFIX if served is not None and self._stored.get(
                     served, served) == base else base
             self._stored[mine] = there
-            for tier in self._readers:
-                tier.read_as(mine, there)
+            for tier in self._readers:  # with an outcome: a leader wrote it whole
+                tier.read_as(mine, there, whole=stored.get(name) is not None)
 
     def _stored_names(self, op: Op) -> dict[str, str] | None:
         """Where this process stored the tables of op `op`'s version (see `_place`)."""

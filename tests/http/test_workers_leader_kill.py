@@ -413,8 +413,9 @@ STORM_SIZES = (20_000, 5_000)
 #: update messages a second the stream carries through the storms (rows of keys that no
 #: version's files hold: the checked keys keep their versions' rows)
 UPDATE_RATE = 10
-#: fresh connections tried until each worker has answered one
-REACH_TRIES = 60
+#: seconds of fresh connections until each worker has answered one (a worker started
+#: again answers once it replayed the log)
+REACH_SECONDS = 20.0
 
 
 def answering_worker(conn: http.client.HTTPConnection, port: int, pids: dict[int, int]
@@ -453,7 +454,8 @@ def each_worker(served: Served, expected: Expected) -> dict[int, WorkerView]:
     one fresh connection each: fresh ones until each worker has answered one)."""
     pick = np.arange(expected.keys.size)
     views: dict[int, WorkerView] = {}
-    for _ in range(REACH_TRIES):
+    deadline = time.monotonic() + REACH_SECONDS
+    while time.monotonic() < deadline:
         pids = served.worker_pids()
         conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=HUNG)
         try:
@@ -471,6 +473,7 @@ def each_worker(served: Served, expected: Expected) -> dict[int, WorkerView]:
         finally:
             conn.close()
         if index is None or index in views:
+            time.sleep(0.02)
             continue
         version = None
         if answer.status == 200:
@@ -480,7 +483,7 @@ def each_worker(served: Served, expected: Expected) -> dict[int, WorkerView]:
         views[index] = WorkerView(ready.status, model.status, version)
         if len(views) == len(pids):
             return views
-    raise AssertionError(f"not every worker answered in {REACH_TRIES} connections: {views}")
+    raise AssertionError(f"not every worker answered in {REACH_SECONDS:.0f}s: {views}")
 
 
 class Publisher:
@@ -570,8 +573,8 @@ def test_leader_killed_in_reloads_over_rocksdb_and_updates_every_worker_serves_t
         clients.stop()
         code = stop(served)
         redis.close()
-    while not served.lines.empty():
-        served.seen.append(served.lines.get_nowait())
+        while not served.lines.empty():
+            served.seen.append(served.lines.get_nowait())
     killed = {p.op for p in run.points}
     exits = _exits(served.seen)
     by_signal = [e for e in exits if "status -" in e and "status -9" not in e]

@@ -62,6 +62,8 @@ WORKER_ENV = "HPS_WORKER_INDEX"
 ATTACH_WAIT = 30.0
 #: openings tried while the leader drops tables between the listing and the opening
 OPEN_ATTEMPTS = 20
+#: bytes of a secondary instance's info log before it rolls (the last two are kept)
+INFO_LOG_BYTES = 256 << 10
 #: seconds between two looks at the leader's store (a directory scan; online updates'
 #: visibility target is p50 <= 100 ms)
 FOLLOW_SECONDS = 0.05
@@ -122,6 +124,10 @@ def open_secondary(path: str, options: Any, folder: Path) -> tuple[Any, set[str]
     with every column family it holds now. Returns `(Rdict, names of its column families
     other than "default")`. Raises TierSetupError when it cannot be opened."""
     folder.mkdir(parents=True, exist_ok=True)
+    # its info log (a few lines each catch-up, 20 a second while updates come) rolls
+    # within a bound in the run folder's tmpfs
+    options.set_max_log_file_size(INFO_LOG_BYTES)
+    options.set_keep_log_file_num(2)
     deadline = time.monotonic() + ATTACH_WAIT
     while not os.path.exists(os.path.join(path, "CURRENT")):
         if time.monotonic() > deadline:
@@ -179,6 +185,7 @@ class FollowsPrimary:
     _dims: dict[str, int]
     _generations: dict[str, int]
     _aliases: dict[str, str]
+    _whole: set[str]
     _lock: threading.Lock
     _follow_lock: threading.Lock
     _seen: tuple[Any, ...] = ()  # the store's files when last read (store_signature)
@@ -235,13 +242,30 @@ class FollowsPrimary:
         if old_folder is not None:
             shutil.rmtree(old_folder, ignore_errors=True)
 
-    def read_as(self, table: str, stored: str) -> None:
-        """In a follower: serve `table` from the column family the leader stored it
-        under (`stored`), which its own name for that version may differ from."""
+    def read_as(self, table: str, stored: str, whole: bool = False) -> None:
+        """In a worker of a run: serve `table` from the column family the leader stored
+        it under (`stored`), which its own name for that version may differ from;
+        `whole`: the op log says a leader wrote it whole (a replay), so a load of it
+        writes nothing (`loaded_elsewhere`): followers read it meanwhile."""
         with self._lock:
             self._aliases[table] = stored
+            (self._whole.add if whole else self._whole.discard)(table)
             self._cfs.pop(table, None)
             self._handles.pop(table, None)
+
+    def loaded_elsewhere(self, table: str) -> bool:
+        """Whether a leader before this process wrote `table` whole (`read_as`)."""
+        return table in self._whole
+
+    def read_elsewhere(self, table: str) -> bool:
+        """Whether the column family of `table` is where another name reads a version
+        from (`read_as`). A leader started again replays the version every worker
+        serves under its own name, read from where the op log says it lies, which may
+        be the staging name of the model's next version: the staging leftovers a first
+        load drops (hps/server/registry.py) are then no leftovers."""
+        with self._lock:
+            stored = self._aliases.get(table, table)
+            return any(k != table and v == stored for k, v in self._aliases.items())
 
     def stored_name(self, table: str) -> str:
         """The column family of `table` (another one where `read_as` says so)."""

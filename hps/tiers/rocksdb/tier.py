@@ -157,7 +157,7 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         self.max_batch_size = int(self.config.max_batch_size)
         self.load_run_bytes = load_run_bytes
         self._lock = threading.Lock()
-        self._aliases: dict[str, str] = {}  # a follower's: see read_as
+        self._aliases, self._whole = {}, set()  # a worker's: see read_as
         self._follow_lock = threading.Lock()
         self._failures: dict[str, int] = {}
         self._bad_log = ThrottledLog(log)
@@ -168,8 +168,7 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         self._read_options.set_verify_checksums(False)
         if self.secondary is None:
             with changing_store(self.path):  # its recovery rewrites the MANIFEST
-                self._db, self._families = open_store(self.path, self._options,
-                                                      self.read_only)
+                self._db, self._families = open_store(self.path, self._options, self.read_only)
         else:
             self._folder = self.secondary / "0"
             self._db, self._families = open_secondary(self.path, self._options, self._folder)
@@ -251,8 +250,10 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         super().create_table(table, dim, storage)
 
     def drop_table(self, table: str) -> None:
-        """Delete `table`'s column family and its metadata."""
+        """Delete `table`'s column family and metadata (unless another name reads it)."""
         self._writable("drop", table)
+        if self.read_elsewhere(table):
+            return
         with changing_store(self.path), self._lock:
             self._cfs.pop(table, None)
             self._handles.pop(table, None)
