@@ -19,8 +19,9 @@ every POLL seconds):
 
 A worker then writes the number of the last op it applied (its ack). The worker that
 appended an op answers once it applied the op itself and every live worker acked it (at
-most ACK_WAIT seconds; a worker that dies is not waited for), so after the answer every
-worker serves the new version; each swaps it in atomically, as one process does.
+most ACK_WAIT seconds, then a 503 that names the workers behind; a worker that dies is not
+waited for, and one started again acks once it replayed), so after a 2xx every worker
+serves the new version; each swaps it in atomically, as one process does.
 
 A worker started again (after it died) replays the log compacted: the last successful load
 or add of each model still served, mapping the tables the leader holds, before it takes
@@ -52,7 +53,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hps.config import ModelConfig, PSConfig
-from hps.errors import TierError
+from hps.errors import TierError, TierUnavailableError
 from hps.gate.settings import OPT_INS, requested_opt_ins
 from hps.http.workers_drops import HeldDrops
 from hps.http.workers_gpu import cuda_here, refuse_uvm
@@ -342,9 +343,14 @@ class ReplicatedServer(HierarchicalParameterServer):
             return
         deadline = time.monotonic() + ACK_WAIT
         while self.oplog.lowest_ack() < seq:
-            if time.monotonic() > deadline:
-                log.warning("op %d: not every worker applied it within %.0fs", seq, ACK_WAIT)
-                return
+            if time.monotonic() > deadline:  # never a 2xx while a worker serves the old
+                behind = [i for i in self.oplog.live_workers() if self.oplog.acked(i) < seq]
+                log.warning("op %d: worker(s) %s did not apply it within %.0fs", seq,
+                            behind, ACK_WAIT)
+                raise TierUnavailableError(
+                    f"the change is made in the leader, but worker(s) "
+                    f"{', '.join(map(str, behind))} did not apply it within {ACK_WAIT:.0f}s "
+                    "and still serve what they served before; ask again to see it through")
             time.sleep(POLL)
 
     def initial_loads_done(self) -> None:

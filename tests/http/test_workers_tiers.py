@@ -97,8 +97,11 @@ def test_a_worker_killed_is_replaced_and_reads_the_tiers(
     before = served.worker_pids()
     clients = _clients(served, _case(tmp_path, model), count=2, seconds=3.0)
     time.sleep(1.0)
+    # its RocksDB secondary instance's folder (with a persistent tier): named after it
+    kept = list((served.run_folder() / "rocksdb").glob(f"*-1-{before[1]}"))
     os.kill(before[1], signal.SIGKILL)
     wait_until(lambda: served.worker_pids()[1] != before[1], timeout=30)
+    assert not any(folder.exists() for folder in kept)  # removed when it was started again
     for result in _results(clients):  # a connection on the killed worker may reset
         assert set(result["statuses"]) == {"200"}, result
         assert result["bad"] == 0, result
