@@ -205,8 +205,9 @@ class FollowsPrimary:
             seen = store_signature(self.path)
             if self._db is None or (seen == self._seen and not reopen):
                 return
-            # the MANIFEST changed (tables made, dropped, ingested): a new instance
-            reopen = reopen or not self._seen or seen[0] != self._seen[0]
+            # the MANIFEST changed (tables made, dropped, ingested): a new instance (on
+            # the first look, a catch-up tells: it fails over such a change)
+            reopen = reopen or bool(self._seen) and seen[0] != self._seen[0]
             if not reopen:
                 try:
                     with reading_store(self.path):
