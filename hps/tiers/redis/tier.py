@@ -116,8 +116,7 @@ class RedisTier(BulkLoadTier):
         return self.read_only
 
     def read_as(self, table: str, stored: str, whole: bool = False) -> None:
-        """A follower serves `table` from the leader's name for that version, `stored`
-        (`whole`: a leader wrote it; the tier's own markers tell a load so)."""
+        """A follower serves `table` from the leader's name for it, `stored` (whole or not)."""
         self._aliases[table] = stored
         self._layouts.pop(table, None)
 
