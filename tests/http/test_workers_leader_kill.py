@@ -10,6 +10,11 @@ only while a lookup on the same connection was answered right, and that serving 
 again (the leader back, the op log finished, every worker ready and right) within
 RESTORED seconds of the kill. The points are spread by a schedule of delays over the
 time one such op takes on this machine (measured first), a little past its end.
+
+The storms over RocksDB and a Redis stream of updates (a second server) check more: after
+each kill, a reload with no kill, then every worker, each reached on a connection of its
+own (found by the kernel's socket table), answers the version the reload reported, says
+ready and knows the model; no worker dies of a signal (faulthandler on).
 """
 
 from __future__ import annotations
@@ -526,7 +531,7 @@ def _exits(lines: list[str]) -> list[str]:
 
 def test_leader_killed_in_reloads_over_rocksdb_and_updates_every_worker_serves_the_version(
         tmp_path: Path, monkeypatch: Any) -> None:
-    """The storm of issue reports: `--workers 2`, a RocksDB persistent tier and a Redis
+    """A storm: `--workers 2`, a RocksDB persistent tier and a Redis
     stream of updates, the leader killed with SIGKILL in reloads. After each kill, a
     reload with no kill: it answers 200 only when every worker serves the new version,
     and then each worker (reached on a connection of its own) answers that version, says
