@@ -100,7 +100,7 @@ def remove_process_folders(run: Path, pid: int) -> list[Path]:
     """Remove the folders a process of the run `run` kept for itself, one level down
     and named `*-<pid>` (a follower's RocksDB secondary instances: rocksdb/<store>-
     <worker>-<pid>), once it died; returns those removed."""
-    removed = sorted(run.glob(f"*/*-{int(pid)}"))
+    removed = sorted(p for p in run.glob(f"*/*-{int(pid)}") if p.is_dir())
     for folder in removed:  # a loop over folders, not keys
         shutil.rmtree(folder, ignore_errors=True)
     return removed
