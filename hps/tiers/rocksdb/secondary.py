@@ -19,9 +19,9 @@ column family"). The instance before is closed at once and its folder removed: h
 of it that lookups in flight hold keep working (rocksdict shares the database between
 them, and RocksDB writes only its info log there), so those lookups finish on it.
 
-Never while the MANIFEST holds a drop: RocksDB 9 (rocksdict 0.3.29) opening a secondary
-instance replays the MANIFEST, and replaying the drop of a column family whose table files
-the primary already deleted crashes the process (SIGSEGV in `Version::~Version` under
+Never while the MANIFEST holds a drop: opening a secondary instance replays the MANIFEST,
+and with the RocksDB of rocksdict 0.3.29 replaying the drop of a column family whose table
+files the primary already deleted crashes the process (SIGSEGV in `Version::~Version` under
 `VersionEditHandlerPointInTime::DestroyCfAndCleanup`; reproduced with a primary dropping,
 making and ingesting column families while another process opens instances). So in a run
 the leader (1) writes a new MANIFEST on every edit (`max_manifest_file_size` of one byte:
