@@ -61,8 +61,14 @@ from hps.config import UNBOUNDED, PSConfig, config_to_json
 from hps.errors import ConfigError, HPSError, TierUnavailableError
 from hps.http.state import TOKEN_HINT
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted
-from hps.http.workers_ops import FD_ENV, SETUP_FAILED, OpLog, initial_ops
-from hps.runtime.run_dir import RUN_DIR_ENV, create_run_dir, remove_run_dir
+from hps.http.workers_ops import FD_ENV, SETUP_FAILED
+from hps.http.workers_oplog import OpLog, initial_ops
+from hps.runtime.run_dir import (
+    RUN_DIR_ENV,
+    create_run_dir,
+    remove_process_folders,
+    remove_run_dir,
+)
 
 log = logging.getLogger("hps.http.workers")
 
@@ -254,6 +260,7 @@ class _Supervisor:
                                 RESTART_DELAY * 2 ** max(0, self.quick_deaths[index] - 1))
                     log.warning("worker %d (pid %d) exited with status %s; starting it again "
                                 "in %.1fs", index, proc.pid, code, delay)
+                    remove_process_folders(self.folder, proc.pid)  # what it kept for itself
                     time.sleep(delay)
                     self.start(index)
                 if not announced and self.oplog.lowest_ack() >= first_ops and len(

@@ -26,7 +26,8 @@ from typing import Any
 
 from hps.http.serve import run_app
 from hps.http.workers_metrics import MergedRegistry, MetricsDump
-from hps.http.workers_ops import FD_ENV, SETUP_FAILED, Op, OpLog, ReplicatedServer
+from hps.http.workers_ops import FD_ENV, SETUP_FAILED, ReplicatedServer
+from hps.http.workers_oplog import Op, OpLog
 from hps.runtime.run_dir import RUN_DIR_ENV
 
 

@@ -1,7 +1,7 @@
 """Models added, reloaded and removed in every worker of `hps serve --workers N`: the op
 log of a run and `ReplicatedServer`.
 
-The op log is a file of JSON lines in the run folder (hps/runtime/run_dir.py), one op a
+The op log (hps/http/workers_oplog.py) is a file of JSON lines in the run folder, one op a
 line, numbered from 1: `load` (a model block: a first load or a reload), `add`, `unload`.
 The supervisor writes one `load` op per configured model before any worker starts; a
 worker asked to change the models (an admin route) appends one. Every worker applies
@@ -14,12 +14,14 @@ every POLL seconds):
   Redis and RocksDB; or the error, pickled);
 - every other worker waits for that outcome, then applies the op too, mapping the tables
   the leader made (its loader skips the rows: `loaded_elsewhere`), or, when the leader
-  failed, records the same error without applying it.
+  failed, records the same error without applying it. One that fails an op the leader
+  did tries again on the store read anew, then exits to be started again (a replay).
 
 A worker then writes the number of the last op it applied (its ack). The worker that
 appended an op answers once it applied the op itself and every live worker acked it (at
-most ACK_WAIT seconds; a worker that dies is not waited for), so after the answer every
-worker serves the new version; each swaps it in atomically, as one process does.
+most ACK_WAIT seconds, then a 503 that names the workers behind; a worker that dies is not
+waited for, and one started again acks once it replayed), so after a 2xx every worker
+serves the new version; each swaps it in atomically, as one process does.
 
 A worker started again (after it died) replays the log compacted: the last successful load
 or add of each model still served, mapping the tables the leader holds, before it takes
@@ -43,28 +45,22 @@ the run's prefetch board, which the same thread reads (hps/http/workers_prefetch
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import logging
 import os
-import pickle
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hps.config import ModelConfig, PSConfig
-from hps.errors import TierError
+from hps.errors import TierError, TierUnavailableError
 from hps.gate.settings import OPT_INS, requested_opt_ins
 from hps.http.workers_drops import HeldDrops
 from hps.http.workers_gpu import cuda_here, refuse_uvm
+from hps.http.workers_oplog import Op, OpLog, block_of
 from hps.http.workers_prefetch import PrefetchBoard, idle_part, job_prefix
 from hps.intake.keys import host_key_array, key_ref
 from hps.modelfiles.confined import confined, current_roots
-from hps.runtime.run_dir import file_lock, pid_alive, read_lines, replace_file
 from hps.server import HierarchicalParameterServer, LoadedTable
 from hps.server.cache_journal import CacheFollower, UpdateJournal
 from hps.server.loader import LoadProgress
@@ -83,167 +79,8 @@ SETUP_FAILED = 3
 POLL = 0.02
 #: seconds an op's answer waits for the other live workers to apply it
 ACK_WAIT = 120.0
-
-
-@dataclass(frozen=True)
-class Op:
-    """One line of the op log."""
-
-    seq: int
-    kind: str  # "load", "add", "unload"
-    model: str
-    block: dict[str, Any] | None  # the model block of a load or an add
-    # the allowed roots its files are opened beneath (hps/modelfiles/confined.py): those
-    # of the request that asked for it, so the worker that loads it opens them alike
-    roots: tuple[str, ...] | None = None
-    # the load gate's opt-ins the request asked for (hps.gate.settings.OPT_INS)
-    opt_ins: tuple[str, ...] = ()
-
-
-class OpLog:
-    """The op log, the outcomes and the acks of one run folder (see the module)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder / "ops"
-        for sub in ("outcomes", "acks", "workers"):
-            (self.folder / sub).mkdir(parents=True, exist_ok=True)
-        self.path = self.folder / "log.jsonl"
-        self.path.touch(exist_ok=True)
-        self._read_at = 0
-        self._ops: list[Op] = []
-
-    def append(self, kind: str, model: str, block: dict[str, Any] | None = None,
-               roots: tuple[str, ...] | None = None, opt_ins: Sequence[str] = ()) -> int:
-        """Add an op; returns its number."""
-        with file_lock(self.folder / "log.lock"):
-            seq = self.path.read_bytes().count(b"\n") + 1  # the file closed at once
-            line = json.dumps({"seq": seq, "kind": kind, "model": model, "block": block,
-                               "roots": None if roots is None else list(roots),
-                               "opt_ins": list(opt_ins)})
-            with open(self.path, "a") as f:
-                f.write(line + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        return seq
-
-    def ops(self) -> list[Op]:
-        """Every op so far (whole lines only: a line being written is read next time)."""
-        lines, self._read_at = read_lines(self.path, self._read_at)
-        for line in lines:
-            raw = json.loads(line)
-            roots = raw.get("roots")
-            self._ops.append(Op(raw["seq"], raw["kind"], raw["model"], raw["block"],
-                                None if roots is None else tuple(roots),
-                                tuple(raw.get("opt_ins", ()))))
-        return list(self._ops)
-
-    # -- outcomes (the leader's) --------------------------------------------------------
-
-    def set_outcome(self, seq: int, error: BaseException | None,
-                    stored: dict[str, str] | None = None,
-                    verdicts: dict[str, Any] | None = None) -> None:
-        """The leader applied op `seq`: failed with `error`, or stored the tables of its
-        version under `stored` (table → storage name, in the tiers every worker reads),
-        its load gate's `verdicts` (table → verdict) the decision every worker reports."""
-        payload: dict[str, Any] = {"ok": error is None, "stored": stored or {},
-                                   "verdicts": verdicts or {}}
-        if error is not None:
-            payload["message"] = str(error)
-            with contextlib.suppress(Exception):
-                payload["error"] = base64.b64encode(pickle.dumps(error)).decode()
-        replace_file(self.folder / "outcomes" / str(seq), json.dumps(payload))
-
-    def outcome(self, seq: int) -> tuple[bool, BaseException | None] | None:
-        """(done, the error or None) once the leader applied op `seq`, else None."""
-        try:
-            payload = json.loads((self.folder / "outcomes" / str(seq)).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        if payload["ok"]:
-            return True, None
-        error: BaseException = TierError(payload.get("message", "the op failed"))
-        if "error" in payload:
-            with contextlib.suppress(Exception):
-                error = pickle.loads(base64.b64decode(payload["error"]))  # our own file
-        return True, error
-
-    def stored(self, seq: int, part: str = "stored") -> dict[str, Any]:
-        """Where the leader stored the tables of op `seq`'s version (empty: not known);
-        `part="verdicts"`: its load gate's verdicts."""
-        try:
-            return dict(json.loads((self.folder / "outcomes" / str(seq)).read_text())
-                        .get(part, {}))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-
-    # -- workers and acks ---------------------------------------------------------------
-
-    def register(self, index: int) -> None:
-        """Worker `index` (this process) starts: its ack goes back to 0."""
-        replace_file(self.folder / "workers" / str(index), str(os.getpid()))
-        self.ack(index, 0)  # after the PID: never read as its predecessor's (see below)
-
-    def mark_serving(self, index: int) -> None:
-        """Worker `index` (this process) replayed the log and takes requests."""
-        (self.folder / "serving").mkdir(exist_ok=True)
-        replace_file(self.folder / "serving" / str(index), str(os.getpid()))
-
-    def served(self, index: int, pid: int) -> bool:
-        """Whether worker `index`'s process `pid` got as far as taking requests."""
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            return int((self.folder / "serving" / str(index)).read_text()) == pid
-        return False
-
-    def unfinished(self) -> int | None:
-        """The first op the leader has not completed (no outcome), if any."""
-        for op in self.ops():  # a loop over ops, not keys
-            if self.outcome(op.seq) is None:
-                return op.seq
-        return None
-
-    def ack(self, index: int, seq: int) -> None:
-        replace_file(self.folder / "acks" / str(index), str(seq))
-
-    def acked(self, index: int) -> int:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            return int((self.folder / "acks" / str(index)).read_text() or 0)
-        return 0
-
-    def live_workers(self) -> list[int]:
-        """Indices of the workers whose process is alive."""
-        live = []
-        for entry in (self.folder / "workers").iterdir():  # a loop over workers
-            with contextlib.suppress(ValueError, OSError):
-                if pid_alive(int(entry.read_text())):
-                    live.append(int(entry.name))
-        return sorted(live)
-
-    def lowest_ack(self) -> int:
-        """The last op every live worker applied."""
-        return min((self.acked(i) for i in self.live_workers()), default=0)
-
-    def lowest_serving_ack(self) -> int:
-        """The last op every live worker that takes requests applied (one started again:
-        once it replayed the log). An ack counts if the PID is the same after it: a leader
-        started again between the reads has ack 0 (register), and /readyz then listed none."""
-        serving = {i: pid for i in self.live_workers() if self.served(i, pid := self._pid(i))}
-        acks = {i: self.acked(i) for i in serving}
-        return min((a for i, a in acks.items() if self._pid(i) == serving[i]), default=0)
-
-    def _pid(self, index: int) -> int:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            return int((self.folder / "workers" / str(index)).read_text())
-        return 0
-
-
-def initial_ops(log_: OpLog, config: PSConfig) -> None:
-    """The supervisor's first ops: one load per configured model."""
-    for model in config.models:
-        log_.append("load", model.model, _block(model))
-
-
-def _block(model: ModelConfig) -> dict[str, Any]:
-    return model.model_dump(mode="json")
+#: tries of a follower at an op the leader did, then the exit status it is restarted with
+RESYNC_ATTEMPTS, RESYNC_EXIT = 3, 4
 
 
 class ReplicatedServer(HierarchicalParameterServer):
@@ -384,16 +221,31 @@ class ReplicatedServer(HierarchicalParameterServer):
                 return
             error = outcome[1]
             if error is None:
-                try:
-                    self._apply(op, decided=True)
-                except Exception as exc:
-                    log.error("worker %d: op %d (%s %s) failed here, not in the leader: %s",
-                              self.index, op.seq, op.kind, op.model, exc)
-                    error = exc
+                self._follow_leader(op)
         self._record(op.seq, error)
         if error is None and self.on_applied is not None:
             self.on_applied(op)
         self.oplog.ack(self.index, op.seq)
+
+    def _follow_leader(self, op: Op) -> None:
+        """A follower applies an op the leader did. Where it fails here (its RocksDB
+        instance read the leader's store as it changed) it reads the store anew (`_apply`
+        opens a new instance) and tries again; still failing, the worker exits, and the
+        supervisor starts it again, which replays the log before it takes a request. Never
+        acked as failed: the others would serve the new version and this one the old."""
+        for attempt in range(1, RESYNC_ATTEMPTS + 1):  # a loop over attempts
+            try:
+                self._apply(op, decided=True)
+                return
+            except Exception as exc:
+                log.error("worker %d: op %d (%s %s) failed here, not in the leader (attempt "
+                          "%d of %d): %s", self.index, op.seq, op.kind, op.model, attempt,
+                          RESYNC_ATTEMPTS, exc)
+            if self._stop.wait(POLL * attempt):
+                return
+        log.error("worker %d: exits to be started again and replay the log", self.index)
+        logging.shutdown()
+        os._exit(RESYNC_EXIT)
 
     def _apply(self, op: Op, decided: bool = False) -> None:
         """Apply `op`. `decided`: the leader admitted it (a follower, a replay), so its
@@ -463,8 +315,8 @@ class ReplicatedServer(HierarchicalParameterServer):
                 there = base + STAGING_SUFFIX if served is not None and self._stored.get(
                     served, served) == base else base
             self._stored[mine] = there
-            for tier in self._readers:
-                tier.read_as(mine, there)
+            for tier in self._readers:  # with an outcome: a leader wrote it whole
+                tier.read_as(mine, there, whole=stored.get(name) is not None)
 
     def _stored_names(self, op: Op) -> dict[str, str] | None:
         """Where this process stored the tables of op `op`'s version (see `_place`)."""
@@ -491,9 +343,14 @@ class ReplicatedServer(HierarchicalParameterServer):
             return
         deadline = time.monotonic() + ACK_WAIT
         while self.oplog.lowest_ack() < seq:
-            if time.monotonic() > deadline:
-                log.warning("op %d: not every worker applied it within %.0fs", seq, ACK_WAIT)
-                return
+            if time.monotonic() > deadline:  # never a 2xx while a worker serves the old
+                behind = [i for i in self.oplog.live_workers() if self.oplog.acked(i) < seq]
+                log.warning("op %d: worker(s) %s did not apply it within %.0fs", seq,
+                            behind, ACK_WAIT)
+                raise TierUnavailableError(
+                    f"the change is made in the leader, but worker(s) "
+                    f"{', '.join(map(str, behind))} did not apply it within {ACK_WAIT:.0f}s "
+                    "and still serve what they served before; ask again to see it through")
             time.sleep(POLL)
 
     def initial_loads_done(self) -> None:
@@ -512,7 +369,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         everyone = seq is None
         if seq is None:
             self._check_gpu(model)
-            seq = self.oplog.append("load", model.model, _block(model), current_roots(),
+            seq = self.oplog.append("load", model.model, block_of(model), current_roots(),
                                     requested_opt_ins(allow_empty, allow_shrink))
         if progress is not None:
             self._progress[seq] = progress
@@ -523,7 +380,7 @@ class ReplicatedServer(HierarchicalParameterServer):
                   allow_empty: bool = False) -> LoadedModel:
         """Add `model` in every worker."""
         self._check_gpu(model)
-        seq = self.oplog.append("add", model.model, _block(model), current_roots(),
+        seq = self.oplog.append("add", model.model, block_of(model), current_roots(),
                                 requested_opt_ins(allow_empty, False))
         if progress is not None:
             self._progress[seq] = progress

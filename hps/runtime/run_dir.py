@@ -125,6 +125,16 @@ def current_run_dir() -> Path | None:
     return Path(value) if value else None
 
 
+def remove_process_folders(run: Path, pid: int) -> list[Path]:
+    """Remove the folders a process of the run `run` kept for itself, one level down
+    and named `*-<pid>` (a follower's RocksDB secondary instances: rocksdb/<store>-
+    <worker>-<pid>), once it died; returns those removed."""
+    removed = sorted(p for p in run.glob(f"*/*-{int(pid)}") if p.is_dir())
+    for folder in removed:  # a loop over folders, not keys
+        shutil.rmtree(folder, ignore_errors=True)
+    return removed
+
+
 def remove_run_dir(path: Path) -> None:
     """Remove a run folder and everything in it (mappings of its files stay valid)."""
     shutil.rmtree(path, ignore_errors=True)

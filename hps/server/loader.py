@@ -281,9 +281,10 @@ def load_table(
     stored: dict[str, Any] | None = None
     if persistent is not None:
         stored = persistent.metadata(name) if mark else None
-        # a read-only store serves what it holds
-        reuse = persistent.read_only or (stored is not None
-                                         and stored.get("fingerprint") == mark)
+        # a read-only store serves what it holds, and so does one another process of the
+        # run wrote the table into whole (its readers read it meanwhile: never rewritten)
+        reuse = persistent.read_only or persistent.loaded_elsewhere(name) or (
+            stored is not None and stored.get("fingerprint") == mark)
     # Without a persistent tier the volatile tier is the only copy: it takes everything.
     rate = initial_cache_rate if persistent is not None else 1.0
     # a table another process of the run loaded into shared memory is already whole

@@ -10,6 +10,11 @@ only while a lookup on the same connection was answered right, and that serving 
 again (the leader back, the op log finished, every worker ready and right) within
 RESTORED seconds of the kill. The points are spread by a schedule of delays over the
 time one such op takes on this machine (measured first), a little past its end.
+
+The storms over RocksDB and a Redis stream of updates (a second server) check more: after
+each kill, a reload with no kill, then every worker, each reached on a connection of its
+own (found by the kernel's socket table), answers the version the reload reported, says
+ready and knows the model; no worker dies of a signal (faulthandler on).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import numpy as np
 from hps.errors import TierUnavailableError
 from hps.http.errors import status_of
 from hps.http.workers import _Supervisor
-from hps.http.workers_ops import OpLog
+from hps.http.workers_oplog import OpLog
 from hps.runtime.run_dir import pid_alive
 from tests.http.conftest import TABLE_NAMES, ModelFiles, write_model
 from tests.http.test_workers import Served, _pythonpath, serve, stop, write_run
@@ -194,6 +199,7 @@ def _served_version(served: Served, expected: Expected) -> int:
                             content=expected.keys[pick].astype("<i8").tobytes(),
                             headers={"Content-Type": "application/octet-stream"},
                             timeout=HUNG)
+        assert answer.status_code == 200, answer.text
         got = np.frombuffer(answer.content, "<f4").reshape(pick.size, -1)
         found.add(next(i for i, rows in enumerate(expected.versions)
                        if np.array_equal(rows, got)))
@@ -356,7 +362,7 @@ def test_an_op_the_leader_dies_in_twice_is_failed_for_every_worker(tmp_path: Pat
 
 #: a worker started again: it registers in the run folder, says so and lives on
 _SUCCESSOR = ("import sys, time; from pathlib import Path; "
-              "from hps.http.workers_ops import OpLog; OpLog(Path(sys.argv[1])).register(0); "
+              "from hps.http.workers_oplog import OpLog; OpLog(Path(sys.argv[1])).register(0); "
               "print('registered', flush=True); time.sleep(60)")
 
 
@@ -403,3 +409,193 @@ def test_a_leader_started_again_between_the_reads_leaves_the_models_served(
         for proc in (leader, *successor):
             proc.kill()
             proc.communicate()  # reaped, its output pipe closed
+
+
+#: storms over RocksDB and an update stream: each a reload the leader is killed in, then
+#: a reload with no kill after which every worker is checked
+STORMS = 4
+STORM_SIZES = (20_000, 5_000)
+#: update messages a second the stream carries through the storms (rows of keys that no
+#: version's files hold: the checked keys keep their versions' rows)
+UPDATE_RATE = 10
+#: seconds of fresh connections until each worker has answered one (a worker started
+#: again answers once it replayed the log)
+REACH_SECONDS = 20.0
+
+
+def answering_worker(conn: http.client.HTTPConnection, port: int, pids: dict[int, int]
+                     ) -> int | None:
+    """The worker whose process holds the server side of `conn` (a connection that was
+    answered: accepted), from the kernel's socket table and the workers' descriptors."""
+    assert conn.sock is not None
+    want = f"0100007F:{port:04X} 0100007F:{conn.sock.getsockname()[1]:04X}"
+    rows = (line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:])
+    inode = next((row[9] for row in rows if f"{row[1]} {row[2]}" == want), None)
+    for index, pid in pids.items():  # a loop over workers
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:  # a loop over its descriptors
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                    return index
+            except OSError:
+                continue
+    return None
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """What one worker answered on one connection."""
+
+    ready: int  # /readyz's status
+    model: int  # GET /v1/models/m's status
+    version: int | None  # the version its rows of the probe keys are (None: neither)
+
+
+def each_worker(served: Served, expected: Expected) -> dict[int, WorkerView]:
+    """/readyz, GET /v1/models/m and a lookup of every probe key asked of each worker (on
+    one fresh connection each: fresh ones until each worker has answered one)."""
+    pick = np.arange(expected.keys.size)
+    views: dict[int, WorkerView] = {}
+    deadline = time.monotonic() + REACH_SECONDS
+    while time.monotonic() < deadline:
+        pids = served.worker_pids()
+        conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=HUNG)
+        try:
+            conn.request("GET", "/readyz")
+            ready = conn.getresponse()
+            ready.read()
+            conn.request("GET", "/v1/models/m")
+            model = conn.getresponse()
+            model.read()
+            conn.request("POST", expected.path, expected.keys.astype("<i8").tobytes(),
+                         {"Content-Type": "application/octet-stream"})
+            answer = conn.getresponse()
+            payload = answer.read()
+            index = answering_worker(conn, served.port, pids)
+        finally:
+            conn.close()
+        if index is None or index in views:
+            time.sleep(0.02)
+            continue
+        version = None
+        if answer.status == 200:
+            got = np.frombuffer(payload, "<f4").reshape(pick.size, -1)
+            version = next((i for i, rows in enumerate(expected.versions)
+                            if np.array_equal(rows, got)), None)
+        views[index] = WorkerView(ready.status, model.status, version)
+        if len(views) == len(pids):
+            return views
+    raise AssertionError(f"not every worker answered in {REACH_SECONDS:.0f}s: {views}")
+
+
+class Publisher:
+    """UPDATE_RATE messages a second on the users table's stream, of keys no version
+    holds, until stopped: the leader writes them to RocksDB (WAL), the follower follows."""
+
+    def __init__(self, address: str) -> None:
+        from hps.config import UpdateSourceConfig
+        from hps.updates.open import open_publisher
+
+        self.publisher = open_publisher(UpdateSourceConfig(type="redis_stream",
+                                                           address=address))
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Publisher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        from hps.updates import codec
+
+        keys = (2**60 + np.arange(40)).astype(np.int64)
+        rng = np.random.default_rng(5)
+        while not self._stop.wait(1 / UPDATE_RATE):
+            rows = rng.standard_normal((keys.size, 8)).astype(np.float32)
+            self.publisher.publish("hps_et.m.users", [codec.encode(keys, rows)])
+            self.sent += 1
+
+
+def _exits(lines: list[str]) -> list[str]:
+    """The supervisor's lines on workers that exited (with their status)."""
+    return [line.strip() for line in lines if "exited with status" in line]
+
+
+def test_leader_killed_in_reloads_over_rocksdb_and_updates_every_worker_serves_the_version(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """A storm: `--workers 2`, a RocksDB persistent tier and a Redis
+    stream of updates, the leader killed with SIGKILL in reloads. After each kill, a
+    reload with no kill: it answers 200 only when every worker serves the new version,
+    and then each worker (reached on a connection of its own) answers that version, says
+    ready and knows the model. No worker dies of a signal (faulthandler on)."""
+    from tests.support.redis_servers import RedisServer
+
+    monkeypatch.setenv("PYTHONFAULTHANDLER", "1")
+    a = write_model(tmp_path / "models" / "a", seed=11, sizes=STORM_SIZES)
+    b = write_model(tmp_path / "models" / "b", seed=12, sizes=STORM_SIZES)
+    redis = RedisServer(tmp_path / "redis").start()
+    config = copy.deepcopy(a.config)
+    config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+    config["update_source"] = {"type": "redis_stream", "address": redis.address,
+                               "poll_timeout_ms": 50, "failure_backoff_ms": 20}
+    path, shm = write_run(tmp_path, config)
+    served = serve(path, shm, "--allow-root", str(tmp_path / "models"),
+                   "--lookup-threads", "2")
+    run = KillRun(served, a, b)
+    clients = CheckingClients(served.port, run.expected[:2]).start()
+    publisher = Publisher(redis.address).start()
+    mismatched: list[str] = []
+    refused: list[str] = []
+    try:
+        version = _served_version(served, run.expected[0])
+        span = run.timed(run.reload(1 - version), 200)
+        version = 1 - version
+        for storm in range(STORMS):
+            run.kill_during("reload", run.reload(1 - version), span * (storm + 0.5) / STORMS)
+            views = each_worker(served, run.expected[0])
+            now = {v.version for v in views.values()}
+            if len(now) != 1 or None in now:
+                mismatched.append(f"storm {storm}, after the kill: {views}")
+            version = views[0].version if views[0].version is not None else version
+            answer = run.reload(1 - version)()
+            if answer.status_code != 200:
+                refused.append(f"storm {storm}: {answer.status_code} {answer.text}")
+                continue
+            version = 1 - version
+            views = each_worker(served, run.expected[0])
+            if any(v != WorkerView(200, 200, version) for v in views.values()):
+                mismatched.append(f"storm {storm}, reload to {version} answered 200: {views}")
+    finally:
+        publisher.stop()
+        clients.stop()
+        code = stop(served)
+        redis.close()
+        while not served.lines.empty():
+            served.seen.append(served.lines.get_nowait())
+    killed = {p.op for p in run.points}
+    exits = _exits(served.seen)
+    by_signal = [e for e in exits if "status -" in e and "status -9" not in e]
+    answers = clients.answers
+    wrong = [x for x in answers if x.status is not None and not x.right]
+    report = {"storms": STORMS, "kills": len(run.points), "updates_sent": publisher.sent,
+              "lookups": len(answers), "wrong": len(wrong), "mismatched": len(mismatched),
+              "refused_reloads": len(refused), "exits": exits,
+              "not_found": sum(1 for x in answers if x.status == 404),
+              "errors": [line.strip()[:300] for line in served.seen if " ERROR " in line][:8]}
+    print(json.dumps(report))
+    assert killed == {"reload"}
+    assert not by_signal and not any("Fatal Python error" in line for line in served.seen), \
+        report
+    assert not wrong, wrong[:5]
+    assert not mismatched, mismatched
+    assert not refused, refused
+    assert report["not_found"] == 0, report
+    assert publisher.sent > 0 and code == 0

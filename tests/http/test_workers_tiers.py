@@ -17,13 +17,16 @@ import httpx
 import numpy as np
 import pytest
 
-from hps.config import load_config
+from hps.config import UpdateSourceConfig, load_config
 from hps.http.workers import check_workers
+from hps.updates import codec
+from hps.updates.open import open_publisher
 from tests.http.conftest import ModelFiles, wait_until, write_model
 from tests.http.test_workers import (
     Served,
     _case,
     _clients,
+    _lookup,
     _results,
     load_with_updates_and_a_reload,
     serve,
@@ -94,8 +97,11 @@ def test_a_worker_killed_is_replaced_and_reads_the_tiers(
     before = served.worker_pids()
     clients = _clients(served, _case(tmp_path, model), count=2, seconds=3.0)
     time.sleep(1.0)
+    # its RocksDB secondary instance's folder (with a persistent tier): named after it
+    kept = list((served.run_folder() / "rocksdb").glob(f"*-1-{before[1]}"))
     os.kill(before[1], signal.SIGKILL)
     wait_until(lambda: served.worker_pids()[1] != before[1], timeout=30)
+    assert not any(folder.exists() for folder in kept)  # removed when it was started again
     for result in _results(clients):  # a connection on the killed worker may reset
         assert set(result["statuses"]) == {"200"}, result
         assert result["bad"] == 0, result
@@ -113,3 +119,50 @@ def test_the_tiers_are_served_by_workers(tmp_path: Path) -> None:
         if persistent is not None:
             config["persistent_db"] = {**persistent, "path": str(tmp_path / "rocks")}
         check_workers(load_config(config), None)  # no ConfigError
+
+
+#: update messages a second, and seconds, of the run folder's watch
+SHM_RATE, SHM_SECONDS = 10, 30
+
+
+def _run_folder_use(run: Path) -> tuple[int, int]:
+    """(bytes the run folder's files take, RocksDB secondary instance folders in it)."""
+    used = sum(p.stat().st_blocks * 512 for p in run.rglob("*") if p.is_file())
+    instances = sum(1 for p in (run / "rocksdb").glob("*/*") if p.is_dir())
+    return used, instances
+
+
+def test_the_run_folder_stays_flat_under_updates(tmp_path: Path) -> None:
+    """`--workers 2`, RocksDB and a Redis stream of SHM_RATE update messages a second for
+    SHM_SECONDS: the follower keeps one secondary instance (a folder of its info log), and
+    the run folder's size stays flat."""
+    redis = RedisServer(tmp_path / "redis").start()
+    model = write_model(tmp_path / "model")
+    config = copy.deepcopy(model.config)
+    config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+    config["update_source"] = {"type": "redis_stream", "address": redis.address,
+                               "poll_timeout_ms": 50, "failure_backoff_ms": 20}
+    path, shm = write_run(tmp_path, config)
+    served = serve(path, shm)
+    publisher = open_publisher(UpdateSourceConfig(type="redis_stream", address=redis.address))
+    keys = model.keys[0][:40]
+    rng = np.random.default_rng(3)
+    samples = []
+    try:
+        run = served.run_folder()
+        for second in range(SHM_SECONDS):  # a loop over seconds
+            for _ in range(SHM_RATE):  # a loop over messages
+                rows = rng.standard_normal((keys.size, 8)).astype(np.float32)
+                publisher.publish("hps_et.m.users", [codec.encode(keys, rows)])
+                time.sleep(1 / SHM_RATE)
+            samples.append((second, *_run_folder_use(run)))
+        # the follower served the updates all along (the last one)
+        wait_until(lambda: all(np.array_equal(_lookup(served, keys), rows)
+                               for _ in range(6)), timeout=20)
+    finally:
+        assert stop(served) == 0
+        redis.close()
+    print("run folder (second, bytes, instance folders):", samples[::5], samples[-1])
+    assert max(s[2] for s in samples) <= 2, samples  # one, and its successor while it swaps
+    settled = samples[SHM_SECONDS // 3][1]
+    assert max(s[1] for s in samples[SHM_SECONDS // 3:]) <= settled + (1 << 20), samples

@@ -404,3 +404,47 @@ def test_load_ordered_refuses_rows_out_of_order_and_ingests_nothing(tier: RocksD
         tier.load_ordered(T, chunks)
     assert tier.size(T) == 0 and not tier.fetch(T, keys)[1].any()
     assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
+
+
+def test_a_follower_keeps_one_secondary_instance_while_only_the_wal_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower worker's tier (a secondary instance of the leader's store, in a run
+    folder) catches up with rows the leader writes on the instance it has; a table made
+    or dropped opens a new one, and the folder of the one before is removed at once;
+    closing removes the follower's folders."""
+    from hps.runtime.run_dir import RUN_DIR_ENV
+    from hps.tiers.rocksdb.secondary import WORKER_ENV
+
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.setenv(WORKER_ENV, "0")
+    config = PersistentDBConfig.model_validate({"path": str(tmp_path / "rocks")})
+    leader = RocksDBTier(config)
+    leader.create_table("t", 4)
+    monkeypatch.setenv(WORKER_ENV, "1")
+    follower = RocksDBTier(config)
+    follower.create_table("t", 4)
+    assert follower.secondary is not None
+    folder = follower.secondary
+
+    def instances() -> list[str]:
+        return sorted(p.name for p in folder.iterdir())
+
+    try:
+        first = instances()
+        for i in range(20):  # a loop over writes: each changes the WAL only
+            leader.insert("t", np.array([i]), np.full((1, 4), i, np.float32))
+            follower.catch_up()
+        assert instances() == first and len(first) == 1
+        vectors, found = follower.fetch("t", np.arange(20))
+        assert found.all() and np.array_equal(vectors[:, 0], np.arange(20))
+        for step in range(3):  # tables made and dropped: the MANIFEST changes
+            leader.create_table(f"u{step}", 4)
+            leader.drop_table(f"u{step}")
+            follower.catch_up()
+            assert len(instances()) == 1
+        assert instances() != first
+        assert follower.fetch("t", np.arange(20))[1].all()
+    finally:
+        follower.close()
+        leader.close()
+    assert not folder.exists()

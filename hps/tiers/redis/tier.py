@@ -115,8 +115,8 @@ class RedisTier(BulkLoadTier):
         """Whether another process writes `table`'s rows (a follower's: every table)."""
         return self.read_only
 
-    def read_as(self, table: str, stored: str) -> None:
-        """A follower serves `table` from the leader's name for that version, `stored`."""
+    def read_as(self, table: str, stored: str, whole: bool = False) -> None:
+        """A follower serves `table` from the leader's name for it, `stored` (whole or not)."""
         self._aliases[table] = stored
         self._layouts.pop(table, None)
 

@@ -41,6 +41,7 @@ import itertools
 import json
 import logging
 import math
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
@@ -76,6 +77,8 @@ from hps.tiers.rocksdb.bulk import (
 from hps.tiers.rocksdb.secondary import (
     FOLLOW_SECONDS,
     FollowsPrimary,
+    changing_store,
+    leads_a_run,
     open_secondary,
     secondary_folder,
 )
@@ -154,16 +157,21 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         self.max_batch_size = int(self.config.max_batch_size)
         self.load_run_bytes = load_run_bytes
         self._lock = threading.Lock()
-        self._aliases: dict[str, str] = {}  # a follower's: see read_as
+        self._aliases, self._whole = {}, set()  # a worker's: see read_as
         self._follow_lock = threading.Lock()
         self._failures: dict[str, int] = {}
         self._bad_log = ThrottledLog(log)
         self._options = store_options(self.config, block_cache_bytes)
+        if leads_a_run():  # a MANIFEST a follower opens holds no drops (secondary.py)
+            self._options.set_max_manifest_file_size(1)
         self._read_options = rocksdict.ReadOptions()
         self._read_options.set_verify_checksums(False)
-        self._db, self._families = (
-            open_store(self.path, self._options, self.read_only) if self.secondary is None
-            else open_secondary(self.path, self._options, self.secondary / "0"))
+        if self.secondary is None:
+            with changing_store(self.path):  # its recovery rewrites the MANIFEST
+                self._db, self._families = open_store(self.path, self._options, self.read_only)
+        else:
+            self._folder = self.secondary / "0"
+            self._db, self._families = open_secondary(self.path, self._options, self._folder)
         if not self.read_only:
             remove_stale_loads(self.path)
         self._cfs: dict[str, Any] = {}
@@ -242,22 +250,27 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         super().create_table(table, dim, storage)
 
     def drop_table(self, table: str) -> None:
-        """Delete `table`'s column family and its metadata."""
+        """Delete `table`'s column family and metadata (unless another name reads it)."""
         self._writable("drop", table)
-        with self._lock:
+        if self.read_elsewhere(table):
+            return
+        with changing_store(self.path), self._lock:
             self._cfs.pop(table, None)
             self._handles.pop(table, None)
             self._sizes.pop(table, None)
             self._generations[table] = self._generations.get(table, 0) + 1
+            self._meta.delete(self.stored_name(table).encode())
             if self.stored_name(table) in self._families:
                 self._db.drop_column_family(self.stored_name(table))
                 self._families.discard(self.stored_name(table))
-        self._meta.delete(self.stored_name(table).encode())
+                self._meta.flush(True)  # one more edit: a MANIFEST without the drop
         super().drop_table(table)
 
     def _cf(self, table: str) -> Any:
         self.dim(table)  # UnknownTableError for tables never created
         cf = self._cfs.get(table)
+        if cf is None and self.secondary is not None:  # one the leader made again since
+            cf = self._column_family(table, create=False)
         if cf is None:
             raise UnknownTableError(f"rocksdb tier has no table {table!r}")
         return cf
@@ -583,3 +596,5 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
                     self._db.flush(True)
                 self._db.close()
                 self._db = None
+        if self.secondary is not None:  # its instances' folders (info logs)
+            shutil.rmtree(self.secondary, ignore_errors=True)
