@@ -10,6 +10,8 @@ from hps.runtime.compile_on_use import CompileEvent
 
 START = CompileEvent("hps.tiers.m.fetch", "(int64[:],)")
 CACHED = CompileEvent("hps.tiers.m.fetch", "(int64[:],)", seconds=0.002, from_cache=True)
+#: the start of a compile numba's cache lists: a read
+READ = CompileEvent("hps.tiers.m.fetch", "(int64[:],)", from_cache=True)
 
 
 def test_a_compile_that_runs_on_is_announced_once_with_its_name() -> None:
@@ -32,3 +34,33 @@ def test_a_read_from_the_cache_is_never_announced() -> None:
         notice(CACHED)
     time.sleep(0.6)  # three times the notice's delay after the last start
     assert times == [] and notice.done == 3 and notice.running is None
+
+
+def test_a_slow_read_from_the_cache_is_never_called_compiling() -> None:
+    """On a loaded machine a read from numba's cache may take over `after` seconds: it
+    says `reading()`, once, and never `say()` (the compile's announcement)."""
+    compiled: list[int] = []
+    reads = threading.Event()
+    read_times: list[int] = []
+    notice = CompileNotice(lambda: compiled.append(1), after=0.05,
+                           reading=lambda: (read_times.append(1), reads.set()))
+    notice(READ)
+    assert reads.wait(10) and notice.running == "fetch" and notice.running_read
+    notice(CACHED)
+    notice(READ)  # the next slow read: said already
+    time.sleep(0.3)
+    notice(CACHED)
+    assert compiled == [] and read_times == [1] and not notice.said
+    assert notice.done == 2 and notice.read == 2
+    # a compile after the reads is announced as one
+    notice(START)
+    time.sleep(0.3)
+    assert compiled == [1] and notice.said
+
+
+def test_a_slow_read_says_nothing_without_a_reading_callback() -> None:
+    compiled: list[int] = []
+    notice = CompileNotice(lambda: compiled.append(1), after=0.05)
+    notice(READ)
+    time.sleep(0.3)
+    assert compiled == [] and not notice.said and not notice.said_reading

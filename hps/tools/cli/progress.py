@@ -7,8 +7,9 @@ so far, the rate and what remains.
 
 - `load_progress()`: a LoadProgress for the time of a `with` block (bars or lines);
 - `compile_status(what)`: a compile listener for the time of a `with` block, which says
-  `what` when a compile has run for half a second (a read from numba's cache, a matter of
-  milliseconds, says nothing: hps/runtime/compile_notice.py), then how far it is.
+  `what` when a compile has run for half a second, then how far it is; a read from
+  numba's cache is never called compiling (a matter of milliseconds, it says nothing; on
+  a loaded machine it may run on, and then says READING: hps/runtime/compile_notice.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 #: seconds between two plain progress lines
 EVERY_S = 2.0
+#: what `compile_status` says of reads from numba's cache that take a while
+READING = "reading compiled code from numba's cache"
 
 
 def table_label(name: str) -> str:
@@ -187,21 +190,36 @@ def load_progress(verb: str = "loading", quiet: bool = False) -> Iterator[LoadPr
 @contextlib.contextmanager
 def compile_status(what: str) -> Iterator[Callable[[CompileEvent], None]]:
     """A listener for the compiles of the block (hps.runtime.compile_on_use.
-    compile_events): once one has run half a second (CompileNotice), `what` is said,
-    then how many are done and which one runs; a spinner's line on a terminal, plain
-    lines every EVERY_S seconds elsewhere."""
-    status = err_console.status(f"{what} …") if _terminal() else None
-    notice = CompileNotice(status.start if status is not None else lambda: _say(f"{what} …"))
+    compile_events): once a compile has run half a second (CompileNotice), `what` is said,
+    then how many functions are compiled and which one runs; reads from numba's cache
+    that run as long (a loaded machine) say READING instead, never `what`. A spinner's
+    line on a terminal, plain lines every EVERY_S seconds elsewhere."""
+    status = err_console.status("") if _terminal() else None
+
+    def line() -> str:
+        running = notice.running or "…"
+        if notice.said:
+            return (f"{what}: {notice.done - notice.read:,} functions compiled, "
+                    f"{notice.read:,} read from the cache, now {running}")
+        return f"{READING}: {notice.read:,} functions read, now {running}"
+
+    def begin(text: str) -> None:
+        if status is None:
+            _say(f"{text} …")
+            return
+        status.update(f"{text} …")
+        status.start()
+
+    notice = CompileNotice(lambda: begin(what), reading=lambda: begin(READING))
 
     def hear(event: CompileEvent) -> None:
         notice(event)
-        if status is not None and notice.said:
-            status.update(f"{what}: {notice.done} compiled, now {notice.running or '…'} …")
+        if status is not None and (notice.said or notice.said_reading):
+            status.update(f"{line()} …")
 
     def tick() -> None:
-        running = notice.running
-        if notice.said and running is not None:
-            _say(f"{what}: {notice.done} compiled, now {running} …")
+        if (notice.said or notice.said_reading) and notice.running is not None:
+            _say(f"{line()} …")
 
     ticker = None if status is not None else _Ticker(tick)
     try:
@@ -209,5 +227,5 @@ def compile_status(what: str) -> Iterator[Callable[[CompileEvent], None]]:
     finally:
         if ticker is not None:
             ticker.stop()
-        if status is not None and notice.said:
+        if status is not None and (notice.said or notice.said_reading):
             status.stop()
