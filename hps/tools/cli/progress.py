@@ -15,8 +15,6 @@ so far, the rate and what remains.
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -33,47 +31,18 @@ from rich.text import Text
 
 from hps.runtime.compile_notice import CompileNotice
 from hps.server.loader import LoadProgress
-from hps.tiers.contract import TABLE_PREFIX
+from hps.server.progress_lines import EVERY_S, LineProgress, Ticker, table_label
 from hps.tools.cli.app import err_console
 
 if TYPE_CHECKING:
     from hps.runtime.compile_on_use import CompileEvent
 
-#: seconds between two plain progress lines
-EVERY_S = 2.0
 #: what `compile_status` says of reads from numba's cache that take a while
 READING = "reading compiled code from numba's cache"
 
 
-def table_label(name: str) -> str:
-    """`model/table` for a table's storage name (`hps_et.model.table`, maybe with a
-    reload's staging suffix); any other name as it is."""
-    if name.startswith(TABLE_PREFIX + "."):
-        model, _, table = name[len(TABLE_PREFIX) + 1:].partition(".")
-        return f"{model}/{table.split('~', 1)[0]}"
-    return name
-
-
 def _say(line: str) -> None:
     err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
-class _Ticker:
-    """Calls `tick()` every `every` seconds on a daemon thread until `stop()`."""
-
-    def __init__(self, tick: Callable[[], None], every: float = EVERY_S) -> None:
-        self._stop = threading.Event()
-        self._tick, self._every = tick, every
-        self._thread = threading.Thread(target=self._run, name="hps-progress", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            self._tick()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 class _KeysPerSecond(ProgressColumn):
@@ -110,64 +79,6 @@ def progress_bars() -> Progress:
     )
 
 
-class LineProgress(LoadProgress):
-    """A plain line per table when it starts and ends, and every EVERY_S seconds while
-    it loads: keys so far of all, keys/s, time left (or that every key is read and the
-    tiers are being written). `quiet`: a table says nothing until it has loaded for
-    EVERY_S seconds (a lookup's small or stored tables stay silent)."""
-
-    def __init__(self, verb: str = "loading", say: Callable[[str], None] = _say,
-                 every: float = EVERY_S, quiet: bool = False) -> None:
-        self.verb = f"{verb} " if verb else ""
-        self.say = say
-        self.quiet = quiet
-        self._said = False  # about the table loading now
-        self._lock = threading.Lock()
-        self._table: str | None = None
-        self._total = self._keys = 0
-        self._started = 0.0
-        self._ticker = _Ticker(self._tick, every)
-
-    def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
-        with self._lock:
-            self._table, self._total, self._keys = self.verb + table_label(table), num_keys, 0
-            self._started = time.perf_counter()
-            self._said = not self.quiet
-        if not self.quiet:
-            self.say(f"{self._table}: {num_keys:,} keys, {num_bytes / 2**20:,.0f} MiB …")
-
-    def advance(self, keys: int, num_bytes: int) -> None:
-        with self._lock:
-            self._keys += keys
-
-    def finish_table(self, table: str, seconds: float) -> None:
-        with self._lock:
-            self._table = None
-            if not self._said:
-                return
-        rate = f" ({self._total / seconds:,.0f} keys/s)" if seconds > 0 else ""
-        self.say(f"{self.verb}{table_label(table)}: done, {self._total:,} keys in "
-                 f"{seconds:.1f} s{rate}")
-
-    def _tick(self) -> None:
-        with self._lock:
-            if self._table is None:
-                return
-            table, keys, total = self._table, self._keys, self._total
-            seconds = time.perf_counter() - self._started
-            self._said = True
-        if keys >= total:
-            self.say(f"{table}: all {total:,} keys read, writing them; {seconds:.0f} s so far")
-            return
-        rate = keys / seconds if seconds > 0 else 0.0
-        left = f", about {(total - keys) / rate:,.0f} s left" if rate > 0 else ""
-        self.say(f"{table}: {keys:,} of {total:,} keys ({keys / max(total, 1):.0%}), "
-                 f"{rate:,.0f} keys/s{left}")
-
-    def close(self) -> None:
-        self._ticker.stop()
-
-
 def _terminal() -> bool:
     return bool(err_console.is_terminal)
 
@@ -180,7 +91,7 @@ def load_progress(verb: str = "loading", quiet: bool = False) -> Iterator[LoadPr
         with progress_bars() as bars:
             yield BarProgress(bars)
         return
-    lines = LineProgress(verb, quiet=quiet)
+    lines = LineProgress(_say, verb, quiet=quiet)
     try:
         yield lines
     finally:
@@ -221,7 +132,7 @@ def compile_status(what: str) -> Iterator[Callable[[CompileEvent], None]]:
         if (notice.said or notice.said_reading) and notice.running is not None:
             _say(f"{line()} …")
 
-    ticker = None if status is not None else _Ticker(tick)
+    ticker = None if status is not None else Ticker(tick, EVERY_S)
     try:
         yield hear
     finally:
