@@ -58,3 +58,13 @@ def test_a_lazy_choice_is_still_checked(tmp_path: Path) -> None:
     code, modules, _ = _run_hps(tmp_path, "convert", "a", "b", "--to", "csv")
     assert code == 2
     assert "hps.modelfiles.convert" in modules
+
+
+def test_version_alone_is_printed_before_typer_is_imported(tmp_path: Path) -> None:
+    code, modules, stdout = _run_hps(tmp_path, "--version")
+    assert code in (0, None) and stdout == "hps 0.1.0 (distribution hps-server)\n"
+    assert not [m for m in modules if m.partition(".")[0] in ("typer", "click", "rich")]
+    # beside other options, typer reads it: the same line
+    code, modules, stdout = _run_hps(tmp_path, "-v", "--version")
+    assert code in (0, None) and stdout == "hps 0.1.0 (distribution hps-server)\n"
+    assert "typer" in modules

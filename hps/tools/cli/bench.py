@@ -19,7 +19,7 @@ from rich.table import Table
 
 from hps.errors import HPSError
 from hps.tools.bench.gpu_rows import PROFILES
-from hps.tools.cli.app import HELP_OPTIONS, console, err_console, fail
+from hps.tools.cli.root import HELP_OPTIONS, console, err_console, fail
 from hps.tools.cli.choices import one_of, values_of
 from hps.tools.cli.key_counts import count_option, counts_option
 

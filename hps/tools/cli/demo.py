@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hps.errors import HPSError
-from hps.tools.cli.app import console, err_console, fail
+from hps.tools.cli.root import console, err_console, fail
 from hps.tools.cli.serve import DEFAULT_MAX_BODY, serve_config
 
 #: where the demo writes by default

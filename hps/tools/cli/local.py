@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hps.errors import HPSError, UnknownModelError
-from hps.tools.cli.app import console, err_console, fail
+from hps.tools.cli.root import console, err_console, fail
 from hps.tools.cli.models import print_models
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from rich.text import Text
 from hps.runtime.compile_notice import CompileNotice
 from hps.server.loader import LoadProgress
 from hps.server.progress_lines import EVERY_S, LineProgress, Ticker, table_label
-from hps.tools.cli.app import err_console
+from hps.tools.cli.root import err_console
 
 if TYPE_CHECKING:
     from hps.runtime.compile_on_use import CompileEvent

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from hps.errors import HPSError, UnknownModelError
-from hps.tools.cli.app import console, fail
+from hps.tools.cli.root import console, fail
 
 
 def publish(

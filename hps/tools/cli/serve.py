@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from hps.errors import BindError, HPSError
-from hps.tools.cli.app import console, fail
+from hps.tools.cli.root import console, fail
 
 #: the default of --max-body-bytes
 DEFAULT_MAX_BODY = 16 << 20
