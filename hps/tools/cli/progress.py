@@ -50,31 +50,43 @@ class _KeysPerSecond(ProgressColumn):
         return Text(f"{task.speed:,.0f} keys/s" if task.speed else "")
 
 
+class _Keys(ProgressColumn):
+    """Keys so far of all; before the first are counted, all of them and that they are on
+    their way (the bar pulses then: never "0 of N" while work goes on)."""
+
+    def render(self, task: Any) -> Text:
+        if task.total is None:
+            return Text(f"{task.fields.get('keys', 0):,} keys, the first on their way")
+        return Text(f"{task.completed:,.0f} of {task.total:,.0f} keys")
+
+
 class BarProgress(LoadProgress):
     """A rich progress bar per table: keys so far of all, keys/s, time left."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.task: TaskID | None = None
+        self._total = 0
 
     def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
-        self.task = self.progress.add_task(table_label(table), total=num_keys or None)
+        # no total until keys are counted: a pulsing bar, not one sitting at 0
+        self.task = self.progress.add_task(table_label(table), total=None, keys=num_keys)
+        self._total = num_keys
 
     def advance(self, keys: int, num_bytes: int) -> None:
         if self.task is not None:
-            self.progress.update(self.task, advance=keys)
+            self.progress.update(self.task, advance=keys, total=self._total or None)
 
     def finish_table(self, table: str, seconds: float) -> None:
         if self.task is not None:
-            task = self.progress.tasks[self.task]
-            self.progress.update(self.task, completed=task.total or task.completed)
+            self.progress.update(self.task, total=self._total, completed=self._total)
 
 
 def progress_bars() -> Progress:
     """The progress bars of one command, on stderr (stdout keeps its results)."""
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(),
-        TextColumn("{task.completed:,.0f} of {task.total:,.0f} keys"), _KeysPerSecond(),
+        _Keys(), _KeysPerSecond(),
         TimeRemainingColumn(), TimeElapsedColumn(), console=err_console, transient=False,
     )
 
