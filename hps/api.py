@@ -21,6 +21,7 @@ on a machine logs that it compiles (reads from numba's cache are no compile).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ import numpy as np
 
 from hps.config import PSConfig
 from hps.errors import ConfigError
-from hps.runtime.compile_notice import CompileNotice
+from hps.runtime.compile_notice import CompileLines
 from hps.runtime.compile_on_use import compile_events
 from hps.server.loader import LoadProgress
 from hps.server.progress_lines import LineProgress
@@ -40,11 +41,6 @@ if TYPE_CHECKING:
 
 #: where HPS(...) says how its load goes
 log = logging.getLogger("hps.progress")
-
-
-def _log_compiling() -> None:
-    log.info("compiling what this config runs (the first load on this machine; numba "
-             "caches it for the next) …")
 
 
 class HPS:
@@ -63,8 +59,10 @@ class HPS:
                               "PSConfig, dict or path) or hps_json_config_file (a path)")
         source = ps_config if ps_config is not None else hps_json_config_file
         logged = LineProgress(log.info, quiet=True) if progress is None else None
+        compiling = CompileLines(log.info, "compiling what this config runs (the first load "
+                                 "on this machine; numba caches it)")
         try:
-            with compile_events(CompileNotice(_log_compiling)):
+            with contextlib.closing(compiling), compile_events(compiling):
                 key, self.server = servers.open(source, progress=progress or logged)
         finally:
             if logged is not None:

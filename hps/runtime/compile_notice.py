@@ -8,6 +8,11 @@ run for `after` seconds: a first run is announced half a second into its first c
 a run from the cache is never called compiling. Reads that run on (a loaded machine)
 call `reading()` once instead, when one is given. It also keeps how many compiles are
 done, how many of them were reads, and which function runs now, for a progress line.
+
+`CompileLines` says the same as lines: `what` when the first compile has run half a
+second, then a line every 2 s while compiles go on (functions compiled, read from the
+cache, the one running), for `hps serve` and the `hps` command where stderr is no
+terminal.
 """
 
 from __future__ import annotations
@@ -15,10 +20,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from hps.runtime.background import PeriodicTask
 from hps.runtime.compile_on_use import CompileEvent
 
 #: seconds a compile runs before it is announced
 AFTER_S = 0.5
+#: seconds between two of CompileLines' lines
+EVERY_S = 2.0
+#: what is said of reads from numba's cache that take a while (never "compiling")
+READING = "reading compiled code from numba's cache"
 
 
 class CompileNotice:
@@ -69,3 +79,38 @@ class CompileNotice:
             else:
                 self.said = True
         (self.reading if read else self.say)()  # type: ignore[misc]
+
+
+class CompileLines:
+    """A compile listener saying through `say`, as lines: `what` once a compile has run
+    `after` seconds (READING for reads from numba's cache that run as long), then every
+    `every` seconds while one runs how many functions are done and which one runs.
+    `close()` when the compiles of interest are over."""
+
+    def __init__(self, say: Callable[[str], None], what: str, every: float = EVERY_S,
+                 after: float = AFTER_S) -> None:
+        self.say, self.what = say, what
+        self.notice = CompileNotice(lambda: say(f"{what} …"), after,
+                                    reading=lambda: say(f"{READING} …"))
+        self._ticker = PeriodicTask("hps-compile-lines", every, self._tick)
+
+    def __call__(self, event: CompileEvent) -> None:
+        self.notice(event)
+
+    def line(self) -> str:
+        """How far the compiles are: `what` (or READING while only reads ran on), the
+        functions done, the one running."""
+        notice = self.notice
+        running = notice.running or "…"
+        if notice.said:
+            return (f"{self.what}: {notice.done - notice.read:,} functions compiled, "
+                    f"{notice.read:,} read from the cache, now {running}")
+        return f"{READING}: {notice.read:,} functions read, now {running}"
+
+    def _tick(self) -> None:
+        notice = self.notice
+        if (notice.said or notice.said_reading) and notice.running is not None:
+            self.say(f"{self.line()} …")
+
+    def close(self) -> None:
+        self._ticker.close(timeout=10.0)

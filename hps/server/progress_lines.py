@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from hps.runtime.background import PeriodicTask
 from hps.server.loader import LoadProgress
 from hps.tiers.contract import TABLE_PREFIX
 
@@ -30,24 +31,6 @@ def table_label(name: str) -> str:
         model, _, table = name[len(TABLE_PREFIX) + 1:].partition(".")
         return f"{model}/{table.split('~', 1)[0]}"
     return name
-
-
-class Ticker:
-    """Calls `tick()` every `every` seconds on a daemon thread until `stop()`."""
-
-    def __init__(self, tick: Callable[[], None], every: float) -> None:
-        self._stop = threading.Event()
-        self._tick, self._every = tick, every
-        self._thread = threading.Thread(target=self._run, name="hps-progress", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            self._tick()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 class LineProgress(LoadProgress):
@@ -67,7 +50,8 @@ class LineProgress(LoadProgress):
         self._table: str | None = None
         self._total = self._keys = 0
         self._started = 0.0
-        self._ticker = Ticker(self._tick, EVERY_S if every is None else every)
+        self._ticker = PeriodicTask("hps-progress", EVERY_S if every is None else every,
+                                    self._tick)
 
     def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
         with self._lock:
@@ -100,7 +84,7 @@ class LineProgress(LoadProgress):
         self.say(f"{table}: {_how_far(keys, total, seconds)}")
 
     def close(self) -> None:
-        self._ticker.stop()
+        self._ticker.close(timeout=10.0)
 
 
 def _how_far(keys: int, total: int, seconds: float) -> str:

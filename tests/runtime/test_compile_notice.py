@@ -1,11 +1,12 @@
-"""CompileNotice: a compile is announced once, as it starts, when it really compiles."""
+"""CompileNotice: a compile is announced once, as it starts, when it really compiles;
+CompileLines: then a line every few seconds while compiles go on, with their count."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from hps.runtime.compile_notice import CompileNotice
+from hps.runtime.compile_notice import READING, CompileLines, CompileNotice
 from hps.runtime.compile_on_use import CompileEvent
 
 START = CompileEvent("hps.tiers.m.fetch", "(int64[:],)")
@@ -64,3 +65,46 @@ def test_a_slow_read_says_nothing_without_a_reading_callback() -> None:
     notice(READ)
     time.sleep(0.3)
     assert compiled == [] and not notice.said and not notice.said_reading
+
+
+def _wait_for(lines: list[str], text: str) -> None:
+    for _ in range(3000):  # a line is due every 0.02 s: at most 30 s
+        if any(text in line for line in lines):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no line says {text!r}: {lines}")
+
+
+def test_compile_lines_say_what_then_how_far_while_compiles_go_on() -> None:
+    lines: list[str] = []
+    compiling = CompileLines(lines.append, "compiling what this config runs", every=0.02,
+                             after=0.02)
+    try:
+        compiling(START)
+        _wait_for(lines, "now fetch")
+        assert lines[0] == "compiling what this config runs …"
+        compiling(CompileEvent(START.function, START.signature, seconds=3.0))
+        compiling(READ)
+        compiling(CACHED)
+        compiling(CompileEvent("hps.tiers.m.insert", "(int64[:],)"))
+        _wait_for(lines, "1 functions compiled, 1 read from the cache, now insert")
+        assert not [line for line in lines if READING in line]
+        compiling(CompileEvent("hps.tiers.m.insert", "(int64[:],)", seconds=2.0))
+        said = len(lines)
+        time.sleep(0.2)  # no compile runs: no line
+        assert len(lines) == said
+    finally:
+        compiling.close()
+
+
+def test_compile_lines_of_slow_reads_say_reading() -> None:
+    lines: list[str] = []
+    compiling = CompileLines(lines.append, "compiling what this config runs", every=0.02,
+                             after=0.02)
+    try:
+        compiling(READ)
+        _wait_for(lines, "functions read, now fetch")
+        assert lines[0] == f"{READING} …"
+        assert not [line for line in lines if "compiling" in line]
+    finally:
+        compiling.close()

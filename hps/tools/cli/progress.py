@@ -29,16 +29,14 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from hps.runtime.compile_notice import CompileNotice
+from hps.runtime.compile_notice import CompileLines
 from hps.server.loader import LoadProgress
-from hps.server.progress_lines import EVERY_S, LineProgress, Ticker, table_label
+from hps.server.progress_lines import LineProgress, table_label
 from hps.tools.cli.root import err_console
 
 if TYPE_CHECKING:
     from hps.runtime.compile_on_use import CompileEvent
 
-#: what `compile_status` says of reads from numba's cache that take a while
-READING = "reading compiled code from numba's cache"
 
 
 def _say(line: str) -> None:
@@ -113,42 +111,29 @@ def load_progress(verb: str = "loading", quiet: bool = False) -> Iterator[LoadPr
 @contextlib.contextmanager
 def compile_status(what: str) -> Iterator[Callable[[CompileEvent], None]]:
     """A listener for the compiles of the block (hps.runtime.compile_on_use.
-    compile_events): once a compile has run half a second (CompileNotice), `what` is said,
-    then how many functions are compiled and which one runs; reads from numba's cache
-    that run as long (a loaded machine) say READING instead, never `what`. A spinner's
-    line on a terminal, plain lines every EVERY_S seconds elsewhere."""
+    compile_events): once a compile has run half a second, `what` is said, then how many
+    functions are compiled and which one runs; reads from numba's cache that run as long
+    (a loaded machine) say READING instead, never `what` (CompileLines). A spinner's
+    line on a terminal, plain lines every 2 s elsewhere."""
     status = err_console.status("") if _terminal() else None
 
-    def line() -> str:
-        running = notice.running or "…"
-        if notice.said:
-            return (f"{what}: {notice.done - notice.read:,} functions compiled, "
-                    f"{notice.read:,} read from the cache, now {running}")
-        return f"{READING}: {notice.read:,} functions read, now {running}"
-
-    def begin(text: str) -> None:
+    def show(text: str) -> None:
         if status is None:
-            _say(f"{text} …")
+            _say(text)
             return
-        status.update(f"{text} …")
-        status.start()
+        status.update(text)
+        status.start()  # at the first thing to say (a no-op after)
 
-    notice = CompileNotice(lambda: begin(what), reading=lambda: begin(READING))
+    lines = CompileLines(show, what)
 
     def hear(event: CompileEvent) -> None:
-        notice(event)
-        if status is not None and (notice.said or notice.said_reading):
-            status.update(f"{line()} …")
+        lines(event)
+        if status is not None and (lines.notice.said or lines.notice.said_reading):
+            status.update(f"{lines.line()} …")
 
-    def tick() -> None:
-        if (notice.said or notice.said_reading) and notice.running is not None:
-            _say(f"{line()} …")
-
-    ticker = None if status is not None else Ticker(tick, EVERY_S)
     try:
         yield hear
     finally:
-        if ticker is not None:
-            ticker.stop()
-        if status is not None and (notice.said or notice.said_reading):
+        lines.close()
+        if status is not None:
             status.stop()
