@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+
+import pytest
 
 from hps.runtime.compile_notice import READING, CompileLines, CompileNotice
 from hps.runtime.compile_on_use import CompileEvent
@@ -75,36 +78,40 @@ def _wait_for(lines: list[str], text: str) -> None:
     raise AssertionError(f"no line says {text!r}: {lines}")
 
 
-def test_compile_lines_say_what_then_how_far_while_compiles_go_on() -> None:
+@pytest.fixture
+def heard() -> Iterator[tuple[list[str], CompileLines]]:
+    """The lines a CompileLines says (every 0.02 s, after 0.02 s), and it."""
     lines: list[str] = []
     compiling = CompileLines(lines.append, "compiling what this config runs", every=0.02,
                              after=0.02)
     try:
-        compiling(START)
-        _wait_for(lines, "now fetch")
-        assert lines[0] == "compiling what this config runs …"
-        compiling(CompileEvent(START.function, START.signature, seconds=3.0))
-        compiling(READ)
-        compiling(CACHED)
-        compiling(CompileEvent("hps.tiers.m.insert", "(int64[:],)"))
-        _wait_for(lines, "1 functions compiled, 1 read from the cache, now insert")
-        assert not [line for line in lines if READING in line]
-        compiling(CompileEvent("hps.tiers.m.insert", "(int64[:],)", seconds=2.0))
-        said = len(lines)
-        time.sleep(0.2)  # no compile runs: no line
-        assert len(lines) == said
+        yield lines, compiling
     finally:
         compiling.close()
 
 
-def test_compile_lines_of_slow_reads_say_reading() -> None:
-    lines: list[str] = []
-    compiling = CompileLines(lines.append, "compiling what this config runs", every=0.02,
-                             after=0.02)
-    try:
-        compiling(READ)
-        _wait_for(lines, "functions read, now fetch")
-        assert lines[0] == f"{READING} …"
-        assert not [line for line in lines if "compiling" in line]
-    finally:
-        compiling.close()
+def test_compile_lines_say_what_then_how_far_while_compiles_go_on(
+        heard: tuple[list[str], CompileLines]) -> None:
+    lines, compiling = heard
+    compiling(START)
+    _wait_for(lines, "now fetch")
+    assert lines[0] == "compiling what this config runs …"
+    compiling(CompileEvent(START.function, START.signature, seconds=3.0))
+    compiling(READ)
+    compiling(CACHED)
+    compiling(CompileEvent("hps.tiers.m.insert", "(int64[:],)"))
+    _wait_for(lines, "1 functions compiled, 1 read from the cache, now insert")
+    assert not [line for line in lines if READING in line]
+    compiling(CompileEvent("hps.tiers.m.insert", "(int64[:],)", seconds=2.0))
+    said = len(lines)
+    time.sleep(0.2)  # no compile runs: no line
+    assert len(lines) == said
+
+
+def test_compile_lines_of_slow_reads_say_reading(heard: tuple[list[str], CompileLines]
+                                                 ) -> None:
+    lines, compiling = heard
+    compiling(READ)
+    _wait_for(lines, "functions read, now fetch")
+    assert lines[0] == f"{READING} …"
+    assert not [line for line in lines if "compiling" in line]
