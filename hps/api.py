@@ -13,10 +13,16 @@ The argument names are HugeCTR's (`ps_config` / `hps_json_config_file`, `h_keys`
 Every `HPS` and every hps.torch / hps.tensorflow layer built from the same config in one
 process shares one server (hps/server/shared.py): a file by its real path, any other
 config object by its identity. `close()` lets go of it; the last user closes it.
+
+`HPS(...)` prints nothing: without a `progress` of the caller's, a table that loads for
+more than a few seconds logs its progress (logger `hps.progress`, INFO), and a first run
+on a machine logs that it compiles (reads from numba's cache are no compile).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -24,11 +30,17 @@ import numpy as np
 
 from hps.config import PSConfig
 from hps.errors import ConfigError
+from hps.runtime.compile_notice import CompileLines
+from hps.runtime.compile_on_use import compile_events
 from hps.server.loader import LoadProgress
+from hps.server.progress_lines import LineProgress
 from hps.server.shared import SourceKey, servers
 
 if TYPE_CHECKING:
     from hps.hugectr.params import ParameterServerConfig
+
+#: where HPS(...) says how its load goes
+log = logging.getLogger("hps.progress")
 
 
 class HPS:
@@ -46,7 +58,15 @@ class HPS:
             raise ConfigError("HPS() takes one config: ps_config (a ParameterServerConfig, "
                               "PSConfig, dict or path) or hps_json_config_file (a path)")
         source = ps_config if ps_config is not None else hps_json_config_file
-        key, self.server = servers.open(source, progress=progress)
+        logged = LineProgress(log.info, quiet=True) if progress is None else None
+        compiling = CompileLines(log.info, "compiling what this config runs (the first load "
+                                 "on this machine; numba caches it)")
+        try:
+            with contextlib.closing(compiling), compile_events(compiling):
+                key, self.server = servers.open(source, progress=progress or logged)
+        finally:
+            if logged is not None:
+                logged.close()
         self._key: SourceKey | None = key
 
     def lookup(self, h_keys: Any, model_name: str, table_id: int | str,

@@ -35,9 +35,12 @@ hand: run `python scripts/cli_reference.py` after changing a command. -->
 Every command and subcommand of `hps`, with the help it prints (`hps COMMAND -h`).
 `python -m hps.tools.cli` runs the same command where the `hps` entry point is not
 installed. Log records and Python warnings go to stderr in one format; `-v` adds progress
-records. `hps load`, `hps convert` and `hps publish` show a progress bar (bytes, bytes/s,
-keys); `hps demo` reports the load time, the lookup rate, the memory it took and whether
-every vector matched the model files.
+records. `hps load`, `hps lookup`, `hps serve`, `hps demo`, `hps convert` and `hps publish`
+show each table's load as a progress bar on a terminal (keys so far of all, keys/s, time
+left) and as a line every 2 s where stderr is no terminal (a pipe, a file, CI's log); a
+first run on a machine says that it compiles (a read from numba's cache is no compile);
+`hps demo` reports the load time, the lookup rate, the memory it took and whether every
+vector matched the model files.
 
 Where the commands fit: [HTTP and KServe v2](http.md) for `hps serve` and `hps models`,
 [Model files](model-files.md) for `hps inspect` and `hps convert`, [Online

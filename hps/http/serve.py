@@ -33,7 +33,7 @@ from hps.errors import BindError, ConfigError, ModelsNotLoadedError
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, TOKEN_HINT, is_loopback
-from hps.runtime.compile_notice import CompileNotice
+from hps.runtime.compile_notice import CompileLines
 from hps.runtime.compile_on_use import compile_events
 from hps.runtime.cores import usable_cores
 from hps.server import HierarchicalParameterServer
@@ -207,11 +207,10 @@ def serve(
         if grpc_server is not None:
             echo(f"hps: serving KServe v2 over gRPC on {grpc_server.start()}")
 
-    def compiling() -> None:
-        echo("hps: compiling what this config runs (the first load on this machine; "
-             "numba caches it for the next) …")
-
-    with compile_events(CompileNotice(compiling)):
+    # said once a compile has run half a second, then a line every 2 s while they go on
+    compiling = CompileLines(lambda line: echo(f"hps: {line}"), "compiling what this config "
+                             "runs (the first load on this machine; numba caches it)")
+    with contextlib.closing(compiling), compile_events(compiling):
         stopped_by = run_app(
             sock, server, host=host, token=token, max_body_bytes=max_body_bytes,
             lookup_threads=lookup_threads, access_log=access_log, log_level=log_level,

@@ -7,7 +7,10 @@ serve options from the run folder, builds a `ReplicatedServer` (hps/http/workers
 applies the ops the leader already completed (a worker started again maps the tables
 before it accepts a connection), and serves the app as `hps serve` does (run_app:
 uvicorn, the drain on SIGTERM; gRPC too, on the port the supervisor holds, when asked),
-with `/metrics` summed over the workers. A setup error
+with `/metrics` summed over the workers. A load of its own that runs over 2 s says how
+far it is on the stderr it shares with the supervisor, a line every 2 s prefixed `hps
+worker N:` (hps/server/progress_lines.py; lines, not bars: several processes share the
+terminal). A setup error
 (a bad config, a tier that cannot open) is written to `failed-<index>` in the run
 folder, where the supervisor reads it, and the process exits with status 3.
 """
@@ -29,6 +32,7 @@ from hps.http.workers_metrics import MergedRegistry, MetricsDump
 from hps.http.workers_ops import FD_ENV, SETUP_FAILED, ReplicatedServer
 from hps.http.workers_oplog import Op, OpLog
 from hps.runtime.run_dir import RUN_DIR_ENV
+from hps.server.progress_lines import LineProgress
 
 
 def main() -> int:
@@ -39,9 +43,12 @@ def main() -> int:
                         format=f"%(asctime)s hps worker {index} %(levelname)s %(message)s")
     sock = socket.socket(fileno=int(os.environ[FD_ENV]))
     oplog = OpLog(folder)
+    lines = _load_lines(index)
     try:
         server = ReplicatedServer(str(folder / f"config-{min(index, 1)}.json"),
                                   oplog=oplog, index=index)
+        # the first loads are applied from the op log before the app asks for them
+        server.unasked = lines
         server.replay()
         oplog.mark_serving(index)  # a death from now on is not a crash at start
     except Exception as exc:
@@ -92,7 +99,16 @@ def main() -> int:
     finally:
         for d in dump:
             d.close()
+        lines.close()
     return 0
+
+
+def _load_lines(index: int) -> LineProgress:
+    """The progress of this worker's loads, said for a table that takes over 2 s."""
+    def say(line: str) -> None:
+        print(f"hps worker {index}: {line}", file=sys.stderr, flush=True)
+
+    return LineProgress(say, quiet=True)
 
 
 def _write_failure(path: Path, exc: BaseException) -> None:

@@ -92,13 +92,13 @@ class ReplicatedServer(HierarchicalParameterServer):
     def __init__(self, config: PSConfig | dict[str, Any] | str, *, oplog: OpLog, index: int
                  ) -> None:
         super().__init__(config, load=False)
-        self.oplog = oplog
-        self.index = index
+        self.oplog, self.index = oplog, index
         self.leader = index == 0
         self._applied: dict[int, BaseException | None] = {}
         self._cond = threading.Condition()
         self._since: dict[str, int] = {}  # model → the op that first made it served here
         self._progress: dict[int, LoadProgress] = {}
+        self.unasked: LoadProgress | None = None  # hears the loads no caller gave one to
         self._initial = {op.model: op.seq for op in oplog.ops()
                          if op.seq <= len(self.config.models)}
         self._stop = threading.Event()
@@ -259,7 +259,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         volatile = self.tiers.volatile
         if volatile is not None and hasattr(volatile, "generation"):
             volatile.generation = op.seq  # the same file name in every worker
-        progress = self._progress.pop(op.seq, None)
+        progress = self._progress.pop(op.seq, self.unasked)  # a first load: applied unasked
         if op.kind == "unload":
             super().unload_model(op.model)
             self._since.pop(op.model, None)

@@ -1,6 +1,8 @@
 """The client side of `hps models`: a running server's model routes over plain HTTP.
 
-Standard library only (`urllib`), so `hps models` works without the server extra.
+Standard library only (`urllib`), so `hps models` works without the server extra;
+`urllib.request` and `yaml` are imported by the calls that use them, not by the `hps`
+command's start (which reads DEFAULT_URL).
 `model_block(path, name)` reads the model block to add from a ps.json / YAML file (one
 block, or a whole config and the model's name) with its relative paths made absolute,
 as the server requires; `absolute_sources` does the same for the files of a reload.
@@ -10,12 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from hps.errors import ConfigError, HPSError
 
@@ -31,6 +29,9 @@ class ServerRequestError(HPSError):
 def call(url: str, method: str, path: str, token: str | None = None,
          body: Any = None, timeout: float = 3600.0) -> Any:
     """`method path` on the server at `url`; the JSON answer, or ServerRequestError."""
+    import urllib.error
+    import urllib.request
+
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url.rstrip("/") + path, data=data, method=method)
     if data is not None:
@@ -71,6 +72,8 @@ def absolute_sources(sources: list[Any], base: Path) -> list[Any]:
 def model_block(path: Path, name: str | None = None) -> dict[str, Any]:
     """The model block to add: `path` holds one, or a config with `models` (pick `name`
     when there are several). Relative `sparse_files` resolve from the file's folder."""
+    import yaml
+
     try:
         text = path.read_text()
     except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -327,4 +328,9 @@ def test_the_first_load_on_a_machine_says_it_compiles(config_file: Path, tmp_pat
         finally:
             assert proc.interrupt() in (0, 130)
         said = [x for x in proc.seen if "compiling what this config runs" in x]
-        assert len(said) == (1 if run == "fresh" else 0), "".join(proc.seen)
+        announced = [x for x in said if x.rstrip().endswith("numba caches it) …")]
+        assert len(announced) == (1 if run == "fresh" else 0), "".join(proc.seen)
+        # then, while compiles go on, a line every 2 s with the count so far
+        counts = [int(m.group(1)) for x in said
+                  for m in [re.search(r": (\d+) functions compiled, \d+ read", x)] if m]
+        assert counts == sorted(counts) and len(said) == len(announced) + len(counts)

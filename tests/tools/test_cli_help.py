@@ -24,9 +24,9 @@ def _options(command: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, .
 
 def _choices(param: Any) -> tuple[str, ...]:
     """The values `param` takes when they are a fixed set, else ()."""
-    checked = getattr(param.callback, "choices", None)
-    if checked:
-        return tuple(checked)
+    checked = getattr(param.callback, "choices", None)  # choices.one_of's
+    if checked is not None:
+        return checked()
     descriptor = getattr(param, "type_descriptor", None)  # typer's Enum / Literal options
     if descriptor is not None and getattr(descriptor, "is_choice", False):
         return tuple(str(getattr(c, "value", c)) for c in descriptor.choices)

@@ -94,6 +94,15 @@ def test_a_piped_demo_says_each_step_as_it_starts(tmp_path: Path) -> None:
         "loading demo/user_item: done, 30,000 keys in", "loading demo/item_category: 20,000",
         "loading demo/item_category: done", "all looked-up vectors match")]
     assert order == sorted(order), lines
+    # the next run reads what the first compiled from numba's cache: it never says it
+    # compiles (a slow read says "reading compiled code from numba's cache" instead)
+    again = subprocess.run([sys.executable, "-m", "hps.tools.cli", "demo", "--scale", "0.05",
+                            "--folder", str(tmp_path / "demo")], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stdout
+    assert not [line for line in again.stdout.splitlines() if line.startswith("compiling")
+                or " compiled, " in line], again.stdout
+    assert "read from numba's cache in" in again.stdout
 
 
 def test_plain_progress_lines_say_keys_rate_and_what_remains() -> None:

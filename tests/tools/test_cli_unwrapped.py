@@ -1,4 +1,4 @@
-"""Output of `hps` that goes to no terminal keeps its lines whole (hps/tools/cli/app.py):
+"""Output of `hps` that goes to no terminal keeps its lines whole (hps/tools/cli/root.py):
 rich would otherwise wrap it at 80 columns, and nothing re-wraps a pipe or a log."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-cli_app = importlib.import_module("hps.tools.cli.app")  # the package exports `app`, the typer app
+cli_app = importlib.import_module("hps.tools.cli.root")  # the root app, consoles, logging
 
 ROOT = Path(__file__).resolve().parents[2]
 #: a label of `hps plan`'s table that is split at 80 columns

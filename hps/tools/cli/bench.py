@@ -19,10 +19,8 @@ from rich.table import Table
 
 from hps.errors import HPSError
 from hps.tools.bench.gpu_rows import PROFILES
-from hps.tools.bench.load import BASELINE, BENCH_FORMATS
-from hps.tools.bench.overload import CLIENTS, TIERS
-from hps.tools.cli.app import HELP_OPTIONS, console, err_console, fail
-from hps.tools.cli.choices import one_of
+from hps.tools.cli.root import HELP_OPTIONS, console, err_console, fail
+from hps.tools.cli.choices import one_of, values_of
 from hps.tools.cli.key_counts import count_option, counts_option
 
 bench_app = typer.Typer(add_completion=False, rich_markup_mode=None,
@@ -94,7 +92,8 @@ def _tier_fetch(keys: int, dim: int, batch: int) -> None:
 
 @bench_app.command("load")
 def bench_load_cmd(
-    formats: list[str] = typer.Option([], "--format", callback=one_of((*BENCH_FORMATS, BASELINE)),
+    formats: list[str] = typer.Option([], "--format", callback=one_of(values_of(
+        "hps.tools.bench.load", "BENCH_FORMATS", "BASELINE")),
         help="Compare these formats' load rate with the sparse folder's (repeat the option: "
              "parquet, numpy, safetensors, torch, dcp; torch and dcp also with safetensors'; "
              "sparse_folder, the baseline, is always measured). Without it: the scale curve."),
@@ -383,12 +382,13 @@ def bench_http_cmd(
     refusals: bool = typer.Option(
         False, "--refusals", help="Instead: the server's CPU per 503 refusal under "
         "overload, 20,000 refused lookups of one client process (docs/http.md)."),
-    load_client: str = typer.Option("raw", callback=one_of(CLIENTS), help="With --overload: "
+    load_client: str = typer.Option("raw", callback=one_of(values_of(
+        "hps.tools.bench.overload", "CLIENTS")), help="With --overload: "
         "each client process's HTTP client, 'raw' (prepared bytes on a socket, the least CPU "
         "taken from the server) or 'http.client'."),
-    tier: str = typer.Option("hash_map", callback=one_of(TIERS), help="With --overload: "
-        "where the served table lives, 'hash_map' (in process) or 'rocksdb' (RocksDB "
-        "alone, no volatile tier)."),
+    tier: str = typer.Option("hash_map", callback=one_of(values_of(
+        "hps.tools.bench.overload", "TIERS")), help="With --overload: where the served "
+        "table lives, 'hash_map' (in process) or 'rocksdb' (RocksDB alone, no volatile tier)."),
     workers: Optional[int] = typer.Option(
         None, min=1, help="Instead: `hps serve` with 1 and with this many workers beside "
         "the bare uvicorn floor with as many, driven by --client-processes; RSS and PSS "

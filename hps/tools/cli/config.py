@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from hps.errors import HPSError
-from hps.tools.cli.app import fail
+from hps.tools.cli.root import fail
 
 config_app = typer.Typer(help="Configuration: ps.json, YAML, HugeCTR's Python objects.",
                          no_args_is_help=True)

@@ -15,8 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hps.errors import HPSError
-from hps.tools.cli.app import console, err_console, fail
-from hps.tools.cli.progress import compile_status, load_progress
+from hps.tools.cli.root import console, err_console, fail
 from hps.tools.cli.serve import DEFAULT_MAX_BODY, serve_config
 
 #: where the demo writes by default
@@ -43,6 +42,7 @@ def demo(
     first run on a machine compiles what the demo runs, on a small model first (timed
     apart from the load). While `hps serve` serves the folder it refuses, writing nothing.
     """
+    from hps.tools.cli.progress import compile_status, load_progress
     from hps.tools.demo import TABLES, check_not_served, run_demo, warm_up
 
     if serve_after:  # before minutes of demo, not after

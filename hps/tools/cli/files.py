@@ -19,12 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from hps.errors import HPSError
-from hps.modelfiles.convert import WRITABLE
-from hps.modelfiles.formats.spec import FORMATS
-from hps.tools.cli.app import console, err_console, fail
-from hps.tools.cli.choices import one_of
-from hps.tools.cli.progress import load_progress
-from hps.tools.cli.sizing import gpu_memory_rows, host_memory_rows
+from hps.tools.cli.root import console, err_console, fail
+from hps.tools.cli.choices import one_of, values_of
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,7 @@ _TABLE_READ_OPTIONS: dict[str, Any] = {
     "width": Annotated[Optional[int], typer.Option(
         help="Vector width (from the files if omitted; HugeCTR folders infer it).")],
     "fmt": Annotated[Optional[str], typer.Option(
-        "--format", callback=one_of(FORMATS),
+        "--format", callback=one_of(values_of("hps.modelfiles.formats.spec", "FORMATS")),
         help="sparse_folder, parquet, numpy, safetensors, torch (a torch.save state_dict) or "
              "dcp (a PyTorch distributed checkpoint folder) (default: from the suffix or the "
              "folder's contents).")],
@@ -102,6 +98,7 @@ def inspect(
     Also the dtypes and the key range.
     """
     from hps.modelfiles.inspect import inspect_model
+    from hps.tools.cli.sizing import gpu_memory_rows, host_memory_rows
 
     try:
         report = inspect_model(read.spec(source), read.width)
@@ -131,7 +128,7 @@ def convert(
         ..., help="Local path to write: .parquet, .npz, .safetensors, or no suffix for a "
                   "folder."),
     to: Optional[str] = typer.Option(
-        None, callback=one_of(WRITABLE),
+        None, callback=one_of(values_of("hps.modelfiles.convert", "WRITABLE")),
         help="Format to write: sparse_folder, parquet, numpy or safetensors (default: from "
              "DESTINATION's suffix; without one a HugeCTR sparse folder; another suffix "
              "needs --to)."),
@@ -149,6 +146,7 @@ def convert(
     existing destination and the packages the formats need are checked before any read.
     """
     from hps.modelfiles.convert import convert as run_convert
+    from hps.tools.cli.progress import load_progress
 
     try:
         spec = read.spec(source)

@@ -20,7 +20,7 @@ from typing import Any
 import typer
 
 from hps.errors import HPSError, ModelFileError
-from hps.tools.cli.app import fail
+from hps.tools.cli.root import fail
 
 
 def from_torch(

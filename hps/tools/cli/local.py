@@ -13,13 +13,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import typer
 
 from hps.errors import HPSError, UnknownModelError
-from hps.tools.cli.app import console, err_console, fail
+from hps.tools.cli.root import console, err_console, fail
 from hps.tools.cli.models import print_models
-from hps.tools.cli.progress import load_progress
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig, PersistentDBConfig, PSConfig
@@ -28,6 +26,7 @@ if TYPE_CHECKING:
 def load(config: Path = typer.Argument(..., help="ps.json or YAML config.")) -> None:
     """Load every model of a config into its tiers (RocksDB keeps them)."""
     from hps.server import HierarchicalParameterServer
+    from hps.tools.cli.progress import load_progress
 
     try:
         cfg = _without_updates(str(config))
@@ -55,7 +54,10 @@ def lookup(
         "(RocksDB, Redis), creating them if missing, as hps load does."),
 ) -> None:
     """Look up keys and print their vectors; writes no store unless --write-store."""
+    import numpy as np
+
     from hps.server import HierarchicalParameterServer
+    from hps.tools.cli.progress import load_progress
 
     try:
         cfg, note = lookup_config(_without_updates(str(config)), model, write=not read_only)

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from hps.errors import HPSError
 from hps.tools.admin_client import DEFAULT_URL
-from hps.tools.cli.app import HELP_OPTIONS, console, fail
+from hps.tools.cli.root import HELP_OPTIONS, console, fail
 from hps.tools.cli.choices import one_of
 
 models_app = typer.Typer(add_completion=False, rich_markup_mode=None,
@@ -224,7 +224,7 @@ def follow_prefetches(url: str, token: str | None, model: str, jobs: list[dict[s
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from hps.tools.admin_client import call
-    from hps.tools.cli.app import err_console
+    from hps.tools.cli.root import err_console
 
     ended: dict[str, dict[str, Any]] = {}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

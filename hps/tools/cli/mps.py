@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from hps.errors import HPSError
-from hps.tools.cli.app import HELP_OPTIONS, console, fail
+from hps.tools.cli.root import HELP_OPTIONS, console, fail
 
 mps_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                       context_settings=HELP_OPTIONS, no_args_is_help=True,

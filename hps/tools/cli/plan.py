@@ -18,7 +18,7 @@ import typer
 from rich.table import Table
 
 from hps.errors import ConfigError, HPSError
-from hps.tools.cli.app import console, fail
+from hps.tools.cli.root import console, fail
 from hps.tools.cli.key_counts import count_option, parse_count
 
 #: the marks of a bytes table's notes, in order

@@ -7,15 +7,14 @@ so far, the rate and what remains.
 
 - `load_progress()`: a LoadProgress for the time of a `with` block (bars or lines);
 - `compile_status(what)`: a compile listener for the time of a `with` block, which says
-  `what` when a compile has run for half a second (a read from numba's cache, a matter of
-  milliseconds, says nothing: hps/runtime/compile_notice.py), then how far it is.
+  `what` when a compile has run for half a second, then how far it is; a read from
+  numba's cache is never called compiling (a matter of milliseconds, it says nothing; on
+  a loaded machine it may run on, and then says READING: hps/runtime/compile_notice.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -30,52 +29,33 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from hps.runtime.compile_notice import CompileNotice
+from hps.runtime.compile_notice import CompileLines
 from hps.server.loader import LoadProgress
-from hps.tiers.contract import TABLE_PREFIX
-from hps.tools.cli.app import err_console
+from hps.server.progress_lines import LineProgress, table_label
+from hps.tools.cli.root import err_console
 
 if TYPE_CHECKING:
     from hps.runtime.compile_on_use import CompileEvent
 
-#: seconds between two plain progress lines
-EVERY_S = 2.0
-
-
-def table_label(name: str) -> str:
-    """`model/table` for a table's storage name (`hps_et.model.table`, maybe with a
-    reload's staging suffix); any other name as it is."""
-    if name.startswith(TABLE_PREFIX + "."):
-        model, _, table = name[len(TABLE_PREFIX) + 1:].partition(".")
-        return f"{model}/{table.split('~', 1)[0]}"
-    return name
 
 
 def _say(line: str) -> None:
     err_console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-class _Ticker:
-    """Calls `tick()` every `every` seconds on a daemon thread until `stop()`."""
-
-    def __init__(self, tick: Callable[[], None], every: float = EVERY_S) -> None:
-        self._stop = threading.Event()
-        self._tick, self._every = tick, every
-        self._thread = threading.Thread(target=self._run, name="hps-progress", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            self._tick()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 class _KeysPerSecond(ProgressColumn):
     def render(self, task: Any) -> Text:
         return Text(f"{task.speed:,.0f} keys/s" if task.speed else "")
+
+
+class _Keys(ProgressColumn):
+    """Keys so far of all; before the first are counted, all of them and that they are on
+    their way (the bar pulses then: never "0 of N" while work goes on)."""
+
+    def render(self, task: Any) -> Text:
+        if task.total is None:
+            return Text(f"{task.fields.get('keys', 0):,} keys, the first on their way")
+        return Text(f"{task.completed:,.0f} of {task.total:,.0f} keys")
 
 
 class BarProgress(LoadProgress):
@@ -84,85 +64,29 @@ class BarProgress(LoadProgress):
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.task: TaskID | None = None
+        self._total = 0
 
     def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
-        self.task = self.progress.add_task(table_label(table), total=num_keys or None)
+        # no total until keys are counted: a pulsing bar, not one sitting at 0
+        self.task = self.progress.add_task(table_label(table), total=None, keys=num_keys)
+        self._total = num_keys
 
     def advance(self, keys: int, num_bytes: int) -> None:
         if self.task is not None:
-            self.progress.update(self.task, advance=keys)
+            self.progress.update(self.task, advance=keys, total=self._total or None)
 
     def finish_table(self, table: str, seconds: float) -> None:
         if self.task is not None:
-            task = self.progress.tasks[self.task]
-            self.progress.update(self.task, completed=task.total or task.completed)
+            self.progress.update(self.task, total=self._total, completed=self._total)
 
 
 def progress_bars() -> Progress:
     """The progress bars of one command, on stderr (stdout keeps its results)."""
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(),
-        TextColumn("{task.completed:,.0f} of {task.total:,.0f} keys"), _KeysPerSecond(),
+        _Keys(), _KeysPerSecond(),
         TimeRemainingColumn(), TimeElapsedColumn(), console=err_console, transient=False,
     )
-
-
-class LineProgress(LoadProgress):
-    """A plain line per table when it starts and ends, and every EVERY_S seconds while
-    it loads: keys so far of all, keys/s, time left (or that every key is read and the
-    tiers are being written). `quiet`: a table says nothing until it has loaded for
-    EVERY_S seconds (a lookup's small or stored tables stay silent)."""
-
-    def __init__(self, verb: str = "loading", say: Callable[[str], None] = _say,
-                 every: float = EVERY_S, quiet: bool = False) -> None:
-        self.verb = f"{verb} " if verb else ""
-        self.say = say
-        self.quiet = quiet
-        self._said = False  # about the table loading now
-        self._lock = threading.Lock()
-        self._table: str | None = None
-        self._total = self._keys = 0
-        self._started = 0.0
-        self._ticker = _Ticker(self._tick, every)
-
-    def start_table(self, table: str, num_keys: int, num_bytes: int) -> None:
-        with self._lock:
-            self._table, self._total, self._keys = self.verb + table_label(table), num_keys, 0
-            self._started = time.perf_counter()
-            self._said = not self.quiet
-        if not self.quiet:
-            self.say(f"{self._table}: {num_keys:,} keys, {num_bytes / 2**20:,.0f} MiB …")
-
-    def advance(self, keys: int, num_bytes: int) -> None:
-        with self._lock:
-            self._keys += keys
-
-    def finish_table(self, table: str, seconds: float) -> None:
-        with self._lock:
-            self._table = None
-            if not self._said:
-                return
-        rate = f" ({self._total / seconds:,.0f} keys/s)" if seconds > 0 else ""
-        self.say(f"{self.verb}{table_label(table)}: done, {self._total:,} keys in "
-                 f"{seconds:.1f} s{rate}")
-
-    def _tick(self) -> None:
-        with self._lock:
-            if self._table is None:
-                return
-            table, keys, total = self._table, self._keys, self._total
-            seconds = time.perf_counter() - self._started
-            self._said = True
-        if keys >= total:
-            self.say(f"{table}: all {total:,} keys read, writing them; {seconds:.0f} s so far")
-            return
-        rate = keys / seconds if seconds > 0 else 0.0
-        left = f", about {(total - keys) / rate:,.0f} s left" if rate > 0 else ""
-        self.say(f"{table}: {keys:,} of {total:,} keys ({keys / max(total, 1):.0%}), "
-                 f"{rate:,.0f} keys/s{left}")
-
-    def close(self) -> None:
-        self._ticker.stop()
 
 
 def _terminal() -> bool:
@@ -177,7 +101,7 @@ def load_progress(verb: str = "loading", quiet: bool = False) -> Iterator[LoadPr
         with progress_bars() as bars:
             yield BarProgress(bars)
         return
-    lines = LineProgress(verb, quiet=quiet)
+    lines = LineProgress(_say, verb, quiet=quiet)
     try:
         yield lines
     finally:
@@ -187,27 +111,29 @@ def load_progress(verb: str = "loading", quiet: bool = False) -> Iterator[LoadPr
 @contextlib.contextmanager
 def compile_status(what: str) -> Iterator[Callable[[CompileEvent], None]]:
     """A listener for the compiles of the block (hps.runtime.compile_on_use.
-    compile_events): once one has run half a second (CompileNotice), `what` is said,
-    then how many are done and which one runs; a spinner's line on a terminal, plain
-    lines every EVERY_S seconds elsewhere."""
-    status = err_console.status(f"{what} …") if _terminal() else None
-    notice = CompileNotice(status.start if status is not None else lambda: _say(f"{what} …"))
+    compile_events): once a compile has run half a second, `what` is said, then how many
+    functions are compiled and which one runs; reads from numba's cache that run as long
+    (a loaded machine) say READING instead, never `what` (CompileLines). A spinner's
+    line on a terminal, plain lines every 2 s elsewhere."""
+    status = err_console.status("") if _terminal() else None
+
+    def show(text: str) -> None:
+        if status is None:
+            _say(text)
+            return
+        status.update(text)
+        status.start()  # at the first thing to say (a no-op after)
+
+    lines = CompileLines(show, what)
 
     def hear(event: CompileEvent) -> None:
-        notice(event)
-        if status is not None and notice.said:
-            status.update(f"{what}: {notice.done} compiled, now {notice.running or '…'} …")
+        lines(event)
+        if status is not None and (lines.notice.said or lines.notice.said_reading):
+            status.update(f"{lines.line()} …")
 
-    def tick() -> None:
-        running = notice.running
-        if notice.said and running is not None:
-            _say(f"{what}: {notice.done} compiled, now {running} …")
-
-    ticker = None if status is not None else _Ticker(tick)
     try:
         yield hear
     finally:
-        if ticker is not None:
-            ticker.stop()
-        if status is not None and notice.said:
+        lines.close()
+        if status is not None:
             status.stop()

@@ -6,12 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import typer
 
 from hps.errors import HPSError, UnknownModelError
-from hps.tools.cli.app import console, fail
-from hps.tools.cli.progress import load_progress
+from hps.tools.cli.root import console, fail
 
 
 def publish(
@@ -31,7 +29,10 @@ def publish(
     Each message holds max_batch_size rows of one table, on topic (stream)
     hps_et.<model>.<table>; serving replicas apply them to every tier and GPU cache.
     """
+    import numpy as np
+
     from hps.config import load_config
+    from hps.tools.cli.progress import load_progress
     from hps.updates.publish import publish_arrays, publish_table
 
     if (keys is None) != (vectors is None):

@@ -15,8 +15,7 @@ from typing import Optional
 import typer
 
 from hps.errors import BindError, HPSError
-from hps.tools.cli.app import console, fail
-from hps.tools.cli.progress import load_progress
+from hps.tools.cli.root import console, fail
 
 #: the default of --max-body-bytes
 DEFAULT_MAX_BODY = 16 << 20
@@ -76,6 +75,7 @@ def serve_config(config: Path, *, host: str, port: int, token: str | None,
     """Serve `config` until Ctrl-C; errors as one line (see the module's docstring)."""
     try:
         from hps.http import serve as run_server
+        from hps.tools.cli.progress import load_progress
 
         run_server(str(config), host=host, port=port, token=token,
                    max_body_bytes=max_body_bytes, access_log=access_log,

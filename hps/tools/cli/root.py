@@ -80,9 +80,9 @@ def fail(exc: Exception, code: int = 2) -> None:
 
 def _version(show: bool) -> None:
     if show:
-        from hps import __version__
+        from hps.tools.cli.version import version_line
 
-        console.print(f"hps {__version__} (distribution hps-server)", highlight=False)
+        console.print(version_line(), highlight=False)
         raise typer.Exit()
 
 
