@@ -475,6 +475,15 @@ class ShardedView:
                 self._counts.append(counts)
         return counts
 
+    def settle_warm_up(self) -> None:
+        """GpuEmbeddingTable.settle_warm_up's contract: this thread's one-pass counts
+        forgotten, and each shard's state handed back."""
+        counts = getattr(self._tls, "counts", None)
+        for name in counts or ():
+            counts[name] = 0
+        for shard in self.owner.shards:
+            shard.settle_warm_up()
+
     def one_pass_counts(self) -> dict[str, int]:
         """The lookups the one pass served, their hits, and the misses it served itself
         (those of the copy path are counted by the shards that served them)."""

@@ -79,11 +79,7 @@ from hps.gpu.update_log import UpdateLog
 from hps.gpu.workspace import SPARE_RESERVE, SPARE_STATES, QueryWorkspace, SpareStates, ThreadState
 from hps.intake.array_ref import ArrayRef
 from hps.intake.keys import is_wide
-from hps.rows.gpu_layout import (
-    OUT_FLOAT32,
-    OUTPUT_CUPY_DTYPE,
-    STORAGE_CODES,
-)
+from hps.rows.gpu_layout import OUT_FLOAT32, OUTPUT_CUPY_DTYPE, STORAGE_CODES
 from hps.runtime.background import BackgroundWorker, PeriodicTask
 
 if TYPE_CHECKING:
@@ -102,10 +98,8 @@ _COUNTERS = ("lookups", "keys", "hits", "misses", "sync_fetches", "async_inserts
 
 class GpuEmbeddingTable:
     """The GPU cache (dynamic) or table (static) of one model table on one device.
-
     Thread-safe: lookups may come from many threads at once, with background inserts
-    and a refresh running.
-    """
+    and a refresh running."""
 
     def __init__(self, model: ModelConfig, table_id: int, num_keys: int, device_id: int,
                  fetch_host: Callable[[np.ndarray], np.ndarray], *,
@@ -552,6 +546,12 @@ class GpuEmbeddingTable:
             if self._whole is not None:
                 return self._whole.dump(0, self._whole.num_sets)[:most].get()
         return np.empty(0, np.int64)
+
+    def settle_warm_up(self) -> None:
+        """After a warm-up's lookups on this thread (hps/server/warm_paths.py): their
+        inserts done, their counts and buffers handed back (SpareStates.hand_back)."""
+        self._inserts.wait_idle(timeout=30)
+        self._spares.hand_back(self._tls)
 
     def publish(self) -> None:
         """Lets the host's other processes map this table (gpu_cache_scope: host)."""
