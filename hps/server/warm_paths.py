@@ -30,17 +30,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from hps.errors import HPSError
 from hps.runtime.compiled import HOLD_GIL_BYTES
+from hps.server.gpu_caches import GpuCaches
 from hps.server.key_sketch import TableKeys
 from hps.server.models import LoadedModel, LoadedTable, TableStats
-
-if TYPE_CHECKING:
-    from hps.server.parameter_server import HierarchicalParameterServer
 
 log = logging.getLogger("hps")
 
@@ -55,13 +53,23 @@ _FIRST_WIDE = 1 << 61
 _FIRST_NARROW = 1 << 30
 
 
+class VersionLookups(Protocol):
+    """The server's lookup entry points on a version it holds (HierarchicalParameterServer)."""
+
+    def lookup_version(self, loaded: LoadedModel, table: int | str, keys: Any,
+                       device_id: int | None = None) -> np.ndarray: ...
+
+    def lookup_version_into(self, loaded: LoadedModel, table: int | str, keys: Any,
+                            out: Any, device_id: int | None = None) -> int: ...
+
+
 class WarmUpError(HPSError):
     """A table's first lookup, run before its version serves, failed: the load fails."""
 
     kind = "warm_up"
 
 
-def warm_paths(server: HierarchicalParameterServer, loaded: LoadedModel) -> float:
+def warm_paths(server: VersionLookups, loaded: LoadedModel) -> float:
     """Run every table's lookup path of `loaded` once (see the module docstring); returns
     the seconds it took. Raises WarmUpError naming the table and what failed."""
     started = time.perf_counter()
@@ -91,7 +99,7 @@ def _warm_copy(loaded: LoadedModel) -> LoadedModel:
     return LoadedModel(loaded.config, tables, roots=loaded.roots)
 
 
-def _warm_table(server: HierarchicalParameterServer, loaded: LoadedModel,
+def _warm_table(server: VersionLookups, loaded: LoadedModel,
                 table: LoadedTable) -> None:
     """The lookups of one table (see the module docstring)."""
     wide = min(table.max_keys, HOLD_GIL_BYTES // (table.dim * 4) + 1)
@@ -105,12 +113,10 @@ def _warm_table(server: HierarchicalParameterServer, loaded: LoadedModel,
         _warm_gpu(server, loaded, table)
 
 
-def _warm_gpu(server: HierarchicalParameterServer, loaded: LoadedModel,
+def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
               table: LoadedTable) -> None:
     """A GPU table's other paths: the large miss path, a mostly held batch (its misses
     inserted in the background), and device keys and outputs on every deployed device."""
-    from hps.server.gpu_caches import GpuCaches
-
     if table.max_keys > GPU_HOST_MISSES:
         many = warm_keys(GPU_HOST_MISSES + 1, KEY_DTYPES[0], offset=1 << 20)
         server.lookup_version(loaded, table.index, many)
@@ -120,11 +126,12 @@ def _warm_gpu(server: HierarchicalParameterServer, loaded: LoadedModel,
         server.lookup_version(loaded, table.index, mostly[:table.max_keys])
     import cupy
 
+    n = min(64, table.max_keys)
     for device in loaded.config.deployed_device_list:
         with cupy.cuda.Device(device):
             for dtype in (KEY_DTYPES[0], KEY_DTYPES[1]):  # the shortcut, the general path
-                keys = cupy.asarray(warm_keys(64, dtype))
-                out = cupy.empty((64, table.dim), cupy.float32)
+                keys = cupy.asarray(warm_keys(n, dtype))
+                out = cupy.empty((n, table.dim), cupy.float32)
                 server.lookup_version_into(loaded, table.index, keys, out)
             cupy.cuda.get_current_stream().synchronize()
 

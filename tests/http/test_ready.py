@@ -8,11 +8,13 @@ And the workers import the `hps` their supervisor imported, whatever the working
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,13 +24,25 @@ import httpx
 import numpy as np
 import pytest
 
+from hps.http import create_app
+from hps.http.serve import ServerThread
+from hps.server import HierarchicalParameterServer, parameter_server
+from hps.server.host_lookup import HostLookup
 from hps.server.warm_paths import KEY_DTYPES as WARMED_DTYPES
-from tests.http.conftest import DIMS, MODEL, ModelFiles, metric_value, write_model
+from tests.http.conftest import (
+    DIMS,
+    MODEL,
+    READY_WAIT,
+    ModelFiles,
+    metric_value,
+    wait_until,
+    write_model,
+)
 from tests.support.redis_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-#: how long a start on an empty numba cache may take on a loaded 2-core machine
-READY_WAIT = 240.0
+#: how long `hps serve` may take to say ready on an empty numba cache (loaded 2 cores)
+SERVE_WAIT = 240.0
 KEY_DTYPES = {"int64": "<i8", "int32": "<i4", "uint32": "<u4", "uint64": "<u8"}
 V2_DTYPES = {"int64": "INT64", "int32": "INT32", "uint32": "UINT32", "uint64": "UINT64"}
 Start = Callable[..., tuple[subprocess.Popen[str], str]]
@@ -96,7 +110,7 @@ def started(tmp_path: Path) -> Iterator[Start]:
 
 
 def _wait_ready(proc: subprocess.Popen[str], url: str, log: Path) -> None:
-    deadline = time.monotonic() + READY_WAIT
+    deadline = time.monotonic() + SERVE_WAIT
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"hps serve exited:\n{log.read_text()}"
         try:
@@ -105,7 +119,7 @@ def _wait_ready(proc: subprocess.Popen[str], url: str, log: Path) -> None:
         except httpx.TransportError:
             pass
         time.sleep(0.1)
-    raise AssertionError(f"not ready within {READY_WAIT:.0f}s:\n{log.read_text()}")
+    raise AssertionError(f"not ready within {SERVE_WAIT:.0f}s:\n{log.read_text()}")
 
 
 def _first_lookups(url: str, model: ModelFiles) -> list[tuple[str, int, str]]:
@@ -205,3 +219,120 @@ def test_the_warm_up_takes_every_key_dtype_the_routes_take() -> None:
     from hps.http.schemas import KEY_DTYPES as ROUTE_DTYPES
 
     assert set(WARMED_DTYPES) == set(ROUTE_DTYPES.values())
+
+
+# -- the bad path, in one process ---------------------------------------------------------
+
+def _check_lookup(client: httpx.Client, model: ModelFiles, table: int) -> None:
+    """A JSON lookup of a few of `table`'s keys answers their rows."""
+    keys = model.keys[table][:5]
+    answer = client.post(f"/v1/models/{MODEL}/tables/{table}/lookup",
+                         json={"keys": keys.tolist()})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_array_equal(np.asarray(answer.json()["vectors"], np.float32),
+                                  model.expected(table, keys))
+
+
+def test_a_lookup_while_the_model_warms_is_a_503_with_retry_after(
+        model_files: ModelFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its tables loaded, its lookup paths still running (held here): the model is not
+    served yet, so a lookup is answered at once, 503 with Retry-After, and every ready
+    route says not ready; once the warm-up is done, it serves."""
+    warming, release = threading.Event(), threading.Event()
+    real = parameter_server.warm_paths
+
+    def held(server: Any, loaded: Any) -> float:
+        warming.set()
+        assert release.wait(60)
+        return real(server, loaded)
+
+    monkeypatch.setattr(parameter_server, "warm_paths", held)
+    server = HierarchicalParameterServer(model_files.config, load=False)
+    app = create_app(server)
+    try:
+        with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            assert warming.wait(READY_WAIT)
+            started = time.monotonic()
+            answer = client.post(f"/v1/models/{MODEL}/tables/0/lookup", json={"keys": [1]})
+            assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+            assert answer.json()["error"]["kind"] == "model_loading"
+            assert time.monotonic() - started < 5  # answered, not held
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["loading"] == [MODEL]
+            assert client.get("/v2/health/ready").status_code != 200
+            assert client.get(f"/v2/models/{MODEL}/ready").status_code != 200
+            release.set()
+            wait_until(lambda: client.get("/readyz").status_code == 200, timeout=READY_WAIT)
+            _check_lookup(client, model_files, 1)
+            assert client.get("/v2/health/ready").status_code == 200
+            assert client.get(f"/v2/models/{MODEL}/ready").status_code == 200
+    finally:
+        release.set()
+        server.close()
+
+
+def test_a_model_whose_warm_lookup_fails_is_failed_and_the_others_serve(
+        model_files: ModelFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first lookup of model `bad` fails (its volatile tier's fetch raises here): the
+    load fails, /readyz lists it as failed, GET /v1/models says why, its lookups are 503
+    model_failed, and model `m` serves."""
+    config = copy.deepcopy(model_files.config)
+    config["models"].append({**config["models"][0], "model": "bad"})
+    real = HostLookup.fetch_into
+
+    def fetch_into(self: HostLookup, table: Any, keys: Any, out: Any) -> None:
+        if table.storage_name.startswith("hps_et.bad."):
+            raise RuntimeError("the fetch of a broken tier")
+        real(self, table, keys, out)
+
+    monkeypatch.setattr(HostLookup, "fetch_into", fetch_into)
+    server = HierarchicalParameterServer(config, load=False)
+    app = create_app(server)
+    try:
+        with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            wait_until(lambda: client.get("/readyz").json()["status"] == "failed",
+                       timeout=READY_WAIT)
+            ready = client.get("/readyz").json()
+            assert ready["failed"] == ["bad"] and ready["loaded"] == [MODEL]
+            why = client.get("/v1/models").json()["failed"]["bad"]
+            assert "first lookup failed" in why and "broken tier" in why, why
+            answer = client.post("/v1/models/bad/tables/0/lookup", json={"keys": [1]})
+            assert answer.status_code == 503
+            assert answer.json()["error"]["kind"] == "model_failed"
+            _check_lookup(client, model_files, 0)
+            assert metric_value(client.get("/metrics").text, "hps_load_failures_total",
+                                model="bad", kind="warm_up") == 1.0
+    finally:
+        server.close()
+
+
+def test_a_worker_killed_while_it_warms_is_started_again_and_counted_once(
+        tmp_path: Path, started: Start) -> None:
+    """`--workers 2` on an empty numba cache: the leader is killed (SIGKILL) while its
+    warm-up compiles the lookup path (the hash map's fetch loop is in the cache, the
+    rest not yet). It is started again, the server says ready once, with two workers,
+    and its first lookups answer 200 with nothing compiled after ready."""
+    model, config = _model(tmp_path)
+    proc, url = started(config, "--workers", "2")
+    cache, shm, log = tmp_path / "numba-0", tmp_path / "shm-0", tmp_path / "serve-0.log"
+    deadline = time.monotonic() + SERVE_WAIT
+    while not any(cache.rglob("loops.fetch-*.nbi")):
+        assert time.monotonic() < deadline, log.read_text()
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.01)
+    workers = next(shm.glob("*/ops/workers"))
+    leader = int((workers / "0").read_text())
+    assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503  # still warming
+    os.kill(leader, signal.SIGKILL)
+    _wait_ready(proc, url, log)
+    ready = httpx.get(f"{url}/readyz", timeout=10).json()
+    assert ready["loaded"] == [MODEL] and ready["failed"] == []
+    assert f"worker 0 (pid {leader}) exited" in log.read_text()
+    pids = {p.name: int(p.read_text()) for p in workers.iterdir() if not p.name.startswith(".")}
+    assert sorted(pids) == ["0", "1"] and pids["0"] != leader
+    answers = [a for a in _first_lookups(url, model) if a[1] != 200]
+    assert not answers, answers
+    after_ready, _ = _after_ready_compiles(url)
+    assert after_ready == 0, log.read_text()
+    text = log.read_text()
+    assert text.count("every model is loaded in every worker") == 1, text
