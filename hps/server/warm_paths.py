@@ -14,12 +14,11 @@ batch that misses past `table.HOST_MISSES` (the large miss path), one mostly hel
 
 The lookups run on a copy of each table with counters and key sketches of its own (fed
 on every lookup, so their compiled feeds run too): the served version's `/metrics`, hot
-keys and missing keys show clients' lookups only. What the lookups leave is what a
-client's lookups of the same keys would leave: rows found only in the persistent tier
-may be cached in the volatile tier (`cache_missed_embeddings`), and a dynamic GPU cache
-holds the warm keys' rows (their defaults, for keys no tier holds) until evicted. A GPU
-table's counters forget them and the thread's buffers go back to the spares
-(`settle_warm_up`).
+keys and missing keys show clients' lookups only. Rows found only in the persistent tier
+may be cached in the volatile tier (`cache_missed_embeddings`), as a client's lookup of
+them would; a GPU cache keeps none of the warm keys (a whole-table cache keeps its room
+for the table's keys, a dynamic cache lets them go after), its counters forget the
+lookups and the thread's buffers go back to the spares (`GpuEmbeddingTable.warming_up`).
 
 A lookup that fails here fails the load (`WarmUpError`): the version is not served, and
 the server says why (`/readyz` lists the model as failed, `GET /v1/models` the reason).
@@ -27,6 +26,7 @@ the server says why (`/readyz` lists the model as failed, `GET /v1/models` the r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -47,6 +47,8 @@ log = logging.getLogger("hps")
 KEY_DTYPES = (np.dtype("<i8"), np.dtype("<i4"), np.dtype("<u4"), np.dtype("<u8"))
 #: misses past which a GPU table takes its large miss path (hps/gpu/table.py HOST_MISSES)
 GPU_HOST_MISSES = 1 << 16
+#: keys of the warm-up's lookups with device arrays
+DEVICE_KEYS = 64
 #: the first warm key of 64-bit dtypes and of 32-bit ones: far from the small numbers
 #: models commonly use, so the keys mostly miss and walk every tier down to the default
 _FIRST_WIDE = 1 << 61
@@ -76,14 +78,14 @@ def warm_paths(server: VersionLookups, loaded: LoadedModel) -> float:
     copy = _warm_copy(loaded)
     for table in copy.tables:
         try:
-            _warm_table(server, copy, table)
+            with contextlib.ExitStack() as gpu_tables:
+                for gpu in table.gpu.values():
+                    gpu_tables.enter_context(gpu.warming_up(_sent_keys(table)))
+                _warm_table(server, copy, table)
         except Exception as exc:
             raise WarmUpError(
                 f"model {loaded.config.model!r}, table {table.name!r}: its first lookup "
                 f"failed ({type(exc).__name__}: {exc})") from exc
-        finally:
-            for gpu in table.gpu.values():
-                gpu.settle_warm_up()
     seconds = time.perf_counter() - started
     log.debug("model %r: lookup paths warmed in %.2fs", loaded.config.model, seconds)
     return seconds
@@ -99,11 +101,28 @@ def _warm_copy(loaded: LoadedModel) -> LoadedModel:
     return LoadedModel(loaded.config, tables, roots=loaded.roots)
 
 
+def _wide(table: LoadedTable) -> int:
+    """Keys of a batch whose rows pass HOLD_GIL_BYTES (the fetch loops' other twin)."""
+    return min(table.max_keys, HOLD_GIL_BYTES // (table.dim * 4) + 1)
+
+
+def _many(table: LoadedTable) -> int:
+    """Keys of a batch that misses past GPU_HOST_MISSES, 0 when the table takes fewer."""
+    return GPU_HOST_MISSES + 1 if table.max_keys > GPU_HOST_MISSES else 0
+
+
+def _sent_keys(table: LoadedTable) -> np.ndarray:
+    """Every key the warm-up of `table` sends, as int64 (each batch is a prefix of the
+    warm keys of its width): what a dynamic GPU cache lets go after it."""
+    n = max(_wide(table), _many(table), DEVICE_KEYS)
+    return np.concatenate([warm_keys(n, KEY_DTYPES[0]),
+                           warm_keys(n, KEY_DTYPES[1]).astype(np.int64)])
+
+
 def _warm_table(server: VersionLookups, loaded: LoadedModel,
                 table: LoadedTable) -> None:
     """The lookups of one table (see the module docstring)."""
-    wide = min(table.max_keys, HOLD_GIL_BYTES // (table.dim * 4) + 1)
-    for size in sorted({1, wide}):
+    for size in sorted({1, _wide(table)}):
         for dtype in KEY_DTYPES:
             keys = warm_keys(size, dtype)
             server.lookup_version(loaded, table.index, keys)
@@ -117,16 +136,15 @@ def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
               table: LoadedTable) -> None:
     """A GPU table's other paths: the large miss path, a mostly held batch (its misses
     inserted in the background), and device keys and outputs on every deployed device."""
-    if table.max_keys > GPU_HOST_MISSES:
-        many = warm_keys(GPU_HOST_MISSES + 1, KEY_DTYPES[0], offset=1 << 20)
-        server.lookup_version(loaded, table.index, many)
+    if _many(table):
+        server.lookup_version(loaded, table.index, warm_keys(_many(table), KEY_DTYPES[0]))
     held = GpuCaches.held_keys(table, max(1, min(table.max_keys, 4096) - 1))
     if held.size:
-        mostly = np.concatenate([held, warm_keys(1, KEY_DTYPES[0], offset=1 << 21)])
+        mostly = np.concatenate([held, warm_keys(1, KEY_DTYPES[0])])
         server.lookup_version(loaded, table.index, mostly[:table.max_keys])
     import cupy
 
-    n = min(64, table.max_keys)
+    n = min(DEVICE_KEYS, table.max_keys)
     for device in loaded.config.deployed_device_list:
         with cupy.cuda.Device(device):
             for dtype in (KEY_DTYPES[0], KEY_DTYPES[1]):  # the shortcut, the general path
@@ -137,7 +155,8 @@ def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
 
 
 def warm_keys(n: int, dtype: np.dtype[Any], offset: int = 0) -> np.ndarray:
-    """`n` distinct keys of `dtype` for the warm-up's lookups (see _FIRST_WIDE)."""
+    """`n` distinct keys of `dtype` for the warm-up's lookups (see _FIRST_WIDE), from
+    the `offset`-th on."""
     first = _FIRST_WIDE if dtype.itemsize == 8 else _FIRST_NARROW
     return (np.arange(n, dtype=np.int64) + first + offset).astype(dtype)
 

@@ -35,11 +35,14 @@ def test_after_the_load_no_gpu_lookup_compiles_and_the_warm_up_left_no_counts(
     compiles: list[CompileEvent] = []
     with HierarchicalParameterServer(config) as server:
         loaded = server.model("m")
+        warm = set(warm_keys(1 << 17, KEY_DTYPES[0]).tolist()) | set(
+            warm_keys(1 << 17, KEY_DTYPES[1]).astype(np.int64).tolist())
         for table in loaded.tables:
             for gpu in table.gpu.values():
                 stats = gpu.stats()
                 assert stats["lookups"] == 0 and stats["keys"] == 0, stats
                 assert len(gpu._spares._spares) == SPARE_STATES  # handed back
+                assert not warm & set(gpu.held_keys(1 << 20).tolist())  # let go
         with compile_events(lambda e: compiles.append(e) if e.seconds is not None else None):
             for index, (keys, rows) in enumerate(tables):
                 expected = dict(zip(keys.tolist(), range(keys.size)))
@@ -49,7 +52,8 @@ def test_after_the_load_no_gpu_lookup_compiles_and_the_warm_up_left_no_counts(
                     np.testing.assert_array_equal(
                         got, rows[[expected[k] for k in batch.tolist()]])
                 for dtype in KEY_DTYPES:  # keys no table holds: the defaults, every dtype
-                    server.lookup("m", index, warm_keys(40, dtype, offset=7))
+                    absent = server.lookup("m", index, warm_keys(40, dtype, offset=1 << 18))
+                    np.testing.assert_array_equal(absent, np.full_like(absent, 0.5))
                 device_keys = cp.asarray(keys[:100])
                 out = cp.empty((100, DIMS[index]), cp.float32)
                 server.lookup_into("m", index, device_keys, out)
@@ -57,7 +61,6 @@ def test_after_the_load_no_gpu_lookup_compiles_and_the_warm_up_left_no_counts(
                 server.lookup_into("m", index, device_keys.astype(cp.int32), out)
         cp.cuda.get_current_stream().synchronize()
         assert compiles == [], [e.function for e in compiles]
-        warm = set(warm_keys(64, KEY_DTYPES[0]).tolist())
         for index in range(len(tables)):
             hot = server.top_keys("m", index, "hot", 1000)
             assert not warm & set(np.asarray(hot["keys"]).tolist())
