@@ -134,8 +134,10 @@ def _first_lookups(url: str, model: ModelFiles) -> list[tuple[str, int, str]]:
                 if size == 1:
                     keys = model.keys[table][:1]
                 for name, dtype in KEY_DTYPES.items():
-                    sent = keys if name != "int32" and name != "uint32" else \
-                        keys[(keys >= 0) & (keys < 2**31)]
+                    sent = keys
+                    if "32" in name:  # the table's keys that fit, and as many that it lacks
+                        fit = keys[(keys >= 0) & (keys < 2**31)]
+                        sent = np.concatenate([fit, np.arange(keys.size - fit.size) + 2**20])
                     if name == "uint64":
                         sent = sent.view(np.uint64)
                     answer = client.post(
