@@ -3,8 +3,9 @@ shared memory; `supervise` is the supervisor.
 
 The supervisor binds the port once (serve.py) and starts N worker processes
 (hps/http/workers_child.py: a fresh interpreter each, never a fork of a process with
-threads, importing the `hps` the supervisor imported: `child_command`), which inherit the listening socket: the kernel hands each new connection to
-one of the workers waiting in accept. Worker 0 (the leader) loads the models into the
+threads, importing the `hps` the supervisor imported: `child_command`), which inherit
+the listening socket: the kernel hands each new connection to one of the workers
+waiting in accept. Worker 0 (the leader) loads the models into the
 shared tables (`multi_process_hash_map`, hps/tiers/hash_map/shared.py) and runs the
 online updates; the others map the tables it made; models added, reloaded or removed at
 runtime reach every worker through the op log (hps/http/workers_ops.py), and `/metrics`
@@ -201,9 +202,13 @@ def _wait_for_grpc(folder: Path, supervisor: _Supervisor, timeout: float = 60.0)
 
 
 #: what a worker runs: hps/http/workers_child.py, with the folder this process imported
-#: `hps` from (argv[1]) where `python -m` would put the working folder
-_CHILD = ("import sys; sys.path[0] = sys.argv[1]; "
-          "from hps.http.workers_child import main; sys.exit(main())")
+#: `hps` from (argv[1]) first on the path, and not the working folder `-c` puts there
+_CHILD = ("import sys\n"
+          "if sys.path[:1] == ['']:\n"
+          "    del sys.path[0]\n"
+          "sys.path.insert(0, sys.argv[1])\n"
+          "from hps.http.workers_child import main\n"
+          "sys.exit(main())\n")
 
 
 def child_command() -> list[str]:
