@@ -6,10 +6,8 @@ are divided among `gpu_shards` caches (default: one per deployed device), shard 
 device `deployed_device_list[s % devices]`, so the devices together cache up to
 N × one device's rows. Each shard is an ordinary GpuEmbeddingTable (hps/gpu/table.py) of
 its share of the keys, so its queries, misses, inserts and refresh are the ones tested
-for every table.
-
-    shard of key = (low 32 bits of murmur3_fmix64(key)) × shards >> 32
-    (hps/gpu/shard_routing.py)
+for every table. Shard of key = (low 32 bits of murmur3_fmix64(key)) × shards >> 32
+(hps/gpu/shard_routing.py).
 
 The caches' sets take the high 32 bits of the same hash (hps/gpu/dynamic_cache.py
 `set_of`), so a shard's keys still spread over all of its sets.
@@ -32,6 +30,7 @@ with one GPU.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -474,6 +473,17 @@ class ShardedView:
             with self._lock:
                 self._counts.append(counts)
         return counts
+
+    @contextlib.contextmanager
+    def warming_up(self, keys: np.ndarray) -> Iterator[None]:
+        """GpuEmbeddingTable.warming_up's contract: each shard's, and this thread's
+        one-pass counts forgotten after the block."""
+        with contextlib.ExitStack() as shards:
+            for shard in self.owner.shards:
+                shards.enter_context(shard.warming_up(keys))
+            yield
+        for name in getattr(self._tls, "counts", None) or ():
+            self._tls.counts[name] = 0
 
     def one_pass_counts(self) -> dict[str, int]:
         """The lookups the one pass served, their hits, and the misses it served itself

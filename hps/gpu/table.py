@@ -11,9 +11,8 @@
     table.update(keys, rows)     # online updates: overwrite the rows held, in place
     table.close()
 
-The lookup path (docs/architecture.md), on the caller's stream (the stream its keys or output were
-made on, see hps/intake/array_ref.py), the table's device made current for the call whatever the
-thread's current device was:
+The lookup path (docs/architecture.md), on the caller's stream (the one its keys or output
+were made on: hps/intake/array_ref.py), the table's device current whatever the thread's:
 - the query kernel writes the rows of held keys into `out` directly and the default value
   into the others, compacts the misses' positions on the device and writes the missed
   keys straight into mapped pinned host memory; the miss count is the one host wait;
@@ -30,19 +29,13 @@ thread's current device was:
 
 Keys and outputs that cannot be used in place (host arrays but pinned outputs, keys
 narrower than 64 bits, strided arrays) go through per-thread buffers (hps/gpu/staging.py).
+Storage (the model's embedding_storage_dtype): rows kept as float32, float16, bfloat16 or
+int8, written out as float32 or the storage's own 16-bit type (hps/rows/gpu_layout.py).
 
-Storage (the model's embedding_storage_dtype, hps/rows/gpu_layout.py): the device table
-keeps its rows as float32, float16, bfloat16 or int8; the output may be float32 (compact
-rows widened in the kernel) or, for float16 / bfloat16 storage, that same type (copied
-without widening; rows fetched from the host for misses are rounded to it, which gives
-back the stored value exactly).
-
-Modes: "dynamic" (an LRU cache of gpucacheper × num_keys slots), "static"
-(embedding_cache_type "static" or use_static_table: the whole table on the GPU, built by
-warm_up, read-only, misses served from the host and never inserted) or "uvm" (like static,
-with only the index and the hottest rows in GPU memory and the other rows in mapped host
-memory the kernel reads; hps/gpu/uvm_table.py). hps/gpu/open.py picks and sizes the table
-of each mode.
+Modes: "dynamic" (an LRU cache of gpucacheper × num_keys slots), "static" (the whole
+table on the GPU, read-only: misses served from the host, never inserted) or "uvm" (its
+hottest rows on the GPU, the others in mapped host memory: hps/gpu/uvm_table.py);
+hps/gpu/open.py picks and sizes the table of each mode.
 
 Without CuPy or a CUDA device this module still imports; `cuda_available()` is False and
 creating a GpuEmbeddingTable raises MissingExtraError or DeviceError.
@@ -50,9 +43,10 @@ creating a GpuEmbeddingTable raises MissingExtraError or DeviceError.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,11 +73,7 @@ from hps.gpu.update_log import UpdateLog
 from hps.gpu.workspace import SPARE_RESERVE, SPARE_STATES, QueryWorkspace, SpareStates, ThreadState
 from hps.intake.array_ref import ArrayRef
 from hps.intake.keys import is_wide
-from hps.rows.gpu_layout import (
-    OUT_FLOAT32,
-    OUTPUT_CUPY_DTYPE,
-    STORAGE_CODES,
-)
+from hps.rows.gpu_layout import OUT_FLOAT32, OUTPUT_CUPY_DTYPE, STORAGE_CODES
 from hps.runtime.background import BackgroundWorker, PeriodicTask
 
 if TYPE_CHECKING:
@@ -102,10 +92,8 @@ _COUNTERS = ("lookups", "keys", "hits", "misses", "sync_fetches", "async_inserts
 
 class GpuEmbeddingTable:
     """The GPU cache (dynamic) or table (static) of one model table on one device.
-
     Thread-safe: lookups may come from many threads at once, with background inserts
-    and a refresh running.
-    """
+    and a refresh running."""
 
     def __init__(self, model: ModelConfig, table_id: int, num_keys: int, device_id: int,
                  fetch_host: Callable[[np.ndarray], np.ndarray], *,
@@ -126,7 +114,8 @@ class GpuEmbeddingTable:
         self.mode = cache_mode(model)
         self._fetch_host = fetch_host
         # writes the host path's vectors of keys into a float32 [n, dim] array in place
-        self._fetch_into = fetch_into or self._copy_fetched
+        # (without one: fetch_host's rows copied there)
+        self._fetch_into = fetch_into or (lambda keys, out: np.copyto(out, self._fetch(keys)))
         self._table: EmbeddingCache | StaticEmbeddingTable = open_device_table(
             model, self.mode, num_keys, self.dim, self.device_id,
             lru_sample_shift=lru_sample_shift, shared_as=shared_as)
@@ -407,10 +396,6 @@ class GpuEmbeddingTable:
             cache.codes_on_device(keys_ptr, u, codes_ptr, stream)
             codes.sort()
 
-    def _copy_fetched(self, keys: np.ndarray, out: np.ndarray) -> None:
-        """fetch_into through fetch_host: the rows it returns copied into `out`."""
-        out[:] = self._fetch(keys)
-
     def _state(self) -> ThreadState:
         state: ThreadState | None = getattr(self._tls, "state", None)
         if state is None:
@@ -552,6 +537,22 @@ class GpuEmbeddingTable:
             if self._whole is not None:
                 return self._whole.dump(0, self._whole.num_sets)[:most].get()
         return np.empty(0, np.int64)
+
+    @contextlib.contextmanager
+    def warming_up(self, keys: np.ndarray) -> Iterator[None]:
+        """The block's lookups on this thread are a warm-up's of `keys` (int64; hps/server/
+        warm_paths.py): a whole-table cache keeps its room for the table's keys, a dynamic
+        one lets them go after, their counts and buffers are handed back (SpareStates)."""
+        inserted, self._whole_inserted = self._whole_inserted, self.capacity
+        try:
+            yield
+        finally:
+            self._inserts.wait_idle(timeout=30)
+            self._whole_inserted = inserted
+            if self._cache is not None:
+                with self._device:
+                    self._cache.remove(keys)
+            self._spares.hand_back(self._tls)
 
     def publish(self) -> None:
         """Lets the host's other processes map this table (gpu_cache_scope: host)."""

@@ -166,6 +166,19 @@ class SpareStates:
         """Drop the spares not taken (their table closes)."""
         self._spares = []
 
+    def hand_back(self, tls: Any) -> None:
+        """The state of the calling thread (`tls.state`, a table's thread-local) back
+        among the spares, its counters zeroed, for the next thread that looks up: a
+        warm-up's lookups (hps/server/warm_paths.py) leave the stats to clients' and the
+        buffers they built to the first lookup thread."""
+        state: ThreadState | None = getattr(tls, "state", None)
+        if state is None:
+            return
+        tls.state = tls.counts = None
+        for name in state.counts:
+            state.counts[name] = 0
+        self._spares.append(state)
+
     def take(self) -> ThreadState | None:
         """A spare, with its device's context made current in the calling thread, as
         building a state there would: the lookup path launches through the driver, which

@@ -37,6 +37,7 @@ from hps.http.metrics import Metrics, MetricsMiddleware
 from hps.http.roots import default_roots, normalise_root
 from hps.http.routes import allowed_methods, build_router, every_route, token_guard
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, ServiceState
+from hps.runtime.compile_on_use import compile_events
 from hps.server import HierarchicalParameterServer
 from hps.server.loader import LoadProgress
 
@@ -117,12 +118,13 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.start_loading()
-        try:
-            yield
-        finally:
-            state.lookups.close()
-            state.executor.shutdown(wait=True, cancel_futures=True)
+        with compile_events(state.heard_compile):  # hps_compiles_total, by phase
+            state.start_loading()
+            try:
+                yield
+            finally:
+                state.lookups.close()
+                state.executor.shutdown(wait=True, cancel_futures=True)
 
     app = ServiceApp(title="hps", summary="Hierarchical parameter server for recommender "
                   "embeddings", description=DESCRIPTION, version=_version(),

@@ -63,6 +63,8 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"
 #: before its body was whole (or its connection was closed for a body too slow to come):
 #: nginx's "client closed request". Nothing failed on the server's side, so never 500.
 CLIENT_CLOSED = 499
+#: the phases of `hps_compiles_total`
+COMPILE_PHASES = ("load", "before_ready", "after_ready")
 #: set in a request's ASGI scope when its connection answered it (a body that is not
 #: HTTP: hps/http/framing.py) and counted it: its handler, which then sees a disconnect,
 #: does not count it again
@@ -116,6 +118,16 @@ class Metrics:
         self.model_loads = Counter(
             "hps_model_loads", "Model loads and reloads that completed (a new version "
             "served).", ["model"], registry=r)
+        #: compiled functions compiled or read from numba's cache, by phase (counted by
+        #: ServiceState.heard_compile): "after_ready" is a lookup path that compiled
+        #: after the server said ready, which the load's warm-up is there to prevent
+        self.compiles = Counter(
+            "hps_compiles", "Compiled functions compiled or read from numba's cache, by "
+            "phase: load (while a model loads; its warm-up runs each lookup path), "
+            "before_ready, after_ready (outside loads once ready: 0 when ready means "
+            "fast).", ["phase"], registry=r)
+        for phase in COMPILE_PHASES:
+            self.compiles.labels(phase)
         self.lookup_latency = LoopHistogram(
             "hps_lookup_duration_seconds", "Time of a lookup route's lookup, from reading "
             "its body to its vectors (queueing for a lookup thread included), per table.",

@@ -44,6 +44,7 @@ from hps.http.guards import allowed_hosts, allowed_origins, check_admin_request,
 from hps.http.load_gate import detailed_body
 from hps.http.lookup_watch import LOOKUP_WAIT_S, GivenUp, LookupWatch
 from hps.http.metrics import Metrics
+from hps.runtime.compile_on_use import CompileEvent
 from hps.server.loader import BothProgress, LoadProgress
 
 if TYPE_CHECKING:
@@ -148,6 +149,9 @@ class ServiceState:
     allowed_roots: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     loader: threading.Thread | None = None
+    #: the configured models' first loads are over (served or failed): a compile outside
+    #: a load from now on is a lookup's after ready (`heard_compile`)
+    initial_loads_done: bool = False
     executor: ThreadPoolExecutor = field(init=False)
     admission: Admission = field(init=False)
     #: the lookups on the lookup threads, none waited for past its limit
@@ -407,12 +411,22 @@ class ServiceState:
         self.server.unload_model(name)
         self.metrics.forget_model(name)
 
+    def heard_compile(self, event: CompileEvent) -> None:
+        """Count a compile that ended (a compile_events listener, for the app's life) in
+        `hps_compiles_total` by phase: load, else before or after the initial loads."""
+        if event.seconds is None:
+            return
+        phase = ("load" if event.during_load else
+                 "after_ready" if self.initial_loads_done else "before_ready")
+        self.metrics.compiles.labels(phase).inc()
+
     def start_loading(self) -> None:
         """Load every configured model not loaded yet, in a background thread."""
         for name in self.configured():
             self.metrics.model_ready.labels(name).set(1 if name in self.server.models else 0)
         todo = [m for m in self.server.config.models if m.model not in self.server.models]
         if not todo:
+            self.initial_loads_done = True
             self._announce_ready()
             return
         self.loader = threading.Thread(target=self._load_all, args=(todo,),
@@ -433,6 +447,7 @@ class ServiceState:
                         self.on_failed(model.model, str(exc))
                     except Exception:  # a print hook must not take the loader down
                         log.exception("on_failed hook failed")
+        self.initial_loads_done = True
         if self.ready():
             log.info("all models loaded in %.1fs", time.perf_counter() - started)
             self._announce_ready()

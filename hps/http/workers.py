@@ -3,8 +3,9 @@ shared memory; `supervise` is the supervisor.
 
 The supervisor binds the port once (serve.py) and starts N worker processes
 (hps/http/workers_child.py: a fresh interpreter each, never a fork of a process with
-threads), which inherit the listening socket: the kernel hands each new connection to
-one of the workers waiting in accept. Worker 0 (the leader) loads the models into the
+threads, importing the `hps` the supervisor imported: `child_command`), which inherit
+the listening socket: the kernel hands each new connection to one of the workers
+waiting in accept. Worker 0 (the leader) loads the models into the
 shared tables (`multi_process_hash_map`, hps/tiers/hash_map/shared.py) and runs the
 online updates; the others map the tables it made; models added, reloaded or removed at
 runtime reach every worker through the op log (hps/http/workers_ops.py), and `/metrics`
@@ -206,6 +207,27 @@ def _wait_for_grpc(folder: Path, supervisor: _Supervisor, timeout: float = 60.0)
     log.warning("not every worker serves gRPC %.0f s after its models were loaded", timeout)
 
 
+#: what a worker runs: hps/http/workers_child.py, with the folder this process imported
+#: `hps` from (argv[1]) first on the path, and not the working folder `-c` puts there
+_CHILD = ("import sys\n"
+          "if sys.path[:1] == ['']:\n"
+          "    del sys.path[0]\n"
+          "sys.path.insert(0, sys.argv[1])\n"
+          "from hps.http.workers_child import main\n"
+          "sys.exit(main())\n")
+
+
+def child_command() -> list[str]:
+    """The command line of a worker process: this interpreter, importing the `hps` this
+    process imported. `python -m hps.http.workers_child` would put the working folder
+    first on its path, and started from a checkout (an `hps/` folder in it) the workers
+    imported that instead of the installed package, whose numba cache and code they
+    then did not share with the supervisor (a first lookup compiled after ready)."""
+    import hps
+
+    return [sys.executable, "-c", _CHILD, str(Path(hps.__file__).resolve().parent.parent)]
+
+
 class _Supervisor:
     """The worker processes of one run: started, restarted, stopped."""
 
@@ -228,9 +250,8 @@ class _Supervisor:
         env.pop("HPS_TOKEN", None)
         if self.token is not None:
             env["HPS_TOKEN"] = self.token
-        self.procs[index] = subprocess.Popen(
-            [sys.executable, "-m", "hps.http.workers_child"], env=env,
-            pass_fds=(self.sock.fileno(),))
+        self.procs[index] = subprocess.Popen(child_command(), env=env,
+                                             pass_fds=(self.sock.fileno(),))
         self.started[index] = self.started.get(index, 0) + 1
 
     def start_all(self) -> None:

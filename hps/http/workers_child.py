@@ -1,4 +1,5 @@
-"""One worker process of `hps serve --workers N`: `python -m hps.http.workers_child`.
+"""One worker process of `hps serve --workers N` (`workers.child_command` starts it,
+importing the supervisor's `hps`; `python -m hps.http.workers_child` runs it too).
 
 Started by the supervisor (hps/http/workers.py) with the listening socket inherited as
 descriptor `$HPS_WORKER_FD`, its index in `$HPS_WORKER_INDEX` (0: the leader), the run

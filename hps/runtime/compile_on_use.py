@@ -19,7 +19,11 @@ calls). `OnUseDispatcher` keeps njit's contract and moves the work to the first 
 numba's cache) to a listener while it is installed: what the command line shows as
 progress. The start already says whether numba's cache lists the signature (a read of
 milliseconds, or a second on a loaded machine, not a compile of seconds), so that a
-listener never calls a slow read a compile.
+listener never calls a slow read a compile. `loading()` marks a block as a model load's:
+the events of compiles made while one runs say so (`during_load`; any thread's: a load's
+helpers compile on pools of their own), which tells a load's compiles (its warm-up runs each lookup path once:
+hps/server/warm_paths.py) from those of lookups served after ready, which the HTTP
+server counts apart (`hps_compiles_total`).
 """
 
 from __future__ import annotations
@@ -51,11 +55,15 @@ class CompileEvent:
     signature: str
     seconds: float | None = None
     from_cache: bool = False
+    #: compiled while a `loading()` block ran (a model load, its warm-up among it)
+    during_load: bool = False
 
 
 #: the listeners `compile_events` installed, called under numba's compiler lock
 _listeners: list[Callable[[CompileEvent], None]] = []
 _listeners_lock = threading.Lock()
+#: the `loading()` blocks running now, in any thread
+_loads = [0]
 
 
 @contextlib.contextmanager
@@ -69,6 +77,18 @@ def compile_events(listener: Callable[[CompileEvent], None]) -> Iterator[None]:
     finally:
         with _listeners_lock:
             _listeners.remove(listener)
+
+
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """Mark the compiles made while the block runs as a model load's (see the module)."""
+    with _listeners_lock:
+        _loads[0] += 1
+    try:
+        yield
+    finally:
+        with _listeners_lock:
+            _loads[0] -= 1
 
 
 def _tell(event: CompileEvent) -> None:
@@ -100,7 +120,9 @@ class OnUseDispatcher(CPUDispatcher):
             if existing is not None:  # another thread compiled it while this one waited
                 return existing.entry_point
             started, misses = time.perf_counter(), sum(self._cache_misses.values())
-            _tell(CompileEvent(name, str(chosen), from_cache=self._listed(chosen)))
+            during_load = _loads[0] > 0
+            _tell(CompileEvent(name, str(chosen), from_cache=self._listed(chosen),
+                               during_load=during_load))
             was = self._can_compile
             self._can_compile = True
             try:
@@ -108,7 +130,8 @@ class OnUseDispatcher(CPUDispatcher):
             finally:
                 self._can_compile = was
             _tell(CompileEvent(name, str(chosen), time.perf_counter() - started,
-                               from_cache=sum(self._cache_misses.values()) == misses))
+                               from_cache=sum(self._cache_misses.values()) == misses,
+                               during_load=during_load))
         return entry
 
     def _listed(self, sig: Any) -> bool:

@@ -39,6 +39,7 @@ from hps.server.models import LoadedModel
 from hps.server.prefetch import Prefetcher, PrefetchJob
 from hps.server.registry import ModelRegistry
 from hps.server.updates import ServerUpdates
+from hps.server.warm_paths import warm_paths
 from hps.server.warm_up import MOST_CACHED_KEYS, hot_set, warm_up
 from hps.tiers import Tiers, open_tiers
 from hps.tiers.contract import Tier
@@ -182,30 +183,36 @@ class HierarchicalParameterServer:
         """
         loaded = self._registry.acquire(model)
         try:
-            t = loaded.table(table)
-            if not t.gpu and device_id is None and plain_host_keys(keys) and (
-                    0 < keys.size <= t.max_keys):
-                out = np.empty((keys.size, t.dim), np.float32)
-                self._host.fetch_into(t, keys, out)
-                return out
-            kref = t.checked_ref(keys)
-            if kref.size == 0:
-                return np.empty((0, t.dim), np.float32)
-            device = _serving_device(loaded, kref, None, device_id)
-            gpu = t.gpu.get(device) if t.gpu else None
-            if gpu is not None:
-                out = gpu.host_output(kref.size)  # pinned: the rows come back in one copy
-                oref = output_ref(out, kref.size, t.dim)
-                gpu.lookup(kref, oref)
-                sample = t.hot_sample
-                if sample is not None and not next(sample.calls) & sample.mask:
-                    sample.take(kref, kref.stream)
-                return out
-            out = np.empty((kref.size, t.dim), np.float32)
-            self._host.fetch_into(t, host_key_array(kref), out)
-            return out
+            return self.lookup_version(loaded, table, keys, device_id)
         finally:
             loaded.refs.release()
+
+    def lookup_version(self, loaded: LoadedModel, table: int | str, keys: Any,
+                       device_id: int | None = None) -> np.ndarray:
+        """`lookup` in the version `loaded`, which the caller holds (or warms up before it
+        serves: hps/server/warm_paths.py)."""
+        t = loaded.table(table)
+        if not t.gpu and device_id is None and plain_host_keys(keys) and (
+                0 < keys.size <= t.max_keys):
+            out = np.empty((keys.size, t.dim), np.float32)
+            self._host.fetch_into(t, keys, out)
+            return out
+        kref = t.checked_ref(keys)
+        if kref.size == 0:
+            return np.empty((0, t.dim), np.float32)
+        device = _serving_device(loaded, kref, None, device_id)
+        gpu = t.gpu.get(device) if t.gpu else None
+        if gpu is not None:
+            out = gpu.host_output(kref.size)  # pinned: the rows come back in one copy
+            oref = output_ref(out, kref.size, t.dim)
+            gpu.lookup(kref, oref)
+            sample = t.hot_sample
+            if sample is not None and not next(sample.calls) & sample.mask:
+                sample.take(kref, kref.stream)
+            return out
+        out = np.empty((kref.size, t.dim), np.float32)
+        self._host.fetch_into(t, host_key_array(kref), out)
+        return out
 
     def lookup_into(self, model: str, table: int | str, keys: Any, out: Any,
                     device_id: int | None = None) -> int:
@@ -221,65 +228,73 @@ class HierarchicalParameterServer:
         """
         loaded = self._registry.acquire(model)
         try:
-            t = loaded.table(table)
-            if not t.gpu:
-                if (device_id is None and plain_host_keys(keys) and 0 < keys.size <= t.max_keys
-                        and plain_host_output(out, keys.size, t.dim)):
-                    self._host.fetch_into(t, keys, out)
-                    return int(keys.size)
-            else:
-                # the common case (int64 keys, a float32 output or the storage's own
-                # 16-bit one, contiguous, one CUDA device) read in a few calls; anything
-                # else, or out of bounds: the general path, which explains its refusals
-                pair = device_pair(keys, out)
-                if pair is not None:
-                    keys_ptr, n, out_ptr, out_size, device, stream, out_type = pair
-                    gpu = t.gpu.get(device)
-                    if (gpu is not None and (device_id is None or device_id == device)
-                            and 0 < n <= t.max_keys and out_size >= n * t.dim
-                            and (out_type == OUT_FLOAT32
-                                 or out_type == t.narrow_output_type)):
-                        gpu.lookup_contiguous(keys_ptr, n, out_ptr, stream, out_type)
-                        # the hot sketch's sample of the keys, queued after the lookup
-                        sample = t.hot_sample
-                        if sample is not None and not next(sample.calls) & sample.mask:
-                            sample.device_keys(keys_ptr, n, device, stream)
-                        return n
-            kref = t.checked_ref(keys)
-            n = kref.size
-            oref = output_ref(out, n, t.dim, t.storage)
-            device = kref.device
-            if (device_id is not None or device < 0 or device != oref.device
-                    or device not in loaded.config.deployed_device_list):
-                device = _serving_device(loaded, kref, oref, device_id)
-            if n == 0:
-                return 0
-            gpu = t.gpu.get(device) if t.gpu else None
-            if gpu is not None:
-                gpu.lookup(kref, oref)
-                sample = t.hot_sample
-                if sample is not None and not next(sample.calls) & sample.mask:
-                    sample.take(kref, kref.stream if kref.stream is not None else oref.stream)
-                return n
-            host_keys = host_key_array(kref)
-            target = output_array(oref, n, t.dim)
-            if is_device_array(target):
-                target.set(self._host.fetch(t, host_keys, target.dtype))
-            elif target.flags.c_contiguous:
-                self._host.fetch_into(t, host_keys, target)
-            else:
-                np.copyto(target, self._host.fetch(t, host_keys, target.dtype))
-            return n
+            return self.lookup_version_into(loaded, table, keys, out, device_id)
         finally:
             loaded.refs.release()
+
+    def lookup_version_into(self, loaded: LoadedModel, table: int | str, keys: Any,
+                            out: Any, device_id: int | None = None) -> int:
+        """`lookup_into` in the version `loaded`, which the caller holds (or warms up
+        before it serves: hps/server/warm_paths.py)."""
+        t = loaded.table(table)
+        if not t.gpu:
+            if (device_id is None and plain_host_keys(keys) and 0 < keys.size <= t.max_keys
+                    and plain_host_output(out, keys.size, t.dim)):
+                self._host.fetch_into(t, keys, out)
+                return int(keys.size)
+        else:
+            # the common case (int64 keys, a float32 output or the storage's own
+            # 16-bit one, contiguous, one CUDA device) read in a few calls; anything
+            # else, or out of bounds: the general path, which explains its refusals
+            pair = device_pair(keys, out)
+            if pair is not None:
+                keys_ptr, n, out_ptr, out_size, device, stream, out_type = pair
+                gpu = t.gpu.get(device)
+                if (gpu is not None and (device_id is None or device_id == device)
+                        and 0 < n <= t.max_keys and out_size >= n * t.dim
+                        and (out_type == OUT_FLOAT32
+                             or out_type == t.narrow_output_type)):
+                    gpu.lookup_contiguous(keys_ptr, n, out_ptr, stream, out_type)
+                    # the hot sketch's sample of the keys, queued after the lookup
+                    sample = t.hot_sample
+                    if sample is not None and not next(sample.calls) & sample.mask:
+                        sample.device_keys(keys_ptr, n, device, stream)
+                    return n
+        kref = t.checked_ref(keys)
+        n = kref.size
+        oref = output_ref(out, n, t.dim, t.storage)
+        device = kref.device
+        if (device_id is not None or device < 0 or device != oref.device
+                or device not in loaded.config.deployed_device_list):
+            device = _serving_device(loaded, kref, oref, device_id)
+        if n == 0:
+            return 0
+        gpu = t.gpu.get(device) if t.gpu else None
+        if gpu is not None:
+            gpu.lookup(kref, oref)
+            sample = t.hot_sample
+            if sample is not None and not next(sample.calls) & sample.mask:
+                sample.take(kref, kref.stream if kref.stream is not None else oref.stream)
+            return n
+        host_keys = host_key_array(kref)
+        target = output_array(oref, n, t.dim)
+        if is_device_array(target):
+            target.set(self._host.fetch(t, host_keys, target.dtype))
+        elif target.flags.c_contiguous:
+            self._host.fetch_into(t, host_keys, target)
+        else:
+            np.copyto(target, self._host.fetch(t, host_keys, target.dtype))
+        return n
 
     # -- hot keys and warm-ups --------------------------------------------------------------
 
     def _before_serving(self, loaded: LoadedModel) -> None:
-        """A version about to serve: its hot-key sampling set, then warmed from its
-        `warm_from` for at most `warm_timeout` seconds (hps/server/warm_up.py)."""
+        """A version about to serve: its hot-key sampling set, each table's lookup path
+        run once (hps/server/warm_paths.py: WarmUpError fails the load), then warmed from
+        its `warm_from` for at most `warm_timeout` seconds (hps/server/warm_up.py)."""
         for table in loaded.tables:
             table.sample_hot_keys(loaded.config.hot_key_sampling)
+        warm_paths(self, loaded)
         try:
             warm_up(loaded, self._prefetch)
         except Exception:  # a warm-up is a bonus: the version serves cold rather than not

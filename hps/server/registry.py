@@ -50,6 +50,7 @@ from hps.gate.verdict import GateLedger, GateVerdict, LoadGateError, PassedVersi
 from hps.modelfiles.confined import confined, current_roots
 from hps.runtime.background import BackgroundWorker
 from hps.runtime.backoff import Backoff
+from hps.runtime.compile_on_use import loading
 from hps.server.gpu_caches import GpuCaches
 from hps.server.loader import (
     LoadProgress,
@@ -198,8 +199,9 @@ class ModelRegistry:
         """The body of `load` and `add`, beneath the roots `_roots_for` says; the caller
         holds the load lock."""
         with_opt_ins(self.config.validation, opt_ins)  # ConfigError for an unknown name
-        return confined(self._roots_for(model), self._load_beneath, model, progress,
-                        tuple(opt_ins))
+        with loading():  # its compiles are the load's, not a served lookup's
+            return confined(self._roots_for(model), self._load_beneath, model, progress,
+                            tuple(opt_ins))
 
     def _roots_for(self, model: ModelConfig) -> tuple[str, ...] | None:
         """The allowed roots a load of `model` opens its local files beneath: its

@@ -27,6 +27,9 @@ TABLE_NAMES = ["users", "items"]
 DIMS = [8, 64]
 DEFAULT_VALUE = 0.5
 MAX_KEYS = 1024 * 32  # model_config: max_batch_size 1024 × 32 keys per sample
+#: seconds a server may take to say ready: its load runs each lookup path once, which
+#: on an empty numba cache (a fresh CI runner) compiles them on a loaded 2-core machine
+READY_WAIT = 120.0
 
 
 @dataclass
@@ -137,7 +140,7 @@ def start(model: ModelFiles, **app_options: Any) -> Iterator[Live]:
     url = thread.start()
     client = httpx.Client(base_url=url, timeout=30)
     try:
-        wait_until(lambda: client.get("/readyz").status_code == 200)
+        wait_until(lambda: client.get("/readyz").status_code == 200, timeout=READY_WAIT)
         yield Live(url, client, app, server, model)
     finally:
         client.close()

@@ -17,7 +17,7 @@ import pytest
 from hps.http.connections import ConnectionGuard, guarded_protocol
 from hps.http.serve import ServerThread
 from hps.server import HierarchicalParameterServer
-from tests.http.conftest import MODEL, Live, ModelFiles, wait_until
+from tests.http.conftest import MODEL, READY_WAIT, Live, ModelFiles, wait_until
 from tests.support.raw_http import ResponseReader, connect
 
 LOOKUP = f"/v1/models/{MODEL}/tables/0/lookup"
@@ -145,7 +145,7 @@ def test_the_h11_protocol_answers_the_same(live_h11: str) -> None:
     import httpx
 
     with httpx.Client(base_url=live_h11, timeout=30) as client:
-        wait_until(lambda: client.get("/readyz").status_code == 200)
+        wait_until(lambda: client.get("/readyz").status_code == 200, timeout=READY_WAIT)
     for path, v2 in ((LOOKUP, False), (INFER, True)):
         with connect(live_h11) as sock:
             sock.sendall(chunked_head(path) + b"zz\r\n")

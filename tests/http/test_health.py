@@ -12,7 +12,7 @@ import numpy as np
 from hps.http import create_app
 from hps.http.serve import ServerThread
 from hps.server import HierarchicalParameterServer
-from tests.http.conftest import MODEL, ModelFiles, metric_value, wait_until
+from tests.http.conftest import MODEL, READY_WAIT, ModelFiles, metric_value, wait_until
 
 
 def test_ready_after_background_load(model_files: ModelFiles) -> None:
@@ -45,7 +45,7 @@ def test_ready_after_background_load(model_files: ModelFiles) -> None:
             assert not announced.is_set()
 
             release.set()
-            wait_until(lambda: client.get("/readyz").status_code == 200)
+            wait_until(lambda: client.get("/readyz").status_code == 200, timeout=READY_WAIT)
             assert client.get("/readyz").json() == {
                 "status": "ready", "loaded": [MODEL], "loading": [], "failed": [],
                 "degraded": {}}

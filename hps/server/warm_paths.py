@@ -1,0 +1,162 @@
+"""Each table's lookup path run once before its version serves, so ready means fast.
+
+numba compiles each signature of the lookup path's compiled functions at its first call
+(hps/runtime/compile_on_use.py: seconds on a machine with an empty cache, milliseconds
+read from numba's cache), the GPU kernels load at their first launch and a lookup's
+buffers are made at the first call of their size. Before a version is swapped in (its
+first load, a reload, a model added at run time) `warm_paths(server, loaded)` makes the
+lookups a client's would: through the server's own entry points (`lookup_version`,
+`lookup_version_into`), for every key dtype the routes accept (int64, int32, uint32,
+uint64: hps/http/schemas.py `KEY_DTYPES`, the KServe v2 tensors alike), one key and a
+batch past `compiled.HOLD_GIL_BYTES` (the fetch loops' two twins), and on GPU tables a
+batch that misses past `table.HOST_MISSES` (the large miss path), one mostly held
+(the background inserts, waited for) and the device-array calls in-process callers make.
+
+The lookups run on a copy of each table with counters and key sketches of its own (fed
+on every lookup, so their compiled feeds run too): the served version's `/metrics`, hot
+keys and missing keys show clients' lookups only. Rows found only in the persistent tier
+may be cached in the volatile tier (`cache_missed_embeddings`), as a client's lookup of
+them would; a GPU cache keeps none of the warm keys (a whole-table cache keeps its room
+for the table's keys, a dynamic cache lets them go after), its counters forget the
+lookups and the thread's buffers go back to the spares (`GpuEmbeddingTable.warming_up`).
+
+A lookup that fails here fails the load (`WarmUpError`): the version is not served, and
+the server says why (`/readyz` lists the model as failed, `GET /v1/models` the reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from typing import Any, Protocol
+
+import numpy as np
+
+from hps.errors import HPSError
+from hps.runtime.compiled import HOLD_GIL_BYTES
+from hps.server.gpu_caches import GpuCaches
+from hps.server.key_sketch import TableKeys
+from hps.server.models import LoadedModel, LoadedTable, TableStats
+
+log = logging.getLogger("hps")
+
+#: the key dtypes a lookup route accepts (hps/http/schemas.py KEY_DTYPES; the server's
+#: layer cannot import the HTTP one)
+KEY_DTYPES = (np.dtype("<i8"), np.dtype("<i4"), np.dtype("<u4"), np.dtype("<u8"))
+#: misses past which a GPU table takes its large miss path (hps/gpu/table.py HOST_MISSES)
+GPU_HOST_MISSES = 1 << 16
+#: keys of the warm-up's lookups with device arrays
+DEVICE_KEYS = 64
+#: the first warm key of 64-bit dtypes and of 32-bit ones: far from the small numbers
+#: models commonly use, so the keys mostly miss and walk every tier down to the default
+_FIRST_WIDE = 1 << 61
+_FIRST_NARROW = 1 << 30
+
+
+class VersionLookups(Protocol):
+    """The server's lookup entry points on a version it holds (HierarchicalParameterServer)."""
+
+    def lookup_version(self, loaded: LoadedModel, table: int | str, keys: Any,
+                       device_id: int | None = None) -> np.ndarray: ...
+
+    def lookup_version_into(self, loaded: LoadedModel, table: int | str, keys: Any,
+                            out: Any, device_id: int | None = None) -> int: ...
+
+
+class WarmUpError(HPSError):
+    """A table's first lookup, run before its version serves, failed: the load fails."""
+
+    kind = "warm_up"
+
+
+def warm_paths(server: VersionLookups, loaded: LoadedModel) -> float:
+    """Run every table's lookup path of `loaded` once (see the module docstring); returns
+    the seconds it took. Raises WarmUpError naming the table and what failed."""
+    started = time.perf_counter()
+    copy = _warm_copy(loaded)
+    for table in copy.tables:
+        try:
+            with contextlib.ExitStack() as gpu_tables:
+                for gpu in table.gpu.values():
+                    gpu_tables.enter_context(gpu.warming_up(_sent_keys(table)))
+                _warm_table(server, copy, table)
+        except Exception as exc:
+            raise WarmUpError(
+                f"model {loaded.config.model!r}, table {table.name!r}: its first lookup "
+                f"failed ({type(exc).__name__}: {exc})") from exc
+    seconds = time.perf_counter() - started
+    log.debug("model %r: lookup paths warmed in %.2fs", loaded.config.model, seconds)
+    return seconds
+
+
+def _warm_copy(loaded: LoadedModel) -> LoadedModel:
+    """`loaded` with tables of their own counters and sketches, fed on every lookup."""
+    tables = []
+    for table in loaded.tables:
+        twin = dataclasses.replace(table, stats=TableStats(), keys_seen=TableKeys())
+        twin.sample_hot_keys(1)  # 1: every lookup feeds the hot sketch (or its sampler)
+        tables.append(twin)
+    return LoadedModel(loaded.config, tables, roots=loaded.roots)
+
+
+def _wide(table: LoadedTable) -> int:
+    """Keys of a batch whose rows pass HOLD_GIL_BYTES (the fetch loops' other twin)."""
+    return min(table.max_keys, HOLD_GIL_BYTES // (table.dim * 4) + 1)
+
+
+def _many(table: LoadedTable) -> int:
+    """Keys of a batch that misses past GPU_HOST_MISSES, 0 when the table takes fewer."""
+    return GPU_HOST_MISSES + 1 if table.max_keys > GPU_HOST_MISSES else 0
+
+
+def _sent_keys(table: LoadedTable) -> np.ndarray:
+    """Every key the warm-up of `table` sends, as int64 (each batch is a prefix of the
+    warm keys of its width): what a dynamic GPU cache lets go after it."""
+    n = max(_wide(table), _many(table), DEVICE_KEYS)
+    return np.concatenate([warm_keys(n, KEY_DTYPES[0]),
+                           warm_keys(n, KEY_DTYPES[1]).astype(np.int64)])
+
+
+def _warm_table(server: VersionLookups, loaded: LoadedModel,
+                table: LoadedTable) -> None:
+    """The lookups of one table (see the module docstring)."""
+    for size in sorted({1, _wide(table)}):
+        for dtype in KEY_DTYPES:
+            keys = warm_keys(size, dtype)
+            server.lookup_version(loaded, table.index, keys)
+            out = np.empty((size, table.dim), np.float32)
+            server.lookup_version_into(loaded, table.index, keys, out)
+    if table.gpu:
+        _warm_gpu(server, loaded, table)
+
+
+def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
+              table: LoadedTable) -> None:
+    """A GPU table's other paths: the large miss path, a mostly held batch (its misses
+    inserted in the background), and device keys and outputs on every deployed device."""
+    if _many(table):
+        server.lookup_version(loaded, table.index, warm_keys(_many(table), KEY_DTYPES[0]))
+    held = GpuCaches.held_keys(table, max(1, min(table.max_keys, 4096) - 1))
+    if held.size:
+        mostly = np.concatenate([held, warm_keys(1, KEY_DTYPES[0])])
+        server.lookup_version(loaded, table.index, mostly[:table.max_keys])
+    import cupy
+
+    n = min(DEVICE_KEYS, table.max_keys)
+    for device in loaded.config.deployed_device_list:
+        with cupy.cuda.Device(device):
+            for dtype in (KEY_DTYPES[0], KEY_DTYPES[1]):  # the shortcut, the general path
+                keys = cupy.asarray(warm_keys(n, dtype))
+                out = cupy.empty((n, table.dim), cupy.float32)
+                server.lookup_version_into(loaded, table.index, keys, out)
+            cupy.cuda.get_current_stream().synchronize()
+
+
+def warm_keys(n: int, dtype: np.dtype[Any], offset: int = 0) -> np.ndarray:
+    """`n` distinct keys of `dtype` for the warm-up's lookups (see _FIRST_WIDE), from
+    the `offset`-th on."""
+    first = _FIRST_WIDE if dtype.itemsize == 8 else _FIRST_NARROW
+    return (np.arange(n, dtype=np.int64) + first + offset).astype(dtype)
+

@@ -1,0 +1,340 @@
+"""Ready means fast: `hps serve` as a user runs it (one process, and `--workers 2`), on an
+empty numba cache, says ready only once every process that answers lookups has run each
+table's lookup path, so its first lookups, of every key dtype the routes take, JSON and
+binary, /v1 and KServe v2, all answer 200 with the right vectors and nothing compiles
+after ready (`hps_compiles_total{phase="after_ready"}` stays 0, summed over workers).
+And the workers import the `hps` their supervisor imported, whatever the working folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from hps.http import create_app
+from hps.http.serve import ServerThread
+from hps.server import HierarchicalParameterServer, parameter_server
+from hps.server.host_lookup import HostLookup
+from hps.server.warm_paths import KEY_DTYPES as WARMED_DTYPES
+from tests.http.conftest import (
+    DIMS,
+    MODEL,
+    READY_WAIT,
+    ModelFiles,
+    metric_value,
+    wait_until,
+    write_model,
+)
+from tests.support.redis_servers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+#: how long `hps serve` may take to say ready on an empty numba cache (loaded 2 cores)
+SERVE_WAIT = 240.0
+KEY_DTYPES = {"int64": "<i8", "int32": "<i4", "uint32": "<u4", "uint64": "<u8"}
+V2_DTYPES = {"int64": "INT64", "int32": "INT32", "uint32": "UINT32", "uint64": "UINT64"}
+Start = Callable[..., tuple[subprocess.Popen[str], str]]
+#: key counts of the first lookups: one key, a few, and batches whose rows pass the
+#: 64 KiB at which the fetch loops change twins (width 64: 256 keys; width 8: 2,048)
+SIZES = (1, 7, 300, 3000)
+
+
+def _model(folder: Path) -> tuple[ModelFiles, Path]:
+    """The HTTP tests' model (widths 8 and 64) over the hash map and RocksDB, as the
+    demo serves it, its ps.json written beside it."""
+    model = write_model(folder / "model")
+    config = {**model.config, "persistent_db": {"type": "rocksdb",
+                                                "path": str(folder / "rocksdb")}}
+    path = folder / "ps.json"
+    path.write_text(json.dumps(config))
+    return model, path
+
+
+def _hps_command() -> list[str]:
+    """`hps` as a user runs it: the console script beside this interpreter."""
+    script = Path(sys.executable).with_name("hps")
+    assert script.exists(), f"no hps command beside {sys.executable}: pip install -e ."
+    return [str(script)]
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> Iterator[Start]:
+    """Starts `hps serve PS.JSON --port P EXTRA...` on an empty numba cache folder from
+    `cwd`; stops what it started."""
+    procs: list[subprocess.Popen[str]] = []
+    logs: list[Any] = []
+
+    def start(config: Path, *extra: str, cwd: Path | None = None
+              ) -> tuple[subprocess.Popen[str], str]:
+        cache = tmp_path / f"numba-{len(procs)}"
+        cache.mkdir()
+        shm = tmp_path / f"shm-{len(procs)}"
+        shm.mkdir()
+        port = free_port()
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "HPS_SHM_DIR": str(shm),
+               "PYTHONPATH": os.pathsep.join(
+                   p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+        env.pop("HPS_TOKEN", None)
+        log = open(tmp_path / f"serve-{len(procs)}.log", "w")  # noqa: SIM115
+        logs.append(log)
+        proc = subprocess.Popen([*_hps_command(), "serve", str(config), "--port", str(port),
+                                 *extra], stdout=log, stderr=subprocess.STDOUT, text=True,
+                                env=env, cwd=cwd or tmp_path)
+        procs.append(proc)
+        assert not any(cache.iterdir()), "the numba cache folder is not empty"
+        return proc, f"http://127.0.0.1:{port}"
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for log in logs:
+        log.close()
+
+
+def _wait_ready(proc: subprocess.Popen[str], url: str, log: Path) -> None:
+    deadline = time.monotonic() + SERVE_WAIT
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"hps serve exited:\n{log.read_text()}"
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"not ready within {SERVE_WAIT:.0f}s:\n{log.read_text()}")
+
+
+def _first_lookups(url: str, model: ModelFiles) -> list[tuple[str, int, str]]:
+    """The first lookups after ready: (what, status, body if not 200) of each; every
+    200's vectors checked against the model's files."""
+    rng = np.random.default_rng(5)
+    answers: list[tuple[str, int, str]] = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for size in SIZES:
+            for table, dim in enumerate(DIMS):
+                keys = model.sample_keys(rng, table, size - size // 4, size // 4)
+                if size == 1:
+                    keys = model.keys[table][:1]
+                for name, dtype in KEY_DTYPES.items():
+                    sent = keys
+                    if "32" in name:  # the table's keys that fit, and as many that it lacks
+                        fit = keys[(keys >= 0) & (keys < 2**31)]
+                        sent = np.concatenate([fit, np.arange(keys.size - fit.size) + 2**20])
+                    if name == "uint64":
+                        sent = sent.view(np.uint64)
+                    answer = client.post(
+                        f"/v1/models/{MODEL}/tables/{table}/lookup",
+                        content=sent.astype(dtype).tobytes(),
+                        headers={"Content-Type": "application/octet-stream",
+                                 "X-HPS-Key-Dtype": name})
+                    answers.append((f"binary {name} x{sent.size} table {table}",
+                                    answer.status_code, answer.text[:300]
+                                    if answer.status_code != 200 else ""))
+                    if answer.status_code == 200:
+                        got = np.frombuffer(answer.content, "<f4").reshape(-1, dim)
+                        np.testing.assert_array_equal(
+                            got, model.expected(table, sent.astype(np.int64)))
+                answer = client.post(f"/v1/models/{MODEL}/tables/{table}/lookup",
+                                     json={"keys": keys.tolist()})
+                answers.append((f"json x{keys.size} table {table}", answer.status_code,
+                                answer.text[:300] if answer.status_code != 200 else ""))
+                if answer.status_code == 200:
+                    np.testing.assert_array_equal(
+                        np.asarray(answer.json()["vectors"], np.float32),
+                        model.expected(table, keys))
+            keys = model.keys[0][: min(size, model.keys[0].size)]
+            for name, datatype in V2_DTYPES.items():
+                sent = keys[(keys >= 0) & (keys < 2**31)] if "32" in name else keys
+                request = {"inputs": [
+                    {"name": "KEYS", "shape": [sent.size], "datatype": datatype,
+                     "data": (sent.view(np.uint64) if name == "uint64" else sent).tolist()},
+                    {"name": "NUMKEYS", "shape": [1], "datatype": "INT32",
+                     "data": [int(sent.size)]}]}
+                answer = client.post(f"/v2/models/{MODEL}/infer", json=request)
+                answers.append((f"v2 {name} x{sent.size}", answer.status_code,
+                                answer.text[:300] if answer.status_code != 200 else ""))
+    return answers
+
+
+def _after_ready_compiles(url: str) -> tuple[float, float]:
+    """(compiles after ready, compiles during loads) from /metrics, summed over the
+    workers once each has written its figures again (every second)."""
+    time.sleep(2.5)
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return (metric_value(text, "hps_compiles_total", phase="after_ready"),
+            metric_value(text, "hps_compiles_total", phase="load"))
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one_process", "two_workers"])
+def test_the_first_lookups_after_ready_all_answer_and_nothing_compiles(
+        tmp_path: Path, started: Start, workers: int) -> None:
+    model, config = _model(tmp_path)
+    proc, url = started(config, "--workers", str(workers))
+    _wait_ready(proc, url, tmp_path / "serve-0.log")
+    answers = _first_lookups(url, model)
+    assert len(answers) >= 50
+    refused = [a for a in answers if a[1] != 200]
+    assert not refused, refused
+    after_ready, during_loads = _after_ready_compiles(url)
+    assert during_loads > 0  # the empty cache was filled by the loads' warm-ups
+    assert after_ready == 0, (tmp_path / "serve-0.log").read_text()
+
+
+def test_workers_import_the_supervisors_hps_from_a_checkout_folder(
+        tmp_path: Path, started: Start) -> None:
+    """Started from a folder holding another `hps/` (a checkout's, here one that cannot
+    be imported), the workers import the package the supervisor imported."""
+    model, config = _model(tmp_path)
+    checkout = tmp_path / "checkout"
+    (checkout / "hps").mkdir(parents=True)
+    (checkout / "hps" / "__init__.py").write_text(
+        'raise ImportError("the working folder\'s hps was imported")\n')
+    proc, url = started(config, "--workers", "2", cwd=checkout)
+    _wait_ready(proc, url, tmp_path / "serve-0.log")
+    keys = model.keys[1][:10]
+    answer = httpx.post(f"{url}/v1/models/{MODEL}/tables/1/lookup",
+                        content=keys.astype("<i8").tobytes(),
+                        headers={"Content-Type": "application/octet-stream"})
+    assert answer.status_code == 200
+    assert "working folder's hps" not in (tmp_path / "serve-0.log").read_text()
+
+
+def test_the_warm_up_takes_every_key_dtype_the_routes_take() -> None:
+    from hps.http.schemas import KEY_DTYPES as ROUTE_DTYPES
+
+    assert set(WARMED_DTYPES) == set(ROUTE_DTYPES.values())
+
+
+# -- the bad path, in one process ---------------------------------------------------------
+
+def _check_lookup(client: httpx.Client, model: ModelFiles, table: int) -> None:
+    """A JSON lookup of a few of `table`'s keys answers their rows."""
+    keys = model.keys[table][:5]
+    answer = client.post(f"/v1/models/{MODEL}/tables/{table}/lookup",
+                         json={"keys": keys.tolist()})
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_array_equal(np.asarray(answer.json()["vectors"], np.float32),
+                                  model.expected(table, keys))
+
+
+def test_a_lookup_while_the_model_warms_is_a_503_with_retry_after(
+        model_files: ModelFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its tables loaded, its lookup paths still running (held here): the model is not
+    served yet, so a lookup is answered at once, 503 with Retry-After, and every ready
+    route says not ready; once the warm-up is done, it serves."""
+    warming, release = threading.Event(), threading.Event()
+    real = parameter_server.warm_paths
+
+    def held(server: Any, loaded: Any) -> float:
+        warming.set()
+        assert release.wait(60)
+        return real(server, loaded)
+
+    monkeypatch.setattr(parameter_server, "warm_paths", held)
+    server = HierarchicalParameterServer(model_files.config, load=False)
+    app = create_app(server)
+    try:
+        with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            assert warming.wait(READY_WAIT)
+            started = time.monotonic()
+            answer = client.post(f"/v1/models/{MODEL}/tables/0/lookup", json={"keys": [1]})
+            assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
+            assert answer.json()["error"]["kind"] == "model_loading"
+            assert time.monotonic() - started < 5  # answered, not held
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["loading"] == [MODEL]
+            assert client.get("/v2/health/ready").status_code != 200
+            assert client.get(f"/v2/models/{MODEL}/ready").status_code != 200
+            release.set()
+            wait_until(lambda: client.get("/readyz").status_code == 200, timeout=READY_WAIT)
+            _check_lookup(client, model_files, 1)
+            assert client.get("/v2/health/ready").status_code == 200
+            assert client.get(f"/v2/models/{MODEL}/ready").status_code == 200
+    finally:
+        release.set()
+        server.close()
+
+
+def test_a_model_whose_warm_lookup_fails_is_failed_and_the_others_serve(
+        model_files: ModelFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first lookup of model `bad` fails (its volatile tier's fetch raises here): the
+    load fails, /readyz lists it as failed, GET /v1/models says why, its lookups are 503
+    model_failed, and model `m` serves."""
+    config = copy.deepcopy(model_files.config)
+    config["models"].append({**config["models"][0], "model": "bad"})
+    real = HostLookup.fetch_into
+
+    def fetch_into(self: HostLookup, table: Any, keys: Any, out: Any) -> None:
+        if table.storage_name.startswith("hps_et.bad."):
+            raise RuntimeError("the fetch of a broken tier")
+        real(self, table, keys, out)
+
+    monkeypatch.setattr(HostLookup, "fetch_into", fetch_into)
+    server = HierarchicalParameterServer(config, load=False)
+    app = create_app(server)
+    try:
+        with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            wait_until(lambda: client.get("/readyz").json()["status"] == "failed",
+                       timeout=READY_WAIT)
+            ready = client.get("/readyz").json()
+            assert ready["failed"] == ["bad"] and ready["loaded"] == [MODEL]
+            why = client.get("/v1/models").json()["failed"]["bad"]
+            assert "first lookup failed" in why and "broken tier" in why, why
+            answer = client.post("/v1/models/bad/tables/0/lookup", json={"keys": [1]})
+            assert answer.status_code == 503
+            assert answer.json()["error"]["kind"] == "model_failed"
+            _check_lookup(client, model_files, 0)
+            assert metric_value(client.get("/metrics").text, "hps_load_failures_total",
+                                model="bad", kind="warm_up") == 1.0
+    finally:
+        server.close()
+
+
+def test_a_worker_killed_while_it_warms_is_started_again_and_counted_once(
+        tmp_path: Path, started: Start) -> None:
+    """`--workers 2` on an empty numba cache: the leader is killed (SIGKILL) while its
+    warm-up compiles the lookup path (the hash map's fetch loop is in the cache, the
+    rest not yet). It is started again, the server says ready once, with two workers,
+    and its first lookups answer 200 with nothing compiled after ready."""
+    model, config = _model(tmp_path)
+    proc, url = started(config, "--workers", "2")
+    cache, shm, log = tmp_path / "numba-0", tmp_path / "shm-0", tmp_path / "serve-0.log"
+    deadline = time.monotonic() + SERVE_WAIT
+    while not any(cache.rglob("loops.fetch-*.nbi")):
+        assert time.monotonic() < deadline, log.read_text()
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.01)
+    workers = next(shm.glob("*/ops/workers"))
+    leader = int((workers / "0").read_text())
+    assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503  # still warming
+    os.kill(leader, signal.SIGKILL)
+    _wait_ready(proc, url, log)
+    ready = httpx.get(f"{url}/readyz", timeout=10).json()
+    assert ready["loaded"] == [MODEL] and ready["failed"] == []
+    assert f"worker 0 (pid {leader}) exited" in log.read_text()
+    pids = {p.name: int(p.read_text()) for p in workers.iterdir() if not p.name.startswith(".")}
+    assert sorted(pids) == ["0", "1"] and pids["0"] != leader
+    answers = [a for a in _first_lookups(url, model) if a[1] != 200]
+    assert not answers, answers
+    after_ready, _ = _after_ready_compiles(url)
+    assert after_ready == 0, log.read_text()
+    text = log.read_text()
+    assert text.count("every model is loaded in every worker") == 1, text
