@@ -103,6 +103,11 @@ def main(dim: int = 64, table_keys: int = 1 << 22, seconds: float = 1.0) -> None
     from hps.tools.bench.gpu_public import server_over_folder
     from hps.tools.bench.gpu_sharded import _peer_gather_rate, _power_law, _rate
 
+    from hps.server.key_sketch import KeySketch
+
+    # the sketch's compiled loop built (or read from numba's cache) before any timing: its
+    # first compile holds the GIL for seconds, which a first process's baseline took
+    KeySketch().feed(np.arange(64, dtype=np.int64))
     devices = list(range(cp.cuda.runtime.getDeviceCount()))
     rng = np.random.default_rng(0)
     keys = rng.choice(2**40, table_keys, replace=False).astype(np.int64)
