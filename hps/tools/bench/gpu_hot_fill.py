@@ -101,7 +101,7 @@ def main(dim: int = 64, table_keys: int = 1 << 22, seconds: float = 1.0) -> None
 
     from hps import write_sparse_model
     from hps.tools.bench.gpu_public import server_over_folder
-    from hps.tools.bench.gpu_sharded import _peer_gather_rate, _power_law, _rate
+    from hps.tools.bench.gpu_link import peer_gather_rate, power_law, rate
 
     from hps.server.key_sketch import KeySketch
 
@@ -112,7 +112,7 @@ def main(dim: int = 64, table_keys: int = 1 << 22, seconds: float = 1.0) -> None
     rng = np.random.default_rng(0)
     keys = rng.choice(2**40, table_keys, replace=False).astype(np.int64)
     rows = rng.standard_normal((table_keys, dim)).astype(np.float32)
-    picks = [_power_law(rng, table_keys, 1 << 20) for _ in range(4)]
+    picks = [power_law(rng, table_keys, 1 << 20) for _ in range(4)]
     n = picks[0].size
     index = [torch.as_tensor(p, device="cuda:0") for p in picks]
     out = torch.empty((n, dim), device="cuda:0")
@@ -121,12 +121,12 @@ def main(dim: int = 64, table_keys: int = 1 << 22, seconds: float = 1.0) -> None
         write_sparse_model(Path(tmp) / "t0", keys, rows)
         whole = server_over_folder(Path(tmp), dim, n, 0)
         try:
-            one = _rate(lambda i: whole.lookup_fromdlpack(batches[i % 4], out, MODEL, 0), n,
+            one = rate(lambda i: whole.lookup_fromdlpack(batches[i % 4], out, MODEL, 0), n,
                         seconds)
         finally:
             whole.close()
     remote = torch.as_tensor(rows, device="cuda:1")
-    peer = _peer_gather_rate(remote, index, out, n, dim, seconds)
+    peer = peer_gather_rate(remote, index, out, n, dim, seconds)
     del remote
     shards = len(devices)
     bound = n / max(n / one, n * (shards - 1) / shards / peer)

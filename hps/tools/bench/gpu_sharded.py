@@ -45,16 +45,10 @@ import numpy as np
 
 from hps.gpu.hot_rows import HOT_ROWS
 from hps.gpu.sharded_query import LARGE_AFTER, PUSH_AFTER, SHAPE
+from hps.tools.bench.gpu_link import peer_gather_rate as _peer_gather_rate
+from hps.tools.bench.gpu_link import power_law as _power_law
+from hps.tools.bench.gpu_link import rate as _rate
 from hps.tools.bench.gpu_public import MODEL
-
-
-def _power_law(rng: np.random.Generator, size: int, n: int, alpha: float = 1.1) -> np.ndarray:
-    ranks = rng.zipf(alpha, size * 2)
-    ranks = ranks[ranks <= size][:n] - 1
-    while ranks.size < n:  # zipf draws beyond the table are dropped; draw again
-        more = rng.zipf(alpha, n)
-        ranks = np.r_[ranks, more[more <= size] - 1][:n]
-    return ranks
 
 
 def bench_sharded(dim: int = 64, table_keys: int = 1 << 22, shards: int = 2,
@@ -414,51 +408,6 @@ def _filling(folder: Path, rows: np.ndarray, picks: np.ndarray, batches: Any,
     finally:
         for hps in servers.values():
             hps.close()
-
-
-def _peer_gather_rate(remote: Any, index: list[Any], out: Any, n: int, dim: int,
-                      seconds: float) -> float:
-    """Rows/s of a plain gather kernel on cuda:0 reading the rows of `index` from the
-    table copy on cuda:1 (peer access): what NVLink gives a row gather."""
-    import cupy as cp
-
-    from hps.gpu import kernels
-    from hps.gpu.sharded_query import peers_reachable
-
-    if not peers_reachable(cp, 0, {0, 1}):
-        return float("nan")
-    launch = kernels.Launch(kernels.function("rows.cu", "dense_gather", 0, DIM=dim),
-                            "ptr i64 ptr ptr")
-    threads = n * (dim // 4)
-    blocks = min(-(-threads // 256), kernels.multiprocessors(0) * 16)
-
-    def gather(i: int) -> None:
-        import torch
-
-        stream = torch.cuda.current_stream(0).cuda_stream
-        launch(blocks, 256, stream, index[i % 4].data_ptr(), n, remote.data_ptr(),
-               out.data_ptr())
-
-    return _rate(gather, n, seconds)
-
-
-def _rate(call: Any, n: int, seconds: float, warm: int = 3) -> float:
-    """keys/s of `call(i)` looped for `seconds`, a sync after each call, after `warm`
-    calls untimed."""
-    import torch
-
-    sync = torch.cuda.current_stream().synchronize
-    for i in range(warm):
-        call(i)
-    sync()
-    done, i = 0, 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        call(i)
-        sync()
-        done += n
-        i += 1
-    return done / (time.perf_counter() - start)
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
