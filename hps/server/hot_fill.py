@@ -107,11 +107,15 @@ class HotRowsFiller:
                 self._thread.start()
 
     def _run(self) -> None:
+        said = ""  # the last failure logged: a lasting one is logged once, not every tick
         while not self._stop.wait(TICK):
             try:
                 self.tick()
-            except Exception:  # a fill is a speed-up: the copies stay as they were
-                log.exception("background fill of hot copies failed")
+                said = ""
+            except Exception as exc:  # a fill is a speed-up: the copies stay as they were
+                if repr(exc) != said:
+                    log.exception("background fill of hot copies failed")
+                    said = repr(exc)
 
     def tick(self) -> None:
         """One look at every served table with hot copies: the fills asked of this
