@@ -113,6 +113,13 @@ class HPS:
         lookups read them locally (docs/gpu-cache.md#hot-copies)."""
         return self.server.replicate_hot_rows(model_name, table_id, keys)
 
+    def fill_hot_rows(self, model_name: str, table_id: int | str | None = None
+                      ) -> dict[str, Any]:
+        """Fill the hot copies of a table sharded over GPUs (None: of every such table of
+        the model) now from the keys lookups asked for most, as the server does in the
+        background every `gpu_hot_rows_refresh_seconds` (docs/gpu-cache.md#hot-copies)."""
+        return self.server.fill_hot_rows(model_name, table_id)
+
     def close(self) -> None:
         """Let go of the server: the last of its users (this and other `HPS` of the same
         config, the framework layers) stops its background work and closes its tiers."""

@@ -256,8 +256,11 @@ class ModelConfig(StrictSection):
     gpu_shards: int | None = Field(None, ge=1, le=64)
     # hps extension: keys of each device's hot copy of its peers' shards' heaviest rows, a
     # static table sharded over several devices (unset: hps/gpu/hot_rows.py HOT_ROWS; 0:
-    # none), filled by HPS.replicate_hot_rows
+    # none), filled from the hot-key sketch in the background at most every
+    # `gpu_hot_rows_refresh_seconds` (0: only on demand, HPS.replicate_hot_rows or
+    # POST /v1/models/{model}/hot-rows; hps/server/hot_fill.py)
     gpu_hot_rows: int | None = Field(None, ge=0, le=1 << 26)
+    gpu_hot_rows_refresh_seconds: float = Field(1.0, ge=0.0, le=86400.0)
     # hps extension: "host" gives each device one GPU table for every process of the host
     # that serves the model (CUDA IPC, hps/gpu/shared_cache.py); "process": one per process
     gpu_cache_scope: Literal["process", "host"] = "process"

@@ -7,7 +7,8 @@ on `TierUnavailableError`, and metrics are labelled by `kind`.
 
     HPSError
     ├── ConfigError                 a ps.json / YAML / dict config is malformed
-    │   └── ModelExistsError        a model of that name is served already (HTTP 409)
+    │   ├── ModelExistsError        a model of that name is served already (HTTP 409)
+    │   └── NoHotCopiesError        the table keeps no hot copies to fill (HTTP 409)
     ├── MissingExtraError           an optional dependency is not installed
     ├── LookupInputError            a lookup request is malformed (HTTP 400)
     │   ├── UnknownModelError       no model of that name is loaded (HTTP 404)
@@ -53,6 +54,13 @@ class ModelExistsError(ConfigError):
     """A model to add has the name of one served (or being added) already."""
 
     kind = "model_exists"
+
+
+class NoHotCopiesError(ConfigError):
+    """A fill of hot copies (hps/gpu/hot_rows.py) asked of a table that keeps none: not a
+    static table sharded over several GPUs here (a server without GPUs keeps none)."""
+
+    kind = "no_hot_copies"
 
 
 class MissingExtraError(HPSError, ImportError):

@@ -36,6 +36,7 @@ reading it, and later queries wait for it.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -167,6 +168,13 @@ class HotCopies:
         self.lock = threading.RLock()
         self._shards = shards
         self._copies: dict[int, HotRows] = {}
+        # what the background filler (hps/server/hot_fill.py) keeps between its looks: the
+        # keys the copies were last offered (sorted), when (time.monotonic()), the hot
+        # sketch's weight counted then, and the keys a reload's new version starts from
+        self.offered = np.empty(0, np.int64)
+        self.filled_at: float | None = None
+        self.sketch_total = -1
+        self.seed: np.ndarray | None = None
         first = shards[0]._table
         devices = sorted({s.device_id for s in shards})
         if len(devices) < 2 or not hot_copy_applies(first._kind, first.storage, rows):
@@ -198,6 +206,8 @@ class HotCopies:
         keys = keys[keys != EMPTY_KEY]  # its special slot is not probed by the copy
         owner = shard_of(keys, len(self._shards))
         with self.lock:
+            self.offered = np.sort(keys)
+            self.filled_at = time.monotonic()
             return {device: self._fill(hot, keys[np.isin(owner, hot.remote)], owner[
                 np.isin(owner, hot.remote)]) for device, hot in self._copies.items()}
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hps.errors import ConfigError
+from hps.errors import NoHotCopiesError
 from hps.gpu import kernels
 from hps.gpu.device_arrays import lookup_refs
 from hps.gpu.fast_query import FALLBACK
@@ -278,9 +278,9 @@ class ShardedTable:
     def replicate_hot(self, keys: np.ndarray) -> dict[int, int]:
         """Each device's hot copy holds the rows of `keys` (host int64, heaviest first)
         that its peers' shards hold (hps/gpu/hot_rows.py); the keys each device's copy
-        holds. Raises ConfigError where the table has no hot copies."""
+        holds. Raises NoHotCopiesError where the table has none."""
         if not self.hot:
-            raise ConfigError(
+            raise NoHotCopiesError(
                 "this table has no hot copies: they are made for a static table sharded "
                 "over several devices (not stored as int8), with gpu_hot_rows above 0")
         return self.hot.replicate(keys)

@@ -132,6 +132,7 @@ _STATUS: dict[type[Exception], int] = {
     hps_errors.BatchTooLargeError: 413,
     hps_errors.LookupInputError: 400,
     hps_errors.ModelExistsError: 409,
+    hps_errors.NoHotCopiesError: 409,
     hps_errors.ConfigError: 422,
     hps_errors.ModelFileError: 422,
     hps_errors.SourceNotFoundError: 404,

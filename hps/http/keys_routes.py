@@ -9,7 +9,11 @@
 - `POST /v1/models/{model}/prefetch` (admin): `{"table": t, "keys": [...]}` or
   `{"from": "hot-set"}` (every table's own hot keys, or one table's with `table`) warms
   the volatile tier and the GPU caches in the background: 202 with the jobs;
-- `GET /v1/models/{model}/prefetch/{job}`: a job's status and counts.
+- `GET /v1/models/{model}/prefetch/{job}`: a job's status and counts;
+- `POST /v1/models/{model}/hot-rows` (admin): `{}` or `{"table": t}` fills the hot copies
+  of the model's tables sharded over GPUs (one table's with `table`) from their hot-key
+  sketches now, as the server does in the background (hps/server/hot_fill.py); under
+  `--workers N` every worker fills its own. 409 where no table asked for keeps copies.
 
 The guards come from `routes.py` (`build_keys_router` takes them, so this module needs
 nothing of it).
@@ -77,6 +81,15 @@ class PrefetchRequest(BaseModel):
         if self.keys is not None and self.table is None:
             raise ValueError('"keys" needs "table": the table they belong to')
         return self
+
+
+class HotRowsRequest(BaseModel):
+    """Which table's hot copies to fill (none: every table of the model that keeps some)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    table: str | int | None = Field(None, description="The table (name or index); null or "
+                                    "absent: every table that keeps hot copies.")
 
 
 class PrefetchJobs(BaseModel):
@@ -172,6 +185,23 @@ def build_keys_router(state: ServiceState, protected: list[Any], admin: list[Any
                 keys = server.top_keys(model, name, "hot", body.top)["keys"]
                 jobs.append(server.prefetch(model, name, keys))
         return {"model": model, "jobs": [job.as_dict() for job in jobs]}
+
+    @router.post("/v1/models/{model}/hot-rows", dependencies=admin, tags=["admin"],
+                 summary="Fill the hot copies of tables sharded over GPUs now",
+                 responses={**ERROR_RESPONSES, 404: _NOT_FOUND, 503: _LOADING,
+                            403: _error("Admin routes need a token unless the server is "
+                                        "bound to loopback."),
+                            409: _error("No table asked for keeps hot copies here (not "
+                                        "sharded over several GPUs, int8, gpu_hot_rows 0, "
+                                        "or a server without GPUs).")})
+    async def hot_rows(model: str, body: HotRowsRequest | None = None) -> dict[str, Any]:
+        """Fill each device's hot copy of its peers' heaviest rows (docs/gpu-cache.md
+        "Hot copies") from the table's hot-key sketch now, rather than at the next
+        background fill: `tables`, each with the keys offered and what each device's
+        copy holds (`held`). Under `--workers N`, every worker fills its own copies."""
+        state.model(model)
+        table = body.table if body is not None else None
+        return await run_in_threadpool(server.fill_hot_rows, model, table)
 
     @router.get("/v1/models/{model}/prefetch/{job}", dependencies=protected,
                 tags=["admin"], summary="A prefetch job's status and counts",

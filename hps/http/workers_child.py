@@ -4,7 +4,8 @@ importing the supervisor's `hps`; `python -m hps.http.workers_child` runs it too
 Started by the supervisor (hps/http/workers.py) with the listening socket inherited as
 descriptor `$HPS_WORKER_FD`, its index in `$HPS_WORKER_INDEX` (0: the leader), the run
 folder in `$HPS_RUN_DIR` and the token in `$HPS_TOKEN`. It reads its ps.json and the
-serve options from the run folder, builds a `ReplicatedServer` (hps/http/workers_ops.py),
+serve options from the run folder, builds a `ReplicatedServer` (hps/http/workers_ops.py;
+with the hot-rows board of hps/http/workers_hot_rows.py),
 applies the ops the leader already completed (a worker started again maps the tables
 before it accepts a connection), and serves the app as `hps serve` does (run_app:
 uvicorn, the drain on SIGTERM; gRPC too, on the port the supervisor holds, when asked),
@@ -30,7 +31,8 @@ from typing import Any
 
 from hps.http.serve import run_app
 from hps.http.workers_metrics import MergedRegistry, MetricsDump
-from hps.http.workers_ops import FD_ENV, SETUP_FAILED, ReplicatedServer
+from hps.http.workers_hot_rows import HotRowsWorkerServer
+from hps.http.workers_ops import FD_ENV, SETUP_FAILED
 from hps.http.workers_oplog import Op, OpLog
 from hps.runtime.run_dir import RUN_DIR_ENV
 from hps.server.progress_lines import LineProgress
@@ -46,8 +48,8 @@ def main() -> int:
     oplog = OpLog(folder)
     lines = _load_lines(index)
     try:
-        server = ReplicatedServer(str(folder / f"config-{min(index, 1)}.json"),
-                                  oplog=oplog, index=index)
+        server = HotRowsWorkerServer(str(folder / f"config-{min(index, 1)}.json"),
+                                     oplog=oplog, index=index)
         # the first loads are applied from the op log before the app asks for them
         server.unasked = lines
         server.replay()

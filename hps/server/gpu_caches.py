@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig
-from hps.errors import ConfigError
+from hps.errors import NoHotCopiesError
 from hps.server.cache_journal import UpdateJournal
 from hps.server.host_lookup import HostLookup
 from hps.server.loader import served_chunks
@@ -147,14 +147,22 @@ class GpuCaches:
         return int(keys.size) * len(caches)
 
     @staticmethod
+    def hot_owners(table: LoadedTable) -> list[Any]:
+        """The sharded caches of `table` that keep hot copies (hps/gpu/hot_rows.py): one,
+        or none (not sharded over several GPUs here, int8, `gpu_hot_rows` 0)."""
+        return [gpu for gpu in _distinct(table.gpu.values()) if getattr(gpu, "hot", None)]
+
+    @staticmethod
     def replicate_hot(table: LoadedTable, keys: np.ndarray) -> dict[int, int]:
         """Each hot copy of `table`'s sharded cache filled with the rows of `keys` (host
         int64, heaviest first; hps/gpu/hot_rows.py): the keys each device's copy holds.
-        Raises ConfigError where it has none."""
-        owners = [gpu for gpu in _distinct(table.gpu.values()) if hasattr(gpu, "hot")]
+        Raises NoHotCopiesError where it has none."""
+        owners = GpuCaches.hot_owners(table)
         if not owners:
-            raise ConfigError(f"table {table.name!r} is not sharded over GPUs "
-                              "(gpu_sharding row_wise): it has no hot copies")
+            raise NoHotCopiesError(
+                f"table {table.name!r} keeps no hot copies here: they are made for a static "
+                "table sharded over several GPUs (gpu_sharding row_wise, not stored as "
+                "int8, gpu_hot_rows above 0) on a server with GPU caches")
         held: dict[int, int] = {}
         for owner in owners:
             held.update(owner.replicate_hot(keys))

@@ -45,6 +45,11 @@ HOT_EVERY = 16
 HOT_EVERY_GPU = 32
 #: keys of one batch fed to the hot sketch at most (a strided subset beyond)
 HOT_MOST = 64
+#: the same of a GPU table that keeps hot copies, which fill from the sketch
+#: (hps/server/hot_fill.py): 1M-key batches of Zipf 1.1 over 4M keys, 1 in 32 sampled,
+#: at 64 keys a sample show about 8,000 keys in 10 s, whose heaviest take ~60% of the
+#: lookups; at 1,024, ~75% (a copy's 64K heaviest take 87%)
+HOT_MOST_COPIES = 1024
 #: keys of one batch fed to the missing sketch at most
 MISSING_MOST = 1024
 #: slots of a table's hot sketch: 12,288 keys tracked (what a warm-up can export), 256 KiB

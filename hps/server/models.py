@@ -17,7 +17,7 @@ from hps.intake.array_ref import ArrayRef
 from hps.intake.keys import key_array, key_ref
 from hps.rows.gpu_layout import narrow_output_code
 from hps.rows.storage_types import FLOAT32, StorageType
-from hps.server.key_sketch import HOT_EVERY, HOT_EVERY_GPU, HOT_MOST, TableKeys
+from hps.server.key_sketch import HOT_EVERY, HOT_EVERY_GPU, HOT_MOST, HOT_MOST_COPIES, TableKeys
 from hps.server.loader import TableSource
 from hps.server.versions import VersionRefs
 
@@ -103,7 +103,12 @@ class LoadedTable:
         self.hot_sample = None
         if on_gpu:
             hot = self.keys_seen.hot
-            self.hot_sample = KeySampler(hot.feed_sample, every, HOT_MOST, self.gpu)
+            # a table whose hot copies fill from the sketch (hps/server/hot_fill.py) takes
+            # more keys of each sampled call: its copies want its heaviest thousands
+            copies = any(getattr(getattr(g, "owner", None), "hot", None)
+                         for g in self.gpu.values())
+            self.hot_sample = KeySampler(hot.feed_sample, every,
+                                         HOT_MOST_COPIES if copies else HOT_MOST, self.gpu)
             hot.pending = self.hot_sample.drain
 
     def checked_ref(self, keys: Any) -> ArrayRef:

@@ -34,6 +34,7 @@ from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES
 from hps.rows.gpu_layout import OUT_FLOAT32
 from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import HostLookup
+from hps.server.hot_fill import HotRowsFiller
 from hps.server.loader import LoadProgress
 from hps.server.models import LoadedModel
 from hps.server.prefetch import Prefetcher, PrefetchJob
@@ -71,6 +72,9 @@ class HierarchicalParameterServer:
         self._gpu.before_serving = self._before_serving
         self._registry = ModelRegistry(self.config, self.tiers, self._gpu,
                                        chunk_bytes=chunk_bytes)
+        #: fills the hot copies of sharded tables from their sketches (hot_fill.py)
+        self.hot_fill = HotRowsFiller(self._registry.acquire,
+                                      lambda: list(self._registry.models))
         # online updates (update_source): the consumer follows each model once it serves
         self.updates: ServerUpdates | None = None
         if self.config.update_source.enabled:
@@ -295,6 +299,9 @@ class HierarchicalParameterServer:
         for table in loaded.tables:
             table.sample_hot_keys(loaded.config.hot_key_sampling)
         warm_paths(self, loaded)
+        # the hot copies filled in the background, a reload's first from the served
+        # version's sketch (hot_fill.py)
+        self.hot_fill.watch(loaded, self._registry.models.get(loaded.config.model))
         try:
             warm_up(loaded, self._prefetch)
         except Exception:  # a warm-up is a bonus: the version serves cold rather than not
@@ -332,13 +339,21 @@ class HierarchicalParameterServer:
         finally:
             loaded.refs.release()
 
+    def fill_hot_rows(self, model: str, table: int | str | None = None) -> dict[str, Any]:
+        """Fill the hot copies of one table of `model` (None: every table that keeps some)
+        now, from its hot-key sketch, as the background filler does at its interval
+        (hps/server/hot_fill.py): {"model", "tables": [{"table", "keys", "held"}]}.
+        Raises UnknownModelError, UnknownTableError, or NoHotCopiesError where no table
+        asked for keeps copies here (a server without GPUs keeps none)."""
+        return self.hot_fill.fill(model, table)
+
     def replicate_hot_rows(self, model: str, table: int | str, keys: Any = None
                            ) -> dict[str, Any]:
         """Fills each device's hot copy of a sharded static table (hps/gpu/hot_rows.py)
         with the rows of `keys` (any integer array or list, heaviest first; None: the
         table's hot-key sketch's heaviest) held by its peers' shards. Returns the keys
         offered and what each device's copy holds. Raises UnknownModelError,
-        UnknownTableError, KeyTypeError, or ConfigError where the table has no hot
+        UnknownTableError, KeyTypeError, or NoHotCopiesError where the table has no hot
         copies."""
         loaded = self._registry.acquire(model)
         try:
@@ -452,6 +467,7 @@ class HierarchicalParameterServer:
         """Stop the update consumer and background work, and close every tier."""
         if self.updates is not None:
             self.updates.close()
+        self.hot_fill.close()
         self._prefetch.close()
         self._registry.close()
         self.tiers.close()

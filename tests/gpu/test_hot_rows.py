@@ -7,6 +7,7 @@ reads go to the copy and which to the owner. Runs where there are two devices or
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,13 @@ SMALL = 1500  # pulled, through the compiled fast path; reads no copy
 
 def _static_server(cp: Any, rng: np.random.Generator, tmp_path: Path, **model: Any
                    ) -> tuple[Any, np.ndarray, Model, list[int]]:
+    """A static table sharded over every device; the background filler off unless
+    `model` sets its interval (a test that plants rows in a copy keeps them there)."""
     devices = list(range(int(cp.cuda.runtime.getDeviceCount())))
     assert len(devices) >= 2, "run on a machine with two GPUs or more"
     keys = rng.choice(2**40, 200_000, replace=False).astype(np.int64)
     rows = rng.standard_normal((keys.size, DIM)).astype(np.float32)
+    model.setdefault("gpu_hot_rows_refresh_seconds", 0)
     hps = _server(tmp_path, keys, rows, devices, embedding_cache_type="static",
                   init_ec=True, gpucacheper=1.0, **model)
     return hps, keys, Model(keys, rows), devices
@@ -96,13 +100,20 @@ def test_each_device_reads_its_copy_and_the_rows_stay_exact(
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_updates_reach_the_copies_while_callers_read_them(
-        cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
+        cp: Any, rng: np.random.Generator, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Online updates of copied keys while every device looks up other copied keys, small
-    and large batches: every row exact during the updates, and the updated rows exact from
-    every device afterwards, pulled and pushed."""
+    and large batches, and the copies are filled both by calls and by the background
+    filler from the sketch (every tick, hps/server/hot_fill.py): every row exact during
+    the updates, and the updated rows exact from every device afterwards, pulled and
+    pushed."""
     import torch
 
-    hps, keys, model, devices = _static_server(cp, rng, tmp_path)
+    from hps.server import hot_fill
+
+    monkeypatch.setattr(hot_fill, "REFILL_MOVED", 0.0)  # any new traffic refills
+    hps, keys, model, devices = _static_server(cp, rng, tmp_path, hot_key_sampling=1,
+                                               gpu_hot_rows_refresh_seconds=0.01)
     try:
         server = hps.server
         hot = keys[:40_000]
@@ -126,15 +137,20 @@ def test_updates_reach_the_copies_while_callers_read_them(
         threads = [threading.Thread(target=caller, args=(d, 11 + d)) for d in devices]
         for t in threads:
             t.start()
+        owner = server.model("m").tables[0].gpu[0].owner
         try:
-            for _ in range(3):  # each round rewrites every updated key, the copies' too
+            rounds, until = 0, time.monotonic() + 4.0
+            while rounds < 3 or time.monotonic() < until:
+                # each round rewrites every updated key, the copies' too
                 model.update_online(server, updated, rng)
                 hps.replicate_hot_rows("m", 0, hot[::-1])  # refilled meanwhile, too
+                rounds += 1
         finally:
             stop.set()
             for t in threads:
                 t.join(120)
         assert not errors, errors[:10]
+        assert owner.hot.sketch_total > 0  # the background filler filled them meanwhile
         for device in devices:
             for n in (SMALL, LARGE):
                 q = np.r_[updated[:n // 2], rng.choice(read, n - min(n // 2, updated.size))]
@@ -173,5 +189,56 @@ def test_emptied_copies_are_not_read_and_the_sketch_fills_them(
         q = np.r_[hot, rng.choice(keys, LARGE)]
         for device in devices:
             np.testing.assert_array_equal(_lookup(cp, hps, device, q), model.expected(q))
+    finally:
+        hps.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_copies_fill_themselves_after_a_load_and_a_reload(
+        cp: Any, rng: np.random.Generator, tmp_path: Path) -> None:
+    """No call fills them: after the load, traffic fills the sketch and the background
+    filler the copies with its heaviest keys (those of other devices' shards, on each
+    device); a reload's new version starts with empty copies and the filler seeds them
+    with the replaced version's heaviest keys before any traffic. Rows exact from every
+    device throughout, pulled and pushed."""
+    hps, keys, model, devices = _static_server(cp, rng, tmp_path, hot_key_sampling=1,
+                                               gpu_hot_rows_refresh_seconds=0.2)
+    try:
+        hot = keys[:3000]
+        owner = hps.server.model("m").tables[0].gpu[0].owner
+        assert all(owner.hot.on(d).keys.size == 0 for d in devices)  # empty at load
+
+        def hot_copied(copies: Any) -> float:
+            """The least share of the hot keys of its peers' shards a device's copy holds."""
+            return min(np.isin(_remote_to(d, hot, devices), copies.on(d).keys).mean()
+                       for d in devices)
+
+        # skewed traffic: batches mostly of the hot keys (each sampled key stands for the
+        # keys of its stride, so a hot key must be a real share of every batch: beside
+        # a batch of uniform keys each hot key was counted below the sketch's purges)
+        until = time.monotonic() + 90
+        while hot_copied(owner.hot) < 0.9:  # refilled as the sketch learns the hot keys
+            assert time.monotonic() < until, (hot_copied(owner.hot), owner.hot.stats())
+            for device in devices:
+                q = np.r_[rng.choice(hot, LARGE), rng.choice(keys, 2000)]
+                np.testing.assert_array_equal(_lookup(cp, hps, device, q), model.expected(q))
+        for device in devices:  # each copy holds keys of its peers' shards alone
+            assert np.isin(owner.hot.on(device).keys, _remote_to(device, keys, devices)).all()
+        for device in devices:
+            for n in (SMALL, LARGE):
+                q = np.r_[hot, rng.choice(keys, n)]
+                np.testing.assert_array_equal(_lookup(cp, hps, device, q), model.expected(q))
+        hps.server.reload_model("m")
+        fresh = hps.server.model("m").tables[0].gpu[0].owner
+        assert fresh is not owner
+        until = time.monotonic() + 30
+        while not all(fresh.hot.on(d).keys.size for d in devices):  # no traffic: the seed
+            assert time.monotonic() < until, fresh.hot.stats()
+            time.sleep(0.05)
+        assert hot_copied(fresh.hot) >= 0.9
+        for device in devices:
+            for n in (SMALL, LARGE):
+                q = np.r_[hot, rng.choice(keys, n)]
+                np.testing.assert_array_equal(_lookup(cp, hps, device, q), model.expected(q))
     finally:
         hps.close()

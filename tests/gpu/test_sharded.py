@@ -183,11 +183,14 @@ def test_the_warm_up_fills_each_shard_in_file_order_as_the_numpy_model(
     sets overflow (more keys a shard than it holds), so the order is checked too."""
     from hps.gpu import sharded
 
-    dim, n, shards, part = 8, 30000, 3, 700
+    dim, n, part = 8, 30000, 700
     monkeypatch.setattr(sharded, "WARM_PART_BYTES", part * dim * 4)
     keys = rng.choice(2**40, n, replace=False).astype(np.int64)
     rows = rng.standard_normal((n, dim)).astype(np.float32)
     devices = list(range(int(cp.cuda.runtime.getDeviceCount()))) if every_device else [0]
+    # three shards, or one a device where there are more (gpu_shards >= devices); on two
+    # devices a device holds two shards, on one all three
+    shards = max(3, len(devices))
     hps = _server(tmp_path, keys, rows, gpu_shards=shards, gpucacheper=0.5,
                   cache_refresh_percentage_per_iteration=0.25, hit_rate_threshold=1.1,
                   deployed_device_list=devices)

@@ -214,6 +214,33 @@ def models_prefetch(
         raise typer.Exit(code=1)
 
 
+@models_app.command("hot-rows")
+def models_hot_rows(
+    model: str = typer.Argument(..., help="The model."),
+    table: Optional[str] = typer.Option(None, help="One table (default: every table that "
+                                                   "keeps hot copies)."),
+    url: str = _URL, token: Optional[str] = _TOKEN,
+) -> None:
+    """Fill the hot copies of a running server's tables sharded over GPUs from their hot
+    keys now (the server also does so in the background, every
+    gpu_hot_rows_refresh_seconds). Prints the keys offered and what each device's copy
+    holds; under --workers N every worker fills its own."""
+    from urllib.parse import quote
+
+    from hps.tools.admin_client import call
+
+    body: dict[str, Any] = {} if table is None else {"table": table}
+    try:
+        answer = call(url, "POST", f"/v1/models/{quote(model, safe='')}/hot-rows", token,
+                      body)
+    except HPSError as exc:
+        fail(exc)
+    for filled in answer["tables"]:
+        held = ", ".join(f"cuda:{d} {n:,}" for d, n in filled["held"].items())
+        console.print(f"{answer['model']} / {filled['table']}: {filled['keys']:,} hot keys "
+                      f"offered; each device's copy holds {held}", highlight=False)
+
+
 def follow_prefetches(url: str, token: str | None, model: str, jobs: list[dict[str, Any]],
                       poll: float = 0.2) -> list[dict[str, Any]]:
     """The jobs' answers once each ended, with a progress bar each on stderr (keys looked
