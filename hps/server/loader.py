@@ -240,9 +240,9 @@ def load_table(
     fingerprint), which makes restarting a server over a filled RocksDB fast; the volatile
     tier then takes its rows from the files where the persistent tier holds them
     unchanged, else from the persistent tier, which keeps the rows online updates wrote
-    since the files were loaded (hps.server.restart_fill). A volatile tier that fails (TierError) while a
-    persistent tier takes the table is left out of the rest of the load:
-    `volatile_error` of the record says why.
+    since the files were loaded (hps.server.restart_fill). A volatile tier that fails
+    (TierError) while a persistent tier takes the table is left out of the rest of the
+    load: `volatile_error` of the record says why.
 
     Checks: an in-process tier must have the memory for its rows before any is
     allocated (ConfigError); the gate's checks (non-finite rows, rows a compact `storage`

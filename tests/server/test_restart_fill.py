@@ -66,7 +66,7 @@ def test_a_restart_over_an_unchanged_store_fills_from_the_files(
         assert [first.persistent.metadata(n)[STORED_VERSION]  # type: ignore[attr-defined]
                 for n in NAMES] == marks
     before = table_files(store, NAMES)
-    assert before["marks"] == dict(zip(NAMES, marks))
+    assert before["marks"] == dict(zip(NAMES, marks, strict=True))
     with caplog.at_level(logging.INFO, logger="hps"):
         with HierarchicalParameterServer(config) as second:
             for i, (keys, vectors) in enumerate(two_tables["tables"]):

@@ -70,6 +70,8 @@ def scan_rows(cf: Any, dim: int, chunk_rows: int = SCAN_CHUNK_ROWS
 def _scan_options() -> Any:
     options = rocksdict.ReadOptions()
     options.set_verify_checksums(False)
-    options.fill_cache(False)  # a scan's blocks would push the lookups' out of the cache
+    # a scan's blocks would push the lookups' out of the cache (rocksdict's stub lacks
+    # the argument its method takes)
+    options.fill_cache(False)  # type: ignore[call-arg]
     options.set_readahead_size(4 << 20)
     return options

@@ -103,8 +103,8 @@ def write_models(folder: Path, demo_scale: float, keys: int, dim: int) -> list[M
                  "maxnum_catfeature_query_per_table_per_sample": [16],
                  "default_value_for_each_table": [0.0], "deployed_device_list": [0],
                  "max_batch_size": 1024, "gpucacheper": 0.5}
-        sample = np.random.default_rng(0).choice(table_keys, min(keys, 100_000))
-        models.append(Model("big", block, [sample]))
+        drawn = np.random.default_rng(0).choice(table_keys, min(keys, 100_000))
+        models.append(Model("big", block, [drawn]))
     return models
 
 
@@ -211,20 +211,21 @@ def lookups(port: int, model: Model, count: int, batch: int, connections: int,
         body = bodies[t][(i // len(tables)) % 64]
         start = time.perf_counter()
         try:
-            conn = conns[c] or http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            conns[c] = conn
+            conn = conns[c]
+            if conn is None:
+                conn = conns[c] = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             conn.request("POST", paths[t], body, headers)
             answer = conn.getresponse()
             answer.read()
             status[i] = answer.status
         except (OSError, http.client.HTTPException):
-            if conns[c] is not None:
-                conns[c].close()  # type: ignore[union-attr]
-            conns[c] = None
+            broken, conns[c] = conns[c], None
+            if broken is not None:
+                broken.close()
         seconds[i] = time.perf_counter() - start
-    for conn in conns:
-        if conn is not None:
-            conn.close()
+    for opened in conns:
+        if opened is not None:
+            opened.close()
     return seconds, status
 
 

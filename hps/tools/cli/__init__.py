@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import sys
 
+from hps.tools.cli import bench_ready as _bench_ready  # noqa: F401 - `hps bench ready`
 from hps.tools.cli.app import app
 from hps.tools.cli.bench import bench_app
-from hps.tools.cli import bench_ready as _bench_ready  # noqa: F401 - `hps bench ready`
 from hps.tools.cli.config import config_app
 from hps.tools.cli.demo import demo
 from hps.tools.cli.files import convert, inspect
