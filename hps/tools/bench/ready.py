@@ -132,7 +132,11 @@ class Server:
         self.proc = subprocess.Popen(
             argv, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
             env={**os.environ, **env, "PYTHONPATH": str(checkout)})
-        self.ready_seconds = self._wait_ready() - self.started
+        try:
+            self.ready_seconds = self._wait_ready() - self.started
+        except BaseException:
+            self.stop()  # never left running behind a failed start
+            raise
 
     def _ready(self) -> bool:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
