@@ -22,7 +22,6 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -39,6 +38,8 @@ from hps.modelfiles.read_ahead import read_ahead
 from hps.modelfiles.source import SourceOptions
 from hps.rows.storage_types import FLOAT32, StorageType
 from hps.runtime.memory_available import available_memory
+from hps.server.restart_fill import STORED_VERSION, refill_volatile
+from hps.server.volatile_share import shares, stored_rows, volatile_rows
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import Tier
 
@@ -160,10 +161,6 @@ def open_readers(config: PSConfig, model: ModelConfig, chunk_bytes: int = DEFAUL
     return readers
 
 
-def _volatile_rows(n: int, rate: float) -> int:
-    return n if rate >= 1.0 else int(math.ceil(n * rate))
-
-
 def fill_volatile(name: str, reader: ModelReader, volatile: Tier, rate: float,
                   stored: Tier | None = None) -> int:
     """Write the `rate` share of every chunk of a table into the volatile tier, as a load
@@ -172,22 +169,11 @@ def fill_volatile(name: str, reader: ModelReader, volatile: Tier, rate: float,
     online updates wrote since the load) where it holds them, else from the files.
     Raises TierError when the tier cannot take them."""
     written = 0
-    for keys, vectors in reader.chunks():
-        m = _volatile_rows(len(keys), rate)
-        rows = vectors[:m] if stored is None else stored_rows(stored, name, keys[:m],
-                                                               vectors[:m])
-        volatile.insert(name, keys[:m], rows)
-        written += m
+    for keys, vectors in shares(reader.chunks(), rate):
+        rows = vectors if stored is None else stored_rows(stored, name, keys, vectors)
+        volatile.insert(name, keys, rows)
+        written += len(keys)
     return written
-
-
-def stored_rows(persistent: Tier, name: str, keys: np.ndarray, file_rows: np.ndarray
-                ) -> np.ndarray:
-    """The rows the persistent tier holds for `keys`, the file's where it holds none."""
-    stored, found = persistent.fetch(name, keys)
-    if not found.all():
-        stored[~found] = file_rows[~found]
-    return stored
 
 
 def served_chunks(name: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]],
@@ -255,10 +241,11 @@ def load_table(
 
     The persistent tier is skipped when it already holds these exact files (same
     fingerprint), which makes restarting a server over a filled RocksDB fast; the volatile
-    tier then takes its rows from the persistent tier, which keeps the rows online updates
-    wrote since the files were loaded. A volatile tier that fails (TierError) while a
-    persistent tier takes the table is left out of the rest of the load:
-    `volatile_error` of the record says why.
+    tier then takes its rows from the files where the persistent tier holds them
+    unchanged, else from the persistent tier, which keeps the rows online updates wrote
+    since the files were loaded (hps.server.restart_fill). A volatile tier that fails
+    (TierError) while a persistent tier takes the table is left out of the rest of the
+    load: `volatile_error` of the record says why.
 
     Checks: an in-process tier must have the memory for its rows before any is
     allocated (ConfigError); the gate's checks (non-finite rows, rows a compact `storage`
@@ -303,7 +290,7 @@ def load_table(
         for keys, vectors in read_ahead(gate.check(reader.chunks())):
             read += len(keys)
             if write_volatile and not source.volatile_error:
-                m = _volatile_rows(len(keys), rate)
+                m = volatile_rows(len(keys), rate)
                 try:
                     rows = vectors[:m]
                     if reuse:  # the store may hold newer rows (online updates) than files
@@ -319,8 +306,8 @@ def load_table(
             yield keys, vectors
 
     if write_volatile:
-        check_memory(name, _volatile_rows(reader.num_keys, rate), dim, volatile, storage)
-        volatile.reserve(name, _volatile_rows(reader.num_keys, rate))  # type: ignore[union-attr]
+        check_memory(name, volatile_rows(reader.num_keys, rate), dim, volatile, storage)
+        volatile.reserve(name, volatile_rows(reader.num_keys, rate))  # type: ignore[union-attr]
     progress.start_table(name, reader.num_keys, reader.num_bytes)
     if persistent is not None and not reuse:
         persistent.drop_table(name)
@@ -349,8 +336,20 @@ def load_table(
         if (source.duplicate_keys and gate.settings.duplicates == "last" and write_volatile
                 and rate < 1.0 and not source.volatile_error):
             _rewrite_share(name, reader, volatile, persistent, rate, source)  # type: ignore[arg-type]
-        persistent.set_metadata(name, {k: v for k, v in source.as_dict().items()
-                                       if k not in ("reused", "volatile_error", "load_gate")})
+        record = {k: v for k, v in source.as_dict().items()
+                  if k not in ("reused", "volatile_error", "load_gate")}
+        # what the store holds right after the load: a restart that finds it unchanged
+        # fills the volatile tier from the files (hps.server.restart_fill)
+        record[STORED_VERSION] = persistent.stored_version(name)
+        persistent.set_metadata(name, record)
+    elif write_volatile and reuse and stored is not None:
+        try:  # the persistent tier is only read: from its rows or, unchanged, the files'
+            refill_volatile(name, reader, volatile, persistent, stored, rate,  # type: ignore[arg-type]
+                            progress.advance)
+        except TierError as exc:
+            _leave_out_volatile(source, name, volatile, exc)  # type: ignore[arg-type]
+        verdict = gate.finish(_stored_keys(stored), reused=True,
+                              digest=str(stored.get("rows_digest", "")))
     elif write_volatile:
         for _ in chunks():
             pass

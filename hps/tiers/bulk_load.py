@@ -38,6 +38,8 @@ class BulkLoadTier(Tier):
     #: in process and never evicts): a load can then read a table back instead of
     #: sorting a copy
     can_export: bool = False
+    #: whether `scan` reads every row the tier holds of a table back in bulk (RocksDB)
+    can_scan: bool = False
 
     # -- loading ------------------------------------------------------------------------
 
@@ -117,7 +119,20 @@ class BulkLoadTier(Tier):
         here: raises NotImplementedError."""
         raise NotImplementedError(f"the {self.name} tier cannot export a table")
 
+    def scan(self, table: str, chunk_rows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every row of `table` as `(keys, vectors)` chunks of at most `chunk_rows`, in
+        the tier's own order, from one snapshot. Only where `can_scan`; here: raises
+        NotImplementedError."""
+        raise NotImplementedError(f"the {self.name} tier cannot scan a table")
+
     # -- the load record ----------------------------------------------------------------
+
+    def stored_version(self, table: str) -> str:
+        """A mark of what the tier holds of `table` now that any write to it changes
+        (RocksDB: its table files); a load records it, so a restart can tell whether
+        the table still holds exactly the rows it loaded. "" when the tier cannot tell
+        (here: always); "" never equals a recorded mark."""
+        return ""
 
     def metadata(self, table: str) -> dict[str, Any] | None:
         """The load record stored with `table` (source, fingerprint), None if none (a

@@ -74,6 +74,7 @@ from hps.tiers.rocksdb.bulk import (
     bytewise_sorted,
     last_of_each,
 )
+from hps.tiers.rocksdb.scan import SCAN_CHUNK_ROWS, scan_rows, table_files_mark
 from hps.tiers.rocksdb.secondary import (
     FOLLOW_SECONDS,
     FollowsPrimary,
@@ -140,6 +141,7 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
     """
 
     name = "rocksdb"
+    can_scan = True
 
     def __init__(
         self,
@@ -549,7 +551,20 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         del it
         return empty
 
+    def scan(self, table: str, chunk_rows: int = SCAN_CHUNK_ROWS
+             ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every row of `table` in bytewise order (hps.tiers.rocksdb.scan.scan_rows)."""
+        dim = self.dim(table)
+        for keys, rows, bad in scan_rows(self._cf(table), dim, chunk_rows):
+            if bad:
+                self._count_bad_rows(table, dim, bad)
+            yield keys, rows
+
     # -- the load record ----------------------------------------------------------------
+
+    def stored_version(self, table: str) -> str:
+        """The table's files (hps.tiers.rocksdb.scan.table_files_mark)."""
+        return table_files_mark(self._cf(table))
 
     def metadata(self, table: str) -> dict[str, Any] | None:
         """The JSON record stored for `table` by `set_metadata`, or None."""

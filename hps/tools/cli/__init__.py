@@ -16,7 +16,8 @@ each command lives in the module of its job:
   memory a table would take, which inspect prints
 - validate.py: `hps validate` (the load gate's checks on a table's files, offline)
 - plan.py: `hps plan` (the memory a table needs in every tier, its GPU cache's hit rate)
-- bench.py: `hps bench …` (the benchmarks, each beside its baseline); key_counts.py: the
+- bench.py: `hps bench …` (the benchmarks, each beside its baseline); bench_ready.py:
+  `hps bench ready` (real servers from start to first lookups); key_counts.py: the
   one reading of their key counts (100k, 1M, 2_000_000)
 - models.py: `hps models list|add|reload|remove` (the models of a running server)
 - mps.py: `hps mps start|status|stop` (NVIDIA's MPS daemon for a GPU host's processes)
@@ -43,6 +44,7 @@ __all__ = ["app", "main"]
 @functools.cache
 def _assembled() -> typer.Typer:
     """The root app with every command added, in the order `hps --help` lists them."""
+    from hps.tools.cli import bench_ready  # noqa: F401 - adds `hps bench ready`
     from hps.tools.cli.bench import bench_app
     from hps.tools.cli.config import config_app
     from hps.tools.cli.demo import demo
