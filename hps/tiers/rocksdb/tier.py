@@ -74,6 +74,7 @@ from hps.tiers.rocksdb.bulk import (
     bytewise_sorted,
     last_of_each,
 )
+from hps.tiers.rocksdb.encoding import consume, key_bytes, row_bytes
 from hps.tiers.rocksdb.scan import SCAN_CHUNK_ROWS, scan_rows, table_files_mark
 from hps.tiers.rocksdb.secondary import (
     FOLLOW_SECONDS,
@@ -105,24 +106,6 @@ _DEFAULT_BUCKETS = 64
 _MIN_FILE_BYTES = 64 << 10
 #: RocksDB property: keys a column family holds, estimated from its metadata
 _ESTIMATED_KEYS = "rocksdb.estimate-num-keys"
-
-
-def _consume(iterator: Iterator[Any]) -> None:
-    """Run an iterator (a `map` of rocksdict calls) to its end at C speed."""
-    collections.deque(iterator, maxlen=0)
-
-
-def key_bytes(keys: np.ndarray) -> list[bytes]:
-    """The raw 8-byte little-endian strings of int64 keys (a `V8` view: no NUL stripping)."""
-    raw: list[bytes] = np.ascontiguousarray(keys, dtype="<i8").view("V8").tolist()
-    return raw
-
-
-def row_bytes(vectors: np.ndarray) -> list[bytes]:
-    """The raw float32 bytes of each row."""
-    rows = np.ascontiguousarray(vectors, dtype="<f4")
-    raw: list[bytes] = rows.view(f"V{rows.shape[1] * 4}").reshape(-1).tolist()
-    return raw
 
 
 class RocksDBTier(FollowsPrimary, BulkLoadTier):
@@ -342,7 +325,7 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
         handle = self._handles[table]
-        _consume(map(batch.put, key_bytes(k), row_bytes(v), itertools.repeat(handle)))
+        consume(map(batch.put, key_bytes(k), row_bytes(v), itertools.repeat(handle)))
         del cf
         self._db.write(batch)
         self._changed(table)
@@ -356,7 +339,7 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         present = list(itertools.compress(wanted, self._multi_get(cf, wanted)))
         if present:
             batch = rocksdict.WriteBatch(raw_mode=True)
-            _consume(map(batch.delete, present, itertools.repeat(self._handles[table])))
+            consume(map(batch.delete, present, itertools.repeat(self._handles[table])))
             self._db.write(batch)
             self._changed(table)
         return len(present)
