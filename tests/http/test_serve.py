@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shlex
 import shutil
 import signal
@@ -205,7 +206,10 @@ def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
         locked = subprocess.run([*lookup[:5], "--write-store", *lookup[5:]],
                                 capture_output=True, text=True, env=cli_env, cwd=clone,
                                 timeout=60)
-        assert locked.returncode == 2 and "--read-only" in locked.stderr, locked.stderr
+        assert locked.returncode == 2, locked.stderr
+        plain = re.search(r"without --write-store, `([^`]+)` reads it", locked.stderr)
+        assert plain is not None, locked.stderr  # the command as given, less --write-store
+        assert shlex.split(plain.group(1))[1:] == [str(a) for a in lookup[3:]]
         read = subprocess.run(lookup, capture_output=True, text=True, env=cli_env, cwd=clone,
                               timeout=60)  # read-only by default
         assert read.returncode == 0, read.stderr
@@ -229,7 +233,7 @@ def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
     """A second `hps demo` while `hps serve` serves the demo's folder refuses in one line,
     naming the server's process, before a byte is written (model files, ps.json and
     RocksDB alike); the read-only ways it names work beside the server: `hps lookup
-    --read-only`, and in Python the config with persistent_db.read_only."""
+    (without --write-store), and in Python the config with persistent_db.read_only."""
     from hps import load_config
     from hps.inference import HPS
 
@@ -247,7 +251,8 @@ def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
         assert again.returncode == 2 and again.stdout == "", again.stdout
         assert len(again.stderr.strip().splitlines()) == 1, again.stderr
         assert f"process {proc.proc.pid}" in again.stderr
-        assert "nothing was written" in again.stderr and "--read-only" in again.stderr
+        assert "nothing was written" in again.stderr
+        assert f"`hps lookup {folder / 'ps.json'} -m demo -- 17 42 -3`" in again.stderr
         assert "Traceback" not in again.stderr
         assert _snapshot(folder) == before
         lookup = [sys.executable, "-m", "hps.tools.cli", "lookup", str(folder / "ps.json"),
@@ -255,7 +260,8 @@ def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
         locked = subprocess.run([*lookup[:4], "--write-store", *lookup[4:]],
                                 capture_output=True, text=True, env=cli_env, timeout=120)
         assert locked.returncode == 2 and len(locked.stderr.strip().splitlines()) == 1
-        assert "--read-only" in locked.stderr and "persistent_db.read_only" in locked.stderr
+        assert "persistent_db.read_only" in locked.stderr
+        assert f"`hps lookup {folder / 'ps.json'} -m demo --json -- 17 42 -3`" in locked.stderr
         read = subprocess.run([*lookup[:4], "--read-only", *lookup[4:]], capture_output=True,
                               text=True, env=cli_env, timeout=120)
         assert read.returncode == 0, read.stderr

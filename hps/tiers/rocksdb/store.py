@@ -17,7 +17,7 @@ from typing import Any
 import rocksdict
 
 from hps.config import PersistentDBConfig
-from hps.errors import TierSetupError
+from hps.errors import StoreInUseError, TierSetupError
 from hps.runtime.cores import usable_cores
 
 #: column family RocksDB always has; the tier keeps nothing in it
@@ -53,10 +53,11 @@ _HELD_HERE = (
     "framework layer or a HierarchicalParameterServer not closed yet). Build them all from "
     "the same config file (one server per config is shared in a process), or close the "
     "other first")
+# the ways to read it meanwhile name the config and its models, which only the server
+# opening the store knows: it adds them (hps/server/store_in_use.py)
 _HELD_ELSEWHERE = (
-    "cannot open {where}: {who} (a running `hps serve`?) has it open for writing. Read it "
-    "meanwhile with `hps lookup --read-only`, or set persistent_db.read_only: true in the "
-    "config")
+    "cannot open {where}: {who} (a running `hps serve`?) has it open for writing; a "
+    "read-only open (persistent_db.read_only: true) reads it meanwhile")
 
 
 def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]:
@@ -64,7 +65,8 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
     it holds. Returns `(Rdict, names of its column families other than "default")`.
 
     Raises TierSetupError when it cannot be opened: missing while `read_only`, open for
-    writing in this process (by another server) or another one, not a RocksDB directory.
+    writing in this process (by another server), not a RocksDB directory; StoreInUseError
+    when another process has it open for writing.
     """
     where = f"RocksDB at {path!r}"
     if read_only and not os.path.isdir(path):
@@ -75,7 +77,7 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
     if writer == os.getpid():
         raise TierSetupError(_HELD_HERE.format(where=where))
     if writer is not None:  # refused before RocksDB touches the writer's files
-        raise TierSetupError(_HELD_ELSEWHERE.format(where=where, who=f"process {writer}"))
+        raise StoreInUseError(_HELD_ELSEWHERE.format(where=where, who=f"process {writer}"))
     try:
         families = {n: options for n in column_families(path, options) if n != DEFAULT_CF}
         if read_only:
@@ -92,7 +94,7 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
         if "hold by current process" in str(exc):  # RocksDB's own words for its lock table
             raise TierSetupError(_HELD_HERE.format(where=where)) from exc
         if "lock" in str(exc).lower():
-            raise TierSetupError(_HELD_ELSEWHERE.format(
+            raise StoreInUseError(_HELD_ELSEWHERE.format(
                 where=where, who="another process")) from exc
         raise TierSetupError(f"cannot open {where}: {exc}") from exc
 
