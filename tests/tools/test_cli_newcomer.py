@@ -33,12 +33,10 @@ def test_a_misspelt_key_stops_the_command_before_anything_loads(
 
 
 def _snapshot(folder: Path) -> dict[str, Any]:
-    """Size and modification time of every file of a store; the bytes of rocksdict's own
-    40-byte settings file, which rocksdict writes again, the same, at every open (a
-    read-only one too)."""
-    return {str(p.relative_to(folder)): p.read_bytes() if p.name == "rocksdict-config.json"
-            else (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Size and modification time of the store's folder and of every file in it,
+    rocksdict's own settings file included."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in [folder, *sorted(folder.rglob("*"))]}
 
 
 def test_lookup_writes_no_store_unless_asked(two_tables: dict[str, Any]) -> None:
