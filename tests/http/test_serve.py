@@ -320,6 +320,46 @@ def test_a_model_that_fails_to_load_is_one_line_and_require_models_exits(
         assert "Traceback" not in done.stderr
 
 
+def test_a_model_that_failed_on_a_typo_loads_after_the_fix_with_the_printed_command(
+        tmp_path: Path, model_files: ModelFiles, cli_env: dict[str, str]) -> None:
+    """The newcomer's path: a ps.json naming a folder with a typo; `hps serve` says which
+    file to fix and prints the reload command; after the fix, that command, run as
+    printed, loads the model from the file read again (/readyz turns 200)."""
+    good = json.loads(json.dumps(model_files.config))
+    typo = json.loads(json.dumps(good))
+    typo["models"][0]["sparse_files"][1] = str(model_files.dir / "itmes")
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(typo))
+    port = free_port()
+    proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", str(path), "--port",
+                    str(port)], cli_env)
+    try:
+        line = proc.wait_for(f"hps: model '{MODEL}' failed to load", timeout=90)
+        assert f"fix {path}, then" in line, line
+        printed = re.search(r"`(curl [^`]+)`", line)
+        assert printed is not None, line
+        assert printed.group(1) == (f"curl -s -X POST http://127.0.0.1:{port}/v1/models/"
+                                    f"{MODEL}/reload")
+        path.write_text(json.dumps(good))
+        if shutil.which("curl"):
+            done = subprocess.run(["bash", "-c", printed.group(1)], capture_output=True,
+                                  text=True, env=cli_env, timeout=120)
+            assert done.returncode == 0, done.stderr
+            answer = json.loads(done.stdout)
+        else:  # the same request, sent with httpx
+            answer = httpx.post(shlex.split(printed.group(1))[-1], timeout=120).json()
+        assert answer["model"] == MODEL and "error" not in answer, answer
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        served = httpx.post(f"{url}/v1/models/{MODEL}/tables/1/lookup",
+                            json={"keys": model_files.keys[1][:3].tolist()})
+        assert served.status_code == 200
+        np.testing.assert_array_equal(np.asarray(served.json()["vectors"], np.float32),
+                                      model_files.vectors[1][:3])
+    finally:
+        assert proc.interrupt() in (0, 130)
+
+
 def test_the_first_load_on_a_machine_says_it_compiles(config_file: Path, tmp_path: Path,
                                                       cli_env: dict[str, str]) -> None:
     """With nothing in numba's cache (a fresh machine), `hps serve` says once that it
