@@ -39,6 +39,7 @@ from hps.modelfiles.read_ahead import read_ahead
 from hps.modelfiles.source import SourceOptions
 from hps.rows.storage_types import FLOAT32, StorageType
 from hps.runtime.memory_available import available_memory
+from hps.server.source_keys import naming_the_key, source_key
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import Tier
 
@@ -123,7 +124,8 @@ def open_reader(config: PSConfig, model: ModelConfig, index: int,
     read = ReadOptions(width, uint32_keys=not config.supportlonglong, chunk_bytes=chunk_bytes)
     spec = model.table_spec(index)
     try:
-        return open_model(spec, read, options)
+        with naming_the_key(source_key(config, model, index)):
+            return open_model(spec, read, options)
     except ModelFileError as exc:
         found = _own_width(spec, read, options)
         if found is None or found == width:
