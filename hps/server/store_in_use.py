@@ -32,7 +32,7 @@ def read_only_ways(source: Any, config: PSConfig) -> str:
     which = f" (-m names the model: {', '.join([model, *others])})" if others else ""
     path = os.fspath(source)
     command = f"hps lookup {shlex.quote(path)} -m {shlex.quote(model)} -- {EXAMPLE_KEY}"
-    return (f"Read it meanwhile from a shell: `{command}` (your keys for {EXAMPLE_KEY})"
-            f"{which}; or from Python: `from hps import HPS, load_config; "
+    return (f"From a shell: `{command}` (your keys for {EXAMPLE_KEY}){which}; from "
+            "Python: `from hps import HPS, load_config; "
             f"config = load_config({path!r}); config.persistent_db.read_only = True; "
             "hps = HPS(config)`")

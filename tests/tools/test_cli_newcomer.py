@@ -172,7 +172,7 @@ def test_hps_beside_a_writer_prints_ways_to_read_that_run_as_printed(
         last = second.stderr.strip().splitlines()[-1]
         assert last.startswith("hps.errors.StoreInUseError: ") and "--read-only" not in last
         assert f"process {holder.pid}" in last
-        shell = re.search(r"from a shell: `([^`]+)`", last)
+        shell = re.search(r"From a shell: `([^`]+)`", last)
         python = re.search(r"from Python: `([^`]+)`", last)
         assert shell is not None and python is not None, last
         assert shell.group(1) == "hps lookup ps.json -m m -- 0"
