@@ -293,7 +293,8 @@ def test_a_model_that_fails_to_load_is_one_line_and_require_models_exits(
                     str(port)], cli_env)
     try:
         line = proc.wait_for("hps: model 'gone' failed to load", timeout=90)
-        assert f"sparse folder '{tmp_path / 'nope'}' does not exist" in line
+        assert f"models[1].sparse_files[0]: sparse folder '{tmp_path / 'nope'}' does not " \
+            "exist" in line
         assert "--require-models" in line and "/readyz answers 503" in line
         url = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{url}/readyz").status_code == 503
@@ -312,7 +313,8 @@ def test_a_model_that_fails_to_load_is_one_line_and_require_models_exits(
                                "--port", str(free_port())], capture_output=True, text=True,
                               env=cli_env, timeout=180)
         assert done.returncode == 2, done.stdout + done.stderr
-        assert "hps: model 'gone' failed to load: sparse folder" in done.stdout
+        assert "hps: model 'gone' failed to load: models[1].sparse_files[0]: sparse " \
+            "folder" in done.stdout
         assert "(--require-models: stopping)" in done.stdout
         errors = done.stderr.strip().splitlines()
         assert errors[-1] == ("error: 1 of 2 models failed to load at start (gone); "
