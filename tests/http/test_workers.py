@@ -316,8 +316,15 @@ def test_a_reload_after_a_fixed_typo_reads_the_file_in_every_worker(
     served = start(config, shm)
     try:
         served.wait_for("serving on")
-        deadline = time.monotonic() + 90
-        while "failed to load: m " not in httpx.get(f"{served.url}/readyz").text:
+        deadline = time.monotonic() + 180
+
+        def failed() -> bool:
+            try:
+                return "failed to load: m " in httpx.get(f"{served.url}/readyz", timeout=30).text
+            except httpx.TransportError:  # a worker busy starting on a loaded machine
+                return False
+
+        while not failed():
             assert time.monotonic() < deadline, "the load never failed"
             time.sleep(0.2)
         config.write_text(json.dumps(model.config))
