@@ -271,6 +271,15 @@ def test_a_read_only_open_leaves_every_file_of_the_store_untouched(
     assert set(Path(tempfile.gettempdir()).glob("hps-rocksdb-read-*")) == links_before
 
 
+def test_a_read_only_open_of_a_folder_that_holds_no_store_names_that_folder(
+        store: Path) -> None:
+    store.mkdir()
+    with pytest.raises(TierSetupError) as refused:
+        RocksDBTier(config(store, read_only=True))
+    assert f"{store}/CURRENT" in str(refused.value)
+    assert "hps-rocksdb-read-" not in str(refused.value)  # not the folder of links
+
+
 def test_read_only_needs_an_existing_store(store: Path) -> None:
     with pytest.raises(TierSetupError, match="does not exist"):
         RocksDBTier(config(store, read_only=True))

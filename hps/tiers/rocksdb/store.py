@@ -137,7 +137,8 @@ def open_read_only(path: str, options: Any, families: dict[str, Any]) -> Any:
                                    access_type=rocksdict.AccessType.read_only(False))
         except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
             if "No such file" not in str(exc) or attempt + 1 == READ_ONLY_ATTEMPTS:
-                raise
+                # RocksDB names the file it could not read: the store's, not the link's
+                raise Exception(str(exc).replace(links, source)) from None
         finally:
             shutil.rmtree(links, ignore_errors=True)
     raise AssertionError("unreachable")
