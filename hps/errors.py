@@ -27,6 +27,7 @@ on `TierUnavailableError`, and metrics are labelled by `kind`.
     │   ├── TierUnavailableError    network/timeout: fall through to the next tier, retry later
     │   │   └── TableUnreadableError  a shared table's write never ended (its writer died)
     │   └── TierSetupError          wrong address, password, TLS files: fails at start
+    │       └── StoreInUseError     another process has the RocksDB store open for writing
     ├── DeviceError                 no CUDA device, too little device memory, wrong device
     ├── BindError                   the HTTP server cannot bind its address (port in use)
     ├── ModelsNotLoadedError        a model failed to load at start, and the server requires them
@@ -182,6 +183,13 @@ class TierSetupError(TierError):
     """A tier cannot be set up: wrong address, credentials or TLS files."""
 
     kind = "tier_setup"
+
+
+class StoreInUseError(TierSetupError):
+    """Another process (a running `hps serve`?) has the RocksDB store open for writing;
+    a read-only open reads it meanwhile."""
+
+    kind = "store_in_use"
 
 
 class DeviceError(HPSError, RuntimeError):

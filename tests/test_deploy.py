@@ -241,7 +241,8 @@ def test_commands_parse_against_the_cli(compose: dict[str, Any]) -> None:
         _parse(["serve"])
 
 
-@pytest.mark.parametrize("name", ["demo", "redis", "redis-cluster", "s3", "gpu", "replicas"])
+@pytest.mark.parametrize("name", ["demo", "redis", "redis-cluster", "s3", "gpu", "gpu-workers",
+                                  "replicas"])
 def test_configs_load_cleanly(name: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an unknown key is a warning: none allowed
@@ -252,7 +253,10 @@ def test_configs_load_cleanly(name: str) -> None:
     assert model.embedding_vecsize_per_table == [16, 64]
     assert config.persistent_db.enabled
     assert config.volatile_db.is_redis == (name.startswith("redis") or name == "replicas")
-    assert model.gpucache == (name == "gpu")
+    assert model.gpucache == name.startswith("gpu")
+    # several workers share one GPU cache a device (docs/workers.md)
+    assert (model.gpu_cache_scope, config.http.workers) == (
+        ("host", 8) if name == "gpu-workers" else ("process", 1))
     # the replicas take online updates from the compose file's Redis Streams
     assert config.update_source.type == ("redis_stream" if name == "replicas" else "null")
 

@@ -89,12 +89,14 @@ def test_readme_is_short() -> None:
 
 
 def test_readme_starts_with_the_setup_commands() -> None:
-    """The first fenced block, before any section, runs the demo and the tests."""
+    """The first fenced block, before any section, runs the demo and the tests, in a
+    clone: its first line, a comment, says how to get one."""
     text = README.read_text(encoding="utf-8")
     first = re.search(r"^```[a-z]*\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)
     assert first is not None
     assert "\n## " not in text[:first.start()]
-    lines = first.group(1).splitlines()
+    clone, *lines = first.group(1).splitlines()
+    assert clone.startswith("# ") and "git clone" in clone and "&& cd " in clone, clone
     commands = [line.split("#")[0].strip() for line in lines]
     assert len(lines) == 3 and commands[0].startswith("python3 -m venv"), lines
     assert commands[1].startswith("pip install") and commands[1].endswith("&& hps demo")

@@ -77,6 +77,7 @@ def create_app(
     max_queued_lookups: int | None = None,
     queue_target_s: float = TARGET_DELAY_S,
     min_queued_lookups: int | None = None,
+    config_file: str | None = None,
 ) -> FastAPI:
     """A FastAPI app that serves `server`.
 
@@ -98,7 +99,8 @@ def create_app(
     (`ServiceState.admit`). `queue_target_s`: the queueing delay a lookup may meet; one
     that would wait longer is answered so too, once at least `min_queued_lookups` are in
     (default: 4 per thread, at least 8; 2 per thread, at least 4, while it sheds;
-    hps/http/admission.py).
+    hps/http/admission.py). `config_file`: the config file the server was started with,
+    which a reload without sources reads again (hps/http/reload_block.py).
     """
     if token is not None and not token:
         raise ValueError("token must be a non-empty string or None")
@@ -111,6 +113,7 @@ def create_app(
                          max_queued_lookups=max_queued_lookups,
                          queue_target_s=queue_target_s,
                          min_queued_lookups=min_queued_lookups,
+                         config_file=config_file,
                          allowed_roots=[normalise_root(r) for r in (
                              default_roots(server.config) if allow_roots is None
                              else allow_roots)] + [normalise_root(r) for r in

@@ -2,7 +2,8 @@
 
 Bodies: little-endian int64 keys (`application/octet-stream`; int32, uint32 or uint64
 keys with `X-HPS-Key-Dtype`) → raw little-endian float32 rows with
-`X-HPS-Keys`/`X-HPS-Width` headers; or JSON `{"keys": [...]}` → JSON
+`X-HPS-Keys`/`X-HPS-Width` headers, and `X-HPS-Key-Dtype` naming the dtype the keys were
+read as (a client that forgot its header sees `int64` and half its key count); or JSON `{"keys": [...]}` → JSON
 `{"vectors": [[...]], ...}`. Keys and vectors cross as whole arrays (`np.frombuffer` in,
 a memoryview of the rows out; JSON through pydantic-core and orjson or `.tolist()`),
 never key by key.
@@ -62,7 +63,9 @@ LOOKUP_PATH = "/v1/models/{model}/tables/{table}/lookup"
 _KEYS, _WIDTH = KEYS_HEADER.lower().encode(), WIDTH_HEADER.lower().encode()
 _MODEL, _TABLE = MODEL_HEADER.lower().encode(), TABLE_HEADER.lower().encode()
 _KEY_DTYPE = KEY_DTYPE_HEADER.lower()
+_KEY_DTYPE_OUT = _KEY_DTYPE.encode()
 _INT64 = KEY_DTYPES["int64"]
+_DTYPE_NAMES = {dtype: name.encode() for name, dtype in KEY_DTYPES.items()}
 LOOKUP_RE = re.compile(r"^/v1/models/(?P<model>[^/]+)/tables/(?P<table>[^/]+)/lookup$")
 
 
@@ -183,6 +186,7 @@ async def handle_lookup(state: ServiceState, headers: Mapping[str, str], receive
             (b"content-type", OCTET_STREAM.encode()),
             (b"content-length", str(len(data)).encode()),
             (_KEYS, str(count).encode()), (_WIDTH, str(width).encode()),
+            (_KEY_DTYPE_OUT, _DTYPE_NAMES[dtype]),
             (_MODEL, model.encode()), (_TABLE, loaded_table.name.encode()),
         ], (data,)
     payload = await state.run_lookup(lookup_json, state.server, model, loaded_table, body,

@@ -219,8 +219,10 @@ def build_router(state: ServiceState) -> APIRouter:
     async def reload(model: str, body: ReloadRequest | None = None) -> dict[str, Any]:
         """Re-read the model's sparse files and swap the new version in atomically.
 
-        With `{"sparse_files": [...]}` the model is read from those URIs (one per table;
-        absolute paths or URIs) and later reloads keep them. Lookups see the old version
+        Without a body, the model's block of the config file the server was started
+        with is read again (a fix to it is what loads). With `{"sparse_files": [...]}`
+        the model is read from those URIs (one per table; absolute paths or URIs) and
+        later reloads keep them. Lookups see the old version
         until the new one is complete; a failed reload leaves the old version serving.
         The load gate refuses a table of no keys, or one far smaller than the served
         version (422, check `size`), unless `allow_empty` / `allow_shrink` say otherwise

@@ -28,7 +28,8 @@ JSON = "application/json"
 KEY_DTYPES: dict[str, np.dtype[Any]] = {
     "int64": np.dtype("<i8"), "int32": np.dtype("<i4"), "uint32": np.dtype("<u4"),
     "uint64": np.dtype("<u8")}
-#: request header of a binary lookup: the keys' dtype (a KEY_DTYPES name)
+#: request header of a binary lookup: the keys' dtype (a KEY_DTYPES name); its answer
+#: carries it back, naming the dtype the keys were read as
 KEY_DTYPE_HEADER = "X-HPS-Key-Dtype"
 
 #: response headers of a binary lookup
@@ -257,12 +258,15 @@ LOOKUP_RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": LookupResponse,
         "description": (
             "Vectors of the keys, in their order. Binary: raw little-endian float32 rows "
-            f"(count × width × 4 bytes) with headers {KEYS_HEADER} (count) and "
-            f"{WIDTH_HEADER} (width). JSON: a LookupResponse."
+            f"(count × width × 4 bytes) with headers {KEYS_HEADER} (count), "
+            f"{WIDTH_HEADER} (width) and {KEY_DTYPE_HEADER} (the dtype the keys were read "
+            "as). JSON: a LookupResponse."
         ),
         "headers": {
             KEYS_HEADER: {"schema": {"type": "integer"}, "description": "Number of keys."},
             WIDTH_HEADER: {"schema": {"type": "integer"}, "description": "Vector width."},
+            KEY_DTYPE_HEADER: {"schema": {"type": "string", "enum": list(KEY_DTYPES)},
+                               "description": "The dtype the body's keys were read as."},
         },
         "content": {OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}},
     },

@@ -32,6 +32,7 @@ from hps.config import PSConfig, load_config
 from hps.errors import BindError, ConfigError, ModelsNotLoadedError
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
+from hps.http.reload_block import absolute_config_file
 from hps.http.state import DEFAULT_MAX_BODY_BYTES, TOKEN_HINT, is_loopback
 from hps.runtime.compile_notice import CompileLines
 from hps.runtime.compile_on_use import compile_events
@@ -147,6 +148,7 @@ def serve(
     sock = bind_socket(host, port)
     try:
         psconfig = load_config(str(config) if isinstance(config, Path) else config)
+        config_file = absolute_config_file(config)
         count = worker_count(psconfig.http.workers if workers is None else workers)
         required = psconfig.http.require_models if require_models is None else require_models
         if count > 1 and required:
@@ -160,7 +162,7 @@ def serve(
                       host=host, token=token,
                       max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
                       access_log=access_log, log_level=log_level, echo=echo,
-                      allow_roots=allow_roots, grpc_port=grpc_port)
+                      allow_roots=allow_roots, grpc_port=grpc_port, config_file=config_file)
             return
         server = HierarchicalParameterServer(psconfig, load=False)
     except BaseException:
@@ -190,9 +192,14 @@ def serve(
             if uv is not None:
                 uv.should_exit = True
             return
+        url = base_url(host, int(sock.getsockname()[1]))
+        auth = ' -H "Authorization: Bearer $HPS_TOKEN"' if token else ""
+        again = (f"fix {config_file}, then `curl -s{auth} -X POST "
+                 f"{url}/v1/models/{model}/reload` loads it again from the file" if config_file
+                 else f"POST /v1/models/{model}/reload with the sparse_files to read loads it")
         echo(f"hps: model {model!r} failed to load: {message} (serving on without it: "
-             f"/readyz answers 503; fix it and POST /v1/models/{model}/reload, or serve "
-             "with --require-models to exit instead)")
+             f"/readyz answers 503; {again}; or serve with --require-models to exit "
+             "instead)")
 
     def made(server_: DrainingServer) -> None:
         nonlocal uv
@@ -216,7 +223,8 @@ def serve(
             lookup_threads=lookup_threads, access_log=access_log, log_level=log_level,
             allow_roots=allow_roots, on_ready=on_ready, on_failed=on_failed,
             grpc_port=grpc_port if grpc_port is not None else server.config.http.grpc_port,
-            made=made, listening=listening, load_progress=load_progress)
+            made=made, listening=listening, load_progress=load_progress,
+            config_file=config_file)
     if stopped_by:
         echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in stopped_by)}: "
              "drained, every tier closed")
@@ -249,14 +257,17 @@ def run_app(sock: socket.socket, server: HierarchicalParameterServer, *, host: s
             listening: Callable[[Any], None] | None = None,
             prepare: Callable[[Any], None] | None = None,
             load_progress: Callable[[str], AbstractContextManager[LoadProgress]] | None = None,
+            config_file: str | None = None,
             ) -> tuple[int, ...]:
     """Serve `server`'s app on `sock` until a signal drains it, then close the tiers;
     returns the signals that stopped it. `made` gets the uvicorn server once made,
     `listening` the gRPC server (or None) when the socket is to listen, `prepare` the
-    app before it serves (a worker merges its metrics there)."""
+    app before it serves (a worker merges its metrics there). `config_file`: the config
+    file the server was started with (absolute), which reloads read again."""
     app = create_app(server, token=token, host=host, max_body_bytes=max_body_bytes,
                      lookup_threads=lookup_threads, on_ready=on_ready, on_failed=on_failed,
-                     allow_roots=allow_roots, load_progress=load_progress)
+                     allow_roots=allow_roots, load_progress=load_progress,
+                     config_file=config_file)
     if prepare is not None:
         prepare(app)
     grpc_server = _grpc_server(app, host, grpc_port, sock)

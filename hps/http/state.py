@@ -44,6 +44,7 @@ from hps.http.guards import allowed_hosts, allowed_origins, check_admin_request,
 from hps.http.load_gate import detailed_body
 from hps.http.lookup_watch import LOOKUP_WAIT_S, GivenUp, LookupWatch
 from hps.http.metrics import Metrics
+from hps.http.reload_block import reload_block
 from hps.runtime.compile_on_use import CompileEvent
 from hps.server.loader import BothProgress, LoadProgress
 
@@ -148,6 +149,9 @@ class ServiceState:
     #: where models added over HTTP may be read from (normalised; see roots.py)
     allowed_roots: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    #: the config file the server was started with (absolute), read again by a reload
+    #: without sources; None: it was started from a config object
+    config_file: str | None = None
     loader: threading.Thread | None = None
     #: the configured models' first loads are over (served or failed): a compile outside
     #: a load from now on is a lookup's after ready (`heard_compile`)
@@ -356,13 +360,15 @@ class ServiceState:
             raise
 
     def model_config(self, name: str) -> ModelConfig:
-        """The config a reload of `name` starts from: the loaded one, else ps.json's."""
+        """The config a reload of `name` without sources starts from: the model's block
+        of the config file read again, with what a reload body named and what is in no
+        file taking precedence as hps/http/reload_block.py says. UnknownModelError when
+        there is none; ConfigError when the file is no valid config now."""
         loaded = self.server.models.get(name)
-        if loaded is not None:
-            return loaded.config
-        for m in self.server.config.models:
-            if m.model == name:
-                return m
+        block = reload_block(name, config_file=self.config_file, started=self.server.config,
+                             loaded=loaded.config if loaded is not None else None)
+        if block is not None:
+            return block
         known = ", ".join(self.configured())
         raise UnknownModelError(f"no model named {name!r} in the config (models: {known})")
 

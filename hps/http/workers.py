@@ -119,11 +119,13 @@ def check_shareable(config: PSConfig) -> None:
 def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, host: str,
               token: str | None, max_body_bytes: int, lookup_threads: int | None,
               access_log: bool, log_level: str, echo: Callable[[str], None],
-              allow_roots: Sequence[str] | None, grpc_port: int | None) -> None:
+              allow_roots: Sequence[str] | None, grpc_port: int | None,
+              config_file: str | None = None) -> None:
     """Serve `config` with `workers` processes on the bound `sock` (reached at `url`)
     until SIGTERM or SIGINT (see the module). Raises ConfigError (before anything
     serves) for a config the workers cannot serve, and a worker's setup error when one
-    cannot start."""
+    cannot start. `config_file`: the config file it was started with, which a reload
+    without sources reads again in the worker that answers it."""
     grpc_port = grpc_port if grpc_port is not None else config.http.grpc_port
     check_workers(config, grpc_port, workers)
     grpc_held = None
@@ -146,7 +148,7 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
             "host": host, "max_body_bytes": max_body_bytes, "lookup_threads": lookup_threads,
             "access_log": access_log, "log_level": log_level,
             "allow_roots": list(allow_roots) if allow_roots else None,
-            "grpc_port": grpc_port}))
+            "grpc_port": grpc_port, "config_file": config_file}))
         initial_ops(supervisor.oplog, config)
         sock.listen(2048)
         supervisor.start_all()

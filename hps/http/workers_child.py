@@ -98,7 +98,7 @@ def main() -> int:
                 lookup_threads=options["lookup_threads"], access_log=options["access_log"],
                 log_level=options["log_level"], allow_roots=options["allow_roots"],
                 on_ready=server.initial_loads_done, grpc_port=grpc_port, listening=listening,
-                prepare=prepare)
+                prepare=prepare, config_file=options.get("config_file"))
     finally:
         for d in dump:
             d.close()

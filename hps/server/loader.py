@@ -40,6 +40,7 @@ from hps.rows.storage_types import FLOAT32, StorageType
 from hps.runtime.memory_available import available_memory
 from hps.server.restart_fill import STORED_VERSION, refill_volatile
 from hps.server.volatile_share import shares, stored_rows, volatile_rows
+from hps.server.source_keys import naming_the_key, source_key
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import Tier
 
@@ -127,7 +128,8 @@ def open_reader(config: PSConfig, model: ModelConfig, index: int,
     read = ReadOptions(width, uint32_keys=not config.supportlonglong, chunk_bytes=chunk_bytes)
     spec = model.table_spec(index)
     try:
-        return open_model(spec, read, options)
+        with naming_the_key(source_key(config, model, index)):
+            return open_model(spec, read, options)
     except ModelFileError as exc:
         found = _own_width(spec, read, options)
         if found is None or found == width:

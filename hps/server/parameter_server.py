@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from hps.config import ModelConfig, PSConfig, load_config
-from hps.errors import ConfigError, DeviceError, UnknownModelError
+from hps.errors import ConfigError, DeviceError, StoreInUseError, UnknownModelError
 from hps.gate.settings import requested_opt_ins
 from hps.intake.array_ref import HOST, ArrayRef
 from hps.intake.keys import (
@@ -39,6 +39,7 @@ from hps.server.loader import LoadProgress
 from hps.server.models import LoadedModel
 from hps.server.prefetch import Prefetcher, PrefetchJob
 from hps.server.registry import ModelRegistry
+from hps.server.store_in_use import read_only_ways
 from hps.server.updates import ServerUpdates
 from hps.server.warm_paths import warm_paths
 from hps.server.warm_up import MOST_CACHED_KEYS, hot_set, warm_up
@@ -64,7 +65,13 @@ class HierarchicalParameterServer:
     ) -> None:
         self.config = load_config(config)
         self.chunk_bytes = chunk_bytes
-        self.tiers: Tiers = open_tiers(self.config, load_chunk_bytes=chunk_bytes)
+        try:
+            self.tiers: Tiers = open_tiers(self.config, load_chunk_bytes=chunk_bytes)
+        except StoreInUseError as exc:  # the config's path and models make the way out
+            ways = read_only_ways(config, self.config)
+            if not ways:
+                raise
+            raise StoreInUseError(f"{exc}. {ways}") from None
         self._host = HostLookup(
             self.tiers, cache_missed_embeddings=self.config.volatile_db.cache_missed_embeddings)
         self._gpu = GpuCaches(self.config, self._host)

@@ -60,6 +60,7 @@ from hps.server.loader import (
     return_freed_memory,
 )
 from hps.server.models import LoadedModel, LoadedTable
+from hps.server.source_keys import naming_the_key, source_key
 from hps.server.volatile_fill import VolatileFiller
 from hps.tiers import Tiers
 from hps.tiers.contract import table_name
@@ -240,8 +241,9 @@ class ModelRegistry:
         try:
             for i, reader in enumerate(readers):
                 written.append(names[i])
-                loaded.tables.append(self._load_table(model, i, names[i], reader, progress,
-                                                      old, verdicts, opt_ins))
+                with naming_the_key(source_key(self.config, model, i)):  # a file cut short
+                    loaded.tables.append(self._load_table(model, i, names[i], reader,
+                                                          progress, old, verdicts, opt_ins))
             self.gpu.attach(loaded, readers)
             if self.filler is not None:  # pending from the moment the version serves
                 fills = [self.filler.hold(loaded, table, functools.partial(

@@ -64,7 +64,10 @@ class ServerRegistry:
         with self._lock:
             shared = self._shared.get(key)
             if shared is None:
-                server = HierarchicalParameterServer(as_ps_config(source), progress=progress)
+                # a config file goes by its path, which the server's errors then name
+                server = HierarchicalParameterServer(
+                    source if isinstance(source, (str, os.PathLike)) else as_ps_config(source),
+                    progress=progress)
                 shared = self._shared[key] = _Shared(server, source)
             shared.users += 1
             return key, shared.server

@@ -110,7 +110,7 @@ def check_not_served(folder: Path) -> None:
     raise TierSetupError(
         f"hps demo would rewrite {folder}, but {who} has its RocksDB open for writing: "
         "nothing was written. Stop that server first, or write the demo elsewhere with "
-        f"--folder; meanwhile `hps lookup {folder / 'ps.json'} -m {MODEL} --read-only -- "
+        f"--folder; meanwhile `hps lookup {folder / 'ps.json'} -m {MODEL} -- "
         f"{' '.join(map(str, EXAMPLE_KEYS))}` reads what it serves")
 
 

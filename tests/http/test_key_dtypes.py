@@ -78,6 +78,7 @@ def test_v1_binary_keys_of_a_declared_dtype(live: Live, dtype: str) -> None:
                      "X-HPS-Key-Dtype": dtype.upper() if table else dtype})
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-hps-keys"] == str(keys.size)
+        assert answer.headers["x-hps-key-dtype"] == dtype  # as read, in lower case
         got = np.frombuffer(answer.content, "<f4").reshape(-1, dim)
         np.testing.assert_array_equal(got, live.model.expected(table, keys))
 
@@ -86,8 +87,26 @@ def test_v1_binary_keys_are_int64_without_the_header(live: Live) -> None:
     keys = keys_of("int64")
     answer = live.lookup_binary(0, keys)
     assert answer.status_code == 200
+    assert answer.headers["x-hps-key-dtype"] == "int64"
     np.testing.assert_array_equal(np.frombuffer(answer.content, "<f4").reshape(-1, DIMS[0]),
                                   live.model.expected(0, keys))
+
+
+def test_v1_int32_keys_sent_without_the_header_answer_how_they_were_read(live: Live) -> None:
+    """Sixteen bytes of four int32 keys are two int64 keys: the answer says so, which is
+    what a client checks (the README's binary example)."""
+    answer = live.client.post(f"/v1/models/{MODEL}/tables/0/lookup",
+                              content=np.array([17, 42, -3, 7], "<i4").tobytes(),
+                              headers={"Content-Type": "application/octet-stream"})
+    assert answer.status_code == 200
+    assert (answer.headers["x-hps-key-dtype"], answer.headers["x-hps-keys"]) == ("int64", "2")
+    assert len(answer.content) == 2 * DIMS[0] * 4
+
+
+def test_openapi_declares_the_answers_key_dtype_header(live: Live) -> None:
+    headers = live.client.get("/openapi.json").json()["paths"][
+        "/v1/models/{model}/tables/{table}/lookup"]["post"]["responses"]["200"]["headers"]
+    assert headers["X-HPS-Key-Dtype"]["schema"]["enum"] == list(KEY_DTYPES)
 
 
 @pytest.mark.parametrize(("dtype", "size"), [(None, 12), ("int64", 20), ("int32", 6),

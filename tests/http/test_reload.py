@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,3 +144,38 @@ def test_reload_from_other_formats(live_own: Live, tmp_path: Path) -> None:
         {"path": "/etc/t0.parquet", "key_column": "id"}, files[1]]})
     assert outside.status_code == 403, outside.text  # objects meet the allowed roots too
     np.testing.assert_array_equal(_vectors(live_own, 0, keys0[:11]), rows0[:11])
+
+
+def test_a_reload_without_sources_reads_the_config_file_again(tmp_path: Path) -> None:
+    """A server started from a config file: a plain reload loads the model's block of
+    the file as it is now; sources a reload body named persist over the file's; a file
+    that is no valid config now is a 422 naming it, and the served version stays."""
+    model = write_model(tmp_path / "v1", seed=5)
+    model.config["http"] = {"allowed_sources": [str(tmp_path)]}
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(model.config))
+    v2, v3 = write_model(tmp_path / "v2", seed=6), write_model(tmp_path / "v3", seed=7)
+    for live in start(model, config_file=str(path)):
+        # the file names other folders and another default value: the reload reads both
+        edited = json.loads(path.read_text())
+        edited["models"][0]["sparse_files"] = [str(v2.dir / t) for t in TABLE_NAMES]
+        edited["models"][0]["default_value_for_each_table"] = [7.0, 7.0]
+        path.write_text(json.dumps(edited))
+        answer = live.client.post(f"/v1/models/{MODEL}/reload")
+        assert answer.status_code == 200, answer.text
+        assert [t["source"]["uri"] for t in answer.json()["tables"]] == \
+            edited["models"][0]["sparse_files"]
+        np.testing.assert_array_equal(_vectors(live, 1, v2.keys[1][:5]), v2.vectors[1][:5])
+        assert (_vectors(live, 0, np.array([-(2**62) + 1])) == 7.0).all()
+        # sources a body names persist over the file's
+        named = [str(v3.dir / t) for t in TABLE_NAMES]
+        assert live.client.post(f"/v1/models/{MODEL}/reload",
+                                json={"sparse_files": named}).status_code == 200
+        again = live.client.post(f"/v1/models/{MODEL}/reload")
+        assert [t["source"]["uri"] for t in again.json()["tables"]] == named
+        # a file broken since: 422 naming it, the version served stays
+        path.write_text('{"models": [')
+        broken = live.client.post(f"/v1/models/{MODEL}/reload")
+        assert broken.status_code == 422, broken.text
+        assert str(path) in broken.json()["error"]["message"]
+        np.testing.assert_array_equal(_vectors(live, 1, v3.keys[1][:5]), v3.vectors[1][:5])

@@ -206,7 +206,10 @@ def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,
         locked = subprocess.run([*lookup[:5], "--write-store", *lookup[5:]],
                                 capture_output=True, text=True, env=cli_env, cwd=clone,
                                 timeout=60)
-        assert locked.returncode == 2 and "--read-only" in locked.stderr, locked.stderr
+        assert locked.returncode == 2, locked.stderr
+        plain = re.search(r"without --write-store, `([^`]+)` reads it", locked.stderr)
+        assert plain is not None, locked.stderr  # the command as given, less --write-store
+        assert shlex.split(plain.group(1))[1:] == [str(a) for a in lookup[3:]]
         read = subprocess.run(lookup, capture_output=True, text=True, env=cli_env, cwd=clone,
                               timeout=60)  # read-only by default
         assert read.returncode == 0, read.stderr
@@ -230,7 +233,7 @@ def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
     """A second `hps demo` while `hps serve` serves the demo's folder refuses in one line,
     naming the server's process, before a byte is written (model files, ps.json and
     RocksDB alike); the read-only ways it names work beside the server: `hps lookup
-    --read-only`, and in Python the config with persistent_db.read_only."""
+    (without --write-store), and in Python the config with persistent_db.read_only."""
     from hps import load_config
     from hps.inference import HPS
 
@@ -248,7 +251,8 @@ def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
         assert again.returncode == 2 and again.stdout == "", again.stdout
         assert len(again.stderr.strip().splitlines()) == 1, again.stderr
         assert f"process {proc.proc.pid}" in again.stderr
-        assert "nothing was written" in again.stderr and "--read-only" in again.stderr
+        assert "nothing was written" in again.stderr
+        assert f"`hps lookup {folder / 'ps.json'} -m demo -- 17 42 -3`" in again.stderr
         assert "Traceback" not in again.stderr
         assert _snapshot(folder) == before
         lookup = [sys.executable, "-m", "hps.tools.cli", "lookup", str(folder / "ps.json"),
@@ -256,7 +260,8 @@ def test_demo_beside_its_server_writes_nothing_and_says_how_to_read(
         locked = subprocess.run([*lookup[:4], "--write-store", *lookup[4:]],
                                 capture_output=True, text=True, env=cli_env, timeout=120)
         assert locked.returncode == 2 and len(locked.stderr.strip().splitlines()) == 1
-        assert "--read-only" in locked.stderr and "persistent_db.read_only" in locked.stderr
+        assert "persistent_db.read_only" in locked.stderr
+        assert f"`hps lookup {folder / 'ps.json'} -m demo --json -- 17 42 -3`" in locked.stderr
         read = subprocess.run([*lookup[:4], "--read-only", *lookup[4:]], capture_output=True,
                               text=True, env=cli_env, timeout=120)
         assert read.returncode == 0, read.stderr
@@ -288,7 +293,8 @@ def test_a_model_that_fails_to_load_is_one_line_and_require_models_exits(
                     str(port)], cli_env)
     try:
         line = proc.wait_for("hps: model 'gone' failed to load", timeout=90)
-        assert f"sparse folder '{tmp_path / 'nope'}' does not exist" in line
+        assert f"models[1].sparse_files[0]: sparse folder '{tmp_path / 'nope'}' does not " \
+            "exist" in line
         assert "--require-models" in line and "/readyz answers 503" in line
         url = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{url}/readyz").status_code == 503
@@ -307,12 +313,53 @@ def test_a_model_that_fails_to_load_is_one_line_and_require_models_exits(
                                "--port", str(free_port())], capture_output=True, text=True,
                               env=cli_env, timeout=180)
         assert done.returncode == 2, done.stdout + done.stderr
-        assert "hps: model 'gone' failed to load: sparse folder" in done.stdout
+        assert "hps: model 'gone' failed to load: models[1].sparse_files[0]: sparse " \
+            "folder" in done.stdout
         assert "(--require-models: stopping)" in done.stdout
         errors = done.stderr.strip().splitlines()
         assert errors[-1] == ("error: 1 of 2 models failed to load at start (gone); "
                               "--require-models stopped the server"), done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_model_that_failed_on_a_typo_loads_after_the_fix_with_the_printed_command(
+        tmp_path: Path, model_files: ModelFiles, cli_env: dict[str, str]) -> None:
+    """The newcomer's path: a ps.json naming a folder with a typo; `hps serve` says which
+    file to fix and prints the reload command; after the fix, that command, run as
+    printed, loads the model from the file read again (/readyz turns 200)."""
+    good = json.loads(json.dumps(model_files.config))
+    typo = json.loads(json.dumps(good))
+    typo["models"][0]["sparse_files"][1] = str(model_files.dir / "itmes")
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(typo))
+    port = free_port()
+    proc = Process([sys.executable, "-m", "hps.tools.cli", "serve", str(path), "--port",
+                    str(port)], cli_env)
+    try:
+        line = proc.wait_for(f"hps: model '{MODEL}' failed to load", timeout=90)
+        assert f"fix {path}, then" in line, line
+        printed = re.search(r"`(curl [^`]+)`", line)
+        assert printed is not None, line
+        assert printed.group(1) == (f"curl -s -X POST http://127.0.0.1:{port}/v1/models/"
+                                    f"{MODEL}/reload")
+        path.write_text(json.dumps(good))
+        if shutil.which("curl"):
+            done = subprocess.run(["bash", "-c", printed.group(1)], capture_output=True,
+                                  text=True, env=cli_env, timeout=120)
+            assert done.returncode == 0, done.stderr
+            answer = json.loads(done.stdout)
+        else:  # the same request, sent with httpx
+            answer = httpx.post(shlex.split(printed.group(1))[-1], timeout=120).json()
+        assert answer["model"] == MODEL and "error" not in answer, answer
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        served = httpx.post(f"{url}/v1/models/{MODEL}/tables/1/lookup",
+                            json={"keys": model_files.keys[1][:3].tolist()})
+        assert served.status_code == 200
+        np.testing.assert_array_equal(np.asarray(served.json()["vectors"], np.float32),
+                                      model_files.vectors[1][:3])
+    finally:
+        assert proc.interrupt() in (0, 130)
 
 
 def test_the_first_load_on_a_machine_says_it_compiles(config_file: Path, tmp_path: Path,

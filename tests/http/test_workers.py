@@ -305,6 +305,42 @@ def test_models_added_and_removed_reach_every_worker(
         assert gone.status_code == 404, gone.text
 
 
+def test_a_reload_after_a_fixed_typo_reads_the_file_in_every_worker(
+        tmp_path: Path) -> None:
+    """Workers hold copies of the config in the run folder; a reload without sources
+    reads the file the server was started with, and its block reaches every worker."""
+    model = write_model(tmp_path / "model")
+    typo = copy.deepcopy(model.config)
+    typo["models"][0]["sparse_files"][1] = str(model.dir / "itmes")
+    config, shm = write_run(tmp_path, typo)
+    served = start(config, shm)
+    try:
+        served.wait_for("serving on")
+        deadline = time.monotonic() + 180
+
+        def failed() -> bool:
+            try:
+                return "failed to load: m " in httpx.get(f"{served.url}/readyz", timeout=30).text
+            except httpx.TransportError:  # a worker busy starting on a loaded machine
+                return False
+
+        while not failed():
+            assert time.monotonic() < deadline, "the load never failed"
+            time.sleep(0.2)
+        config.write_text(json.dumps(model.config))
+        answer = httpx.post(f"{served.url}/v1/models/m/reload", timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert httpx.get(f"{served.url}/readyz").status_code == 200
+        for _ in range(8):  # new connections: each may land on either worker
+            looked_up = httpx.post(f"{served.url}/v1/models/m/tables/items/lookup",
+                                   json={"keys": model.keys[1][:5].tolist()}, timeout=30)
+            assert looked_up.status_code == 200, looked_up.text
+            np.testing.assert_array_equal(
+                np.asarray(looked_up.json()["vectors"], np.float32), model.vectors[1][:5])
+    finally:
+        stop(served)
+
+
 def test_a_removed_model_leaves_no_group_and_no_series_in_any_worker(
         served: Served, setup: tuple[ModelFiles, Path, Path], streams: RedisServer) -> None:
     """With workers too, removing a model takes the leader's consumer group off its

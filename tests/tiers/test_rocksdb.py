@@ -10,7 +10,9 @@ import os
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 import rocksdict
 
 from hps.config import PersistentDBConfig
-from hps.errors import LookupInputError, TierError, TierSetupError
+from hps.errors import LookupInputError, StoreInUseError, TierError, TierSetupError
 from hps.tiers.rocksdb.store import writer_of
 from hps.tiers.rocksdb.tier import META_CF, RocksDBTier, key_bytes
 from tests.support.rows import vectors_of
@@ -182,11 +184,11 @@ def test_a_writer_in_another_process_is_named_and_its_files_are_left_alone(
         assert holder.stdout is not None and holder.stdout.readline() == "open\n"
         before = sorted((p.name, p.stat().st_mtime_ns) for p in store.iterdir())
         assert writer_of(str(store)) == holder.pid
-        with pytest.raises(TierSetupError) as refused:
+        with pytest.raises(StoreInUseError) as refused:
             RocksDBTier(config(store))
         message = str(refused.value)
         assert f"process {holder.pid}" in message and "\n" not in message
-        assert "hps lookup --read-only" in message and "persistent_db.read_only" in message
+        assert "persistent_db.read_only" in message
         assert sorted((p.name, p.stat().st_mtime_ns) for p in store.iterdir()) == before
         reader = RocksDBTier(config(store, read_only=True))
         try:
@@ -224,6 +226,58 @@ def test_read_only(tier: RocksDBTier) -> None:
         ro.create_table("hps_et.model.other", 4)
     assert ro.fetch(T, np.array([1, 2]))[1].all()
     ro.close()
+
+
+def _times(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Size, modification and change time of the folder and of every file in it."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns,
+                                         p.stat().st_ctime_ns)
+            for p in [folder, *sorted(folder.rglob("*"))]}
+
+
+def test_a_read_only_open_leaves_every_file_of_the_store_untouched(
+        tier: RocksDBTier, tmp_path: Path) -> None:
+    """Not a file of the store is written, rocksdict's own settings file included (it
+    rewrites that at every open of the folder it is given), nor the folder itself; rows
+    of several table files, bulk-loaded ones too, are read; the store's folder need not
+    be writable; no folder of links is left behind."""
+    keys = np.arange(4000)
+    for part in np.array_split(keys[:3000], 3):  # three table files
+        tier.insert(T, part, vectors_of(part, 4))
+        tier._db.flush(True)
+    tier.create_table("hps_et.model.loaded", 4)
+    assert tier.load("hps_et.model.loaded", [(keys, vectors_of(keys, 4))]) == keys.size
+    tier.insert(T, keys[3000:], vectors_of(keys[3000:], 4))
+    path = Path(tier.path)
+    tier.close()
+    gc.collect()
+    assert len(list(path.glob("*.sst"))) >= 2 and (path / "rocksdict-config.json").is_file()
+    links_before = set(Path(tempfile.gettempdir()).glob("hps-rocksdb-read-*"))
+    path.chmod(0o555)
+    try:
+        before = _times(path)
+        time.sleep(0.01)  # a rewrite would show in the times
+        reader = RocksDBTier(config(path, read_only=True))
+        try:
+            for table in (T, "hps_et.model.loaded"):
+                got, found = reader.fetch(table, keys)
+                assert found.all(), table
+                np.testing.assert_array_equal(got, vectors_of(keys, 4))
+        finally:
+            reader.close()
+        assert _times(path) == before
+    finally:
+        path.chmod(0o755)
+    assert set(Path(tempfile.gettempdir()).glob("hps-rocksdb-read-*")) == links_before
+
+
+def test_a_read_only_open_of_a_folder_that_holds_no_store_names_that_folder(
+        store: Path) -> None:
+    store.mkdir()
+    with pytest.raises(TierSetupError) as refused:
+        RocksDBTier(config(store, read_only=True))
+    assert f"{store}/CURRENT" in str(refused.value)
+    assert "hps-rocksdb-read-" not in str(refused.value)  # not the folder of links
 
 
 def test_read_only_needs_an_existing_store(store: Path) -> None:

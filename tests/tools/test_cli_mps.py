@@ -7,6 +7,8 @@ seen to)."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -118,6 +120,32 @@ def test_a_pid_file_that_is_a_fifo_does_not_hang_stop(control: Path, tmp_path: P
             "number)"]
     finally:
         os.kill(pid, signal.SIGTERM)
+
+
+def test_status_prints_a_start_that_runs_as_printed(control: Path, tmp_path: Path) -> None:
+    pipes = tmp_path / "pipes"
+    path = f"{control}:/usr/bin:/bin"
+    status = hps("status", "--pipe-dir", str(pipes), path=path)
+    assert status.returncode == 1
+    hint = re.search(r"`(hps mps start[^`]*)` starts it", status.stdout)
+    assert hint is not None, status.stdout
+    started = hps(*shlex.split(hint.group(1))[2:], path=path)
+    try:
+        assert started.returncode == 0, started.stderr
+        assert hps("status", "--pipe-dir", str(pipes), path=path).returncode == 0
+    finally:
+        assert hps("stop", "--pipe-dir", str(pipes), path=path).returncode == 0
+
+
+def test_status_without_the_program_says_what_to_install(tmp_path: Path) -> None:
+    """Where the control program is missing, `hps mps start` cannot help: the status
+    says so, and what brings the program, instead of pointing at it."""
+    status = hps("status", "--pipe-dir", str(tmp_path / "p"), path="/usr/bin:/bin")
+    assert status.returncode == 1
+    assert "starts it" not in status.stdout
+    assert "nvidia-cuda-mps-control is not on PATH" in status.stdout
+    assert "nvidia-compute-utils" in status.stdout
+    assert "NVIDIA_DRIVER_CAPABILITIES" in status.stdout
 
 
 def test_without_the_program_one_line(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ every printed hint works, every help names every choice."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -32,12 +33,10 @@ def test_a_misspelt_key_stops_the_command_before_anything_loads(
 
 
 def _snapshot(folder: Path) -> dict[str, Any]:
-    """Size and modification time of every file of a store; the bytes of rocksdict's own
-    40-byte settings file, which rocksdict writes again, the same, at every open (a
-    read-only one too)."""
-    return {str(p.relative_to(folder)): p.read_bytes() if p.name == "rocksdict-config.json"
-            else (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Size and modification time of the store's folder and of every file in it,
+    rocksdict's own settings file included."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in [folder, *sorted(folder.rglob("*"))]}
 
 
 def test_lookup_writes_no_store_unless_asked(two_tables: dict[str, Any]) -> None:
@@ -157,3 +156,44 @@ def test_quiet_progress_says_only_what_takes_a_while() -> None:
         assert lines[-1] == "loading m/t: done, 10 keys in 1.0 s (10 keys/s)"
     finally:
         progress.close()
+
+
+def test_hps_beside_a_writer_prints_ways_to_read_that_run_as_printed(
+        two_tables: dict[str, Any]) -> None:
+    """`HPS("ps.json")` in a second process beside one that holds the store for writing
+    (as `hps serve` does) fails naming the config's own `hps lookup` line and the Python
+    steps; both, pasted as printed in the same folder, read the store."""
+    folder = two_tables["dir"]
+    write_config(two_tables)
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(folder),
+           "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from hps import HierarchicalParameterServer; "
+         "s = HierarchicalParameterServer('ps.json'); print('open', flush=True); "
+         "sys.stdin.read(); s.close()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=folder, env=env)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        second = subprocess.run([sys.executable, "-c", "from hps import HPS; HPS('ps.json')"],
+                                capture_output=True, text=True, cwd=folder, env=env,
+                                timeout=300)
+        assert second.returncode == 1
+        last = second.stderr.strip().splitlines()[-1]
+        assert last.startswith("hps.errors.StoreInUseError: ") and "--read-only" not in last
+        assert f"process {holder.pid}" in last
+        shell = re.search(r"From a shell: `([^`]+)`", last)
+        python = re.search(r"from Python: `([^`]+)`", last)
+        assert shell is not None and python is not None, last
+        assert shell.group(1) == "hps lookup ps.json -m m -- 0"
+        looked_up = subprocess.run(["bash", "-c", shell.group(1)], capture_output=True,
+                                   text=True, cwd=folder, env=env, timeout=300)
+        assert looked_up.returncode == 0, looked_up.stderr
+        assert looked_up.stdout.startswith("0: [")
+        opened = subprocess.run(
+            [sys.executable, "-c", f"{python.group(1)}; print(hps.lookup([0], 'm', 0).shape)"],
+            capture_output=True, text=True, cwd=folder, env=env, timeout=300)
+        assert opened.returncode == 0, opened.stderr
+        assert opened.stdout.strip() == "(1, 8)"
+    finally:
+        holder.communicate("", timeout=60)
+    assert holder.returncode == 0

@@ -5,19 +5,23 @@ without them), with the options the tier's reads and bulk loads are tuned for: n
 compression (float rows do not compress), table files read through mmap, a bloom filter
 on files written through inserts, one block cache shared by all tables. A store opened
 read-write also loses the spill and SST folders that a load cut short (a crash) left in
-it; a read-only store must exist and is never written.
+it; a read-only store must exist and is never written, not even touched: rocksdict
+writes its settings file (`rocksdict-config.json`) into the folder it opens, whatever
+the access, so a read-only open goes through a folder of links of its own
+(`open_read_only`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from typing import Any
 
 import rocksdict
 
 from hps.config import PersistentDBConfig
-from hps.errors import TierSetupError
+from hps.errors import StoreInUseError, TierSetupError
 from hps.runtime.cores import usable_cores
 
 #: column family RocksDB always has; the tier keeps nothing in it
@@ -41,6 +45,9 @@ def store_options(config: PersistentDBConfig, block_cache_bytes: int) -> Any:
     # Reads map the table files: no pread call and no copy per block (half the time
     # of a random read where the files sit in the page cache).
     opt.set_allow_mmap_reads(True)
+    # every table file opened at the opening and kept open (RocksDB's default, said here
+    # because a read-only open relies on it: `open_read_only`)
+    opt.set_max_open_files(-1)
     table = rocksdict.BlockBasedOptions()
     table.set_bloom_filter(10, False)
     table.set_block_cache(rocksdict.Cache(block_cache_bytes))
@@ -53,10 +60,11 @@ _HELD_HERE = (
     "framework layer or a HierarchicalParameterServer not closed yet). Build them all from "
     "the same config file (one server per config is shared in a process), or close the "
     "other first")
+# the ways to read it meanwhile name the config and its models, which only the server
+# opening the store knows: it adds them (hps/server/store_in_use.py)
 _HELD_ELSEWHERE = (
-    "cannot open {where}: {who} (a running `hps serve`?) has it open for writing. Read it "
-    "meanwhile with `hps lookup --read-only`, or set persistent_db.read_only: true in the "
-    "config")
+    "cannot open {where}: {who} (a running `hps serve`?) has it open for writing; a "
+    "read-only open (persistent_db.read_only: true) reads it meanwhile")
 
 
 def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]:
@@ -64,7 +72,8 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
     it holds. Returns `(Rdict, names of its column families other than "default")`.
 
     Raises TierSetupError when it cannot be opened: missing while `read_only`, open for
-    writing in this process (by another server) or another one, not a RocksDB directory.
+    writing in this process (by another server), not a RocksDB directory; StoreInUseError
+    when another process has it open for writing.
     """
     where = f"RocksDB at {path!r}"
     if read_only and not os.path.isdir(path):
@@ -75,16 +84,11 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
     if writer == os.getpid():
         raise TierSetupError(_HELD_HERE.format(where=where))
     if writer is not None:  # refused before RocksDB touches the writer's files
-        raise TierSetupError(_HELD_ELSEWHERE.format(where=where, who=f"process {writer}"))
+        raise StoreInUseError(_HELD_ELSEWHERE.format(where=where, who=f"process {writer}"))
     try:
         families = {n: options for n in column_families(path, options) if n != DEFAULT_CF}
         if read_only:
-            db = rocksdict.Rdict(
-                path,
-                options,
-                column_families=families,
-                access_type=rocksdict.AccessType.read_only(False),
-            )
+            db = open_read_only(path, options, families)
         else:
             db = rocksdict.Rdict(path, options, column_families=families)
         return db, set(families)
@@ -92,9 +96,52 @@ def open_store(path: str, options: Any, read_only: bool) -> tuple[Any, set[str]]
         if "hold by current process" in str(exc):  # RocksDB's own words for its lock table
             raise TierSetupError(_HELD_HERE.format(where=where)) from exc
         if "lock" in str(exc).lower():
-            raise TierSetupError(_HELD_ELSEWHERE.format(
+            raise StoreInUseError(_HELD_ELSEWHERE.format(
                 where=where, who="another process")) from exc
         raise TierSetupError(f"cannot open {where}: {exc}") from exc
+
+
+#: what a read-only open reads of a store, by name: all but rocksdict's settings file
+#: (rewritten at every open), RocksDB's lock and info logs (a writer's), and loads in
+#: progress
+ROCKSDICT_SETTINGS = "rocksdict-config.json"
+#: openings tried while a writer rolls its MANIFEST or writes table files between the
+#: links and the opening
+READ_ONLY_ATTEMPTS = 20
+
+
+def _read_by_a_read_only_open(name: str) -> bool:
+    return name not in (ROCKSDICT_SETTINGS, LOCK_FILE) and not name.startswith(
+        ("LOG", INGEST_PREFIX))
+
+
+def open_read_only(path: str, options: Any, families: dict[str, Any]) -> Any:
+    """The store at `path` opened read-only with `families`, leaving every file of it and
+    the folder itself as they were (contents and times).
+
+    rocksdict writes its settings file into the folder it opens, also read-only (and
+    fails where that folder is not writable), so the store is opened through a temporary
+    folder holding a link to each of its files but that one. The folder goes once the
+    store is open: with max_open_files -1 (`store_options`) RocksDB opens every table
+    file at the opening and reads nothing by name afterwards (a read-only instance never
+    sees new files). A writer at work may roll its MANIFEST or add table files between
+    the links and the opening: linked again, up to READ_ONLY_ATTEMPTS times.
+    """
+    source = os.path.abspath(path)
+    for attempt in range(READ_ONLY_ATTEMPTS):  # a loop over attempts, not keys
+        links = tempfile.mkdtemp(prefix="hps-rocksdb-read-")
+        try:
+            for name in filter(_read_by_a_read_only_open, os.listdir(source)):
+                os.symlink(os.path.join(source, name), os.path.join(links, name))
+            return rocksdict.Rdict(links, options, column_families=families,
+                                   access_type=rocksdict.AccessType.read_only(False))
+        except Exception as exc:  # rocksdict raises plain Exception with RocksDB's text
+            if "No such file" not in str(exc) or attempt + 1 == READ_ONLY_ATTEMPTS:
+                # RocksDB names the file it could not read: the store's, not the link's
+                raise Exception(str(exc).replace(links, source)) from None
+        finally:
+            shutil.rmtree(links, ignore_errors=True)
+    raise AssertionError("unreachable")
 
 
 #: the lock file RocksDB holds (a POSIX record lock) while a process has a store open

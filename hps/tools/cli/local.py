@@ -10,12 +10,13 @@ applies no online updates and commits nothing for the serving replicas' consumer
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from hps.errors import HPSError, UnknownModelError
+from hps.errors import HPSError, StoreInUseError, UnknownModelError
 from hps.tools.cli.root import console, err_console, fail
 from hps.tools.cli.models import print_models
 
@@ -65,6 +66,14 @@ def lookup(
             err_console.print(note, highlight=False, soft_wrap=True)
         with load_progress(quiet=True) as progress:  # a model read into memory takes a while
             server = HierarchicalParameterServer(cfg, progress=progress)
+    except StoreInUseError as exc:  # only --write-store opens it for writing
+        plain = shlex.join(["hps", "lookup", str(config), "-m", model,
+                            *(["-t", table] if table != "0" else []),
+                            *(["--json"] if as_json else []), "--", *map(str, keys)])
+        fail(StoreInUseError(f"{exc}: without --write-store, `{plain}` reads it as it is"))
+    except HPSError as exc:
+        fail(exc)
+    try:
         with server:
             # the server checks the keys (int64 range) and the table (name or index)
             vectors = server.lookup(model, table, keys)

@@ -57,9 +57,27 @@ def mps_status(pipe_dir: Optional[Path] = _PIPE) -> None:
     if mps.found_in(pipes):
         console.print(f"running ({pipes})", highlight=False, markup=False)
         return
-    console.print(f"not running ({pipes}): `hps mps start` starts it", highlight=False,
+    console.print(f"not running ({pipes}): {_how_to_start(pipe_dir)}", highlight=False,
                   markup=False)
     raise typer.Exit(1)
+
+
+def _how_to_start(pipe_dir: Optional[Path]) -> str:
+    """The step that starts a daemon here, as it runs when pasted: `hps mps start` (with
+    the pipe directory that was asked about) where the control program is on PATH, else
+    what to install first, since `hps mps start` would only fail for want of it."""
+    import shlex
+    import shutil
+
+    from hps.runtime.mps import CONTROL
+
+    command = "hps mps start" + (f" --pipe-dir {shlex.quote(str(pipe_dir))}" if pipe_dir else "")
+    if shutil.which(CONTROL) is not None:
+        return f"`{command}` starts it"
+    return (f"{CONTROL} is not on PATH, so `{command}` cannot start one: install NVIDIA's "
+            "driver utilities first (Debian and Ubuntu: the nvidia-compute-utils-VERSION "
+            "package of the driver's version; in a container, NVIDIA_DRIVER_CAPABILITIES "
+            "with compute and utility), or run this on the GPU host")
 
 
 @mps_app.command("stop")

@@ -74,6 +74,8 @@ def plan(
         return
     for r in report:
         _print_table(r)
+    if len(report) > 1:
+        _print_sum(report)
     if plot is not None:
         console.print(f"hit-rate curves: {plot}", highlight=False)
 
@@ -148,6 +150,7 @@ def _plan_table(shape: Any, log: str | None, shares: list[float], batch: int
     from hps.tools.plan.memory import dynamic_cache_bytes, table_memory
 
     from hps.tools.plan.layout import layout_choice
+    from hps.tools.plan.uses import gpu_in_use, planned_rows, totals
 
     memory = table_memory(shape)
     report: dict[str, Any] = {"shape": shape, "table": shape.label, "memory": memory,
@@ -162,8 +165,11 @@ def _plan_table(shape: Any, log: str | None, shares: list[float], batch: int
             replay_seconds=time.perf_counter() - started,
             cache_bytes=[dynamic_cache_bytes(shape.num_keys, shape.dim, r.share)[shape.storage]
                          for r in curve])
-    dynamic = next(t for t in memory if t.tier.startswith("GPU dynamic cache"))
-    report["layout"] = layout_choice(shape, dynamic.by_storage[shape.storage], keys, batch)
+    dynamic = next(t for t in memory if t.part == "dynamic")
+    report["layout"] = layout_choice(shape, dynamic.by_storage[shape.storage], keys, batch) \
+        if gpu_in_use(shape) else None
+    report["rows"] = planned_rows(shape, memory)
+    report["totals"] = totals(shape, report["rows"])
     return report
 
 
@@ -178,8 +184,11 @@ def _as_json(report: dict[str, Any]) -> dict[str, Any]:
                      "volatile_keys": shape.held_by_volatile,
                      "num_partitions": shape.num_partitions,
                      "overflow_policy": shape.overflow_policy,
-                     "persistent_db": shape.persistent},
+                     "persistent_db": shape.persistent, "gpucache": shape.gpucache},
         "memory": [t.as_dict() for t in report["memory"]],
+        # the rows the config does not use, each with the setting that would use it
+        "alternatives": {r.bytes.part: r.instead for r in report["rows"] if r.instead},
+        "totals": [t.as_dict() for t in report["totals"]],
         "layout": None if report["layout"] is None else report["layout"].as_dict(),
         "hit_rates": None,
     }
@@ -192,6 +201,20 @@ def _as_json(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _print_sum(report: list[dict[str, Any]]) -> None:
+    """One line adding up every planned table's totals, each in its config's storage
+    type."""
+    sums: dict[str, int] = {}
+    for r in report:
+        for total in r["totals"]:
+            sums[total.tier] = sums.get(total.tier, 0) + total.by_storage[r["shape"].storage]
+    parts = [f"{_size(nbytes)} {label.removeprefix('total ')}" for label, nbytes in
+             sums.items()]
+    shared = " (per GPU: where they share the GPUs)" if "total per GPU" in sums else ""
+    console.print(f"all {len(report)} tables, each in its storage type: "
+                  f"{', '.join(parts)}{shared}", highlight=False)
+
+
 def _size(nbytes: int) -> str:
     for unit, name in _UNITS:
         if nbytes >= unit:
@@ -201,31 +224,52 @@ def _size(nbytes: int) -> str:
 
 def _print_table(report: dict[str, Any]) -> None:
     from hps.rows.storage_types import STORAGE_NAMES
+    from hps.tools.plan.uses import gpu_in_use
 
     shape = report["shape"]
-    title = (f"{shape.label}: {shape.num_keys:,} keys × {shape.dim} "
-             f"({shape.cache_type} cache, gpucacheper {shape.gpucacheper:g}, "
-             f"stored as {shape.storage})")
+    gpu = gpu_in_use(shape)
+    cache = (f"{shape.cache_type} cache, gpucacheper {shape.gpucacheper:g}" if gpu
+             else "no GPU cache: gpucache false")
+    title = f"{shape.label}: {shape.num_keys:,} keys × {shape.dim} ({cache}, stored as " \
+        f"{shape.storage})"
     out = Table(title=title, title_justify="left", caption_justify="left")
     out.add_column("tier")
     for name in STORAGE_NAMES:
         out.add_column(f"{name}*" if name == shape.storage else name, justify="right")
     notes: list[str] = []
-    for tier in report["memory"]:
-        label = tier.tier
+    for row in report["rows"]:
+        tier = row.bytes
+        label = tier.tier + (f", if {row.instead}" if row.instead else "")
         if tier.note:
             if tier.note not in notes:
                 notes.append(tier.note)
             label += f" {_MARKS[notes.index(tier.note)]}"
-        out.add_row(label, *(_size(tier.by_storage[name]) for name in STORAGE_NAMES))
+        out.add_row(label, *(_size(tier.by_storage[name]) for name in STORAGE_NAMES),
+                    style="dim" if row.instead else None)
+    out.add_section()
+    for total in report["totals"]:
+        label = f"{total.tier} ({total.note})" if total.note else total.tier
+        out.add_row(label, *(_size(total.by_storage[name]) for name in STORAGE_NAMES),
+                    style="bold")
     out.caption = "\n".join(f"{_MARKS[i]} {n}" for i, n in enumerate(notes)) + \
-        "\n* the config's storage type"
+        "\n* the config's storage type; a row marked \"if …\" is an alternative, not " \
+        "in the totals"
     console.print(out)
+    if not gpu:
+        console.print("GPU rows left out: the model has gpucache false (--json lists "
+                      "what each GPU layout would take).", highlight=False)
     choice = report["layout"]
     if choice is not None:
         console.print(f"over {choice.devices} GPUs, {choice.faster} is expected faster: "
                       f"{choice.why}.", highlight=False)
     if report["curve"] is None:
+        if gpu and shape.cache_type == "dynamic":
+            model = shape.model or "MODEL"
+            console.print(
+                f"hit rates: give --key-log {shape.label}=FILE, keys this table is looked up "
+                "with (raw int64, .npy, or what a server's GET /v1/models/"
+                f"{model}/tables/{shape.table}/hot-set answers), to replay them through the "
+                "cache at several sizes.", highlight=False)
         return
     rates = Table(title=f"{shape.label}: dynamic GPU cache on {report['key_log']}",
                   title_justify="left", caption_justify="left",

@@ -53,6 +53,10 @@ class TierBytes:
     where: str  # "device" (per GPU), "host" (process memory) or "disk"
     by_storage: dict[str, int] = field(default_factory=dict)
     note: str = ""
+    #: what the row sizes, for the config that uses it (hps/tools/plan/uses.py): a GPU
+    #: layout (dynamic, static, uvm, uvm_rows), the GPU query buffers (query,
+    #: query_host), a volatile tier (hash_map, redis) or the persistent one (rocksdb)
+    part: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,20 +171,23 @@ def table_memory(shape: TableShape) -> list[TierBytes]:
             per_gpu = static_note
     return [
         TierBytes(f"GPU dynamic cache, {100 * shape.gpucacheper:g}%", "device", dynamic,
-                  per_gpu),
-        TierBytes("GPU static table", "device", static, static_note),
+                  per_gpu, "dynamic"),
+        TierBytes("GPU static table", "device", static, static_note, "static"),
         TierBytes("GPU uvm index + hot rows", "device", _each_storage(
             lambda s: UvmEmbeddingTable.device_bytes_required(
-                n, dim, uvm_gpu_rows(shape, s), storage=s)), PER_DEVICE),
+                n, dim, uvm_gpu_rows(shape, s), storage=s)), PER_DEVICE, "uvm"),
         TierBytes("host uvm rows (pinned)", "host", _each_storage(
-            lambda s: UvmEmbeddingTable.host_bytes_required(n, dim, storage=s)), PER_DEVICE),
+            lambda s: UvmEmbeddingTable.host_bytes_required(n, dim, storage=s)), PER_DEVICE,
+                  "uvm_rows"),
         TierBytes(f"GPU query buffers, {shape.lookup_keys:,} keys", "device", _same(device),
-                  PER_THREAD),
-        TierBytes("host query buffers (pinned)", "host", _same(pinned), PER_THREAD),
+                  PER_THREAD, "query"),
+        TierBytes("host query buffers (pinned)", "host", _same(pinned), PER_THREAD,
+                  "query_host"),
         TierBytes("host in-process hash map", "host",
-                  hash_map_bytes(held, dim, shape.num_partitions), held_note),
+                  hash_map_bytes(held, dim, shape.num_partitions), held_note, "hash_map"),
         TierBytes("Redis used_memory (est.)", "host", _same(redis_bytes(
             held, dim, shape.num_partitions, shape.overflow_policy)),
-            FLOAT32_ROWS + (f"; {held_note}" if held_note else "")),
-        TierBytes("RocksDB files (est.)", "disk", _same(rocksdb_bytes(n, dim)), FLOAT32_ROWS),
+            FLOAT32_ROWS + (f"; {held_note}" if held_note else ""), "redis"),
+        TierBytes("RocksDB files (est.)", "disk", _same(rocksdb_bytes(n, dim)), FLOAT32_ROWS,
+                  "rocksdb"),
     ]

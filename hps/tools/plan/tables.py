@@ -57,6 +57,7 @@ class TableShape:
     persistent: bool = False
     shards: int = 1  # gpu_sharding row_wise: the table's GPU shards over its devices
     hot_rows: int = 0  # keys of each device's hot copy (gpu_hot_rows: a sharded static table)
+    gpucache: bool = True  # the model's `gpucache`: False serves it from the host tiers alone
 
     @property
     def shards_per_device(self) -> int:
@@ -136,6 +137,7 @@ def _shape(config: PSConfig, model: ModelConfig, i: int, num_keys: int) -> Table
                 if model.gpu_sharding == "row_wise" else 1),
         hot_rows=(HOT_ROWS if model.gpu_hot_rows is None else model.gpu_hot_rows)
         if model.gpu_sharding == "row_wise" else 0,
+        gpucache=model.gpucache,
     )
 
 
