@@ -3,8 +3,8 @@
 Bodies: little-endian int64 keys (`application/octet-stream`; int32, uint32 or uint64
 keys with `X-HPS-Key-Dtype`) → raw little-endian float32 rows with
 `X-HPS-Keys`/`X-HPS-Width` headers, and `X-HPS-Key-Dtype` naming the dtype the keys were
-read as (a client that forgot its header sees `int64` and half its key count); or JSON `{"keys": [...]}` → JSON
-`{"vectors": [[...]], ...}`. Keys and vectors cross as whole arrays (`np.frombuffer` in,
+read as (a client that forgot its header sees `int64` and half its key count); or JSON
+`{"keys": [...]}` → JSON `{"vectors": [[...]], ...}`. Keys and vectors cross as whole arrays (`np.frombuffer` in,
 a memoryview of the rows out; JSON through pydantic-core and orjson or `.tolist()`),
 never key by key.
 

@@ -62,8 +62,8 @@ from hps.config import UNBOUNDED, PSConfig, config_to_json
 from hps.errors import ConfigError, HPSError, TierUnavailableError
 from hps.http.state import TOKEN_HINT
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted
-from hps.http.workers_ops import FD_ENV, SETUP_FAILED
 from hps.http.workers_oplog import OpLog, initial_ops
+from hps.http.workers_ops import FD_ENV, SETUP_FAILED
 from hps.runtime.run_dir import (
     RUN_DIR_ENV,
     create_run_dir,

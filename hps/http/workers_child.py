@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from hps.http.serve import run_app
-from hps.http.workers_metrics import MergedRegistry, MetricsDump
 from hps.http.workers_hot_rows import HotRowsWorkerServer
-from hps.http.workers_ops import FD_ENV, SETUP_FAILED
+from hps.http.workers_metrics import MergedRegistry, MetricsDump
 from hps.http.workers_oplog import Op, OpLog
+from hps.http.workers_ops import FD_ENV, SETUP_FAILED
 from hps.runtime.run_dir import RUN_DIR_ENV
 from hps.server.progress_lines import LineProgress
 

@@ -21,9 +21,9 @@ progress. The start already says whether numba's cache lists the signature (a re
 milliseconds, or a second on a loaded machine, not a compile of seconds), so that a
 listener never calls a slow read a compile. `loading()` marks a block as a model load's:
 the events of compiles made while one runs say so (`during_load`; any thread's: a load's
-helpers compile on pools of their own), which tells a load's compiles (its warm-up runs each lookup path once:
-hps/server/warm_paths.py) from those of lookups served after ready, which the HTTP
-server counts apart (`hps_compiles_total`).
+helpers compile on pools of their own), which tells a load's compiles (its warm-up runs
+each lookup path once: hps/server/warm_paths.py) from those of lookups served after
+ready, which the HTTP server counts apart (`hps_compiles_total`).
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from hps.modelfiles.source import SourceOptions
 from hps.rows.storage_types import FLOAT32, StorageType
 from hps.runtime.memory_available import available_memory
 from hps.server.restart_fill import STORED_VERSION, refill_volatile
-from hps.server.volatile_share import shares, stored_rows, volatile_rows
 from hps.server.source_keys import naming_the_key, source_key
+from hps.server.volatile_share import shares, stored_rows, volatile_rows
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import Tier
 

@@ -45,7 +45,7 @@ def test_after_the_load_no_gpu_lookup_compiles_and_the_warm_up_left_no_counts(
                 assert not warm & set(gpu.held_keys(1 << 20).tolist())  # let go
         with compile_events(lambda e: compiles.append(e) if e.seconds is not None else None):
             for index, (keys, rows) in enumerate(tables):
-                expected = dict(zip(keys.tolist(), range(keys.size)))
+                expected = dict(zip(keys.tolist(), range(keys.size), strict=True))
                 for size in (1, 300, 3000, 70000):
                     batch = rng.choice(keys, size=min(size, loaded.tables[index].max_keys))
                     got = server.lookup("m", index, batch)

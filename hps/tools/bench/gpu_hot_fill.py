@@ -100,10 +100,9 @@ def main(dim: int = 64, table_keys: int = 1 << 22, seconds: float = 1.0) -> None
     import torch
 
     from hps import write_sparse_model
-    from hps.tools.bench.gpu_public import server_over_folder
-    from hps.tools.bench.gpu_link import peer_gather_rate, power_law, rate
-
     from hps.server.key_sketch import KeySketch
+    from hps.tools.bench.gpu_link import peer_gather_rate, power_law, rate
+    from hps.tools.bench.gpu_public import server_over_folder
 
     # the sketch's compiled loop built (or read from numba's cache) before any timing: its
     # first compile holds the GIL for seconds, which a first process's baseline took

@@ -19,9 +19,9 @@ from rich.table import Table
 
 from hps.errors import HPSError
 from hps.tools.bench.gpu_rows import PROFILES
-from hps.tools.cli.root import HELP_OPTIONS, console, err_console, fail
 from hps.tools.cli.choices import one_of, values_of
 from hps.tools.cli.key_counts import count_option, counts_option
+from hps.tools.cli.root import HELP_OPTIONS, console, err_console, fail
 
 bench_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                         context_settings=HELP_OPTIONS,

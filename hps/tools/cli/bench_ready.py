@@ -13,9 +13,9 @@ from typing import Optional
 import typer
 
 from hps.errors import HPSError
-from hps.tools.cli.root import console, fail
 from hps.tools.cli.bench import bench_app
 from hps.tools.cli.key_counts import count_option
+from hps.tools.cli.root import console, fail
 
 
 @bench_app.command("ready")

@@ -19,8 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from hps.errors import HPSError
-from hps.tools.cli.root import console, err_console, fail
 from hps.tools.cli.choices import one_of, values_of
+from hps.tools.cli.root import console, err_console, fail
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from hps.errors import HPSError, StoreInUseError, UnknownModelError
-from hps.tools.cli.root import console, err_console, fail
 from hps.tools.cli.models import print_models
+from hps.tools.cli.root import console, err_console, fail
 
 if TYPE_CHECKING:
     from hps.config import ModelConfig, PersistentDBConfig, PSConfig

@@ -15,8 +15,8 @@ from rich.table import Table
 
 from hps.errors import HPSError
 from hps.tools.admin_client import DEFAULT_URL
-from hps.tools.cli.root import HELP_OPTIONS, console, fail
 from hps.tools.cli.choices import one_of
+from hps.tools.cli.root import HELP_OPTIONS, console, fail
 
 models_app = typer.Typer(add_completion=False, rich_markup_mode=None,
                          context_settings=HELP_OPTIONS, no_args_is_help=True,

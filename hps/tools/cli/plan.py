@@ -18,8 +18,8 @@ import typer
 from rich.table import Table
 
 from hps.errors import ConfigError, HPSError
-from hps.tools.cli.root import console, fail
 from hps.tools.cli.key_counts import count_option, parse_count
+from hps.tools.cli.root import console, fail
 
 #: the marks of a bytes table's notes, in order
 _MARKS = ("†", "‡", "§", "¶", "#")
@@ -147,9 +147,8 @@ def _plan_table(shape: Any, log: str | None, shares: list[float], batch: int
                 ) -> dict[str, Any]:
     from hps.tools.plan.hit_rates import hit_rate_curve
     from hps.tools.plan.key_log import read_key_log
-    from hps.tools.plan.memory import dynamic_cache_bytes, table_memory
-
     from hps.tools.plan.layout import layout_choice
+    from hps.tools.plan.memory import dynamic_cache_bytes, table_memory
     from hps.tools.plan.uses import gpu_in_use, planned_rows, totals
 
     memory = table_memory(shape)

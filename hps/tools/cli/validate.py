@@ -18,8 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from hps.errors import ConfigError, HPSError
-from hps.tools.cli.root import console, err_console, fail
 from hps.tools.cli.files import _reads_a_table, _TableRead
+from hps.tools.cli.root import console, err_console, fail
 
 
 @_reads_a_table
