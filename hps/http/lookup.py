@@ -4,9 +4,9 @@ Bodies: little-endian int64 keys (`application/octet-stream`; int32, uint32 or u
 keys with `X-HPS-Key-Dtype`) → raw little-endian float32 rows with
 `X-HPS-Keys`/`X-HPS-Width` headers, and `X-HPS-Key-Dtype` naming the dtype the keys were
 read as (a client that forgot its header sees `int64` and half its key count); or JSON
-`{"keys": [...]}` → JSON `{"vectors": [[...]], ...}`. Keys and vectors cross as whole arrays (`np.frombuffer` in,
-a memoryview of the rows out; JSON through pydantic-core and orjson or `.tolist()`),
-never key by key.
+`{"keys": [...]}` → JSON `{"vectors": [[...]], ...}`. Keys and vectors cross as whole
+arrays (`np.frombuffer` in, a memoryview of the rows out; JSON through pydantic-core and
+orjson or `.tolist()`), never key by key.
 
 The lookup itself runs through `ServiceState.run_lookup`: on the app's lookup thread pool
 (`ServiceState.executor`), or on the event loop when every tier is in process memory

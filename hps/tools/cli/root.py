@@ -4,8 +4,9 @@ The root typer app (-v, --version), the two consoles (results on stdout; errors,
 records and progress on stderr: progress.py), and the one-line error exit. Output is made
 for an 80-column terminal: help in click's plain layout, tables with few columns and human
 labels, error messages on one line. Log records and Python warnings share one format
-(rich's log handler on stderr). Output that goes to no terminal (a pipe, a file, CI's log) keeps its lines whole: nothing
-there re-wraps them to a window, so rich's 80 columns would split them for good.
+(rich's log handler on stderr). Output that goes to no terminal (a pipe, a file, CI's
+log) keeps its lines whole: nothing there re-wraps them to a window, so rich's 80 columns
+would split them for good.
 """
 
 from __future__ import annotations
