@@ -131,7 +131,9 @@ class Server:
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             argv, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, **env, "PYTHONPATH": str(checkout)})
+            # the checkout first; what the caller's path held (carried wheels) after it
+            env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(
+                filter(None, (str(checkout), os.environ.get("PYTHONPATH"))))})
         try:
             self.ready_seconds = self._wait_ready() - self.started
         except BaseException:
