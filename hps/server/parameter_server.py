@@ -33,10 +33,10 @@ from hps.intake.keys import (
 from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES
 from hps.rows.gpu_layout import OUT_FLOAT32
 from hps.server.gpu_caches import GpuCaches
-from hps.server.host_lookup import HostLookup
+from hps.server.host_lookup import HostLookup, TableFetch
 from hps.server.hot_fill import HotRowsFiller
 from hps.server.loader import LoadProgress
-from hps.server.models import LoadedModel
+from hps.server.models import LoadedModel, LoadedTable
 from hps.server.prefetch import Prefetcher, PrefetchJob
 from hps.server.registry import ModelRegistry
 from hps.server.store_in_use import read_only_ways
@@ -224,6 +224,10 @@ class HierarchicalParameterServer:
         out = np.empty((kref.size, t.dim), np.float32)
         self._host.fetch_into(t, host_key_array(kref), out)
         return out
+
+    def host_fetch(self, table: LoadedTable) -> TableFetch:
+        """The host path a GPU cache of `table` takes for its misses (the warm-up runs it)."""
+        return self._host.for_table(table)
 
     def lookup_into(self, model: str, table: int | str, keys: Any, out: Any,
                     device_id: int | None = None) -> int:

@@ -8,17 +8,17 @@ first load, a reload, a model added at run time) `warm_paths(server, loaded)` ma
 lookups a client's would: through the server's own entry points (`lookup_version`,
 `lookup_version_into`), for every key dtype the routes accept (int64, int32, uint32,
 uint64: hps/http/schemas.py `KEY_DTYPES`, the KServe v2 tensors alike), one key and a
-batch past `compiled.HOLD_GIL_BYTES` (the fetch loops' two twins), and on GPU tables a
-batch that misses past `table.HOST_MISSES` (the large miss path), one mostly held
-(the background inserts, waited for) and the device-array calls in-process callers make.
+batch past `compiled.HOLD_GIL_BYTES` (the fetch loops' two twins); on GPU tables the miss
+path's host side (its tier fetches, past `table.HOST_MISSES` too, and its staging) and
+lookups of keys the caches hold, host keys of each dtype and the device-array calls
+in-process callers make (`_warm_gpu` says why no key a cache lacks is sent to it).
 
 The lookups run on a copy of each table with counters and key sketches of its own (fed
 on every lookup, so their compiled feeds run too): the served version's `/metrics`, hot
 keys and missing keys show clients' lookups only. Rows found only in the persistent tier
 may be cached in the volatile tier (`cache_missed_embeddings`), as a client's lookup of
-them would; a GPU cache keeps none of the warm keys (a whole-table cache keeps its room
-for the table's keys, a dynamic cache lets them go after), its counters forget the
-lookups and the thread's buffers go back to the spares (`GpuEmbeddingTable.warming_up`).
+them would; a GPU cache holds what it held, its counters forget the lookups and the
+thread's buffers go back to the spares (`GpuEmbeddingTable.warming_up`).
 
 A lookup that fails here fails the load (`WarmUpError`): the version is not served, and
 the server says why (`/readyz` lists the model as failed, `GET /v1/models` the reason).
@@ -36,7 +36,7 @@ import numpy as np
 
 from hps.errors import HPSError
 from hps.runtime.compiled import HOLD_GIL_BYTES
-from hps.server.gpu_caches import GpuCaches
+from hps.server.host_lookup import TableFetch
 from hps.server.key_sketch import TableKeys
 from hps.server.models import LoadedModel, LoadedTable, TableStats
 
@@ -64,6 +64,8 @@ class VersionLookups(Protocol):
     def lookup_version_into(self, loaded: LoadedModel, table: int | str, keys: Any,
                             out: Any, device_id: int | None = None) -> int: ...
 
+    def host_fetch(self, table: LoadedTable) -> TableFetch: ...
+
 
 class WarmUpError(HPSError):
     """A table's first lookup, run before its version serves, failed: the load fails."""
@@ -79,8 +81,8 @@ def warm_paths(server: VersionLookups, loaded: LoadedModel) -> float:
     for table in copy.tables:
         try:
             with contextlib.ExitStack() as gpu_tables:
-                for gpu in table.gpu.values():
-                    gpu_tables.enter_context(gpu.warming_up(_sent_keys(table)))
+                for gpu in table.gpu.values():  # its caches see only keys they hold
+                    gpu_tables.enter_context(gpu.warming_up(np.empty(0, np.int64)))
                 _warm_table(server, copy, table)
         except Exception as exc:
             raise WarmUpError(
@@ -111,47 +113,77 @@ def _many(table: LoadedTable) -> int:
     return GPU_HOST_MISSES + 1 if table.max_keys > GPU_HOST_MISSES else 0
 
 
-def _sent_keys(table: LoadedTable) -> np.ndarray:
-    """Every key the warm-up of `table` sends, as int64 (each batch is a prefix of the
-    warm keys of its width): what a dynamic GPU cache lets go after it."""
-    n = max(_wide(table), _many(table), DEVICE_KEYS)
-    return np.concatenate([warm_keys(n, KEY_DTYPES[0]),
-                           warm_keys(n, KEY_DTYPES[1]).astype(np.int64)])
-
-
 def _warm_table(server: VersionLookups, loaded: LoadedModel,
                 table: LoadedTable) -> None:
     """The lookups of one table (see the module docstring)."""
+    if table.gpu:
+        _warm_gpu(server, loaded, table)
+        return
     for size in sorted({1, _wide(table)}):
         for dtype in KEY_DTYPES:
             keys = warm_keys(size, dtype)
             server.lookup_version(loaded, table.index, keys)
             out = np.empty((size, table.dim), np.float32)
             server.lookup_version_into(loaded, table.index, keys, out)
-    if table.gpu:
-        _warm_gpu(server, loaded, table)
 
 
 def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
               table: LoadedTable) -> None:
-    """A GPU table's other paths: the large miss path, a mostly held batch (its misses
-    inserted in the background), and device keys and outputs on every deployed device."""
-    if _many(table):
-        server.lookup_version(loaded, table.index, warm_keys(_many(table), KEY_DTYPES[0]))
-    held = GpuCaches.held_keys(table, max(1, min(table.max_keys, 4096) - 1))
-    if held.size:
-        mostly = np.concatenate([held, warm_keys(1, KEY_DTYPES[0])])
-        server.lookup_version(loaded, table.index, mostly[:table.max_keys])
+    """A GPU table's paths. Its caches see only keys they hold: a key they lack would be
+    inserted, evicting a row the load put there (a set-associative cache: the warm-up's
+    fill and every shard's contents would change). So the miss path is run from the host
+    side, the part that compiles: the tier fetches the misses take (both twins, and the
+    sketch feeds on the warm copy) and the staging of misses (hps/gpu/host_loops.py); its
+    GPU part (insert and scatter kernels of a module the queries already loaded) waits for
+    the first miss. The GPU lookups (host keys of each dtype, and device keys and outputs
+    on every deployed device) ask for held keys; a cache that holds none (init_ec false)
+    is first queried by a client's lookup."""
+    fetch = server.host_fetch(table)
+    for size in sorted({1, _wide(table), _many(table)} - {0}):
+        keys = warm_keys(size, KEY_DTYPES[0])
+        fetch(keys)
+        fetch.into(keys, np.empty((size, table.dim), np.float32))
+    _warm_staging()
     import cupy
 
-    n = min(DEVICE_KEYS, table.max_keys)
     for device in loaded.config.deployed_device_list:
-        with cupy.cuda.Device(device):
-            for dtype in (KEY_DTYPES[0], KEY_DTYPES[1]):  # the shortcut, the general path
-                keys = cupy.asarray(warm_keys(n, dtype))
-                out = cupy.empty((n, table.dim), cupy.float32)
-                server.lookup_version_into(loaded, table.index, keys, out)
-            cupy.cuda.get_current_stream().synchronize()
+        held = _held_on(table, device, min(DEVICE_KEYS, table.max_keys))
+        for dtype in KEY_DTYPES:
+            keys = held[(held >= 0) & (held <= np.iinfo(dtype).max)].astype(dtype)
+            if not keys.size:  # none it holds fits the dtype: no lookup that would insert
+                continue
+            server.lookup_version(loaded, table.index, keys, device_id=device)  # HTTP's
+            out = np.empty((keys.size, table.dim), np.float32)
+            server.lookup_version_into(loaded, table.index, keys, out, device_id=device)
+            if dtype.itemsize == 8 or dtype.kind == "i":  # the shortcut, the general path
+                with cupy.cuda.Device(device):
+                    d_out = cupy.empty((keys.size, table.dim), cupy.float32)
+                    server.lookup_version_into(loaded, table.index, cupy.asarray(keys),
+                                               d_out)
+                    cupy.cuda.get_current_stream().synchronize()
+
+
+def _held_on(table: LoadedTable, device: int, most: int) -> np.ndarray:
+    """Up to `most` keys each cache serving `device`'s lookups holds (a sharded table's
+    shards each give theirs)."""
+    gpu = table.gpu[device]
+    owner = getattr(gpu, "owner", gpu)
+    held = [np.empty(0, np.int64)]
+    held += [shard.held_keys(most) for shard in getattr(owner, "shards", [owner])]
+    return np.unique(np.concatenate(held))
+
+
+def _warm_staging() -> None:
+    """The GPU miss path's host staging (hps/gpu/host_loops.py), both twins of each, on
+    a few scratch keys (a CPU call: nothing reaches a device)."""
+    from hps.gpu import host_loops
+
+    for n in (1, 4096):  # both sides of HOLD_GIL_BYTES (32 bytes a miss)
+        missed = np.arange(n, dtype=np.int64)
+        unique, inverse = np.empty(n, np.int64), np.empty(n, np.int32)
+        codes, starts = np.empty(n, np.uint64), np.zeros(3, np.int64)
+        host_loops.stage(missed, 1, unique, inverse, codes)
+        host_loops.stage_sharded(missed, 2, 1, unique, inverse, codes, starts)
 
 
 def warm_keys(n: int, dtype: np.dtype[Any], offset: int = 0) -> np.ndarray:
