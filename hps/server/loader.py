@@ -351,7 +351,8 @@ def load_table(
         except TierError as exc:
             _leave_out_volatile(source, name, volatile, exc)  # type: ignore[arg-type]
         verdict = gate.finish(_stored_keys(stored), reused=True,
-                              digest=str(stored.get("rows_digest", "")))
+                              digest=str(stored.get("rows_digest", "")),
+                              passed_with=_stored_opt_ins(stored))
     elif write_volatile:
         for _ in chunks():
             pass

@@ -111,6 +111,8 @@ def serve_and_manage(work: Path) -> dict[str, Ran]:
         ran["models add"] = hps("models", "add", str(extra), cwd=work, env=env)
         ran["models keys"] = hps("models", "keys", "m", "t0", cwd=work, env=env)
         ran["models prefetch"] = hps("models", "prefetch", "m", cwd=work, env=env)
+        # a CPU server's tables have no hot copies (sharded GPU tables do): refused
+        ran["models hot-rows"] = hps("models", "hot-rows", "m", cwd=work, env=env)
         ran["models prefetch --wait"] = hps("models", "prefetch", "m", "--table", "t0",
                                             "--wait", cwd=work, env=env)
         # relative paths: from the folder they are in, resolved by the client
@@ -201,6 +203,9 @@ def jobs(work: Path, redis: RedisServer) -> tuple[dict[str, Job], dict[str, Job]
                             "--max-connections", "16"],
         "bench torch": ["bench", "torch", "--keys", "100", "--table-keys", "1k",
                         "--rounds", "2", "--calls", "3"],
+        "bench ready": ["bench", "ready", "--demo-scale", "0", "--keys", "500", "--dim", "8",
+                        "--workers", "1", "--folder", "other", "--first", "5",
+                        "--later", "10", "--timeout", "240"],
         "mps status": ["mps", "status", "--pipe-dir", str(pipes)],
         "mps start": ["mps", "start", "--pipe-dir", str(work / "mps-new")],
         "mps stop": ["mps", "stop", "--pipe-dir", str(pipes)],
@@ -302,12 +307,14 @@ EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bench soak": (("0 failed, 0 wrong",), ()),
     "bench slowloris": (("alone:", "attacked:"), ()),
     "mps status": (("running (",), ()),
+    "bench ready": (("ready cold s", "load average before:"), ()),
 }
 #: runs that must fail, with exit status 2 and the line that names the fix
 REFUSED = {
     "bench gpu": "needs a CUDA device and CuPy: pip install 'hps-server[gpu]'",
     "bench group options": "put them after it: hps bench tiers --keys 50000",
     "models reload missing": "404",
+    "models hot-rows": "409",
     "mps start": "nvidia-cuda-mps-control is not on PATH",
     "mps stop": "nvidia-cuda-mps-control is not on PATH",
 }
