@@ -169,11 +169,13 @@ class GpuCaches:
         return held
 
     @staticmethod
-    def held_keys(table: LoadedTable, most: int) -> np.ndarray:
-        """Keys the GPU caches of `table` hold, each cache's most recently used first
-        (at most `most` of each; a sharded table's shards each give theirs)."""
+    def held_keys(table: LoadedTable, most: int, device: int | None = None) -> np.ndarray:
+        """Keys the GPU caches of `table` hold (those serving `device` alone, if given),
+        each cache's most recently used first (at most `most` of each; a sharded table's
+        shards each give theirs)."""
         held = [np.empty(0, np.int64)]
-        for owner in _distinct(table.gpu.values()):
+        caches = table.gpu.values() if device is None else [table.gpu[device]]
+        for owner in _distinct(caches):
             held += [gpu.held_keys(most) for gpu in getattr(owner, "shards", [owner])]
         return np.concatenate(held)
 

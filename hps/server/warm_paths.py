@@ -36,6 +36,7 @@ import numpy as np
 
 from hps.errors import HPSError
 from hps.runtime.compiled import HOLD_GIL_BYTES
+from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import TableFetch
 from hps.server.key_sketch import TableKeys
 from hps.server.models import LoadedModel, LoadedTable, TableStats
@@ -147,7 +148,7 @@ def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
     import cupy
 
     for device in loaded.config.deployed_device_list:
-        held = _held_on(table, device, min(DEVICE_KEYS, table.max_keys))
+        held = np.unique(GpuCaches.held_keys(table, min(DEVICE_KEYS, table.max_keys), device))
         for dtype in KEY_DTYPES:
             keys = held[(held >= 0) & (held <= np.iinfo(dtype).max)].astype(dtype)
             if not keys.size:  # none it holds fits the dtype: no lookup that would insert
@@ -161,16 +162,6 @@ def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
                     server.lookup_version_into(loaded, table.index, cupy.asarray(keys),
                                                d_out)
                     cupy.cuda.get_current_stream().synchronize()
-
-
-def _held_on(table: LoadedTable, device: int, most: int) -> np.ndarray:
-    """Up to `most` keys each cache serving `device`'s lookups holds (a sharded table's
-    shards each give theirs)."""
-    gpu = table.gpu[device]
-    owner = getattr(gpu, "owner", gpu)
-    held = [np.empty(0, np.int64)]
-    held += [shard.held_keys(most) for shard in getattr(owner, "shards", [owner])]
-    return np.unique(np.concatenate(held))
 
 
 def _warm_staging() -> None:

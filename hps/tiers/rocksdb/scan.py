@@ -54,15 +54,13 @@ def scan_rows(cf: Any, dim: int, chunk_rows: int = SCAN_CHUNK_ROWS
     """Every `(keys int64[m], rows float32[m, dim], bad)` chunk of column family `cf`,
     in bytewise key order, read from one snapshot (writes meanwhile are not seen);
     `bad` counts values of another width, whose keys are left out."""
-    snapshot = cf.snapshot()
-    keys_in = snapshot.keys(read_opt=_scan_options())
-    values_in = snapshot.values(read_opt=_scan_options())
+    items = cf.snapshot().items(read_opt=_scan_options())  # one pass over the table
     while True:
-        keys = list(itertools.islice(keys_in, chunk_rows))
-        if not keys:
+        chunk = list(itertools.islice(items, chunk_rows))
+        if not chunk:
             return
-        values = list(itertools.islice(values_in, len(keys)))
-        rows, good, bad = decode_rows(values, dim)
+        keys, values = zip(*chunk, strict=True)  # pairs into two tuples, at C speed
+        rows, good, bad = decode_rows(list(values), dim)
         k = np.frombuffer(b"".join(keys), "<i8")
         yield (k if not bad else k[good]), rows, bad
 
