@@ -48,7 +48,11 @@ def redis_cluster_replicas(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RedisClusterProcs]:
     cluster = RedisClusterProcs(
-        tmp_path_factory.mktemp("redis-cluster-replicas"), masters=3, replicas=1
+        tmp_path_factory.mktemp("redis-cluster-replicas"), masters=3, replicas=1,
+        # 1 s let a loaded 2-core CI machine miss pings: a node flagged a live master as
+        # failing and answered CLUSTERDOWN just after a manual failover. A killed master is
+        # still taken over within about 5 s.
+        node_timeout_ms=3000,
     ).start()
     yield cluster
     cluster.close()

@@ -66,9 +66,10 @@ class RedisServer:
 
     `password` sets `requirepass`; `extra` is passed on the command line as is (e.g.
     `["--user", "alice", "on", ">pw", "~*", "+@all"]`); `tls` = (certificate, key, CA
-    certificate) files makes it serve TLS only, on `port`. `start()` returns when the server
-    answers PING; `kill()` is SIGKILL (a crash), `stop()` a clean shutdown; `start()` again
-    reuses the same port.
+    certificate) files makes it serve TLS only, on `port`; `node_timeout_ms` is a cluster
+    node's `cluster-node-timeout` (how long before a silent peer counts as failing).
+    `start()` returns when the server answers PING; `kill()` is SIGKILL (a crash), `stop()` a
+    clean shutdown; `start()` again reuses the same port.
     """
 
     def __init__(
@@ -79,10 +80,12 @@ class RedisServer:
         password: str | None = None,
         extra: Sequence[str] = (),
         cluster: bool = False,
+        node_timeout_ms: int = 1000,
         tls: tuple[str, str, str] | None = None,
     ) -> None:
         self._own_dir = workdir is None
         self.tls = tls
+        self.node_timeout_ms = node_timeout_ms
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hps-redis-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -126,7 +129,7 @@ class RedisServer:
                 "--cluster-enabled", "yes",
                 "--cluster-port", str(self.cluster_port),
                 "--cluster-config-file", str(self.workdir / "nodes.conf"),
-                "--cluster-node-timeout", "1000",
+                "--cluster-node-timeout", str(self.node_timeout_ms),
                 # the failover tests kill a master: let the replica take over quickly
                 "--cluster-replica-validity-factor", "0",
             ]
@@ -206,12 +209,14 @@ class RedisClusterProcs:
         masters: int = 3,
         replicas: int = 0,
         extra: Sequence[str] = (),
+        node_timeout_ms: int = 1000,
     ) -> None:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hps-redis-cluster-"))
         self.replicas = replicas
         self.nodes = [
-            RedisServer(self.workdir / f"node{i}", cluster=True, extra=extra)
+            RedisServer(self.workdir / f"node{i}", cluster=True, extra=extra,
+                        node_timeout_ms=node_timeout_ms)
             for i in range(masters * (1 + replicas))
         ]
 
@@ -282,10 +287,13 @@ class RedisClusterProcs:
                     return node
         raise LookupError(f"no replica of {master.address}")
 
-    def wait_ok(self, timeout: float = 20.0) -> None:
-        """Wait until every live node reports cluster_state:ok again."""
+    def wait_ok(self, timeout: float = 20.0, steady: float = 0.5) -> None:
+        """Wait until every live node reports cluster_state:ok again, and keeps saying so
+        for `steady` seconds (just after a failover a node can still flip to fail while
+        the new configuration spreads)."""
+        ok_since: list[float] = []
 
-        def ok() -> bool:
+        def all_ok() -> bool:
             for node in self.nodes:
                 if node.proc is None:
                     continue
@@ -293,6 +301,14 @@ class RedisClusterProcs:
                     if c.cluster("info").get("cluster_state") != "ok":
                         return False
             return True
+
+        def ok() -> bool:
+            if not all_ok():
+                ok_since.clear()
+                return False
+            if not ok_since:
+                ok_since.append(time.monotonic())
+            return time.monotonic() - ok_since[0] >= steady
 
         _wait(ok, timeout, "the cluster did not return to cluster_state:ok")
 
