@@ -12,6 +12,9 @@ What goes, and why it is safe:
   target (numba/cuda, loaded only for target="cuda"; hps's GPU cache is CuPy, in the GPU
   image), numpy's f2py (it generates C extensions for a compiler to build) and
   numpy.distutils (it builds C and Fortran extensions; imported only by setup scripts);
+- Swagger UI's files that the `/docs` page does not load (hps/http/docs_page.py serves
+  three of swagger-ui-bundle's folder: its other bundles, source maps and own pages are
+  ~7 MB that no route answers; the smoke check fetches the three through the server);
 - botocore's models of every AWS service but those the S3 path uses: s3, and sts, sso,
   sso-oidc and signin, which botocore's credential chain builds clients for (assume-role,
   web identity, SSO, login profiles); its shared files (endpoints, partitions, retry
@@ -44,6 +47,8 @@ UNSERVED = ("numba/cuda", "numpy/f2py", "numpy/distutils")
 #: globs under site-packages of test modules outside `tests` folders
 TEST_MODULES = ("numpy/_core/_simd.*", "numpy/_core/_*_tests.*")
 UNSERVED_SCRIPTS = ("f2py",)
+#: the Swagger UI files hps/http/docs_page.py serves (its ASSETS), kept in their folder
+SWAGGER_UI_ASSETS = frozenset({"swagger-ui-bundle.js", "swagger-ui.css", "favicon-32x32.png"})
 #: botocore service models kept: s3 itself, and the services of the credential chain
 BOTOCORE_SERVICES = frozenset({"s3", "sts", "sso", "sso-oidc", "signin"})
 #: boto3 resource models kept (boto3.resource("s3")); hps itself builds clients only
@@ -69,6 +74,13 @@ def drop_tests_and_build_files(site: Path) -> int:
 def drop_unserved(venv: Path, site: Path) -> int:
     paths = [p for pattern in UNSERVED for p in site.glob(pattern)]
     return remove(paths + [venv / "bin" / name for name in UNSERVED_SCRIPTS])
+
+
+def drop_unserved_swagger_ui(site: Path) -> int:
+    """swagger-ui-bundle's files but those the /docs page loads."""
+    folders = [p for p in site.glob("swagger_ui_bundle/vendor/swagger-ui-*") if p.is_dir()]
+    return remove([p for folder in folders for p in folder.iterdir()
+                   if p.name not in SWAGGER_UI_ASSETS])
 
 
 def _drop_services(data: Path, kept: frozenset[str]) -> int:
@@ -112,7 +124,6 @@ def strip_shared_libraries(site: Path) -> tuple[int, list[Path]]:
     return freed, kept
 
 
-
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python slim_venv.py VENV", file=sys.stderr)
@@ -124,6 +135,8 @@ def main(argv: list[str]) -> int:
         print(f"tests and build-time files: {drop_tests_and_build_files(site) / mb:.1f} MB")
         print("numba's CUDA target, f2py, numpy.distutils: "
               f"{drop_unserved(venv, site) / mb:.1f} MB")
+        print("Swagger UI files the /docs page does not load: "
+              f"{drop_unserved_swagger_ui(site) / mb:.1f} MB")
         print(f"AWS models of unused services: {drop_aws_models(site) / mb:.1f} MB")
         freed, kept = strip_shared_libraries(site)
         print(f"debug symbols of shared libraries: {freed / mb:.1f} MB "

@@ -13,7 +13,8 @@ image as its non-root user. In a temporary folder it checks:
   looked-up vector compared with the files (numba compiles the hash map's kernels
   through the stripped llvmlite; RocksDB through rocksdict);
 - the HTTP server: `hps serve` (uvicorn with uvloop and httptools, as deployed) turns
-  /readyz 200 and answers a JSON lookup with the files' vectors, bit for bit;
+  /readyz 200 and answers a JSON lookup with the files' vectors, bit for bit, and the
+  `/docs` page and each Swagger UI file it loads (the ones slim_venv.py keeps);
 - S3: hps's S3 source builds its boto3 client from botocore's remaining models and signs
   a request for an object, and an STS client (the credential chain's assume-role and web
   identity providers use it) is built; nothing is sent: the compose check's s3 profile
@@ -71,6 +72,7 @@ def _get(url: str, body: bytes | None = None) -> tuple[int, bytes]:
 
 def check_http(config: Path, folder: Path) -> None:
     """`hps serve` over a socket: ready, then one JSON lookup equal to the files."""
+    from hps.http.docs_page import ASSETS, DOCS_PATH
     from hps.modelfiles.formats.sparse_folder import SparseModelReader
 
     port = _free_port()
@@ -100,8 +102,11 @@ def check_http(config: Path, folder: Path) -> None:
         assert status == 200, f"lookup answered {status}: {body[:200]!r}"
         got = np.asarray(json.loads(body)["vectors"], dtype=np.float32)
         assert np.array_equal(got, want), "HTTP lookup vectors differ from the files"
+        for path in ["/docs"] + [f"{DOCS_PATH}/{name}" for name in ASSETS]:
+            status, body = _get(f"{url}{path}")
+            assert status == 200 and body, f"{path} answered {status}: {body[:200]!r}"
         print(f"HTTP server: ready, {keys.size} vectors looked up over JSON, equal to the "
-              "files", flush=True)
+              f"files; /docs and its {len(ASSETS)} Swagger UI files served", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -11,11 +11,15 @@
 #    S3 server in place of the official images and MinIO (deploy/compose.check.yml swaps
 #    them in). Reports each image's size, hps:cpu's against the 400 MB target (and on
 #    python:3.11-slim too when that image can be pulled), and checks the hps image's
-#    hygiene: non-root user, a health check on /readyz, no compiler, no pip, and its own
-#    smoke check (deploy/smoke_check.py) passing as that user.
+#    hygiene: non-root user, a health check on /readyz, no compiler, no pip, numba's cache
+#    filled for its user, and its own smoke check (deploy/smoke_check.py) passing as that
+#    user.
 # 3. Through docker-compose.yml with podman-compose, waiting for each service's own health
 #    check, looking keys up through the published ports (a token set) and comparing every
-#    vector with the model's files bit for bit (scripts/compose_probe.py):
+#    vector with the model's files bit for bit (scripts/compose_probe.py). After each hps
+#    service's first lookups (right after it turned healthy): none compiled after ready
+#    (hps_compiles_total{phase="after_ready"} 0), and the container wrote no numba cache
+#    file: its first start read what it ran from the image's cache.
 #    - monitoring profile: Prometheus first (Grafana cannot be had here), so it sees it all;
 #    - demo profile: model-init, hps;
 #    - s3 profile: the demo model uploaded to the S3 server (s3-upload), hps-s3 reading it
@@ -170,6 +174,10 @@ tools=$(podman run --rm --no-healthcheck --entrypoint sh localhost/hps:cpu -c \
    ls -d /usr/include/python3* /usr/local/include/python3* 2>/dev/null; true')
 [ -z "$tools" ] || fail "build tools in the final image: $tools"
 say "no compiler, linker, make, strip, pip or Python headers in the image"
+cached=$(podman run --rm --no-healthcheck --entrypoint sh localhost/hps:cpu -c \
+  'find ~/.cache/numba -name "*.nbc" | wc -l')
+[ "$cached" -gt 0 ] || fail "no numba cache in the image (~/.cache/numba of its user)"
+say "numba's cache in the image: $cached compiled signatures (its build's warm-up)"
 # every feature the image serves, in the final image as its own user
 podman run --rm --no-healthcheck --entrypoint python localhost/hps:cpu \
   /app/deploy/smoke_check.py >"$work/smoke.log" 2>&1 || { cat "$work/smoke.log" >&2; fail "smoke check"; }
@@ -184,15 +192,30 @@ wait_exited() {  # the one-shot service ran to completion with status 0
   say "$1 completed"
 }
 wait_healthy() {  # the service's own health check passes (podman runs it on demand here)
-  local name t0=$SECONDS
+  local name started_ms t0=$SECONDS
   name=$(container "$1")
   until podman healthcheck run "$name" >/dev/null 2>&1; do
     [ "$(podman inspect "$name" --format '{{.State.Running}}')" = true ] \
       || { podman logs --tail 30 "$name" >&2; fail "$1 stopped"; }
     [ $((SECONDS - t0)) -lt 300 ] || fail "$1 not healthy after 300 s"
-    sleep 1
+    sleep 0.5
   done
-  say "$1 healthy after $((SECONDS - t0)) s"
+  started_ms=$(podman inspect "$name" --format '{{.State.StartedAt.UnixMilli}}')
+  say "$1 healthy $("$py" -c "print(f'{($(date +%s%3N) - $started_ms) / 1000:.1f}')") s" \
+    "after its container started"
+}
+# After an hps service's first lookups (they came right after healthy, and were exact):
+# nothing compiled once it said ready (hps_compiles_total), and its first start read the
+# compiled functions it ran from the image's numba cache (deploy/Dockerfile.cpu fills it):
+# the container wrote no cache file of its own (podman diff: what it added or changed).
+first_start() {  # first_start SERVICE URL
+  local name written
+  name=$(container "$1")
+  probe compiles "$2" -
+  written=$(podman diff "$name" | awk '$2 ~ "^/home/hps/\\.cache/numba/.*\\.nb[ic]$"')
+  [ -z "$written" ] || fail "$1 wrote numba cache files at its first start (the image's" \
+    "cache lacks them): $(echo "$written" | tr '\n' ' ')"
+  say "$1 wrote no numba cache file: the image's cache held all it ran"
 }
 probe() { "$py" scripts/compose_probe.py "$@" | sed 's/^/   /'; return "${PIPESTATUS[0]}"; }
 
@@ -211,6 +234,7 @@ models=$(podman volume inspect "${project}_models" --format '{{.Mountpoint}}')/d
 compose up -d --no-deps hps
 wait_healthy hps
 probe exact "http://127.0.0.1:$HPS_PORT" "$models" --tier volatile
+first_start hps "http://127.0.0.1:$HPS_PORT"
 probe scrapes "$prometheus" - --targets hps --within 90
 
 step "s3 profile: the demo model on an S3 server (moto in MinIO's place), hps-s3"
@@ -221,6 +245,7 @@ wait_exited s3-upload
 compose up -d --no-deps hps-s3
 wait_healthy hps-s3
 probe exact "http://127.0.0.1:$HPS_S3_PORT" "$models" --tier volatile
+first_start hps-s3 "http://127.0.0.1:$HPS_S3_PORT"
 probe scrapes "$prometheus" - --targets hps,hps-s3 --within 90
 
 step "redis profile: redis, hps-redis"
@@ -230,6 +255,7 @@ compose up -d --no-deps hps-redis
 wait_healthy hps-redis
 url="http://127.0.0.1:$HPS_REDIS_PORT"
 probe exact "$url" "$models" --tier volatile
+first_start hps-redis "$url"
 # Prometheus scrapes it before the outage, so the outage shows in the metrics
 probe scrapes "$prometheus" - --targets hps,hps-s3,hps-redis --within 90
 
@@ -262,6 +288,8 @@ compose up -d --no-deps lb
 marks+=(--mark "replicas up=$(date +%s)")
 lb="http://127.0.0.1:$HPS_LB_PORT"
 probe replicas "$lb" "$models" --replicas hps-replica-1,hps-replica-2 --within 60
+first_start hps-replica-1 "http://127.0.0.1:$HPS_REPLICA1_PORT"
+first_start hps-replica-2 "http://127.0.0.1:$HPS_REPLICA2_PORT"
 probe scrapes "$prometheus" - --targets hps,hps-s3,hps-redis,hps-replica-1,hps-replica-2 --within 90
 probe steady "$lb" "$models" --seconds 20
 

@@ -7,6 +7,7 @@
     python scripts/compose_probe.py publish MODEL_DIR NEW_DIR
     python scripts/compose_probe.py reload URL MODEL_DIR --as /models/demo-v2
     python scripts/compose_probe.py scrapes PROMETHEUS_URL MODEL_DIR --targets a,b,c
+    python scripts/compose_probe.py compiles URL -
 
 Every lookup is a binary `POST /v1/models/demo/tables/<table>/lookup` of random keys of
 the model's files (MODEL_DIR/<table>/key, emb_vector, as `hps demo` writes them) on both
@@ -30,6 +31,9 @@ is printed).
   one exact round against MODEL_DIR.
 - `scrapes`: Prometheus's /api/v1/targets until every named target is up (scraped
   without error), and no other target is there. MODEL_DIR is not read.
+- `compiles`: the service's `hps_compiles_total` (/metrics) by phase: none may be
+  counted after ready (a lookup path that compiled, or read numba's cache, while clients
+  were served: what ready means to prevent). MODEL_DIR is not read.
 
 Standard library and NumPy only (no hps import: it checks the served containers).
 """
@@ -232,10 +236,27 @@ def scrapes(prometheus: str, names: set[str], within: float) -> str:
         time.sleep(1)
 
 
+def compiles(url: str) -> str:
+    body, _ = request(f"{url.rstrip('/')}/metrics")
+    counted = {}
+    for line in body.decode().splitlines():
+        if line.startswith("hps_compiles_total{"):
+            phase = line.split('phase="', 1)[1].split('"', 1)[0]
+            counted[phase] = float(line.rsplit(" ", 1)[1])
+    if "after_ready" not in counted:
+        raise ProbeFailure('no hps_compiles_total{phase="after_ready"} in /metrics')
+    if counted["after_ready"]:
+        raise ProbeFailure(f"{counted['after_ready']:.0f} compiles after ready "
+                           f"(hps_compiles_total: {counted})")
+    return (f"hps_compiles_total: {counted.get('load', 0):.0f} while loading (compiled or "
+            f"read from numba's cache), {counted.get('before_ready', 0):.0f} else before "
+            "ready, 0 after ready")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=["exact", "steady", "recover", "replicas", "publish",
-                                         "reload", "scrapes"])
+                                         "reload", "scrapes", "compiles"])
     parser.add_argument("url")
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--keys", type=int, default=500, help="keys per table and round")
@@ -256,6 +277,9 @@ def main(argv: list[str]) -> int:
             report = scrapes(args.url, set(filter(None, args.targets.split(","))),
                              args.within)
             print(f"ok   scrapes {args.url}: {report}", flush=True)
+            return 0
+        if args.mode == "compiles":
+            print(f"ok   compiles {args.url}: {compiles(args.url)}", flush=True)
             return 0
         probe = Probe(args.url, args.model_dir, args.keys)
         if args.mode == "reload":

@@ -38,6 +38,13 @@ def _tree(venv: Path) -> Path:
         "botocore/data/ec2/2016-11-15/service-2.json.gz": "ec2",
         "boto3/data/s3/2006-03-01/resources-1.json": "{}",
         "boto3/data/ec2/2016-11-15/resources-1.json": "{}",
+        "swagger_ui_bundle/__init__.py": "",
+        "swagger_ui_bundle/vendor/swagger-ui-4.15.5/swagger-ui-bundle.js": "js",
+        "swagger_ui_bundle/vendor/swagger-ui-4.15.5/swagger-ui.css": "css",
+        "swagger_ui_bundle/vendor/swagger-ui-4.15.5/favicon-32x32.png": "png",
+        "swagger_ui_bundle/vendor/swagger-ui-4.15.5/swagger-ui-bundle.js.map": "map",
+        "swagger_ui_bundle/vendor/swagger-ui-4.15.5/swagger-ui-es-bundle.js": "js",
+        "swagger_ui_bundle/vendor/swagger-ui-4.15.5/index.html": "html",
         "numba/cuda/__init__.py": "",
         "numba/core/__init__.py": "",
         "numpy/f2py/__init__.py": "",
@@ -82,6 +89,10 @@ def test_slim_venv_keeps_what_runs_and_drops_the_rest(tmp_path):
         "botocore/data/s3/2006-03-01/service-2.json.gz",
         "botocore/data/sts/2011-06-15/service-2.json.gz",
         "boto3/data/s3/2006-03-01/resources-1.json",
+        "swagger_ui_bundle/__init__.py",
+        "swagger_ui_bundle/vendor/swagger-ui-4.15.5/swagger-ui-bundle.js",
+        "swagger_ui_bundle/vendor/swagger-ui-4.15.5/swagger-ui.css",
+        "swagger_ui_bundle/vendor/swagger-ui-4.15.5/favicon-32x32.png",
         "numba/core/__init__.py",
         "numpy/_core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so",
         f"hiredis/{PLAIN_EXT.name}",
@@ -107,6 +118,17 @@ def test_slim_venv_keeps_what_runs_and_drops_the_rest(tmp_path):
     ran = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == "b'hello'"
+
+
+def test_slim_venv_keeps_each_swagger_ui_file_the_docs_page_serves():
+    from hps.http.docs_page import ASSETS
+
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import slim_venv; "
+            "print(' '.join(sorted(slim_venv.SWAGGER_UI_ASSETS)))")
+    done = subprocess.run([sys.executable, "-c", code, str(SLIM.parent)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == sorted(ASSETS)
 
 
 def test_slim_venv_refuses_a_folder_that_is_no_venv(tmp_path):
