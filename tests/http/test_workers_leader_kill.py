@@ -334,9 +334,9 @@ def test_leader_killed_in_reloads_adds_and_removes_never_hangs_a_lookup(
     # down, and by a leader started again once it replayed the log): a /readyz that said
     # otherwise would not be truthful either. m2 counts once every worker serves it, and
     # a worker on a version other than the server's is named (docs/workers.md).
-    said = [json.loads(body) for body in probe.not_ready]
-    assert all(b["loaded"] == ["m"] and (b["loading"] == ["m2"] or b["status"] ==
-               "mixed_versions") for b in said), sorted(set(probe.not_ready))
+    said = [b for b in map(json.loads, probe.not_ready) if "m" not in b["loaded"] or (
+        b["loading"] != ["m2"] and b["status"] != "mixed_versions")]
+    assert not said, said[:5]
     late = [p for p in run.points if p.restored > RESTORED]
     assert not late, late
     assert sum(1 for x in answers if x.status == 200) > 100 * len(run.points), report

@@ -3,11 +3,12 @@ server says which does not: /readyz, the v2 readiness routes and `GET /v1/models
 the versions the workers publish in the run folder (hps/http/workers_versions.py).
 
 Two ways in: the version board of a run folder made here, with a second process as the
-other worker, read by a real one-process server's routes (each case of which worker is
-named, and which is not); and a real `hps serve --workers 2` whose follower is stopped
-(SIGSTOP) during a reload, with a short `HPS_WORKER_ACK_WAIT_S`: the reload answers 503
-naming it, /readyz names it while it is held, and once it runs again it catches up,
-/readyz is 200 and every worker (each on a connection of its own) serves the new version.
+other worker, read by a real one-process server's HTTP and gRPC routes (each case of
+which worker is named, and which is not); and a real `hps serve --workers 2` whose
+follower is stopped (SIGSTOP) during a reload, with a short `HPS_WORKER_ACK_WAIT_S`: the
+reload answers 503 naming it, /readyz names it while it is held, and once it runs again
+it catches up, /readyz is 200 and every worker (each on a connection of its own) serves
+the new version.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from typing import Any
 
 import httpx
 import pytest
+import tritonclient.grpc as triton
 
 from hps.errors import ConfigError, TierError
 from hps.http.workers_ops import ACK_WAIT, ACK_WAIT_ENV, ack_wait
 from hps.http.workers_oplog import OpLog
 from hps.http.workers_versions import VersionBoard
 from tests.http.conftest import Live, ModelFiles, serving, wait_until, write_model
+from tests.http.grpc_support import grpc_beside
 from tests.http.test_workers import _pythonpath, serve, start, stop, write_run
 from tests.http.test_workers_leader_kill import WorkerView, _expected, _files, each_worker
 from tests.support.checking_clients import HUNG
@@ -115,8 +118,10 @@ def test_readyz_names_a_worker_that_serves_another_version(
     oplog.register(0)
     oplog.mark_serving(0)
     board = VersionBoard(oplog, 0)
-    with serving(model_files) as live, peer(tmp_path) as other:
+    with serving(model_files) as live, peer(tmp_path) as other, \
+            grpc_beside(live) as address:
         live.app.state.hps.versions = board
+        grpc = triton.InferenceServerClient(url=address)
         first = _done(oplog, "load")
         board.publish({"m": first})
         other.publish({"m": first})
@@ -143,6 +148,7 @@ def test_readyz_names_a_worker_that_serves_another_version(
         assert v2.status_code == 400 and "worker 1 serves version" in v2.text, v2.text
         v2 = live.client.get("/v2/models/m/ready")
         assert v2.status_code == 400 and "worker 1 serves version" in v2.text, v2.text
+        assert not grpc.is_server_ready() and not grpc.is_model_ready("m")
 
         other.publish({"m": reload})  # it caught up
         status, body, model = _said(live)
@@ -150,6 +156,8 @@ def test_readyz_names_a_worker_that_serves_another_version(
         assert {w["version"] for w in model["workers"]} == {reload}
         assert live.client.get("/v2/health/ready").status_code == 200
         assert live.client.get("/v2/models/m/ready").status_code == 200
+        assert grpc.is_server_ready() and grpc.is_model_ready("m")
+        grpc.close()
 
         _done(oplog, "load", TierError("refused"))  # a failed reload changes nothing
         assert live.client.get("/readyz").status_code == 200
