@@ -133,7 +133,8 @@ def build_router(state: ServiceState) -> APIRouter:
     @router.get("/readyz", response_model=Readiness, tags=["health"],
                 summary="Ready: every model of the config is loaded",
                 responses={503: {"model": Readiness, "description": "Not every model is "
-                                 "loaded (yet, or a load failed)."},
+                                 "loaded (yet, or a load failed), or (--workers N) a worker "
+                                 "serves another version than the server's."},
                            413: ERROR_RESPONSES[413]})
     async def readyz() -> Response:
         # one snapshot of the models for the whole answer: a workers' server computes

@@ -352,7 +352,8 @@ class ServiceState:
 
     def version_lags(self, model: str | None = None) -> list[VersionLag]:
         """The live workers that serve a version of a model (of `model`) other than the
-        server's: the server is not ready while there is one. None in one process."""
+        server's: the server is not ready while there is one. [] in one process
+        (`versions` is None)."""
         return [] if self.versions is None else self.versions.lags(model)
 
     def model(self, name: str) -> LoadedModel:

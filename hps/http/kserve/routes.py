@@ -53,15 +53,14 @@ def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
         return {"live": True}
 
     @router.get("/health/ready", summary="Ready: every model of the config is loaded",
-                responses={400: {"description": "Not every model is loaded."},
+                responses={400: {"description": "Not every model is loaded, or (--workers "
+                                 "N) a worker serves another version than the server's."},
                            413: V2_ERRORS[413]})
     async def ready() -> Any:
-        lags = state.version_lags()
-        if state.ready() and not lags:
-            return {"ready": True}
         if state.ready():
+            lags = state.version_lags()  # --workers N: each serves the server's versions
             return not_ready(f"not every worker serves the server's version: "
-                             f"{lags_message(lags)}")
+                             f"{lags_message(lags)}") if lags else {"ready": True}
         return not_ready(f"models not loaded yet: {', '.join(state.pending()) or '-'}"
                          + (f"; failed: {', '.join(sorted(state.failed))}"
                             if state.failed else ""))
