@@ -41,9 +41,10 @@ from hps.http.schemas import (
     ReloadResponse,
 )
 from hps.http.state import ServiceState
+from hps.http.workers_versions import VersionLag, lags_message
 from hps.modelfiles.confined import confined
 from hps.modelfiles.formats.spec import TableSpec
-from hps.server import HierarchicalParameterServer, LoadedModel
+from hps.server import LoadedModel
 
 _bearer = HTTPBearer(auto_error=False, description="The server's token (--token / HPS_TOKEN).")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
@@ -58,13 +59,18 @@ def _hit_rates(stats: dict[str, int]) -> dict[str, float | None]:
     return {tier: (stats.get(key, 0) / keys if keys else None) for tier, key in names.items()}
 
 
-def model_infos(server: HierarchicalParameterServer) -> list[dict[str, Any]]:
-    """`server.describe()` with per-tier hit rates added (calls the tiers: run in a thread)."""
-    models = server.describe()
+def model_infos(state: ServiceState) -> list[dict[str, Any]]:
+    """The server's `describe()` with per-tier hit rates added (calls the tiers: run in a
+    thread); under `--workers N` (`state.versions`), each model's `version` and each
+    worker's (`workers`)."""
+    models = state.server.describe()
+    versions = state.versions
     for m in models:
         m["ready"] = True
         for t in m["tables"]:
             t["hit_rate"] = _hit_rates(t["stats"])
+        if versions is not None:
+            m.update(versions.of_model(m["model"]))
     return models
 
 
@@ -127,7 +133,8 @@ def build_router(state: ServiceState) -> APIRouter:
     @router.get("/readyz", response_model=Readiness, tags=["health"],
                 summary="Ready: every model of the config is loaded",
                 responses={503: {"model": Readiness, "description": "Not every model is "
-                                 "loaded (yet, or a load failed)."},
+                                 "loaded (yet, or a load failed), or (--workers N) a worker "
+                                 "serves another version than the server's."},
                            413: ERROR_RESPONSES[413]})
     async def readyz() -> Response:
         # one snapshot of the models for the whole answer: a workers' server computes
@@ -137,18 +144,23 @@ def build_router(state: ServiceState) -> APIRouter:
         loaded = sorted(server.models)
         pending = state.pending(loaded)
         held = state.lookups.held  # lookups given up on whose threads have not returned
-        ready = state.ready(loaded) and not held
+        lags = state.version_lags()  # workers on another version than the server's
+        ready = state.ready(loaded) and not held and not lags
         status = "ready" if ready else ("failed" if state.failed else
-                                        "stalled" if held else "loading")
+                                        "stalled" if held else
+                                        "mixed_versions" if lags and not pending else
+                                        "loading")
         body: dict[str, Any] = {"status": status, "loaded": loaded,
                                 "loading": pending, "failed": sorted(state.failed),
                                 "degraded": server.degraded()}
         updates = _update_state(server)
         if updates is not None:
             body["updates"] = updates
+        if lags:
+            body["versions"] = [lag.as_dict() for lag in lags]
         if not ready:
             body["error"] = {"kind": "not_ready", "message": _not_ready(
-                pending, sorted(state.failed), held)}
+                pending, sorted(state.failed), held, lags)}
         return Response(json.dumps(body).encode(), status_code=200 if ready else 503,
                         media_type=JSON)
 
@@ -161,21 +173,24 @@ def build_router(state: ServiceState) -> APIRouter:
         data = await run_in_threadpool(generate_latest, state.metrics.registry)
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
+    # exclude_unset: the workers' `version` and `workers` are absent with one process
     @router.get("/v1/models", response_model=ModelList, dependencies=protected,
+                response_model_exclude_unset=True,
                 tags=["models"], summary="Loaded models: tables, widths, sources, tiers",
                 responses={401: ERROR_RESPONSES[401], 413: ERROR_RESPONSES[413]})
     async def list_models() -> dict[str, Any]:
-        models = await run_in_threadpool(model_infos, server)
+        models = await run_in_threadpool(model_infos, state)
         return {"models": models, "loading": state.pending(), "failed": dict(state.failed)}
 
     @router.get("/v1/models/{model}", response_model=ModelInfo, dependencies=protected,
+                response_model_exclude_unset=True,
                 tags=["models"], summary="One model: tables, widths, sources, tiers",
                 responses={**ERROR_RESPONSES,
                            404: {"model": ErrorBody, "description": "Unknown model."},
                            503: {"model": ErrorBody, "description": "Still loading."}})
     async def get_model(model: str) -> dict[str, Any]:
         state.model(model)
-        for info in await run_in_threadpool(model_infos, server):
+        for info in await run_in_threadpool(model_infos, state):
             if info["model"] == model:
                 return info
         state.model(model)  # unloaded meanwhile: the same error as above
@@ -319,16 +334,21 @@ def _table_spec(index: int, entry: str | dict[str, Any]) -> TableSpec:
         raise ConfigError(f"sparse_files[{index}]: {exc}") from None
 
 
-def _not_ready(pending: list[str], failed: list[str], held: int) -> str:
+def _not_ready(pending: list[str], failed: list[str], held: int,
+               lags: list[VersionLag] | None = None) -> str:
     """Why /readyz answers 503, naming only the lists that have models in them."""
     parts = []
     if pending:
         parts.append(f"still loading: {', '.join(pending)}")
     if failed:
         parts.append(f"failed to load: {', '.join(failed)} (why: GET /v1/models)")
+    if lags:
+        parts.append(f"not every worker serves the server's version: {lags_message(lags)}")
     if held:
         return (f"{held} lookup(s) did not return within the lookup limit and still hold "
                 "their threads" + (": " + "; ".join(parts) if parts else ""))
+    if lags and not pending and not failed:
+        return parts[0]
     return "models not served yet: " + ("; ".join(parts) or "starting")
 
 

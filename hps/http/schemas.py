@@ -97,10 +97,22 @@ class TableInfo(BaseModel):
         description="Fraction of looked-up keys served by each tier (null before any lookup).")
 
 
+class WorkerVersion(BaseModel):
+    worker: int = Field(description="The worker's index (0: the leader).")
+    version: int | None = Field(description="The version it serves (null: none).")
+
+
 class ModelInfo(BaseModel):
     model: str
     ready: bool
     tables: list[TableInfo]
+    # `hps serve --workers N` only (absent with one process): docs/workers.md
+    version: int | None = Field(
+        None, description="--workers N only: the version the server serves, named by the "
+        "op of the run's op log that loaded it (the same number in every worker).")
+    workers: list[WorkerVersion] | None = Field(
+        None, description="--workers N only: the version each live worker that takes "
+        "requests serves; one that differs from `version` makes /readyz 503.")
 
 
 class ModelList(BaseModel):
@@ -151,11 +163,21 @@ class UpdateSourceState(BaseModel):
         "many.")
 
 
+class WorkerVersionLag(BaseModel):
+    worker: int = Field(description="The worker's index (0: the leader).")
+    model: str
+    version: int | None = Field(description="The version it serves (null: none).")
+    server_version: int | None = Field(description="The version the server serves (null: "
+                                       "none, the model was removed).")
+
+
 class Readiness(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    status: str = Field(description="'ready', 'loading', 'failed', or 'stalled' (a lookup "
-                        "did not return within the lookup limit and still holds its thread).")
+    status: str = Field(description="'ready', 'loading', 'failed', 'stalled' (a lookup "
+                        "did not return within the lookup limit and still holds its "
+                        "thread), or 'mixed_versions' (a worker serves another version "
+                        "than the server's: `versions`).")
     loaded: list[str]
     loading: list[str]
     failed: list[str] = Field(description="Models whose load failed (the errors are in "
@@ -169,6 +191,10 @@ class Readiness(BaseModel):
         None, description="The online update source (update_source), absent without one. "
         "Its outage does not make the server unready: lookups go on from the tiers; "
         "counters and lag per table are in /metrics (hps_update_*).")
+    versions: list[WorkerVersionLag] | None = Field(
+        None, description="--workers N only, absent when none: each live worker that "
+        "serves a version of a model other than the server's (status `mixed_versions`, "
+        "503), e.g. one still applying a reload.")
 
 
 def _error_response(description: str) -> dict[str, Any]:

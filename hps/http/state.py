@@ -51,6 +51,7 @@ from hps.server.loader import BothProgress, LoadProgress
 if TYPE_CHECKING:
     from starlette.requests import Request
 
+    from hps.http.workers_versions import VersionBoard, VersionLag
     from hps.server import HierarchicalParameterServer, LoadedModel
 
 log = logging.getLogger("hps.http")
@@ -166,6 +167,9 @@ class ServiceState:
     admin_origins: frozenset[tuple[str, str, int]] = field(init=False)
     #: Host header values seen to name the server (check_client's shortcut; bounded)
     _hosts_seen: set[str] = field(init=False, default_factory=set)
+    #: under `hps serve --workers N`, the versions every worker serves beside the
+    #: server's (hps/http/workers_versions.py; the worker's app sets it); None: one process
+    versions: VersionBoard | None = None
 
     def __post_init__(self) -> None:
         if self.lookup_threads is None:
@@ -345,6 +349,12 @@ class ServiceState:
     def ready(self, loaded: Collection[str] | None = None) -> bool:
         loaded = self.server.models if loaded is None else loaded
         return all(n in loaded for n in self.configured())
+
+    def version_lags(self, model: str | None = None) -> list[VersionLag]:
+        """The live workers that serve a version of a model (of `model`) other than the
+        server's: the server is not ready while there is one. [] in one process
+        (`versions` is None)."""
+        return [] if self.versions is None else self.versions.lags(model)
 
     def model(self, name: str) -> LoadedModel:
         """The loaded model; ModelNotReady if it is configured but not loaded."""

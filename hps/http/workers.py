@@ -63,7 +63,7 @@ from hps.errors import ConfigError, HPSError, TierUnavailableError
 from hps.http.state import TOKEN_HINT
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted
 from hps.http.workers_oplog import OpLog, initial_ops
-from hps.http.workers_ops import FD_ENV, SETUP_FAILED
+from hps.http.workers_ops import FD_ENV, SETUP_FAILED, ack_wait
 from hps.runtime.run_dir import (
     RUN_DIR_ENV,
     create_run_dir,
@@ -84,9 +84,10 @@ STOP_WAIT = 30.0
 
 
 def check_workers(config: PSConfig, grpc_port: int | None, workers: int = 2) -> None:
-    """ConfigError for what N workers cannot serve yet (see the module docstring);
-    MissingExtraError with `grpc_port` when the `grpc` extra is not installed (before
-    any worker starts)."""
+    """ConfigError for what N workers cannot serve yet (see the module docstring), or for
+    a `$HPS_WORKER_ACK_WAIT_S` that is no number of seconds; MissingExtraError with
+    `grpc_port` when the `grpc` extra is not installed (before any worker starts)."""
+    ack_wait()
     check_shareable(config)
     check_gpu_caches(config, gpu_caches_wanted(config), workers)
     if grpc_port is not None:

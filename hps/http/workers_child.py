@@ -62,6 +62,7 @@ def main() -> int:
     dump: list[MetricsDump] = []
 
     def prepare(app: object) -> None:
+        app.state.hps.versions = server.versions  # type: ignore[attr-defined]
         metrics = app.state.hps.metrics  # type: ignore[attr-defined]
         dump.append(MetricsDump(metrics.registry, metrics_folder, index))
 

@@ -160,9 +160,13 @@ class OpLog:
         """The last op every live worker that takes requests applied (one started again:
         once it replayed the log). An ack counts if the PID is the same after it: a leader
         started again between the reads has ack 0 (register), and /readyz then listed none."""
-        serving = {i: pid for i in self.live_workers() if self.served(i, pid := self._pid(i))}
+        serving = self.serving_workers()
         acks = {i: self.acked(i) for i in serving}
         return min((a for i, a in acks.items() if self._pid(i) == serving[i]), default=0)
+
+    def serving_workers(self) -> dict[int, int]:
+        """The live workers that take requests (replayed the log): index → PID."""
+        return {i: pid for i in self.live_workers() if self.served(i, pid := self._pid(i))}
 
     def _pid(self, index: int) -> int:
         with contextlib.suppress(FileNotFoundError, ValueError):

@@ -17,10 +17,11 @@ every POLL seconds):
   failed, records the same error without applying it. One that fails an op the leader
   did tries again on the store read anew, then exits to be started again (a replay).
 
-A worker then writes the number of the last op it applied (its ack). The worker that
-appended an op answers once it applied the op itself and every live worker acked it (at
-most ACK_WAIT seconds, then a 503 that names the workers behind; a worker that dies is not
-waited for, and one started again acks once it replayed), so after a 2xx every worker
+A worker then writes the versions it serves (hps/http/workers_versions.py) and the
+number of the last op it applied (its ack). The worker that appended an op answers once
+it applied the op itself and every live worker acked it (at most ACK_WAIT seconds, or
+`$HPS_WORKER_ACK_WAIT_S`, then a 503 that names the workers behind; a worker that dies is
+not waited for, and one started again acks once it replayed), so after a 2xx every worker
 serves the new version; each swaps it in atomically, as one process does.
 
 A worker started again (after it died) replays the log compacted: the last successful load
@@ -37,15 +38,18 @@ instance of the leader's store (hps/tiers/rocksdb/secondary.py), opened again be
 op.
 
 A model counts as served by the server (`models`: /readyz, /v1/models) once every live
-worker serves it. Only the leader consumes online updates: its /readyz shows their state,
-and /metrics shows the leader's update figures whichever worker answers
-(hps/http/workers_metrics.py). A prefetch asked of one worker runs in every worker through
-the run's prefetch board, which the same thread reads (hps/http/workers_prefetch.py).
+worker serves it, and the server is ready only while every such worker serves the
+version the server says (`versions`: hps/http/workers_versions.py). Only the leader
+consumes online updates: its /readyz shows their state, and /metrics shows the leader's
+update figures whichever worker answers (hps/http/workers_metrics.py). A prefetch asked
+of one worker runs in every worker through the run's prefetch board, which the same
+thread reads (hps/http/workers_prefetch.py).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -53,12 +57,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hps.config import ModelConfig, PSConfig
-from hps.errors import TierError, TierUnavailableError
+from hps.errors import ConfigError, TierError, TierUnavailableError
 from hps.gate.settings import OPT_INS, requested_opt_ins
 from hps.http.workers_drops import HeldDrops
 from hps.http.workers_gpu import cuda_here, refuse_uvm
 from hps.http.workers_oplog import Op, OpLog, block_of
 from hps.http.workers_prefetch import PrefetchBoard, idle_part, job_prefix
+from hps.http.workers_versions import VersionBoard
 from hps.intake.keys import host_key_array, key_ref
 from hps.modelfiles.confined import confined, current_roots
 from hps.server import HierarchicalParameterServer, LoadedTable
@@ -77,10 +82,30 @@ FD_ENV = "HPS_WORKER_FD"
 SETUP_FAILED = 3
 #: seconds between two reads of the op log by a worker's follower thread
 POLL = 0.02
-#: seconds an op's answer waits for the other live workers to apply it
+#: seconds an op's answer waits for the other live workers to apply it (and the leader,
+#: before its next op, for them to leave the tables the op replaced in Redis and RocksDB)
 ACK_WAIT = 120.0
+#: the environment variable that sets those seconds instead (`ack_wait`)
+ACK_WAIT_ENV = "HPS_WORKER_ACK_WAIT_S"
 #: tries of a follower at an op the leader did, then the exit status it is restarted with
 RESYNC_ATTEMPTS, RESYNC_EXIT = 3, 4
+
+
+def ack_wait() -> float:
+    """ACK_WAIT, or the seconds `$HPS_WORKER_ACK_WAIT_S` gives (the supervisor checks it
+    before any worker starts: hps/http/workers.py); ConfigError for a value that is not a
+    number of seconds above 0."""
+    given = os.environ.get(ACK_WAIT_ENV, "").strip()
+    if not given:
+        return ACK_WAIT
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ConfigError(f"{ACK_WAIT_ENV}={given!r}: expected the seconds a model change "
+                          f"waits for every worker, above 0 (default {ACK_WAIT:g})")
+    return seconds
 
 
 class ReplicatedServer(HierarchicalParameterServer):
@@ -104,6 +129,10 @@ class ReplicatedServer(HierarchicalParameterServer):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._done = 0  # the last op applied here
+        self._versions: dict[str, int] = {}  # model → the op that loaded the one served
+        #: the versions every worker serves (/readyz compares them with the server's)
+        self.versions = VersionBoard(oplog, index)
+        self._ack_wait = ack_wait()
         #: told of each op applied here (the worker's app marks models ready or not)
         self.on_applied: Callable[[Op], None] | None = None
         # the tiers every worker reads but only the leader writes: Redis, RocksDB
@@ -111,7 +140,8 @@ class ReplicatedServer(HierarchicalParameterServer):
         common = [t for t in self.tiers if not getattr(t, "shared", False)]
         self._readers = [t for t in common if hasattr(t, "read_as")]
         self._stored: dict[str, str] = {}  # storage name here → there (see _place)
-        self._drops = HeldDrops(common, oplog.lowest_ack, ACK_WAIT) if self.leader else None
+        self._drops = HeldDrops(common, oplog.lowest_ack, self._ack_wait
+                                ) if self.leader else None
         if not self.leader:
             for tier in common:  # a loop over tiers
                 if hasattr(tier, "follow"):
@@ -178,6 +208,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         # (dated by its last reload, a model left /readyz until every worker acked that)
         self._since.update({name: seq for name, seq in first.items() if name in self._since})
         self._done = done
+        self.versions.publish(self._versions)  # before it takes requests (workers_child)
         if done:
             self.oplog.ack(self.index, done)
         self._thread = threading.Thread(target=self._follow, name="hps-workers-ops", daemon=True)
@@ -212,6 +243,7 @@ class ReplicatedServer(HierarchicalParameterServer):
                             } if stored is not None else None
             except Exception as exc:
                 error = exc
+            self.versions.publish(self._versions)  # before the outcome makes it the server's
             self.oplog.set_outcome(op.seq, error, stored, verdicts)
         else:
             outcome = self.oplog.outcome(op.seq)
@@ -222,6 +254,7 @@ class ReplicatedServer(HierarchicalParameterServer):
             error = outcome[1]
             if error is None:
                 self._follow_leader(op)
+                self.versions.publish(self._versions)  # before its ack
         self._record(op.seq, error)
         if error is None and self.on_applied is not None:
             self.on_applied(op)
@@ -263,6 +296,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         if op.kind == "unload":
             super().unload_model(op.model)
             self._since.pop(op.model, None)
+            self._versions.pop(op.model, None)
             return
         model = ModelConfig.model_validate(op.block)
         opt_ins = OPT_INS if decided else op.opt_ins
@@ -274,6 +308,7 @@ class ReplicatedServer(HierarchicalParameterServer):
             for table in super().model(op.model).tables:
                 table.source.load_gate = leader.get(table.name, table.source.load_gate)
         self._since.setdefault(op.model, op.seq)
+        self._versions[op.model] = op.seq
         if self._follower is not None:  # its caches were warmed from the files
             self._follower.reset(op.model)
 
@@ -341,16 +376,18 @@ class ReplicatedServer(HierarchicalParameterServer):
             raise error
         if not everyone:
             return
-        deadline = time.monotonic() + ACK_WAIT
+        deadline = time.monotonic() + self._ack_wait
         while self.oplog.lowest_ack() < seq:
             if time.monotonic() > deadline:  # never a 2xx while a worker serves the old
                 behind = [i for i in self.oplog.live_workers() if self.oplog.acked(i) < seq]
-                log.warning("op %d: worker(s) %s did not apply it within %.0fs", seq,
-                            behind, ACK_WAIT)
+                log.warning("op %d: worker(s) %s did not apply it within %gs", seq,
+                            behind, self._ack_wait)
                 raise TierUnavailableError(
                     f"the change is made in the leader, but worker(s) "
-                    f"{', '.join(map(str, behind))} did not apply it within {ACK_WAIT:.0f}s "
-                    "and still serve what they served before; ask again to see it through")
+                    f"{', '.join(map(str, behind))} did not apply it within "
+                    f"{self._ack_wait:g}s ({ACK_WAIT_ENV}) and still serve what "
+                    "they served before (GET /readyz names them); ask again to see it "
+                    "through")
             time.sleep(POLL)
 
     def initial_loads_done(self) -> None:

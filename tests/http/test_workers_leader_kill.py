@@ -332,10 +332,11 @@ def test_leader_killed_in_reloads_adds_and_removes_never_hangs_a_lookup(
     assert not probe.untruthful, probe.untruthful[:5]
     # model m was served right all along (by the worker alive while the leader was
     # down, and by a leader started again once it replayed the log): a /readyz that said
-    # otherwise would not be truthful either. m2 counts once every worker serves it
-    # (docs/workers.md): while an add reaches them, a worker that has it says so.
-    assert all(json.loads(body)["loaded"] == ["m"] and json.loads(body)["loading"] == ["m2"]
-               for body in probe.not_ready), sorted(set(probe.not_ready))
+    # otherwise would not be truthful either. m2 counts once every worker serves it, and
+    # a worker on a version other than the server's is named (docs/workers.md).
+    said = [b for b in map(json.loads, probe.not_ready) if "m" not in b["loaded"] or (
+        b["loading"] != ["m2"] and b["status"] != "mixed_versions")]
+    assert not said, said[:5]
     late = [p for p in run.points if p.restored > RESTORED]
     assert not late, late
     assert sum(1 for x in answers if x.status == 200) > 100 * len(run.points), report

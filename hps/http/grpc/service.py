@@ -97,7 +97,9 @@ class InferenceService:
         return service_pb2.ServerLiveResponse(live=True)
 
     def ServerReady(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
-        return service_pb2.ServerReadyResponse(ready=self.state.ready())
+        # (--workers N: and every worker serves the server's versions, as /readyz says)
+        return service_pb2.ServerReadyResponse(ready=self.state.ready() and
+                                               not self.state.version_lags())
 
     def ModelReady(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         try:
@@ -109,7 +111,8 @@ class InferenceService:
                 raise
             except Exception:  # loading or failed: "not ready"
                 return service_pb2.ModelReadyResponse(ready=False)
-            return service_pb2.ModelReadyResponse(ready=True)
+            return service_pb2.ModelReadyResponse(
+                ready=not self.state.version_lags(request.name))
         except Exception as exc:
             return self._abort(context, exc, "ModelReady")
 

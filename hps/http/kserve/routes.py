@@ -20,12 +20,14 @@ from hps.http.kserve.schemas import (
     model_config,
     model_metadata,
 )
+from hps.http.workers_versions import lags_message
 
 if TYPE_CHECKING:
     from hps.http.state import ServiceState
 
 
-_v2_not_ready = {"description": "The model is loading, or its load failed (why, in the "
+_v2_not_ready = {"description": "The model is loading, its load failed, or (--workers N) a "
+                 "worker serves another version of it than the server's (why, in the "
                  "body)."}
 
 
@@ -51,11 +53,14 @@ def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
         return {"live": True}
 
     @router.get("/health/ready", summary="Ready: every model of the config is loaded",
-                responses={400: {"description": "Not every model is loaded."},
+                responses={400: {"description": "Not every model is loaded, or (--workers "
+                                 "N) a worker serves another version than the server's."},
                            413: V2_ERRORS[413]})
     async def ready() -> Any:
         if state.ready():
-            return {"ready": True}
+            lags = state.version_lags()  # --workers N: each serves the server's versions
+            return not_ready(f"not every worker serves the server's version: "
+                             f"{lags_message(lags)}") if lags else {"ready": True}
         return not_ready(f"models not loaded yet: {', '.join(state.pending()) or '-'}"
                          + (f"; failed: {', '.join(sorted(state.failed))}"
                             if state.failed else ""))
@@ -73,6 +78,9 @@ def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
             raise
         except Exception as exc:  # loading or failed: "not ready", the reason in the body
             return not_ready(str(exc))
+        lags = state.version_lags(model)
+        if lags:  # a worker serves another version of it (--workers N)
+            return not_ready(lags_message(lags))
         return {"name": model, "ready": True}
 
     async def config(model: str, version: str | None = None) -> dict[str, Any]:
