@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,9 @@ CHANGES = "changes"
 MOST_CHANGED = 0.5
 #: keys read from the store by key at once (the rows of keys the log lists)
 _CHANGED_ROWS = 1 << 16
+#: the changed keys' rows are read while the files are (on a thread: RocksDB's reads
+#: leave the GIL) where they take at most this much memory, else after the files
+_EARLY_BYTES = 256 << 20
 #: rows a scan of the store hands over at once (a progress count every few 0.1 s)
 _SCAN_ROWS = 1 << 17
 
@@ -123,15 +127,24 @@ def refill_volatile(name: str, reader: ModelReader, volatile: Tier,
     else:  # the files' share of each chunk, its rows as the store holds them
         parts = ((keys, stored_rows(persistent, name, keys, rows))
                  for keys, rows in shares(reader.chunks(), rate))
+    early = None  # the changed keys' rows, read meanwhile
+    if changed is not None and changed.size * 4 * reader.vec_size <= _EARLY_BYTES:
+        early = ThreadPoolExecutor(1, thread_name_prefix="hps-changed-rows")
+        fetched = early.submit(persistent.fetch, name, changed)
     written = 0
-    for keys, rows in parts:
-        volatile.insert(name, keys, rows)
-        written += len(keys)
-        advance(len(keys), int(len(keys) * bytes_per_row))
-    if in_share is not None:
-        changed = np.concatenate(in_share) if in_share else None
-    if changed is not None:
-        _write_changed(name, volatile, persistent, changed)
+    try:
+        for keys, rows in parts:
+            volatile.insert(name, keys, rows)
+            written += len(keys)
+            advance(len(keys), int(len(keys) * bytes_per_row))
+    finally:
+        if early is not None:
+            early.shutdown()
+    only = None if in_share is None else np.concatenate([np.empty(0, np.int64), *in_share])
+    if early is not None:
+        _write_fetched(name, volatile, changed, *fetched.result(), only)  # type: ignore[arg-type]
+    elif changed is not None:
+        _write_changed(name, volatile, persistent, changed if only is None else only)
     seconds = time.perf_counter() - started
     log.info("%s: the %s tier took %d keys from the %s in %.2fs (%.0f keys/s): %s", name,
              volatile.name, written, choice.source, seconds, written / max(seconds, 1e-9),
@@ -156,8 +169,17 @@ def _write_changed(name: str, volatile: Tier, persistent: BulkLoadTier, keys: np
     files' in the volatile tier, and remove those the store no longer holds."""
     for start in range(0, keys.size, _CHANGED_ROWS):  # a loop over chunks, not keys
         part = keys[start:start + _CHANGED_ROWS]
-        rows, found = persistent.fetch(name, part)
-        if found.any():
-            volatile.insert(name, part[found], rows[found])
-        if not found.all():
-            volatile.remove(name, part[~found])
+        _write_fetched(name, volatile, part, *persistent.fetch(name, part), None)
+
+
+def _write_fetched(name: str, volatile: Tier, keys: np.ndarray, rows: np.ndarray,
+                   found: np.ndarray, only: np.ndarray | None) -> None:
+    """Write `rows` of the `found` `keys` to the volatile tier and remove the others;
+    `only`: of `keys`, only those (the volatile share's)."""
+    if only is not None:
+        taken = np.isin(keys, only)
+        keys, rows, found = keys[taken], rows[taken], found[taken]
+    if found.any():
+        volatile.insert(name, keys[found], rows[found])
+    if not found.all():
+        volatile.remove(name, keys[~found])
