@@ -11,8 +11,10 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from hps.config import PersistentDBConfig
+from hps.tiers.rocksdb import changes
 from hps.tiers.rocksdb.tier import RocksDBTier
 
 T = "hps_et.model.table0"
@@ -76,6 +78,22 @@ def test_every_write_after_the_load_is_noted_and_nothing_before(
         tier.close()
 
 
+def test_a_key_written_again_and_again_is_merged_into_one_note(
+        tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(changes, "MERGE_KEYS", 100)
+    tier, token, keys = loaded(tmp_path / "rocks", rng)
+    try:
+        for _ in range(30):  # 30 writes of the same 10 keys: merged every 100 keys noted
+            tier.insert(T, keys[:10], np.zeros((10, 4), np.float32))
+        tier.insert(T, keys[10:12], np.zeros((2, 4), np.float32))
+        records = list(tier._changes._cf.keys(from_key=T.encode() + b"\0\1"))  # noqa: SLF001
+        assert 1 < len([r for r in records if r.startswith(T.encode() + b"\0\1")]) < 10
+        tier = reopened(tier)
+        np.testing.assert_array_equal(tier.changes(T, token, 100), np.sort(keys[:12]))
+    finally:
+        tier.close()
+
+
 def test_writes_the_log_did_not_note_make_it_answer_none(
         tmp_path: Path, rng: np.random.Generator) -> None:
     tier, token, keys = loaded(tmp_path / "rocks", rng)
@@ -97,6 +115,7 @@ _CRASH = """
 import os, sys
 import numpy as np
 from hps.config import PersistentDBConfig
+from hps.tiers.rocksdb import changes
 from hps.tiers.rocksdb.tier import RocksDBTier
 tier = RocksDBTier(PersistentDBConfig(type="rocks_db", path=sys.argv[1]))
 keys = np.array([int(k) for k in sys.argv[3:]], np.int64)

@@ -9,11 +9,16 @@ the bulk `load` of a large update round, a reload's carried-over rows) also puts
 into the column family `hps_changes`, and a restart reads the files and then those keys'
 rows from the store.
 
-Layout: one record per key, `<column family name> NUL <8-byte key>` with an empty value,
-and one per table, `<column family name> NUL`, holding "<token> <sequence number>". The
-token names the load (the load record keeps the same token: a record another load or
-program wrote since names another, or none); the sequence number is the store's after
-the last write this tier noted.
+Layout: per table, one record per write, `<column family name> NUL 0x01 <id>` holding
+the write's keys as raw little-endian int64 (one put a write, whatever its size: a
+record per key cost the updates half their write rate), and one record
+`<column family name> NUL` holding "<token> <sequence number>". The token names the load
+(the load record keeps the same token: a record another load or program wrote since
+names another, or none); the sequence number is the store's after the last write this
+tier noted. A key written again is noted again: once the keys noted since the last
+merge reach the larger of MERGE_KEYS and twice the keys it left, the table's records are
+merged into their distinct keys (one WriteBatch: they are deleted and the merged ones
+put), so the log stays within a few times the keys changed.
 
 Why the restart may trust it (`keys`), and when it does not:
 
@@ -37,6 +42,9 @@ from __future__ import annotations
 
 import itertools
 import re
+import struct
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -51,8 +59,10 @@ _FILE_SEQNOS = re.compile(r"^\s*\d+:\d+\[(\d+) \.\. (\d+)\]", re.MULTILINE)
 #: entries written and not yet in table files (the active and the immutable memtables)
 _MEMTABLE_ENTRIES = ("rocksdb.num-entries-active-mem-table",
                      "rocksdb.num-entries-imm-mem-tables")
-#: keys read from the log at once
-_READ_KEYS = 1 << 16
+#: keys noted since the last merge of a table's records that start a merge, at least
+MERGE_KEYS = 1 << 20
+#: keys a merged record holds at most (8 MiB)
+_RECORD_KEYS = 1 << 20
 
 
 def table_seqno(cf: Any) -> int | None:
@@ -76,6 +86,10 @@ class ChangeLog:
     def __init__(self, db: Any, cf: Any, handle: Any) -> None:
         self._db, self._cf, self._handle = db, cf, handle
         self._tokens: dict[str, str | None] = {}  # table → its load's token, None: none
+        # table → (keys noted since its last merge, keys that merge left)
+        self._noted: dict[str, tuple[int, int]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         """Let go of the store's handles (it closes when none is held)."""
@@ -95,18 +109,21 @@ class ChangeLog:
         """Whether the writes to the table stored as `stored` are noted."""
         return self._token(stored) is not None
 
+    def _record(self, stored: str) -> bytes:
+        """A new record's name: the table's, then an id no other write has."""
+        return self._head(stored) + b"\1" + struct.pack(">QI", time.time_ns(),
+                                                         next(self._ids) & 0xFFFFFFFF)
+
     def add(self, batch: Any, stored: str, keys: np.ndarray) -> bool:
         """Put `keys` (int64) of a write to the table stored as `stored` into `batch`,
         when its writes are noted; returns whether they are."""
         if not keys.size or self._token(stored) is None:
             return False
-        head = self._head(stored)
-        records = np.empty((keys.size, len(head) + 8), np.uint8)
-        records[:, : len(head)] = np.frombuffer(head, np.uint8)
-        records[:, len(head):] = np.ascontiguousarray(keys, "<i8").view(np.uint8).reshape(-1, 8)
-        names = records.view(f"V{records.shape[1]}").reshape(-1).tolist()
-        consume(map(batch.put, names, itertools.repeat(b""),
-                     itertools.repeat(self._handle)))
+        batch.put(self._record(stored), np.ascontiguousarray(keys, "<i8").tobytes(),
+                  self._handle)
+        with self._lock:
+            since, left = self._noted.get(stored, (0, 0))
+            self._noted[stored] = (since + keys.size, left)
         return True
 
     def add_synced(self, stored: str, keys: np.ndarray) -> bool:
@@ -123,9 +140,33 @@ class ChangeLog:
     def written(self, stored: str) -> None:
         """After a noted write: the store's sequence number, which covers it."""
         token = self._token(stored)
-        if token is not None:
-            self._cf.put(self._head(stored), f"{token} {self._db.latest_sequence_number()}"
-                         .encode())
+        if token is None:
+            return
+        self._cf.put(self._head(stored), f"{token} {self._db.latest_sequence_number()}"
+                     .encode())
+        since, left = self._noted.get(stored, (0, 0))
+        if since >= max(MERGE_KEYS, 2 * left):
+            self._merge(stored)
+
+    def _merge(self, stored: str) -> None:
+        """The table's records replaced by records of their distinct keys, atomically."""
+        keys = self._read(stored)
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        batch.delete_range(self._head(stored) + b"\1", stored.encode() + b"\1", self._handle)
+        for start in range(0, keys.size, _RECORD_KEYS):  # a loop over records, not keys
+            batch.put(self._record(stored), keys[start:start + _RECORD_KEYS].tobytes(),
+                      self._handle)
+        self._db.write(batch)
+        with self._lock:
+            self._noted[stored] = (0, keys.size)
+
+    def _read(self, stored: str) -> np.ndarray:
+        """The distinct keys of the table's records (numeric order)."""
+        options = rocksdict.ReadOptions()
+        options.set_iterate_upper_bound(stored.encode() + b"\1")
+        options.fill_cache(False)  # type: ignore[call-arg]
+        values = list(self._cf.values(from_key=self._head(stored) + b"\1", read_opt=options))
+        return np.unique(np.frombuffer(b"".join(values), "<i8"))
 
     def start(self, stored: str) -> str:
         """Note the writes to `stored` from now on, under a new token (returned), with
@@ -140,6 +181,7 @@ class ChangeLog:
     def clear(self, stored: str) -> None:
         """Forget the table's records (a drop): its writes are noted no more."""
         self._tokens[stored] = None
+        self._noted.pop(stored, None)
         if self._cf is None:
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
@@ -148,7 +190,7 @@ class ChangeLog:
         self._db.write(batch)
 
     def keys(self, stored: str, data: Any, token: str, most: int) -> np.ndarray | None:
-        """The keys (int64, distinct, bytewise order) written or removed in the table
+        """The keys (int64, distinct, numeric order) written or removed in the table
         stored as `stored` (its column family `data`) since the load that `token` names;
         None when the log cannot tell (see the module) or notes more than `most`."""
         record = self._cf.get(self._head(stored)) if self._cf is not None else None
@@ -158,20 +200,5 @@ class ChangeLog:
         newest = table_seqno(data)
         if noted_token != token or newest is None or newest > int(covered or -1):
             return None
-        head = self._head(stored)
-        options = rocksdict.ReadOptions()
-        options.set_iterate_upper_bound(stored.encode() + b"\1")
-        options.fill_cache(False)  # type: ignore[call-arg]
-        names = self._cf.keys(from_key=head + b"\0" * 8, read_opt=options)
-        parts, count = [], 0
-        while True:
-            chunk = list(itertools.islice(names, _READ_KEYS))
-            if not chunk:
-                break
-            count += len(chunk)
-            if count > most:
-                return None
-            raw = np.frombuffer(b"".join(chunk), np.uint8).reshape(len(chunk), -1)
-            parts.append(np.ascontiguousarray(raw[:, len(head):]).view("<i8").reshape(-1))
-        return np.concatenate(parts) if parts else np.empty(0, np.int64)
-
+        keys = self._read(stored)
+        return None if keys.size > most else keys
