@@ -54,15 +54,17 @@ def _restarts(config: dict[str, Any], restarts: int) -> dict[str, dict[str, Any]
     from hps import HierarchicalParameterServer
 
     logger = logging.getLogger("hps.server.loader")
-    handler, level = _FillLines(), logger.level
+    handler, level, propagate = _FillLines(), logger.level, logger.propagate
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    logger.propagate = False  # kept here, not printed by the command's own handler
     try:
         for _ in range(restarts):
             HierarchicalParameterServer(config).close()
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+        logger.propagate = propagate
     tables: dict[str, dict[str, Any]] = {}
     for line in handler.lines:
         row = tables.setdefault(line[1], {"rates": []})

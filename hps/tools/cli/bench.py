@@ -260,24 +260,6 @@ def bench_updates_cmd(
     _print_bench(results, title="hps bench updates (Redis Streams)")
 
 
-@bench_app.command("restart-fill")
-def bench_restart_fill_cmd(
-    updated: int = typer.Option(10_000, parser=count_option, help="Keys updated a table."),
-    scale: float = typer.Option(1.0, help="Of the demo's size."),
-    batch: int = typer.Option(1000, parser=count_option, help="Rows an update write."),
-    restarts: int = typer.Option(3, help="Restarts timed before and after (the median)."),
-) -> None:
-    """The demo's warm restart: each table's volatile refill rate and source before and
-    after online updates, and the update writes' rows/s (docs/operating.md#restarts)."""
-    from hps.tools.bench.restart_fill import bench_restart_fill, format_restart_fill
-
-    try:
-        result = bench_restart_fill(updated, scale, batch, restarts)
-    except HPSError as exc:
-        fail(exc)
-    console.print(format_restart_fill(result), markup=False, highlight=False)
-
-
 @bench_app.command("redis")
 def bench_redis_cmd(
     address: Optional[str] = typer.Option(
