@@ -38,7 +38,7 @@ from hps.modelfiles.read_ahead import read_ahead
 from hps.modelfiles.source import SourceOptions
 from hps.rows.storage_types import FLOAT32, StorageType
 from hps.runtime.memory_available import available_memory
-from hps.server.restart_fill import STORED_VERSION, refill_volatile
+from hps.server.restart_fill import CHANGES, STORED_VERSION, refill_volatile
 from hps.server.source_keys import naming_the_key, source_key
 from hps.server.volatile_share import shares, stored_rows, volatile_rows
 from hps.tiers.bulk_load import BulkLoadTier
@@ -340,9 +340,11 @@ def load_table(
             _rewrite_share(name, reader, volatile, persistent, rate, source)  # type: ignore[arg-type]
         record = {k: v for k, v in source.as_dict().items()
                   if k not in ("reused", "volatile_error", "load_gate")}
-        # what the store holds right after the load: a restart that finds it unchanged
-        # fills the volatile tier from the files (hps.server.restart_fill)
+        # what the store holds right after the load, and from now on the keys written to
+        # it: a restart fills the volatile tier from the files and those keys' stored
+        # rows (hps.server.restart_fill); the mark serves an older `hps` reading the store
         record[STORED_VERSION] = persistent.stored_version(name)
+        record[CHANGES] = persistent.note_changes(name)
         persistent.set_metadata(name, record)
     elif write_volatile and reuse and stored is not None:
         try:  # the persistent tier is only read: from its rows or, unchanged, the files'

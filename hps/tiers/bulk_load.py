@@ -134,6 +134,19 @@ class BulkLoadTier(Tier):
         (here: always); "" never equals a recorded mark."""
         return ""
 
+    def note_changes(self, table: str) -> str:
+        """From now on, note the keys every write to `table` writes or removes (`changes`),
+        forgetting those noted before; called right after a load wrote the table, whose
+        record keeps the token returned (it names this load). "" when the tier notes
+        nothing (here)."""
+        return ""
+
+    def changes(self, table: str, token: str, most: int) -> np.ndarray | None:
+        """The keys (int64, distinct) written or removed in `table` since the load that
+        `token` names, None when the tier cannot tell (it noted none, or the table took
+        writes it did not note) or they are more than `most`. Here: None."""
+        return None
+
     def metadata(self, table: str) -> dict[str, Any] | None:
         """The load record stored with `table` (source, fingerprint), None if none (a
         dropped table has none). Here: None, always."""

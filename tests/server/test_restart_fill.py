@@ -85,17 +85,26 @@ def test_a_restart_over_an_unchanged_store_fills_from_the_files(
     assert table_files(store, NAMES) == before  # the restart wrote nothing to the tables
 
 
-def test_a_store_written_since_the_load_is_read_instead_of_the_files(
-        two_tables: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
-    """A write the server did not make (another process, an update while it was down)
-    changes the table's files: the restart takes the rows the store holds."""
+@pytest.mark.parametrize("through", ["tier", "raw"])
+def test_a_store_written_since_the_load_is_read_where_its_change_log_cannot_tell(
+        two_tables: dict[str, Any], caplog: pytest.LogCaptureFixture, through: str) -> None:
+    """A write the server did not make (another process, while it was down): through the
+    tier it is noted in the change log, and the restart takes the files and those keys'
+    stored rows; through a raw handle (no note, a newer sequence number than the log
+    covers) it takes the rows the store holds."""
     config = two_tables["config"]
     keys, vectors = two_tables["tables"][0]
     HierarchicalParameterServer(config).close()
     db = RocksDBTier(PersistentDBConfig(type="rocks_db", path=config["persistent_db"]["path"]))
     try:
         db.create_table(NAMES[0], 8)
-        db.insert(NAMES[0], keys[:10], vectors[:10] + 7)
+        if through == "tier":
+            db.insert(NAMES[0], keys[:10], vectors[:10] + 7)
+        else:
+            raw = db.raw_table(NAMES[0])
+            for key, row in zip(keys[:10], vectors[:10] + 7, strict=True):  # a test's write
+                raw[key.tobytes()] = row.tobytes()
+            del raw  # the store closes once no handle of it is held
     finally:
         db.close()
     with caplog.at_level(logging.INFO, logger="hps"):
@@ -105,5 +114,9 @@ def test_a_store_written_since_the_load_is_read_instead_of_the_files(
             np.testing.assert_array_equal(volatile_rows(server, 0, keys), expected)
             np.testing.assert_array_equal(server.lookup("m", 0, keys), expected)
     lines = fill_lines(caplog)
-    assert "from the store" in lines[NAMES[0]] and "written since the load" in lines[NAMES[0]]
+    if through == "tier":
+        assert "from the files" in lines[NAMES[0]] and "but for 10 keys" in lines[NAMES[0]]
+    else:
+        assert "from the store" in lines[NAMES[0]] and "change log does not tell" in lines[
+            NAMES[0]]
     assert "from the files" in lines[NAMES[1]]

@@ -24,6 +24,7 @@ import rocksdict
 from hps.config import PersistentDBConfig
 from hps.errors import LookupInputError, StoreInUseError, TierError, TierSetupError
 from hps.tiers.rocksdb.store import writer_of
+from hps.tiers.rocksdb.store import CHANGES_CF
 from hps.tiers.rocksdb.tier import META_CF, RocksDBTier, key_bytes
 from tests.support.rows import vectors_of
 
@@ -120,8 +121,9 @@ def test_layout_is_hugectrs(tier: RocksDBTier) -> None:
     tier.close()
     gc.collect()
     options = rocksdict.Options(raw_mode=True)
-    assert set(rocksdict.Rdict.list_cf(path, options)) == {"default", T, META_CF}
-    db = rocksdict.Rdict(path, options, column_families={T: options, META_CF: options})
+    assert set(rocksdict.Rdict.list_cf(path, options)) == {"default", T, META_CF, CHANGES_CF}
+    db = rocksdict.Rdict(path, options, column_families={
+        T: options, META_CF: options, CHANGES_CF: options})
     cf = db.get_column_family(T)
     stored = dict(cf.items())
     assert stored == {struct.pack("<q", int(k)): v.tobytes() for k, v in zip(keys, vecs,

@@ -9,7 +9,9 @@ A restart over a store that holds a model's files refills the volatile tier
   or sits in a memtable (then the mark is "", unknown). So a table whose mark is still
   the one recorded right after its load holds exactly the rows of its files. A compaction
   of its own could change the files without a write: the mark then differs and the
-  caller reads the store, which is slower, never wrong.
+  caller reads the store, which is slower, never wrong. Since the store notes the keys
+  written after a load (hps.tiers.rocksdb.changes), the mark decides only for load
+  records without that log (a store an older `hps` filled).
 - `scan`: every row, in RocksDB's (bytewise) order, in chunks of arrays, read from one
   snapshot by rocksdict's key and value iterators (one C call a row, driven by
   `itertools.islice`, no Python loop). Measured on the demo's tables on the 2-core

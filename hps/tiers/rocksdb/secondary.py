@@ -46,7 +46,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +182,8 @@ class FollowsPrimary:
     _cfs: dict[str, Any]
     _handles: dict[str, Any]
     _meta: Any
+    _changes: Any
+    _change_log: Callable[[], Any]
     _dims: dict[str, int]
     _generations: dict[str, int]
     _aliases: dict[str, str]
@@ -236,6 +238,7 @@ class FollowsPrimary:
             self._cfs, self._handles = cfs, handles
             old_folder, self._folder = self._folder, folder
         self._meta = self._column_family(META_CF, create=False)
+        self._changes = self._change_log()
         # this handle only: the database lives on while a lookup in flight holds one of
         # its own; a close refused (the handle busy) leaves it to the garbage collector
         with contextlib.suppress(Exception):

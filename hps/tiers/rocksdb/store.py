@@ -28,6 +28,8 @@ from hps.runtime.cores import usable_cores
 DEFAULT_CF = "default"
 #: column family of the tables' load records (small JSON per table)
 META_CF = "hps_meta"
+#: column family of the keys written to each table since its load (changes.py)
+CHANGES_CF = "hps_changes"
 #: folders of a store's bulk loads in progress start with this (`remove_stale_loads`)
 INGEST_PREFIX = "hps_ingest_"
 

@@ -7,6 +7,8 @@ Layout (HugeCTR's, so a database HugeCTR filled is served as it is):
         value   the raw float32 bytes of the row (4 × dim bytes)
     column family `hps_meta`                 small JSON per table (source, sizes, load
                                              time), so a reopened store knows what it holds
+    column family `hps_changes`              the keys written to each table since its
+                                             load (hps.tiers.rocksdb.changes)
 
 RocksDB orders keys bytewise, i.e. by the least significant byte first; "bytewise order"
 below means that order (the numeric order of the byte-swapped keys).
@@ -38,7 +40,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import logging
 import math
 import shutil
@@ -75,7 +76,8 @@ from hps.tiers.rocksdb.bulk import (
     last_of_each,
 )
 from hps.tiers.rocksdb.encoding import consume, key_bytes, row_bytes
-from hps.tiers.rocksdb.scan import SCAN_CHUNK_ROWS, scan_rows, table_files_mark
+from hps.tiers.rocksdb.records import LoadRecords
+from hps.tiers.rocksdb.scan import SCAN_CHUNK_ROWS, scan_rows
 from hps.tiers.rocksdb.secondary import (
     FOLLOW_SECONDS,
     FollowsPrimary,
@@ -85,6 +87,7 @@ from hps.tiers.rocksdb.secondary import (
     secondary_folder,
 )
 from hps.tiers.rocksdb.store import (
+    CHANGES_CF,
     DEFAULT_CF,
     INGEST_PREFIX,
     META_CF,
@@ -108,7 +111,7 @@ _MIN_FILE_BYTES = 64 << 10
 _ESTIMATED_KEYS = "rocksdb.estimate-num-keys"
 
 
-class RocksDBTier(FollowsPrimary, BulkLoadTier):
+class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
     """The persistent tier (`persistent_db.type` "rocks_db").
 
     `RocksDBTier(config: PersistentDBConfig, *, block_cache_bytes=256 MiB,
@@ -171,6 +174,7 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         # the encode buffers of loads sorted in memory, kept for the next one (`trim`)
         self._writers = WriterPool()
         self._meta = self._column_family(META_CF, create=not self.read_only)
+        self._changes = self._change_log()
         for cf_name in self.stored_tables():
             dim = self._stored_dim(cf_name)
             if dim is not None:
@@ -183,7 +187,8 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
     def stored_tables(self) -> list[str]:
         """Names of the tables the store holds (its column families, less `hps_meta`)."""
         with self._lock:
-            return sorted(n for n in self._families if n not in (DEFAULT_CF, META_CF))
+            return sorted(n for n in self._families
+                          if n not in (DEFAULT_CF, META_CF, CHANGES_CF))
 
     def _column_family(self, name: str, create: bool) -> Any:
         with self._lock:
@@ -244,6 +249,7 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
             self._handles.pop(table, None)
             self._sizes.pop(table, None)
             self._generations[table] = self._generations.get(table, 0) + 1
+            self._changes.clear(self.stored_name(table))  # a new load notes anew
             self._meta.delete(self.stored_name(table).encode())
             if self.stored_name(table) in self._families:
                 self._db.drop_column_family(self.stored_name(table))
@@ -327,21 +333,24 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         handle = self._handles[table]
         consume(map(batch.put, key_bytes(k), row_bytes(v), itertools.repeat(handle)))
         del cf
+        noted = self._changes.add(batch, self.stored_name(table), k)  # the same batch
         self._db.write(batch)
-        self._changed(table)
+        self._changed(table, noted)
 
     def remove(self, table: str, keys: np.ndarray) -> int:
         """Delete `keys`; returns how many distinct keys were present."""
         self._writable("remove from", table)
         cf = self._cf(table)
-        k = as_keys(keys)
-        wanted = key_bytes(np.unique(k))
+        distinct = np.unique(as_keys(keys))
+        wanted = key_bytes(distinct)
         present = list(itertools.compress(wanted, self._multi_get(cf, wanted)))
         if present:
             batch = rocksdict.WriteBatch(raw_mode=True)
             consume(map(batch.delete, present, itertools.repeat(self._handles[table])))
+            # all the keys asked for: noting absent ones too costs a restart a read each
+            noted = self._changes.add(batch, self.stored_name(table), distinct)
             self._db.write(batch)
-            self._changed(table)
+            self._changed(table, noted)
         return len(present)
 
     def size(self, table: str) -> int:
@@ -358,8 +367,11 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         self._sizes[table] = (generation, count)
         return count
 
-    def _changed(self, table: str) -> None:
-        """Note a completed write: counts taken before it are stale."""
+    def _changed(self, table: str, noted: bool = False) -> None:
+        """Note a completed write: counts taken before it are stale; `noted`: its keys
+        are in the change log, which now covers it."""
+        if noted:
+            self._changes.written(self.stored_name(table))
         with self._lock:
             self._generations[table] = self._generations.get(table, 0) + 1
 
@@ -486,17 +498,25 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         cf = self._cf(table)
         start_generation = self._generations.get(table, 0)
         was_empty = self._is_empty(cf)
+        stored = self.stored_name(table)
+        noted: list[np.ndarray] | None = [] if self._changes.noting(stored) else None
         # Inside the store: same file system, so ingestion links the files, never copies.
         with tempfile.TemporaryDirectory(dir=self.path, prefix=INGEST_PREFIX) as work:
             sink = SstSink(work, self._workers, file_bytes or self._file_bytes(), writers)
             try:
                 for keys, rows, positions in runs(work):
                     sink.add(keys, rows, positions)
+                    if noted is not None:
+                        noted.append(keys)
                 paths = sink.finish()
             finally:
                 sink.close()
             if paths:
-                self._ingest(cf, table, paths)
+                # the keys before the rows: a crash between leaves keys noted, not rows
+                # unnoted (changes.py)
+                logged = noted is not None and self._changes.add_synced(
+                    stored, np.concatenate(noted))
+                self._ingest(cf, table, paths, logged)
         written = sink.keys_written
         with self._lock:
             generation = self._generations.get(table, 0)
@@ -517,11 +537,11 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
         share = self.load_run_bytes // (2 * (self._workers + 1))
         return max(_MIN_FILE_BYTES, min(FILE_BYTES, share))
 
-    def _ingest(self, cf: Any, table: str, paths: list[str]) -> None:
+    def _ingest(self, cf: Any, table: str, paths: list[str], noted: bool) -> None:
         options = rocksdict.IngestExternalFileOptions()
         options.set_move_files(True)
         cf.ingest_external_file(paths, options)
-        self._changed(table)
+        self._changed(table, noted)
 
     def trim(self) -> None:
         """Unmap the encode buffers kept between loads sorted in memory."""
@@ -542,30 +562,6 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
             if bad:
                 self._count_bad_rows(table, dim, bad)
             yield keys, rows
-
-    # -- the load record ----------------------------------------------------------------
-
-    def stored_version(self, table: str) -> str:
-        """The table's files (hps.tiers.rocksdb.scan.table_files_mark)."""
-        return table_files_mark(self._cf(table))
-
-    def metadata(self, table: str) -> dict[str, Any] | None:
-        """The JSON record stored for `table` by `set_metadata`, or None."""
-        if self._meta is None:
-            return None
-        raw = self._meta.get(self.stored_name(table).encode())
-        if raw is None:
-            return None
-        record: dict[str, Any] = json.loads(raw)
-        return record
-
-    def set_metadata(self, table: str, record: dict[str, Any]) -> None:
-        """Store a small JSON-serializable record for `table` (durable: synced WAL)."""
-        self._writable("set metadata of", table)
-        options = rocksdict.WriteOptions()
-        options.sync = True
-        self._meta.put(self.stored_name(table).encode(),
-                       json.dumps(record, sort_keys=True).encode(), options)
 
     # -- health -------------------------------------------------------------------------
 
@@ -589,6 +585,7 @@ class RocksDBTier(FollowsPrimary, BulkLoadTier):
             self._cfs.clear()
             self._handles.clear()
             self._meta = None
+            self._changes.close()  # its handles too: rocksdict closes the last one
             if self._db is not None:
                 if not self.read_only:
                     self._db.flush(True)

@@ -1,8 +1,10 @@
-"""`hps bench ready`: real `hps serve` processes from their start to their first lookups.
+"""`hps bench ready`: real `hps serve` processes from their start to their first lookups;
+`hps bench restart-fill`: a warm restart's volatile refill, before and after updates.
 
-The measuring is hps.tools.bench.ready's; this is its command: options, a line before
-each server starts, the rows as a table with the load average before and after. It lives
-beside bench.py (the other profiles' commands) and adds itself to `bench_app`.
+The measuring is hps.tools.bench.ready's (and restart_fill's); these are their commands:
+options, a line before each server starts, the rows as a table with the load average
+before and after. They live beside bench.py (the other profiles' commands) and add
+themselves to `bench_app`.
 """
 
 from __future__ import annotations
@@ -61,3 +63,21 @@ def bench_ready_cmd(
     except HPSError as exc:
         fail(exc)
     console.print(format_ready(result), markup=False, highlight=False, soft_wrap=True)
+
+
+@bench_app.command("restart-fill")
+def bench_restart_fill_cmd(
+    updated: int = typer.Option(10_000, parser=count_option, help="Keys updated a table."),
+    scale: float = typer.Option(1.0, help="Of the demo's size."),
+    batch: int = typer.Option(1000, parser=count_option, help="Rows an update write."),
+    restarts: int = typer.Option(3, help="Restarts timed before and after (the median)."),
+) -> None:
+    """The demo's warm restart: each table's volatile refill rate and source before and
+    after online updates, and the update writes' rows/s (docs/operating.md#restarts)."""
+    from hps.tools.bench.restart_fill import bench_restart_fill, format_restart_fill
+
+    try:
+        result = bench_restart_fill(updated, scale, batch, restarts)
+    except HPSError as exc:
+        fail(exc)
+    console.print(format_restart_fill(result), markup=False, highlight=False)
