@@ -15,7 +15,7 @@ from hps.config import ModelConfig, PSConfig
 from hps.errors import NoHotCopiesError
 from hps.server.cache_journal import UpdateJournal
 from hps.server.host_lookup import HostLookup
-from hps.server.loader import served_chunks
+from hps.server.loader import LoadProgress, served_chunks
 from hps.server.models import LoadedModel, LoadedTable
 
 log = logging.getLogger("hps")
@@ -41,8 +41,9 @@ class GpuCaches:
         #: the other workers' caches (hps/server/cache_journal.py); None in one process
         self.journal: UpdateJournal | None = None
         #: called with each version once its caches are attached, before it serves (the
-        #: server's hot-key sampling and its warm-up from a peer: warm_up.py)
-        self.before_serving: Callable[[LoadedModel], None] | None = None
+        #: server's hot-key sampling and its warm-up from a peer: warm_up.py; with the
+        #: load's progress, which hears the warm-up's steps)
+        self.before_serving: Callable[[LoadedModel, LoadProgress], None] | None = None
 
     def _cuda_present(self, wants: Sequence[str]) -> bool:
         """Whether GPU caches can be made; warns, naming the models `wants`, when not."""
@@ -61,16 +62,18 @@ class GpuCaches:
             self._warned.update(fresh)
         return self._cuda
 
-    def attach(self, loaded: LoadedModel, readers: Sequence[Any]) -> None:
+    def attach(self, loaded: LoadedModel, readers: Sequence[Any],
+               progress: LoadProgress | None = None) -> None:
         """Give each table of `loaded` its caches, one per deployed device, warmed up from
         `readers` (one model reader per table) where the config asks for it; then
-        `before_serving(loaded)`. Every load calls it before the version serves."""
+        `before_serving(loaded, progress)`. Every load calls it before the version
+        serves."""
         self._attach_caches(loaded, readers)
         for table in loaded.tables:
             if table.gpu:  # the host path sees only what the caches miss
                 table.keys_seen.source = "gpu_misses"
         if self.before_serving is not None:
-            self.before_serving(loaded)
+            self.before_serving(loaded, progress or LoadProgress())
 
     def _attach_caches(self, loaded: LoadedModel, readers: Sequence[Any]) -> None:
         if not loaded.config.gpucache:
