@@ -57,15 +57,18 @@ class WorkersComing:
         """Workers `indices` were started (`again`: after one died), to be ready once
         they acked `ops` ops. Joins the step under way, if any (its count kept)."""
         now = time.monotonic()
+        fresh = [i for i in indices if i not in self._pending]
+        if not fresh:  # died while it started: the step under way counts it already
+            return
         if not self._pending:
             self._total = self._ready = 0
             self._started = now
             self.progress = self._held.enter_context(self._open())
-        fresh = [i for i in indices if i not in self._pending]
+            self._what = what
+        else:  # one more while others start: one step for all of them
+            self._what = f"{self._total + len(fresh)} workers starting"
         self._pending.update({i: (ops, now, again) for i in fresh})
         self._total += len(fresh)
-        self._what = what if self._total == len(fresh) else \
-            f"{self._total} workers starting"
         self.progress.start_step(self._what, self._total, UNIT)
         if self._ready:
             self.progress.step(self._ready)
