@@ -15,6 +15,9 @@ Everything the run shares lies in its run folder (hps/runtime/run_dir.py), named
 the supervisor's PID: removed when the supervisor stops, and by the next start on the
 host when the whole server was killed (SIGKILL).
 
+While workers start, and while one started again comes back, the supervisor shows a step
+of its own counted in workers ready (hps/http/workers_ready.py).
+
 A worker that dies is started again (RESTART_DELAY seconds later, longer while it keeps
 dying before it serves; it maps the tables and replays the op log before it accepts).
 A worker that served is started again after RESTART_DELAY however soon it died: every op

@@ -69,7 +69,8 @@ class LoadProgress:
         """`done` more of the step's things are done."""
 
     def finish_step(self, seconds: float) -> None:
-        """The step is over, `seconds` after it started."""
+        """The step is over, `seconds` after it started: done, or stopped short where
+        what it did failed (its count then says how far it got)."""
 
 
 class BothProgress(LoadProgress):

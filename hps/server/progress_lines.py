@@ -117,7 +117,8 @@ class LineProgress(LoadProgress):
         with self._lock:
             step, self._step = self._step, None
         if step is not None and step.said:
-            self.say(f"{step.what}: done in {seconds:.1f} s, {step.done:,} of "
+            ended = "done" if step.done >= step.total else "stopped"  # a failure ends short
+            self.say(f"{step.what}: {ended} in {seconds:.1f} s, {step.done:,} of "
                      f"{step.total:,} {step.unit}")
 
     def _tick(self) -> None:

@@ -164,3 +164,24 @@ def test_the_warm_up_says_its_own_count_of_lookups(tmp_path: Path) -> None:
     assert re.fullmatch(r"warming the lookup paths of model m: done in [\d.]+ s, 16 of 16 "
                         r"lookups run", warm[-1])
     assert not [line for line in said.lines if re.search(r"\b0 of [\d,]+|\(0%\)", line)]
+
+
+def test_a_step_that_ends_short_says_it_stopped() -> None:
+    """A step whose work failed (a warm lookup that raises) ends with its count as it
+    was, not "done"."""
+    said = _Lines()
+    lines = LineProgress(said.say, every=0.02)
+    try:
+        lines.start_step("warming the lookup paths of model m", 16, "lookups run")
+        said.wait_after(0)
+        assert said.lines[0].startswith("warming the lookup paths of model m: none of 16 "
+                                        "lookups run yet, ")
+        lines.step(3)
+        said.wait_after(len(said.lines))
+        lines.finish_step(1.0)
+    finally:
+        lines.close()
+    assert re.fullmatch(r"warming the lookup paths of model m: 3 of 16 lookups run \(19%\), "
+                        r"\d+ s so far", said.lines[-2])
+    assert said.lines[-1] == "warming the lookup paths of model m: stopped in 1.0 s, 3 of 16 " \
+        "lookups run"

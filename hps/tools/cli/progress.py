@@ -3,7 +3,9 @@
 On a terminal, rich's bars and spinner; where stderr is no terminal (a pipe, a file,
 CI's log) a plain line every few seconds instead, so `hps demo 2>&1 | tee log` is never
 silent for long. A load's progress names each table as `model/table` and says the keys
-so far, the rate and what remains.
+so far, the rate and what remains; a step that counts other things (the warm-up's
+lookups, workers ready: LoadProgress.start_step) shows once it has run EVERY_S seconds,
+in its own unit.
 
 - `load_progress()`: a LoadProgress for the time of a `with` block (bars or lines);
 - `compile_status(what)`: a compile listener for the time of a `with` block, which says
@@ -111,8 +113,8 @@ class BarProgress(LoadProgress):
 
     def finish_step(self, seconds: float) -> None:
         task, self.step_task = self.step_task, None
-        if task is not None:
-            self.progress.update(task, completed=self._step_total, total=self._step_total)
+        if task is not None:  # its count as it is: a step that failed ends short
+            self.progress.update(task, total=self._step_total)
 
     def _hide_step(self) -> None:
         """A step replaced before it finished: its bar goes."""
