@@ -38,8 +38,16 @@ installed. Log records and Python warnings go to stderr in one format; `-v` adds
 records. `hps load`, `hps lookup`, `hps serve`, `hps demo`, `hps convert` and `hps publish`
 show each table's load as a progress bar on a terminal (keys so far of all, keys/s, time
 left) and as a line every 2 s where stderr is no terminal (a pipe, a file, CI's log); a
-first run on a machine says that it compiles (a read from numba's cache is no compile);
-`hps demo` reports the load time, the lookup rate, the memory it took and whether every
+first run on a machine says that it compiles (a read from numba's cache is no compile).
+The other steps that can take seconds show the same way, each once it has run 2 s, with a
+count and unit of its own: the warm-up of a version's lookup paths before it serves
+(`warming the lookup paths of model demo: 12 of 32 lookups run (38%), 4 s so far`), a GPU
+cache filled from the files (`keys in the cache`), `hps serve --workers N`'s workers
+starting (`starting 2 workers: 1 of 2 workers ready (50%), 6 s so far`) and one started
+again after it died (then `worker 1 is back: ready 2.5 s after it was started again`),
+and `hps demo` writing its model and reading its files back to check the lookups. A
+count that has not moved yet says `none of N … yet` and the seconds so far, never
+"0 of N (0%)". `hps demo` reports the load time, the lookup rate, the memory it took and whether every
 vector matched the model files.
 
 Where the commands fit: [HTTP and KServe v2](http.md) for `hps serve` and `hps models`,

@@ -133,7 +133,9 @@ def serve(
     (hps/http/workers.py); one serves from this process.
 
     `load_progress`: a model's name → a context whose LoadProgress hears that model's
-    loads (`hps serve` shows them on stderr; one process only, not workers).
+    loads (`hps serve` shows them on stderr); with workers, the supervisor's own step
+    (the workers starting: hps/http/workers_ready.py), as model "" (each worker says
+    its loads' progress in lines of its own).
 
     Each model that fails to load is echoed in one line. `require_models` (else the
     config's `http.require_models`): the first such failure stops the server (drained,
@@ -162,7 +164,9 @@ def serve(
                       host=host, token=token,
                       max_body_bytes=max_body_bytes, lookup_threads=lookup_threads,
                       access_log=access_log, log_level=log_level, echo=echo,
-                      allow_roots=allow_roots, grpc_port=grpc_port, config_file=config_file)
+                      allow_roots=allow_roots, grpc_port=grpc_port, config_file=config_file,
+                      progress=None if load_progress is None else
+                      (lambda: load_progress("")))
             return
         server = HierarchicalParameterServer(psconfig, load=False)
     except BaseException:

@@ -15,6 +15,9 @@ Everything the run shares lies in its run folder (hps/runtime/run_dir.py), named
 the supervisor's PID: removed when the supervisor stops, and by the next start on the
 host when the whole server was killed (SIGKILL).
 
+While workers start, and while one started again comes back, the supervisor shows a step
+of its own counted in workers ready (hps/http/workers_ready.py).
+
 A worker that dies is started again (RESTART_DELAY seconds later, longer while it keeps
 dying before it serves; it maps the tables and replays the op log before it accepts).
 A worker that served is started again after RESTART_DELAY however soon it died: every op
@@ -54,7 +57,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +68,15 @@ from hps.http.state import TOKEN_HINT
 from hps.http.workers_gpu import check_gpu_caches, gpu_caches_wanted
 from hps.http.workers_oplog import OpLog, initial_ops
 from hps.http.workers_ops import FD_ENV, SETUP_FAILED, ack_wait
+from hps.http.workers_ready import WorkersComing
 from hps.runtime.run_dir import (
     RUN_DIR_ENV,
     create_run_dir,
     remove_process_folders,
     remove_run_dir,
 )
+from hps.server.loader import LoadProgress
+from hps.server.progress_lines import LineProgress
 
 log = logging.getLogger("hps.http.workers")
 
@@ -121,12 +128,16 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
               token: str | None, max_body_bytes: int, lookup_threads: int | None,
               access_log: bool, log_level: str, echo: Callable[[str], None],
               allow_roots: Sequence[str] | None, grpc_port: int | None,
-              config_file: str | None = None) -> None:
+              config_file: str | None = None,
+              progress: Callable[[], AbstractContextManager[LoadProgress]] | None = None
+              ) -> None:
     """Serve `config` with `workers` processes on the bound `sock` (reached at `url`)
     until SIGTERM or SIGINT (see the module). Raises ConfigError (before anything
     serves) for a config the workers cannot serve, and a worker's setup error when one
     cannot start. `config_file`: the config file it was started with, which a reload
-    without sources reads again in the worker that answers it."""
+    without sources reads again in the worker that answers it. `progress`: a context
+    whose LoadProgress shows the workers starting (hps/http/workers_ready.py); by
+    default lines through `echo`."""
     grpc_port = grpc_port if grpc_port is not None else config.http.grpc_port
     check_workers(config, grpc_port, workers)
     grpc_held = None
@@ -141,6 +152,8 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
         grpc_port = int(grpc_held.getsockname()[1])
     folder = create_run_dir()
     supervisor = _Supervisor(folder, workers, sock, token)
+    supervisor.coming = WorkersComing(supervisor.oplog, progress or _lines(echo),
+                                      lambda line: echo(f"hps: {line}"))
     try:
         for index in (0, 1):
             (folder / f"config-{index}.json").write_text(
@@ -153,6 +166,8 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
         initial_ops(supervisor.oplog, config)
         sock.listen(2048)
         supervisor.start_all()
+        supervisor.coming.start(list(range(workers)), f"starting {workers} workers",
+                                len(supervisor.oplog.ops()))
         echo(f"hps: serving on {url} with {workers} workers over one shared table (models "
              "load in the background; GET /readyz turns 200 when every worker serves them)")
         if grpc_port is not None:
@@ -168,6 +183,7 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
 
         stopped_by = supervisor.run(ready=ready)
     finally:
+        supervisor.coming.close()
         _stop_listening(sock)
         supervisor.stop()
         if grpc_held is not None:
@@ -176,6 +192,20 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
     if stopped_by:
         echo(f"hps: stopped by {'/'.join(signal.Signals(s).name for s in stopped_by)}: "
              f"{workers} workers drained, shared memory removed")
+
+
+def _lines(echo: Callable[[str], None]
+           ) -> Callable[[], AbstractContextManager[LoadProgress]]:
+    """The supervisor's progress as lines through `echo` (every EVERY_S seconds)."""
+    @contextlib.contextmanager
+    def lines() -> Iterator[LoadProgress]:
+        shown = LineProgress(lambda line: echo(f"hps: {line}"))
+        try:
+            yield shown
+        finally:
+            shown.close()
+
+    return lines
 
 
 def _stop_listening(sock: socket.socket) -> None:
@@ -246,6 +276,10 @@ class _Supervisor:
         self.quick_deaths: dict[int, int] = {}  # deaths in a row before serving
         self.leader_deaths: dict[int, int] = {}  # op → deaths of the leader applying it
         self._signals: list[int] = []
+        #: the workers started and not ready yet, shown as a step (workers_ready.py;
+        #: supervise gives it the command's progress)
+        self.coming = WorkersComing(self.oplog, lambda: contextlib.nullcontext(LoadProgress()),
+                                    log.info)
 
     def start(self, index: int) -> None:
         env = {**os.environ, RUN_DIR_ENV: str(self.folder), "HPS_WORKER_INDEX": str(index),
@@ -287,6 +321,9 @@ class _Supervisor:
                     remove_process_folders(self.folder, proc.pid)  # what it kept for itself
                     time.sleep(delay)
                     self.start(index)
+                    self.coming.start([index], f"worker {index} coming back",
+                                      len(self.oplog.ops()), again=True)
+                self.coming.poll(self.procs)
                 if not announced and self.oplog.lowest_ack() >= first_ops and len(
                         self.oplog.live_workers()) == self.count:
                     announced = True

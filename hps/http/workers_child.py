@@ -9,9 +9,9 @@ with the hot-rows board of hps/http/workers_hot_rows.py),
 applies the ops the leader already completed (a worker started again maps the tables
 before it accepts a connection), and serves the app as `hps serve` does (run_app:
 uvicorn, the drain on SIGTERM; gRPC too, on the port the supervisor holds, when asked),
-with `/metrics` summed over the workers. A load of its own that runs over 2 s says how
-far it is on the stderr it shares with the supervisor, a line every 2 s prefixed `hps
-worker N:` (hps/server/progress_lines.py; lines, not bars: several processes share the
+with `/metrics` summed over the workers. A load of its own (or its warm-up) that runs
+over 2 s says how far it is on the stderr it shares with the supervisor, a line every 2 s
+prefixed `hps worker N:` (hps/server/progress_lines.py; lines, not bars: several processes share the
 terminal). A setup error
 (a bad config, a tier that cannot open) is written to `failed-<index>` in the run
 folder, where the supervisor reads it, and the process exits with status 3.

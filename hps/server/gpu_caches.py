@@ -14,8 +14,9 @@ import numpy as np
 from hps.config import ModelConfig, PSConfig
 from hps.errors import NoHotCopiesError
 from hps.server.cache_journal import UpdateJournal
+from hps.server.counted_chunks import CountedChunks
 from hps.server.host_lookup import HostLookup
-from hps.server.loader import served_chunks
+from hps.server.loader import LoadProgress, served_chunks
 from hps.server.models import LoadedModel, LoadedTable
 
 log = logging.getLogger("hps")
@@ -41,8 +42,9 @@ class GpuCaches:
         #: the other workers' caches (hps/server/cache_journal.py); None in one process
         self.journal: UpdateJournal | None = None
         #: called with each version once its caches are attached, before it serves (the
-        #: server's hot-key sampling and its warm-up from a peer: warm_up.py)
-        self.before_serving: Callable[[LoadedModel], None] | None = None
+        #: server's hot-key sampling and its warm-up from a peer: warm_up.py; with the
+        #: load's progress, which hears the warm-up's steps)
+        self.before_serving: Callable[[LoadedModel, LoadProgress], None] | None = None
 
     def _cuda_present(self, wants: Sequence[str]) -> bool:
         """Whether GPU caches can be made; warns, naming the models `wants`, when not."""
@@ -61,18 +63,22 @@ class GpuCaches:
             self._warned.update(fresh)
         return self._cuda
 
-    def attach(self, loaded: LoadedModel, readers: Sequence[Any]) -> None:
+    def attach(self, loaded: LoadedModel, readers: Sequence[Any],
+               progress: LoadProgress | None = None) -> None:
         """Give each table of `loaded` its caches, one per deployed device, warmed up from
         `readers` (one model reader per table) where the config asks for it; then
-        `before_serving(loaded)`. Every load calls it before the version serves."""
-        self._attach_caches(loaded, readers)
+        `before_serving(loaded, progress)`. Every load calls it before the version
+        serves."""
+        progress = progress or LoadProgress()
+        self._attach_caches(loaded, readers, progress)
         for table in loaded.tables:
             if table.gpu:  # the host path sees only what the caches miss
                 table.keys_seen.source = "gpu_misses"
         if self.before_serving is not None:
-            self.before_serving(loaded)
+            self.before_serving(loaded, progress)
 
-    def _attach_caches(self, loaded: LoadedModel, readers: Sequence[Any]) -> None:
+    def _attach_caches(self, loaded: LoadedModel, readers: Sequence[Any],
+                       progress: LoadProgress) -> None:
         if not loaded.config.gpucache:
             return
         if not (self.enabled or self._cuda_present([loaded.config.model])):
@@ -83,7 +89,7 @@ class GpuCaches:
         cfg = loaded.config
         for table, reader in zip(loaded.tables, readers, strict=True):
             if cfg.gpu_sharding == "row_wise":
-                self._attach_sharded(cfg, table, reader)
+                self._attach_sharded(cfg, table, reader, progress)
                 continue
             for device in cfg.deployed_device_list:
                 fetch = self.host.for_table(table)
@@ -94,12 +100,19 @@ class GpuCaches:
                 pct = cfg.cache_refresh_percentage_per_iteration
                 if cfg.init_ec and not gpu.attached and (
                         pct > 0 or cfg.cache_type in ("static", "uvm")):
-                    gpu.warm_up(self._warm_chunks(table, reader, gpu, pct))
+                    filled = CountedChunks(progress, f"filling the GPU cache of "
+                                           f"{cfg.model}/{table.name} on GPU {device}",
+                                           _fill_total(gpu, cfg, reader))
+                    try:
+                        gpu.warm_up(filled.chunks(self._warm_chunks(table, reader, gpu, pct)))
+                    finally:
+                        filled.finish()
                     _release_pool(device)
                 gpu.publish()  # gpu_cache_scope host: the other processes may map it now
                 table.gpu[device] = gpu
 
-    def _attach_sharded(self, cfg: ModelConfig, table: LoadedTable, reader: Any) -> None:
+    def _attach_sharded(self, cfg: ModelConfig, table: LoadedTable, reader: Any,
+                        progress: LoadProgress) -> None:
         """One cache split into shards over the devices (hps/gpu/sharded.py), seen from
         each device through a view of its own."""
         from hps.gpu.sharded import ShardedTable
@@ -109,7 +122,14 @@ class GpuCaches:
                                fetch_into=fetch.into)
         pct = cfg.cache_refresh_percentage_per_iteration
         if cfg.init_ec and (pct > 0 or cfg.cache_type == "static"):
-            sharded.warm_up(self._warm_chunks(table, reader, sharded, pct))
+            filled = CountedChunks(progress, f"filling the GPU cache of {cfg.model}/"
+                                   f"{table.name} over GPUs "
+                                   f"{', '.join(map(str, sorted(set(sharded.devices))))}",
+                                   _fill_total(sharded, cfg, reader))
+            try:
+                sharded.warm_up(filled.chunks(self._warm_chunks(table, reader, sharded, pct)))
+            finally:
+                filled.finish()
             for device in set(sharded.devices):
                 _release_pool(device)
         for device in cfg.deployed_device_list:
@@ -253,6 +273,14 @@ def _release_pool(device: int) -> None:
 
     with cupy.cuda.Device(device):
         cupy.get_default_memory_pool().free_all_blocks()
+
+
+def _fill_total(gpu: Any, cfg: ModelConfig, reader: Any) -> int:
+    """Keys a cache filled from the files takes: the whole table (static, uvm), else at
+    most its capacity."""
+    if cfg.cache_type in ("static", "uvm"):
+        return int(reader.num_keys)
+    return min(int(reader.num_keys), int(gpu.stats().get("capacity", reader.num_keys)))
 
 
 def _warm_chunk(gpu: Any, pct: float, reader: Any) -> int:

@@ -59,6 +59,19 @@ class LoadProgress:
     def finish_table(self, table: str, seconds: float) -> None:
         """The table finished loading."""
 
+    def start_step(self, what: str, total: int, unit: str) -> None:
+        """A part of the work that counts `total` things other than a table's keys starts
+        (a version's lookup paths warmed, workers started): `what` names it, `unit` is
+        read after "N of `total`" ("lookups run", "workers ready"). One step at a time: a
+        new one replaces the one before."""
+
+    def step(self, done: int) -> None:
+        """`done` more of the step's things are done."""
+
+    def finish_step(self, seconds: float) -> None:
+        """The step is over, `seconds` after it started: done, or stopped short where
+        what it did failed (its count then says how far it got)."""
+
 
 class BothProgress(LoadProgress):
     """Tells two LoadProgress the same (the server's metrics and the terminal's lines)."""
@@ -77,6 +90,18 @@ class BothProgress(LoadProgress):
     def finish_table(self, table: str, seconds: float) -> None:
         self.first.finish_table(table, seconds)
         self.second.finish_table(table, seconds)
+
+    def start_step(self, what: str, total: int, unit: str) -> None:
+        self.first.start_step(what, total, unit)
+        self.second.start_step(what, total, unit)
+
+    def step(self, done: int) -> None:
+        self.first.step(done)
+        self.second.step(done)
+
+    def finish_step(self, seconds: float) -> None:
+        self.first.finish_step(seconds)
+        self.second.finish_step(seconds)
 
 
 @dataclass

@@ -303,13 +303,14 @@ class HierarchicalParameterServer:
 
     # -- hot keys and warm-ups --------------------------------------------------------------
 
-    def _before_serving(self, loaded: LoadedModel) -> None:
+    def _before_serving(self, loaded: LoadedModel, progress: LoadProgress) -> None:
         """A version about to serve: its hot-key sampling set, each table's lookup path
-        run once (hps/server/warm_paths.py: WarmUpError fails the load), then warmed from
+        run once (hps/server/warm_paths.py: WarmUpError fails the load; a step of the
+        load's `progress`), then warmed from
         its `warm_from` for at most `warm_timeout` seconds (hps/server/warm_up.py)."""
         for table in loaded.tables:
             table.sample_hot_keys(loaded.config.hot_key_sampling)
-        warm_paths(self, loaded)
+        warm_paths(self, loaded, progress)
         # the hot copies filled in the background, a reload's first from the served
         # version's sketch (hot_fill.py)
         self.hot_fill.watch(loaded, self._registry.models.get(loaded.config.model))

@@ -244,7 +244,7 @@ class ModelRegistry:
                 with naming_the_key(source_key(self.config, model, i)):  # a file cut short
                     loaded.tables.append(self._load_table(model, i, names[i], reader,
                                                           progress, old, verdicts, opt_ins))
-            self.gpu.attach(loaded, readers)
+            self.gpu.attach(loaded, readers, progress)
             if self.filler is not None:  # pending from the moment the version serves
                 fills = [self.filler.hold(loaded, table, functools.partial(
                             open_reader, self.config, model, table.index, self.chunk_bytes))

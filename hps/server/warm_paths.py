@@ -22,6 +22,11 @@ thread's buffers go back to the spares (`GpuEmbeddingTable.warming_up`).
 
 A lookup that fails here fails the load (`WarmUpError`): the version is not served, and
 the server says why (`/readyz` lists the model as failed, `GET /v1/models` the reason).
+
+Where it runs seconds (compiles on a machine with an empty numba cache, GPU kernels
+loading, a loaded machine), it is a step of the load's progress of its own
+(`LoadProgress.start_step`): "warming the lookup paths of model M", counted in lookups
+run of all it makes (`lookups(table)` each table, host and GPU tables alike).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from hps.runtime.compiled import HOLD_GIL_BYTES
 from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import TableFetch
 from hps.server.key_sketch import TableKeys
+from hps.server.loader import LoadProgress
 from hps.server.models import LoadedModel, LoadedTable, TableStats
 
 log = logging.getLogger("hps")
@@ -74,22 +80,30 @@ class WarmUpError(HPSError):
     kind = "warm_up"
 
 
-def warm_paths(server: VersionLookups, loaded: LoadedModel) -> float:
-    """Run every table's lookup path of `loaded` once (see the module docstring); returns
-    the seconds it took. Raises WarmUpError naming the table and what failed."""
+def warm_paths(server: VersionLookups, loaded: LoadedModel,
+               progress: LoadProgress | None = None) -> float:
+    """Run every table's lookup path of `loaded` once (see the module docstring), each
+    lookup counted as a step of `progress`; returns the seconds it took. Raises
+    WarmUpError naming the table and what failed."""
     started = time.perf_counter()
+    progress = progress or LoadProgress()
     copy = _warm_copy(loaded)
-    for table in copy.tables:
-        try:
-            with contextlib.ExitStack() as gpu_tables:
-                for gpu in table.gpu.values():  # its caches see only keys they hold
-                    gpu_tables.enter_context(gpu.warming_up(np.empty(0, np.int64)))
-                _warm_table(server, copy, table)
-        except Exception as exc:
-            raise WarmUpError(
-                f"model {loaded.config.model!r}, table {table.name!r}: its first lookup "
-                f"failed ({type(exc).__name__}: {exc})") from exc
-    seconds = time.perf_counter() - started
+    progress.start_step(f"warming the lookup paths of model {loaded.config.model}",
+                        sum(lookups(t, loaded) for t in copy.tables), "lookups run")
+    try:
+        for table in copy.tables:
+            try:
+                with contextlib.ExitStack() as gpu_tables:
+                    for gpu in table.gpu.values():  # its caches see only keys they hold
+                        gpu_tables.enter_context(gpu.warming_up(np.empty(0, np.int64)))
+                    _warm_table(server, copy, table, progress)
+            except Exception as exc:
+                raise WarmUpError(
+                    f"model {loaded.config.model!r}, table {table.name!r}: its first lookup "
+                    f"failed ({type(exc).__name__}: {exc})") from exc
+    finally:
+        seconds = time.perf_counter() - started
+        progress.finish_step(seconds)
     log.debug("model %r: lookup paths warmed in %.2fs", loaded.config.model, seconds)
     return seconds
 
@@ -114,22 +128,51 @@ def _many(table: LoadedTable) -> int:
     return GPU_HOST_MISSES + 1 if table.max_keys > GPU_HOST_MISSES else 0
 
 
+def _host_sizes(table: LoadedTable) -> list[int]:
+    """Batch sizes of a host table's warm lookups."""
+    return sorted({1, _wide(table)})
+
+
+def _gpu_sizes(table: LoadedTable) -> list[int]:
+    """Batch sizes of a GPU table's host-side warm fetches."""
+    return sorted({1, _wide(table), _many(table)} - {0})
+
+
+def _device_lookups(dtype: np.dtype[Any]) -> int:
+    """The warm lookups of a GPU table on one device with keys of `dtype` (see _warm_gpu:
+    host keys twice, device keys for the shortcut and the general path)."""
+    return 3 if dtype.itemsize == 8 or dtype.kind == "i" else 2
+
+
+def lookups(table: LoadedTable, loaded: LoadedModel) -> int:
+    """The lookups (fetches, stagings) the warm-up of `table` runs, its progress's
+    total: every call counted whatever runs it (host or GPU), a GPU dtype whose keys no
+    cache holds counted as done when it is skipped."""
+    if not table.gpu:
+        return len(_host_sizes(table)) * len(KEY_DTYPES) * 2
+    per_device = sum(_device_lookups(dtype) for dtype in KEY_DTYPES)
+    return (len(_gpu_sizes(table)) * 2 + 1
+            + len(loaded.config.deployed_device_list) * per_device)
+
+
 def _warm_table(server: VersionLookups, loaded: LoadedModel,
-                table: LoadedTable) -> None:
-    """The lookups of one table (see the module docstring)."""
+                table: LoadedTable, progress: LoadProgress) -> None:
+    """The lookups of one table (see the module docstring), each a step of `progress`."""
     if table.gpu:
-        _warm_gpu(server, loaded, table)
+        _warm_gpu(server, loaded, table, progress)
         return
-    for size in sorted({1, _wide(table)}):
+    for size in _host_sizes(table):
         for dtype in KEY_DTYPES:
             keys = warm_keys(size, dtype)
             server.lookup_version(loaded, table.index, keys)
+            progress.step(1)
             out = np.empty((size, table.dim), np.float32)
             server.lookup_version_into(loaded, table.index, keys, out)
+            progress.step(1)
 
 
 def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
-              table: LoadedTable) -> None:
+              table: LoadedTable, progress: LoadProgress) -> None:
     """A GPU table's paths. Its caches see only keys they hold: a key they lack would be
     inserted, evicting a row the load put there (a set-associative cache: the warm-up's
     fill and every shard's contents would change). So the miss path is run from the host
@@ -140,11 +183,14 @@ def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
     on every deployed device) ask for held keys; a cache that holds none (init_ec false)
     is first queried by a client's lookup."""
     fetch = server.host_fetch(table)
-    for size in sorted({1, _wide(table), _many(table)} - {0}):
+    for size in _gpu_sizes(table):
         keys = warm_keys(size, KEY_DTYPES[0])
         fetch(keys)
+        progress.step(1)
         fetch.into(keys, np.empty((size, table.dim), np.float32))
+        progress.step(1)
     _warm_staging()
+    progress.step(1)
     import cupy
 
     for device in loaded.config.deployed_device_list:
@@ -152,16 +198,20 @@ def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
         for dtype in KEY_DTYPES:
             keys = held[(held >= 0) & (held <= np.iinfo(dtype).max)].astype(dtype)
             if not keys.size:  # none it holds fits the dtype: no lookup that would insert
+                progress.step(_device_lookups(dtype))
                 continue
             server.lookup_version(loaded, table.index, keys, device_id=device)  # HTTP's
+            progress.step(1)
             out = np.empty((keys.size, table.dim), np.float32)
             server.lookup_version_into(loaded, table.index, keys, out, device_id=device)
-            if dtype.itemsize == 8 or dtype.kind == "i":  # the shortcut, the general path
+            progress.step(1)
+            if _device_lookups(dtype) == 3:  # the shortcut, the general path
                 with cupy.cuda.Device(device):
                     d_out = cupy.empty((keys.size, table.dim), cupy.float32)
                     server.lookup_version_into(loaded, table.index, cupy.asarray(keys),
                                                d_out)
                     cupy.cuda.get_current_stream().synchronize()
+                progress.step(1)
 
 
 def _warm_staging() -> None:

@@ -37,6 +37,10 @@ from hps.tiers.rocksdb.store import writer_of
 MODEL = "demo"
 TABLES = (("user_item", 600_000, 16), ("item_category", 400_000, 64))
 BATCH = 16_384
+#: batches of BATCH keys each table is looked up and checked in
+CHECK_BATCHES = 8
+#: keys of a chunk read back to check the lookups (16 MiB of the wider table's rows)
+READ_BACK_KEYS = 1 << 16
 #: keys every demo table holds, first in its files: the README's examples use them
 EXAMPLE_KEYS = (17, 42, -3)
 #: the demo's RocksDB, in its folder (ps.json's persistent_db.path)
@@ -46,12 +50,17 @@ ROCKSDB_FOLDER = "rocksdb"
 WARM_UP_SCALE = 0.005
 
 
-def write_model(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
-    """Write the demo's sparse model folders and ps.json under `folder`; returns ps.json."""
+def write_model(folder: Path, seed: int = 7, scale: float = 1.0,
+                progress: LoadProgress | None = None) -> Path:
+    """Write the demo's sparse model folders and ps.json under `folder`; returns ps.json.
+    Each table written is a step of `progress` counted in keys (seconds at --scale 5)."""
     rng = np.random.default_rng(seed)
     files, dims = [], []
-    for name, count, dim in TABLES:
-        n = max(len(EXAMPLE_KEYS), int(count * scale))
+    sizes = [max(len(EXAMPLE_KEYS), int(count * scale)) for _, count, _ in TABLES]
+    progress = progress or LoadProgress()
+    started = time.perf_counter()
+    progress.start_step("writing the demo model", sum(sizes), "keys written")
+    for (name, _, dim), n in zip(TABLES, sizes, strict=True):
         # sparse, signed 64-bit keys, as hashed categorical features are
         keys = rng.choice(np.int64(2**62), size=n, replace=False) - np.int64(2**61)
         keys = np.concatenate([EXAMPLE_KEYS, np.setdiff1d(keys, EXAMPLE_KEYS,
@@ -59,8 +68,10 @@ def write_model(folder: Path, seed: int = 7, scale: float = 1.0) -> Path:
         rng.shuffle(keys[len(EXAMPLE_KEYS):])
         vectors = rng.standard_normal((n, dim), dtype=np.float32)
         write_sparse_model(folder / name, keys, vectors)
+        progress.step(n)
         files.append(name)
         dims.append(dim)
+    progress.finish_step(time.perf_counter() - started)
     config = ps_config(files, dims)
     path = folder / "ps.json"
     path.write_text(json.dumps(config, indent=2) + "\n")
@@ -176,6 +187,21 @@ class DemoReport:
         return self.mismatches == 0 and self.unknown_keys_defaulted
 
 
+def _read_back(reader: SparseModelReader, progress: LoadProgress
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Every key and vector of `reader`'s files, chunk by chunk, each chunk a step of
+    `progress`."""
+    keys = np.empty(reader.num_keys, np.int64)
+    vectors = np.empty((reader.num_keys, reader.vec_size), np.float32)
+    at = 0
+    for chunk_keys, chunk_vectors in reader.chunks(chunk_keys=READ_BACK_KEYS):
+        keys[at:at + chunk_keys.size] = chunk_keys
+        vectors[at:at + chunk_keys.size] = chunk_vectors
+        at += chunk_keys.size
+        progress.step(int(chunk_keys.size))
+    return keys, vectors
+
+
 def _disk_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -197,7 +223,7 @@ def _run(folder: Path, progress: LoadProgress | None, scale: float, seed: int,
     import psutil
 
     folder.mkdir(parents=True, exist_ok=True)
-    config_path = write_model(folder, seed=seed, scale=scale)
+    config_path = write_model(folder, seed=seed, scale=scale, progress=progress)
     started = time.perf_counter()
     hps = HPS(str(config_path), progress=progress)
     load_seconds = time.perf_counter() - started
@@ -207,12 +233,16 @@ def _run(folder: Path, progress: LoadProgress | None, scale: float, seed: int,
         lookup_seconds = 0.0
         looked_up = 0
         defaulted = True
-        for index, (name, _, _) in enumerate(TABLES):
-            reader = SparseModelReader(str(folder / name))
+        # the files read back to check the lookups against: seconds at --scale 5
+        checks = progress or LoadProgress()
+        checks_started = time.perf_counter()
+        readers = [SparseModelReader(str(folder / name)) for name, _, _ in TABLES]
+        checks.start_step("reading the model files back to check the lookups",
+                          sum(r.num_keys for r in readers), "keys read")
+        for index, reader in enumerate(readers):
             keys_loaded += reader.num_keys
-            file_keys = reader.read_keys(0, reader.num_keys)
-            file_vectors = reader.read_vectors(0, reader.num_keys)
-            for _ in range(8):
+            file_keys, file_vectors = _read_back(reader, checks)
+            for _ in range(CHECK_BATCHES):
                 rows = rng.integers(0, reader.num_keys, size=min(BATCH, reader.num_keys))
                 t0 = time.perf_counter()
                 got = hps.lookup(file_keys[rows], MODEL, index)
@@ -222,6 +252,7 @@ def _run(folder: Path, progress: LoadProgress | None, scale: float, seed: int,
                 mismatches += int(np.count_nonzero(~np.all(got == file_vectors[rows], axis=1)))
             unknown = np.setdiff1d(np.arange(-50, 50, dtype=np.int64), file_keys)
             defaulted &= bool(np.all(hps.lookup(unknown, MODEL, index) == 0.0))
+        checks.finish_step(time.perf_counter() - checks_started)
         server = hps.server
         volatile_bytes = sum(
             server.volatile.memory_bytes(t.storage_name)

@@ -243,10 +243,10 @@ def test_a_lookup_while_the_model_warms_is_a_503_with_retry_after(
     warming, release = threading.Event(), threading.Event()
     real = parameter_server.warm_paths
 
-    def held(server: Any, loaded: Any) -> float:
+    def held(server: Any, loaded: Any, progress: Any) -> float:
         warming.set()
         assert release.wait(60)
-        return real(server, loaded)
+        return real(server, loaded, progress)
 
     monkeypatch.setattr(parameter_server, "warm_paths", held)
     server = HierarchicalParameterServer(model_files.config, load=False)

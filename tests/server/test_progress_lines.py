@@ -1,8 +1,9 @@
 """A load's progress as lines (hps/server/progress_lines.py), heard from real loads into
 the in-process tier over real RocksDB files: a line while each table loads, with a count
 that advances as keys are written, never "0 of N (0%)" while work goes on; the restart
-over the filled store (the volatile tier filled from it) the same; and `HPS(...)` logs
-the lines through `logging` instead of printing them."""
+over the filled store (the volatile tier filled from it) the same; the warm-up of the
+lookup paths after it in lines of its own, counted in lookups; and `HPS(...)` logs the
+lines through `logging` instead of printing them."""
 
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ def test_a_load_says_its_count_as_it_advances_never_zero_percent(tmp_path: Path)
     for run in ("first load", "restart over the filled store"):
         lines = _load(config)
         assert lines[0] == "loading m/sparse_embedding0: 10,240 keys, 1 MiB …", run
-        assert re.fullmatch(r"loading m/sparse_embedding0: done, 10,240 keys in .*", lines[-1])
+        loads = [line for line in lines if line.startswith("loading ")]  # then the warm-up
+        assert re.fullmatch(r"loading m/sparse_embedding0: done, 10,240 keys in .*", loads[-1])
         counts = _counts(lines)
         # the count advances with the chunks written (20 of them), and never goes back
         assert len(set(counts)) >= 10, (run, lines)
@@ -126,3 +128,60 @@ def test_hps_logs_its_progress_and_prints_nothing(tmp_path: Path, monkeypatch: A
                for s in said), said
     out, err = capfd.readouterr()
     assert out == "" and err == ""
+
+
+class _OneLinePerLookup(LoadProgress):
+    """Holds each lookup of the warm-up until a progress line came after it, as
+    _OneLinePerChunk does for the load's chunks."""
+
+    def __init__(self, said: _Lines) -> None:
+        self.said = said
+
+    def step(self, done: int) -> None:
+        self.said.wait_after(len(self.said.lines))
+
+
+WARMING = re.compile(r"warming the lookup paths of model m: (?:none of 16 lookups run yet|"
+                     r"(\d+) of 16 lookups run \(\d+%\)), \d+ s so far")
+
+
+def test_the_warm_up_says_its_own_count_of_lookups(tmp_path: Path) -> None:
+    """The warm-up after the load (hps/server/warm_paths.py) is a step of its own,
+    counted in lookups run (16: two batch sizes, four key dtypes, two entry points)."""
+    said = _Lines()
+    lines = LineProgress(said.say, every=0.02)
+    try:
+        progress = BothProgress(lines, _OneLinePerLookup(said))
+        with HierarchicalParameterServer(_config(tmp_path), progress=progress,
+                                         chunk_bytes=CHUNK_BYTES):
+            pass
+    finally:
+        lines.close()
+    warm = [line for line in said.lines if line.startswith("warming ")]
+    counts = [int(m.group(1) or 0) for m in map(WARMING.fullmatch, warm[:-1]) if m]
+    assert len(counts) == len(warm) - 1, warm  # every line but the last says how far
+    assert counts == sorted(counts) and set(range(1, 16)) <= set(counts), warm
+    assert re.fullmatch(r"warming the lookup paths of model m: done in [\d.]+ s, 16 of 16 "
+                        r"lookups run", warm[-1])
+    assert not [line for line in said.lines if re.search(r"\b0 of [\d,]+|\(0%\)", line)]
+
+
+def test_a_step_that_ends_short_says_it_stopped() -> None:
+    """A step whose work failed (a warm lookup that raises) ends with its count as it
+    was, not "done"."""
+    said = _Lines()
+    lines = LineProgress(said.say, every=0.02)
+    try:
+        lines.start_step("warming the lookup paths of model m", 16, "lookups run")
+        said.wait_after(0)
+        assert said.lines[0].startswith("warming the lookup paths of model m: none of 16 "
+                                        "lookups run yet, ")
+        lines.step(3)
+        said.wait_after(len(said.lines))
+        lines.finish_step(1.0)
+    finally:
+        lines.close()
+    assert re.fullmatch(r"warming the lookup paths of model m: 3 of 16 lookups run \(19%\), "
+                        r"\d+ s so far", said.lines[-2])
+    assert said.lines[-1] == "warming the lookup paths of model m: stopped in 1.0 s, 3 of 16 " \
+        "lookups run"

@@ -1,19 +1,23 @@
 """The bars `hps` draws on a terminal (hps/tools/cli/progress.py), rendered as a terminal
 shows them while a real load runs (the in-process tier over RocksDB files): before the
 first keys are counted a table's bar says they are on their way (never "0 of N"), then
-its count advances with each chunk written."""
+its count advances with each chunk written; a step's bar (not keys) in its own unit."""
 
 from __future__ import annotations
 
 import io
 import re
+import time
 from pathlib import Path
+
+import pytest
 
 from rich.console import Console
 from rich.progress import Progress
 
 from hps.server import HierarchicalParameterServer
 from hps.server.loader import BothProgress, LoadProgress
+from hps.tools.cli import progress as cli_progress
 from hps.tools.cli.progress import BarProgress, progress_bars
 from tests.server.test_progress_lines import CHUNK_BYTES, _config
 
@@ -58,3 +62,29 @@ def test_a_bar_never_sits_at_zero_and_counts_each_chunk(tmp_path: Path) -> None:
         screens.screens = []
         bars = Progress(*progress_bars().columns, auto_refresh=False)
         screens.bars = bars
+
+
+def _screen(bars: Progress) -> str:
+    screen = Console(file=io.StringIO(), width=160, color_system=None)
+    screen.print(bars.get_renderable())
+    return screen.file.getvalue()  # type: ignore[attr-defined]
+
+
+def test_a_step_bar_shows_once_it_runs_a_while_in_its_own_unit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step (the warm-up's lookups, workers starting) draws nothing for its first
+    EVERY_S seconds, then a bar in its own unit that pulses before the first is done."""
+    monkeypatch.setattr(cli_progress, "EVERY_S", 0.05)
+    bars = Progress(*progress_bars().columns, auto_refresh=False)
+    shown = BarProgress(bars)
+    shown.start_step("starting 2 workers", 2, "workers ready")
+    assert "starting 2 workers" not in _screen(bars)  # hidden until it runs a while
+    deadline = time.monotonic() + 30
+    while "starting 2 workers" not in _screen(bars) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "none of 2 workers ready yet" in _screen(bars)
+    shown.step(1)
+    assert "1 of 2 workers ready" in _screen(bars) and "keys" not in _screen(bars)
+    shown.step(1)
+    shown.finish_step(1.0)
+    assert "2 of 2 workers ready" in _screen(bars)
