@@ -47,8 +47,8 @@ starting (`starting 2 workers: 1 of 2 workers ready (50%), 6 s so far`) and one 
 again after it died (then `worker 1 is back: ready 2.5 s after it was started again`),
 and `hps demo` writing its model and reading its files back to check the lookups. A
 count that has not moved yet says `none of N … yet` and the seconds so far, never
-"0 of N (0%)". `hps demo` reports the load time, the lookup rate, the memory it took and whether every
-vector matched the model files.
+"0 of N (0%)". `hps demo` reports the load time, the lookup rate, the memory it took and
+whether every vector matched the model files.
 
 Where the commands fit: [HTTP and KServe v2](http.md) for `hps serve` and `hps models`,
 [Model files](model-files.md) for `hps inspect` and `hps convert`, [Online

@@ -29,8 +29,8 @@ import pytest
 import tritonclient.grpc as triton
 
 from hps.errors import ConfigError, TierError
-from hps.http.workers_ops import ACK_WAIT, ACK_WAIT_ENV, ack_wait
 from hps.http.workers_oplog import OpLog
+from hps.http.workers_ops import ACK_WAIT, ACK_WAIT_ENV, ack_wait
 from hps.http.workers_versions import VersionBoard
 from tests.http.conftest import Live, ModelFiles, serving, wait_until, write_model
 from tests.http.grpc_support import grpc_beside

@@ -23,8 +23,7 @@ import rocksdict
 
 from hps.config import PersistentDBConfig
 from hps.errors import LookupInputError, StoreInUseError, TierError, TierSetupError
-from hps.tiers.rocksdb.store import writer_of
-from hps.tiers.rocksdb.store import CHANGES_CF
+from hps.tiers.rocksdb.store import CHANGES_CF, writer_of
 from hps.tiers.rocksdb.tier import META_CF, RocksDBTier, key_bytes
 from tests.support.rows import vectors_of
 

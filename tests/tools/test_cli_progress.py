@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from rich.console import Console
 from rich.progress import Progress
 

@@ -51,8 +51,6 @@ from typing import Any
 import numpy as np
 import rocksdict
 
-from hps.tiers.rocksdb.encoding import consume
-
 #: one table file in RocksDB's `rocksdb.sstables` listing with its sequence numbers:
 #: " <number>:<bytes>[<smallest> .. <largest>]"
 _FILE_SEQNOS = re.compile(r"^\s*\d+:\d+\[(\d+) \.\. (\d+)\]", re.MULTILINE)
