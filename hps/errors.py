@@ -205,6 +205,15 @@ class ModelsNotLoadedError(HPSError):
     kind = "models_not_loaded"
 
 
+class WorkersBehindError(HPSError):
+    """Under `hps serve --workers N`, a change (reload, added or removed model) was made
+    in the leader, but some live worker did not apply it within the wait
+    (`$HPS_WORKER_ACK_WAIT_S`): it still serves what it served before. Asking again sees
+    the change through; /readyz names the workers meanwhile."""
+
+    kind = "workers_behind"
+
+
 class BindError(HPSError, OSError):
     """The HTTP server cannot listen on its address: the port is taken, or not allowed."""
 

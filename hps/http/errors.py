@@ -140,6 +140,7 @@ _STATUS: dict[type[Exception], int] = {
     hps_errors.SourceError: 422,  # a source a request named cannot be read
     hps_errors.MissingExtraError: 501,
     hps_errors.TierUnavailableError: 503,
+    hps_errors.WorkersBehindError: 503,
 }
 
 

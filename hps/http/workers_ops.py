@@ -57,7 +57,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hps.config import ModelConfig, PSConfig
-from hps.errors import ConfigError, TierError, TierUnavailableError
+from hps.errors import ConfigError, TierError, WorkersBehindError
 from hps.gate.settings import OPT_INS, requested_opt_ins
 from hps.http.workers_drops import HeldDrops
 from hps.http.workers_gpu import cuda_here, refuse_uvm
@@ -382,7 +382,7 @@ class ReplicatedServer(HierarchicalParameterServer):
                 behind = [i for i in self.oplog.live_workers() if self.oplog.acked(i) < seq]
                 log.warning("op %d: worker(s) %s did not apply it within %gs", seq,
                             behind, self._ack_wait)
-                raise TierUnavailableError(
+                raise WorkersBehindError(
                     f"the change is made in the leader, but worker(s) "
                     f"{', '.join(map(str, behind))} did not apply it within "
                     f"{self._ack_wait:g}s ({ACK_WAIT_ENV}) and still serve what "

@@ -247,6 +247,7 @@ def test_a_follower_held_in_a_reload_is_named_until_it_catches_up(
                             json={"sparse_files": _files(b)})
         waited = time.monotonic() - sent
         assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["kind"] == "workers_behind", answer.text
         assert f"worker(s) 1 did not apply it within {SHORT_WAIT}s" in \
             answer.json()["error"]["message"]
 
