@@ -142,16 +142,16 @@ def build_router(state: ServiceState) -> APIRouter:
         # four times said loaded [] and loading [] at once (tests/http/
         # test_workers_leader_kill.py, killing the leader mid-op)
         loaded = sorted(server.models)
-        pending = state.pending(loaded)
+        pending, failed, all_loaded = state.readiness(loaded)
         held = state.lookups.held  # lookups given up on whose threads have not returned
         lags = state.version_lags()  # workers on another version than the server's
-        ready = state.ready(loaded) and not held and not lags
-        status = "ready" if ready else ("failed" if state.failed else
+        ready = all_loaded and not held and not lags
+        status = "ready" if ready else ("failed" if failed else
                                         "stalled" if held else
                                         "mixed_versions" if lags and not pending else
                                         "loading")
         body: dict[str, Any] = {"status": status, "loaded": loaded,
-                                "loading": pending, "failed": sorted(state.failed),
+                                "loading": pending, "failed": failed,
                                 "degraded": server.degraded()}
         updates = _update_state(server)
         if updates is not None:
@@ -160,7 +160,7 @@ def build_router(state: ServiceState) -> APIRouter:
             body["versions"] = [lag.as_dict() for lag in lags]
         if not ready:
             body["error"] = {"kind": "not_ready", "message": _not_ready(
-                pending, sorted(state.failed), held, lags)}
+                pending, failed, held, lags)}
         return Response(json.dumps(body).encode(), status_code=200 if ready else 503,
                         media_type=JSON)
 

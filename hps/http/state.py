@@ -350,6 +350,16 @@ class ServiceState:
         loaded = self.server.models if loaded is None else loaded
         return all(n in loaded for n in self.configured())
 
+    def readiness(self, loaded: Collection[str]) -> tuple[list[str], list[str], bool]:
+        """(pending, failed, every configured model loaded) of `loaded`, from one read of
+        the configured models and of the failed ones: read apart, a model added between
+        the reads (a workers' server computes its config anew on each read) was in
+        neither list while the server said not ready ("models not served yet: starting",
+        tests/http/test_workers_leader_kill.py, killing the leader mid-add)."""
+        configured, failed = self.configured(), dict(self.failed)
+        pending = [n for n in configured if n not in loaded and n not in failed]
+        return pending, sorted(failed), all(n in loaded for n in configured)
+
     def version_lags(self, model: str | None = None) -> list[VersionLag]:
         """The live workers that serve a version of a model (of `model`) other than the
         server's: the server is not ready while there is one. [] in one process

@@ -57,13 +57,13 @@ def build_v2_router(state: ServiceState, protected: list[Any]) -> APIRouter:
                                  "N) a worker serves another version than the server's."},
                            413: V2_ERRORS[413]})
     async def ready() -> Any:
-        if state.ready():
+        pending, failed, all_loaded = state.readiness(sorted(state.server.models))
+        if all_loaded:
             lags = state.version_lags()  # --workers N: each serves the server's versions
             return not_ready(f"not every worker serves the server's version: "
                              f"{lags_message(lags)}") if lags else {"ready": True}
-        return not_ready(f"models not loaded yet: {', '.join(state.pending()) or '-'}"
-                         + (f"; failed: {', '.join(sorted(state.failed))}"
-                            if state.failed else ""))
+        return not_ready(f"models not loaded yet: {', '.join(pending) or '-'}"
+                         + (f"; failed: {', '.join(failed)}" if failed else ""))
 
     async def metadata(model: str, version: str | None = None) -> dict[str, Any]:
         check_version(model, version)
