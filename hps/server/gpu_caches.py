@@ -100,13 +100,7 @@ class GpuCaches:
                 pct = cfg.cache_refresh_percentage_per_iteration
                 if cfg.init_ec and not gpu.attached and (
                         pct > 0 or cfg.cache_type in ("static", "uvm")):
-                    filled = CountedChunks(progress, f"filling the GPU cache of "
-                                           f"{cfg.model}/{table.name} on GPU {device}",
-                                           _fill_total(gpu, cfg, reader))
-                    try:
-                        gpu.warm_up(filled.chunks(self._warm_chunks(table, reader, gpu, pct)))
-                    finally:
-                        filled.finish()
+                    self._fill(cfg, gpu, table, reader, progress, f"on GPU {device}")
                     _release_pool(device)
                 gpu.publish()  # gpu_cache_scope host: the other processes may map it now
                 table.gpu[device] = gpu
@@ -122,18 +116,24 @@ class GpuCaches:
                                fetch_into=fetch.into)
         pct = cfg.cache_refresh_percentage_per_iteration
         if cfg.init_ec and (pct > 0 or cfg.cache_type == "static"):
-            filled = CountedChunks(progress, f"filling the GPU cache of {cfg.model}/"
-                                   f"{table.name} over GPUs "
-                                   f"{', '.join(map(str, sorted(set(sharded.devices))))}",
-                                   _fill_total(sharded, cfg, reader))
-            try:
-                sharded.warm_up(filled.chunks(self._warm_chunks(table, reader, sharded, pct)))
-            finally:
-                filled.finish()
+            devices = ", ".join(map(str, sorted(set(sharded.devices))))
+            self._fill(cfg, sharded, table, reader, progress, f"over GPUs {devices}")
             for device in set(sharded.devices):
                 _release_pool(device)
         for device in cfg.deployed_device_list:
             table.gpu[device] = sharded.view(device)
+
+    def _fill(self, cfg: ModelConfig, gpu: Any, table: LoadedTable, reader: Any,
+              progress: LoadProgress, where: str) -> None:
+        """Fill cache `gpu` (one device's, or a sharded one) from the table's files,
+        counted as a step of the load's progress."""
+        filled = CountedChunks(progress, f"filling the GPU cache of {cfg.model}/"
+                               f"{table.name} {where}", _fill_total(gpu, cfg, reader))
+        pct = cfg.cache_refresh_percentage_per_iteration
+        try:
+            gpu.warm_up(filled.chunks(self._warm_chunks(table, reader, gpu, pct)))
+        finally:
+            filled.finish()
 
     def _warm_chunks(self, table: LoadedTable, reader: Any, gpu: Any, pct: float
                      ) -> Iterable[tuple[np.ndarray, np.ndarray]]:
