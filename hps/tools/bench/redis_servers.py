@@ -41,11 +41,22 @@ def redis_binary(name: str) -> str:
     return path
 
 
+#: ports this process has handed out: a cluster's nodes take theirs (client and bus
+#: ports) before any node binds one, and the kernel may offer a port it offered a moment
+#: ago again (a node then failed "Address already in use" in CI)
+_HANDED: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port that was free a moment ago, never one this process handed
+    out before."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED:
+            _HANDED.add(port)
+            return port
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
