@@ -39,16 +39,17 @@ def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture()
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     """The waits' bounds made short (the children set the same): an owner's word still
-    for 2 s is stuck, ticking every 0.05 s (40 ticks: a loaded machine starves no thread
-    that long)."""
+    for 2 s is stuck, a lock's holder still for 1 s, each ticking every 0.05 s (20 ticks
+    or more: a loaded machine starves no thread that long)."""
     monkeypatch.setattr(shared_record, "STUCK_S", 2.0)
     monkeypatch.setattr(shared_record, "PROGRESS_TICK_S", 0.05)
     monkeypatch.setattr(shared_gate, "LOCK_WAIT_S", 1.0)
+    monkeypatch.setattr(shared_gate, "WRITER_TICK_S", 0.05)
 
 
 def _quick() -> None:
     shared_record.STUCK_S, shared_record.PROGRESS_TICK_S = 2.0, 0.05
-    shared_gate.LOCK_WAIT_S = 1.0
+    shared_gate.LOCK_WAIT_S, shared_gate.WRITER_TICK_S = 1.0, 0.05
 
 
 def _run(target: Any, *args: Any) -> Any:
@@ -96,6 +97,71 @@ def test_a_folder_not_this_users_own_is_refused(
     with pytest.raises(DeviceError, match="the shared GPU cache's folder is refused: ") as e:
         SharedTableRecord("t", PARAMS)
     assert said in str(e.value) and str(folder) in str(e.value)
+
+
+def _old_folder() -> Path:
+    """Where every user's records were before the per-user folder."""
+    return Path(os.environ["HPS_SHM_DIR"]) / "hps-gpu-cache"
+
+
+def _old_records() -> Path:
+    old = _old_folder()
+    old.mkdir()
+    (old / "m.t.d0.0123.table").write_bytes(bytes(RECORD_BYTES))
+    return old
+
+
+def test_an_old_folder_of_this_user_that_no_process_maps_is_removed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    old = _old_records()
+    with caplog.at_level(logging.INFO, logger="hps"):
+        SharedTableRecord("t", PARAMS)
+    assert not old.exists() and _folder().is_dir()
+    assert f"removed the shared GPU cache's folder of an older release, {old}" in caplog.text
+
+
+def _map_old_record(path: str, ready: Any) -> None:
+    """A process of a release before the per-user folder, mapping its record."""
+    import mmap
+
+    fd = os.open(path, os.O_RDWR)
+    kept = mmap.mmap(fd, RECORD_BYTES)
+    ready.set()
+    time.sleep(600)
+    kept.close()
+
+
+def test_an_old_folder_a_live_process_maps_is_left_and_said_then_removed_after_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    old = _old_records()
+    ready = mp.get_context("spawn").Event()
+    proc = _run(_map_old_record, str(old / "m.t.d0.0123.table"), ready)
+    assert ready.wait(120)
+    try:
+        with caplog.at_level(logging.INFO, logger="hps"):
+            SharedTableRecord("t", PARAMS)
+        assert (old / "m.t.d0.0123.table").exists()
+        assert f"older release, {old}, is left: process(es) {proc.pid} map" in caplog.text
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+    shared_record.clear_old_folder(old.parent)  # what the next process to start does
+    assert not old.exists()
+
+
+def test_an_old_folder_of_another_user_or_a_link_is_left_untouched(
+        tmp_path: Path, stranger: Stranger,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    old = _old_records()
+    stranger.owns(old)
+    with caplog.at_level(logging.INFO, logger="hps"):
+        SharedTableRecord("t", PARAMS)
+    assert (old / "m.t.d0.0123.table").exists() and old.stat().st_uid == stranger.uid
+    old.rename(tmp_path / "elsewhere")
+    old.symlink_to(tmp_path / "elsewhere")  # a link of this user's: not a folder it made
+    shared_record.clear_old_folder(old.parent)
+    assert old.is_symlink() and (tmp_path / "elsewhere" / "m.t.d0.0123.table").exists()
+    assert "older release" not in caplog.text
 
 
 # -- a record found -----------------------------------------------------------------------
@@ -311,9 +377,13 @@ def test_a_lock_held_by_another_users_process_is_waited_for_within_the_bound(
     proc = _run(_hold_lock, str(record.path), ready, stranger.uid)
     assert ready.wait(120)
     try:
-        with pytest.raises(DeviceError, match="the shared GPU table t: its lock was held by "
-                                              "another process for 1 s"):
+        with pytest.raises(DeviceError) as e:
             SharedTableRecord("t", PARAMS)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(30)
+    said = str(e.value)
+    assert said.startswith("the shared GPU table t: this process waited 1 s for its lock "
+                           "(to attach), held by ")
+    assert f"process {proc.pid} of user {stranger.uid}" in said
+    assert "with no progress for 1 s" in said
