@@ -8,10 +8,12 @@ host, through words in the shared record every process maps:
 
 - `closed` and the LRU `tick` sit where fast_query's gate has them, so the compiled fast
   query runs unchanged; each process counts its queries in flight in a slot of its own
-  (pid, entered), so a process that dies mid-query is found and its count dropped;
+  (pid, entered, when it started), so a process that dies mid-query is found and its
+  count dropped (and a later process that took its PID is not taken for it);
 - a writer takes the record's file lock (flock: the kernel drops it when its holder dies),
-  sets `closed` to its PID (and `writer`, with when its process started), waits until every live process's slot is 0, queues the write,
-  waits on the host for it to finish, then clears `closed` and unlocks. A query enters its
+  sets `closed` and `writer` to its PID, waits until every live process's slot is 0,
+  queues the write, waits on the host for it to finish, then clears `closed` and
+  unlocks. A query enters its
   slot, then reads `closed`: either the writer sees the query and waits for it, or the
   query sees the gate closed, leaves and waits. So no query in any process reads a row a
   write is changing, and a query that enters after the gate reopens sees the whole write;
@@ -143,8 +145,8 @@ class SharedGate:
     def release_slot(self) -> None:
         """This process queries the table no more (its queries are done)."""
         self.words[self._slot_word + 1] = 0
-        self.words[self._slot_word] = 0
-        self.words[self._slot_word + _SLOT_STARTED] = 0
+        self.words[self._slot_word + _SLOT_STARTED] = 0  # before its PID: a process that
+        self.words[self._slot_word] = 0  # claims the free slot then keeps its own
 
     def processes(self) -> list[int]:
         """PIDs of the live processes attached to the table."""
@@ -377,10 +379,14 @@ def _tick_writers() -> None:
             if not gates:
                 _ticker = None
                 return
-        for gate in gates:  # a loop over this process's shared tables
-            if gate._held:
-                gate.words[WRITER_PROGRESS] += 1
-        del gates
+        _tick(gates)
+        del gates  # no gate kept alive while asleep
+
+
+def _tick(gates: list[SharedGate]) -> None:
+    for gate in gates:  # a loop over this process's shared tables
+        if gate._held:
+            gate.words[WRITER_PROGRESS] += 1
 
 
 def lock_within(fd: int, seconds: float = LOCK_WAIT_S) -> bool:

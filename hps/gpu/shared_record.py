@@ -4,7 +4,9 @@ how long a process waits for its owner.
 
 Where: `<shm>/hps-gpu-cache-<uid>/<key>.table` (shm: `$HPS_SHM_DIR`, else /dev/shm), a
 folder of the user's own, mode 0700, checked on every open (hps/runtime/shm_files.py):
-processes of one user share tables, another user's never meet them.
+processes of one user share tables, another user's never meet them. The folder of every
+user's records before it (`<shm>/hps-gpu-cache`) is removed, once no process maps its
+records, by the first process that finds it (clear_old_folder).
 
 Made whole: the owner writes the record under a name of its own, then links it to
 `<key>.table` (link fails when the name is taken: one process wins, as O_EXCL did). So no
