@@ -8,8 +8,8 @@ host, through words in the shared record every process maps:
 
 - `closed` and the LRU `tick` sit where fast_query's gate has them, so the compiled fast
   query runs unchanged; each process counts its queries in flight in a slot of its own
-  (pid, entered, when it started), so a process that dies mid-query is found and its
-  count dropped (and a later process that took its PID is not taken for it);
+  (pid, entered, when it started, its progress), so a process that dies mid-query is
+  found and its count dropped (and a later process that took its PID is not taken for it);
 - a writer takes the record's file lock (flock: the kernel drops it when its holder dies),
   sets `closed` and `writer` to its PID, waits until every live process's slot is 0,
   queues the write, waits on the host for it to finish, then clears `closed` and
@@ -17,9 +17,11 @@ host, through words in the shared record every process maps:
   slot, then reads `closed`: either the writer sees the query and waits for it, or the
   query sees the gate closed, leaves and waits. So no query in any process reads a row a
   write is changing, and a query that enters after the gate reopens sees the whole write;
-- a process waits for the lock while its holder shows progress (see `_lock`: a thread of
-  the holder advances a word of the gate while it writes), and refuses a holder that
-  shows none for LOCK_WAIT_S (stopped, stuck, or a process that is not this server's);
+- every wait on another process goes on while that process shows progress (see `_lock`:
+  a thread of each process advances its slot's progress word, and the gate's while it
+  writes), and is refused once it showed none for LOCK_WAIT_S (stopped, stuck, or a
+  process that is not this server's): a writer's wait for the lock, or for a reader's
+  query in flight, and a query's wait for a write;
 - a writer killed mid-write leaves `closed` set and the lock free: whoever next takes the
   lock with `closed` set cannot know how far the write got, so it empties the table
   (`recover`, the table's) before reopening: lookups miss and refill from the host tiers,
@@ -57,24 +59,24 @@ from hps.runtime.shm_files import user_name
 #: release before them left 0: a writer of such a release shows no progress)
 WRITER, RECOVERIES, WRITER_STARTED, WRITER_PROGRESS = 3, 4, 5, 6
 GATE_WORDS = 16
-#: process slots after the gate words: (pid, entered, when the process started), each on
-#: a cache line of its own (a query adds to its process's count twice: processes sharing a
-#: line would take it from each other on every query)
+#: process slots after the gate words: (pid, entered, when the process started, its
+#: progress), each on a cache line of its own (a query adds to its process's count twice:
+#: processes sharing a line would take it from each other on every query)
 SLOTS = 128
 SLOT_WORDS = 8
-_SLOT_STARTED = 2
+_SLOT_STARTED, _SLOT_PROGRESS = 2, 3
 REGION_BYTES = (GATE_WORDS + SLOTS * SLOT_WORDS) * 8
 #: how long a query waits on a closed gate before it asks whether the writer is alive
 _WRITER_SUSPECT_S = 0.02
 #: how long a writer waits on a slot's count before it asks whether its process is alive
 _READER_SUSPECT_S = 0.002
-#: how long the record's lock may be held with no sign of progress before a process that
-#: waits for it (to attach or to write) refuses its holder (see SharedGate._lock)
+#: how long another process may show no progress before a wait on it is refused: for the
+#: record's lock (to attach or to write: SharedGate._lock), for its query in flight (a
+#: writer), for its write (a query)
 LOCK_WAIT_S = 20.0
-#: how often a writer's process advances WRITER_PROGRESS while it holds the lock
-#: (LOCK_WAIT_S is 20 of these: a process whose threads are starved for seconds is not
-#: stuck)
-WRITER_TICK_S = 1.0
+#: how often a process advances its progress words (LOCK_WAIT_S is 20 of these: a process
+#: whose threads are starved for seconds is not stuck)
+PROGRESS_TICK_S = 1.0
 #: how long a waiter for the lock spins (yielding) before it polls it every _LOCK_POLL_S:
 #: writes of the lookup path's misses take microseconds, and a wait for them is on the
 #: lookup's latency
@@ -108,13 +110,15 @@ class SharedGate:
         self._calls = _gate_calls()
         self._shared_calls = _shared_calls()
         self._held = False
+        self._attached = False
         self._pid = os.getpid()
         self._started = process_started(self._pid) or 0
         self._slot = self._claim_slot()
         self._slot_word = GATE_WORDS + self._slot * SLOT_WORDS
         self.entered_address = address + (self._slot_word + 1) * 8
         self._warned = threading.Event()
-        _tick_while_writing(self)
+        self._attached = True
+        _tick_progress(self)
 
     # -- process slots --------------------------------------------------------------------
 
@@ -144,6 +148,7 @@ class SharedGate:
 
     def release_slot(self) -> None:
         """This process queries the table no more (its queries are done)."""
+        self._attached = False  # its progress ticks no more: the slot may be another's
         self.words[self._slot_word + 1] = 0
         self.words[self._slot_word + _SLOT_STARTED] = 0  # before its PID: a process that
         self.words[self._slot_word] = 0  # claims the free slot then keeps its own
@@ -165,7 +170,7 @@ class SharedGate:
         many processes under MPS. So no fixed bound fits every write: a wait goes on while
         the holder shows progress, as the wait for a table's owner does
         (hps/gpu/shared_record.py): a writer's process advances WRITER_PROGRESS every
-        WRITER_TICK_S while it holds the lock (_tick_while_writing); a holder whose word
+        PROGRESS_TICK_S while it holds the lock (_tick_progress); a holder whose word
         stood still, or that names none (a process attaching: µs), for LOCK_WAIT_S is
         refused (a stopped or stuck writer, a process that is not this server's, a writer
         of a release that does not tick) with a DeviceError that names the record, the
@@ -173,17 +178,15 @@ class SharedGate:
         fd = self._fd
         if _try_lock(fd):
             return
-        begun = moved = time.monotonic()
-        seen = self._writer_mark()
+        begun = time.monotonic()
+        still = _Stillness()
         while not _try_lock(fd):
             now = time.monotonic()
             if now - begun < _LOCK_SPIN_S:
                 time.sleep(0)
                 continue
-            mark = self._writer_mark()
-            if mark != seen:  # another write, or this one's progress: the holder is alive
-                seen, moved = mark, now
-            elif now - moved > LOCK_WAIT_S:
+            mark = self._writer_mark()  # moves with another write, or this one's progress
+            if still.seconds(mark, now) > LOCK_WAIT_S:
                 raise DeviceError(
                     f"{self.name}: this process waited {now - begun:.0f} s for its lock "
                     f"(to {doing}), held by {self._holder(mark[0])} with no progress for "
@@ -229,21 +232,32 @@ class SharedGate:
             raise
 
     def _drain(self) -> None:
-        """Waits until every slot's count is 0; a slot whose process died is emptied."""
+        """Waits until every slot's count is 0; a slot whose process died is emptied.
+        Raises DeviceError when a process with a query in flight showed no progress for
+        LOCK_WAIT_S (a query holds its count while its caller's host work runs: seconds
+        are legit, a stopped process is not)."""
         drain = self._shared_calls[1]
         base = self.address + GATE_WORDS * 8
         since = time.monotonic()
+        still = _Stillness()
         while True:
             busy = int(drain(base, SLOTS))
             if busy < 0:
                 return
-            if time.monotonic() - since > _READER_SUSPECT_S:
-                word = GATE_WORDS + busy * SLOT_WORDS
-                pid = int(self.words[word])
-                if pid != self._pid and not self._slot_alive(word):
+            now = time.monotonic()
+            word = GATE_WORDS + busy * SLOT_WORDS
+            pid = int(self.words[word])
+            if now - since > _READER_SUSPECT_S and pid != self._pid:
+                if not self._slot_alive(word):
                     self.words[word + 1] = 0  # a query of a dead process reads nothing
                     self.words[word] = 0
                     continue
+                if still.seconds((pid, int(self.words[word + _SLOT_PROGRESS])),
+                                 now) > LOCK_WAIT_S:
+                    raise DeviceError(
+                        f"{self.name}: a write waited {now - since:.0f} s for a query in "
+                        f"flight of process {pid}, which made no progress for "
+                        f"{LOCK_WAIT_S:g} s (stopped or stuck); end it")
             time.sleep(0)
 
     def write_queued(self, rt: Any, event_ptr: int) -> None:
@@ -285,15 +299,24 @@ class SharedGate:
 
     def enter(self) -> None:
         """Counts a locked-path query in, waiting while another process writes (and
-        recovering the table of a writer that died)."""
+        recovering the table of a writer that died). Raises DeviceError when the writer
+        showed no progress for LOCK_WAIT_S."""
         enter = self._shared_calls[0]
-        since = 0.0
+        begun = since = 0.0
+        still = _Stillness()
         while enter(self.address, self.entered_address) != 0:
             now = time.monotonic()
+            begun = begun or now
             since = since or now
             if now - since > _WRITER_SUSPECT_S:
                 self._recover_if_writer_died()
                 since = now
+                mark = self._writer_mark()
+                if still.seconds(mark, now) > LOCK_WAIT_S:
+                    raise DeviceError(
+                        f"{self.name}: a query waited {now - begun:.0f} s for the write of "
+                        f"{self._holder(mark[0])}, which made no progress for "
+                        f"{LOCK_WAIT_S:g} s (a writer stopped or stuck); end it")
             time.sleep(0)
 
     def _recover_if_writer_died(self) -> None:
@@ -349,15 +372,29 @@ def lock_holder(fd: int) -> int | None:
     return None
 
 
-def _tick_while_writing(gate: SharedGate) -> None:
-    """Counts `gate` among those whose writes this process's ticker shows progress of (one
-    thread for the process, started with its first gate)."""
+class _Stillness:
+    """How long the words another process changes while it makes progress (its mark)
+    stood still, as seen by a wait that looks at them now and then."""
+
+    def __init__(self) -> None:
+        self.mark: tuple[int, ...] = ()
+        self.since = 0.0
+
+    def seconds(self, mark: tuple[int, ...], now: float) -> float:
+        if mark != self.mark:
+            self.mark, self.since = mark, now
+        return now - self.since
+
+
+def _tick_progress(gate: SharedGate) -> None:
+    """Counts `gate` among those this process's ticker shows progress in (one thread for
+    the process, started with its first gate)."""
     global _ticker
     with _GATES_LOCK:
         _GATES.add(gate)
         if _ticker is None or not _ticker.is_alive():
-            _ticker = threading.Thread(target=_tick_writers, daemon=True,
-                                       name="hps-gpu-shared-writers")
+            _ticker = threading.Thread(target=_tick_gates, daemon=True,
+                                       name="hps-gpu-shared-progress")
             _ticker.start()
 
 
@@ -366,14 +403,15 @@ _GATES_LOCK = threading.Lock()
 _ticker: threading.Thread | None = None
 
 
-def _tick_writers() -> None:
-    """Advances WRITER_PROGRESS of every gate this process holds for a write, every
-    WRITER_TICK_S: the processes waiting for its lock see this one alive and its threads
-    running (SharedGate._lock). A process stopped or frozen ticks no more. A tick just
-    after the write ended lands on the next writer's word: one tick more, harmless."""
+def _tick_gates() -> None:
+    """Advances, every PROGRESS_TICK_S, the progress word of this process's slot in each
+    gate it is attached to, and WRITER_PROGRESS of each it holds for a write: the
+    processes that wait on it (for the lock, its query, its write) see it alive and its
+    threads running. A process stopped or frozen ticks no more. A tick just after its
+    write ended lands on the next writer's word: one tick more, harmless."""
     global _ticker
     while True:
-        time.sleep(WRITER_TICK_S)
+        time.sleep(PROGRESS_TICK_S)
         with _GATES_LOCK:
             gates = list(_GATES)
             if not gates:
@@ -385,6 +423,8 @@ def _tick_writers() -> None:
 
 def _tick(gates: list[SharedGate]) -> None:
     for gate in gates:  # a loop over this process's shared tables
+        if gate._attached:
+            gate.words[gate._slot_word + _SLOT_PROGRESS] += 1
         if gate._held:
             gate.words[WRITER_PROGRESS] += 1
 

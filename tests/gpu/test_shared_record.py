@@ -2,8 +2,9 @@
 with no GPU: its folder is the user's own (0700), a record is checked before it is mapped
 (a link, a FIFO, a hard link, another user's file refused; a short, zero, garbage record of
 the user's replaced), every wait on one is bounded (an owner stopped, another user's, a
-lock held by a stopped writer or by another user's process) while a live owner or writer
-slower than the bound is waited for, a PID another process took is a dead process's (an
+lock held by a stopped writer or by another user's process, a write stopped mid-way for a
+query, a query stopped mid-way for a write) while a live owner, writer or query slower
+than the bound is waited for, a PID another process took is a dead process's (an
 owner, a process slot), and the folder of an older release is removed once unused."""
 
 from __future__ import annotations
@@ -48,12 +49,12 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shared_record, "STUCK_S", 2.0)
     monkeypatch.setattr(shared_record, "PROGRESS_TICK_S", 0.05)
     monkeypatch.setattr(shared_gate, "LOCK_WAIT_S", 1.0)
-    monkeypatch.setattr(shared_gate, "WRITER_TICK_S", 0.05)
+    monkeypatch.setattr(shared_gate, "PROGRESS_TICK_S", 0.05)
 
 
 def _quick() -> None:
     shared_record.STUCK_S, shared_record.PROGRESS_TICK_S = 2.0, 0.05
-    shared_gate.LOCK_WAIT_S, shared_gate.WRITER_TICK_S = 1.0, 0.05
+    shared_gate.LOCK_WAIT_S, shared_gate.PROGRESS_TICK_S = 1.0, 0.05
 
 
 def _run(target: Any, *args: Any) -> Any:
@@ -463,6 +464,74 @@ def test_a_stopped_writer_is_refused_then_recovered_once_dead(
     assert f"writer (pid {proc.pid}) died mid-write" in caplog.text
     assert int(gate[shared_gate.RECOVERIES]) == 1
     record.gate.write_queued(None, 0)
+
+
+def test_a_query_waits_for_a_live_writer_and_refuses_a_stopped_one(
+        quick: None, writer: Any) -> None:
+    SharedTableRecord("t", PARAMS).publish()
+    record = SharedTableRecord("t", PARAMS)
+    proc, done = writer(seconds=3.0)  # three times LOCK_WAIT_S, its progress word moving
+    record.gate.enter()
+    assert done.is_set()  # counted in once the write was done
+    record.gate.leave_locked()
+    proc, _ = writer(seconds=600)
+    os.kill(proc.pid, signal.SIGSTOP)
+    with pytest.raises(DeviceError) as e:
+        record.gate.enter()
+    said = str(e.value)
+    assert said.startswith("the shared GPU table t: a query waited ")
+    assert f"for the write of process {proc.pid} of user {os.geteuid()}" in said
+    assert "which made no progress for 1 s" in said
+    assert record.gate.words[record.gate._slot_word + 1] == 0  # not counted in
+
+
+def _query_for(shm: str, seconds: float, ready: Any, done: Any) -> None:
+    """A process of this server's with a query in flight for `seconds` (its count held, as
+    while its caller's host work runs), then done, staying attached."""
+    os.environ["HPS_SHM_DIR"] = shm
+    _quick()
+    record = SharedTableRecord("t", PARAMS)
+    record.gate.enter()
+    ready.set()
+    time.sleep(seconds)
+    done.set()  # before its count drops: a writer that drains finds it set
+    record.gate.leave_locked()
+    time.sleep(600)
+
+
+def test_a_write_waits_for_a_live_query_and_refuses_a_stopped_one(
+        quick: None, shm: Path) -> None:
+    SharedTableRecord("t", PARAMS).publish()
+    record = SharedTableRecord("t", PARAMS)
+    ctx = mp.get_context("spawn")
+    procs = []
+    try:
+        for seconds in (3.0, 600):
+            ready, done = ctx.Event(), ctx.Event()
+            procs.append(_run(_query_for, str(shm), seconds, ready, done))
+            assert ready.wait(120)
+            if seconds == 3.0:  # three times LOCK_WAIT_S, its progress word moving
+                record.gate.close()
+                assert done.is_set()
+                record.gate.write_queued(None, 0)
+        os.kill(procs[-1].pid, signal.SIGSTOP)
+        with pytest.raises(DeviceError) as e:
+            record.gate.close()
+        said = str(e.value)
+        assert said.startswith("the shared GPU table t: a write waited ")
+        assert f"for a query in flight of process {procs[-1].pid}, which made no progress " \
+               "for 1 s" in said
+        gate = record.gate.words
+        assert not gate[shared_gate.WRITER] and not gate[shared_gate.CLOSED]  # reopened, unlocked
+        os.kill(procs[-1].pid, signal.SIGKILL)
+        procs[-1].join(30)
+        record.gate.close()  # its query's count dropped with its death
+        record.gate.write_queued(None, 0)
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.join(30)
 
 
 # -- a PID another process took ------------------------------------------------------------
