@@ -155,8 +155,9 @@ class SharedGate:
 
     def processes(self) -> list[int]:
         """PIDs of the live processes attached to the table."""
-        words = range(GATE_WORDS, GATE_WORDS + SLOTS * SLOT_WORDS, SLOT_WORDS)
-        return [int(self.words[w]) for w in words if self._slot_alive(w)]
+        pids = self.words[GATE_WORDS:GATE_WORDS + SLOTS * SLOT_WORDS:SLOT_WORDS]
+        words = GATE_WORDS + np.flatnonzero(pids) * SLOT_WORDS
+        return [int(self.words[w]) for w in words.tolist() if self._slot_alive(w)]
 
     # -- the lock ---------------------------------------------------------------------------
 
