@@ -475,12 +475,12 @@ class ShardedView:
         return counts
 
     @contextlib.contextmanager
-    def warming_up(self, keys: np.ndarray) -> Iterator[None]:
+    def warming_up(self) -> Iterator[None]:
         """GpuEmbeddingTable.warming_up's contract: each shard's, and this thread's
         one-pass counts forgotten after the block."""
         with contextlib.ExitStack() as shards:
             for shard in self.owner.shards:
-                shards.enter_context(shard.warming_up(keys))
+                shards.enter_context(shard.warming_up())
             yield
         for name in getattr(self._tls, "counts", None) or ():
             self._tls.counts[name] = 0

@@ -75,10 +75,10 @@ from hps.gpu.shared_record import (
     Damaged,
     create,
     open_existing,
+    owner_alive,
     shared_dir,
     wait_ready,
 )
-from hps.runtime.run_dir import pid_alive
 from hps.runtime.shm_files import NotOurs
 
 log = logging.getLogger("hps")
@@ -349,6 +349,13 @@ class SharedTableRecord:
         """PIDs of the live processes attached to the table, this one included."""
         return self.gate.processes()
 
+    def owner_gone(self) -> bool:
+        """Whether the process that allocated the table died: its PID is gone, or another
+        process took it since (one that started later than the record says the owner did);
+        False once this process unmapped the record."""
+        words = self._words  # kept mapped while read here, whatever a close does meanwhile
+        return words.size > 0 and not owner_alive(words)
+
     def owner_pid(self) -> int:
         """The PID of the process that allocated the table."""
         return int(self._words[OWNER]) if self._words.size else 0
@@ -383,7 +390,7 @@ def _watch_owners() -> None:
                 return
         for record in records:
             owner = record.owner_pid()
-            if owner and not pid_alive(owner):
+            if owner and record.owner_gone():
                 log.warning(
                     "process %d, which allocated the shared GPU table %s, died: this process "
                     "keeps serving from the table it maps (the driver keeps the memory until "

@@ -4,7 +4,9 @@ how long a process waits for its owner.
 
 Where: `<shm>/hps-gpu-cache-<uid>/<key>.table` (shm: `$HPS_SHM_DIR`, else /dev/shm), a
 folder of the user's own, mode 0700, checked on every open (hps/runtime/shm_files.py):
-processes of one user share tables, another user's never meet them.
+processes of one user share tables, another user's never meet them. The folder of every
+user's records before it (`<shm>/hps-gpu-cache`) is removed, once no process maps its
+records, by the first process that finds it (clear_old_folder).
 
 Made whole: the owner writes the record under a name of its own, then links it to
 `<key>.table` (link fails when the name is taken: one process wins, as O_EXCL did). So no
@@ -30,6 +32,8 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -38,8 +42,15 @@ import numpy as np
 from hps.errors import DeviceError
 from hps.gpu.fast_query import CLOSED
 from hps.gpu.shared_gate import GATE_WORDS, REGION_BYTES, SLOT_WORDS, SLOTS, WRITER
-from hps.runtime.run_dir import base_dir, pid_alive
-from hps.runtime.shm_files import NotOurs, me, open_file, private_folder, user_name
+from hps.runtime.run_dir import alive_since, base_dir, pid_alive, process_started
+from hps.runtime.shm_files import (
+    NotOurs,
+    mapped_by,
+    me,
+    open_file,
+    private_folder,
+    user_name,
+)
 
 log = logging.getLogger("hps")
 
@@ -86,11 +97,54 @@ def shared_dir() -> Path:
     """Where this user's shared tables' records are: <shm>/hps-gpu-cache-<uid>, made 0700
     if absent. Raises DeviceError when it is not a folder of this user's closed to others
     (a link, a file, another user's, a folder open to others)."""
+    base = base_dir()
     try:
-        return private_folder(base_dir() / f"hps-gpu-cache-{me()}")
+        folder = private_folder(base / f"hps-gpu-cache-{me()}")
     except NotOurs as exc:
         raise DeviceError(f"the shared GPU cache's folder is refused: {exc} (remove it, or "
                           "point HPS_SHM_DIR at a folder of your own)") from None
+    if base not in _OLD_LOOKED_AT:
+        _OLD_LOOKED_AT.add(base)
+        clear_old_folder(base)
+    return folder
+
+
+#: the folder of every user's records before the per-user one (releases before it)
+OLD_FOLDER = "hps-gpu-cache"
+#: the shared-memory bases whose old folder this process looked at (once each)
+_OLD_LOOKED_AT: set[Path] = set()
+
+
+def clear_old_folder(base: Path) -> None:
+    """Removes `base`/hps-gpu-cache, the records of a release before the per-user folder,
+    when it is a folder of this user's that no process maps a record of (their processes
+    are gone: nothing else ever frees it, and a tmpfs holds it until the host reboots);
+    says so, or, while processes of this user's map its records, that it is left and why.
+    Another user's folder, or a link, is theirs: left, unmentioned."""
+    old = base / OLD_FOLDER
+    try:
+        st = os.lstat(old)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != me():
+        return
+    users = mapped_by(old)
+    if users:
+        log.warning("the shared GPU cache's folder of an older release, %s, is left: "
+                    "process(es) %s map its records; the first process of this release "
+                    "that starts after they stop removes it", old,
+                    ", ".join(map(str, sorted(users)[:8])))
+        return
+    try:
+        shutil.rmtree(old)
+    except FileNotFoundError:
+        return  # another process of this release removed it meanwhile
+    except OSError as exc:
+        log.warning("the shared GPU cache's folder of an older release, %s, could not be "
+                    "removed (%s)", old, exc)
+        return
+    log.info("removed the shared GPU cache's folder of an older release, %s (no process "
+             "mapped its records)", old)
 
 
 def create(path: Path, params: dict[str, int]) -> int | None:
@@ -210,21 +264,7 @@ def wait_ready(words: np.ndarray, key: str) -> bool:
 def owner_alive(words: np.ndarray) -> bool:
     """Whether the process that made the record `words` (mapped) still runs: its PID is
     alive and, where /proc says when it started, it started when the owner did."""
-    owner = int(words[OWNER])
-    if not pid_alive(owner):
-        return False
-    started = int(words[OWNER_START])
-    return not started or process_started(owner) in (None, started)
-
-
-def process_started(pid: int) -> int | None:
-    """When process `pid` started, in clock ticks after boot (/proc/<pid>/stat's 22nd
-    field); None where /proc cannot tell."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        return int(stat[stat.rfind(b")") + 2:].split()[19])  # fields after the name
-    except (OSError, ValueError, IndexError):
-        return None
+    return alive_since(int(words[OWNER]), int(words[OWNER_START]))
 
 
 def _check_owner(owner: int, key: str) -> None:

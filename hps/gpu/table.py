@@ -539,19 +539,18 @@ class GpuEmbeddingTable:
         return np.empty(0, np.int64)
 
     @contextlib.contextmanager
-    def warming_up(self, keys: np.ndarray) -> Iterator[None]:
-        """The block's lookups on this thread are a warm-up's of `keys` (int64; hps/server/
-        warm_paths.py): a whole-table cache keeps its room for the table's keys, a dynamic
-        one lets them go after, their counts and buffers are handed back (SpareStates)."""
+    def warming_up(self) -> Iterator[None]:
+        """The block's lookups on this thread are a warm-up's (hps/server/warm_paths.py),
+        of keys the cache holds (the warm-up sends it no other: their inserts would evict
+        rows the load put there, so nothing is left to remove after): a whole-table cache
+        keeps its room for the table's keys; the thread's buffers are handed back
+        (SpareStates) once the inserts it queued are done."""
         inserted, self._whole_inserted = self._whole_inserted, self.capacity
         try:
             yield
         finally:
             self._inserts.wait_idle(timeout=30)
             self._whole_inserted = inserted
-            if self._cache is not None:
-                with self._device:
-                    self._cache.remove(keys)
             self._spares.hand_back(self._tls)
 
     def publish(self) -> None:

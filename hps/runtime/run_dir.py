@@ -55,6 +55,26 @@ def pid_alive(pid: int) -> bool:
     return not _zombie(pid)
 
 
+def process_started(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks after boot (/proc/<pid>/stat's 22nd
+    field); None where /proc cannot tell. With its PID, it names one process for good: a
+    PID is given again once its process is gone, its start time never."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(stat[stat.rfind(b")") + 2:].split()[19])  # fields after the name
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive_since(pid: int, started: int) -> bool:
+    """Whether the process that had PID `pid` and started at `started` (process_started;
+    0: not recorded) still runs: pid_alive, and not a later process that took the PID (it
+    started at another time; where /proc cannot tell, the PID alone decides)."""
+    if not pid_alive(pid):
+        return False
+    return not started or process_started(pid) in (None, started)
+
+
 def _zombie(pid: int) -> bool:
     """Whether the process has exited and awaits its parent's wait (Linux's /proc; False
     where /proc cannot tell)."""

@@ -125,3 +125,26 @@ def clear_stale(path: Path) -> bool:
     else:
         path.unlink()
     return True
+
+
+def mapped_by(folder: Path) -> list[int]:
+    """PIDs of this user's processes that map a file of `folder` (their /proc/<pid>/maps
+    name it), this process's own included. A process whose maps this user cannot read is
+    not among them: one made not dumpable (setuid programs, key agents) or of another user
+    namespace (a container's init), never a plain process of this user's such as hps's.
+    Empty where there is no /proc."""
+    prefix = os.path.realpath(folder).encode() + b"/"  # maps name files by their real path
+    users: list[int] = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):  # a loop over the host's processes, once a run
+            if not entry.name.isdigit():
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != me():
+                    continue
+                maps = Path(entry.path, "maps").read_bytes()
+            except OSError:
+                continue  # gone meanwhile, or not readable (see above)
+            if b" " + prefix in maps:
+                users.append(int(entry.name))
+    return users

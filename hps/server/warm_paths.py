@@ -95,7 +95,7 @@ def warm_paths(server: VersionLookups, loaded: LoadedModel,
             try:
                 with contextlib.ExitStack() as gpu_tables:
                     for gpu in table.gpu.values():  # its caches see only keys they hold
-                        gpu_tables.enter_context(gpu.warming_up(np.empty(0, np.int64)))
+                        gpu_tables.enter_context(gpu.warming_up())
                     _warm_table(server, copy, table, progress)
             except Exception as exc:
                 raise WarmUpError(
