@@ -1,0 +1,165 @@
+"""Which path answers a lookup with host keys (hps/server/http_path.py, host_answers.py,
+host_device.py): the decision on given timings, the config's override and its checks, the
+device each worker's host-key lookups take, and what a CPU server says of its tables."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.config import load_config, parse_model_block
+from hps.errors import ConfigError
+from hps.host_answers import host_path_differs
+from hps.server import HierarchicalParameterServer
+from hps.server.host_device import host_device, spread_line
+from hps.server.http_path import (
+    BY_SIZE,
+    GPU,
+    HOST,
+    SIZES,
+    HttpPath,
+    chosen,
+    decide,
+    size_bounds,
+    timed_keys,
+    without_measuring,
+)
+from tests.conftest import make_table, model_config, write_table
+
+
+def test_the_gpu_path_answers_a_size_only_where_it_beats_the_share_of_the_host_path() -> None:
+    assert decide([1.0, 1.0, 1.0], [2.0, 1.2, 1.0], share=0.8) == (False, True, True)
+    assert decide([0.8], [1.0], share=0.8) == (False,)  # at the share: the GPU keeps it
+    assert decide([5e-5], [2e-4]) == (False,)
+    assert decide([5e-5], [5.5e-5]) == (True,)  # faster, but not by enough: the host
+
+
+def test_each_request_size_takes_the_path_of_the_nearest_measured_size() -> None:
+    assert size_bounds(SIZES) == (4, 64, 1024)
+    route = chosen(SIZES, [1e-5, 2e-5, 4e-5, 1e-4], [2e-6, 2e-5, 2e-4, 2e-3], device=3)
+    assert route.path == BY_SIZE and route.host == (True, True, False, False)
+    assert route.reason == "measured" and route.device == 3
+    assert route.gpu_us == pytest.approx((10.0, 20.0, 40.0, 100.0))
+    took = [route.uses_host(n) for n in (1, 4, 5, 64, 65, 1024, 1025, 2000, 1 << 20)]
+    assert took == [True, True, True, True, False, False, False, False, False]
+    assert route.answered() == {GPU: 5, HOST: 4}
+    shown = route.as_dict()
+    assert shown["paths"] == [HOST, HOST, GPU, GPU] and shown["sizes"] == list(SIZES)
+    assert shown["answered"] == {GPU: 5, HOST: 4} and shown["device"] == 3
+    line = route.line("m", "t")
+    assert "model 'm' table 't'" in line and "(GPU 3)" in line
+    assert "4096 keys GPU 100.0 µs host 2000.0 µs -> gpu" in line
+    assert "1 keys GPU 10.0 µs host 2.0 µs -> host" in line
+    everywhere = chosen([1, 16], [1e-3, 1e-3], [1e-6, 1e-6], device=0)
+    assert everywhere.path == HOST and all(everywhere.uses_host(n) for n in (1, 9, 10**6))
+    nowhere = chosen([1, 16], [1e-6, 1e-6], [1e-3, 1e-3], device=0)
+    assert nowhere.path == GPU and not any(nowhere.uses_host(n) for n in (1, 9, 10**6))
+
+
+def test_timed_keys_repeat_the_held_keys_to_the_size() -> None:
+    held = np.array([5, 7, 9], np.int64)
+    assert timed_keys(held, 7).tolist() == [5, 7, 9, 5, 7, 9, 5]
+    assert timed_keys(held, 2).tolist() == [5, 7]
+
+
+def _model(**extra: object):  # type: ignore[no-untyped-def]
+    return parse_model_block(model_config(["/m/t"], [8], gpucache=True, **extra))
+
+
+def test_the_override_and_the_cases_where_the_host_tiers_would_answer_otherwise() -> None:
+    config = load_config({"models": [model_config(["/m/t"], [8], gpucache=True)]})
+    volatile, persistent = config.volatile_db, config.persistent_db
+    assert host_path_differs(config.models[0], volatile, persistent) is None
+    measured = without_measuring(config.models[0], volatile, persistent, True, 1)
+    assert measured is None  # auto over a hash map of every row: measured
+    gpu = without_measuring(_model(http_lookup_path="gpu"), volatile, persistent, True, 1)
+    assert gpu is not None and (gpu.path, gpu.reason, gpu.device) == (
+        GPU, "http_lookup_path gpu", 1)
+    host = without_measuring(_model(http_lookup_path="host"), volatile, persistent, True, 1)
+    assert host is not None and (host.path, host.reason) == (HOST, "http_lookup_path host")
+    assert host.uses_host(1) and host.uses_host(10**6)
+    cpu = without_measuring(_model(http_lookup_path="gpu"), volatile, persistent, False, None)
+    assert cpu is not None and (cpu.path, cpu.reason) == (HOST, "no GPU cache")
+    # where the host tiers may answer otherwise, auto keeps the GPU path and says why
+    compact = without_measuring(_model(embedding_storage_dtype="int8"), volatile, persistent,
+                                True, 0)
+    assert compact is not None and compact.path == GPU and "int8" in compact.reason
+    redis = load_config({"models": [model_config(["/m/t"], [8], gpucache=True)],
+                         "volatile_db": {"type": "redis_cluster"}})
+    assert "Redis" in str(host_path_differs(redis.models[0], redis.volatile_db,
+                                            redis.persistent_db))
+    rocks = load_config({"models": [model_config(["/m/t"], [8], gpucache=True)],
+                         "volatile_db": {"type": "redis_cluster"},
+                         "persistent_db": {"type": "rocks_db", "path": "/tmp/r"}})
+    assert host_path_differs(rocks.models[0], rocks.volatile_db, rocks.persistent_db) is None
+    bounded = load_config({"models": [model_config(["/m/t"], [8], gpucache=True)],
+                           "volatile_db": {"type": "hash_map", "overflow_margin": 1000}})
+    assert "overflow_margin" in str(host_path_differs(
+        bounded.models[0], bounded.volatile_db, bounded.persistent_db))
+    none = load_config({"models": [model_config(["/m/t"], [8], gpucache=True)],
+                        "volatile_db": {"type": "disabled"}})
+    assert "only copy" in str(host_path_differs(none.models[0], none.volatile_db,
+                                                none.persistent_db))
+
+
+def test_the_config_refuses_a_host_path_the_tiers_would_answer_otherwise() -> None:
+    with pytest.raises(ConfigError, match=r"http_lookup_path.*'auto', 'gpu' or 'host'"):
+        load_config({"models": [model_config(["/m/t"], [8], http_lookup_path="cpu")]})
+    with pytest.raises(ConfigError, match="http_lookup_path 'host' would answer otherwise "
+                                          r"than its GPU cache: its rows are stored as int8"):
+        load_config({"models": [model_config(["/m/t"], [8], gpucache=True,
+                                             embedding_storage_dtype="int8",
+                                             http_lookup_path="host")]})
+    with pytest.raises(ConfigError, match="Redis, with no persistent tier"):
+        load_config({"models": [model_config(["/m/t"], [8], gpucache=True,
+                                             http_lookup_path="host")],
+                     "volatile_db": {"type": "redis_cluster"}})
+    for path in ("auto", "gpu", "host"):  # over a hash map of every row: each is taken
+        config = load_config({"models": [model_config(["/m/t"], [8], gpucache=True,
+                                                      http_lookup_path=path)]})
+        assert config.models[0].http_lookup_path == path
+    # without a GPU cache there is nothing to answer otherwise: "host" is what it does
+    load_config({"models": [model_config(["/m/t"], [8], embedding_storage_dtype="int8",
+                                         http_lookup_path="host")]})
+    assert parse_model_block(model_config(["/m/t"], [8])).http_lookup_path == "auto"
+
+
+@pytest.mark.parametrize("devices", [[0], [0, 1], [2, 3, 0, 1], list(range(8))])
+def test_workers_spread_their_host_key_lookups_over_the_deployed_devices(
+        devices: list[int]) -> None:
+    chosen_devices = [host_device(devices, worker) for worker in range(2 * len(devices))]
+    assert chosen_devices == devices * 2  # worker i: deployed[i % n], every device
+    assert host_device(devices, 0) == devices[0]  # one process: the first, as before
+    line = spread_line("m", devices, 1, 8)
+    assert f"worker 1 of 8 answers lookups with host keys (HTTP, gRPC) on GPU " \
+           f"{devices[1 % len(devices)]}" in line
+    assert "this process answers" in spread_line("m", devices, 0, None)
+
+
+def test_a_cpu_server_says_its_tables_take_the_host_path_and_counts_them(
+        tmp_path: Path, rng: np.random.Generator, caplog: pytest.LogCaptureFixture) -> None:
+    keys, vectors = make_table(rng, 500, 8)
+    write_table(tmp_path / "t", keys, vectors)
+    config = {"models": [model_config([str(tmp_path / "t")], [8], http_lookup_path="gpu")],
+              "volatile_db": {"type": "hash_map"}}
+    with caplog.at_level(logging.DEBUG, logger="hps"), \
+            HierarchicalParameterServer(config) as server:
+        route = server.model("m").tables[0].http_path
+        assert isinstance(route, HttpPath) and (route.path, route.reason) == (
+            HOST, "no GPU cache")
+        got = server.lookup_http("m", 0, keys[:50])
+        np.testing.assert_array_equal(got, vectors[:50])
+        out = np.empty((20, 8), np.float32)
+        assert server.lookup_http("m", 0, keys[:20].astype(np.int64), out) is out
+        np.testing.assert_array_equal(out, vectors[:20])
+        narrow = server.lookup_http("m", 0, np.array([1, 2], np.int32))  # no such keys
+        np.testing.assert_array_equal(narrow, np.full((2, 8), 0.5, np.float32))
+        assert server.lookup_http("m", 0, keys[:0]).shape == (0, 8)
+        (table,) = server.describe()[0]["tables"]
+        assert table["http_lookup"] == {"path": HOST, "reason": "no GPU cache",
+                                        "answered": {GPU: 0, HOST: 3}}
+    assert any("table 'sparse_embedding0': HTTP lookups (host keys) take the host tiers: "
+               "no GPU cache" in r.getMessage() for r in caplog.records)
