@@ -11,6 +11,7 @@ Streams), `key_sketch.py` (hot and missing keys), `prefetch.py` and `warm_up.py`
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -232,26 +233,33 @@ class HierarchicalParameterServer:
         """Vectors of host `keys` (a NumPy integer array) for a lookup whose keys arrive
         and rows leave on the host (HTTP, gRPC): through the path of the table for that
         many keys, the GPU cache of this process's device or the host tiers
-        (`LoadedTable.http_path`, hps/server/http_path.py), counted. Written into `out`
-        (host float32 [n, dim]) where given, else into a new array; returns them."""
+        (`LoadedTable.http_path`, hps/server/http_path.py: counted, and now and then
+        timed). Written into `out` (host float32 [n, dim]) where given, else into a new
+        array; returns them."""
         loaded = self._registry.acquire(model)
         try:
             t = loaded.table(table)
-            kref = t.checked_ref(keys)
-            n = kref.size
+            n = int(keys.size)
             route = t.http_path
-            host = route.uses_host(n) if route is not None and n else not t.gpu
-            plain = out is None or plain_host_output(out, n, t.dim)
-            if not (host and plain and n):  # the GPU path, or what the general one checks
+            host, probe = route.pick(n) if route is not None and n else (not t.gpu, -1)
+            if host and out is not None and not plain_host_output(out, n, t.dim):
+                host = False  # an output the general path checks (and fills)
+            started = time.perf_counter() if probe >= 0 else 0.0
+            if not (host and n and t.gpu):  # the GPU path; or a table's only, the host's
                 if out is None:
-                    return self.lookup_version(loaded, t.index, keys)
-                self.lookup_version_into(loaded, t.index, keys, out)
-                return out
-            rows = np.empty((n, t.dim), np.float32) if out is None else out
-            self._host.fetch_into(t, host_key_array(kref), rows)
-            sample = t.hot_sample  # the hot sketch sees these keys as a GPU lookup's
-            if sample is not None and not next(sample.calls) & sample.mask:
-                sample.take(kref, None)
+                    rows = self.lookup_version(loaded, t.index, keys)
+                else:
+                    self.lookup_version_into(loaded, t.index, keys, out)
+                    rows = out
+            else:
+                kref = t.checked_ref(keys)
+                rows = np.empty((n, t.dim), np.float32) if out is None else out
+                self._host.fetch_into(t, host_key_array(kref), rows)
+                sample = t.hot_sample  # the hot sketch sees these keys as a GPU lookup's
+                if sample is not None and not next(sample.calls) & sample.mask:
+                    sample.take(kref, None)
+            if probe >= 0 and route is not None:
+                route.took(probe, host, time.perf_counter() - started)
             return rows
         finally:
             loaded.refs.release()

@@ -48,12 +48,12 @@ from hps.runtime.compiled import HOLD_GIL_BYTES
 from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import TableFetch
 from hps.server.http_path import (
-    GPU,
     SIZES,
     HttpPath,
     chosen,
     median_seconds,
     timed_keys,
+    unmeasured,
     without_measuring,
 )
 from hps.server.key_sketch import TableKeys
@@ -121,7 +121,7 @@ def warm_paths(server: VersionLookups, loaded: LoadedModel,
                     f"model {loaded.config.model!r}, table {table.name!r}: its first lookup "
                     f"failed ({type(exc).__name__}: {exc})") from exc
             loaded.tables[table.index].http_path = route
-            (log.info if table.gpu else log.debug)(route.line(loaded.config.model, table.name))
+            (log.info if table.gpu else log.debug)(route.line())
     finally:
         seconds = time.perf_counter() - started
         progress.finish_step(seconds)
@@ -244,15 +244,15 @@ def measure_http(server: VersionLookups, loaded: LoadedModel, table: LoadedTable
     (`lookup_version`), the host path as the tiers answer it (`host_fetch`)."""
     device = server.http_device(loaded)
     cfg = server.config
+    label = f"model {loaded.config.model!r} table {table.name!r}"
     fixed = without_measuring(loaded.config, cfg.volatile_db, cfg.persistent_db,
-                              bool(table.gpu), device)
+                              bool(table.gpu), device, label)
     if fixed is not None:
         return fixed
     sizes = sorted({min(n, table.max_keys) for n in SIZES})
     held = np.unique(GpuCaches.held_keys(table, sizes[-1], device))
     if not held.size:
-        return HttpPath(GPU, "not measured: its GPU cache named no key it holds at load (a "
-                        "static or uvm table, or an empty cache)", device)
+        return unmeasured(device, label)
     fetch = server.host_fetch(table)
     gpu_s, host_s = [], []
     for n in sizes:
@@ -261,7 +261,7 @@ def measure_http(server: VersionLookups, loaded: LoadedModel, table: LoadedTable
         gpu_s.append(median_seconds(
             lambda k=keys: server.lookup_version(loaded, table.index, k, device_id=device)))
         host_s.append(median_seconds(lambda k=keys, o=out: fetch.into(k, o)))
-    return chosen(sizes, gpu_s, host_s, device)
+    return chosen(sizes, gpu_s, host_s, device, label)
 
 
 def _warm_staging() -> None:

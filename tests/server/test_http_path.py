@@ -19,44 +19,74 @@ from hps.server.http_path import (
     BY_SIZE,
     GPU,
     HOST,
+    PROBES,
+    RECHECK,
     SIZES,
     HttpPath,
     chosen,
     decide,
     size_bounds,
     timed_keys,
+    unmeasured,
     without_measuring,
 )
 from tests.conftest import make_table, model_config, write_table
 
 
-def test_the_gpu_path_answers_a_size_only_where_it_beats_the_share_of_the_host_path() -> None:
-    assert decide([1.0, 1.0, 1.0], [2.0, 1.2, 1.0], share=0.8) == (False, True, True)
-    assert decide([0.8], [1.0], share=0.8) == (False,)  # at the share: the GPU keeps it
+def test_each_size_takes_the_path_measured_faster_a_tie_the_host() -> None:
+    assert decide([1.0, 1.0, 1.0], [2.0, 1.0, 0.5]) == (False, True, True)
     assert decide([5e-5], [2e-4]) == (False,)
-    assert decide([5e-5], [5.5e-5]) == (True,)  # faster, but not by enough: the host
 
 
 def test_each_request_size_takes_the_path_of_the_nearest_measured_size() -> None:
     assert size_bounds(SIZES) == (4, 64, 1024)
-    route = chosen(SIZES, [1e-5, 2e-5, 4e-5, 1e-4], [2e-6, 2e-5, 2e-4, 2e-3], device=3)
+    route = chosen(SIZES, [1e-5, 2e-5, 4e-5, 1e-4], [2e-6, 2e-5, 2e-4, 2e-3], device=3,
+                   label="model 'm' table 't'")
     assert route.path == BY_SIZE and route.host == (True, True, False, False)
     assert route.reason == "measured" and route.device == 3
     assert route.gpu_us == pytest.approx((10.0, 20.0, 40.0, 100.0))
-    took = [route.uses_host(n) for n in (1, 4, 5, 64, 65, 1024, 1025, 2000, 1 << 20)]
-    assert took == [True, True, True, True, False, False, False, False, False]
-    assert route.answered() == {GPU: 5, HOST: 4}
     shown = route.as_dict()
     assert shown["paths"] == [HOST, HOST, GPU, GPU] and shown["sizes"] == list(SIZES)
-    assert shown["answered"] == {GPU: 5, HOST: 4} and shown["device"] == 3
-    line = route.line("m", "t")
-    assert "model 'm' table 't'" in line and "(GPU 3)" in line
+    # within CLOSE of each other at load: timed again while serving; 20x apart: not
+    assert shown["probed"] == [True, True, True, False]
+    assert shown["served_us"] == [None] * 4 and shown["device"] == 3
+    line = route.line()
+    assert "model 'm' table 't': HTTP lookups (host keys) take the path by size (GPU 3)" \
+        in line
     assert "4096 keys GPU 100.0 µs host 2000.0 µs -> gpu" in line
     assert "1 keys GPU 10.0 µs host 2.0 µs -> host" in line
     everywhere = chosen([1, 16], [1e-3, 1e-3], [1e-6, 1e-6], device=0)
-    assert everywhere.path == HOST and all(everywhere.uses_host(n) for n in (1, 9, 10**6))
+    assert everywhere.path == HOST
     nowhere = chosen([1, 16], [1e-6, 1e-6], [1e-3, 1e-3], device=0)
-    assert nowhere.path == GPU and not any(nowhere.uses_host(n) for n in (1, 9, 10**6))
+    assert nowhere.path == GPU and nowhere.pick(9) == (False, -1)  # 1000x: never probed
+    assert nowhere.answered() == {GPU: 1, HOST: 0}
+
+
+def test_serving_times_both_paths_again_and_the_faster_takes_the_size(
+        caplog: pytest.LogCaptureFixture) -> None:
+    route = chosen(SIZES, [1e-3, 1e-3, 4e-5, 1e-3], [1e-6, 1e-6, 2e-4, 1e-6], device=0,
+                   label="model 'm' table 't'")
+    assert route.host[2] is False  # 256 keys: the GPU path at load, 5x faster
+    timed = {False: 3e-4, True: 1e-4}  # serving: the host path 3x faster
+    with caplog.at_level(logging.INFO, logger="hps"):
+        for _ in range(2 * PROBES):
+            host, probe = route.pick(200)  # the nearest measured size: 256
+            assert probe == 2
+            route.took(probe, host, timed[host])
+    assert route.host == (True, True, True, True) and route.path == HOST
+    assert route.as_dict()["served_us"][2] == [300.0, 100.0]
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["model 'm' table 't': lookups of about 256 host keys now take the host "
+                    "tiers (serving: GPU 300.0 µs, host 100.0 µs, medians of 16 each)"]
+    # probed again only RECHECK lookups of that size later
+    assert [route.pick(256) for _ in range(RECHECK)] == [(True, -1)] * RECHECK
+    assert route.pick(256)[1] == 2
+    assert route.answered()[HOST] >= RECHECK
+    idle = unmeasured(device=1)  # no key to time at load: the GPU until serving times it
+    assert idle.path == GPU and idle.as_dict()["probed"] == [True] * len(SIZES)
+    assert idle.pick(1) == (False, 0) and idle.pick(1) == (False, 0)
+    idle.took(0, False, 1.0)
+    assert idle.pick(1) == (True, 0)  # the path timed fewer times
 
 
 def test_timed_keys_repeat_the_held_keys_to_the_size() -> None:
@@ -78,9 +108,10 @@ def test_the_override_and_the_cases_where_the_host_tiers_would_answer_otherwise(
     gpu = without_measuring(_model(http_lookup_path="gpu"), volatile, persistent, True, 1)
     assert gpu is not None and (gpu.path, gpu.reason, gpu.device) == (
         GPU, "http_lookup_path gpu", 1)
+    assert gpu.pick(1) == gpu.pick(10**6) == (False, -1)  # never timed: asked for
     host = without_measuring(_model(http_lookup_path="host"), volatile, persistent, True, 1)
     assert host is not None and (host.path, host.reason) == (HOST, "http_lookup_path host")
-    assert host.uses_host(1) and host.uses_host(10**6)
+    assert host.pick(1) == host.pick(10**6) == (True, -1)
     cpu = without_measuring(_model(http_lookup_path="gpu"), volatile, persistent, False, None)
     assert cpu is not None and (cpu.path, cpu.reason) == (HOST, "no GPU cache")
     # where the host tiers may answer otherwise, auto keeps the GPU path and says why
