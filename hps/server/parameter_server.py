@@ -20,6 +20,7 @@ import numpy as np
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.errors import ConfigError, DeviceError, StoreInUseError, UnknownModelError
 from hps.gate.settings import requested_opt_ins
+from hps.host_answers import refuse_host_path
 from hps.intake.array_ref import HOST, ArrayRef
 from hps.intake.keys import (
     device_pair,
@@ -145,6 +146,7 @@ class HierarchicalParameterServer:
         the load gate's settings of those names, set for this load alone (a table of no
         keys, a reload far smaller than the served version, is refused otherwise).
         """
+        self._check_host_path(model)
         return self._registry.load(model, progress=progress,
                                    opt_ins=requested_opt_ins(allow_empty, allow_shrink))
 
@@ -156,10 +158,20 @@ class HierarchicalParameterServer:
         failed load serves and records nothing. Other models keep serving throughout.
         `allow_empty`: a table of no keys loads (see `load_model`).
         """
+        self._check_host_path(model)
         loaded = self._registry.add(model, progress=progress,
                                     opt_ins=requested_opt_ins(allow_empty, False))
         self._set_models([*(m for m in self.config.models if m.model != model.model), model])
         return loaded
+
+    def _check_host_path(self, model: ModelConfig) -> None:
+        """ConfigError where `model` asks for http_lookup_path "host" over tiers that may
+        answer otherwise than its GPU cache (hps/host_answers.py): a config file's models
+        were checked as it was read; a block added at run time is checked here."""
+        try:
+            refuse_host_path(model, self.config.volatile_db, self.config.persistent_db)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _set_models(self, models: list[ModelConfig]) -> None:
         # a copy, not validated on purpose: a server may serve no model once the last is

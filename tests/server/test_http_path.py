@@ -194,3 +194,20 @@ def test_a_cpu_server_says_its_tables_take_the_host_path_and_counts_them(
                                         "answered": {GPU: 0, HOST: 3}}
     assert any("table 'sparse_embedding0': HTTP lookups (host keys) take the host tiers: "
                "no GPU cache" in r.getMessage() for r in caplog.records)
+
+
+def test_a_model_added_at_run_time_asking_for_a_host_path_that_differs_is_refused(
+        tmp_path: Path, rng: np.random.Generator) -> None:
+    keys, vectors = make_table(rng, 100, 8)
+    write_table(tmp_path / "t", keys, vectors)
+    config = {"models": [model_config([str(tmp_path / "t")], [8])],
+              "volatile_db": {"type": "hash_map"}}
+    with HierarchicalParameterServer(config) as server:
+        block = parse_model_block(model_config(
+            [str(tmp_path / "t")], [8], name="added", gpucache=True,
+            embedding_storage_dtype="int8", http_lookup_path="host"))
+        with pytest.raises(ConfigError, match="model 'added': http_lookup_path 'host' would "
+                                              "answer otherwise than its GPU cache"):
+            server.add_model(block)
+        assert sorted(server.models) == ["m"]  # nothing loaded, nothing recorded
+        assert [m.model for m in server.config.models] == ["m"]
