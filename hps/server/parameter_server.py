@@ -292,8 +292,8 @@ class HierarchicalParameterServer:
         `keys` and `out` may be host or CUDA arrays of any producer (torch, CuPy, NumPy,
         DLPack capsules, `__dlpack__` objects; hps/intake/array_ref.py). CUDA arrays are served
         by the GPU cache of their device, from any thread, whatever its current device;
-        `device_id` (default: the arrays' device, else the model's first deployed device)
-        picks the cache for host arrays. Raises an HPSError subclass, writing nothing, for
+        `device_id` (default: the arrays' device, else this worker's of the deployed
+        devices: host_device.py) picks the cache for host arrays. Raises an HPSError subclass, writing nothing, for
         bad input: DeviceError for keys and output on different devices, a device the
         model is not deployed on, or a `device_id` other than the arrays' device.
         """
