@@ -149,7 +149,7 @@ def test_each_worker_index_answers_on_its_device_and_says_so(
     config = _config(tmp_path / "t", http_lookup_path="gpu")
     config["models"][0]["deployed_device_list"] = devices
     workers = 2 * len(devices)
-    for worker in range(workers):
+    for worker in range(len(devices) + 1):  # each device, then the first again
         server = HierarchicalParameterServer(config, load=False)
         server.worker, server.workers = worker, workers
         caplog.clear()
@@ -174,7 +174,7 @@ def test_hps_serve_workers_spread_over_every_deployed_device(
     write_table(tmp_path / "t", keys, rows)
     config = _config(tmp_path / "t")
     config["models"][0]["deployed_device_list"] = devices
-    workers = max(2, 2 * len(devices))
+    workers = max(2, len(devices))  # a worker a device (two on one)
     served = serve(*write_run(tmp_path, config), "--workers", str(workers))
     try:
         for worker in range(workers):
