@@ -39,6 +39,7 @@ from hps.config_keys import UnknownConfigKeyWarning as UnknownConfigKeyWarning  
 from hps.config_keys import report, unknown_keys
 from hps.errors import ConfigError
 from hps.gate.settings import ValidationConfig
+from hps.host_answers import refuse_host_path
 from hps.modelfiles.formats.spec import TableSpec
 from hps.rows.storage_types import StorageName, StorageType, storage_type
 from hps.runtime.strict_scalars import StrictSection
@@ -71,17 +72,16 @@ class VolatileDBConfig(StrictSection):
     cache_missed_embeddings: bool = False
     refresh_time_after_fetch: bool = False
     update_filters: list[str] = Field(default_factory=lambda: ["^hps_.+$"])
-    # Redis only (not in HugeCTR): how long a read/write may wait on a socket and a connect
-    # may take, in seconds (a slower Redis counts as down and lookups fall through); the
-    # reconnect backoff while it is down (first wait, doubling up to the max, in seconds);
-    # how many batches `cache_missed_embeddings` writes may queue before they are dropped.
+    # Redis only (not in HugeCTR): seconds a socket read/write and a connect may take (a
+    # slower Redis counts as down); the reconnect backoff while it is down (first wait,
+    # doubling up to the max); batches `cache_missed_embeddings` may queue, then dropped.
     socket_timeout: float = Field(1.0, gt=0.0)
     connect_timeout: float = Field(1.0, gt=0.0)
     reconnect_backoff: float = Field(0.1, gt=0.0)
     reconnect_backoff_max: float = Field(5.0, gt=0.0)
     async_queue_size: int = Field(64, ge=1)
-    # multi_process_hash_map only (hps/tiers/hash_map/shared.py): the rows a shared table
-    # is made with beyond a load's, as a share of them, for keys online updates add later
+    # multi_process_hash_map (hps/tiers/hash_map/shared.py): rows of a shared table beyond
+    # a load's, as a share of them, for keys online updates add later
     shared_headroom: float = Field(0.1, ge=0.0, le=16.0)
 
     @field_validator("type", mode="before")
@@ -231,17 +231,16 @@ class ModelConfig(StrictSection):
     hit_rate_threshold: float = Field(0.9, ge=0.0)
     gpucache: bool = True
     gpucacheper: float = Field(0.2, gt=0.0, le=1.0)
-    # hps extension: vectors with NaN or infinity are refused at load unless this is set
+    # hps extensions: vectors with NaN or infinity are refused at load unless this is set;
+    # the load gate's limits for this model, over the top-level section's
     allow_non_finite_vectors: bool = False
-    # hps extension: the load gate's limits for this model, over the top-level section's
     validation: ValidationConfig | None = None
     # hps extension: the type the in-process hash map and the GPU tables store rows in
     # (hps/rows/storage_types.py); Redis and RocksDB keep HugeCTR's float32 rows
     embedding_storage_dtype: StorageName = "float32"
     cache_refresh_percentage_per_iteration: float = Field(0.0, ge=0.0)
     embedding_cache_type: Literal["dynamic", "static", "uvm"] = "dynamic"
-    # hps extension: the GPU memory of a uvm table (index + hot rows), in MiB; unset:
-    # gpucacheper × keys hot rows beside the index
+    # hps extension: the GPU MiB of a uvm table (index + hot rows; unset: gpucacheper)
     gpu_memory_budget_mb: float | None = Field(None, gt=0.0)
     use_static_table: bool = False
     # hps extensions: hot-key sampling (unset: 1 lookup in 16, 32 with GPU caches:
@@ -249,21 +248,20 @@ class ModelConfig(StrictSection):
     hot_key_sampling: int | None = Field(None, ge=0, le=1 << 20)
     warm_from: str | None = Field(None, min_length=1)
     warm_timeout: float = Field(30.0, gt=0.0, le=3600.0)
-    # hps extension: "row_wise" splits each table's GPU cache into `gpu_shards` caches by
-    # key hash (default: one per deployed device) instead of a whole cache per device
-    # (hps/gpu/sharded.py)
+    # hps extension: "row_wise": each table's GPU cache in `gpu_shards` by key hash
     gpu_sharding: Literal["replicated", "row_wise"] = "replicated"
     gpu_shards: int | None = Field(None, ge=1, le=64)
-    # hps extension: keys of each device's hot copy of its peers' shards' heaviest rows, a
-    # static table sharded over several devices (unset: hps/gpu/hot_rows.py HOT_ROWS; 0:
-    # none), filled from the hot-key sketch in the background at most every
-    # `gpu_hot_rows_refresh_seconds` (0: only on demand, HPS.replicate_hot_rows or
-    # POST /v1/models/{model}/hot-rows; hps/server/hot_fill.py)
+    # hps extension: keys of each device's hot copy of its peers' heaviest rows (unset:
+    # hps/gpu/hot_rows.py HOT_ROWS; 0: none), filled from the hot-key sketch at most every
+    # `gpu_hot_rows_refresh_seconds` (0: on demand only; hps/server/hot_fill.py)
     gpu_hot_rows: int | None = Field(None, ge=0, le=1 << 26)
     gpu_hot_rows_refresh_seconds: float = Field(1.0, ge=0.0, le=86400.0)
-    # hps extension: "host" gives each device one GPU table for every process of the host
-    # that serves the model (CUDA IPC, hps/gpu/shared_cache.py); "process": one per process
+    # hps extension: "host": one GPU table a device for every process of the host serving
+    # the model (CUDA IPC, hps/gpu/shared_cache.py); "process": one per process
     gpu_cache_scope: Literal["process", "host"] = "process"
+    # hps extension: what answers a lookup with host keys (HTTP, gRPC) of a GPU table:
+    # "auto" (measured at load), "gpu", "host" (hps/server/http_path.py, host_answers.py)
+    http_lookup_path: Literal["auto", "gpu", "host"] = "auto"
     num_of_worker_buffer_in_pool: int = Field(1, ge=1)
     num_of_refresher_buffer_in_pool: int = Field(1, ge=1)
     thread_pool_size: int = Field(16, ge=1)
@@ -434,6 +432,8 @@ class PSConfig(StrictSection):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"model names must be unique, repeated: {', '.join(dupes)}")
+        for m in self.models:  # a host path asked for where the tiers answer otherwise
+            refuse_host_path(m, self.volatile_db, self.persistent_db)
         return self
 
     def model(self, name: str) -> ModelConfig:

@@ -126,7 +126,7 @@ def lookup_binary(server: HierarchicalParameterServer, model: str, table: Loaded
     """(raw little-endian float32 rows, key count, width) of a binary body of `dtype`
     keys."""
     keys = parse_binary_keys(body, dtype)
-    vectors = np.ascontiguousarray(server.lookup(model, table.index, keys), dtype="<f4")
+    vectors = np.ascontiguousarray(server.lookup_http(model, table.index, keys), dtype="<f4")
     return vectors.reshape(-1).data.cast("B"), keys.size, vectors.shape[1]
 
 
@@ -134,7 +134,7 @@ def lookup_json(server: HierarchicalParameterServer, model: str, table: LoadedTa
                 body: bytes) -> bytes:
     """The JSON answer to a JSON body."""
     keys = parse_json_keys(body)
-    vectors = server.lookup(model, table.index, keys)
+    vectors = server.lookup_http(model, table.index, keys)
     return encode_json({"model": model, "table": table.name, "width": int(vectors.shape[1]),
                         "count": int(keys.size), "vectors": np.ascontiguousarray(vectors)})
 

@@ -251,6 +251,10 @@ class ServerCollector(Collector):
             "hps_hot_keys_share", f"Share of the keys counted by the hot-key sketch that "
             f"are its top {_HOT_TOP} (docs/operating.md#hot-and-missing-keys).",
             labels=labels)
+        paths = CounterMetricFamily(
+            "hps_http_lookups", "Lookups with host keys (HTTP, gRPC) per table, by the path "
+            "that answered them: gpu (its GPU cache) or host (its host tiers; "
+            "docs/workers.md#http-lookups-of-a-gpu-model).", labels=[*labels, "path"])
         for name, loaded in sorted(self.server.models.items()):
             for table in loaded.tables:
                 stats = table.stats.as_dict()
@@ -270,7 +274,11 @@ class ServerCollector(Collector):
                 for device, cache in table.gpu.items():
                     for stat, value in _numbers(cache.stats()):
                         gpu.add_metric([name, table.name, str(device), stat], value)
+                if table.http_path is not None:
+                    for path, count in table.http_path.answered().items():
+                        paths.add_metric([name, table.name, path], count)
         yield from counters.values()
+        yield paths
         yield hits
         yield gpu
         yield missing_rate

@@ -95,6 +95,10 @@ class TableInfo(BaseModel):
     tiers: dict[str, Any] = Field(description="Keys held per tier.")
     hit_rate: dict[str, float | None] = Field(
         description="Fraction of looked-up keys served by each tier (null before any lookup).")
+    http_lookup: dict[str, Any] | None = Field(
+        None, description="Which path answers lookups with host keys (HTTP, gRPC): `path` "
+        "gpu, host or by_size, `reason`, the times measured at load per size (`sizes`, "
+        "`gpu_us`, `host_us`, `paths`) and `answered` per path (docs/workers.md).")
 
 
 class WorkerVersion(BaseModel):

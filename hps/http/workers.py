@@ -162,7 +162,7 @@ def supervise(config: PSConfig, workers: int, sock: socket.socket, *, url: str, 
             "host": host, "max_body_bytes": max_body_bytes, "lookup_threads": lookup_threads,
             "access_log": access_log, "log_level": log_level,
             "allow_roots": list(allow_roots) if allow_roots else None,
-            "grpc_port": grpc_port, "config_file": config_file}))
+            "grpc_port": grpc_port, "config_file": config_file, "workers": workers}))
         initial_ops(supervisor.oplog, config)
         sock.listen(2048)
         supervisor.start_all()

@@ -49,7 +49,7 @@ def main() -> int:
     lines = _load_lines(index)
     try:
         server = HotRowsWorkerServer(str(folder / f"config-{min(index, 1)}.json"),
-                                     oplog=oplog, index=index)
+                                     oplog=oplog, index=index, workers=options.get("workers"))
         # the first loads are applied from the op log before the app asks for them
         server.unasked = lines
         server.replay()

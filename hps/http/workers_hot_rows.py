@@ -52,8 +52,9 @@ class HotRowsWorkerServer(ReplicatedServer):
     """A worker's parameter server whose on-demand fills of hot copies reach every worker
     (see the module)."""
 
-    def __init__(self, config: Any, *, oplog: Any, index: int) -> None:
-        super().__init__(config, oplog=oplog, index=index)
+    def __init__(self, config: Any, *, oplog: Any, index: int, workers: int | None = None
+                 ) -> None:
+        super().__init__(config, oplog=oplog, index=index, workers=workers)
         self.hot_board = HotRowsBoard(oplog.folder.parent, index)
         self.hot_fill.asked = self.hot_board.new_requests
 

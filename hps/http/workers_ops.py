@@ -111,13 +111,15 @@ def ack_wait() -> float:
 class ReplicatedServer(HierarchicalParameterServer):
     """A worker's parameter server: model changes go through the op log (see the module).
 
-    `ReplicatedServer(config, oplog=, index=)`; the config's tiers must be shareable (the
-    supervisor checks: hps/http/workers.py)."""
+    `ReplicatedServer(config, oplog=, index=, workers=)`; the config's tiers must be
+    shareable (the supervisor checks: hps/http/workers.py). Its host-key lookups take the
+    device of its index (hps/server/host_device.py)."""
 
-    def __init__(self, config: PSConfig | dict[str, Any] | str, *, oplog: OpLog, index: int
-                 ) -> None:
+    def __init__(self, config: PSConfig | dict[str, Any] | str, *, oplog: OpLog, index: int,
+                 workers: int | None = None) -> None:
         super().__init__(config, load=False)
         self.oplog, self.index = oplog, index
+        self.worker, self.workers = index, workers
         self.leader = index == 0
         self._applied: dict[int, BaseException | None] = {}
         self._cond = threading.Condition()

@@ -79,6 +79,9 @@ class LoadedTable:
     #: lookups read the volatile tier for this table; False while a load left it out
     #: (Redis down, full or read-only then) until the background fill is done
     volatile_ready: bool = True
+    #: which path answers its lookups with host keys (HTTP, gRPC): hps/server/http_path.py
+    #: HttpPath, decided by the warm-up before the version serves (None: not yet)
+    http_path: Any = field(default=None, repr=False)
     #: the model's embedding_storage_dtype: how the hash map and GPU tables store rows,
     #: and which output dtypes a lookup accepts (hps/rows/storage_types.py)
     storage: StorageType = FLOAT32

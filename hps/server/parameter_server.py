@@ -11,6 +11,7 @@ Streams), `key_sketch.py` (hot and missing keys), `prefetch.py` and `warm_up.py`
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 from hps.config import ModelConfig, PSConfig, load_config
 from hps.errors import ConfigError, DeviceError, StoreInUseError, UnknownModelError
 from hps.gate.settings import requested_opt_ins
+from hps.host_answers import refuse_host_path
 from hps.intake.array_ref import HOST, ArrayRef
 from hps.intake.keys import (
     device_pair,
@@ -33,6 +35,7 @@ from hps.intake.keys import (
 from hps.modelfiles.formats import DEFAULT_CHUNK_BYTES
 from hps.rows.gpu_layout import OUT_FLOAT32
 from hps.server.gpu_caches import GpuCaches
+from hps.server.host_device import host_device, spread_line
 from hps.server.host_lookup import HostLookup, TableFetch
 from hps.server.hot_fill import HotRowsFiller
 from hps.server.loader import LoadProgress
@@ -65,6 +68,10 @@ class HierarchicalParameterServer:
     ) -> None:
         self.config = load_config(config)
         self.chunk_bytes = chunk_bytes
+        #: this process's index among `hps serve --workers N`'s workers (0: one process)
+        #: and their number (None: one process): the device of its host-key lookups
+        #: (hps/server/host_device.py); ReplicatedServer sets them before it loads
+        self.worker, self.workers = 0, None
         try:
             self.tiers: Tiers = open_tiers(self.config, load_chunk_bytes=chunk_bytes)
         except StoreInUseError as exc:  # the config's path and models make the way out
@@ -139,6 +146,7 @@ class HierarchicalParameterServer:
         the load gate's settings of those names, set for this load alone (a table of no
         keys, a reload far smaller than the served version, is refused otherwise).
         """
+        self._check_host_path(model)
         return self._registry.load(model, progress=progress,
                                    opt_ins=requested_opt_ins(allow_empty, allow_shrink))
 
@@ -150,10 +158,20 @@ class HierarchicalParameterServer:
         failed load serves and records nothing. Other models keep serving throughout.
         `allow_empty`: a table of no keys loads (see `load_model`).
         """
+        self._check_host_path(model)
         loaded = self._registry.add(model, progress=progress,
                                     opt_ins=requested_opt_ins(allow_empty, False))
         self._set_models([*(m for m in self.config.models if m.model != model.model), model])
         return loaded
+
+    def _check_host_path(self, model: ModelConfig) -> None:
+        """ConfigError where `model` asks for http_lookup_path "host" over tiers that may
+        answer otherwise than its GPU cache (hps/host_answers.py): a config file's models
+        were checked as it was read; a block added at run time is checked here."""
+        try:
+            refuse_host_path(model, self.config.volatile_db, self.config.persistent_db)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _set_models(self, models: list[ModelConfig]) -> None:
         # a copy, not validated on purpose: a server may serve no model once the last is
@@ -190,7 +208,8 @@ class HierarchicalParameterServer:
         """Vectors of `keys` as a new float32 [n, dim] host array.
 
         With a GPU cache, the cache of the keys' device serves them (host keys: that of
-        `device_id`, default the model's first deployed device).
+        `device_id`, default the model's first deployed device; worker i of `hps serve
+        --workers N`: deployed_device_list[i % len], hps/server/host_device.py).
         """
         loaded = self._registry.acquire(model)
         try:
@@ -211,19 +230,56 @@ class HierarchicalParameterServer:
         kref = t.checked_ref(keys)
         if kref.size == 0:
             return np.empty((0, t.dim), np.float32)
-        device = _serving_device(loaded, kref, None, device_id)
+        device = _serving_device(loaded, kref, None, device_id, self.worker)
         gpu = t.gpu.get(device) if t.gpu else None
         if gpu is not None:
             out = gpu.host_output(kref.size)  # pinned: the rows come back in one copy
-            oref = output_ref(out, kref.size, t.dim)
-            gpu.lookup(kref, oref)
-            sample = t.hot_sample
-            if sample is not None and not next(sample.calls) & sample.mask:
-                sample.take(kref, kref.stream)
+            _gpu_lookup(t, gpu, kref, output_ref(out, kref.size, t.dim))
             return out
         out = np.empty((kref.size, t.dim), np.float32)
         self._host.fetch_into(t, host_key_array(kref), out)
         return out
+
+    def lookup_http(self, model: str, table: int | str, keys: np.ndarray,
+                    out: np.ndarray | None = None) -> np.ndarray:
+        """Vectors of host `keys` (a NumPy integer array) for a lookup whose keys arrive
+        and rows leave on the host (HTTP, gRPC): through the path of the table for that
+        many keys, the GPU cache of this process's device or the host tiers
+        (`LoadedTable.http_path`, hps/server/http_path.py: counted, and now and then
+        timed). Written into `out` (host float32 [n, dim]) where given, else into a new
+        array; returns them."""
+        loaded = self._registry.acquire(model)
+        try:
+            t = loaded.table(table)
+            n = int(keys.size)
+            route = t.http_path
+            host, probe = route.pick(n) if route is not None and n else (not t.gpu, -1)
+            if host and out is not None and not plain_host_output(out, n, t.dim):
+                host = False  # an output the general path checks (and fills)
+            started = time.perf_counter() if probe >= 0 else 0.0
+            if not (host and n and t.gpu):  # the GPU path; or a table's only, the host's
+                if out is None:
+                    rows = self.lookup_version(loaded, t.index, keys)
+                else:
+                    self.lookup_version_into(loaded, t.index, keys, out)
+                    rows = out
+            else:
+                kref = t.checked_ref(keys)
+                rows = np.empty((n, t.dim), np.float32) if out is None else out
+                self._host.fetch_into(t, host_key_array(kref), rows)
+                sample = t.hot_sample  # the hot sketch sees these keys as a GPU lookup's
+                if sample is not None and not next(sample.calls) & sample.mask:
+                    sample.take(kref, None)
+            if probe >= 0 and route is not None:
+                route.took(probe, host, time.perf_counter() - started)
+            return rows
+        finally:
+            loaded.refs.release()
+
+    def http_device(self, loaded: LoadedModel) -> int:
+        """The device whose cache answers this process's lookups of `loaded` with host
+        keys and no device_id (hps/server/host_device.py)."""
+        return host_device(loaded.config.deployed_device_list, self.worker)
 
     def host_fetch(self, table: LoadedTable) -> TableFetch:
         """The host path a GPU cache of `table` takes for its misses (the warm-up runs it)."""
@@ -236,8 +292,8 @@ class HierarchicalParameterServer:
         `keys` and `out` may be host or CUDA arrays of any producer (torch, CuPy, NumPy,
         DLPack capsules, `__dlpack__` objects; hps/intake/array_ref.py). CUDA arrays are served
         by the GPU cache of their device, from any thread, whatever its current device;
-        `device_id` (default: the arrays' device, else the model's first deployed device)
-        picks the cache for host arrays. Raises an HPSError subclass, writing nothing, for
+        `device_id` (default: the arrays' device, else this worker's of the deployed
+        devices: host_device.py) picks the cache for host arrays. Raises an HPSError subclass, writing nothing, for
         bad input: DeviceError for keys and output on different devices, a device the
         model is not deployed on, or a `device_id` other than the arrays' device.
         """
@@ -281,15 +337,12 @@ class HierarchicalParameterServer:
         device = kref.device
         if (device_id is not None or device < 0 or device != oref.device
                 or device not in loaded.config.deployed_device_list):
-            device = _serving_device(loaded, kref, oref, device_id)
+            device = _serving_device(loaded, kref, oref, device_id, self.worker)
         if n == 0:
             return 0
         gpu = t.gpu.get(device) if t.gpu else None
         if gpu is not None:
-            gpu.lookup(kref, oref)
-            sample = t.hot_sample
-            if sample is not None and not next(sample.calls) & sample.mask:
-                sample.take(kref, kref.stream if kref.stream is not None else oref.stream)
+            _gpu_lookup(t, gpu, kref, oref)
             return n
         host_keys = host_key_array(kref)
         target = output_array(oref, n, t.dim)
@@ -310,7 +363,10 @@ class HierarchicalParameterServer:
         its `warm_from` for at most `warm_timeout` seconds (hps/server/warm_up.py)."""
         for table in loaded.tables:
             table.sample_hot_keys(loaded.config.hot_key_sampling)
-        warm_paths(self, loaded, progress)
+        warm_paths(self, loaded, progress)  # and each table's path for HTTP (http_path.py)
+        if any(t.gpu for t in loaded.tables):
+            log.info(spread_line(loaded.config.model, loaded.config.deployed_device_list,
+                                 self.worker, self.workers))
         # the hot copies filled in the background, a reload's first from the served
         # version's sketch (hot_fill.py)
         self.hot_fill.watch(loaded, self._registry.models.get(loaded.config.model))
@@ -467,6 +523,8 @@ class HierarchicalParameterServer:
                     t.storage_name)
             if t.gpu:
                 info["gpu"] = {str(d): g.stats() for d, g in t.gpu.items()}
+            if t.http_path is not None:  # which path answers its HTTP lookups, and why
+                info["http_lookup"] = t.http_path.as_dict()
             tables.append(info)
         return {"model": name, "tables": tables}
 
@@ -491,11 +549,21 @@ class HierarchicalParameterServer:
         self.close()
 
 
+def _gpu_lookup(t: LoadedTable, gpu: Any, kref: ArrayRef, oref: ArrayRef) -> None:
+    """A lookup of `kref` through the GPU cache `gpu` of `t` into `oref`, its keys
+    sampled for the hot sketch."""
+    gpu.lookup(kref, oref)
+    sample = t.hot_sample
+    if sample is not None and not next(sample.calls) & sample.mask:
+        sample.take(kref, kref.stream if kref.stream is not None else oref.stream)
+
+
 def _serving_device(loaded: LoadedModel, keys: ArrayRef, out: ArrayRef | None,
-                    device_id: int | None) -> int:
+                    device_id: int | None, worker: int = 0) -> int:
     """The device whose cache serves a lookup: that of the CUDA arrays (keys and output
-    must agree), else `device_id`, else the model's first deployed device. Raises
-    DeviceError naming both sides where they disagree or the device is not deployed."""
+    must agree), else `device_id`, else this worker's of the model's deployed devices
+    (host_device.py: the first in one process). Raises DeviceError naming both sides where
+    they disagree or the device is not deployed."""
     device = keys.device
     if out is not None and out.device != HOST:
         if device != HOST and device != out.device:
@@ -504,7 +572,7 @@ def _serving_device(loaded: LoadedModel, keys: ArrayRef, out: ArrayRef | None,
         device = out.device
     deployed = loaded.config.deployed_device_list
     if device == HOST:
-        device = deployed[0] if device_id is None else int(device_id)
+        device = host_device(deployed, worker) if device_id is None else int(device_id)
         what = f"device_id {device}"
     else:
         if device_id is not None and int(device_id) != device:

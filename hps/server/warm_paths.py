@@ -20,6 +20,10 @@ may be cached in the volatile tier (`cache_missed_embeddings`), as a client's lo
 them would; a GPU cache holds what it held, its counters forget the lookups and the
 thread's buffers go back to the spares (`GpuEmbeddingTable.warming_up`).
 
+Each table's path for lookups with host keys (HTTP, gRPC: `LoadedTable.http_path`) is
+decided here too, the GPU path and the host path each timed where both may answer
+(`measure_http`, hps/server/http_path.py), and said in the log, a line a table.
+
 A lookup that fails here fails the load (`WarmUpError`): the version is not served, and
 the server says why (`/readyz` lists the model as failed, `GET /v1/models` the reason).
 
@@ -43,6 +47,15 @@ from hps.errors import HPSError
 from hps.runtime.compiled import HOLD_GIL_BYTES
 from hps.server.gpu_caches import GpuCaches
 from hps.server.host_lookup import TableFetch
+from hps.server.http_path import (
+    SIZES,
+    HttpPath,
+    chosen,
+    median_seconds,
+    timed_keys,
+    unmeasured,
+    without_measuring,
+)
 from hps.server.key_sketch import TableKeys
 from hps.server.loader import LoadProgress
 from hps.server.models import LoadedModel, LoadedTable, TableStats
@@ -73,6 +86,11 @@ class VersionLookups(Protocol):
 
     def host_fetch(self, table: LoadedTable) -> TableFetch: ...
 
+    def http_device(self, loaded: LoadedModel) -> int: ...
+
+    @property
+    def config(self) -> Any: ...  # the PSConfig: its tiers' blocks
+
 
 class WarmUpError(HPSError):
     """A table's first lookup, run before its version serves, failed: the load fails."""
@@ -97,10 +115,13 @@ def warm_paths(server: VersionLookups, loaded: LoadedModel,
                     for gpu in table.gpu.values():  # its caches see only keys they hold
                         gpu_tables.enter_context(gpu.warming_up())
                     _warm_table(server, copy, table, progress)
+                    route = measure_http(server, copy, table)
             except Exception as exc:
                 raise WarmUpError(
                     f"model {loaded.config.model!r}, table {table.name!r}: its first lookup "
                     f"failed ({type(exc).__name__}: {exc})") from exc
+            loaded.tables[table.index].http_path = route
+            (log.info if table.gpu else log.debug)(route.line())
     finally:
         seconds = time.perf_counter() - started
         progress.finish_step(seconds)
@@ -212,6 +233,35 @@ def _warm_gpu(server: VersionLookups, loaded: LoadedModel,
                                                d_out)
                     cupy.cuda.get_current_stream().synchronize()
                 progress.step(1)
+
+
+def measure_http(server: VersionLookups, loaded: LoadedModel, table: LoadedTable
+                 ) -> HttpPath:
+    """The path of `table`'s lookups with host keys (hps/server/http_path.py): fixed where
+    nothing is to measure, else both paths timed at each of SIZES (up to the table's
+    limit) on keys the cache of this process's device holds (every key a hit: a key it
+    lacks would be inserted, see _warm_gpu), the GPU path as HTTP takes it
+    (`lookup_version`), the host path as the tiers answer it (`host_fetch`)."""
+    device = server.http_device(loaded)
+    cfg = server.config
+    label = f"model {loaded.config.model!r} table {table.name!r}"
+    fixed = without_measuring(loaded.config, cfg.volatile_db, cfg.persistent_db,
+                              bool(table.gpu), device, label)
+    if fixed is not None:
+        return fixed
+    sizes = sorted({min(n, table.max_keys) for n in SIZES})
+    held = np.unique(GpuCaches.held_keys(table, sizes[-1], device))
+    if not held.size:
+        return unmeasured(device, label)
+    fetch = server.host_fetch(table)
+    gpu_s, host_s = [], []
+    for n in sizes:
+        keys = timed_keys(held, n)
+        out = np.empty((n, table.dim), np.float32)
+        gpu_s.append(median_seconds(
+            lambda k=keys: server.lookup_version(loaded, table.index, k, device_id=device)))
+        host_s.append(median_seconds(lambda k=keys, o=out: fetch.into(k, o)))
+    return chosen(sizes, gpu_s, host_s, device, label)
 
 
 def _warm_staging() -> None:

@@ -38,3 +38,21 @@ def test_one_model_and_hit_rates(live: Live) -> None:
     rate = info["tables"][0]["hit_rate"]
     assert abs(rate["volatile"] + rate["persistent"] + rate["default"] - 1.0) < 1e-9
     assert rate["default"] == stats["defaults"] / stats["keys"]
+
+
+def test_each_table_says_which_path_answers_its_lookups_and_counts_them(live: Live) -> None:
+    def shown() -> dict[str, object]:
+        info = live.client.get(f"/v1/models/{MODEL}").json()
+        return info["tables"][0]["http_lookup"]  # type: ignore[no-any-return]
+
+    before = shown()
+    assert before["path"] == "host" and before["reason"] == "no GPU cache"
+    assert "sizes" not in before  # nothing measured: the host tiers are its only path
+    assert live.lookup_binary(0, live.model.keys[0][:10]).status_code == 200
+    after = shown()
+    assert after["answered"] == {"gpu": 0, "host": before["answered"]["host"] + 1}
+    metrics = live.client.get("/metrics").text
+    line = next(m for m in metrics.splitlines()
+                if m.startswith("hps_http_lookups_total{") and f'table="{TABLE_NAMES[0]}"' in m
+                and 'path="host"' in m)
+    assert float(line.rsplit(" ", 1)[1]) >= after["answered"]["host"]

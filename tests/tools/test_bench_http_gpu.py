@@ -42,7 +42,9 @@ def test_each_server_at_each_client_count_beside_the_floor() -> None:
         floor = next(r for r in result["rows"] if r["server"] == FLOOR and r["clients"] == p)
         assert ratio["clients"] == p
         assert ratio["keys_per_s_vs_floor"] == mine["keys_per_s"] / floor["keys_per_s"]
+        assert ratio["p99_vs_cpu"] == 1.0  # the CPU server over itself
     assert result["client"] == "one process per client, raw keep-alive"
+    assert result["http_lookup"] == {}  # no GPU server: no path chosen to show
 
 
 def test_with_workers_every_server_and_the_floor_run_that_many_processes() -> None:
@@ -99,6 +101,9 @@ def test_hps_serve_with_a_gpu_cache_answers_exactly_from_client_processes() -> N
     served = [(r["server"], r["clients"]) for r in result["rows"] if r["keys_per_s"] > 0]
     assert served == [(s, p) for s in (GPU, CPU, FLOOR) for p in (1, 4)]
     assert all(r["failed"] == 0 for r in result["rows"])
+    shown = result["http_lookup"][GPU]  # the path its HTTP lookups took, after the run
+    assert shown["reason"] == "measured" and shown["path"] in ("gpu", "host", "by_size")
+    assert sum(shown["answered"].values()) > 0
 
 
 @pytest.mark.gpu

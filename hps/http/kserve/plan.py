@@ -96,10 +96,10 @@ def fill_output(server: HierarchicalParameterServer, model: str, plan: InferPlan
     """Write OUTPUT0 into `out` (float32 [plan.size], C-contiguous): each table's vectors
     looked up in place, a lookup per table over an array of keys."""
     if len(plan.counts) == 1:  # one table (the common case): no slices to make
-        server.lookup_into(model, 0, keys, out.reshape(plan.counts[0], plan.dims[0]))
+        server.lookup_http(model, 0, keys, out.reshape(plan.counts[0], plan.dims[0]))
         return
     for i, count in enumerate(plan.counts):
         if count:
             rows = out[plan.offsets[i]:plan.offsets[i + 1]].reshape(count, plan.dims[i])
-            server.lookup_into(model, i, keys[plan.starts[i]:plan.starts[i + 1]], rows)
+            server.lookup_http(model, i, keys[plan.starts[i]:plan.starts[i + 1]], rows)
 

@@ -122,6 +122,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     rows: list[dict[str, Any]] = []
     wrong: dict[str, int] = {}
     memory: dict[str, tuple[int, list[int]]] = {}
+    paths: dict[str, dict[str, Any]] = {}
     try:
         write_sparse_model(tmp / TABLE, keys, vectors)
         servers: list[tuple[str, dict[str, Any] | None]] = []
@@ -159,6 +160,8 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                                  "p50_ms": level["p50_ms"], "p99_ms": level["p99_ms"],
                                  "server_cpu_us": level["server_cpu_us"],
                                  "failed": level["shed"] + level["expired"] + level["other"]})
+                if config is not None and config["models"][0].get("gpucache"):
+                    paths[name] = _http_lookup(url)  # after the run: serving's choice too
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -173,13 +176,19 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                        / max(at(FLOOR, p)["keys_per_s"], 1e-9),
                        "p99_vs_floor": mine["p99_ms"] / max(at(FLOOR, p)["p99_ms"], 1e-9),
                        "keys_per_s_vs_cpu": mine["keys_per_s"]
-                       / max(at(CPU, p)["keys_per_s"], 1e-9)})
+                       / max(at(CPU, p)["keys_per_s"], 1e-9),
+                       "p99_vs_cpu": mine["p99_ms"] / max(at(CPU, p)["p99_ms"], 1e-9)})
+        if gpu and workers > 1:
+            ratios[-1]["shared_keys_per_s_vs_cpu"] = (at(SHARED, p)["keys_per_s"]
+                                                      / max(at(CPU, p)["keys_per_s"], 1e-9))
+            ratios[-1]["shared_p99_vs_cpu"] = (at(SHARED, p)["p99_ms"]
+                                               / max(at(CPU, p)["p99_ms"], 1e-9))
     return {"rows": rows, "ratios": ratios, "wrong_rows": wrong, "num_keys": num_keys,
             "dim": dim, "batch": batch, "alpha": alpha, "seconds": seconds, "gpu": gpu,
             "lookup_threads": lookup_threads, "workers": workers,
             "gpu_memory": {k: {"device_mib": u, "per_process_mib": per}
                            for k, (u, per) in memory.items()},
-            "mps": _mps_found() if gpu else None,
+            "mps": _mps_found() if gpu else None, "http_lookup": paths,
             "client": f"one process per client, {client} keep-alive"}
 
 
@@ -205,8 +214,16 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
     served = GPU if gpu else CPU
     for r in result["ratios"]:
         say(f"{r['clients']} client processes: {served} / floor: keys/s "
-            f"{r['keys_per_s_vs_floor']:.2f}×, p99 {r['p99_vs_floor']:.2f}×; keys/s over "
-            f"no GPU cache {r['keys_per_s_vs_cpu']:.2f}×")
+            f"{r['keys_per_s_vs_floor']:.2f}×, p99 {r['p99_vs_floor']:.2f}×; over no GPU "
+            f"cache: keys/s {r['keys_per_s_vs_cpu']:.2f}×, p99 {r['p99_vs_cpu']:.2f}×")
+        if "shared_keys_per_s_vs_cpu" in r:
+            say(f"{r['clients']} client processes: {SHARED} over no GPU cache: keys/s "
+                f"{r['shared_keys_per_s_vs_cpu']:.2f}×, p99 {r['shared_p99_vs_cpu']:.2f}×")
+    for name, shown in result["http_lookup"].items():  # the answering worker's
+        say(f"{name}: HTTP lookups took {shown.get('path')} ({shown.get('reason')}; "
+            f"per size {shown.get('sizes')}: {shown.get('paths')}, load µs GPU "
+            f"{shown.get('gpu_us')} host {shown.get('host_us')}, serving µs "
+            f"{shown.get('served_us')}; answered {shown.get('answered')})")
     say("wrong rows: " + ", ".join(f"{k} {v}" for k, v in result["wrong_rows"].items()))
     for name, used in result["gpu_memory"].items():
         say(f"{name}: {used['device_mib']} MiB in use on the device; per process (nvidia-smi)"
@@ -238,6 +255,23 @@ def main(argv: list[str] | None = None) -> None:
                             workers=args.workers)
     print(json.dumps(result))
 
+
+
+def _http_lookup(url: str) -> dict[str, Any]:
+    """The table's `http_lookup` in GET /v1/models (the path its HTTP lookups take,
+    hps/server/http_path.py), as the worker that answers says it ({} if none)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("GET", f"/v1/models/{MODEL}")
+        answer = conn.getresponse()
+        body = answer.read()
+    finally:
+        conn.close()
+    if answer.status != 200:
+        return {}
+    shown: dict[str, Any] = json.loads(body)["tables"][0].get("http_lookup") or {}
+    return shown
 
 
 def _gpu_memory() -> tuple[int, list[int]]:
