@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=(pydantic pydantic_core annotated-types typing-inspection typing_extensions rocksdict
           redis hiredis fastapi starlette uvicorn h11 anyio confluent-kafka prometheus_client
-          opentelemetry-api httpx httpcore certifi idna httptools uvloop)
+          opentelemetry-api httpx httpcore certifi idna httptools uvloop
+          typer click rich shellingham markdown-it-py mdurl Pygments)
 pins=()
 for p in "${packages[@]}"; do
   pin="$(grep -iE "^${p//[-_]/[-_]}==" constraints.txt || true)"
