@@ -54,10 +54,13 @@ PROBES = 16
 #: lookups of a size between two rounds of probes
 RECHECK = 1 << 14
 #: sizes whose two paths took within this factor of each other at load are probed while
-#: serving (the clients' keys can move the host path that far: a power law's hot rows
-#: stay in the CPU's caches, the warm-up's distinct keys do not); past it (a network or
-#: disk tier against the device) the slower path is not worth a client's wait
-CLOSE = 10.0
+#: serving (the clients' keys move the host path: a power law's hot rows stay in the CPU's
+#: caches, the warm-up's distinct keys do not; 2,000 keys on an H100: 212 µs at load, 155
+#: serving). Past it the slower path is not worth a client's wait: a probe costs its
+#: client up to this factor of its lookup, and the first PROBES of a size fall in the
+#: first lookups after ready (at 10x, 16-key lookups 6x apart were probed, and the first
+#: 1,000 lookups' p99 read 3.7x the later one's: `hps bench ready --gpu`, issue 72)
+CLOSE = 3.0
 
 #: what `HttpPath.path` says
 GPU, HOST, BY_SIZE = "gpu", "host", "by_size"

@@ -128,3 +128,21 @@ def test_lookups_over_a_gpu_cache_and_the_hash_map_run_on_the_event_loop(
         assert auto_lookup_threads(server) == DEFAULT_LOOKUP_THREADS  # on disk: a pool
     finally:
         server.close()
+
+
+def test_rounds_time_every_server_in_turn_and_report_the_medians() -> None:
+    """With rounds, all servers are up at once and each round times each of them, in an
+    order rotated a place a round; rows are the medians and each round's own ratio is
+    kept."""
+    result = bench_http_gpu(num_keys=3000, dim=8, batch=64, client_processes=(1,),
+                            seconds=0.3, warmup=0.1, gpu=False, rounds=3)
+    timed = result["timed"]
+    assert [t["server"] for t in timed] == [CPU, FLOOR, FLOOR, CPU, CPU, FLOOR]
+    assert [t["round"] for t in timed] == [0, 0, 1, 1, 2, 2]
+    for name in (CPU, FLOOR):
+        row = next(r for r in result["rows"] if r["server"] == name)
+        mine = sorted(t["keys_per_s"] for t in timed if t["server"] == name)
+        assert row["keys_per_s"] == mine[1] > 0 and row["failed"] == 0
+    (ratio,) = result["ratios"]
+    assert ratio["rounds_keys_per_s_vs_cpu"] == [1.0, 1.0, 1.0]  # the CPU server over itself
+    assert result["wrong_rows"] == {CPU: 0}

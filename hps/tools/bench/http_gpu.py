@@ -33,9 +33,11 @@ CUDA and CuPy (without them, `gpu=False` runs the other two: what the CPU tests 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -109,17 +111,24 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                    client_processes: tuple[int, ...] = CLIENT_PROCESSES, *,
                    seconds: float = 3.0, warmup: float = 1.0, alpha: float = 1.1,
                    lookup_threads: int | None = None, client: str = "raw",
-                   gpu: bool = True, seed: int = 0, workers: int = 1) -> dict[str, Any]:
+                   gpu: bool = True, seed: int = 0, workers: int = 1,
+                   rounds: int = 1) -> dict[str, Any]:
     """The figures of the module's docstring as a dict: `rows` (server, P, keys/s, p50,
-    p99, server CPU per request, failed), `ratios` (per P), `wrong_rows` (per hps
-    server)."""
+    p99, server CPU per request, failed: the median of `rounds`), `ratios` (per P, of the
+    medians; `rounds` > 1 adds each round's own), `wrong_rows` (per hps server).
+
+    With `rounds` > 1 every server is up at once and each round times them all in turn,
+    the order rotated a place each round: a machine that drifts (other tenants, clocks,
+    the clients' own start) drifts under every server alike, and a ratio of two servers
+    timed apart by minutes does not carry it (one-at-a-time runs of one server doing the
+    same work as another read 0.92x to 1.22x of it)."""
     from hps.modelfiles.formats.sparse_folder import write_sparse_model
     from hps.tools.bench.tiers import make_table
 
     keys, vectors = make_table(num_keys, dim, seed=seed)
     bodies, picks = _power_law_bodies(keys, batch, 128, alpha, np.random.default_rng(seed + 1))
     tmp = Path(tempfile.mkdtemp(prefix="hps-bench-http-gpu-"))
-    rows: list[dict[str, Any]] = []
+    timed: list[dict[str, Any]] = []
     wrong: dict[str, int] = {}
     memory: dict[str, tuple[int, list[int]]] = {}
     paths: dict[str, dict[str, Any]] = {}
@@ -133,57 +142,76 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                 shared["models"][0]["gpu_cache_scope"] = "host"
                 servers.append((SHARED, shared))
         servers += [(CPU, one_table_config(dim, batch)), (FLOOR, None)]
-        for name, config in servers:
-            port = _free_port()
-            pids: list[int] = []
-            several = ["--workers", str(workers)] if workers > 1 else []
-            if config is None:
-                server = _bare_server(tmp, port, dim, None, pids, several)
-            else:
-                (tmp / "ps.json").write_text(json.dumps(config))
-                threads = [] if lookup_threads is None else ["--lookup-threads",
-                                                              str(lookup_threads)]
-                server = _subprocess_server(
-                    serve_argv(tmp / "ps.json", "--port", str(port), *threads, *several),
-                    tmp / "serve.log", port, "/readyz", None, 600.0,
-                    {"HPS_SHM_DIR": str(tmp)} if several else None, pids)
-            with server as url:
-                if config is not None:
-                    wrong[name] = _wrong_rows(url, bodies, picks, vectors)
-                if config is not None and config["models"][0].get("gpucache"):
-                    memory[name] = _gpu_memory()  # every worker loaded: what each holds
-                for p in client_processes:
-                    level = _level(url, p, bodies, HEADERS, seconds, warmup, 0.0, client,
-                                   pids[0])
-                    rows.append({"server": name, "clients": p,
-                                 "keys_per_s": level["served_per_s"] * batch,
-                                 "p50_ms": level["p50_ms"], "p99_ms": level["p99_ms"],
-                                 "server_cpu_us": level["server_cpu_us"],
-                                 "failed": level["shed"] + level["expired"] + level["other"]})
-                if config is not None and config["models"][0].get("gpucache"):
-                    paths[name] = _http_lookup(url)  # after the run: serving's choice too
+
+        def measure(name: str, url: str, pid: int, round_: int) -> None:
+            for p in client_processes:
+                level = _level(url, p, bodies, HEADERS, seconds, warmup, 0.0, client, pid)
+                timed.append({"server": name, "clients": p, "round": round_,
+                              "keys_per_s": level["served_per_s"] * batch,
+                              "p50_ms": level["p50_ms"], "p99_ms": level["p99_ms"],
+                              "server_cpu_us": level["server_cpu_us"],
+                              "failed": level["shed"] + level["expired"] + level["other"]})
+
+        # one server up at a time (rounds 1: each timed as soon as it is up) or all at
+        # once (each round times them in turn)
+        up: list[tuple[str, str, int]] = []
+        with contextlib.ExitStack() as stack:
+            for index, (name, config) in enumerate(servers):
+                started = _start(tmp, index, config, dim, lookup_threads, workers)
+                if rounds == 1:
+                    with started as (url, pid):
+                        _after_start(name, config, url, bodies, picks, vectors, wrong,
+                                     memory, (0, {}))
+                        measure(name, url, pid, 0)
+                        if _has_gpu(config):
+                            paths[name] = _http_lookup(url)  # serving's choice too
+                    continue
+                before = _gpu_use() if _has_gpu(config) else (0, {})
+                url, pid = stack.enter_context(started)
+                _after_start(name, config, url, bodies, picks, vectors, wrong, memory,
+                             before)
+                up.append((name, url, pid))
+            for round_ in range(rounds if rounds > 1 else 0):
+                shift = round_ % len(up)
+                for name, url, pid in up[shift:] + up[:shift]:
+                    measure(name, url, pid, round_)
+            for name, url, _ in up:
+                if _has_gpu(dict(servers)[name]):
+                    paths[name] = _http_lookup(url)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def at(name: str, p: int) -> dict[str, Any]:
-        return next(r for r in rows if r["server"] == name and r["clients"] == p)
+    rows = [_median_row(name, p, [t for t in timed
+                                  if t["server"] == name and t["clients"] == p])
+            for name, _ in servers for p in client_processes]
 
+    def ratio(a: str, b: str, p: int, key: str, in_round: int | None = None) -> float:
+        pick = timed if in_round is not None else rows
+        mine, other = (next(r for r in pick if r["server"] == s and r["clients"] == p
+                            and (in_round is None or r["round"] == in_round))
+                       for s in (a, b))
+        return mine[key] / max(other[key], 1e-9)
+
+    served = GPU if gpu else CPU
     ratios = []
     for p in client_processes:
-        mine = at(GPU if gpu else CPU, p)
         ratios.append({"clients": p,
-                       "keys_per_s_vs_floor": mine["keys_per_s"]
-                       / max(at(FLOOR, p)["keys_per_s"], 1e-9),
-                       "p99_vs_floor": mine["p99_ms"] / max(at(FLOOR, p)["p99_ms"], 1e-9),
-                       "keys_per_s_vs_cpu": mine["keys_per_s"]
-                       / max(at(CPU, p)["keys_per_s"], 1e-9),
-                       "p99_vs_cpu": mine["p99_ms"] / max(at(CPU, p)["p99_ms"], 1e-9)})
+                       "keys_per_s_vs_floor": ratio(served, FLOOR, p, "keys_per_s"),
+                       "p99_vs_floor": ratio(served, FLOOR, p, "p99_ms"),
+                       "keys_per_s_vs_cpu": ratio(served, CPU, p, "keys_per_s"),
+                       "p99_vs_cpu": ratio(served, CPU, p, "p99_ms")})
+        mine = [served] + ([SHARED] if gpu and workers > 1 else [])
+        if rounds > 1:  # each round's own pair: how far the medians' ratio can be trusted
+            for name in mine:
+                ratios[-1][f"{_prefix(name)}rounds_keys_per_s_vs_cpu"] = [
+                    ratio(name, CPU, p, "keys_per_s", r) for r in range(rounds)]
+                ratios[-1][f"{_prefix(name)}rounds_p99_vs_cpu"] = [
+                    ratio(name, CPU, p, "p99_ms", r) for r in range(rounds)]
         if gpu and workers > 1:
-            ratios[-1]["shared_keys_per_s_vs_cpu"] = (at(SHARED, p)["keys_per_s"]
-                                                      / max(at(CPU, p)["keys_per_s"], 1e-9))
-            ratios[-1]["shared_p99_vs_cpu"] = (at(SHARED, p)["p99_ms"]
-                                               / max(at(CPU, p)["p99_ms"], 1e-9))
-    return {"rows": rows, "ratios": ratios, "wrong_rows": wrong, "num_keys": num_keys,
+            ratios[-1]["shared_keys_per_s_vs_cpu"] = ratio(SHARED, CPU, p, "keys_per_s")
+            ratios[-1]["shared_p99_vs_cpu"] = ratio(SHARED, CPU, p, "p99_ms")
+    return {"rows": rows, "rounds": rounds, "timed": timed if rounds > 1 else [],
+            "ratios": ratios, "wrong_rows": wrong, "num_keys": num_keys,
             "dim": dim, "batch": batch, "alpha": alpha, "seconds": seconds, "gpu": gpu,
             "lookup_threads": lookup_threads, "workers": workers,
             "gpu_memory": {k: {"device_mib": u, "per_process_mib": per}
@@ -192,19 +220,80 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
             "client": f"one process per client, {client} keep-alive"}
 
 
+def _prefix(name: str) -> str:
+    return "shared_" if name == SHARED else ""
+
+
+def _has_gpu(config: dict[str, Any] | None) -> bool:
+    return config is not None and bool(config["models"][0].get("gpucache"))
+
+
+def _start(tmp: Path, index: int, config: dict[str, Any] | None, dim: int,
+           lookup_threads: int | None, workers: int) -> Any:
+    """Server `index` of the run (a config, or None: the floor) as a context manager
+    yielding (host:port, the process id whose CPU is counted), with a config and a log of
+    its own (several may be up at once)."""
+    port, pids = _free_port(), []
+    several = ["--workers", str(workers)] if workers > 1 else []
+    if config is None:
+        server = _bare_server(tmp, port, dim, None, pids, several)
+    else:
+        path = tmp / f"ps-{index}.json"
+        path.write_text(json.dumps(config))
+        threads = [] if lookup_threads is None else ["--lookup-threads", str(lookup_threads)]
+        server = _subprocess_server(
+            serve_argv(path, "--port", str(port), *threads, *several),
+            tmp / f"serve-{index}.log", port, "/readyz", None, 600.0,
+            {"HPS_SHM_DIR": str(tmp)} if several else None, pids)
+
+    @contextlib.contextmanager
+    def with_pid() -> Any:
+        with server as url:
+            yield url, pids[0]
+
+    return with_pid()
+
+
+def _after_start(name: str, config: dict[str, Any] | None, url: str, bodies: list[bytes],
+                 picks: list[np.ndarray], vectors: np.ndarray, wrong: dict[str, int],
+                 memory: dict[str, tuple[int, list[int]]],
+                 before: tuple[int, dict[int, int]]) -> None:
+    """Once a server is up: its answers checked, and a GPU server's memory (what the
+    device and nvidia-smi's processes hold past `before`, taken before it started)."""
+    if config is None:
+        return
+    wrong[name] = _wrong_rows(url, bodies, picks, vectors)
+    if _has_gpu(config):  # every worker loaded: what each holds
+        used, per = _gpu_use()
+        memory[name] = (used - before[0],
+                        [mib for pid, mib in sorted(per.items()) if pid not in before[1]])
+
+
+def _median_row(name: str, p: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One server's row at P clients: the median of its rounds (keys/s, p50, p99, CPU),
+    the failures summed."""
+    row: dict[str, Any] = {"server": name, "clients": p}
+    for key in ("keys_per_s", "p50_ms", "p99_ms", "server_cpu_us"):
+        row[key] = float(np.median([r[key] for r in runs]))
+    row["failed"] = sum(r["failed"] for r in runs)
+    return row
+
+
 def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[int],
                    seconds: float, lookup_threads: int | None, client: str,
                    table: Callable[[list[dict[str, Any]], str], None],
                    say: Callable[[str], None] = print, gpu: bool = True,
-                   workers: int = 1) -> dict[str, Any]:
+                   workers: int = 1, rounds: int = 1) -> dict[str, Any]:
     """Run `bench_http_gpu` and print its figures through `table(rows, title)` and
     `say(line)`; returns them."""
     say(f"table of {num_keys:,} keys, width {dim}; {batch:,} power-law keys per request; "
         f"client processes {', '.join(map(str, client_processes))}; {seconds:g} s each; "
-        f"every server (the floor too) with {workers} worker process(es) …")
+        f"every server (the floor too) with {workers} worker process(es)"
+        + (f"; {rounds} rounds, every server up at once, timed in turn (medians below)"
+           if rounds > 1 else "") + " …")
     result = bench_http_gpu(num_keys, dim, batch, tuple(client_processes), seconds=seconds,
                             lookup_threads=lookup_threads, client=client, gpu=gpu,
-                            workers=workers)
+                            workers=workers, rounds=rounds)
     for p in client_processes:
         table([{"name": r["server"], "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
                 "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"],
@@ -219,6 +308,13 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
         if "shared_keys_per_s_vs_cpu" in r:
             say(f"{r['clients']} client processes: {SHARED} over no GPU cache: keys/s "
                 f"{r['shared_keys_per_s_vs_cpu']:.2f}×, p99 {r['shared_p99_vs_cpu']:.2f}×")
+        for name in (served, SHARED):
+            each = r.get(f"{_prefix(name)}rounds_keys_per_s_vs_cpu")
+            if each:
+                p99 = r[f"{_prefix(name)}rounds_p99_vs_cpu"]
+                say(f"{r['clients']} client processes: {name} over no GPU cache, round by "
+                    f"round: keys/s {' '.join(f'{x:.2f}×' for x in each)}; p99 "
+                    f"{' '.join(f'{x:.2f}×' for x in p99)}")
     for name, shown in result["http_lookup"].items():  # the answering worker's
         say(f"{name}: HTTP lookups took {shown.get('path')} ({shown.get('reason')}; "
             f"per size {shown.get('sizes')}: {shown.get('paths')}, load µs GPU "
@@ -247,12 +343,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--client", default="raw", choices=("raw", "http.client"))
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes of every server, the floor too")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every server in turn, all up at once (medians)")
     args = parser.parse_args(argv)
 
     result = print_http_gpu(args.keys, args.dim, args.batch,
                             [int(c) for c in args.client_processes.split(",")],
                             args.seconds, args.lookup_threads, args.client, print_rows,
-                            workers=args.workers)
+                            workers=args.workers, rounds=args.rounds)
     print(json.dumps(result))
 
 
@@ -274,10 +372,23 @@ def _http_lookup(url: str) -> dict[str, Any]:
     return shown
 
 
-def _gpu_memory() -> tuple[int, list[int]]:
-    from hps.tools.bench.gpu_processes import gpu_memory
-
-    return gpu_memory()
+def _gpu_use() -> tuple[int, dict[int, int]]:
+    """(MiB in use on device 0, MiB per process id as nvidia-smi lists them); (-1, {})
+    where nvidia-smi does not answer."""
+    used, per = -1, {}
+    with contextlib.suppress(Exception):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
+                              "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=20).stdout
+        used = int(out.split()[0])
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                              "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+        for line in out.splitlines():
+            pid, _, mib = line.partition(",")
+            if pid.strip().isdigit() and mib.strip().isdigit():
+                per[int(pid)] = int(mib)
+    return used, per
 
 
 def _mps_found() -> bool:

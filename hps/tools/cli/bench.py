@@ -400,7 +400,8 @@ def bench_http_cmd(
         False, "--gpu", help="Instead: `hps serve` with a GPU cache of the whole table "
         "beside it without one and the bare uvicorn floor, --batch power-law keys a "
         "request (default 2,000 here), driven by --client-processes; with --workers N every "
-        "server, the floor too, runs N worker processes (docs/gpu-latency.md)."),
+        "server, the floor too, runs N worker processes; --rounds: all servers up at once, "
+        "timed in turn, medians (docs/gpu-latency.md)."),
     grpc_one_key: bool = typer.Option(
         False, "--grpc-one-key", help="Instead: 1-key p50 of v2 over gRPC beside HTTP and "
         "both floors, the lightest client of each in a process of its own, the paths "
@@ -431,7 +432,7 @@ def bench_http_cmd(
         return
     if gpu:
         return _http_gpu(keys, dim, batch, client_processes, seconds, lookup_threads,
-                         load_client, workers or 1)
+                         load_client, workers or 1, rounds)
     if workers is not None:
         from hps.tools.bench.http_workers import print_workers
 
@@ -484,7 +485,7 @@ def bench_http_cmd(
 
 
 def _http_gpu(keys: int, dim: int, batch: Any, processes: Any, seconds: float,
-              lookup_threads: int | None, client: str, workers: int) -> None:
+              lookup_threads: int | None, client: str, workers: int, rounds: int) -> None:
     from hps.gpu.table import cuda_available
     from hps.tools.bench.http_gpu import BATCH, CLIENT_PROCESSES, print_http_gpu
 
@@ -493,7 +494,7 @@ def _http_gpu(keys: int, dim: int, batch: Any, processes: Any, seconds: float,
     batch = [BATCH] if batch == [1024] else batch  # the other modes' default: this one's
     processes = list(CLIENT_PROCESSES) if processes == [1, 4, 16] else processes
     print_http_gpu(keys, dim, batch[0], processes, seconds, lookup_threads, client,
-                   _print_bench, _say, workers=workers)
+                   _print_bench, _say, workers=workers, rounds=rounds)
 
 
 def _say(line: str) -> None:
