@@ -39,6 +39,7 @@ import json
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from hps.tools.bench.http import (
     _bare_server,
     _free_port,
     _subprocess_server,
+    cpu_seconds,
     one_table_config,
     print_rows,
     serve_argv,
@@ -65,6 +67,8 @@ SHARED = "hps serve, one GPU cache for all workers"
 #: keys a request and client processes, unless asked otherwise (the GPU benches' batch,
 #: the thread counts of the threads profile)
 BATCH, CLIENT_PROCESSES = 2000, (1, 2, 4, 8)
+#: seconds each server's idle CPU is counted over, once it is up
+IDLE_S = 2.0
 
 
 def _power_law_bodies(keys: np.ndarray, batch: int, bodies: int, alpha: float,
@@ -131,6 +135,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     timed: list[dict[str, Any]] = []
     wrong: dict[str, int] = {}
     memory: dict[str, tuple[int, list[int]]] = {}
+    idle: dict[str, float] = {}
     paths: dict[str, dict[str, Any]] = {}
     try:
         write_sparse_model(tmp / TABLE, keys, vectors)
@@ -162,6 +167,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                     with started as (url, pid):
                         _after_start(name, config, url, bodies, picks, vectors, wrong,
                                      memory, (0, {}))
+                        idle[name] = _idle_cpu(pid)
                         measure(name, url, pid, 0)
                         if _has_gpu(config):
                             paths[name] = _http_lookup(url)  # serving's choice too
@@ -170,6 +176,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                 url, pid = stack.enter_context(started)
                 _after_start(name, config, url, bodies, picks, vectors, wrong, memory,
                              before)
+                idle[name] = _idle_cpu(pid)
                 up.append((name, url, pid))
             for round_ in range(rounds if rounds > 1 else 0):
                 shift = round_ % len(up)
@@ -217,6 +224,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
             "gpu_memory": {k: {"device_mib": u, "per_process_mib": per}
                            for k, (u, per) in memory.items()},
             "mps": _mps_found() if gpu else None, "http_lookup": paths,
+            "idle_cpu_cores": idle,
             "client": f"one process per client, {client} keep-alive"}
 
 
@@ -267,6 +275,15 @@ def _after_start(name: str, config: dict[str, Any] | None, url: str, bodies: lis
         used, per = _gpu_use()
         memory[name] = (used - before[0],
                         [mib for pid, mib in sorted(per.items()) if pid not in before[1]])
+
+
+def _idle_cpu(pid: int, seconds: float = IDLE_S) -> float:
+    """CPU a server's processes together use with no request, in cores, over `seconds`
+    (its background threads: what it takes from the requests of a busy machine)."""
+    before = cpu_seconds(pid)
+    time.sleep(seconds)
+    after = cpu_seconds(pid)
+    return float("nan") if before is None or after is None else (after - before) / seconds
 
 
 def _median_row(name: str, p: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -320,6 +337,8 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
             f"per size {shown.get('sizes')}: {shown.get('paths')}, load µs GPU "
             f"{shown.get('gpu_us')} host {shown.get('host_us')}, serving µs "
             f"{shown.get('served_us')}; answered {shown.get('answered')})")
+    say("idle CPU of each server's processes together, cores: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in result["idle_cpu_cores"].items()))
     say("wrong rows: " + ", ".join(f"{k} {v}" for k, v in result["wrong_rows"].items()))
     for name, used in result["gpu_memory"].items():
         say(f"{name}: {used['device_mib']} MiB in use on the device; per process (nvidia-smi)"
