@@ -398,10 +398,9 @@ def bench_http_cmd(
         "(one connection each); a comma list runs each (with --gpu the default is 1,2,4,8)."),
     gpu: bool = typer.Option(
         False, "--gpu", help="Instead: `hps serve` with a GPU cache of the whole table "
-        "beside it without one and the bare uvicorn floor, --batch power-law keys a "
-        "request (default 2,000 here), driven by --client-processes; with --workers N every "
-        "server, the floor too, runs N worker processes; --rounds: all servers up at once, "
-        "timed in turn, medians (docs/gpu-latency.md)."),
+        "beside it without one and the bare uvicorn floor, --batch power-law keys a request "
+        "(2,000 here), driven by --client-processes; with --workers N every server, the "
+        "floor too, runs N workers; --rounds: all up at once, timed in turn, medians."),
     grpc_one_key: bool = typer.Option(
         False, "--grpc-one-key", help="Instead: 1-key p50 of v2 over gRPC beside HTTP and "
         "both floors, the lightest client of each in a process of its own, the paths "
