@@ -201,9 +201,10 @@ def serving(*args: Any) -> Iterator[Server]:
 
 
 def lookups(port: int, model: Model, count: int, batch: int, connections: int,
-            seed: int) -> tuple[np.ndarray, np.ndarray]:
+            seed: int, said: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, status) of `count` binary lookups of `batch` keys, the model's tables in
-    turn, over `connections` connections in turn; status 0: the connection failed."""
+    turn, over `connections` connections in turn; status 0: the connection failed. Each
+    answer other than 200 is counted in `said` by what it was (`_said`)."""
     rng = np.random.default_rng(seed)
     tables = model.block["embedding_table_names"]
     paths = [f"/v1/models/{model.name}/tables/{t}/lookup" for t in tables]
@@ -222,17 +223,32 @@ def lookups(port: int, model: Model, count: int, batch: int, connections: int,
                 conn = conns[c] = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             conn.request("POST", paths[t], body, headers)
             answer = conn.getresponse()
-            answer.read()
+            data = answer.read()
             status[i] = answer.status
-        except (OSError, http.client.HTTPException):
+            if answer.status != 200 and said is not None:
+                said[_said(answer.status, data)] = said.get(_said(answer.status, data), 0) + 1
+        except (OSError, http.client.HTTPException) as exc:
             broken, conns[c] = conns[c], None
             if broken is not None:
                 broken.close()
+            if said is not None:
+                what = f"connection failed ({type(exc).__name__})"
+                said[what] = said.get(what, 0) + 1
         seconds[i] = time.perf_counter() - start
     for opened in conns:
         if opened is not None:
             opened.close()
     return seconds, status
+
+
+def _said(status: int, body: bytes) -> str:
+    """What an answer other than 200 was: its status and the error's `kind` where its
+    body is hps's JSON error."""
+    try:
+        kind = json.loads(body).get("kind")
+    except (ValueError, AttributeError):
+        kind = None
+    return f"{status} {kind}" if kind else str(status)
 
 
 def _window(seconds: np.ndarray, status: np.ndarray) -> tuple[float, float, int]:
@@ -255,16 +271,20 @@ def measure(checkout: Path, model: Model, workers: int, in_checkout: bool, run: 
     args = (config, workers, checkout, cwd, env, run / "serve.log", timeout)
     row: dict[str, Any] = {"checkout": str(checkout), "model": model.name, "workers": workers,
                            "folder": "checkout" if in_checkout else "other"}
+    said: dict[str, dict[str, int]] = {"cold": {}, "warm": {}}
+    row["non_200_said"] = said
     with serving(*args) as server:
         row["ready_cold_s"] = server.ready_seconds
-        seconds, status = lookups(server.port, model, later + first, batch, connections, 1)
+        seconds, status = lookups(server.port, model, later + first, batch, connections, 1,
+                                  said["cold"])
     row["first_p50_ms"], row["first_p99_ms"], row["first_non_200"] = _window(
         seconds[:first], status[:first])
     row["later_p50_ms"], row["later_p99_ms"], row["later_non_200"] = _window(
         seconds[later:], status[later:])
     with serving(*args) as server:
         row["ready_warm_s"] = server.ready_seconds
-        seconds, status = lookups(server.port, model, first, batch, connections, 2)
+        seconds, status = lookups(server.port, model, first, batch, connections, 2,
+                                  said["warm"])
         _, row["warm_first_p99_ms"], row["warm_first_non_200"] = _window(seconds, status)
         row["worker_back_s"] = server.worker_back() if workers > 1 else None
     return row
@@ -320,6 +340,12 @@ def format_ready(result: dict[str, Any]) -> str:
     lines.append(f"first: lookups 1-{first:,} after ready; later: lookups {later + 1:,}-"
                  f"{later + first:,}; {result['batch']} keys a lookup"
                  + ("; tables in a GPU cache" if result["gpu"] else ""))
+    for r in result["rows"]:  # what the answers other than 200 were, where there were any
+        for start, kinds in r.get("non_200_said", {}).items():
+            if kinds:
+                lines.append(f"{r['checkout']} {r['model']} {r['workers']} worker(s) "
+                             f"{r['folder']}, {start} start: answers other than 200: "
+                             + ", ".join(f"{n} × {k}" for k, n in sorted(kinds.items())))
     lines.append(f"load average after: {' '.join(f'{x:.2f}' for x in result['load_after'])}")
     return "\n".join(lines)
 
