@@ -89,7 +89,12 @@ class HttpPath:
         self._seen = [0] * len(self._host)  # lookups of each size
         self._next = [0] * len(self._host)  # the lookup of a size that opens its probes
         self._timed: list[tuple[list[float], list[float]]] = [([], []) for _ in self._host]
+        # the probes' CPU time on the calling thread, beside their wall time: a GPU path
+        # whose wait spins takes CPU that a saturated server's other requests lack (shown,
+        # not decided on yet: issue 74)
+        self._cpu: list[tuple[list[float], list[float]]] = [([], []) for _ in self._host]
         self._served: list[tuple[float, float] | None] = [None] * len(self._host)
+        self._served_cpu: list[tuple[float, float] | None] = [None] * len(self._host)
         self._lock = threading.Lock()
 
     @property
@@ -116,21 +121,28 @@ class HttpPath:
             self._answered[host] += 1
         return host, probe
 
-    def took(self, probe: int, host: bool, seconds: float) -> None:
-        """A lookup `pick` chose to time at size `probe` took `seconds` on its path: once
-        both have PROBES, the faster takes the size, until the next round RECHECK lookups
-        on."""
+    def took(self, probe: int, host: bool, seconds: float,
+             cpu_seconds: float | None = None) -> None:
+        """A lookup `pick` chose to time at size `probe` took `seconds` on its path (and
+        `cpu_seconds` of its thread's CPU): once both have PROBES, the faster takes the
+        size, until the next round RECHECK lookups on."""
         with self._lock:
             on_gpu, on_host = self._timed[probe]
             (on_host if host else on_gpu).append(seconds)
+            if cpu_seconds is not None:
+                self._cpu[probe][host].append(cpu_seconds)
             if len(on_gpu) < PROBES or len(on_host) < PROBES:
                 return
             gpu_s, host_s = statistics.median(on_gpu), statistics.median(on_host)
             before = self._host[probe]
             self._host[probe] = decide([gpu_s], [host_s])[0]
             self._served[probe] = (gpu_s * 1e6, host_s * 1e6)
-            on_gpu.clear()
-            on_host.clear()
+            cpu_gpu, cpu_host = self._cpu[probe]
+            if cpu_gpu and cpu_host:
+                self._served_cpu[probe] = (statistics.median(cpu_gpu) * 1e6,
+                                           statistics.median(cpu_host) * 1e6)
+            for timed in (on_gpu, on_host, cpu_gpu, cpu_host):
+                timed.clear()
             self._next[probe] = self._seen[probe] + RECHECK
             changed = self._host[probe] != before
         if changed:
@@ -153,12 +165,15 @@ class HttpPath:
         if self.sizes:
             with self._lock:
                 served = list(self._served)
+                served_cpu = list(self._served_cpu)
                 probed = list(self._probe)
             out.update(sizes=list(self.sizes), paths=[HOST if h else GPU for h in self.host],
                        probed=probed, gpu_us=[round(t, 1) for t in self.gpu_us],
                        host_us=[round(t, 1) for t in self.host_us],
                        served_us=[None if s is None else [round(s[0], 1), round(s[1], 1)]
-                                  for s in served])
+                                  for s in served],
+                       served_cpu_us=[None if s is None else [round(s[0], 1), round(s[1], 1)]
+                                      for s in served_cpu])
         out["answered"] = self.answered()
         return out
 

@@ -257,6 +257,7 @@ class HierarchicalParameterServer:
             if host and out is not None and not plain_host_output(out, n, t.dim):
                 host = False  # an output the general path checks (and fills)
             started = time.perf_counter() if probe >= 0 else 0.0
+            cpu_started = time.thread_time() if probe >= 0 else 0.0
             if not (host and n and t.gpu):  # the GPU path; or a table's only, the host's
                 if out is None:
                     rows = self.lookup_version(loaded, t.index, keys)
@@ -271,7 +272,8 @@ class HierarchicalParameterServer:
                 if sample is not None and not next(sample.calls) & sample.mask:
                     sample.take(kref, None)
             if probe >= 0 and route is not None:
-                route.took(probe, host, time.perf_counter() - started)
+                route.took(probe, host, time.perf_counter() - started,
+                           time.thread_time() - cpu_started)
             return rows
         finally:
             loaded.refs.release()
@@ -293,9 +295,10 @@ class HierarchicalParameterServer:
         DLPack capsules, `__dlpack__` objects; hps/intake/array_ref.py). CUDA arrays are served
         by the GPU cache of their device, from any thread, whatever its current device;
         `device_id` (default: the arrays' device, else this worker's of the deployed
-        devices: host_device.py) picks the cache for host arrays. Raises an HPSError subclass, writing nothing, for
-        bad input: DeviceError for keys and output on different devices, a device the
-        model is not deployed on, or a `device_id` other than the arrays' device.
+        devices: host_device.py) picks the cache for host arrays. Raises an HPSError
+        subclass, writing nothing, for bad input: DeviceError for keys and output on
+        different devices, a device the model is not deployed on, or a `device_id` other
+        than the arrays' device.
         """
         loaded = self._registry.acquire(model)
         try:

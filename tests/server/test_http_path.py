@@ -75,6 +75,7 @@ def test_serving_times_both_paths_again_and_the_faster_takes_the_size(
             route.took(probe, host, timed[host])
     assert route.host == (True, True, True, True) and route.path == HOST
     assert route.as_dict()["served_us"][2] == [300.0, 100.0]
+    assert route.as_dict()["served_cpu_us"] == [None] * 4  # no CPU times were given
     said = [r.getMessage() for r in caplog.records]
     assert said == ["model 'm' table 't': lookups of about 256 host keys now take the host "
                     "tiers (serving: GPU 300.0 µs, host 100.0 µs, medians of 16 each)"]
@@ -211,3 +212,18 @@ def test_a_model_added_at_run_time_asking_for_a_host_path_that_differs_is_refuse
             server.add_model(block)
         assert sorted(server.models) == ["m"]  # nothing loaded, nothing recorded
         assert [m.model for m in server.config.models] == ["m"]
+
+
+def test_serving_shows_each_paths_cpu_time_beside_its_wall_time() -> None:
+    """The probes' CPU time on the calling thread is kept beside their wall time (a GPU
+    path whose wait spins costs a saturated server CPU its wall time hides); the
+    decision still rests on the wall time."""
+    route = chosen(SIZES, [1e-3, 1e-3, 1e-4, 1e-3], [1e-6, 1e-6, 1.2e-4, 1e-6], device=0)
+    cost = {False: (1.0e-4, 2.0e-4), True: (1.1e-4, 1.0e-4)}  # (wall, CPU) per path
+    for _ in range(2 * PROBES):
+        host, probe = route.pick(256)
+        route.took(probe, host, *cost[host])
+    shown = route.as_dict()
+    assert shown["served_us"][2] == [100.0, 110.0]
+    assert shown["served_cpu_us"][2] == [200.0, 100.0]
+    assert route.host[2] is False  # the GPU path, faster by the wall clock

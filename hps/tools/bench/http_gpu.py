@@ -336,7 +336,8 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
         say(f"{name}: HTTP lookups took {shown.get('path')} ({shown.get('reason')}; "
             f"per size {shown.get('sizes')}: {shown.get('paths')}, load µs GPU "
             f"{shown.get('gpu_us')} host {shown.get('host_us')}, serving µs "
-            f"{shown.get('served_us')}; answered {shown.get('answered')})")
+            f"{shown.get('served_us')}, serving CPU µs {shown.get('served_cpu_us')}; "
+            f"answered {shown.get('answered')}; one worker's)")
     say("idle CPU of each server's processes together, cores: " + ", ".join(
         f"{k} {v:.3f}" for k, v in result["idle_cpu_cores"].items()))
     say("wrong rows: " + ", ".join(f"{k} {v}" for k, v in result["wrong_rows"].items()))
