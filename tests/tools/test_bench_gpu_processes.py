@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hps.tools.bench.gpu_processes import _without_option, format_processes, targets
+from hps.tools.bench.gpu_processes import (
+    _without_option,
+    format_processes,
+    per_process_mib,
+    targets,
+)
 
 
 def _row(family: str, n: int, rate: float, mps: bool, **extra: Any) -> dict[str, Any]:
@@ -46,3 +51,9 @@ def test_the_child_runs_get_the_options_but_mps_and_json() -> None:
     argv = ["--seconds", "2", "--mps", "both", "--json=rows.json", "--workload", "cache 25%"]
     assert _without_option(_without_option(argv, "--json"), "--mps") == [
         "--seconds", "2", "--workload", "cache 25%"]
+
+
+def test_nvidia_smis_process_lines_by_process_id() -> None:
+    listing = "4211, 856\n4212, 540\n[N/A], 66\n\n4213, [N/A]\n"
+    assert per_process_mib(listing) == {4211: 856, 4212: 540, -3: 66}
+    assert per_process_mib("") == {}

@@ -132,17 +132,36 @@ def caller(index: int, family: str, setup: dict[str, Any], dense: Any, ready: An
 
 def gpu_memory() -> tuple[int, list[int]]:
     """(MiB in use on device 0, MiB nvidia-smi lists per process)."""
-    used, per = -1, []
+    used, per = gpu_memory_by_process()
+    return used, list(per.values())
+
+
+def gpu_memory_by_process() -> tuple[int, dict[int, int]]:
+    """(MiB in use on device 0, MiB per process as nvidia-smi lists them, by process id;
+    a process whose id it cannot say under a negative key of its own); (-1, {}) where
+    nvidia-smi does not answer."""
+    used, per = -1, {}
     with contextlib.suppress(Exception):
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
                               "--format=csv,noheader,nounits", "-i", "0"],
                              capture_output=True, text=True, timeout=20).stdout
         used = int(out.split()[0])
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=used_memory",
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
                               "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20).stdout
-        per = [int(x) for x in out.split() if x.strip().isdigit()]
+        per = per_process_mib(out)
     return used, per
+
+
+def per_process_mib(listing: str) -> dict[int, int]:
+    """nvidia-smi's `pid, used_memory` lines (csv, no header, no units) as MiB by process
+    id; a process whose id it cannot say (a container's) under a negative key of its own."""
+    per: dict[int, int] = {}
+    for line in listing.splitlines():
+        pid, _, mib = (part.strip() for part in line.partition(","))
+        if mib.isdigit():
+            per[int(pid) if pid.isdigit() else -1 - len(per)] = int(mib)
+    return per
 
 
 class Callers:

@@ -37,7 +37,6 @@ import contextlib
 import http.client
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -393,22 +392,9 @@ def _http_lookup(url: str) -> dict[str, Any]:
 
 
 def _gpu_use() -> tuple[int, dict[int, int]]:
-    """(MiB in use on device 0, MiB per process id as nvidia-smi lists them); (-1, {})
-    where nvidia-smi does not answer."""
-    used, per = -1, {}
-    with contextlib.suppress(Exception):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
-                              "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=20).stdout
-        used = int(out.split()[0])
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                              "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-        for line in out.splitlines():
-            pid, _, mib = line.partition(",")
-            if pid.strip().isdigit() and mib.strip().isdigit():
-                per[int(pid)] = int(mib)
-    return used, per
+    from hps.tools.bench.gpu_processes import gpu_memory_by_process
+
+    return gpu_memory_by_process()
 
 
 def _mps_found() -> bool:
