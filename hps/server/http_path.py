@@ -170,10 +170,7 @@ class HttpPath:
             out.update(sizes=list(self.sizes), paths=[HOST if h else GPU for h in self.host],
                        probed=probed, gpu_us=[round(t, 1) for t in self.gpu_us],
                        host_us=[round(t, 1) for t in self.host_us],
-                       served_us=[None if s is None else [round(s[0], 1), round(s[1], 1)]
-                                  for s in served],
-                       served_cpu_us=[None if s is None else [round(s[0], 1), round(s[1], 1)]
-                                      for s in served_cpu])
+                       served_us=_rounded(served), served_cpu_us=_rounded(served_cpu))
         out["answered"] = self.answered()
         return out
 
@@ -192,6 +189,11 @@ class HttpPath:
         if any(self._probe):
             said += f"; timed again while serving (every {RECHECK} lookups of a size)"
         return said
+
+
+def _rounded(pairs: Sequence[tuple[float, float] | None]) -> list[list[float] | None]:
+    """(GPU, host) µs pairs per size as `as_dict` shows them, to 0.1 µs."""
+    return [None if p is None else [round(p[0], 1), round(p[1], 1)] for p in pairs]
 
 
 def size_bounds(sizes: Sequence[int]) -> tuple[int, ...]:

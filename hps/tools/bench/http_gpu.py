@@ -156,34 +156,37 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                               "server_cpu_us": level["server_cpu_us"],
                               "failed": level["shed"] + level["expired"] + level["other"]})
 
-        # one server up at a time (rounds 1: each timed as soon as it is up) or all at
-        # once (each round times them in turn)
-        up: list[tuple[str, str, int]] = []
-        with contextlib.ExitStack() as stack:
-            for index, (name, config) in enumerate(servers):
-                started = _start(tmp, index, config, dim, lookup_threads, workers)
-                if rounds == 1:
-                    with started as (url, pid):
-                        _after_start(name, config, url, bodies, picks, vectors, wrong,
-                                     memory, (0, {}))
-                        idle[name] = _idle_cpu(pid)
-                        measure(name, url, pid, 0)
-                        if _has_gpu(config):
-                            paths[name] = _http_lookup(url)  # serving's choice too
-                    continue
-                before = _gpu_use() if _has_gpu(config) else (0, {})
-                url, pid = stack.enter_context(started)
-                _after_start(name, config, url, bodies, picks, vectors, wrong, memory,
-                             before)
-                idle[name] = _idle_cpu(pid)
-                up.append((name, url, pid))
-            for round_ in range(rounds if rounds > 1 else 0):
-                shift = round_ % len(up)
-                for name, url, pid in up[shift:] + up[:shift]:
-                    measure(name, url, pid, round_)
-            for name, url, _ in up:
+        def bring_up(stack: contextlib.ExitStack, index: int) -> tuple[str, str, int]:
+            """Server `index` up in `stack`, its answers checked, its memory and idle CPU
+            taken: (name, host:port, the pid whose CPU counts)."""
+            name, config = servers[index]
+            # with other servers up, its memory is what the device gained; alone, all
+            before = _gpu_use() if _has_gpu(config) and rounds > 1 else (0, {})
+            url, pid = stack.enter_context(
+                _start(tmp, index, config, dim, lookup_threads, workers))
+            _after_start(name, config, url, bodies, picks, vectors, wrong, memory, before)
+            idle[name] = _idle_cpu(pid)
+            return name, url, pid
+
+        def path_taken(up: list[tuple[str, str, int]]) -> None:
+            for name, url, _ in up:  # after the timing: serving's choice too
                 if _has_gpu(dict(servers)[name]):
                     paths[name] = _http_lookup(url)
+
+        if rounds == 1:  # one server up at a time, timed as soon as it is up
+            for index in range(len(servers)):
+                with contextlib.ExitStack() as stack:
+                    up = [bring_up(stack, index)]
+                    measure(*up[0], 0)
+                    path_taken(up)
+        else:  # every server up at once, each round timing them in turn
+            with contextlib.ExitStack() as stack:
+                up = [bring_up(stack, index) for index in range(len(servers))]
+                for round_ in range(rounds):
+                    shift = round_ % len(up)
+                    for server in up[shift:] + up[:shift]:
+                        measure(*server, round_)
+                path_taken(up)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,7 +202,7 @@ def serving(*args: Any) -> Iterator[Server]:
 
 
 def lookups(port: int, model: Model, count: int, batch: int, connections: int,
-            seed: int, said: dict[str, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+            seed: int, said: Counter[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, status) of `count` binary lookups of `batch` keys, the model's tables in
     turn, over `connections` connections in turn; status 0: the connection failed. Each
     answer other than 200 is counted in `said` by what it was (`_said`)."""
@@ -226,14 +227,13 @@ def lookups(port: int, model: Model, count: int, batch: int, connections: int,
             data = answer.read()
             status[i] = answer.status
             if answer.status != 200 and said is not None:
-                said[_said(answer.status, data)] = said.get(_said(answer.status, data), 0) + 1
+                said[_said(answer.status, data)] += 1
         except (OSError, http.client.HTTPException) as exc:
             broken, conns[c] = conns[c], None
             if broken is not None:
                 broken.close()
             if said is not None:
-                what = f"connection failed ({type(exc).__name__})"
-                said[what] = said.get(what, 0) + 1
+                said[f"connection failed ({type(exc).__name__})"] += 1
         seconds[i] = time.perf_counter() - start
     for opened in conns:
         if opened is not None:
@@ -271,7 +271,7 @@ def measure(checkout: Path, model: Model, workers: int, in_checkout: bool, run: 
     args = (config, workers, checkout, cwd, env, run / "serve.log", timeout)
     row: dict[str, Any] = {"checkout": str(checkout), "model": model.name, "workers": workers,
                            "folder": "checkout" if in_checkout else "other"}
-    said: dict[str, dict[str, int]] = {"cold": {}, "warm": {}}
+    said: dict[str, Counter[str]] = {"cold": Counter(), "warm": Counter()}
     row["non_200_said"] = said
     with serving(*args) as server:
         row["ready_cold_s"] = server.ready_seconds
