@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from hps.http.lookup_threads import GIL_ENV, gil_rule
 from hps.tools.bench.gpu_threads import draws
 from hps.tools.bench.http import (
     MODEL,
@@ -101,12 +102,14 @@ def _wrong_rows(url: str, bodies: list[bytes], picks: list[np.ndarray],
     return wrong
 
 
-def gpu_table_config(dim: int, batch: int) -> dict[str, Any]:
+def gpu_table_config(dim: int, batch: int, http_lookup_path: str = "auto"
+                     ) -> dict[str, Any]:
     """The benches' one-table config with a dynamic GPU cache of the whole table on device
-    0, filled at load."""
+    0, filled at load, its HTTP lookups' path `http_lookup_path` (auto: as measured)."""
     config = one_table_config(dim, batch)
     config["models"][0].update(gpucache=True, gpucacheper=1.0, embedding_cache_type="dynamic",
-                               cache_refresh_percentage_per_iteration=1.0)
+                               cache_refresh_percentage_per_iteration=1.0,
+                               http_lookup_path=http_lookup_path)
     return config
 
 
@@ -115,7 +118,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                    seconds: float = 3.0, warmup: float = 1.0, alpha: float = 1.1,
                    lookup_threads: int | None = None, client: str = "raw",
                    gpu: bool = True, seed: int = 0, workers: int = 1,
-                   rounds: int = 1) -> dict[str, Any]:
+                   rounds: int = 1, http_lookup_path: str = "auto") -> dict[str, Any]:
     """The figures of the module's docstring as a dict: `rows` (server, P, keys/s, p50,
     p99, server CPU per request, failed: the median of `rounds`), `ratios` (per P, of the
     medians; `rounds` > 1 adds each round's own), `wrong_rows` (per hps server).
@@ -140,9 +143,9 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
         write_sparse_model(tmp / TABLE, keys, vectors)
         servers: list[tuple[str, dict[str, Any] | None]] = []
         if gpu:
-            servers.append((GPU, gpu_table_config(dim, batch)))
+            servers.append((GPU, gpu_table_config(dim, batch, http_lookup_path)))
             if workers > 1:
-                shared = gpu_table_config(dim, batch)
+                shared = gpu_table_config(dim, batch, http_lookup_path)
                 shared["models"][0]["gpu_cache_scope"] = "host"
                 servers.append((SHARED, shared))
         servers += [(CPU, one_table_config(dim, batch)), (FLOOR, None)]
@@ -223,6 +226,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
             "ratios": ratios, "wrong_rows": wrong, "num_keys": num_keys,
             "dim": dim, "batch": batch, "alpha": alpha, "seconds": seconds, "gpu": gpu,
             "lookup_threads": lookup_threads, "workers": workers,
+            "http_lookup_path": http_lookup_path, "lookup_gil": gil_rule(),
             "gpu_memory": {k: {"device_mib": u, "per_process_mib": per}
                            for k, (u, per) in memory.items()},
             "mps": _mps_found() if gpu else None, "http_lookup": paths,
@@ -302,17 +306,20 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
                    seconds: float, lookup_threads: int | None, client: str,
                    table: Callable[[list[dict[str, Any]], str], None],
                    say: Callable[[str], None] = print, gpu: bool = True,
-                   workers: int = 1, rounds: int = 1) -> dict[str, Any]:
+                   workers: int = 1, rounds: int = 1, http_lookup_path: str = "auto"
+                   ) -> dict[str, Any]:
     """Run `bench_http_gpu` and print its figures through `table(rows, title)` and
     `say(line)`; returns them."""
     say(f"table of {num_keys:,} keys, width {dim}; {batch:,} power-law keys per request; "
         f"client processes {', '.join(map(str, client_processes))}; {seconds:g} s each; "
         f"every server (the floor too) with {workers} worker process(es)"
         + (f"; {rounds} rounds, every server up at once, timed in turn (medians below)"
-           if rounds > 1 else "") + " …")
+           if rounds > 1 else "")
+        + (f"; GPU servers: http_lookup_path {http_lookup_path}, lookup threads' GPU waits "
+           f"{gil_rule()} the GIL ({GIL_ENV})" if gpu else "") + " …")
     result = bench_http_gpu(num_keys, dim, batch, tuple(client_processes), seconds=seconds,
                             lookup_threads=lookup_threads, client=client, gpu=gpu,
-                            workers=workers, rounds=rounds)
+                            workers=workers, rounds=rounds, http_lookup_path=http_lookup_path)
     for p in client_processes:
         table([{"name": r["server"], "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
                 "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"],
@@ -367,12 +374,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="worker processes of every server, the floor too")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of every server in turn, all up at once (medians)")
+    parser.add_argument("--http-lookup-path", default="auto", choices=("auto", "gpu", "host"),
+                        help="the GPU servers' http_lookup_path (auto: as measured)")
     args = parser.parse_args(argv)
 
     result = print_http_gpu(args.keys, args.dim, args.batch,
                             [int(c) for c in args.client_processes.split(",")],
                             args.seconds, args.lookup_threads, args.client, print_rows,
-                            workers=args.workers, rounds=args.rounds)
+                            workers=args.workers, rounds=args.rounds,
+                            http_lookup_path=args.http_lookup_path)
     print(json.dumps(result))
 
 
