@@ -365,11 +365,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, action="append")
     parser.add_argument("--first", type=int, default=1000)
     parser.add_argument("--later", type=int, default=10_000)
+    parser.add_argument("--folder", action="append", choices=("checkout", "other"),
+                        help="where each server starts (repeatable; default both)")
     parser.add_argument("--gpu", action="store_true")
     args = parser.parse_args(argv)
     result = bench_ready(args.checkout or [default_checkout()], demo_scale=args.demo_scale,
                          keys=args.keys, dim=args.dim, workers=args.workers or (1, 2),
-                         first=args.first, later=args.later, gpu=args.gpu)
+                         folders=args.folder or ("checkout", "other"), first=args.first,
+                         later=args.later, gpu=args.gpu)
     print(format_ready(result))
 
 
