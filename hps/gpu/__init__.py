@@ -14,8 +14,7 @@ One table concept, three kinds picked by the model's `embedding_cache_type`:
                    memory, the others in mapped host memory (host_memory.py)
 - workspace.py     one thread's query buffers: where a query's misses land
 - fast_query.py    a query in one compiled call (launch, event, wait), behind a gate that
-                   writers close; write_order.py: how writes are ordered after queries;
-                   gil_wait.py: which threads' waits keep the GIL
+                   writers close; write_order.py: how writes are ordered after queries
 - launch_shape.py  block size, lanes per key, keys in flight, cache hints, as measured
 - device_arrays.py keys and rows brought to a table's device for its checked calls
 - kernels.py       the one loader of the CUDA sources (RawModules, launches) and the one

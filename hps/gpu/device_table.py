@@ -37,7 +37,6 @@ from hps.gpu import fast_query, kernels, overlap
 from hps.gpu.device_arrays import device_keys, device_rows
 from hps.gpu.host_updates import HostRowUpdates
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
-from hps.gpu.gil_wait import held_keys
 from hps.gpu.launch_shape import BLOCK, PIPELINED_AFTER, PIPELINED_ROW_BYTES, default_hints
 from hps.gpu.workspace import QueryWorkspace
 from hps.gpu.shared_cache import SharedParts
@@ -56,8 +55,7 @@ if TYPE_CHECKING:
 # the query's event instead.
 _NO_COUNT = -1
 _SPINS = 1 << 16
-# Why a query's wait keeps the GIL. A query of at most gil_wait.HELD_KEYS keys ends within
-# tens of µs: its caller reads the
+# A query of at most _HELD_SPIN_KEYS keys ends within tens of µs: its caller reads the
 # count with the GIL kept (at most _SPINS reads, ~0.1 ms). Released there, the GIL went to
 # another caller thread, and the spin's end then waited for that thread's next release
 # (a futex wake each time). 8 threads on their own streams, 2,000 power-law keys, H100,
@@ -65,8 +63,8 @@ _SPINS = 1 << 16
 # 250 µs. Keeping it only while another thread's query was in flight (a lone caller
 # unchanged) measured far worse tails at 8 threads (p99 3.2-6.2 ms against 0.08-0.16 ms
 # with the GIL always kept, two runs). Larger queries spin with the GIL released; a count
-# still missing after the spin is waited for on the query's event. A thread may release it
-# in every wait (hps/gpu/gil_wait.py: a server's lookup threads).
+# still missing after the spin is waited for on the query's event.
+_HELD_SPIN_KEYS = fast_query.HELD_KEYS
 
 
 def row_floats(dim: int) -> int:
@@ -454,7 +452,7 @@ class DeviceTable(WriteOrder, HostRowUpdates, SharedParts):
             # the count lands (after a system-scope fence: the missed keys are in host
             # memory too, and no block reads the table any more) before the kernel
             # retires and its event completes; long kernels end in the event wait
-            spin = wait_while_held if n <= held_keys() else wait_while
+            spin = wait_while_held if n <= _HELD_SPIN_KEYS else wait_while
             count = int(spin(ws.host_ptr, _NO_COUNT, _SPINS))
             if count == _NO_COUNT:
                 rt.eventSynchronize(event)

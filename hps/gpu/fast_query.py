@@ -6,8 +6,7 @@ Why. The locked path spends Python on every query: the workspace's checks, the t
 lock, the write-event check, six launch parameters set one by one, the in-flight record,
 the overlap task, the spin. Here the locked path binds a workspace's launch once and every
 later query of it is one call that writes its parameters, launches, records the event and
-spins on the count. Queries of up to gil_wait.HELD_KEYS keys keep the GIL through it (unless
-their thread said otherwise: hps/gpu/gil_wait.py), as the locked
+spins on the count. Queries of up to HELD_KEYS keys keep the GIL through it, as the locked
 path's spin does: released, each call became a GIL hand-off that convoyed the other caller
 threads (measured and dropped: docs/gpu-latency.md, "Many callers"). H100, one device
 call taking turns with the tree before it: `lookup_fromdlpack` p50 20.7 / 21.9 against
@@ -48,7 +47,6 @@ from typing import Any
 import numpy as np
 
 from hps.gpu import kernels, overlap
-from hps.gpu.gil_wait import held_keys
 
 # gate words: the LRU tick, which every dynamic cache's query adds to, on a cache line of
 # its own (8 words on): on the line that every query reads `closed` from, 8 processes'
@@ -281,6 +279,11 @@ def bind(gate: FastGate, launch: Any, cells: tuple[Any, ...], limit: int, keys_p
     return FastLaunch(block, min(limit, ws.capacity), generation, default, launch)
 
 
+#: queries of at most this many keys keep the GIL through their launch and wait, on both
+#: paths (they end within tens of µs; a release there hands the GIL to another caller
+#: thread and the wait's end then waits for that thread's next release: the measurements
+#: are at hps/gpu/device_table.py's _HELD_SPIN_KEYS)
+HELD_KEYS = 1 << 14
 
 
 def run(calls: tuple[Any, Any, Any, Any], fast: FastLaunch, keys_ptr: int, n: int,
@@ -296,7 +299,7 @@ def run(calls: tuple[Any, Any, Any, Any], fast: FastLaunch, keys_ptr: int, n: in
             overlap.run_task()
             result = wait(fast.address)
     else:
-        result = (held if n <= held_keys() else query)(fast.address, keys_ptr, n, out_ptr,
+        result = (held if n <= HELD_KEYS else query)(fast.address, keys_ptr, n, out_ptr,
                                                      stream_ptr)
     if result >= 0 or result == FALLBACK:
         return int(result)

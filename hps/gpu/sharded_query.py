@@ -63,8 +63,7 @@ import numpy as np
 
 from hps.gpu import kernels
 from hps.gpu import fast_query
-from hps.gpu.fast_query import CLOSED, FALLBACK, TICK, TIMED_OUT
-from hps.gpu.gil_wait import held_keys
+from hps.gpu.fast_query import CLOSED, FALLBACK, HELD_KEYS, TICK, TIMED_OUT
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.workspace import QueryWorkspace
 from hps.runtime.raw_memory import wait_while, wait_while_held
@@ -299,8 +298,8 @@ class OnePassQuery:
             t.release_after_query(stream, event)
         try:
             # small batches keep the GIL through their short wait, as a table's own
-            # queries do (hps/gpu/device_table.py says why)
-            spin = wait_while_held if n <= held_keys() else wait_while
+            # queries do (hps/gpu/device_table.py _HELD_SPIN_KEYS says why)
+            spin = wait_while_held if n <= HELD_KEYS else wait_while
             count = int(spin(ws.host_ptr, _NO_COUNT, _SPINS))
             if count == _NO_COUNT:
                 self._rt.eventSynchronize(event)
@@ -400,7 +399,7 @@ class OnePassQuery:
         """The one pass in one compiled call (the module docstring's fast path) of this
         thread's bound launch: the miss count, or FALLBACK when a gate was closed or
         another device is current."""
-        call = self._fast[1] if n <= held_keys() else self._fast[0]  # type: ignore[index]
+        call = self._fast[1] if n <= HELD_KEYS else self._fast[0]  # type: ignore[index]
         result = int(call(launch.block_address, keys_ptr, n, out_ptr, stream))
         if result >= 0 or result == FALLBACK:
             return result

@@ -42,7 +42,6 @@ from hps.http.errors import (
 )
 from hps.http.guards import allowed_hosts, allowed_origins, check_admin_request, check_host
 from hps.http.load_gate import detailed_body
-from hps.http.lookup_threads import lookup_thread_start
 from hps.http.lookup_watch import LOOKUP_WAIT_S, GivenUp, LookupWatch
 from hps.http.metrics import Metrics
 from hps.http.reload_block import reload_block
@@ -176,8 +175,7 @@ class ServiceState:
         if self.lookup_threads is None:
             self.lookup_threads = auto_lookup_threads(self.server)
         self.executor = ThreadPoolExecutor(max(1, self.lookup_threads),
-                                           thread_name_prefix="hps-lookup",
-                                           initializer=lookup_thread_start)
+                                           thread_name_prefix="hps-lookup")
         if self.max_queued_lookups is None:
             self.max_queued_lookups = max(MIN_QUEUED_LOOKUPS,
                                           QUEUED_LOOKUPS_PER_THREAD * self.lookup_threads)

@@ -30,7 +30,6 @@ import grpc
 
 from hps.errors import BindError
 from hps.http.grpc.service import InferenceService, handler
-from hps.http.lookup_threads import lookup_thread_start
 
 if TYPE_CHECKING:
     from hps.http.state import ServiceState
@@ -96,8 +95,7 @@ class GrpcServer:
     def __init__(self, state: ServiceState, host: str, port: int,
                  threads: int = DEFAULT_GRPC_THREADS) -> None:
         self.server = grpc.server(
-            ThreadPoolExecutor(threads, thread_name_prefix="hps-grpc",
-                               initializer=lookup_thread_start),
+            ThreadPoolExecutor(threads, thread_name_prefix="hps-grpc"),
             options=[("grpc.max_receive_message_length", state.max_body_bytes),
                      ("grpc.max_send_message_length", -1),
                      # without this a second server could bind the same port silently

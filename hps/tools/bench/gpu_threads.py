@@ -261,16 +261,16 @@ def main() -> None:
     parser.add_argument("--spin-released", action="store_true",
                         help="the query's wait for its miss count releases the GIL at "
                              "every size (a diagnostic of hps/gpu/device_table.py's "
-                             "GIL note; hps/gpu/gil_wait.py)")
+                             "_HELD_SPIN_KEYS)")
     parser.add_argument("--stream-per-call", dest="stream_per_thread", action="store_false",
                         help="`with torch.cuda.stream` around every call, instead of each "
                              "thread making its stream current once (torch.cuda.set_stream), "
                              "as a model server's worker thread does (the default)")
     args = parser.parse_args()
     if args.spin_released:
-        from hps.gpu import gil_wait
+        from hps.gpu import device_table
 
-        gil_wait.HELD_KEYS = 0  # every thread's default
+        device_table._HELD_SPIN_KEYS = 0
     rows = bench_threads(seconds=args.seconds, table_keys=args.table_keys,
                          switch_interval=args.switch_interval,
                          workloads=tuple(args.workload or WORKLOADS),

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -45,13 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from hps.http.lookup_threads import GIL_ENV, gil_rule
 from hps.tools.bench.gpu_threads import draws
 from hps.tools.bench.http import (
     MODEL,
     TABLE,
     _bare_server,
     _free_port,
+    _pin,
+    _split_cpus,
     _subprocess_server,
     cpu_seconds,
     one_table_config,
@@ -118,7 +120,8 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                    seconds: float = 3.0, warmup: float = 1.0, alpha: float = 1.1,
                    lookup_threads: int | None = None, client: str = "raw",
                    gpu: bool = True, seed: int = 0, workers: int = 1,
-                   rounds: int = 1, http_lookup_path: str = "auto") -> dict[str, Any]:
+                   rounds: int = 1, http_lookup_path: str = "auto", pin: bool = False
+                   ) -> dict[str, Any]:
     """The figures of the module's docstring as a dict: `rows` (server, P, keys/s, p50,
     p99, server CPU per request, failed: the median of `rounds`), `ratios` (per P, of the
     medians; `rounds` > 1 adds each round's own), `wrong_rows` (per hps server).
@@ -127,7 +130,11 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     the order rotated a place each round: a machine that drifts (other tenants, clocks,
     the clients' own start) drifts under every server alike, and a ratio of two servers
     timed apart by minutes does not carry it (one-at-a-time runs of one server doing the
-    same work as another read 0.92x to 1.22x of it)."""
+    same work as another read 0.92x to 1.22x of it).
+
+    `pin`: every server's processes on one half of the physical cores, the clients on the
+    other (hps.tools.bench.http `_split_cpus`), so that no server shares a core with a
+    client and every server gets the same cores."""
     from hps.modelfiles.formats.sparse_folder import write_sparse_model
     from hps.tools.bench.tiers import make_table
 
@@ -139,7 +146,11 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     memory: dict[str, tuple[int, list[int]]] = {}
     idle: dict[str, float] = {}
     paths: dict[str, dict[str, Any]] = {}
+    split = _split_cpus() if pin else None
+    server_cpus, client_cpus = split if split else (None, None)
+    own_cpus = os.sched_getaffinity(0) if split else None
     try:
+        _pin(0, client_cpus)  # the client processes fork from this one
         write_sparse_model(tmp / TABLE, keys, vectors)
         servers: list[tuple[str, dict[str, Any] | None]] = []
         if gpu:
@@ -166,7 +177,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
             # with other servers up, its memory is what the device gained; alone, all
             before = _gpu_use() if _has_gpu(config) and rounds > 1 else (0, {})
             url, pid = stack.enter_context(
-                _start(tmp, index, config, dim, lookup_threads, workers))
+                _start(tmp, index, config, dim, lookup_threads, workers, server_cpus))
             _after_start(name, config, url, bodies, picks, vectors, wrong, memory, before)
             idle[name] = _idle_cpu(pid)
             return name, url, pid
@@ -191,6 +202,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                         measure(*server, round_)
                 path_taken(up)
     finally:
+        _pin(0, own_cpus)
         shutil.rmtree(tmp, ignore_errors=True)
 
     rows = [_median_row(name, p, [t for t in timed
@@ -226,7 +238,9 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
             "ratios": ratios, "wrong_rows": wrong, "num_keys": num_keys,
             "dim": dim, "batch": batch, "alpha": alpha, "seconds": seconds, "gpu": gpu,
             "lookup_threads": lookup_threads, "workers": workers,
-            "http_lookup_path": http_lookup_path, "lookup_gil": gil_rule(),
+            "http_lookup_path": http_lookup_path,
+            "cpus": None if split is None else {"servers": sorted(server_cpus or ()),
+                                                "clients": sorted(client_cpus or ())},
             "gpu_memory": {k: {"device_mib": u, "per_process_mib": per}
                            for k, (u, per) in memory.items()},
             "mps": _mps_found() if gpu else None, "http_lookup": paths,
@@ -243,21 +257,21 @@ def _has_gpu(config: dict[str, Any] | None) -> bool:
 
 
 def _start(tmp: Path, index: int, config: dict[str, Any] | None, dim: int,
-           lookup_threads: int | None, workers: int) -> Any:
+           lookup_threads: int | None, workers: int, cpus: set[int] | None = None) -> Any:
     """Server `index` of the run (a config, or None: the floor) as a context manager
     yielding (host:port, the process id whose CPU is counted), with a config and a log of
     its own (several may be up at once)."""
     port, pids = _free_port(), []
     several = ["--workers", str(workers)] if workers > 1 else []
     if config is None:
-        server = _bare_server(tmp, port, dim, None, pids, several)
+        server = _bare_server(tmp, port, dim, cpus, pids, several)
     else:
         path = tmp / f"ps-{index}.json"
         path.write_text(json.dumps(config))
         threads = [] if lookup_threads is None else ["--lookup-threads", str(lookup_threads)]
         server = _subprocess_server(
             serve_argv(path, "--port", str(port), *threads, *several),
-            tmp / f"serve-{index}.log", port, "/readyz", None, 600.0,
+            tmp / f"serve-{index}.log", port, "/readyz", cpus, 600.0,
             {"HPS_SHM_DIR": str(tmp)} if several else None, pids)
 
     @contextlib.contextmanager
@@ -306,20 +320,22 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
                    seconds: float, lookup_threads: int | None, client: str,
                    table: Callable[[list[dict[str, Any]], str], None],
                    say: Callable[[str], None] = print, gpu: bool = True,
-                   workers: int = 1, rounds: int = 1, http_lookup_path: str = "auto"
-                   ) -> dict[str, Any]:
+                   workers: int = 1, rounds: int = 1, http_lookup_path: str = "auto",
+                   pin: bool = False) -> dict[str, Any]:
     """Run `bench_http_gpu` and print its figures through `table(rows, title)` and
     `say(line)`; returns them."""
     say(f"table of {num_keys:,} keys, width {dim}; {batch:,} power-law keys per request; "
         f"client processes {', '.join(map(str, client_processes))}; {seconds:g} s each; "
         f"every server (the floor too) with {workers} worker process(es)"
         + (f"; {rounds} rounds, every server up at once, timed in turn (medians below)"
-           if rounds > 1 else "")
-        + (f"; GPU servers: http_lookup_path {http_lookup_path}, lookup threads' GPU waits "
-           f"{gil_rule()} the GIL ({GIL_ENV})" if gpu else "") + " …")
+           if rounds > 1 else "") + " …")
     result = bench_http_gpu(num_keys, dim, batch, tuple(client_processes), seconds=seconds,
                             lookup_threads=lookup_threads, client=client, gpu=gpu,
-                            workers=workers, rounds=rounds, http_lookup_path=http_lookup_path)
+                            workers=workers, rounds=rounds, http_lookup_path=http_lookup_path,
+                            pin=pin)
+    if result["cpus"]:
+        say(f"servers on CPUs {result['cpus']['servers']}, clients on "
+            f"{result['cpus']['clients']} (whole cores each side)")
     for p in client_processes:
         table([{"name": r["server"], "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
                 "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"],
@@ -376,13 +392,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="rounds of every server in turn, all up at once (medians)")
     parser.add_argument("--http-lookup-path", default="auto", choices=("auto", "gpu", "host"),
                         help="the GPU servers' http_lookup_path (auto: as measured)")
+    parser.add_argument("--pin", action="store_true",
+                        help="servers on half the physical cores, clients on the others")
     args = parser.parse_args(argv)
 
     result = print_http_gpu(args.keys, args.dim, args.batch,
                             [int(c) for c in args.client_processes.split(",")],
                             args.seconds, args.lookup_threads, args.client, print_rows,
                             workers=args.workers, rounds=args.rounds,
-                            http_lookup_path=args.http_lookup_path)
+                            http_lookup_path=args.http_lookup_path, pin=args.pin)
     print(json.dumps(result))
 
 
