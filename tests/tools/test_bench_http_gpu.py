@@ -151,14 +151,14 @@ def test_rounds_time_every_server_in_turn_and_report_the_medians() -> None:
 def test_pinned_servers_and_clients_take_whole_cores_of_their_own() -> None:
     import os
 
-    from hps.tools.bench.http import _physical_cores
+    from hps.tools.bench.cpus import physical_cores
 
     result = bench_http_gpu(num_keys=3000, dim=8, batch=64, client_processes=(1,),
                             seconds=0.3, warmup=0.1, gpu=False, pin=True)
     servers, clients = set(result["cpus"]["servers"]), set(result["cpus"]["clients"])
     mine = os.sched_getaffinity(0)
     assert servers and clients and not servers & clients and servers | clients == mine
-    for core in _physical_cores(sorted(mine)):  # a core's threads on one side only
+    for core in physical_cores(sorted(mine)):  # a core's threads on one side only
         assert set(core) <= servers or set(core) <= clients
     assert all(r["keys_per_s"] > 0 and r["failed"] == 0 for r in result["rows"])
     assert os.sched_getaffinity(0) == mine  # the bench's own CPUs given back

@@ -51,6 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from hps.tools.bench import cpus as placement
+
 MODEL = "bench"
 TABLE = "table0"
 STORAGE_NAME = f"hps_et.{MODEL}.{TABLE}"
@@ -149,7 +151,7 @@ def _subprocess_server(argv: list[str], log_path: Path, port: int, ready_path: s
                             env={**os.environ, **(env or {})})
     if pids is not None:
         pids.append(proc.pid)
-    _pin(proc.pid, cpus)
+    placement.pin(proc.pid, cpus)
     url = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -205,45 +207,6 @@ def children(pid: int) -> list[int]:
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             found += [int(p) for p in Path(listing).read_text().split()]
     return sorted(set(found))
-
-
-def _pin(pid: int, cpus: set[int] | None) -> None:
-    if cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(pid, cpus)
-
-
-def _split_cpus() -> tuple[set[int], set[int]] | None:
-    """(server CPUs, client CPUs): the servers on one half of the physical cores, the
-    clients on the other, each core's hardware threads on one side. A core whose threads
-    went to both sides ran a server and a client at once, and the server's CPU per request
-    moved with where the scheduler put them (one `hps serve` process, the same config
-    twice in one run on an H200 machine: 375 and 470 µs a request)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return None
-    cores = _physical_cores(cpus)
-    if len(cores) < 2:  # one core's threads: split them
-        half = len(cpus) // 2
-        return set(cpus[half:]), set(cpus[:half])
-    half = len(cores) // 2
-    return ({c for core in cores[half:] for c in core},
-            {c for core in cores[:half] for c in core})
-
-
-def _physical_cores(cpus: list[int]) -> list[list[int]]:
-    """`cpus` grouped by physical core (Linux's thread siblings; each CPU alone where the
-    topology cannot be read), in the order of their first CPU."""
-    groups: dict[str, list[int]] = {}
-    for cpu in cpus:
-        path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
-        try:
-            siblings = path.read_text().strip()
-        except OSError:
-            siblings = str(cpu)
-        groups.setdefault(siblings, []).append(cpu)
-    return sorted(groups.values())
 
 
 # -- clients ------------------------------------------------------------------------------
@@ -496,7 +459,7 @@ def bench_http(
     picks = [rng.integers(0, num_keys, batch) for _ in range(num_queries)]
     queries = [keys[p] for p in picks]
     tmp = Path(tempfile.mkdtemp(prefix="hps-bench-http-"))
-    split = _split_cpus() if pin else None
+    split = placement.split_cpus() if pin else None
     server_cpus, client_cpus = split if split else (None, None)
     own_cpus = os.sched_getaffinity(0) if split else None
     try:
@@ -511,10 +474,10 @@ def bench_http(
                              server_cpus, pids=pids, grpc_port=grpc_port) as url, \
                 _bare_server(tmp, _free_port(), dim, server_cpus, pids) as bare_url, \
                 bare_grpc_server(tmp, _free_port(), dim, pids) as bare_grpc:
-            _pin(pids[2], server_cpus)
+            placement.pin(pids[2], server_cpus)
             assert redis_server.proc is not None
-            _pin(redis_server.proc.pid, server_cpus)
-            _pin(0, client_cpus)
+            placement.pin(redis_server.proc.pid, server_cpus)
+            placement.pin(0, client_cpus)
             tier = RedisTier(VolatileDBConfig.model_validate({
                 "type": "redis_cluster", "address": redis_server.address,
                 "num_partitions": num_partitions, "socket_timeout": 30.0}))
@@ -564,7 +527,7 @@ def bench_http(
                     single[name].append(_drive(fetches[name][:1], num_queries, warmup,
                                                seconds, serving[name]))
     finally:
-        _pin(0, own_cpus)
+        placement.pin(0, own_cpus)
         shutil.rmtree(tmp, ignore_errors=True)
 
     rows = [_figures(name, batch, seconds, r) for name, r in results.items()]

@@ -46,14 +46,13 @@ from typing import Any
 
 import numpy as np
 
+from hps.tools.bench import cpus as placement
 from hps.tools.bench.gpu_threads import draws
 from hps.tools.bench.http import (
     MODEL,
     TABLE,
     _bare_server,
     _free_port,
-    _pin,
-    _split_cpus,
     _subprocess_server,
     cpu_seconds,
     one_table_config,
@@ -133,7 +132,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     same work as another read 0.92x to 1.22x of it).
 
     `pin`: every server's processes on one half of the physical cores, the clients on the
-    other (hps.tools.bench.http `_split_cpus`), so that no server shares a core with a
+    other (hps/tools/bench/cpus.py), so that no server shares a core with a
     client and every server gets the same cores."""
     from hps.modelfiles.formats.sparse_folder import write_sparse_model
     from hps.tools.bench.tiers import make_table
@@ -146,11 +145,11 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     memory: dict[str, tuple[int, list[int]]] = {}
     idle: dict[str, float] = {}
     paths: dict[str, dict[str, Any]] = {}
-    split = _split_cpus() if pin else None
+    split = placement.split_cpus() if pin else None
     server_cpus, client_cpus = split if split else (None, None)
     own_cpus = os.sched_getaffinity(0) if split else None
     try:
-        _pin(0, client_cpus)  # the client processes fork from this one
+        placement.pin(0, client_cpus)  # the client processes fork from this one
         write_sparse_model(tmp / TABLE, keys, vectors)
         servers: list[tuple[str, dict[str, Any] | None]] = []
         if gpu:
@@ -202,7 +201,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                         measure(*server, round_)
                 path_taken(up)
     finally:
-        _pin(0, own_cpus)
+        placement.pin(0, own_cpus)
         shutil.rmtree(tmp, ignore_errors=True)
 
     rows = [_median_row(name, p, [t for t in timed
