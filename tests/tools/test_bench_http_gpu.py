@@ -162,3 +162,23 @@ def test_pinned_servers_and_clients_take_whole_cores_of_their_own() -> None:
         assert set(core) <= servers or set(core) <= clients
     assert all(r["keys_per_s"] > 0 and r["failed"] == 0 for r in result["rows"])
     assert os.sched_getaffinity(0) == mine  # the bench's own CPUs given back
+
+
+def test_each_row_counts_the_servers_page_faults_per_request() -> None:
+    result = bench_http_gpu(num_keys=3000, dim=8, batch=64, client_processes=(1,),
+                            seconds=0.3, warmup=0.1, gpu=False)
+    for row in result["rows"]:  # a count, finite and never negative
+        assert row["server_minor_faults"] >= 0, row
+
+
+def test_minor_faults_count_the_pages_a_process_touches_first() -> None:
+    import os
+
+    from hps.tools.bench.http import minor_faults
+
+    before = minor_faults(os.getpid())
+    touched = np.ones(64 << 20, np.uint8)  # 64 MiB written: 32 huge pages, or 16,384
+    after = minor_faults(os.getpid())
+    assert before is not None and after is not None
+    # at least one fault per 2 MiB page (NumPy asks for huge pages on large arrays)
+    assert after - before >= touched.nbytes >> 21

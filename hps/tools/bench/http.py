@@ -185,19 +185,34 @@ def cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system) process `pid` and its live descendants (the workers of
     a server with several) have used so far, threads that ended included, in seconds
     (Linux /proc, clock ticks); None where `pid`'s cannot be read."""
-    ticks, todo = 0, [pid]
+    counted = _tree_counters(pid)
+    return None if counted is None else counted[0] / os.sysconf("SC_CLK_TCK")
+
+
+def minor_faults(pid: int) -> int | None:
+    """Minor page faults of process `pid` and its live descendants so far (each a page
+    the kernel mapped on first touch: memory a process takes from the kernel and gives
+    back per request shows here); None where `pid`'s cannot be read."""
+    counted = _tree_counters(pid)
+    return None if counted is None else counted[1]
+
+
+def _tree_counters(pid: int) -> tuple[int, int] | None:
+    """(CPU clock ticks, minor faults) of `pid` and its live descendants (Linux /proc)."""
+    ticks, faults, todo = 0, 0, [pid]
     while todo:  # a walk over processes
         p = todo.pop()
         try:
             # the fields after the command name, which may itself hold spaces and ")"
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            faults += int(fields[7])  # minflt
         except (OSError, ValueError, IndexError):
             if p == pid:
                 return None
             continue  # a child that ended meanwhile
         todo += children(p)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return ticks, faults
 
 
 def children(pid: int) -> list[int]:

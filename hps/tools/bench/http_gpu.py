@@ -24,9 +24,9 @@ fourth server shares one GPU cache among its workers (gpu_cache_scope host). Bes
 rows: the GPU memory in use while each GPU server is up (the device's, and nvidia-smi's
 per process) and whether an MPS control daemon runs.
 
-Per server and P: keys/s, p50 and p99 of the answers, the server's CPU per request (its
-processes together); per
-P the GPU server over the floor (keys/s and p99) and over the server without a GPU.
+Per server and P: keys/s, p50 and p99 of the answers, the server's CPU and minor page
+faults per request (its processes together: memory mapped and unmapped per request shows
+in both); per P the GPU server over the floor (keys/s and p99) and over the server without a GPU.
 `hps bench http --gpu` (or `python -m hps.tools.bench.http_gpu`) prints them; it needs
 CUDA and CuPy (without them, `gpu=False` runs the other two: what the CPU tests check).
 """
@@ -167,6 +167,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                               "keys_per_s": level["served_per_s"] * batch,
                               "p50_ms": level["p50_ms"], "p99_ms": level["p99_ms"],
                               "server_cpu_us": level["server_cpu_us"],
+                              "server_minor_faults": level["server_minor_faults"],
                               "failed": level["shed"] + level["expired"] + level["other"]})
 
         def bring_up(stack: contextlib.ExitStack, index: int) -> tuple[str, str, int]:
@@ -309,7 +310,7 @@ def _median_row(name: str, p: int, runs: list[dict[str, Any]]) -> dict[str, Any]
     """One server's row at P clients: the median of its rounds (keys/s, p50, p99, CPU),
     the failures summed."""
     row: dict[str, Any] = {"server": name, "clients": p}
-    for key in ("keys_per_s", "p50_ms", "p99_ms", "server_cpu_us"):
+    for key in ("keys_per_s", "p50_ms", "p99_ms", "server_cpu_us", "server_minor_faults"):
         row[key] = float(np.median([r[key] for r in runs]))
     row["failed"] = sum(r["failed"] for r in runs)
     return row
@@ -338,7 +339,7 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
     for p in client_processes:
         table([{"name": r["server"], "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
                 "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"],
-                "failed": r["failed"]}
+                "page faults/req": r["server_minor_faults"], "failed": r["failed"]}
                for r in result["rows"] if r["clients"] == p],
               f"{p} client processes, {batch:,} keys per request")
     served = GPU if gpu else CPU

@@ -54,6 +54,7 @@ from hps.tools.bench.http import (
     _free_port,
     _http_server,
     cpu_seconds,
+    minor_faults,
     one_table_config,
 )
 from hps.tools.bench.raw_http import RawConnection, prepare
@@ -186,11 +187,13 @@ def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
     # the server's CPU over the timed part (the clients' warm-up excluded, give or take
     # the scheduling of their first request)
     time.sleep(warmup)
-    cpu_before = cpu_seconds(server_pid)
+    cpu_before, faults_before = cpu_seconds(server_pid), minor_faults(server_pid)
     results = [out.get(timeout=seconds + warmup + 120) for _ in procs]
-    cpu_after = cpu_seconds(server_pid)
+    cpu_after, faults_after = cpu_seconds(server_pid), minor_faults(server_pid)
     server_cpu = (None if cpu_before is None or cpu_after is None
                   else cpu_after - cpu_before)
+    faults = (None if faults_before is None or faults_after is None
+              else faults_after - faults_before)
     for proc in procs:
         proc.join(timeout=30)
     latencies = np.concatenate([np.frombuffer(r[0], dtype=np.float64) for r in results])
@@ -213,6 +216,8 @@ def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
                           else server_cpu / max(answered, 1) * 1e6),
         "server_cpu_share": (float("nan") if server_cpu is None
                              else server_cpu / seconds),
+        "server_minor_faults": (float("nan") if faults is None
+                                else faults / max(answered, 1)),
     }
 
 
