@@ -174,7 +174,7 @@ def test_each_row_counts_the_servers_page_faults_per_request() -> None:
 def test_minor_faults_count_the_pages_a_process_touches_first() -> None:
     import os
 
-    from hps.tools.bench.http import minor_faults
+    from hps.tools.bench.cpus import minor_faults
 
     before = minor_faults(os.getpid())
     touched = np.ones(64 << 20, np.uint8)  # 64 MiB written: 32 huge pages, or 16,384

@@ -1,10 +1,14 @@
-"""Where a bench's servers and clients run: the servers on one half of the physical cores
-and the clients on the other (`split_cpus`), each process pinned (`pin`), so that a server
-never shares a core with the clients that load it and every server of a run gets the same
-cores."""
+"""Where a bench's servers and clients run, and what the servers take there.
+
+The servers on one half of the physical cores and the clients on the other (`split_cpus`),
+each process pinned (`pin`), so that a server never shares a core with the clients that
+load it and every server of a run gets the same cores; a server's CPU time and minor page
+faults (`cpu_seconds`, `minor_faults`: its worker processes with it, from Linux /proc)."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 from pathlib import Path
 
@@ -47,3 +51,46 @@ def physical_cores(cpus: list[int]) -> list[list[int]]:
             siblings = str(cpu)
         groups.setdefault(siblings, []).append(cpu)
     return sorted(groups.values())
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) process `pid` and its live descendants (the workers of
+    a server with several) have used so far, threads that ended included, in seconds
+    (Linux /proc, clock ticks); None where `pid`'s cannot be read."""
+    counted = _tree_counters(pid)
+    return None if counted is None else counted[0] / os.sysconf("SC_CLK_TCK")
+
+
+def minor_faults(pid: int) -> int | None:
+    """Minor page faults of process `pid` and its live descendants so far (each a page
+    the kernel mapped on first touch: memory a process takes from the kernel and gives
+    back per request shows here); None where `pid`'s cannot be read."""
+    counted = _tree_counters(pid)
+    return None if counted is None else counted[1]
+
+
+def _tree_counters(pid: int) -> tuple[int, int] | None:
+    """(CPU clock ticks, minor faults) of `pid` and its live descendants (Linux /proc)."""
+    ticks, faults, todo = 0, 0, [pid]
+    while todo:  # a walk over processes
+        p = todo.pop()
+        try:
+            # the fields after the command name, which may itself hold spaces and ")"
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            faults += int(fields[7])  # minflt
+        except (OSError, ValueError, IndexError):
+            if p == pid:
+                return None
+            continue  # a child that ended meanwhile
+        todo += children(p)
+    return ticks, faults
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux)."""
+    found: list[int] = []
+    for listing in glob.glob(f"/proc/{pid}/task/*/children"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            found += [int(p) for p in Path(listing).read_text().split()]
+    return sorted(set(found))

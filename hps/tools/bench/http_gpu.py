@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from hps.tools.bench import cpus as placement
+from hps.tools.bench.cpus import cpu_seconds
 from hps.tools.bench.gpu_threads import draws
 from hps.tools.bench.http import (
     MODEL,
@@ -54,7 +55,6 @@ from hps.tools.bench.http import (
     _bare_server,
     _free_port,
     _subprocess_server,
-    cpu_seconds,
     one_table_config,
     print_rows,
     serve_argv,

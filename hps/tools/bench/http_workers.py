@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from hps.tools.bench.cpus import children
 from hps.tools.bench.http import (
     TABLE,
     _free_port,
     _subprocess_server,
-    children,
     one_table_config,
     print_rows,
     serve_argv,

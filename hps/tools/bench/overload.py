@@ -48,13 +48,12 @@ from typing import Any
 
 import numpy as np
 
+from hps.tools.bench.cpus import cpu_seconds, minor_faults
 from hps.tools.bench.http import (
     MODEL,
     TABLE,
     _free_port,
     _http_server,
-    cpu_seconds,
-    minor_faults,
     one_table_config,
 )
 from hps.tools.bench.raw_http import RawConnection, prepare
