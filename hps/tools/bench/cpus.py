@@ -3,7 +3,7 @@
 The servers on one half of the physical cores and the clients on the other (`split_cpus`),
 each process pinned (`pin`), so that a server never shares a core with the clients that
 load it and every server of a run gets the same cores; a server's CPU time and minor page
-faults (`cpu_seconds`, `minor_faults`: its worker processes with it, from Linux /proc)."""
+faults (`counters`: its worker processes with it, from Linux /proc)."""
 
 from __future__ import annotations
 
@@ -53,24 +53,12 @@ def physical_cores(cpus: list[int]) -> list[list[int]]:
     return sorted(groups.values())
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """CPU time (user + system) process `pid` and its live descendants (the workers of
-    a server with several) have used so far, threads that ended included, in seconds
-    (Linux /proc, clock ticks); None where `pid`'s cannot be read."""
-    counted = _tree_counters(pid)
-    return None if counted is None else counted[0] / os.sysconf("SC_CLK_TCK")
-
-
-def minor_faults(pid: int) -> int | None:
-    """Minor page faults of process `pid` and its live descendants so far (each a page
-    the kernel mapped on first touch: memory a process takes from the kernel and gives
-    back per request shows here); None where `pid`'s cannot be read."""
-    counted = _tree_counters(pid)
-    return None if counted is None else counted[1]
-
-
-def _tree_counters(pid: int) -> tuple[int, int] | None:
-    """(CPU clock ticks, minor faults) of `pid` and its live descendants (Linux /proc)."""
+def counters(pid: int) -> tuple[float, int] | None:
+    """(CPU seconds, user + system, and minor page faults) that process `pid` and its
+    live descendants (the workers of a server with several) have used so far, threads
+    that ended included, from one read of each process's /proc entry; None where `pid`'s
+    cannot be read. A minor fault is a page the kernel mapped on first touch: memory a
+    process takes from the kernel and gives back per request shows there."""
     ticks, faults, todo = 0, 0, [pid]
     while todo:  # a walk over processes
         p = todo.pop()
@@ -84,7 +72,19 @@ def _tree_counters(pid: int) -> tuple[int, int] | None:
                 return None
             continue  # a child that ended meanwhile
         todo += children(p)
-    return ticks, faults
+    return ticks / os.sysconf("SC_CLK_TCK"), faults
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU seconds of `counters`."""
+    counted = counters(pid)
+    return None if counted is None else counted[0]
+
+
+def minor_faults(pid: int) -> int | None:
+    """The minor page faults of `counters`."""
+    counted = counters(pid)
+    return None if counted is None else counted[1]
 
 
 def children(pid: int) -> list[int]:

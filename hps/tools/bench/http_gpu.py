@@ -48,6 +48,7 @@ import numpy as np
 
 from hps.tools.bench import cpus as placement
 from hps.tools.bench.cpus import cpu_seconds
+from hps.tools.bench.gpu_processes import gpu_memory_by_process
 from hps.tools.bench.gpu_threads import draws
 from hps.tools.bench.http import (
     MODEL,
@@ -175,7 +176,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
             taken: (name, host:port, the pid whose CPU counts)."""
             name, config = servers[index]
             # with other servers up, its memory is what the device gained; alone, all
-            before = _gpu_use() if _has_gpu(config) and rounds > 1 else (0, {})
+            before = gpu_memory_by_process() if _has_gpu(config) and rounds > 1 else (0, {})
             url, pid = stack.enter_context(
                 _start(tmp, index, config, dim, lookup_threads, workers, server_cpus))
             _after_start(name, config, url, bodies, picks, vectors, wrong, memory, before)
@@ -292,7 +293,7 @@ def _after_start(name: str, config: dict[str, Any] | None, url: str, bodies: lis
         return
     wrong[name] = _wrong_rows(url, bodies, picks, vectors)
     if _has_gpu(config):  # every worker loaded: what each holds
-        used, per = _gpu_use()
+        used, per = gpu_memory_by_process()
         memory[name] = (used - before[0],
                         [mib for pid, mib in sorted(per.items()) if pid not in before[1]])
 
@@ -420,12 +421,6 @@ def _http_lookup(url: str) -> dict[str, Any]:
         return {}
     shown: dict[str, Any] = json.loads(body)["tables"][0].get("http_lookup") or {}
     return shown
-
-
-def _gpu_use() -> tuple[int, dict[int, int]]:
-    from hps.tools.bench.gpu_processes import gpu_memory_by_process
-
-    return gpu_memory_by_process()
 
 
 def _mps_found() -> bool:

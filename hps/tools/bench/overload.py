@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from hps.tools.bench.cpus import cpu_seconds, minor_faults
+from hps.tools.bench.cpus import counters
 from hps.tools.bench.http import (
     MODEL,
     TABLE,
@@ -186,13 +186,11 @@ def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
     # the server's CPU over the timed part (the clients' warm-up excluded, give or take
     # the scheduling of their first request)
     time.sleep(warmup)
-    cpu_before, faults_before = cpu_seconds(server_pid), minor_faults(server_pid)
+    before = counters(server_pid)
     results = [out.get(timeout=seconds + warmup + 120) for _ in procs]
-    cpu_after, faults_after = cpu_seconds(server_pid), minor_faults(server_pid)
-    server_cpu = (None if cpu_before is None or cpu_after is None
-                  else cpu_after - cpu_before)
-    faults = (None if faults_before is None or faults_after is None
-              else faults_after - faults_before)
+    after = counters(server_pid)
+    server_cpu, faults = ((None, None) if before is None or after is None
+                          else (after[0] - before[0], after[1] - before[1]))
     for proc in procs:
         proc.join(timeout=30)
     latencies = np.concatenate([np.frombuffer(r[0], dtype=np.float64) for r in results])
