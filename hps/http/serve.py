@@ -13,6 +13,7 @@ announced.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -30,6 +31,7 @@ import uvicorn
 
 from hps.config import PSConfig, load_config
 from hps.errors import BindError, ConfigError, ModelsNotLoadedError
+from hps.http.accept_share import ConnectionBoard, SharedAccept, open_count
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
 from hps.http.reload_block import absolute_config_file
@@ -262,12 +264,15 @@ def run_app(sock: socket.socket, server: HierarchicalParameterServer, *, host: s
             prepare: Callable[[Any], None] | None = None,
             load_progress: Callable[[str], AbstractContextManager[LoadProgress]] | None = None,
             config_file: str | None = None,
+            share: tuple[ConnectionBoard, int] | None = None,
             ) -> tuple[int, ...]:
     """Serve `server`'s app on `sock` until a signal drains it, then close the tiers;
     returns the signals that stopped it. `made` gets the uvicorn server once made,
     `listening` the gRPC server (or None) when the socket is to listen, `prepare` the
     app before it serves (a worker merges its metrics there). `config_file`: the config
-    file the server was started with (absolute), which reloads read again."""
+    file the server was started with (absolute), which reloads read again. `share`: the
+    workers' connection board and this worker's index, where several workers accept
+    from `sock` (hps/http/accept_share.py)."""
     app = create_app(server, token=token, host=host, max_body_bytes=max_body_bytes,
                      lookup_threads=lookup_threads, on_ready=on_ready, on_failed=on_failed,
                      allow_roots=allow_roots, load_progress=load_progress,
@@ -278,10 +283,13 @@ def run_app(sock: socket.socket, server: HierarchicalParameterServer, *, host: s
     if token is None and not is_loopback(host):
         log.warning("serving on %s without a token: reads are open to the network, admin "
                     "routes (reload) are refused", host)
+    options = uvicorn_options(server.config.http)
     uv = DrainingServer(uvicorn.Config(
         app, access_log=access_log, log_level=log_level, log_config=None,
-        lifespan="on", ws="none", timeout_graceful_shutdown=5,
-        **uvicorn_options(server.config.http)))
+        lifespan="on", ws="none", timeout_graceful_shutdown=5, **options))
+    if share is not None:  # a worker of several: hps accepts, spreading the connections
+        board, index = share
+        uv.shared_accept = SharedAccept(sock, board, index, open_count(options["http"]))
     if made is not None:
         made(uv)
     if listening is not None:
@@ -320,6 +328,29 @@ class DrainingServer(uvicorn.Server):
     instead."""
 
     stopped_by: tuple[int, ...] = ()
+    #: where hps accepts the connections itself (a worker of several: accept_share.py)
+    shared_accept: SharedAccept | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.shared_accept is None or not sockets:
+            await super().startup(sockets)
+            return
+        await super().startup(sockets=[])  # the lifespan; no listener of uvicorn's
+        if self.should_exit:
+            return
+        config = self.config
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> Any:
+            # as uvicorn's startup makes each connection's protocol
+            return config.http_protocol_class(config=config, server_state=self.server_state,
+                                              app_state=self.lifespan.state, _loop=_loop)
+
+        self.shared_accept.start(asyncio.get_running_loop(), create_protocol)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.shared_accept is not None:
+            self.shared_accept.stop()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -4,8 +4,9 @@ shared memory; `supervise` is the supervisor.
 The supervisor binds the port once (serve.py) and starts N worker processes
 (hps/http/workers_child.py: a fresh interpreter each, never a fork of a process with
 threads, importing the `hps` the supervisor imported: `child_command`), which inherit
-the listening socket: the kernel hands each new connection to one of the workers
-waiting in accept. Worker 0 (the leader) loads the models into the
+the listening socket: each worker accepts from it while it holds no more connections
+than the fewest any other holds (hps/http/accept_share.py), so connections opened together
+spread over the workers. Worker 0 (the leader) loads the models into the
 shared tables (`multi_process_hash_map`, hps/tiers/hash_map/shared.py) and runs the
 online updates; the others map the tables it made; models added, reloaded or removed at
 runtime reach every worker through the op log (hps/http/workers_ops.py), and `/metrics`

@@ -8,7 +8,8 @@ serve options from the run folder, builds a `ReplicatedServer` (hps/http/workers
 with the hot-rows board of hps/http/workers_hot_rows.py),
 applies the ops the leader already completed (a worker started again maps the tables
 before it accepts a connection), and serves the app as `hps serve` does (run_app:
-uvicorn, the drain on SIGTERM; gRPC too, on the port the supervisor holds, when asked),
+uvicorn, the drain on SIGTERM; gRPC too, on the port the supervisor holds, when asked;
+its connections accepted as hps/http/accept_share.py spreads them over the workers),
 with `/metrics` summed over the workers. A load of its own (or its warm-up) that runs
 over 2 s says how far it is on the stderr it shares with the supervisor, a line every 2 s
 prefixed `hps worker N:` (hps/server/progress_lines.py; lines, not bars: several processes share the
@@ -29,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hps.http.accept_share import ConnectionBoard
 from hps.http.serve import run_app
 from hps.http.workers_hot_rows import HotRowsWorkerServer
 from hps.http.workers_metrics import MergedRegistry, MetricsDump
@@ -93,17 +95,20 @@ def main() -> int:
             (folder / GRPC_LISTENING).mkdir(exist_ok=True)
             (folder / GRPC_LISTENING / str(index)).write_text(str(os.getpid()))
 
+    board = ConnectionBoard(folder, int(options["workers"]))
     try:
         run_app(sock, server, host=options["host"], token=os.environ.get("HPS_TOKEN") or None,
                 max_body_bytes=options["max_body_bytes"],
                 lookup_threads=options["lookup_threads"], access_log=options["access_log"],
                 log_level=options["log_level"], allow_roots=options["allow_roots"],
                 on_ready=server.initial_loads_done, grpc_port=grpc_port, listening=listening,
-                prepare=prepare, config_file=options.get("config_file"))
+                prepare=prepare, config_file=options.get("config_file"),
+                share=(board, index))
     finally:
         for d in dump:
             d.close()
         lines.close()
+        board.close()
     return 0
 
 

@@ -155,7 +155,13 @@ def test_the_h11_protocol_answers_the_same(live_h11: str) -> None:
 def test_two_workers_answer_the_same(live_workers: Live) -> None:
     """`hps serve --workers 2` serves through the same protocol (run_app): either
     worker answers the JSON 400."""
-    for _ in range(4):  # fresh connections: both workers
-        with connect(live_workers.url) as sock:
+    # held open together: each worker accepts while it holds no more than the other
+    # (hps/http/accept_share.py), so both get some
+    socks = [connect(live_workers.url) for _ in range(4)]
+    try:
+        for sock in socks:
             sock.sendall(chunked_head(LOOKUP) + b"zz\r\n")
             check_form(refused(sock), False)
+    finally:
+        for sock in socks:
+            sock.close()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.http.conftest import MODEL, Live
@@ -66,8 +67,14 @@ def test_hps_models_hot_rows_says_why_no_copies_were_filled(live: Live) -> None:
 def test_every_worker_answers_a_fill_alike(live_workers: Live) -> None:
     """Under --workers 2 the route is each worker's (hps/http/workers_hot_rows.py): with
     no hot copies, either worker refuses it the same way and asks no other worker."""
-    for _ in range(4):  # connections spread over the workers
-        answer = live_workers.client.post(f"/v1/models/{MODEL}/hot-rows", json={},
-                                          headers={"Connection": "close"})
-        assert answer.status_code == 409, answer.text
-        assert answer.json()["error"]["kind"] == "no_hot_copies"
+    # clients of a connection each, held open together: each worker accepts while it
+    # holds no more than the other (hps/http/accept_share.py), so both answer
+    clients = [httpx.Client(base_url=live_workers.url, timeout=30) for _ in range(4)]
+    try:
+        for client in clients:
+            answer = client.post(f"/v1/models/{MODEL}/hot-rows", json={})
+            assert answer.status_code == 409, answer.text
+            assert answer.json()["error"]["kind"] == "no_hot_copies"
+    finally:
+        for client in clients:
+            client.close()

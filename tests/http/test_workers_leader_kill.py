@@ -54,8 +54,6 @@ RESTORED = 10.0
 RELOAD_POINTS, ADD_POINTS, REMOVE_POINTS = 20, 3, 3
 #: rows of the two tables: enough that a load takes a while to kill it in
 SIZES = (100_000, 20_000)
-#: fresh connections in a row that must find serving whole (each lands on either worker)
-WHOLE_IN_A_ROW = 6
 
 
 @dataclass(frozen=True)
@@ -162,17 +160,23 @@ def _op_log_finished(served: Served) -> bool:
 
 
 def _whole(served: Served, expected: list[Expected]) -> bool:
-    """WHOLE_IN_A_ROW fresh connections each find /readyz ready and model m right."""
+    """Every worker, each on a connection of its own, finds /readyz ready and model m
+    right."""
     m = expected[0]
     pick = np.arange(0, m.keys.size, 7)
-    for _ in range(WHOLE_IN_A_ROW):
-        with httpx.Client(base_url=served.url, timeout=HUNG) as client:
-            if client.get("/readyz").status_code != 200:
+    conns = _each_connection(served)
+    if conns is None:
+        return False
+    try:
+        for conn in conns.values():  # a loop over workers
+            if _ask(conn, "GET", "/readyz")[0] != 200:
                 return False
-            answer = client.post(m.path, content=m.keys[pick].astype("<i8").tobytes(),
-                                 headers={"Content-Type": "application/octet-stream"})
-            if answer.status_code != 200 or not m.whole(pick, answer.content):
+            status, payload = _ask(conn, "POST", m.path, m.keys[pick].astype("<i8").tobytes())
+            if status != 200 or not m.whole(pick, payload):
                 return False
+    finally:
+        for conn in conns.values():
+            conn.close()
     return True
 
 
@@ -191,27 +195,37 @@ def _wait_restored(served: Served, leader: int, expected: list[Expected], killed
 
 
 def _served_version(served: Served, expected: Expected) -> int:
-    """The version of model m every worker serves (fresh connections)."""
+    """The version of model m every worker serves (each on a connection of its own)."""
     pick = np.arange(expected.keys.size)
+    conns = _each_connection(served, REACH_SECONDS)
+    assert conns is not None, "not every worker answered"
     found = set()
-    for _ in range(WHOLE_IN_A_ROW):
-        answer = httpx.post(served.url + expected.path,
-                            content=expected.keys[pick].astype("<i8").tobytes(),
-                            headers={"Content-Type": "application/octet-stream"},
-                            timeout=HUNG)
-        assert answer.status_code == 200, answer.text
-        got = np.frombuffer(answer.content, "<f4").reshape(pick.size, -1)
-        found.add(next(i for i, rows in enumerate(expected.versions)
-                       if np.array_equal(rows, got)))
+    try:
+        for conn in conns.values():  # a loop over workers
+            status, payload = _ask(conn, "POST", expected.path,
+                                   expected.keys[pick].astype("<i8").tobytes())
+            assert status == 200, payload
+            got = np.frombuffer(payload, "<f4").reshape(pick.size, -1)
+            found.add(next(i for i, rows in enumerate(expected.versions)
+                           if np.array_equal(rows, got)))
+    finally:
+        for conn in conns.values():
+            conn.close()
     assert len(found) == 1, f"the workers serve different versions: {found}"
     return found.pop()
 
 
 def _m2_served(served: Served, expected: Expected) -> bool:
-    """Whether every worker serves m2 (fresh connections; all agree, else it fails)."""
-    statuses = {httpx.post(served.url + expected.path, content=b"\x01" + b"\x00" * 7,
-                           headers={"Content-Type": "application/octet-stream"},
-                           timeout=HUNG).status_code for _ in range(WHOLE_IN_A_ROW)}
+    """Whether every worker serves m2 (each on a connection of its own; all agree, else
+    it fails)."""
+    conns = _each_connection(served, REACH_SECONDS)
+    assert conns is not None, "not every worker answered"
+    try:
+        statuses = {_ask(conn, "POST", expected.path, b"\x01" + b"\x00" * 7)[0]
+                    for conn in conns.values()}
+    finally:
+        for conn in conns.values():
+            conn.close()
     assert statuses in ({200}, {404}), f"the workers disagree on m2: {statuses}"
     return statuses == {200}
 
@@ -446,6 +460,62 @@ def answering_worker(conn: http.client.HTTPConnection, port: int, pids: dict[int
     return None
 
 
+def worker_connections(served: Served, seconds: float) -> dict[int, http.client.HTTPConnection]:
+    """An open connection answered by each worker that answers within `seconds`: fresh
+    ones, each held while the next opens (a worker accepts only while it holds no more
+    connections than another: hps/http/accept_share.py, so a held one sends the next to
+    the others), until every worker holds one. The caller closes them."""
+    found: dict[int, http.client.HTTPConnection] = {}
+    held: list[http.client.HTTPConnection] = []  # a worker's second and later
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            pids = served.worker_pids()
+            if found and set(found) >= set(pids):
+                break
+            conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=HUNG)
+            try:
+                conn.request("GET", "/healthz")
+                conn.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                time.sleep(0.02)
+                continue
+            index = answering_worker(conn, served.port, pids)
+            if index is None or index in found:
+                held.append(conn)
+                if len(held) > 64:  # a worker not taking any: start over
+                    for c in held:
+                        c.close()
+                    held.clear()
+                    time.sleep(0.02)
+            else:
+                found[index] = conn
+    finally:
+        for conn in held:
+            conn.close()
+    return found
+
+
+def _each_connection(served: Served, seconds: float = 2.0
+                     ) -> dict[int, http.client.HTTPConnection] | None:
+    """worker_connections, or None (all closed) where a worker was not reached."""
+    conns = worker_connections(served, seconds)
+    if set(conns) >= set(served.worker_pids()):
+        return conns
+    for conn in conns.values():
+        conn.close()
+    return None
+
+
+def _ask(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None
+         ) -> tuple[int, bytes]:
+    conn.request(method, path, body,
+                 {"Content-Type": "application/octet-stream"} if body is not None else {})
+    answer = conn.getresponse()
+    return answer.status, answer.read()
+
+
 @dataclass(frozen=True)
 class WorkerView:
     """What one worker answered on one connection."""
@@ -457,38 +527,27 @@ class WorkerView:
 
 def each_worker(served: Served, expected: Expected) -> dict[int, WorkerView]:
     """/readyz, GET /v1/models/m and a lookup of every probe key asked of each worker (on
-    one fresh connection each: fresh ones until each worker has answered one)."""
+    a connection of its own: worker_connections)."""
     pick = np.arange(expected.keys.size)
+    conns = worker_connections(served, REACH_SECONDS)
     views: dict[int, WorkerView] = {}
-    deadline = time.monotonic() + REACH_SECONDS
-    while time.monotonic() < deadline:
-        pids = served.worker_pids()
-        conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=HUNG)
-        try:
-            conn.request("GET", "/readyz")
-            ready = conn.getresponse()
-            ready.read()
-            conn.request("GET", "/v1/models/m")
-            model = conn.getresponse()
-            model.read()
-            conn.request("POST", expected.path, expected.keys.astype("<i8").tobytes(),
-                         {"Content-Type": "application/octet-stream"})
-            answer = conn.getresponse()
-            payload = answer.read()
-            index = answering_worker(conn, served.port, pids)
-        finally:
+    try:
+        for index, conn in conns.items():  # a loop over workers
+            ready, _ = _ask(conn, "GET", "/readyz")
+            model, _ = _ask(conn, "GET", "/v1/models/m")
+            status, payload = _ask(conn, "POST", expected.path,
+                                   expected.keys.astype("<i8").tobytes())
+            version = None
+            if status == 200:
+                got = np.frombuffer(payload, "<f4").reshape(pick.size, -1)
+                version = next((i for i, rows in enumerate(expected.versions)
+                                if np.array_equal(rows, got)), None)
+            views[index] = WorkerView(ready, model, version)
+    finally:
+        for conn in conns.values():
             conn.close()
-        if index is None or index in views:
-            time.sleep(0.02)
-            continue
-        version = None
-        if answer.status == 200:
-            got = np.frombuffer(payload, "<f4").reshape(pick.size, -1)
-            version = next((i for i, rows in enumerate(expected.versions)
-                            if np.array_equal(rows, got)), None)
-        views[index] = WorkerView(ready.status, model.status, version)
-        if len(views) == len(pids):
-            return views
+    if set(views) >= set(served.worker_pids()):
+        return views
     raise AssertionError(f"not every worker answered in {REACH_SECONDS:.0f}s: {views}")
 
 

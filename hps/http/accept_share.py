@@ -1,0 +1,208 @@
+"""Connections spread evenly over the workers of `hps serve --workers N`.
+
+Every worker accepts from the one listening socket the supervisor holds. Left to the
+event loop, the worker that wakes first accepts every connection waiting (uvloop accepts
+until none is left, asyncio up to its backlog), so clients that connect together land on
+one or two workers: 8 keep-alive connections opened at once to `hps serve --workers 4`
+went 8/0/0/0, 3/3/2/0, then 5/3/0/0 three times (2 cores). Clients that keep their
+connections (a frontend, a load balancer's pool, a benchmark's client processes) then
+get the throughput of the workers that hold them while the others idle, and how many
+that is changes from one start of the clients to the next.
+
+Here each worker accepts itself (`SharedAccept`, in place of uvicorn's listener): one
+connection each time the socket is readable, and only while it holds no more open
+connections than the fewest any other responsive worker holds. Otherwise it stops
+watching the socket for PAUSE_S and looks again, leaving the connection to a worker with
+fewer. The workers' counts are on a `ConnectionBoard`: a small file in the run folder
+that each maps, one slot a worker (its open connections and a heartbeat). A worker whose
+heartbeat is older than STALE_S (a process stopped, or an event loop held by a long
+call) is not waited for, so a new connection waits at most about that long for a worker
+with room; at worst it is accepted as before, by whoever is free.
+
+The count is the worker's open HTTP connections (the `ConnectionGuard`'s, which counts
+every connection the protocol made and not yet lost) plus those accepted and not yet
+made. gRPC has its own port and grpcio's own accept (SO_REUSEPORT: the kernel spreads
+those).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import mmap
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("hps.http")
+
+#: the board's file in the run folder
+BOARD_FILE = "connections"
+#: seconds a worker with more connections than another stops watching the socket
+PAUSE_S = 0.001
+#: seconds between a worker's heartbeats (a timer on its event loop)
+BEAT_S = 0.01
+#: a worker whose heartbeat is older than this is not waited for (seconds)
+STALE_S = 0.05
+#: seconds a worker out of descriptors (EMFILE and the like) waits before accepting again
+OUT_OF_DESCRIPTORS_S = 1.0
+_SLOT = 2  # int64 words a worker: open connections, heartbeat (CLOCK_MONOTONIC ns)
+
+
+class ConnectionBoard:
+    """The open connections and heartbeat of each of `workers` workers, in the file
+    `folder/connections` that every worker maps (created by the first to open it)."""
+
+    def __init__(self, folder: Path, workers: int) -> None:
+        path = folder / BOARD_FILE
+        size = max(workers, 1) * _SLOT * 8
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < size:  # every worker asks for the same size
+                os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.slots = np.frombuffer(self._map, dtype=np.int64).reshape(-1, _SLOT)
+
+    def publish(self, index: int, open_connections: int) -> None:
+        """Worker `index`'s count, and a heartbeat."""
+        slot = self.slots[index]
+        slot[0] = open_connections
+        slot[1] = time.monotonic_ns()
+
+    def fewest_other(self, index: int) -> int | None:
+        """The fewest open connections of a worker other than `index` whose heartbeat is
+        fresh (None: no such worker)."""
+        fresh = self.slots[:, 1] >= time.monotonic_ns() - int(STALE_S * 1e9)
+        fresh[index] = False
+        if not fresh.any():
+            return None
+        return int(self.slots[fresh, 0].min())
+
+    def leave(self, index: int) -> None:
+        """Worker `index` takes no more connections: not waited for."""
+        self.slots[index] = 0
+
+    def close(self) -> None:
+        del self.slots
+        with contextlib.suppress(BufferError):  # a view still held: the process exit unmaps
+            self._map.close()
+
+
+class SharedAccept:
+    """A worker's accept of the shared listening socket `sock` onto its event loop,
+    leaving connections to workers with fewer (the module docstring). `open_connections`
+    is this worker's count of connections its protocol made and not yet lost."""
+
+    def __init__(self, sock: socket.socket, board: ConnectionBoard, index: int,
+                 open_connections: Callable[[], int]) -> None:
+        self._sock = sock
+        self._board = board
+        self._index = index
+        self._open = open_connections
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._factory: Callable[[], asyncio.Protocol] | None = None
+        self._watching = False
+        self._stopped = False
+        self._beat_timer: asyncio.TimerHandle | None = None
+        self._watch_timer: asyncio.TimerHandle | None = None
+        self._making = 0  # accepted, their protocol not made yet
+        #: connections accepted; times this worker left a connection to another
+        self.accepted = 0
+        self.deferred = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop,
+              protocol_factory: Callable[[], asyncio.Protocol]) -> None:
+        self._loop, self._factory = loop, protocol_factory
+        self._sock.setblocking(False)
+        self._beat()
+        self._watch()
+
+    def stop(self) -> None:
+        """No more connections accepted here (the drain); the ones made stay."""
+        self._stopped = True
+        self._unwatch()
+        for timer in (self._beat_timer, self._watch_timer):
+            if timer is not None:
+                timer.cancel()
+        self._board.leave(self._index)
+
+    # -- inside (all on the event loop) --------------------------------------------------
+
+    def _count(self) -> int:
+        return self._open() + self._making
+
+    def _beat(self) -> None:
+        if self._stopped:
+            return
+        self._board.publish(self._index, self._count())
+        assert self._loop is not None
+        self._beat_timer = self._loop.call_later(BEAT_S, self._beat)
+
+    def _watch_in(self, delay: float) -> None:
+        assert self._loop is not None
+        self._watch_timer = self._loop.call_later(delay, self._watch)
+
+    def _watch(self) -> None:
+        if self._stopped or self._watching:
+            return
+        assert self._loop is not None
+        self._loop.add_reader(self._sock.fileno(), self._readable)
+        self._watching = True
+
+    def _unwatch(self) -> None:
+        if self._watching and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+        self._watching = False
+
+    def _readable(self) -> None:
+        fewest = self._board.fewest_other(self._index)
+        if fewest is not None and self._count() > fewest:
+            self.deferred += 1  # another worker has room: its wake-up takes it
+            self._unwatch()
+            self._watch_in(PAUSE_S)
+            return
+        try:
+            conn, _ = self._sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return  # another worker took it, or its client gave up
+        except OSError as exc:
+            self._unwatch()
+            if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                log.error("accepting a connection: %s; trying again in %gs", exc,
+                          OUT_OF_DESCRIPTORS_S)
+                self._watch_in(OUT_OF_DESCRIPTORS_S)
+            else:  # the socket stopped listening (the supervisor's drain)
+                self._stopped = True
+            return
+        conn.setblocking(False)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.accepted += 1
+        self._making += 1
+        self._board.publish(self._index, self._count())
+        assert self._loop is not None and self._factory is not None
+        self._loop.create_task(self._made(conn))
+
+    async def _made(self, conn: socket.socket) -> None:
+        assert self._loop is not None and self._factory is not None
+        try:
+            await self._loop.connect_accepted_socket(self._factory, conn)
+        except Exception as exc:  # noqa: BLE001 - one connection's failure, not the server's
+            log.warning("a connection accepted could not be served: %s", exc)
+            conn.close()
+        finally:
+            self._making -= 1
+
+
+def open_count(protocol_class: Any) -> Callable[[], int]:
+    """The open-connections count of `protocol_class`'s guard (connections.py)."""
+    guard = protocol_class.guard
+    return lambda: guard.open

@@ -1,0 +1,137 @@
+"""Connections opened together spread over the workers of `hps serve --workers N`
+(hps/http/accept_share.py), and the board that decides it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hps.http.accept_share import STALE_S, ConnectionBoard
+from tests.http.conftest import MODEL, TABLE_NAMES, write_model
+from tests.http.test_workers import serve, stop, write_run
+
+
+def _established_inodes(port: int) -> set[int]:
+    """Socket inodes of this machine's established TCP connections whose local port is
+    `port` (the server's ends), from /proc/net/tcp and tcp6."""
+    inodes: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:  # a loop over connections, not keys
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == "01":  # ESTABLISHED
+                inodes.add(int(fields[9]))
+    return inodes
+
+
+def _connections_per_worker(pids: dict[int, int], port: int) -> dict[int, int]:
+    """How many of the server's established connections each worker holds."""
+    inodes = _established_inodes(port)
+    held = {}
+    for index, pid in pids.items():
+        count = 0
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and int(target[8:-1]) in inodes:
+                count += 1
+        held[index] = count
+    return held
+
+
+def _request(port: int, keys: np.ndarray) -> bytes:
+    body = keys.astype("<i8").tobytes()
+    return (f"POST /v1/models/{MODEL}/tables/{TABLE_NAMES[0]}/lookup HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{port}\r\nContent-Type: application/octet-stream\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def _answer_status(conn: socket.socket) -> int:
+    """The status of the answer on `conn` (its head read; the body is small)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+def test_connections_opened_together_spread_evenly_over_the_workers(
+        tmp_path: Path) -> None:
+    model = write_model(tmp_path / "model")
+    served = serve(*write_run(tmp_path, model.config))
+    try:
+        pids = served.worker_pids()
+        assert len(pids) == 2
+        request = _request(served.port, model.keys[0][:16])
+        for count in (6, 4, 10):  # each burst: all connected, then a request on each
+            conns = [socket.create_connection(("127.0.0.1", served.port), timeout=30)
+                     for _ in range(count)]
+            try:
+                for conn in conns:
+                    conn.sendall(request)
+                assert [_answer_status(conn) for conn in conns] == [200] * count
+                held = _connections_per_worker(pids, served.port)
+                assert sorted(held.values()) == [count // 2, count // 2], held
+            finally:
+                for conn in conns:
+                    conn.close()
+            # the closes reach the board within a heartbeat; then the next burst
+            deadline = time.monotonic() + 10
+            while any(_connections_per_worker(pids, served.port).values()):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            time.sleep(0.05)
+    finally:
+        assert stop(served) == 0
+
+
+def test_the_board_waits_only_for_workers_with_a_fresh_heartbeat(tmp_path: Path) -> None:
+    board = ConnectionBoard(tmp_path, 3)
+    other = ConnectionBoard(tmp_path, 3)  # another worker's mapping of the same file
+    try:
+        assert board.fewest_other(0) is None  # nobody else has beaten yet
+        other.publish(1, 4)
+        other.publish(2, 2)
+        assert board.fewest_other(0) == 2
+        assert board.fewest_other(2) == 4
+        other.leave(2)  # a worker that drains is not waited for
+        assert board.fewest_other(0) == 4
+        other.slots[1, 1] -= int(2 * STALE_S * 1e9)  # its heartbeat went stale
+        assert board.fewest_other(0) is None
+    finally:
+        other.close()
+        board.close()
+
+
+def test_a_board_file_opened_again_keeps_its_counts(tmp_path: Path) -> None:
+    first = ConnectionBoard(tmp_path, 2)
+    first.publish(1, 7)
+    first.close()
+    again = ConnectionBoard(tmp_path, 2)  # a worker started again maps the same file
+    try:
+        assert again.fewest_other(0) == 7
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_the_board_has_a_slot_for_each_worker(tmp_path: Path, workers: int) -> None:
+    board = ConnectionBoard(tmp_path, workers)
+    try:
+        assert board.slots.shape == (workers, 2)
+        board.publish(workers - 1, 3)
+        assert board.fewest_other(0) == (3 if workers > 1 else None)
+    finally:
+        board.close()
