@@ -87,6 +87,10 @@ class ConnectionBoard:
             return None
         return int(self.slots[fresh, 0].min())
 
+    def responsive(self) -> int:
+        """How many workers have a fresh heartbeat (are accepting)."""
+        return int((self.slots[:, 1] >= time.monotonic_ns() - int(STALE_S * 1e9)).sum())
+
     def leave(self, index: int) -> None:
         """Worker `index` takes no more connections: not waited for."""
         self.slots[index] = 0

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from hps.http.accept_share import STALE_S, ConnectionBoard
+from hps.tools.bench.http import every_worker_accepting
 from tests.http.conftest import MODEL, TABLE_NAMES, write_model
 from tests.http.test_workers import serve, stop, write_run
 
@@ -74,6 +75,8 @@ def test_connections_opened_together_spread_evenly_over_the_workers(
     try:
         pids = served.worker_pids()
         assert len(pids) == 2
+        # "loaded in every worker" comes as each acks; each then starts accepting
+        every_worker_accepting(served.run_folder(), 2, 30.0)
         request = _request(served.port, model.keys[0][:16])
         for count in (6, 4, 10):  # each burst: all connected, then a request on each
             conns = [socket.create_connection(("127.0.0.1", served.port), timeout=30)
@@ -135,3 +138,29 @@ def test_the_board_has_a_slot_for_each_worker(tmp_path: Path, workers: int) -> N
         assert board.fewest_other(0) == (3 if workers > 1 else None)
     finally:
         board.close()
+
+
+def test_the_benches_floor_with_workers_spreads_connections_as_hps_serve_does(
+        tmp_path: Path) -> None:
+    """The floor of `hps bench http --workers N` (hps/tools/bench/bare_workers.py) accepts
+    as the workers of `hps serve` do: the two then differ by the service alone."""
+    from hps.tools.bench.cpus import children
+    from hps.tools.bench.http import _bare_server, _free_port
+
+    port = _free_port()
+    pids: list[int] = []
+    with _bare_server(tmp_path, port, 8, None, pids, workers=2):
+        workers = dict(enumerate(children(pids[0])))
+        assert len(workers) == 2
+        body = np.arange(16, dtype="<i8").tobytes()
+        request = (f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(8)]
+        try:
+            for conn in conns:
+                conn.sendall(request)
+            assert [_answer_status(conn) for conn in conns] == [200] * 8
+            assert sorted(_connections_per_worker(workers, port).values()) == [4, 4]
+        finally:
+            for conn in conns:
+                conn.close()

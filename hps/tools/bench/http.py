@@ -44,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,14 +130,48 @@ def _http_server(config: Path, port: int, lookup_threads: int | None, cpus: set[
 
 @contextlib.contextmanager
 def _bare_server(folder: Path, port: int, dim: int, cpus: set[int] | None,
-                 pids: list[int] | None = None, options: Sequence[str] = ()) -> Iterator[str]:
-    """The floor: `bare_asgi.app` on uvicorn, served as `hps serve` serves, with uvicorn
-    `options` (`--workers N`). The process id is appended to `pids` when given."""
-    argv = [sys.executable, "-m", "uvicorn", "hps.tools.bench.bare_asgi:app", "--port", str(port),
-            "--log-level", "warning", "--no-access-log", *options]
-    with _subprocess_server(argv, folder / "bare.log", port, "/", cpus, 60.0,
-                            {"HPS_BARE_DIM": str(dim)}, pids) as url:
+                 pids: list[int] | None = None, workers: int = 1) -> Iterator[str]:
+    """The floor: `bare_asgi.app` on uvicorn, served as `hps serve` serves (`workers` > 1:
+    as `hps serve --workers N` serves, bare_workers.py). The process id is appended to
+    `pids` when given."""
+    argv = [*floor_argv(workers), "--port", str(port)]
+    env = {"HPS_BARE_DIM": str(dim)}
+    if workers > 1:  # the board whose heartbeats say every worker accepts
+        env["HPS_BARE_FOLDER"] = str(folder / f"bare-board-{port}")
+        Path(env["HPS_BARE_FOLDER"]).mkdir()
+    with _subprocess_server(argv, folder / "bare.log", port, "/", cpus, 60.0, env,
+                            pids) as url:
+        if workers > 1:
+            every_worker_accepting(Path(env["HPS_BARE_FOLDER"]), workers, 60.0)
         yield url
+
+
+def every_worker_accepting(folder: Path, workers: int, timeout: float) -> None:
+    """Wait until each of `workers` workers whose connection board is in `folder`
+    accepts (hps/http/accept_share.py): one answer on the port says only that one does,
+    and a worker not accepting yet when the clients connect would get none of them."""
+    from hps.http.accept_share import ConnectionBoard
+
+    board = ConnectionBoard(folder, workers)
+    try:
+        deadline = time.monotonic() + timeout
+        while board.responsive() < workers:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{workers - board.responsive()} of {workers} workers "
+                                   f"not accepting within {timeout} s")
+            time.sleep(0.01)
+    finally:
+        board.close()
+
+
+def floor_argv(workers: int = 1) -> list[str]:
+    """The command line of the floor (its `--port` to be added): uvicorn with the bare
+    app, or with `workers` > 1 the bare app's workers accepting as `hps serve --workers
+    N` does (bare_workers.py)."""
+    if workers > 1:
+        return [sys.executable, "-m", "hps.tools.bench.bare_workers", "--workers", str(workers)]
+    return [sys.executable, "-m", "uvicorn", "hps.tools.bench.bare_asgi:app", "--log-level",
+            "warning", "--no-access-log"]
 
 
 @contextlib.contextmanager

@@ -19,7 +19,8 @@ client's GIL, not the server. Before timing, every body is sent once to each hps
 and its answer compared with the table's rows (`wrong_rows`).
 
 With `workers` N > 1 every server runs N worker processes on its port (`hps serve
---workers N`: each worker its own GPU cache; the floor: uvicorn `--workers N`), and a
+--workers N`: each worker its own GPU cache; the floor: N uvicorn workers accepting as
+hps serve's do, hps.tools.bench.bare_workers), and a
 fourth server shares one GPU cache among its workers (gpu_cache_scope host). Beside the
 rows: the GPU memory in use while each GPU server is up (the device's, and nvidia-smi's
 per process) and whether an MPS control daemon runs.
@@ -46,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from hps.runtime.run_dir import PREFIX
 from hps.tools.bench import cpus as placement
 from hps.tools.bench.cpus import cpu_seconds
 from hps.tools.bench.gpu_processes import gpu_memory_by_process
@@ -56,6 +58,7 @@ from hps.tools.bench.http import (
     _bare_server,
     _free_port,
     _subprocess_server,
+    every_worker_accepting,
     one_table_config,
     print_rows,
     serve_argv,
@@ -265,7 +268,7 @@ def _start(tmp: Path, index: int, config: dict[str, Any] | None, dim: int,
     port, pids = _free_port(), []
     several = ["--workers", str(workers)] if workers > 1 else []
     if config is None:
-        server = _bare_server(tmp, port, dim, cpus, pids, several)
+        server = _bare_server(tmp, port, dim, cpus, pids, workers)
     else:
         path = tmp / f"ps-{index}.json"
         path.write_text(json.dumps(config))
@@ -278,6 +281,8 @@ def _start(tmp: Path, index: int, config: dict[str, Any] | None, dim: int,
     @contextlib.contextmanager
     def with_pid() -> Any:
         with server as url:
+            if config is not None and several:  # the run folder's board: all accept
+                every_worker_accepting(tmp / f"{PREFIX}{pids[0]}", workers, 60.0)
             yield url, pids[0]
 
     return with_pid()

@@ -3,7 +3,8 @@
 `bench_http_workers()` serves one table (`num_keys` keys, width `dim`, the hash map tier)
 three ways, one after the other in the same run: `hps serve` (one worker: the
 one-process server), `hps serve --workers N` (one table in shared memory), and the floor,
-the bare ASGI app (hps.tools.bench.bare_asgi) on uvicorn with the same N workers. Each is
+the bare ASGI app (hps.tools.bench.bare_asgi) on uvicorn with the same N workers, which
+accept as hps serve's do (hps.tools.bench.bare_workers). Each is
 driven by P client *processes* (one keep-alive http.client connection each, binary v1
 lookups of `batch` keys, closed loop; hps.tools.bench.overload's client) for every P of
 `client_processes`, `seconds` each after `warmup`.
@@ -23,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,11 +31,15 @@ from typing import Any
 
 import numpy as np
 
+from hps.runtime.run_dir import PREFIX
 from hps.tools.bench.cpus import children
 from hps.tools.bench.http import (
     TABLE,
+    _bare_server,
     _free_port,
     _subprocess_server,
+    every_worker_accepting,
+    floor_argv,
     one_table_config,
     print_rows,
     serve_argv,
@@ -105,8 +109,7 @@ def bench_http_workers(num_keys: int = 1_000_000, dim: int = 64, batch: int = 25
         config = one_table_config(dim, batch)
         (tmp / "ps.json").write_text(json.dumps(config))
         serve = serve_argv(tmp / "ps.json")
-        floor = [sys.executable, "-m", "uvicorn", "hps.tools.bench.bare_asgi:app",
-                 "--log-level", "warning", "--no-access-log", "--workers", str(workers)]
+        floor = floor_argv(workers)  # accepting as hps serve --workers N does
         servers = [("hps serve, 1 worker", serve, "/readyz")] if one_worker else []
         servers += [(f"hps serve, {workers} workers", [*serve, "--workers", str(workers)],
                      "/readyz"),
@@ -117,8 +120,14 @@ def bench_http_workers(num_keys: int = 1_000_000, dim: int = 64, batch: int = 25
         for name, argv, ready in servers:
             port = _free_port()
             pids: list[int] = []
-            with _subprocess_server([*argv, "--port", str(port)], tmp / "server.log", port,
-                                    ready, None, 600.0, env, pids) as url:
+            if argv is floor:  # waits for every worker of the floor to accept
+                up = _bare_server(tmp, port, dim, None, pids, workers)
+            else:
+                up = _subprocess_server([*argv, "--port", str(port)], tmp / "server.log",
+                                        port, ready, None, 600.0, env, pids)
+            with up as url:
+                if argv is not floor and workers > 1 and "workers" in name:
+                    every_worker_accepting(shm / f"{PREFIX}{pids[0]}", workers, 60.0)
                 for p in client_processes:
                     level = _level(url, p, bodies, headers, seconds, warmup, 0.0, "http.client",
                                    pids[-1])
