@@ -78,12 +78,19 @@ def main(argv: list[str] | None = None) -> None:
                 if w.poll() is None:
                     w.terminate()
             for w in workers:
-                try:
-                    w.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    w.kill()
-                    w.wait()
+                stop(w, 10.0)
             sock.close()
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM `proc` (if it runs) and wait `timeout` seconds, then SIGKILL it."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from hps.tools.bench import cpus as placement
+from hps.tools.bench.bare_workers import stop
 from hps.tools.bench.cpus import cpu_seconds
 
 MODEL = "bench"
@@ -206,12 +207,7 @@ def _subprocess_server(argv: list[str], log_path: Path, port: int, ready_path: s
             time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 15.0)
         log.close()
 
 
