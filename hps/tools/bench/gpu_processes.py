@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,8 @@ def caller(index: int, family: str, setup: dict[str, Any], dense: Any, ready: An
     out = torch.empty((n, dim), device=f"cuda:{device}")
     if family == "floor":
         pos = [torch.as_tensor(p, device=f"cuda:{device}") for p in positions]
+        if isinstance(dense, dict):  # a table on each device (the node bench's floor)
+            dense = dense[device]
 
         def call(i: int) -> None:
             torch.index_select(dense, 0, pos[i % 8], out=out)
@@ -166,26 +169,27 @@ def per_process_mib(listing: str) -> dict[int, int]:
 
 class Callers:
     """`caller` processes, one per setup, each loaded and then told to run the points it
-    is part of (`point`: the first `count` of them at once); `stop` ends them. With
-    `owner_first` the first loads alone before the others start (a shared cache: it
-    allocates and warms up, the others map it)."""
+    is part of (`point`: the first `count` of them at once; `run`: the ones named); `stop`
+    ends them. The `owners` (indices) load one at a time before the others start (a
+    shared cache: each allocates and warms up its device's, the others map it)."""
 
     def __init__(self, family: str, setups: list[dict[str, Any]], dense: Any = None,
-                 owner_first: bool = False) -> None:
+                 owners: tuple[int, ...] = ()) -> None:
         ctx = mp.get_context("spawn")
         self._ready, self._results = ctx.Queue(), ctx.Queue()
         self._gos = [ctx.Queue() for _ in setups]
-        self._procs = []
+        self._procs = [ctx.Process(target=caller, daemon=True,
+                                   args=(index, family, setup, dense, self._ready,
+                                         self._gos[index], self._results))
+                       for index, setup in enumerate(setups)]
         try:
-            for index, setup in enumerate(setups):
-                p = ctx.Process(target=caller, daemon=True,
-                                args=(index, family, setup, dense, self._ready,
-                                      self._gos[index], self._results))
+            for index in owners:
+                self._procs[index].start()
+                self._ready.get(timeout=900)
+            rest = [p for i, p in enumerate(self._procs) if i not in owners]
+            for p in rest:
                 p.start()
-                self._procs.append(p)
-                if index == 0 and owner_first:
-                    self._ready.get(timeout=900)
-            for _ in setups[1 if owner_first else 0:]:
+            for _ in rest:
                 self._ready.get(timeout=900)
         except BaseException:
             self.stop()
@@ -194,14 +198,22 @@ class Callers:
     def point(self, count: int, seconds: float) -> list[tuple[Any, ...]]:
         """Each of the first `count` callers' (index, keys, seconds, latencies, wrong rows,
         hit rate) of `seconds` run at once."""
-        for index in range(count):
+        return self.run(range(count), seconds)
+
+    def run(self, indices: Iterable[int], seconds: float) -> list[tuple[Any, ...]]:
+        """`point` of the callers `indices`."""
+        chosen = list(indices)
+        for index in chosen:
             self._gos[index].put(seconds)
-        return [self._results.get(timeout=seconds * 10 + 300) for _ in range(count)]
+        return [self._results.get(timeout=seconds * 10 + 300) for _ in chosen]
 
     def stop(self) -> None:
-        for q in self._gos:
-            q.put(None)
+        for q, p in zip(self._gos, self._procs, strict=True):
+            if p.is_alive():
+                q.put(None)
         for p in self._procs:
+            if p.pid is None:  # never started
+                continue
             p.join(60)
             if p.is_alive():
                 p.kill()
@@ -217,7 +229,7 @@ def _family(family: str, workload: str, setup: dict[str, Any], dense: Any,
     # only the floor maps the dense table
     callers = Callers(family, [setup] * max(PROCESS_COUNTS),
                       dense if family == "floor" else None,
-                      owner_first=family == "shared cache")
+                      owners=(0,) if family == "shared cache" else ())
     used, per = gpu_memory()
     from hps.runtime.mps import daemon_found
 
