@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from hps.tools.bench.gpu_node import bench_node, memory_by_device, node_setups, targets
+from hps.tools.bench.gpu_node import (
+    bench_node,
+    memory_by_device,
+    node_setups,
+    shared_cache_mib,
+    targets,
+)
 
 
 def test_nvidia_smis_memory_is_read_per_device_by_uuid() -> None:
@@ -36,6 +42,19 @@ def _result(scale: float, p99: float, wrong: int = 0, devices: int = 4) -> dict[
     return {"rows": [row, row, row], "scale": scale, "devices": list(range(devices))}
 
 
+def test_the_shared_cache_is_its_owners_memory_less_the_others() -> None:
+    # as the HTTP bench's shared-cache workers read on an H200: the owner 860 MiB, the rest 542
+    assert shared_cache_mib([542, 860, 542, 542]) == 318.0
+    assert shared_cache_mib([542]) is None
+    result = {**_result(3.7, 80.0), "planned_mib": 314.7,
+              "memory": {0: {"cache_mib": 318.0}, 1: {"cache_mib": 400.0},
+                         2: {"cache_mib": None}}}
+    met = {t["target"]: t["met"] for t in targets(result)}
+    assert met["GPU 0's shared cache within 10% of hps plan"] is True
+    assert met["GPU 1's shared cache within 10% of hps plan"] is False
+    assert not any("GPU 2" in t for t in met)
+
+
 def test_the_targets_hold_the_node_to_nine_tenths_of_a_device_each() -> None:
     met = {t["target"]: t["met"] for t in targets(_result(3.7, 80.0))}
     assert met == {"the node >= 3.6x device 0's processes": True,
@@ -55,3 +74,4 @@ def test_a_short_node_run_on_every_device_is_exact() -> None:
     assert [r["processes"] for r in result["floor"]] == [1, 2, 2 * len(devices)]
     assert all(r["wrong_rows"] == 0 and r["mkeys_s"] > 0 for r in result["rows"])
     assert set(result["memory"]) == set(devices)  # nvidia-smi answers on the GPU machine
+    assert result["planned_mib"] > 0

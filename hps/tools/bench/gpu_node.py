@@ -21,8 +21,9 @@ Then the node over device 0's P processes (issue 74's target: >= 0.9 × D, 3.6x 
 GPUs, with the p99 <= 100 µs); the GPU memory in use on each device while every process
 is loaded (this bench's own context on each device included), and each process's as
 nvidia-smi lists it (one cache per device: a device's memory is one table's and P
-contexts, not P tables); and whether an MPS control daemon answers (run it with MPS on:
-`hps mps start`).
+contexts, not P tables), the shared cache's own MiB (the owner's less the others') beside
+what `hps plan` computes for it (hps/tools/plan/memory.py, within 10%); and whether an
+MPS control daemon answers (run it with MPS on: `hps mps start`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from hps.tools.bench.gpu_processes import MODEL, Callers, process_config
+from hps.tools.plan.memory import dynamic_cache_bytes
 
 #: the node's target: its keys/s over one GPU's share, per device
 SCALE_PER_DEVICE = 0.9
@@ -76,6 +78,16 @@ def memory_by_device(gpus: str, apps: str) -> tuple[dict[int, int], dict[int, li
         if len(parts) == 2 and parts[0] in index_of and parts[1].isdigit():
             per[index_of[parts[0]]].append(int(parts[1]))
     return used, per
+
+
+def shared_cache_mib(per_process: list[int]) -> float | None:
+    """A device's shared cache as nvidia-smi shows it: the MiB of the process that holds
+    it (its owner, the largest) less the median of the others' (their contexts and query
+    buffers, which the owner has too); None with fewer than two processes."""
+    if len(per_process) < 2:
+        return None
+    ordered = sorted(per_process)
+    return float(ordered[-1] - np.median(ordered[:-1]))
 
 
 def _nvidia_smi_memory() -> tuple[dict[int, int], dict[int, list[int]]]:
@@ -152,8 +164,10 @@ def bench_node(per_device: int = 4, devices: list[int] | None = None, dim: int =
         row["vs_floor"] = row["mkeys_s"] / base["mkeys_s"]
     return {"rows": rows, "floor": floor, "scale": rows[2]["mkeys_s"] / rows[1]["mkeys_s"],
             "floor_scale": floor[2]["mkeys_s"] / floor[1]["mkeys_s"],
-            "memory": {d: {"used_mib": used[d], "per_process_mib": per.get(d, [])}
+            "memory": {d: {"used_mib": used[d], "per_process_mib": per.get(d, []),
+                           "cache_mib": shared_cache_mib(per.get(d, []))}
                        for d in devices if d in used},
+            "planned_mib": dynamic_cache_bytes(table_keys, dim, cached)["float32"] / 2**20,
             "mps": daemon_found(), "devices": devices, "per_device": per_device,
             "model": MODEL, "table_keys": table_keys, "dim": dim, "batch": n}
 
@@ -168,6 +182,10 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
          "measured": result["scale"], "met": result["scale"] >= want},
         {"target": f"the node's p99 <= {P99_US:g} µs", "measured": node["p99_us"],
          "met": node["p99_us"] <= P99_US},
+        *({"target": f"GPU {d}'s shared cache within 10% of hps plan",
+           "measured": m["cache_mib"] / result["planned_mib"],
+           "met": abs(m["cache_mib"] / result["planned_mib"] - 1) <= 0.1}
+          for d, m in result.get("memory", {}).items() if m["cache_mib"] is not None),
         {"target": "every vector exact", "measured": sum(r["wrong_rows"] for r in result["rows"]),
          "met": all(r["wrong_rows"] == 0 for r in result["rows"])},
     ]
@@ -201,8 +219,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"the node over device 0's {result['per_device']} processes: "
           f"{result['scale']:.2f}x (the floor: {result['floor_scale']:.2f}x)")
     for d, m in result["memory"].items():
+        cache = m["cache_mib"]
         print(f"  GPU {d}: {m['used_mib']:,} MiB in use; per process (nvidia-smi) "
-              f"{' '.join(map(str, m['per_process_mib']))} MiB")
+              f"{' '.join(map(str, m['per_process_mib']))} MiB; the shared cache "
+              + ("unseen" if cache is None else f"{cache:,.0f} MiB")
+              + f" (hps plan: {result['planned_mib']:,.0f} MiB)")
     for t in targets(result):
         print(f"  {'yes' if t['met'] else 'NO '}  {t['target']} ({t['measured']:.2f})")
     if args.json:
