@@ -141,6 +141,12 @@ class SharedAccept:
 
     # -- inside (all on the event loop) --------------------------------------------------
 
+    def publish(self) -> None:
+        """This worker's count on the board now (a connection gone: the others see the
+        room at once, not at the next heartbeat)."""
+        if not self._stopped:
+            self._board.publish(self._index, self._count())
+
     def _count(self) -> int:
         return self._open() + self._making
 
@@ -206,7 +212,11 @@ class SharedAccept:
             self._making -= 1
 
 
-def open_count(protocol_class: Any) -> Callable[[], int]:
-    """The open-connections count of `protocol_class`'s guard (connections.py)."""
+def shared_accept(sock: socket.socket, board: ConnectionBoard, index: int,
+                  protocol_class: Any) -> SharedAccept:
+    """The SharedAccept of a worker whose connections `protocol_class`'s guard counts
+    (connections.py), told of each connection gone."""
     guard = protocol_class.guard
-    return lambda: guard.open
+    accept = SharedAccept(sock, board, index, lambda: guard.open)
+    guard.on_gone = accept.publish
+    return accept

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,9 @@ class ConnectionGuard:
     closed: dict[str, int] = field(default_factory=dict)
     open: int = 0
     draining: bool = False  # the server shuts down: every answer says Connection: close
+    #: called once a connection is gone (a worker's board hears of it at once:
+    #: accept_share.py)
+    on_gone: Callable[[], None] | None = None
     _waiting: OrderedDict[Any, None] = field(default_factory=OrderedDict)
     _log: ThrottledLog = field(default_factory=lambda: ThrottledLog(log))
 
@@ -84,6 +88,8 @@ class ConnectionGuard:
         """`conn` closed (by us for `reason`, or by its client when None)."""
         self._waiting.pop(conn, None)
         self.open -= 1
+        if self.on_gone is not None:
+            self.on_gone()
         if reason is not None:
             self.closed[reason] = self.closed.get(reason, 0) + 1
             self._log.warning(reason, "closing slow or surplus HTTP connections (%s; %d "

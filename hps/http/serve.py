@@ -31,7 +31,7 @@ import uvicorn
 
 from hps.config import PSConfig, load_config
 from hps.errors import BindError, ConfigError, ModelsNotLoadedError
-from hps.http.accept_share import ConnectionBoard, SharedAccept, open_count
+from hps.http.accept_share import ConnectionBoard, SharedAccept, shared_accept
 from hps.http.app import create_app
 from hps.http.connections import uvicorn_options
 from hps.http.reload_block import absolute_config_file
@@ -289,7 +289,7 @@ def run_app(sock: socket.socket, server: HierarchicalParameterServer, *, host: s
         lifespan="on", ws="none", timeout_graceful_shutdown=5, **options))
     if share is not None:  # a worker of several: hps accepts, spreading the connections
         board, index = share
-        uv.shared_accept = SharedAccept(sock, board, index, open_count(options["http"]))
+        uv.shared_accept = shared_accept(sock, board, index, options["http"])
     if made is not None:
         made(uv)
     if listening is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +69,19 @@ def _answer_status(conn: socket.socket) -> int:
     return int(data.split(b" ", 2)[1])
 
 
+def _wait_board(board: ConnectionBoard, done: Callable[[np.ndarray], bool]) -> None:
+    """Until `done(counts)` holds of the board's counts, every worker beating."""
+    deadline = time.monotonic() + 10
+    while not (done(board.slots[:, 0]) and board.responsive() == board.slots.shape[0]):
+        assert time.monotonic() < deadline, board.slots.tolist()
+        time.sleep(0.01)
+
+
 def test_connections_opened_together_spread_evenly_over_the_workers(
         tmp_path: Path) -> None:
+    """Bursts of connections opened at once, each accepted before a request is sent on
+    any (a worker answering its first request is busy: one that stays busy for over
+    STALE_S is not waited for, and the others take the connections, as they should)."""
     model = write_model(tmp_path / "model")
     served = serve(*write_run(tmp_path, model.config))
     try:
@@ -77,25 +89,23 @@ def test_connections_opened_together_spread_evenly_over_the_workers(
         assert len(pids) == 2
         # "loaded in every worker" comes as each acks; each then starts accepting
         every_worker_accepting(served.run_folder(), 2, 30.0)
+        board = ConnectionBoard(served.run_folder(), 2)
         request = _request(served.port, model.keys[0][:16])
-        for count in (6, 4, 10):  # each burst: all connected, then a request on each
+        for count in (6, 4, 10):
             conns = [socket.create_connection(("127.0.0.1", served.port), timeout=30)
                      for _ in range(count)]
             try:
+                _wait_board(board, lambda counts, n=count: counts.sum() == n)  # all accepted
+                held = _connections_per_worker(pids, served.port)
+                assert sorted(held.values()) == [count // 2, count // 2], held
                 for conn in conns:
                     conn.sendall(request)
                 assert [_answer_status(conn) for conn in conns] == [200] * count
-                held = _connections_per_worker(pids, served.port)
-                assert sorted(held.values()) == [count // 2, count // 2], held
             finally:
                 for conn in conns:
                     conn.close()
-            # the closes reach the board within a heartbeat; then the next burst
-            deadline = time.monotonic() + 10
-            while any(_connections_per_worker(pids, served.port).values()):
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            time.sleep(0.05)
+            _wait_board(board, lambda counts: not counts.any())  # the closes are in
+        board.close()
     finally:
         assert stop(served) == 0
 
