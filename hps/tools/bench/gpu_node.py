@@ -114,15 +114,17 @@ def _row(name: str, got: list[tuple[Any, ...]]) -> dict[str, Any]:
             "each_mkeys_s": [round(g[1] / g[2] / 1e6, 1) for g in sorted(got)]}
 
 
-def _points(callers: Callers, per_device: int, devices: int, seconds: float,
+def _points(callers: Callers, per_device: int, devices: list[int], seconds: float,
             name: str) -> list[dict[str, Any]]:
     """The three points of the module's docstring from `callers` (stopped after)."""
-    first = list(range(per_device))  # device 0's processes
+    first = list(range(per_device))  # the first device's processes
     try:
-        return [_row(f"{name}, one process, device 0", callers.run(first[:1], seconds)),
-                _row(f"{name}, {per_device} processes, device 0", callers.run(first, seconds)),
-                _row(f"{name}, {per_device} processes on each of {devices} devices",
-                     callers.run(range(per_device * devices), seconds))]
+        return [_row(f"{name}, one process, GPU {devices[0]}",
+                     callers.run(first[:1], seconds)),
+                _row(f"{name}, {per_device} processes, GPU {devices[0]}",
+                     callers.run(first, seconds)),
+                _row(f"{name}, {per_device} processes on each of {len(devices)} GPUs",
+                     callers.run(range(per_device * len(devices)), seconds))]
     finally:
         callers.stop()
 
@@ -152,14 +154,14 @@ def bench_node(per_device: int = 4, devices: list[int] | None = None, dim: int =
 
         dense = {d: torch.as_tensor(vectors, device=f"cuda:{d}") for d in devices}
         del vectors
-        floor = _points(Callers("floor", setups, dense), per_device, len(devices), seconds,
+        floor = _points(Callers("floor", setups, dense), per_device, devices, seconds,
                         "floor: index_select")
         del dense
         torch.cuda.empty_cache()
         owners = tuple(range(0, len(setups), per_device))  # each device's first process
         callers = Callers("shared cache", setups, owners=owners)
         used, per = _nvidia_smi_memory()  # every process loaded (and this one's contexts)
-        rows = _points(callers, per_device, len(devices), seconds, "hps")
+        rows = _points(callers, per_device, devices, seconds, "hps")
     for row, base in zip(rows, floor, strict=True):
         row["vs_floor"] = row["mkeys_s"] / base["mkeys_s"]
     return {"rows": rows, "floor": floor, "scale": rows[2]["mkeys_s"] / rows[1]["mkeys_s"],
