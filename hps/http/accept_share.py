@@ -81,7 +81,7 @@ class ConnectionBoard:
     def fewest_other(self, index: int) -> int | None:
         """The fewest open connections of a worker other than `index` whose heartbeat is
         fresh (None: no such worker)."""
-        fresh = self.slots[:, 1] >= time.monotonic_ns() - int(STALE_S * 1e9)
+        fresh = self._fresh()
         fresh[index] = False
         if not fresh.any():
             return None
@@ -89,7 +89,11 @@ class ConnectionBoard:
 
     def responsive(self) -> int:
         """How many workers have a fresh heartbeat (are accepting)."""
-        return int((self.slots[:, 1] >= time.monotonic_ns() - int(STALE_S * 1e9)).sum())
+        return int(self._fresh().sum())
+
+    def _fresh(self) -> np.ndarray:
+        """Which workers beat within STALE_S."""
+        return self.slots[:, 1] >= time.monotonic_ns() - int(STALE_S * 1e9)
 
     def leave(self, index: int) -> None:
         """Worker `index` takes no more connections: not waited for."""
@@ -119,9 +123,6 @@ class SharedAccept:
         self._beat_timer: asyncio.TimerHandle | None = None
         self._watch_timer: asyncio.TimerHandle | None = None
         self._making = 0  # accepted, their protocol not made yet
-        #: connections accepted; times this worker left a connection to another
-        self.accepted = 0
-        self.deferred = 0
 
     def start(self, loop: asyncio.AbstractEventLoop,
               protocol_factory: Callable[[], asyncio.Protocol]) -> None:
@@ -153,7 +154,7 @@ class SharedAccept:
     def _beat(self) -> None:
         if self._stopped:
             return
-        self._board.publish(self._index, self._count())
+        self.publish()
         assert self._loop is not None
         self._beat_timer = self._loop.call_later(BEAT_S, self._beat)
 
@@ -176,8 +177,7 @@ class SharedAccept:
     def _readable(self) -> None:
         fewest = self._board.fewest_other(self._index)
         if fewest is not None and self._count() > fewest:
-            self.deferred += 1  # another worker has room: its wake-up takes it
-            self._unwatch()
+            self._unwatch()  # another worker has room: its wake-up takes it
             self._watch_in(PAUSE_S)
             return
         try:
@@ -195,10 +195,9 @@ class SharedAccept:
             return
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.accepted += 1
         self._making += 1
-        self._board.publish(self._index, self._count())
-        assert self._loop is not None and self._factory is not None
+        self.publish()
+        assert self._loop is not None
         self._loop.create_task(self._made(conn))
 
     async def _made(self, conn: socket.socket) -> None:

@@ -268,15 +268,13 @@ class HierarchicalParameterServer:
                 # keys in the common host form skip the general path's reading, as a table
                 # without a GPU cache does (a server answering every lookup from its host
                 # tiers spent 1.5% of its event loop there: py-spy, one H200)
-                if plain_host_keys(keys) and n <= t.max_keys:
-                    host_keys = keys
-                else:
-                    host_keys = host_key_array(t.checked_ref(keys))
+                kref = None if plain_host_keys(keys) and n <= t.max_keys else t.checked_ref(keys)
+                host_keys = keys if kref is None else host_key_array(kref)
                 rows = np.empty((n, t.dim), np.float32) if out is None else out
                 self._host.fetch_into(t, host_keys, rows)
                 sample = t.hot_sample  # the hot sketch sees these keys as a GPU lookup's
                 if sample is not None and not next(sample.calls) & sample.mask:
-                    sample.take(t.checked_ref(host_keys), None)
+                    sample.take(kref if kref is not None else t.checked_ref(host_keys), None)
             if probe >= 0 and route is not None:
                 route.took(probe, host, time.perf_counter() - started,
                            time.thread_time() - cpu_started)

@@ -93,6 +93,24 @@ def stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
         proc.wait()
 
 
+def every_worker_accepting(folder: Path, workers: int, timeout: float) -> None:
+    """Wait until each of `workers` workers whose connection board is in `folder`
+    accepts (hps/http/accept_share.py): one answer on the port says only that one does,
+    and a worker not accepting yet when the clients connect would get none of them."""
+    from hps.http.accept_share import ConnectionBoard
+
+    board = ConnectionBoard(folder, workers)
+    try:
+        deadline = time.monotonic() + timeout
+        while board.responsive() < workers:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{workers - board.responsive()} of {workers} workers "
+                                   f"not accepting within {timeout} s")
+            time.sleep(0.01)
+    finally:
+        board.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--worker"]:
         _worker()

@@ -31,14 +31,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hps.tools.bench.gpu_processes import MODEL, Callers, process_config
+from hps.tools.bench.gpu_processes import MODEL, Callers, nvidia_smi, process_config
 from hps.tools.plan.memory import dynamic_cache_bytes
 
 #: the node's target: its keys/s over one GPU's share, per device
@@ -93,12 +92,8 @@ def shared_cache_mib(per_process: list[int]) -> float | None:
 def _nvidia_smi_memory() -> tuple[dict[int, int], dict[int, list[int]]]:
     """memory_by_device of nvidia-smi's answers now ({}, {} where it does not answer)."""
     with contextlib.suppress(Exception):
-        def ask(*query: str) -> str:
-            return subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True, timeout=20).stdout
-
-        return memory_by_device(ask("--query-gpu=index,uuid,memory.used"),
-                                ask("--query-compute-apps=gpu_uuid,used_memory"))
+        return memory_by_device(nvidia_smi("--query-gpu=index,uuid,memory.used"),
+                                nvidia_smi("--query-compute-apps=gpu_uuid,used_memory"))
     return {}, {}
 
 

@@ -145,15 +145,15 @@ def gpu_memory_by_process() -> tuple[int, dict[int, int]]:
     nvidia-smi does not answer."""
     used, per = -1, {}
     with contextlib.suppress(Exception):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
-                              "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=20).stdout
-        used = int(out.split()[0])
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                              "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-        per = per_process_mib(out)
+        used = int(nvidia_smi("--query-gpu=memory.used", "-i", "0").split()[0])
+        per = per_process_mib(nvidia_smi("--query-compute-apps=pid,used_memory"))
     return used, per
+
+
+def nvidia_smi(*query: str) -> str:
+    """What `nvidia-smi QUERY... --format=csv,noheader,nounits` prints."""
+    return subprocess.run(["nvidia-smi", *query, "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, timeout=20).stdout
 
 
 def per_process_mib(listing: str) -> dict[int, int]:

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from hps.tools.bench import cpus as placement
-from hps.tools.bench.bare_workers import stop
+from hps.tools.bench.bare_workers import every_worker_accepting, stop
 from hps.tools.bench.cpus import cpu_seconds
 
 MODEL = "bench"
@@ -135,37 +135,26 @@ def _bare_server(folder: Path, port: int, dim: int, cpus: set[int] | None,
     """The floor: `bare_asgi.app` on uvicorn, served as `hps serve` serves (`workers` > 1:
     as `hps serve --workers N` serves, bare_workers.py). The process id is appended to
     `pids` when given."""
-    argv = [*floor_argv(workers), "--port", str(port)]
+    argv = [*_floor_argv(workers), "--port", str(port)]
     env = {"HPS_BARE_DIM": str(dim)}
-    if workers > 1:  # the board whose heartbeats say every worker accepts
-        env["HPS_BARE_FOLDER"] = str(folder / f"bare-board-{port}")
-        Path(env["HPS_BARE_FOLDER"]).mkdir()
-    with _subprocess_server(argv, folder / "bare.log", port, "/", cpus, 60.0, env,
-                            pids) as url:
-        if workers > 1:
-            every_worker_accepting(Path(env["HPS_BARE_FOLDER"]), workers, 60.0)
+    board = folder / f"bare-board-{port}"  # whose heartbeats say every worker accepts
+    if workers > 1:
+        env["HPS_BARE_FOLDER"] = str(board)
+        board.mkdir()
+    with _subprocess_server(argv, folder / "bare.log", port, "/", cpus, 60.0, env, pids,
+                            (workers, lambda pid: board)) as url:
         yield url
 
 
-def every_worker_accepting(folder: Path, workers: int, timeout: float) -> None:
-    """Wait until each of `workers` workers whose connection board is in `folder`
-    accepts (hps/http/accept_share.py): one answer on the port says only that one does,
-    and a worker not accepting yet when the clients connect would get none of them."""
-    from hps.http.accept_share import ConnectionBoard
+def run_folders(shm: Path) -> Callable[[int], Path]:
+    """Where the connection board of `hps serve --workers N` started with `HPS_SHM_DIR`
+    `shm` lies, given the supervisor's process id: its run folder."""
+    from hps.runtime.run_dir import PREFIX
 
-    board = ConnectionBoard(folder, workers)
-    try:
-        deadline = time.monotonic() + timeout
-        while board.responsive() < workers:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{workers - board.responsive()} of {workers} workers "
-                                   f"not accepting within {timeout} s")
-            time.sleep(0.01)
-    finally:
-        board.close()
+    return lambda pid: shm / f"{PREFIX}{pid}"
 
 
-def floor_argv(workers: int = 1) -> list[str]:
+def _floor_argv(workers: int = 1) -> list[str]:
     """The command line of the floor (its `--port` to be added): uvicorn with the bare
     app, or with `workers` > 1 the bare app's workers accepting as `hps serve --workers
     N` does (bare_workers.py)."""
@@ -179,8 +168,12 @@ def floor_argv(workers: int = 1) -> list[str]:
 def _subprocess_server(argv: list[str], log_path: Path, port: int, ready_path: str,
                        cpus: set[int] | None, timeout: float,
                        env: dict[str, str] | None = None,
-                       pids: list[int] | None = None) -> Iterator[str]:
-    """A server process (on `cpus`); yields host:port once GET `ready_path` answers 200."""
+                       pids: list[int] | None = None,
+                       board: tuple[int, Callable[[int], Path]] | None = None
+                       ) -> Iterator[str]:
+    """A server process (on `cpus`); yields host:port once GET `ready_path` answers 200
+    and, with `board` (N workers, the folder of their connection board given the process
+    id) and N > 1, once every worker accepts."""
     log = open(log_path, "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {})})
@@ -205,6 +198,8 @@ def _subprocess_server(argv: list[str], log_path: Path, port: int, ready_path: s
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{argv[2]} not ready within {timeout} s")
             time.sleep(0.1)
+        if board is not None and board[0] > 1:
+            every_worker_accepting(board[1](proc.pid), board[0], timeout)
         yield url
     finally:
         stop(proc, 15.0)

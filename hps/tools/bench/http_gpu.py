@@ -47,7 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from hps.runtime.run_dir import PREFIX
 from hps.tools.bench import cpus as placement
 from hps.tools.bench.cpus import cpu_seconds
 from hps.tools.bench.gpu_processes import gpu_memory_by_process
@@ -58,9 +57,9 @@ from hps.tools.bench.http import (
     _bare_server,
     _free_port,
     _subprocess_server,
-    every_worker_accepting,
     one_table_config,
     print_rows,
+    run_folders,
     serve_argv,
 )
 from hps.tools.bench.overload import PATH, _level
@@ -276,13 +275,12 @@ def _start(tmp: Path, index: int, config: dict[str, Any] | None, dim: int,
         server = _subprocess_server(
             serve_argv(path, "--port", str(port), *threads, *several),
             tmp / f"serve-{index}.log", port, "/readyz", cpus, 600.0,
-            {"HPS_SHM_DIR": str(tmp)} if several else None, pids)
+            {"HPS_SHM_DIR": str(tmp)} if several else None, pids,
+            (workers, run_folders(tmp)))
 
     @contextlib.contextmanager
     def with_pid() -> Any:
         with server as url:
-            if config is not None and several:  # the run folder's board: all accept
-                every_worker_accepting(tmp / f"{PREFIX}{pids[0]}", workers, 60.0)
             yield url, pids[0]
 
     return with_pid()

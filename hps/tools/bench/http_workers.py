@@ -31,17 +31,15 @@ from typing import Any
 
 import numpy as np
 
-from hps.runtime.run_dir import PREFIX
 from hps.tools.bench.cpus import children
 from hps.tools.bench.http import (
     TABLE,
     _bare_server,
     _free_port,
     _subprocess_server,
-    every_worker_accepting,
-    floor_argv,
     one_table_config,
     print_rows,
+    run_folders,
     serve_argv,
 )
 from hps.tools.bench.overload import _level
@@ -109,25 +107,23 @@ def bench_http_workers(num_keys: int = 1_000_000, dim: int = 64, batch: int = 25
         config = one_table_config(dim, batch)
         (tmp / "ps.json").write_text(json.dumps(config))
         serve = serve_argv(tmp / "ps.json")
-        floor = floor_argv(workers)  # accepting as hps serve --workers N does
-        servers = [("hps serve, 1 worker", serve, "/readyz")] if one_worker else []
+        # (name, argv, path that says ready, workers); the floor's argv is its own
+        servers = [("hps serve, 1 worker", serve, "/readyz", 1)] if one_worker else []
         servers += [(f"hps serve, {workers} workers", [*serve, "--workers", str(workers)],
-                     "/readyz"),
-                    (f"bare uvicorn, {workers} workers (floor)", floor, "/")]
+                     "/readyz", workers),
+                    (f"bare uvicorn, {workers} workers (floor)", None, "/", workers)]
         rows: list[dict[str, Any]] = []
         memory: dict[str, Any] = {}
         env = {"HPS_BARE_DIM": str(dim), "HPS_SHM_DIR": str(shm)}
-        for name, argv, ready in servers:
+        for name, argv, ready, several in servers:
             port = _free_port()
             pids: list[int] = []
-            if argv is floor:  # waits for every worker of the floor to accept
-                up = _bare_server(tmp, port, dim, None, pids, workers)
-            else:
-                up = _subprocess_server([*argv, "--port", str(port)], tmp / "server.log",
-                                        port, ready, None, 600.0, env, pids)
+            # each waits for every worker to accept (the floor's accept as hps serve's)
+            up = (_bare_server(tmp, port, dim, None, pids, several) if argv is None else
+                  _subprocess_server([*argv, "--port", str(port)], tmp / "server.log", port,
+                                     ready, None, 600.0, env, pids,
+                                     (several, run_folders(shm))))
             with up as url:
-                if argv is not floor and workers > 1 and "workers" in name:
-                    every_worker_accepting(shm / f"{PREFIX}{pids[0]}", workers, 60.0)
                 for p in client_processes:
                     level = _level(url, p, bodies, headers, seconds, warmup, 0.0, "http.client",
                                    pids[-1])
