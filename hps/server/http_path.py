@@ -10,7 +10,7 @@ GPU cache, issue 74). So each version decides per table and per request size:
 
 - at load, its warm-up times both paths (hps/server/warm_paths.py `measure_http`) at each
   of SIZES on keys its cache holds, and each request size takes the path measured faster
-  for the nearest size (`decide`);
+  for the nearest size, the GPU path only by a margin (`decide`, GPU_MARGIN);
 - serving, where the two were near at load (within CLOSE) or could not be timed (a
   static or uvm table names no key it holds), the first PROBES lookups of each path at
   each size, and as many again every RECHECK lookups of that size, are timed on the
@@ -61,6 +61,15 @@ RECHECK = 1 << 14
 #: first lookups after ready (at 10x, 16-key lookups 6x apart were probed, and the first
 #: 1,000 lookups' p99 read 3.7x the later one's: `hps bench ready --gpu`, issue 72)
 CLOSE = 3.0
+
+#: the GPU path takes a size only where it took under this fraction of the host path's
+#: time; nearer, the host path answers. Under load the two were near at 2,000 keys (8
+#: workers under MPS on one H200, 2026-11-28: served 145 µs GPU, 158 host), and there
+#: the GPU path bought nothing: the same CPU a request (354 µs against 360 without a GPU
+#: cache) and a worse p99 (1.08-1.23x that server's), while the host path read 0.98-1.06x
+#: its keys/s and 0.94-1.03x its p99 (`python -m hps.tools.bench.http_gpu --workers 8
+#: --client-processes 16 --pin --rounds 3`, docs/workers.md)
+GPU_MARGIN = 0.8
 
 #: what `HttpPath.path` says
 GPU, HOST, BY_SIZE = "gpu", "host", "by_size"
@@ -124,7 +133,7 @@ class HttpPath:
     def took(self, probe: int, host: bool, seconds: float,
              cpu_seconds: float | None = None) -> None:
         """A lookup `pick` chose to time at size `probe` took `seconds` on its path (and
-        `cpu_seconds` of its thread's CPU): once both have PROBES, the faster takes the
+        `cpu_seconds` of its thread's CPU): once both have PROBES, `decide` gives the
         size, until the next round RECHECK lookups on."""
         with self._lock:
             on_gpu, on_host = self._timed[probe]
@@ -203,15 +212,16 @@ def size_bounds(sizes: Sequence[int]) -> tuple[int, ...]:
 
 
 def decide(gpu_s: Sequence[float], host_s: Sequence[float]) -> tuple[bool, ...]:
-    """Per size, whether the host path answers it: where its median `host_s` is at most
-    the GPU path's `gpu_s` (a tie goes to the host: no device work, no launches)."""
-    return tuple(h <= g for g, h in zip(gpu_s, host_s, strict=True))
+    """Per size, whether the host path answers it: unless the GPU path's median `gpu_s`
+    is under GPU_MARGIN of the host path's `host_s` (near, the host path: no device
+    work, no launches, no wait on a device other processes share)."""
+    return tuple(g >= GPU_MARGIN * h for g, h in zip(gpu_s, host_s, strict=True))
 
 
 def chosen(sizes: Sequence[int], gpu_s: Sequence[float], host_s: Sequence[float],
            device: int, label: str = "") -> HttpPath:
-    """The HttpPath of the load's medians (seconds) at `sizes`: each size on the faster
-    path, probed while serving where the two are within CLOSE of each other."""
+    """The HttpPath of the load's medians (seconds) at `sizes`: each size on the path
+    `decide` gives it, probed while serving where the two are within CLOSE of each other."""
     probe = [max(g, h) <= CLOSE * min(g, h) for g, h in zip(gpu_s, host_s, strict=True)]
     return HttpPath("measured", decide(gpu_s, host_s), device, sizes,
                     [g * 1e6 for g in gpu_s], [h * 1e6 for h in host_s], probe, label)

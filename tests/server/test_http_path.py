@@ -18,6 +18,7 @@ from hps.server.host_device import host_device, spread_line
 from hps.server.http_path import (
     BY_SIZE,
     GPU,
+    GPU_MARGIN,
     HOST,
     PROBES,
     RECHECK,
@@ -33,9 +34,24 @@ from hps.server.http_path import (
 from tests.conftest import make_table, model_config, write_table
 
 
-def test_each_size_takes_the_path_measured_faster_a_tie_the_host() -> None:
+def test_each_size_takes_the_path_measured_faster_the_gpu_only_by_a_margin() -> None:
     assert decide([1.0, 1.0, 1.0], [2.0, 1.0, 0.5]) == (False, True, True)
     assert decide([5e-5], [2e-4]) == (False,)
+    # near (the GPU path ahead by less than GPU_MARGIN): the host path
+    assert GPU_MARGIN == 0.8
+    assert decide([0.9, 0.81, 0.79, 0.5], [1.0, 1.0, 1.0, 1.0]) == (True, True, False, False)
+    # as the bench measured it serving (µs): 145 on the GPU, 158.5 on the host
+    assert decide([145.2e-6], [158.5e-6]) == (True,)
+
+
+def test_serving_probes_a_gpu_path_only_a_little_ahead_keep_the_host_path() -> None:
+    route = chosen(SIZES, [1e-3, 1e-3, 1e-3, 1e-4], [1e-6, 1e-6, 1e-6, 1.5e-4], device=0)
+    assert route.host[3] is False  # 4,096 keys: the GPU path at load, 1.5x faster
+    timed = {False: 1.45e-4, True: 1.585e-4}  # serving: the GPU 0.92x the host's
+    for _ in range(2 * PROBES):
+        host, probe = route.pick(4000)
+        route.took(probe, host, timed[host])
+    assert route.host[3] is True and route.path == HOST
 
 
 def test_each_request_size_takes_the_path_of_the_nearest_measured_size() -> None:
@@ -218,12 +234,12 @@ def test_serving_shows_each_paths_cpu_time_beside_its_wall_time() -> None:
     """The probes' CPU time on the calling thread is kept beside their wall time (a GPU
     path whose wait spins costs a saturated server CPU its wall time hides); the
     decision still rests on the wall time."""
-    route = chosen(SIZES, [1e-3, 1e-3, 1e-4, 1e-3], [1e-6, 1e-6, 1.2e-4, 1e-6], device=0)
-    cost = {False: (1.0e-4, 2.0e-4), True: (1.1e-4, 1.0e-4)}  # (wall, CPU) per path
+    route = chosen(SIZES, [1e-3, 1e-3, 0.5e-4, 1e-3], [1e-6, 1e-6, 1.2e-4, 1e-6], device=0)
+    cost = {False: (0.7e-4, 2.0e-4), True: (1.1e-4, 1.0e-4)}  # (wall, CPU) per path
     for _ in range(2 * PROBES):
         host, probe = route.pick(256)
         route.took(probe, host, *cost[host])
     shown = route.as_dict()
-    assert shown["served_us"][2] == [100.0, 110.0]
+    assert shown["served_us"][2] == [70.0, 110.0]
     assert shown["served_cpu_us"][2] == [200.0, 100.0]
     assert route.host[2] is False  # the GPU path, faster by the wall clock

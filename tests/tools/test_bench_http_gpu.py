@@ -55,6 +55,9 @@ def test_with_workers_every_server_and_the_floor_run_that_many_processes() -> No
         assert row["keys_per_s"] > 0 and row["failed"] == 0
         # the server's CPU: its processes together (a supervisor alone would use ~none)
         assert row["server_cpu_us"] > 20, row
+        # of which the workers' event loops (their main threads) take most; the two are
+        # read a moment apart in 10 ms ticks, so over 0.4 s they may differ by a tick
+        assert 10 < row["server_loop_cpu_us"] <= row["server_cpu_us"] * 1.2, row
 
 
 def test_the_answer_check_counts_every_row_that_differs() -> None:

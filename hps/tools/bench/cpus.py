@@ -53,26 +53,36 @@ def physical_cores(cpus: list[int]) -> list[list[int]]:
     return sorted(groups.values())
 
 
-def counters(pid: int) -> tuple[float, int] | None:
+def counters(pid: int) -> tuple[float, int, float] | None:
     """(CPU seconds, user + system, and minor page faults) that process `pid` and its
     live descendants (the workers of a server with several) have used so far, threads
-    that ended included, from one read of each process's /proc entry; None where `pid`'s
-    cannot be read. A minor fault is a page the kernel mapped on first touch: memory a
-    process takes from the kernel and gives back per request shows there."""
-    ticks, faults, todo = 0, 0, [pid]
+    that ended included, and the CPU seconds of their main threads alone (a server's
+    event loops: the rest is its other threads'), from one read of each process's /proc
+    entries; None where `pid`'s cannot be read. A minor fault is a page the kernel mapped
+    on first touch: memory a process takes from the kernel and gives back per request
+    shows there."""
+    ticks, faults, main, todo = 0, 0, 0, [pid]
     while todo:  # a walk over processes
         p = todo.pop()
         try:
-            # the fields after the command name, which may itself hold spaces and ")"
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            thread = _stat(f"/proc/{p}/task/{p}/stat")  # first: never past the process
+            fields = _stat(f"/proc/{p}/stat")
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
             faults += int(fields[7])  # minflt
+            main += int(thread[11]) + int(thread[12])
         except (OSError, ValueError, IndexError):
             if p == pid:
                 return None
             continue  # a child that ended meanwhile
         todo += children(p)
-    return ticks / os.sysconf("SC_CLK_TCK"), faults
+    tick = os.sysconf("SC_CLK_TCK")
+    return ticks / tick, faults, main / tick
+
+
+def _stat(path: str) -> list[str]:
+    """The fields of a /proc stat file after the command name, which may itself hold
+    spaces and ")"."""
+    return Path(path).read_text().rsplit(")", 1)[1].split()
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -170,6 +170,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                               "keys_per_s": level["served_per_s"] * batch,
                               "p50_ms": level["p50_ms"], "p99_ms": level["p99_ms"],
                               "server_cpu_us": level["server_cpu_us"],
+                              "server_loop_cpu_us": level["server_loop_cpu_us"],
                               "server_minor_faults": level["server_minor_faults"],
                               "failed": level["shed"] + level["expired"] + level["other"]})
 
@@ -314,7 +315,8 @@ def _median_row(name: str, p: int, runs: list[dict[str, Any]]) -> dict[str, Any]
     """One server's row at P clients: the median of its rounds (keys/s, p50, p99, CPU),
     the failures summed."""
     row: dict[str, Any] = {"server": name, "clients": p}
-    for key in ("keys_per_s", "p50_ms", "p99_ms", "server_cpu_us", "server_minor_faults"):
+    for key in ("keys_per_s", "p50_ms", "p99_ms", "server_cpu_us", "server_loop_cpu_us",
+                "server_minor_faults"):
         row[key] = float(np.median([r[key] for r in runs]))
     row["failed"] = sum(r["failed"] for r in runs)
     return row
@@ -343,6 +345,7 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
     for p in client_processes:
         table([{"name": r["server"], "keys/s": r["keys_per_s"], "p50 ms": r["p50_ms"],
                 "p99 ms": r["p99_ms"], "server CPU µs/req": r["server_cpu_us"],
+                "of which event loops": r["server_loop_cpu_us"],
                 "page faults/req": r["server_minor_faults"], "failed": r["failed"]}
                for r in result["rows"] if r["clients"] == p],
               f"{p} client processes, {batch:,} keys per request")

@@ -189,8 +189,9 @@ def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
     before = counters(server_pid)
     results = [out.get(timeout=seconds + warmup + 120) for _ in procs]
     after = counters(server_pid)
-    server_cpu, faults = ((None, None) if before is None or after is None
-                          else (after[0] - before[0], after[1] - before[1]))
+    server_cpu, faults, loop_cpu = (
+        (None, None, None) if before is None or after is None
+        else (after[0] - before[0], after[1] - before[1], after[2] - before[2]))
     for proc in procs:
         proc.join(timeout=30)
     latencies = np.concatenate([np.frombuffer(r[0], dtype=np.float64) for r in results])
@@ -211,6 +212,9 @@ def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
         "client_cpu_us": client_cpu / max(answered, 1) * 1e6,
         "server_cpu_us": (float("nan") if server_cpu is None
                           else server_cpu / max(answered, 1) * 1e6),
+        # of which the main threads' (the event loops'): the rest is other threads'
+        "server_loop_cpu_us": (float("nan") if loop_cpu is None
+                               else loop_cpu / max(answered, 1) * 1e6),
         "server_cpu_share": (float("nan") if server_cpu is None
                              else server_cpu / seconds),
         "server_minor_faults": (float("nan") if faults is None
