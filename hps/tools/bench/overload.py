@@ -189,15 +189,20 @@ def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
     before = counters(server_pid)
     results = [out.get(timeout=seconds + warmup + 120) for _ in procs]
     after = counters(server_pid)
-    server_cpu, faults, loop_cpu = (
-        (None, None, None) if before is None or after is None
-        else (after[0] - before[0], after[1] - before[1], after[2] - before[2]))
+    # the server's (CPU seconds, minor faults, its event loops' CPU seconds) meanwhile
+    server = (None if before is None or after is None
+              else [a - b for a, b in zip(after, before, strict=True)])
     for proc in procs:
         proc.join(timeout=30)
     latencies = np.concatenate([np.frombuffer(r[0], dtype=np.float64) for r in results])
     ms = latencies * 1e3
     answered = latencies.size + sum(r[1] + r[2] + r[3] for r in results)
     client_cpu = sum(r[4] for r in results)
+
+    def server_per(which: int, scale: float) -> float:
+        """The server's counter `which` (of `server`) per answer, times `scale`."""
+        return float("nan") if server is None else server[which] / max(answered, 1) * scale
+
     return {
         "clients": clients,
         "backoff": "Retry-After" if backoff_s is None else f"{backoff_s * 1e3:g} ms",
@@ -210,15 +215,11 @@ def _level(url: str, clients: int, bodies: list[bytes], headers: dict[str, str],
         # CPU of each side per answer (any status): what the clients take from the
         # server on a machine they share
         "client_cpu_us": client_cpu / max(answered, 1) * 1e6,
-        "server_cpu_us": (float("nan") if server_cpu is None
-                          else server_cpu / max(answered, 1) * 1e6),
+        "server_cpu_us": server_per(0, 1e6),
         # of which the main threads' (the event loops'): the rest is other threads'
-        "server_loop_cpu_us": (float("nan") if loop_cpu is None
-                               else loop_cpu / max(answered, 1) * 1e6),
-        "server_cpu_share": (float("nan") if server_cpu is None
-                             else server_cpu / seconds),
-        "server_minor_faults": (float("nan") if faults is None
-                                else faults / max(answered, 1)),
+        "server_loop_cpu_us": server_per(2, 1e6),
+        "server_cpu_share": float("nan") if server is None else server[0] / seconds,
+        "server_minor_faults": server_per(1, 1.0),
     }
 
 
