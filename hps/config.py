@@ -516,7 +516,13 @@ def parse_config(raw: dict[str, Any], base_dir: str | os.PathLike[str] | None = 
 
 def _resolve_paths(config: PSConfig, base: Path) -> PSConfig:
     """`config` with its relative local paths resolved from `base` (copies of the blocks
-    that change; the paths are not validated again)."""
+    that change; the paths are not validated again). They come out absolute whatever
+    `base` is (a config named relative to the working directory): the config travels,
+    to the workers of `hps serve --workers N` as a file in their run folder, and a path
+    still relative there would name the run folder's (a RocksDB store made afresh under
+    /dev/shm instead of the one named)."""
+    base = Path(os.path.abspath(base))
+
     def resolve(path: str) -> str:
         return str(base / path) if "://" not in path and not os.path.isabs(path) else path
 

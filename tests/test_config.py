@@ -174,6 +174,25 @@ def test_files_json_yaml_and_relative_paths(tmp_path: Path) -> None:
     assert load_config(tmp_path / "ps.yaml").models[0].sparse_files == c.models[0].sparse_files
 
 
+def test_a_config_named_relative_to_the_working_directory_gives_absolute_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its paths stay the ones meant wherever the config goes next (the workers of `hps
+    serve --workers N` read it from a file in their run folder)."""
+    raw = minimal(sparse_files=["t0", "t1"])
+    raw["persistent_db"] = {"type": "rocks_db", "path": "db"}
+    (tmp_path / "ps.json").write_text(json.dumps(raw))
+    monkeypatch.chdir(tmp_path)
+    c = load_config("ps.json")
+    assert c.models[0].sparse_files == [str(tmp_path / "t0"), str(tmp_path / "t1")]
+    assert c.persistent_db.path == str(tmp_path / "db")
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    (elsewhere / "config-0.json").write_text(json.dumps(config_to_json(c)))
+    again = load_config(elsewhere / "config-0.json")
+    assert again.persistent_db.path == str(tmp_path / "db")
+    assert again.models[0].sparse_files == c.models[0].sparse_files
+
+
 def test_malformed_files(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"models": [}')
     with pytest.raises(ConfigError, match="not valid JSON at line 1"):
