@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import os
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from hps.config_file import read_config_file
 from hps.config_keys import UnknownConfigKeyWarning as UnknownConfigKeyWarning  # re-exported
 from hps.config_keys import report, unknown_keys
 from hps.errors import ConfigError
@@ -571,26 +571,7 @@ def load_config(source: str | os.PathLike[str] | dict[str, Any] | PSConfig) -> P
     if isinstance(source, dict):
         return parse_config(source)
     path = Path(source)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
-    if path.suffix.lower() in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    else:
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(
-                f"{path}: not valid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-            ) from None
+    raw = read_config_file(path)
     return parse_config(raw, base_dir=path.parent)
 
 

@@ -140,7 +140,9 @@ def test_rounds_time_every_server_in_turn_and_report_the_medians() -> None:
     result = bench_http_gpu(num_keys=3000, dim=8, batch=64, client_processes=(1,),
                             seconds=0.3, warmup=0.1, gpu=False, rounds=3)
     timed = result["timed"]
-    assert [t["server"] for t in timed] == [CPU, FLOOR, FLOOR, CPU, CPU, FLOOR]
+    # the floor started first (the first server started reads slower), then the order
+    # rotated a place each round
+    assert [t["server"] for t in timed] == [FLOOR, CPU, CPU, FLOOR, FLOOR, CPU]
     assert [t["round"] for t in timed] == [0, 0, 1, 1, 2, 2]
     for name in (CPU, FLOOR):
         row = next(r for r in result["rows"] if r["server"] == name)
@@ -185,3 +187,50 @@ def test_minor_faults_count_the_pages_a_process_touches_first() -> None:
     assert before is not None and after is not None
     # at least one fault per 2 MiB page (NumPy asks for huge pages on large arrays)
     assert after - before >= touched.nbytes >> 21
+
+
+def test_interleaved_servers_take_turns_with_one_set_of_clients() -> None:
+    """With a slice, the clients turn from server to server together; every server is
+    timed in every round, its CPU counted in its own slices, and the control (a second
+    server without a GPU cache) is compared with the first."""
+    from hps.tools.bench.http_gpu import CONTROL
+
+    result = bench_http_gpu(num_keys=3000, dim=8, batch=64, client_processes=(2,),
+                            seconds=0.5, warmup=0.1, gpu=False, workers=2, rounds=2,
+                            slice_s=0.25, control=True)
+    timed = result["timed"]
+    assert sorted((t["server"], t["round"]) for t in timed) == sorted(
+        (name, r) for name in (CPU, CONTROL, FLOOR) for r in (0, 1))
+    for t in timed:
+        assert t["keys_per_s"] > 0 and t["failed"] == 0, t
+        assert t["p99_ms"] >= t["p50_ms"] > 0
+        assert 0 < t["server_loop_cpu_us"] and t["server_cpu_us"] > 0, t
+    (ratio,) = result["ratios"]
+    each = ratio["control_rounds_keys_per_s_vs_cpu"]
+    assert len(each) == 2 and all(x > 0 for x in each)
+    control = next(r for r in result["rows"] if r["server"] == CONTROL)
+    first = next(r for r in result["rows"] if r["server"] == CPU)
+    assert ratio["control_keys_per_s_vs_cpu"] == control["keys_per_s"] / first["keys_per_s"]
+    assert result["wrong_rows"] == {CPU: 0, CONTROL: 0}
+    assert result["slice_s"] == 0.25
+
+
+def test_the_slices_go_round_the_servers_rotating_a_place_each_cycle() -> None:
+    from hps.tools.bench.interleave import slice_server
+
+    assert [slice_server(s, 3) for s in range(9)] == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    # the warm-up's slices (before the first timed one) go round the same way
+    assert [slice_server(s, 3) for s in range(-3, 0)] == [2, 0, 1]
+    # over any n cycles every server holds every place once
+    for n in (2, 3, 4):
+        places = {(s % n, slice_server(s, n)) for s in range(n * n)}
+        assert len(places) == n * n
+
+
+def test_interleaving_refuses_what_it_cannot_time() -> None:
+    from hps.tools.bench.interleave import interleaved
+
+    with pytest.raises(ValueError):
+        interleaved(["127.0.0.1:1"], [], 1, [b""], {}, 1.0, 1, 0.0)
+    with pytest.raises(ValueError):
+        interleaved(["127.0.0.1:1"], [1], 1, [b""], {}, 0.1, 1, 0.0, slice_s=0.5)

@@ -62,12 +62,16 @@ from hps.tools.bench.http import (
     run_folders,
     serve_argv,
 )
+from hps.tools.bench.interleave import interleaved
 from hps.tools.bench.overload import PATH, _level
 
 HEADERS = {"Content-Type": "application/octet-stream"}
 GPU, CPU, FLOOR = "hps serve, GPU cache", "hps serve, no GPU cache", "bare uvicorn (floor)"
 #: with several workers: one GPU cache for all of them (gpu_cache_scope host)
 SHARED = "hps serve, one GPU cache for all workers"
+#: a second server without a GPU cache, the same as the first: its ratio to that one is
+#: the measure's own spread (two servers doing the same work)
+CONTROL = "hps serve, no GPU cache, again (control)"
 #: keys a request and client processes, unless asked otherwise (the GPU benches' batch,
 #: the thread counts of the threads profile)
 BATCH, CLIENT_PROCESSES = 2000, (1, 2, 4, 8)
@@ -122,7 +126,8 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                    seconds: float = 3.0, warmup: float = 1.0, alpha: float = 1.1,
                    lookup_threads: int | None = None, client: str = "raw",
                    gpu: bool = True, seed: int = 0, workers: int = 1,
-                   rounds: int = 1, http_lookup_path: str = "auto", pin: bool = False
+                   rounds: int = 1, http_lookup_path: str = "auto", pin: bool = False,
+                   slice_s: float | None = None, control: bool = False
                    ) -> dict[str, Any]:
     """The figures of the module's docstring as a dict: `rows` (server, P, keys/s, p50,
     p99, server CPU per request, failed: the median of `rounds`), `ratios` (per P, of the
@@ -133,6 +138,12 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     the clients' own start) drifts under every server alike, and a ratio of two servers
     timed apart by minutes does not carry it (one-at-a-time runs of one server doing the
     same work as another read 0.92x to 1.22x of it).
+
+    `slice_s`: every server up at once, and one set of client processes switching among
+    them every `slice_s` seconds, each round giving each server `seconds`
+    (hps/tools/bench/interleave.py): the drift of seconds falls on every server alike.
+    `control`: a second server without a GPU cache beside the first, whose ratio to it
+    (`control_keys_per_s_vs_cpu`, per round with rounds) is the measure's own spread.
 
     `pin`: every server's processes on one half of the physical cores, the clients on the
     other (hps/tools/bench/cpus.py), so that no server shares a core with a
@@ -149,6 +160,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
     idle: dict[str, float] = {}
     paths: dict[str, dict[str, Any]] = {}
     split = placement.split_cpus() if pin else None
+    together = rounds > 1 or slice_s is not None  # every server up at once
     server_cpus, client_cpus = split if split else (None, None)
     own_cpus = os.sched_getaffinity(0) if split else None
     try:
@@ -161,25 +173,32 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                 shared = gpu_table_config(dim, batch, http_lookup_path)
                 shared["models"][0]["gpu_cache_scope"] = "host"
                 servers.append((SHARED, shared))
-        servers += [(CPU, one_table_config(dim, batch)), (FLOOR, None)]
+        servers.append((CPU, one_table_config(dim, batch)))
+        if control:
+            servers.append((CONTROL, one_table_config(dim, batch)))
+        servers.append((FLOOR, None))
+
+        def record(name: str, p: int, round_: int, level: dict[str, Any]) -> None:
+            timed.append({"server": name, "clients": p, "round": round_,
+                          "keys_per_s": level["served_per_s"] * batch,
+                          "p50_ms": level["p50_ms"], "p99_ms": level["p99_ms"],
+                          "server_cpu_us": level["server_cpu_us"],
+                          "server_loop_cpu_us": level["server_loop_cpu_us"],
+                          "server_minor_faults": level["server_minor_faults"],
+                          "failed": level["failed"]})
 
         def measure(name: str, url: str, pid: int, round_: int) -> None:
             for p in client_processes:
                 level = _level(url, p, bodies, HEADERS, seconds, warmup, 0.0, client, pid)
-                timed.append({"server": name, "clients": p, "round": round_,
-                              "keys_per_s": level["served_per_s"] * batch,
-                              "p50_ms": level["p50_ms"], "p99_ms": level["p99_ms"],
-                              "server_cpu_us": level["server_cpu_us"],
-                              "server_loop_cpu_us": level["server_loop_cpu_us"],
-                              "server_minor_faults": level["server_minor_faults"],
-                              "failed": level["shed"] + level["expired"] + level["other"]})
+                level["failed"] = level["shed"] + level["expired"] + level["other"]
+                record(name, p, round_, level)
 
         def bring_up(stack: contextlib.ExitStack, index: int) -> tuple[str, str, int]:
             """Server `index` up in `stack`, its answers checked, its memory and idle CPU
             taken: (name, host:port, the pid whose CPU counts)."""
             name, config = servers[index]
             # with other servers up, its memory is what the device gained; alone, all
-            before = gpu_memory_by_process() if _has_gpu(config) and rounds > 1 else (0, {})
+            before = gpu_memory_by_process() if _has_gpu(config) and together else (0, {})
             url, pid = stack.enter_context(
                 _start(tmp, index, config, dim, lookup_threads, workers, server_cpus))
             _after_start(name, config, url, bodies, picks, vectors, wrong, memory, before)
@@ -191,7 +210,25 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                 if _has_gpu(dict(servers)[name]):
                     paths[name] = _http_lookup(url)
 
-        if rounds == 1:  # one server up at a time, timed as soon as it is up
+        # with every server up at once, the floor starts first: of servers started one
+        # after another, the first reads slower for as long as it runs (three identical
+        # servers without a GPU cache, 2 workers each, timed in turns on the 2-core
+        # machine: the first 0.90-0.97x the others in 10 of 12 rounds, also when started
+        # 40 s earlier or second in the clients' order; with the floor started before
+        # them, within 0.95-1.02x of each other), and the floor is not read to a percent
+        start_order = sorted(range(len(servers)), key=lambda i: servers[i][0] != FLOOR)
+        if slice_s is not None:  # every server up at once, timed in turns of slice_s
+            with contextlib.ExitStack() as stack:
+                up = [bring_up(stack, index) for index in start_order]
+                for p in client_processes:
+                    table = interleaved([u for _, u, _ in up], [pid for _, _, pid in up],
+                                        p, bodies, HEADERS, seconds, rounds, warmup,
+                                        slice_s, client)
+                    for round_, row in enumerate(table):
+                        for (name, _, _), level in zip(up, row, strict=True):
+                            record(name, p, round_, level)
+                path_taken(up)
+        elif rounds == 1:  # one server up at a time, timed as soon as it is up
             for index in range(len(servers)):
                 with contextlib.ExitStack() as stack:
                     up = [bring_up(stack, index)]
@@ -199,7 +236,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                     path_taken(up)
         else:  # every server up at once, each round timing them in turn
             with contextlib.ExitStack() as stack:
-                up = [bring_up(stack, index) for index in range(len(servers))]
+                up = [bring_up(stack, index) for index in start_order]
                 for round_ in range(rounds):
                     shift = round_ % len(up)
                     for server in up[shift:] + up[:shift]:
@@ -228,7 +265,8 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
                        "p99_vs_floor": ratio(served, FLOOR, p, "p99_ms"),
                        "keys_per_s_vs_cpu": ratio(served, CPU, p, "keys_per_s"),
                        "p99_vs_cpu": ratio(served, CPU, p, "p99_ms")})
-        mine = [served] + ([SHARED] if gpu and workers > 1 else [])
+        mine = [served] + ([SHARED] if gpu and workers > 1 else []) + (
+            [CONTROL] if control else [])
         if rounds > 1:  # each round's own pair: how far the medians' ratio can be trusted
             for name in mine:
                 ratios[-1][f"{_prefix(name)}rounds_keys_per_s_vs_cpu"] = [
@@ -238,7 +276,11 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
         if gpu and workers > 1:
             ratios[-1]["shared_keys_per_s_vs_cpu"] = ratio(SHARED, CPU, p, "keys_per_s")
             ratios[-1]["shared_p99_vs_cpu"] = ratio(SHARED, CPU, p, "p99_ms")
-    return {"rows": rows, "rounds": rounds, "timed": timed if rounds > 1 else [],
+        if control:
+            ratios[-1]["control_keys_per_s_vs_cpu"] = ratio(CONTROL, CPU, p, "keys_per_s")
+            ratios[-1]["control_p99_vs_cpu"] = ratio(CONTROL, CPU, p, "p99_ms")
+    return {"rows": rows, "rounds": rounds, "slice_s": slice_s,
+            "timed": timed if rounds > 1 else [],
             "ratios": ratios, "wrong_rows": wrong, "num_keys": num_keys,
             "dim": dim, "batch": batch, "alpha": alpha, "seconds": seconds, "gpu": gpu,
             "lookup_threads": lookup_threads, "workers": workers,
@@ -253,7 +295,7 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
 
 
 def _prefix(name: str) -> str:
-    return "shared_" if name == SHARED else ""
+    return {SHARED: "shared_", CONTROL: "control_"}.get(name, "")
 
 
 def _has_gpu(config: dict[str, Any] | None) -> bool:
@@ -327,18 +369,23 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
                    table: Callable[[list[dict[str, Any]], str], None],
                    say: Callable[[str], None] = print, gpu: bool = True,
                    workers: int = 1, rounds: int = 1, http_lookup_path: str = "auto",
-                   pin: bool = False) -> dict[str, Any]:
+                   pin: bool = False, slice_s: float | None = None,
+                   control: bool = False) -> dict[str, Any]:
     """Run `bench_http_gpu` and print its figures through `table(rows, title)` and
     `say(line)`; returns them."""
     say(f"table of {num_keys:,} keys, width {dim}; {batch:,} power-law keys per request; "
         f"client processes {', '.join(map(str, client_processes))}; {seconds:g} s each; "
         f"every server (the floor too) with {workers} worker process(es)"
         + (f"; {rounds} rounds, every server up at once, timed in turn (medians below)"
-           if rounds > 1 else "") + " …")
+           if rounds > 1 and slice_s is None else "")
+        + (f"; {rounds} round(s), every server up at once, the clients turning to the next "
+           f"every {slice_s:g} s" if slice_s is not None else "")
+        + ("; a second server without a GPU cache as the control" if control else "")
+        + " …")
     result = bench_http_gpu(num_keys, dim, batch, tuple(client_processes), seconds=seconds,
                             lookup_threads=lookup_threads, client=client, gpu=gpu,
                             workers=workers, rounds=rounds, http_lookup_path=http_lookup_path,
-                            pin=pin)
+                            pin=pin, slice_s=slice_s, control=control)
     if result["cpus"]:
         say(f"servers on CPUs {result['cpus']['servers']}, clients on "
             f"{result['cpus']['clients']} (whole cores each side)")
@@ -357,7 +404,11 @@ def print_http_gpu(num_keys: int, dim: int, batch: int, client_processes: list[i
         if "shared_keys_per_s_vs_cpu" in r:
             say(f"{r['clients']} client processes: {SHARED} over no GPU cache: keys/s "
                 f"{r['shared_keys_per_s_vs_cpu']:.2f}×, p99 {r['shared_p99_vs_cpu']:.2f}×")
-        for name in (served, SHARED):
+        if "control_keys_per_s_vs_cpu" in r:
+            say(f"{r['clients']} client processes: {CONTROL} over the first (the measure's "
+                f"spread): keys/s {r['control_keys_per_s_vs_cpu']:.2f}×, p99 "
+                f"{r['control_p99_vs_cpu']:.2f}×")
+        for name in (served, SHARED, CONTROL):
             each = r.get(f"{_prefix(name)}rounds_keys_per_s_vs_cpu")
             if each:
                 p99 = r[f"{_prefix(name)}rounds_p99_vs_cpu"]
@@ -401,13 +452,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="the GPU servers' http_lookup_path (auto: as measured)")
     parser.add_argument("--pin", action="store_true",
                         help="servers on half the physical cores, clients on the others")
+    parser.add_argument("--interleave", type=float, default=None, metavar="SLICE_S",
+                        help="every server up at once, the clients turning to the next "
+                        "every SLICE_S seconds (each round: --seconds a server)")
+    parser.add_argument("--control", action="store_true",
+                        help="a second server without a GPU cache: the measure's spread")
     args = parser.parse_args(argv)
 
     result = print_http_gpu(args.keys, args.dim, args.batch,
                             [int(c) for c in args.client_processes.split(",")],
                             args.seconds, args.lookup_threads, args.client, print_rows,
                             workers=args.workers, rounds=args.rounds,
-                            http_lookup_path=args.http_lookup_path, pin=args.pin)
+                            http_lookup_path=args.http_lookup_path, pin=args.pin,
+                            slice_s=args.interleave, control=args.control)
     print(json.dumps(result))
 
 
