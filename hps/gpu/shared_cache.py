@@ -47,7 +47,6 @@ import mmap
 import os
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +78,7 @@ from hps.gpu.shared_record import (
     shared_dir,
     wait_ready,
 )
+from hps.runtime.background import WeakTicker
 from hps.runtime.shm_files import NotOurs
 
 log = logging.getLogger("hps")
@@ -365,39 +365,25 @@ def _watch_owner(record: SharedTableRecord) -> None:
     """Says once, in a process that maps `record`'s table, that its owner died (the
     table keeps serving here: see the module docstring). One thread for every record of
     the process, started with the first."""
-    global _watcher
-    with _WATCH_LOCK:
-        _WATCHED.add(record)
-        if _watcher is None or not _watcher.is_alive():
-            _watcher = threading.Thread(target=_watch_owners, daemon=True,
-                                        name="hps-gpu-shared-owners")
-            _watcher.start()
+    _OWNERS.add(record)
 
 
-_WATCHED: weakref.WeakSet[SharedTableRecord] = weakref.WeakSet()
-_WATCH_LOCK = threading.Lock()
-_watcher: threading.Thread | None = None
+def _warn_gone_owners(records: list[SharedTableRecord]) -> None:
+    for record in records:
+        owner = record.owner_pid()
+        if owner and record.owner_gone():
+            log.warning(
+                "process %d, which allocated the shared GPU table %s, died: this process "
+                "keeps serving from the table it maps (the driver keeps the memory until "
+                "the last process that maps it lets go); a process that loads the table "
+                "from now on allocates a new one", owner, record.key)
+            _OWNERS.discard(record)  # said once
 
 
-def _watch_owners() -> None:
-    global _watcher
-    while True:
-        time.sleep(_OWNER_CHECK_S)
-        with _WATCH_LOCK:
-            records = [r for r in _WATCHED if not r._closed]
-            if not records:
-                _watcher = None
-                return
-        for record in records:
-            owner = record.owner_pid()
-            if owner and record.owner_gone():
-                log.warning(
-                    "process %d, which allocated the shared GPU table %s, died: this process "
-                    "keeps serving from the table it maps (the driver keeps the memory until "
-                    "the last process that maps it lets go); a process that loads the table "
-                    "from now on allocates a new one", owner, record.key)
-                with _WATCH_LOCK:
-                    _WATCHED.discard(record)  # said once
+#: every _OWNER_CHECK_S, the records of this process still open
+_OWNERS: WeakTicker[SharedTableRecord] = WeakTicker(
+    "hps-gpu-shared-owners", lambda: _OWNER_CHECK_S, _warn_gone_owners,
+    keep=lambda record: not record._closed)
 
 
 class SharedParts:

@@ -39,7 +39,6 @@ import fcntl
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -49,6 +48,7 @@ import numpy as np
 
 from hps.errors import DeviceError
 from hps.gpu.fast_query import CLOSED, ENTERED, TICK, _gate_calls
+from hps.runtime.background import WeakTicker
 from hps.runtime.run_dir import alive_since, process_started
 from hps.runtime.shm_files import user_name
 
@@ -390,44 +390,25 @@ class _Stillness:
 def _tick_progress(gate: SharedGate) -> None:
     """Counts `gate` among those this process's ticker shows progress in (one thread for
     the process, started with its first gate)."""
-    global _ticker
-    with _GATES_LOCK:
-        _GATES.add(gate)
-        if _ticker is None or not _ticker.is_alive():
-            _ticker = threading.Thread(target=_tick_gates, daemon=True,
-                                       name="hps-gpu-shared-progress")
-            _ticker.start()
-
-
-_GATES: weakref.WeakSet[SharedGate] = weakref.WeakSet()
-_GATES_LOCK = threading.Lock()
-_ticker: threading.Thread | None = None
-
-
-def _tick_gates() -> None:
-    """Advances, every PROGRESS_TICK_S, the progress word of this process's slot in each
-    gate it is attached to, and WRITER_PROGRESS of each it holds for a write: the
-    processes that wait on it (for the lock, its query, its write) see it alive and its
-    threads running. A process stopped or frozen ticks no more. A tick just after its
-    write ended lands on the next writer's word: one tick more, harmless."""
-    global _ticker
-    while True:
-        time.sleep(PROGRESS_TICK_S)
-        with _GATES_LOCK:
-            gates = list(_GATES)
-            if not gates:
-                _ticker = None
-                return
-        _tick(gates)
-        del gates  # no gate kept alive while asleep
+    _PROGRESS.add(gate)
 
 
 def _tick(gates: list[SharedGate]) -> None:
+    """Advances the progress word of this process's slot in each gate it is attached to,
+    and WRITER_PROGRESS of each it holds for a write: the processes that wait on it (for
+    the lock, its query, its write) see it alive and its threads running. A process
+    stopped or frozen ticks no more. A tick just after its write ended lands on the next
+    writer's word: one tick more, harmless."""
     for gate in gates:  # a loop over this process's shared tables
         if gate._attached:
             gate.words[gate._slot_word + _SLOT_PROGRESS] += 1
         if gate._held:
             gate.words[WRITER_PROGRESS] += 1
+
+
+#: the process's progress ticker, every PROGRESS_TICK_S over its gates
+_PROGRESS: WeakTicker[SharedGate] = WeakTicker("hps-gpu-shared-progress",
+                                               lambda: PROGRESS_TICK_S, _tick)
 
 
 def lock_within(fd: int, seconds: float = LOCK_WAIT_S) -> bool:

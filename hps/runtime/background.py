@@ -1,4 +1,5 @@
-"""Background threads of the package: one bounded-queue worker, one periodic task.
+"""Background threads of the package: one bounded-queue worker, one periodic task, one
+process-wide ticker over the objects that need it.
 
     writes = BackgroundWorker("hps-redis-insert", 1024, handle, log=log)
     if not writes.submit(item):      # never blocks: False when the queue is full
@@ -15,6 +16,9 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+import traceback
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -169,3 +173,48 @@ class PeriodicTask:
         self._stop.set()
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+
+class WeakTicker(Generic[T]):
+    """One daemon thread for the process calling `tick(items)` every `interval()` seconds
+    over the items `add`ed (held weakly: one nobody else holds drops out) that `keep`
+    keeps. It starts with the first item and ends once none is left; the next `add` starts
+    another. `interval` is read before each sleep (a module's setting, which tests shorten).
+    Errors are logged and the next round comes anyway."""
+
+    def __init__(self, name: str, interval: Callable[[], float],
+                 tick: Callable[[list[T]], object], *,
+                 keep: Callable[[T], bool] = lambda _: True,
+                 log: logging.Logger = _log) -> None:
+        self.name = name
+        self._interval, self._tick, self._keep, self._log = interval, tick, keep, log
+        self._items: weakref.WeakSet[T] = weakref.WeakSet()  # type: ignore[type-var]
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, item: T) -> None:
+        with self._lock:
+            self._items.add(item)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self._thread.start()
+
+    def discard(self, item: T) -> None:
+        with self._lock:
+            self._items.discard(item)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self._interval())
+            with self._lock:
+                items = [item for item in self._items if self._keep(item)]
+                if not items:
+                    self._thread = None
+                    return
+            try:
+                self._tick(items)
+            except Exception:  # noqa: BLE001 - a background thread must not die
+                # the text only: a record carrying the traceback would keep the items its
+                # frames hold alive for as long as a handler keeps the record
+                self._log.error("%s: tick failed\n%s", self.name, traceback.format_exc())
+            del items  # none kept alive while asleep

@@ -1,13 +1,15 @@
-"""The bounded-queue background worker and the periodic task, on real threads."""
+"""The bounded-queue background worker, the periodic task and the weak ticker, on real
+threads."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
-from hps.runtime.background import BackgroundWorker, PeriodicTask
+from hps.runtime.background import BackgroundWorker, PeriodicTask, WeakTicker
 
 
 class Gate:
@@ -173,3 +175,64 @@ def test_periodic_task_closed_during_its_delay_never_runs() -> None:
     task = PeriodicTask("hps-test-delay", 0.001, lambda: runs.append(1), delay=3600.0)
     assert task.close(10)
     assert runs == []
+
+
+class _Item:
+    def __init__(self, open_: bool = True) -> None:
+        self.open = open_
+        self.ticks = 0
+
+
+def test_a_weak_ticker_ticks_the_items_it_keeps_and_ends_with_the_last() -> None:
+    def tick(items: list[_Item]) -> None:
+        for item in items:
+            item.ticks += 1
+
+    ticker: WeakTicker[_Item] = WeakTicker("test-ticker", lambda: 0.01, tick,
+                                           keep=lambda item: item.open)
+    kept, closed = _Item(), _Item(open_=False)
+    ticker.add(kept)
+    ticker.add(closed)
+    deadline = time.monotonic() + 5
+    while kept.ticks < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kept.ticks >= 3 and closed.ticks == 0
+    first = ticker._thread
+    assert first is not None and first.name == "test-ticker"
+    ticker.discard(kept)  # none left: the thread ends
+    first.join(5)
+    assert not first.is_alive() and ticker._thread is None
+    again = _Item()
+    ticker.add(again)  # and the next add starts another
+    while again.ticks < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert again.ticks >= 1 and ticker._thread is not first
+
+
+def test_a_weak_ticker_holds_no_item_alive_and_survives_a_failing_tick() -> None:
+    import gc
+    import weakref
+
+    calls: list[int] = []
+
+    def tick(items: list[_Item]) -> None:
+        calls.append(len(items))
+        raise RuntimeError("a tick that fails")
+
+    ticker: WeakTicker[_Item] = WeakTicker("test-ticker-2", lambda: 0.01, tick)
+    item = _Item()
+    gone = weakref.ref(item)
+    ticker.add(item)
+    deadline = time.monotonic() + 5
+    while len(calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(calls) >= 2  # the thread went on after the first failure
+    thread = ticker._thread
+    del item
+    while gone() is not None and time.monotonic() < deadline:  # a tick may hold it now
+        gc.collect()
+        time.sleep(0.01)
+    assert gone() is None  # held weakly: between ticks, nothing keeps it
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive()  # its last item gone, it ended
