@@ -280,12 +280,10 @@ class ModelConfig(StrictSection):
     def _devices_without_cache(cls, data: Any) -> Any:
         # the device list places GPU caches; a model without one is served from the host
         # tiers, and device 0 is only the id its host lookups report
-        if isinstance(data, dict) and "deployed_device_list" not in data:
-            if data.get("gpucache") is False:
-                return {**data, "deployed_device_list": [0]}
-            raise ValueError("deployed_device_list is required: the GPU ids whose caches "
-                             "serve the model, e.g. [0] (it may be left out with gpucache: "
-                             "false)")
+        # (left missing otherwise: reported with the block's other errors, MISSING_HINTS)
+        if isinstance(data, dict) and "deployed_device_list" not in data and (
+                data.get("gpucache") is False):
+            return {**data, "deployed_device_list": [0]}
         return data
 
     @field_validator("sparse_files", mode="before")
@@ -482,13 +480,18 @@ def _json_path(loc: tuple[Any, ...]) -> str:
     return path
 
 
+#: what a missing key's error adds, by key
+_MISSING_HINTS = {"deployed_device_list": ": the GPU ids whose caches serve the model, e.g. "
+                                          "[0] (it may be left out with gpucache: false)"}
+
+
 def _format_errors(exc: ValidationError, name_path: PathNamer = _json_path) -> str:
     lines = []
     for err in exc.errors():
         path = name_path(tuple(err["loc"]))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
-            msg = "required key is missing"
+            msg = "required key is missing" + _MISSING_HINTS.get(str(err["loc"][-1]), "")
         elif "input" in err and err["type"] != "value_error":
             msg = f"{msg} (got {err['input']!r})"
         lines.append(f"{path or '<config>'}: {msg}")

@@ -268,8 +268,21 @@ def test_deployed_device_list_is_needed_only_with_a_gpu_cache() -> None:
     assert load_config(without).models[0].deployed_device_list == [0]
     with_cache = minimal()
     del with_cache["models"][0]["deployed_device_list"]
-    with pytest.raises(ConfigError, match=r"deployed_device_list is required.*gpucache: false"):
+    with pytest.raises(ConfigError, match=r"models\[0\]\.deployed_device_list: required key "
+                       r"is missing: the GPU ids.*gpucache: false"):
         load_config(with_cache)
+
+
+def test_a_model_block_missing_its_devices_hears_of_every_other_error_too() -> None:
+    from hps.config import parse_model_block
+
+    with pytest.raises(ConfigError) as caught:
+        parse_model_block({"model": 5})
+    said = str(caught.value)
+    for named in ("deployed_device_list: required key is missing: the GPU ids",
+                  "model: Input should be a valid string", "sparse_files: required key",
+                  "embedding_vecsize_per_table: required key"):
+        assert named in said, said
 
 
 def test_unknown_key_warning_points_at_the_callers_line(tmp_path: Path) -> None:
