@@ -61,8 +61,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to `host:port` (port 0: any free port), not yet listening.
 
     Raises BindError naming the address and what to do when the port is taken or the
-    address cannot be bound.
+    address cannot be bound, or the port is not one (the resolver would wrap 99999 to
+    34463 and serve there).
     """
+    if not 0 <= port <= 65535:
+        raise BindError(f"cannot serve on port {port}: a TCP port is 0 to 65535 (0: any "
+                        "free one); pick another with --port")
     try:
         infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)

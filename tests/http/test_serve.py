@@ -21,6 +21,8 @@ import httpx
 import numpy as np
 import pytest
 
+from hps.errors import BindError
+from hps.http.serve import bind_socket
 from tests.http.conftest import MODEL, ModelFiles
 from tests.support.redis_servers import free_port
 
@@ -175,6 +177,19 @@ def test_a_taken_port_is_one_line_and_exit_1(config_file: Path,
     assert "serving" not in done.stdout + done.stderr
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert f"port {port} is in use" in done.stderr and "--port" in done.stderr
+
+
+def test_a_port_past_65535_is_refused_not_wrapped(config_file: Path,
+                                                  cli_env: dict[str, str]) -> None:
+    # before, 99999 reached the resolver, which wrapped it: the server ran on 34463
+    done = subprocess.run([sys.executable, "-m", "hps.tools.cli", "serve", str(config_file),
+                           "--port", "99999"], capture_output=True, text=True, env=cli_env,
+                          timeout=60)
+    assert done.returncode == 2 and "serving" not in done.stdout + done.stderr
+    assert "--port" in done.stderr and "65535" in done.stderr, done.stderr
+    for port in (65536, -1):  # the library call says so too, binding nothing
+        with pytest.raises(BindError, match=r"a TCP port is 0 to 65535"):
+            bind_socket("127.0.0.1", port)
 
 
 def test_fresh_clone_demo_then_serve_configs_demo(tmp_path: Path,

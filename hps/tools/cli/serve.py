@@ -25,7 +25,7 @@ def serve(
     config: Path = typer.Argument(..., help="ps.json or YAML config."),
     host: str = typer.Option(
         "127.0.0.1", help="Address to bind; 0.0.0.0 serves every interface."),
-    port: int = typer.Option(8000, help="TCP port."),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port (0: any free one)."),
     token: Optional[str] = typer.Option(
         None, envvar="HPS_TOKEN", show_envvar=True,
         help="Bearer token every route but /healthz and /readyz requires."),
