@@ -213,9 +213,10 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
         # with every server up at once, the floor starts first: of servers started one
         # after another, the first reads slower for as long as it runs (three identical
         # servers without a GPU cache, 2 workers each, timed in turns on the 2-core
-        # machine: the first 0.90-0.97x the others in 10 of 12 rounds, also when started
-        # 40 s earlier or second in the clients' order; with the floor started before
-        # them, within 0.95-1.02x of each other), and the floor is not read to a percent
+        # machine: the first 0.90-0.99x the others, slower than both in 10 rounds of 11,
+        # also when started 40 s earlier or second in the clients' order; with the floor
+        # started before them, within 0.95-1.02x of each other), and the floor is not
+        # read to a percent
         start_order = sorted(range(len(servers)), key=lambda i: servers[i][0] != FLOOR)
         if slice_s is not None:  # every server up at once, timed in turns of slice_s
             with contextlib.ExitStack() as stack:
