@@ -280,7 +280,7 @@ class ModelConfig(StrictSection):
     def _devices_without_cache(cls, data: Any) -> Any:
         # the device list places GPU caches; a model without one is served from the host
         # tiers, and device 0 is only the id its host lookups report
-        # (left missing otherwise: reported with the block's other errors, MISSING_HINTS)
+        # (left missing otherwise: reported with the block's other errors, _MISSING_HINTS)
         if isinstance(data, dict) and "deployed_device_list" not in data and (
                 data.get("gpucache") is False):
             return {**data, "deployed_device_list": [0]}

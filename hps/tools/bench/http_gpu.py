@@ -218,30 +218,28 @@ def bench_http_gpu(num_keys: int = 1_000_000, dim: int = 64, batch: int = BATCH,
         # started before them, within 0.95-1.02x of each other), and the floor is not
         # read to a percent
         start_order = sorted(range(len(servers)), key=lambda i: servers[i][0] != FLOOR)
-        if slice_s is not None:  # every server up at once, timed in turns of slice_s
-            with contextlib.ExitStack() as stack:
-                up = [bring_up(stack, index) for index in start_order]
-                for p in client_processes:
-                    table = interleaved([u for _, u, _ in up], [pid for _, _, pid in up],
-                                        p, bodies, HEADERS, seconds, rounds, warmup,
-                                        slice_s, client)
-                    for round_, row in enumerate(table):
-                        for (name, _, _), level in zip(up, row, strict=True):
-                            record(name, p, round_, level)
-                path_taken(up)
-        elif rounds == 1:  # one server up at a time, timed as soon as it is up
+        if not together:  # one server up at a time, timed as soon as it is up
             for index in range(len(servers)):
                 with contextlib.ExitStack() as stack:
                     up = [bring_up(stack, index)]
                     measure(*up[0], 0)
                     path_taken(up)
-        else:  # every server up at once, each round timing them in turn
+        else:
             with contextlib.ExitStack() as stack:
                 up = [bring_up(stack, index) for index in start_order]
-                for round_ in range(rounds):
-                    shift = round_ % len(up)
-                    for server in up[shift:] + up[:shift]:
-                        measure(*server, round_)
+                if slice_s is not None:  # timed in turns of slice_s by one set of clients
+                    for p in client_processes:
+                        table = interleaved([u for _, u, _ in up], [pid for _, _, pid in up],
+                                            p, bodies, HEADERS, seconds, rounds, warmup,
+                                            slice_s, client)
+                        for round_, row in enumerate(table):
+                            for (name, _, _), level in zip(up, row, strict=True):
+                                record(name, p, round_, level)
+                else:  # each round timing them in turn, the order rotated a place
+                    for round_ in range(rounds):
+                        shift = round_ % len(up)
+                        for server in up[shift:] + up[:shift]:
+                            measure(*server, round_)
                 path_taken(up)
     finally:
         placement.pin(0, own_cpus)

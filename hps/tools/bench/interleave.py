@@ -13,7 +13,7 @@ server and switch servers together every `slice_s`, all reading one clock
 servers in a fixed order rotated one place every cycle (no server always follows the
 same one), `cycles` = `seconds` / `slice_s` cycles a round, so each server gets `seconds`
 of every round. A request counts for the server of the slice it was sent in. This process
-reads every server's CPU counters at each slice's edges (hps/tools/bench/cpus.py
+reads a server's CPU counters at its own slices' edges (hps/tools/bench/cpus.py
 `counters`), so a server's CPU per request is what it took in its own slices: not its idle
 CPU while the others were timed, which is not a request's.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -80,16 +81,15 @@ def interleaved(urls: list[str], pids: list[int], clients: int, bodies: list[byt
     timed_from.value = first
     start.set()
     cpu = np.zeros((rounds, n, 3))  # CPU s, minor faults, main threads' CPU s
-    before = None
-    for edge in range(slices + 1):
+    began = None  # the counters of the slice under way's server, read at its start
+    for edge in range(slices + 1):  # at each edge, the two servers it parts
         _sleep_until(first + edge * slice_s)
-        now = [counters(pid) for pid in pids]
-        if before is not None:
-            s = edge - 1
-            k, r = slice_server(s, n), s // (cycles * n)
-            if now[k] is not None and before[k] is not None:
-                cpu[r, k] += np.subtract(now[k], before[k])
-        before = now
+        if edge:
+            k = slice_server(edge - 1, n)
+            ended = counters(pids[k])
+            if ended is not None and began is not None:
+                cpu[(edge - 1) // (cycles * n), k] += np.subtract(ended, began)
+        began = counters(pids[slice_server(edge, n)]) if edge < slices else None
     results = [out.get(timeout=slices * slice_s + warmup + 120) for _ in procs]
     for proc in procs:
         proc.join(timeout=30)
@@ -100,10 +100,7 @@ def interleaved(urls: list[str], pids: list[int], clients: int, bodies: list[byt
         for k in range(n):
             latencies = np.concatenate([np.frombuffer(res[0][r][k], dtype=np.float64)
                                         for res in results]) * 1e3
-            statuses: dict[int, int] = {}
-            for res in results:
-                for status, count in res[1][r][k].items():
-                    statuses[status] = statuses.get(status, 0) + count
+            statuses = sum((Counter(res[1][r][k]) for res in results), Counter())
             failed = sum(statuses.values())
             answered = max(latencies.size + failed, 1)
             row.append({
@@ -111,7 +108,7 @@ def interleaved(urls: list[str], pids: list[int], clients: int, bodies: list[byt
                 "p50_ms": float(np.percentile(latencies, 50)) if latencies.size else math.nan,
                 "p99_ms": float(np.percentile(latencies, 99)) if latencies.size else math.nan,
                 "failed": failed,
-                "failed_statuses": statuses,
+                "failed_statuses": dict(statuses),
                 "server_cpu_us": float(cpu[r, k, 0]) / answered * 1e6,
                 "server_loop_cpu_us": float(cpu[r, k, 2]) / answered * 1e6,
                 "server_minor_faults": float(cpu[r, k, 1]) / answered,
