@@ -55,7 +55,9 @@ if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
     -p no:cacheprovider -rs --durations=8 2>&1 | tee "$logs/pytest.log"
   status=${PIPESTATUS[0]}
   # on a GPU machine every GPU test must run: none passed, or any skipped, is a failure
-  summary="$(tail -n 1 "$logs/pytest.log")"
+  # (pytest's summary line, not the log's last: torch may warn after it at exit)
+  summary="$(grep -E '^(=+ )?[0-9]+ (passed|failed|errors?|skipped|deselected)\b' \
+    "$logs/pytest.log" | tail -n 1)"
   if ! grep -Eq '[1-9][0-9]* passed' <<<"$summary" || grep -q 'skipped' <<<"$summary"; then
     echo "gpu_check: GPU tests did not all run ($summary)" >&2
     status=1
@@ -72,6 +74,6 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
-  echo "GPU tests: $(tail -n 1 "$logs/pytest.log")"
+  echo "GPU tests: ${summary:-no summary (timed out?)}"
 fi
 exit "$status"

@@ -40,6 +40,7 @@ from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.gpu.launch_shape import BLOCK, PIPELINED_AFTER, PIPELINED_ROW_BYTES, default_hints
 from hps.gpu.workspace import QueryWorkspace
 from hps.gpu.shared_cache import SharedParts
+from hps.gpu.streams import stream_key
 from hps.gpu.write_order import WriteOrder
 from hps.intake.keys import device_output_view
 from hps.rows.gpu_layout import (OUT_FLOAT32, OUTPUT_CODES, STORAGE_CODES, row_unit_bytes,
@@ -131,7 +132,8 @@ class DeviceTable(WriteOrder, HostRowUpdates, SharedParts):
         if shared is not None:
             shared.gate.recover = self._empty
         self._fast = fast_query.compiled() if self._fast_queries else None
-        # queries in flight: their workspace's event (recorded after the query) → stream
+        # queries in flight: their workspace's event (recorded after the query) → its
+        # stream's key (hps/gpu/streams.py: queries come from every device's streams)
         self._inflight: dict[int, int] = {}
         self._write_event: Any = None  # the last write; later queries and writes wait for it
         self._retire: deque[tuple[Any, tuple[Any, ...]]] = deque()
@@ -446,7 +448,7 @@ class DeviceTable(WriteOrder, HostRowUpdates, SharedParts):
                 if self._shared is not None:
                     self._gate.leave_locked()
                 raise
-            self._inflight[event] = stream_ptr
+            self._inflight[event] = stream_key(stream_ptr, self.device_id)
         try:
             overlap.run_task()  # the caller's host work, while the kernel runs
             # the count lands (after a system-scope fence: the missed keys are in host

@@ -298,16 +298,18 @@ class EmbeddingCache(DeviceTable):
     #     tick = table.hold_for_insert(stream, own_event)  # the lock taken, the order set
     #     ... launch with `tick`, record `done` (an Event) on stream ...
     #     table.release_after_insert(done)                 # None: nothing was launched
-    def hold_for_insert(self, stream_ptr: int, own_event: int) -> int:
-        """Takes the table's lock, closes its gate and orders `stream_ptr` after the
-        queries in flight on other streams (`own_event`: the caller's own, not waited for)
-        and after the last write; returns the insert's LRU tick (shifted for its ranks).
-        Raises DeviceError (the lock released) when the table is closed."""
+    def hold_for_insert(self, stream_ptr: int, own_event: int,
+                        device: int | None = None) -> int:
+        """Takes the table's lock, closes its gate and orders `stream_ptr` (of `device`;
+        None: this table's) after the queries in flight on other streams (`own_event`:
+        the caller's own, not waited for) and after the last write; returns the insert's
+        LRU tick (shifted for its ranks). Raises DeviceError (the lock released) when the
+        table is closed."""
         self._lock.acquire()
         try:
             if self._closed:
                 self._check_open()
-            self._after_queries(stream_ptr, own_event)
+            self._after_queries(stream_ptr, own_event, device)
             if self._write_event is not None:
                 self._wait_for_writes(stream_ptr)
             return int(self._gate.next_tick() << RANK_BITS)

@@ -221,7 +221,7 @@ class _InsertAll:
         done = None
         try:
             for s, cache in enumerate(self.caches):
-                params.ticks[s] = cache.hold_for_insert(stream, 0)
+                params.ticks[s] = cache.hold_for_insert(stream, 0, self.device_id)
                 held.append(cache)
             status = self._launch(self._fn, blocks, 1, 1, BLOCK, 1, 1, 0, stream,
                                   params.address, 0)

@@ -292,10 +292,10 @@ class OnePassQuery:
                 self._cp.cuda.driver.check_status(status)
         except BaseException:
             for t in held:
-                t.release_after_query(stream, 0)
+                t.release_after_query(stream, 0, self.device_id)
             raise
         for t in held:
-            t.release_after_query(stream, event)
+            t.release_after_query(stream, event, self.device_id)
         try:
             # small batches keep the GIL through their short wait, as a table's own
             # queries do (hps/gpu/device_table.py _HELD_SPIN_KEYS says why)

@@ -81,7 +81,7 @@ from hps.gpu.host_memory import MappedHostMemory
 from hps.gpu.kernels import SET_SIZE
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.static_table import StaticEmbeddingTable, _num_buckets
-from hps.gpu.streams import same_stream
+from hps.gpu.streams import same_stream, stream_key
 from hps.gpu.uvm_moves import MIN_HITS, NO_ROW, choose_moves, compile_pass_kernels
 from hps.gpu.uvm_reads import REGION_BYTES, SCAN_BLOCK, HostReadLists, region_shift
 from hps.gpu.workspace import QueryWorkspace
@@ -373,8 +373,9 @@ class UvmEmbeddingTable(StaticEmbeddingTable):
         """Whether a grouped query on stream_ptr may promote its rows (the lock held): no
         query on another stream is in flight (it may read a victim's row) and no pass is
         choosing moves (it would move rows the promotion gave away)."""
+        key = stream_key(stream_ptr, self.device_id)
         return self.promote_on_lookup and not self._pass_busy and all(
-            same_stream(other, stream_ptr) for other in self._inflight.values())
+            same_stream(other, key) for other in self._inflight.values())
 
     def lookup_promotions(self) -> int:
         """Rows promoted on the lookup path so far (0 once closed)."""

@@ -9,7 +9,7 @@ is between its launch and its miss count, and the gate stays closed until the lo
 finds the write done. Every method here runs under the table's lock.
 
 Uses the table's `_lock`, `_cp`, `_rt`, `_device`, `_stream`, `_inflight` (query event →
-stream), `_write_event`, `_retire`, `_gate` and `_check_open`.
+its stream's key, hps/gpu/streams.py), `_write_event`, `_retire`, `_gate` and `_check_open`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hps.gpu.streams import same_stream
+from hps.gpu.streams import same_stream, stream_key
 
 
 class WriteOrder:
@@ -28,6 +28,7 @@ class WriteOrder:
     _cp: Any
     _rt: Any
     _device: Any
+    device_id: int
     _stream: Any
     _inflight: dict[int, int]
     _write_event: Any
@@ -55,7 +56,7 @@ class WriteOrder:
     # hps/gpu/sharded_query.py), ordered as the locked path orders this table's own:
     #     table.hold_for_query(stream)              # the lock taken, after the last write
     #     ... launch, record `event` on stream ...
-    #     table.release_after_query(stream, event)  # event 0: nothing was launched
+    #     table.release_after_query(stream, event, device)  # event 0: nothing launched
     #     ... the query's miss count read ...
     #     table.query_done(event)
     def hold_for_query(self, stream_ptr: int) -> None:
@@ -89,24 +90,28 @@ class WriteOrder:
             return True
         return False
 
-    def release_after_query(self, stream_ptr: int, event_ptr: int) -> None:
-        """Counts the query recorded by `event_ptr` (0: none launched) among the queries
-        in flight, which later writes wait for, and releases the lock."""
+    def release_after_query(self, stream_ptr: int, event_ptr: int, device: int) -> None:
+        """Counts the query recorded by `event_ptr` (0: none launched) on stream `stream_ptr`
+        of `device` among the queries in flight, which later writes wait for, and releases
+        the lock."""
         if event_ptr:
-            self._inflight[event_ptr] = stream_ptr
+            self._inflight[event_ptr] = stream_key(stream_ptr, device)
         self._lock.release()
 
     def query_done(self, event_ptr: int) -> None:
         """The query of `event_ptr` reads the table no more (its miss count landed)."""
         self._inflight.pop(event_ptr, None)
 
-    def _after_queries(self, stream_ptr: int, own_event: int = 0) -> None:
-        """Orders work on `stream_ptr` after the queries in flight on other streams: the
-        fast path's are waited for on the host (the gate), the others on the GPU."""
+    def _after_queries(self, stream_ptr: int, own_event: int = 0,
+                       device: int | None = None) -> None:
+        """Orders work on `stream_ptr` (of `device`; None: this table's) after the queries
+        in flight on other streams: the fast path's are waited for on the host (the
+        gate), the others on the GPU."""
         self._gate.close()
         rt = self._rt
+        key = stream_key(stream_ptr, self.device_id if device is None else device)
         for ev_ptr, query_stream in tuple(self._inflight.items()):
-            if ev_ptr != own_event and not same_stream(query_stream, stream_ptr):
+            if ev_ptr != own_event and not same_stream(query_stream, key):
                 rt.streamWaitEvent(stream_ptr, ev_ptr, 0)
 
     @contextmanager
