@@ -36,7 +36,7 @@ from pydantic import (
 
 from hps.config_file import read_config_file
 from hps.config_keys import UnknownConfigKeyWarning as UnknownConfigKeyWarning  # re-exported
-from hps.config_keys import report, unknown_keys
+from hps.config_keys import AT_TOP, IN_MODELS, report, unknown_keys
 from hps.errors import ConfigError
 from hps.gate.settings import ValidationConfig
 from hps.host_answers import refuse_host_path
@@ -452,15 +452,20 @@ _SECTIONS: dict[str, type[BaseModel]] = {
 
 def _check_keys(raw: dict[str, Any]) -> None:
     """Every unknown key of `raw`, its sections, models and table entries reported at
-    once (hps/config_keys.py: a misspelt known key raises ConfigError, others warn)."""
-    found = unknown_keys(raw, tuple(PSConfig.model_fields), "")
+    once (hps/config_keys.py: a misspelt known key, or one of the other level that it
+    lacks, raises ConfigError; others warn)."""
+    models = raw.get("models")
+    blocks = [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+    into_models = {k: IN_MODELS for k in ModelConfig.model_fields
+                   if not all(k in m for m in blocks)}
+    found = unknown_keys(raw, tuple(PSConfig.model_fields), "", into_models)
     for section, cls in _SECTIONS.items():
         if isinstance(raw.get(section), dict):
             found += unknown_keys(raw[section], tuple(cls.model_fields), f"{section}.")
-    models = raw.get("models")
+    to_top = {k: AT_TOP for k in PSConfig.model_fields if k not in raw}
     for i, m in enumerate(models if isinstance(models, list) else []):
         if isinstance(m, dict):
-            found += unknown_keys(m, tuple(ModelConfig.model_fields), f"models[{i}].")
+            found += unknown_keys(m, tuple(ModelConfig.model_fields), f"models[{i}].", to_top)
             files = m.get("sparse_files")
             for j, entry in enumerate(files if isinstance(files, list) else []):
                 if isinstance(entry, dict):

@@ -11,6 +11,11 @@ loaded. Near means difflib's similarity ratio of at least `NEAR_MISS` (one lette
 added, dropped or changed in a key of five letters or more); keys HugeCTR's own files
 of earlier versions carried (`HUGECTR_KEYS`) stay warnings, however close.
 
+A key of another level is refused the same way: `update_source` inside a model block, or
+`gpucache` beside `models`, where the level it belongs to lacks it. It would be ignored
+where it stands (HugeCTR ignores it too), and the server would run without what it asks
+for (an update source never started: the trainer publishes and nothing changes).
+
 Warnings point at the caller's line, not at this package.
 """
 
@@ -19,7 +24,7 @@ from __future__ import annotations
 import difflib
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +45,11 @@ _INTERNAL = tuple(os.path.dirname(os.path.abspath(f)) + os.sep
                   for f in (__file__, pydantic.__file__))
 
 
+#: where a key of the other level belongs (`unknown_keys`' `elsewhere`)
+AT_TOP = "at the top level (beside \"models\")"
+IN_MODELS = "in each model block (\"models\": [{...}])"
+
+
 class UnknownConfigKeyWarning(UserWarning):
     """A config key that `hps` does not know (often a misspelling); it is ignored."""
 
@@ -52,6 +62,12 @@ class UnknownKey:
     key: str
     near: str | None  # the nearest known key, if any is close
     misspelt: bool  # a near miss of a known key the mapping lacks
+    belongs: str | None = None  # a key of another level that lacks it: where it belongs
+
+    @property
+    def refused(self) -> bool:
+        """Whether the config must not load (a misspelling, or a key out of its place)."""
+        return self.misspelt or self.belongs is not None
 
     def warning(self) -> str:
         hint = (f" (did you mean '{self.near}'?)" if self.near else
@@ -59,12 +75,17 @@ class UnknownKey:
         return f"unknown config key '{self.path}{self.key}' is ignored{hint}"
 
     def error(self) -> str:
+        if self.belongs is not None:
+            return (f"'{self.path}{self.key}' is ignored here: it is a key {self.belongs}; "
+                    "move it there")
         return (f"'{self.path}{self.key}' is not a config key: did you mean "
                 f"'{self.path}{self.near}'? (without it, '{self.near}' takes its default)")
 
 
-def unknown_keys(raw: dict[str, Any], known: Sequence[str], path: str) -> list[UnknownKey]:
-    """The keys of `raw` not in `known`, each with its nearest known key."""
+def unknown_keys(raw: dict[str, Any], known: Sequence[str], path: str,
+                 elsewhere: Mapping[str, str] | None = None) -> list[UnknownKey]:
+    """The keys of `raw` not in `known`, each with its nearest known key; `elsewhere`:
+    keys of another level that it lacks, each with where it belongs (AT_TOP, IN_MODELS)."""
     found = []
     for key in raw:
         if key in known:
@@ -73,16 +94,19 @@ def unknown_keys(raw: dict[str, Any], known: Sequence[str], path: str) -> list[U
         near = difflib.get_close_matches(name, known, n=1)
         misspelt = bool(near) and near[0] not in raw and name not in HUGECTR_KEYS and \
             difflib.SequenceMatcher(None, name, near[0]).ratio() >= NEAR_MISS
-        found.append(UnknownKey(path, name, near[0] if near else None, misspelt))
+        belongs = (elsewhere or {}).get(name)
+        found.append(UnknownKey(path, name, near[0] if near else None,
+                                misspelt and belongs is None, belongs))
     return found
 
 def report(found: Iterable[UnknownKey]) -> None:
-    """Raise ConfigError naming every misspelt key (the config must not load), else warn
-    about each unknown key (UnknownConfigKeyWarning, at the caller's line)."""
+    """Raise ConfigError naming every misspelt or misplaced key (the config must not
+    load), else warn about each unknown key (UnknownConfigKeyWarning, at the caller's
+    line)."""
     found = list(found)
-    misspelt = [k.error() for k in found if k.misspelt]
-    if misspelt:
-        raise ConfigError("; ".join(misspelt))
+    refused = [k.error() for k in found if k.refused]
+    if refused:
+        raise ConfigError("; ".join(refused))
     for key in found:
         warnings.warn(key.warning(), UnknownConfigKeyWarning,
                       stacklevel=caller_stacklevel(_INTERNAL))

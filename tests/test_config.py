@@ -89,6 +89,29 @@ def test_a_misspelt_key_the_block_lacks_is_an_error() -> None:
         load_config(entry)
 
 
+def test_a_key_of_the_other_level_is_an_error_where_that_level_lacks_it() -> None:
+    # an update source inside the model block would never start: refused, with where it
+    # belongs; a model key beside "models" likewise, every such key in one error
+    raw = minimal(update_source={"type": "redis_stream", "address": "127.0.0.1:6379"})
+    raw["gpucacheper"] = 0.5
+    with pytest.raises(ConfigError) as caught:
+        load_config(raw)
+    message = str(caught.value)
+    assert ("'models[0].update_source' is ignored here: it is a key at the top level "
+            '(beside "models"); move it there') in message
+    assert "'gpucacheper' is ignored here: it is a key in each model block" in message
+    # where the right level has it too, the stray copy is only warned about
+    raw = minimal(update_source={"type": "redis_stream"}, gpucacheper=0.3)
+    raw["update_source"] = {"type": "redis_stream", "address": "127.0.0.1:6379"}
+    raw["gpucacheper"] = 0.5
+    with pytest.warns(UnknownConfigKeyWarning) as record:
+        config = load_config(raw)
+    assert sorted(str(w.message).split("'")[1] for w in record) == [
+        "gpucacheper", "models[0].update_source"]
+    assert config.update_source.address == "127.0.0.1:6379"
+    assert config.models[0].gpucacheper == 0.3
+
+
 def test_keys_of_earlier_hugectr_files_stay_warnings() -> None:
     # close to max_batch_size, which the block lacks, but HugeCTR's own earlier keys
     raw = minimal()
