@@ -35,8 +35,8 @@ from pydantic import (
 )
 
 from hps.config_file import read_config_file
-from hps.config_keys import UnknownConfigKeyWarning as UnknownConfigKeyWarning  # re-exported
 from hps.config_keys import AT_TOP, IN_MODELS, report, unknown_keys
+from hps.config_keys import UnknownConfigKeyWarning as UnknownConfigKeyWarning  # re-exported
 from hps.errors import ConfigError
 from hps.gate.settings import ValidationConfig
 from hps.host_answers import refuse_host_path
