@@ -257,6 +257,13 @@ def _held_launcher(nogil: bool = False) -> Any:
                                   types.uint64, types.uint64), nogil=nogil)(launch_recorded)
 
 
+def held_launcher() -> Any:
+    """The compiled launch-then-record call that keeps the GIL (_held_launcher says why),
+    for launches bound outside Launch: held(function, grid, block, stream, params, event)
+    -> status (event 0: none recorded); None where libcuda or numba cannot give it."""
+    return _held_launcher()
+
+
 class HeldCalls:
     """The driver calls of the miss path that the lookup makes with the GIL held (see
     _held_launcher for why), each falling back to CuPy's runtime call (which releases

@@ -411,7 +411,7 @@ class ShardedView:
             if previous != dev:
                 rt.setDevice(dev)
             try:
-                self._one_pass_lookup(keys_ptr, n, out_ptr, stream, missed)
+                self._one_pass_lookup(keys_ptr, n, out_ptr, stream, missed, tried_fast=True)
             finally:
                 if previous != dev:
                     rt.setDevice(previous)
@@ -430,14 +430,16 @@ class ShardedView:
         self._one_pass_lookup(int(keys.data.ptr), n, out_ptr, stream)
 
     def _one_pass_lookup(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
-                         missed: int = FALLBACK) -> None:
+                         missed: int = FALLBACK, tried_fast: bool = False) -> None:
         """The one pass (hps/gpu/sharded_query.py) into a float32 output, this device
         current; its misses served by hps/gpu/sharded_misses.py, or through the copy path,
         each to its own shard. `missed`: the miss count of the query its fast path made
-        already (FALLBACK: none made)."""
+        already (FALLBACK: none made; `tried_fast`: its fast path was tried and fell
+        back)."""
         one_pass: OnePassQuery = self._one_pass  # type: ignore[assignment]
         if missed == FALLBACK:
-            misses, ws = one_pass.query(keys_ptr, n, out_ptr, stream, self._default)
+            misses, ws = one_pass.query(keys_ptr, n, out_ptr, stream, self._default,
+                                        tried_fast)
         else:
             misses, ws = missed, one_pass.workspace()
         counts = self._count_one_pass(n, misses)

@@ -114,8 +114,8 @@ class ShardedMisses:
         if self._insert_all is not None:  # dynamic caches: one launch inserts and scatters
             self._insert_all.launch(state, u, d_keys, d_rows, d_codes,
                                     (ws.positions_ptr, d_inverse, m, out_ptr), stream)
-            for s, shard in enumerate(shards):
-                if starts[s + 1] > starts[s]:
+            for s, shard in enumerate(shards):  # asked only where an update came since
+                if starts[s + 1] > starts[s] and shard._updates.count != marks[s]:
                     shard._drop_raced(marks[s], keys[starts[s]:starts[s + 1]])
         else:  # whole-table caches insert while they have room; static tables hold theirs
             self._scatter(state, ws.positions_ptr, d_inverse, m, d_rows, out_ptr, stream)
@@ -193,6 +193,10 @@ class _InsertAll:
         self._generation = -1  # the first shard's, whose defines the kernel is built with
         lib = kernels.driver()  # present wherever CuPy runs kernels
         self._launch, self._record = lib.cuLaunchKernel, lib.cuEventRecord
+        # launch and record in one compiled call that keeps the GIL, as one table's insert
+        # (kernels.Launch.go_recorded): ctypes' two calls each let the GIL go (4 H200s, a
+        # quarter cached: the ctypes launch took 7-14 us of a 117 us call)
+        self._held = kernels.held_launcher()
 
     def launch(self, state: _ThreadState, u: int, keys: int, rows: int, codes: int,
                scatter: tuple[int, int, int, int], stream: int) -> None:
@@ -223,10 +227,14 @@ class _InsertAll:
             for s, cache in enumerate(self.caches):
                 params.ticks[s] = cache.hold_for_insert(stream, 0, self.device_id)
                 held.append(cache)
-            status = self._launch(self._fn, blocks, 1, 1, BLOCK, 1, 1, 0, stream,
-                                  params.address, 0)
-            if status == 0:
-                status = self._record(int(params.done.ptr), stream)
+            if self._held is not None:
+                status = self._held(self._fn, blocks, BLOCK, stream, params.address,
+                                    params.done_ptr)
+            else:
+                status = self._launch(self._fn, blocks, 1, 1, BLOCK, 1, 1, 0, stream,
+                                      params.address, 0)
+                if status == 0:
+                    status = self._record(params.done_ptr, stream)
             if status:
                 self._cp.cuda.driver.check_status(status)
             done = params.done
@@ -254,3 +262,4 @@ class _InsertParams:
         self.address = ctypes.addressof(self._pointers)
         with cupy.cuda.Device(device_id):
             self.done = cupy.cuda.Event(block=False, disable_timing=True)
+        self.done_ptr = int(self.done.ptr)

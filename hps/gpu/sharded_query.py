@@ -61,11 +61,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hps.gpu import kernels
-from hps.gpu import fast_query
+from hps.gpu import fast_query, kernels
 from hps.gpu.fast_query import CLOSED, FALLBACK, HELD_KEYS, TICK, TIMED_OUT
 from hps.gpu.launch_shape import BLOCK
 from hps.gpu.workspace import QueryWorkspace
+from hps.gpu.write_order import reopen_for_one_pass
 from hps.runtime.raw_memory import wait_while, wait_while_held
 
 if TYPE_CHECKING:
@@ -254,17 +254,19 @@ class OnePassQuery:
         return self._tls.state[0]  # type: ignore[no-any-return]
 
     def query(self, keys_ptr: int, n: int, out_ptr: int, stream: int,
-              default_value: float) -> tuple[int, QueryWorkspace]:
+              default_value: float, tried_fast: bool = False) -> tuple[int, QueryWorkspace]:
         """Rows of the n int64 keys at `keys_ptr` into the float32 [n, dim] output at
         `out_ptr` (both contiguous on this device, current), default_value for keys no
         shard holds, queued on `stream`; returns the miss count and the workspace holding
-        the missed positions (device) and keys (host) until this thread's next query."""
+        the missed positions (device) and keys (host) until this thread's next query.
+        `tried_fast`: fast() just gave FALLBACK, so the gates are first reopened where
+        their writes are done (the compiled call is not tried again before that)."""
         ws, launch = self._thread(n)
         ws.wait_released(stream)
         if (launch.block is not None and not self._pushes(n) and n <= LARGE_AFTER
                 and default_value == launch.default):
-            count = self._run(launch, keys_ptr, n, out_ptr, stream)
-            if count == FALLBACK and all(t.reopen_for_one_pass() for t in self._held):
+            count = FALLBACK if tried_fast else self._run(launch, keys_ptr, n, out_ptr, stream)
+            if count == FALLBACK and reopen_for_one_pass(self._held):
                 count = self._run(launch, keys_ptr, n, out_ptr, stream)  # writes done
             if count != FALLBACK:
                 return count, ws
