@@ -434,12 +434,10 @@ class ShardedView:
         """The one pass (hps/gpu/sharded_query.py) into a float32 output, this device
         current; its misses served by hps/gpu/sharded_misses.py, or through the copy path,
         each to its own shard. `missed`: the miss count of the query its fast path made
-        already (FALLBACK: none made; `tried_fast`: its fast path was tried and fell
-        back)."""
+        already (FALLBACK: none made; `tried_fast`: that path was tried, fell back)."""
         one_pass: OnePassQuery = self._one_pass  # type: ignore[assignment]
         if missed == FALLBACK:
-            misses, ws = one_pass.query(keys_ptr, n, out_ptr, stream, self._default,
-                                        tried_fast)
+            misses, ws = one_pass.query(keys_ptr, n, out_ptr, stream, self._default, tried_fast)
         else:
             misses, ws = missed, one_pass.workspace()
         counts = self._count_one_pass(n, misses)
