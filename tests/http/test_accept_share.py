@@ -158,7 +158,7 @@ def test_the_benches_floor_with_workers_spreads_connections_as_hps_serve_does(
     worker answering its first request for over STALE_S is not waited for: 3/5 on a
     loaded 2-core machine)."""
     from hps.tools.bench.cpus import children
-    from hps.tools.bench.http import _bare_server, _free_port
+    from hps.tools.bench.http import _bare_server, _free_port, bare_board
 
     port = _free_port()
     pids: list[int] = []
@@ -168,7 +168,7 @@ def test_the_benches_floor_with_workers_spreads_connections_as_hps_serve_does(
         body = np.arange(16, dtype="<i8").tobytes()
         request = (f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
                    f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-        board = ConnectionBoard(tmp_path / f"bare-board-{port}", 2)  # _bare_server's
+        board = ConnectionBoard(bare_board(tmp_path, port), 2)
         conns = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(8)]
         try:
             _wait_board(board, lambda counts: counts.sum() == 8)  # all accepted

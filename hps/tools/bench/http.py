@@ -137,13 +137,19 @@ def _bare_server(folder: Path, port: int, dim: int, cpus: set[int] | None,
     `pids` when given."""
     argv = [*_floor_argv(workers), "--port", str(port)]
     env = {"HPS_BARE_DIM": str(dim)}
-    board = folder / f"bare-board-{port}"  # whose heartbeats say every worker accepts
+    board = bare_board(folder, port)  # whose heartbeats say every worker accepts
     if workers > 1:
         env["HPS_BARE_FOLDER"] = str(board)
         board.mkdir()
     with _subprocess_server(argv, folder / "bare.log", port, "/", cpus, 60.0, env, pids,
                             (workers, lambda pid: board)) as url:
         yield url
+
+
+def bare_board(folder: Path, port: int) -> Path:
+    """Where the floor started by `_bare_server(folder, port, ..., workers > 1)` keeps the
+    connection board of its workers."""
+    return folder / f"bare-board-{port}"
 
 
 def run_folders(shm: Path) -> Callable[[int], Path]:
