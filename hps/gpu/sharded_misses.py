@@ -114,8 +114,8 @@ class ShardedMisses:
         if self._insert_all is not None:  # dynamic caches: one launch inserts and scatters
             self._insert_all.launch(state, u, d_keys, d_rows, d_codes,
                                     (ws.positions_ptr, d_inverse, m, out_ptr), stream)
-            for s, shard in enumerate(shards):  # asked only where an update came since
-                if starts[s + 1] > starts[s] and shard._updates.count != marks[s]:
+            for s, shard in enumerate(shards):
+                if starts[s + 1] > starts[s]:
                     shard._drop_raced(marks[s], keys[starts[s]:starts[s + 1]])
         else:  # whole-table caches insert while they have room; static tables hold theirs
             self._scatter(state, ws.positions_ptr, d_inverse, m, d_rows, out_ptr, stream)

@@ -40,12 +40,12 @@ def reopen_for_one_pass(tables: list[Any]) -> bool:
             if table._closed:
                 return False
             event = table._write_event
-            if event is not None:
-                if not any(event is d for d in done):
-                    if not event.done:
-                        return False
-                    done.append(event)
+            if event is not None and any(event is d for d in done):
                 table._write_event = None
+            elif not table._writes_done():
+                return False
+            elif event is not None:
+                done.append(event)
             if not table._open_when_written():
                 return False
     return True
