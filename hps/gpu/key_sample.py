@@ -15,10 +15,11 @@ on the caller's stream, launched through the driver with the GIL held, packs the
 free slot of a small ring of mapped pinned host memory and then writes the slot's ticket.
 Nothing waits for it: one thread of the process (`_Feeder`) feeds every sampler's
 arrived samples (a ticket is a word read, no CUDA call) to their sketches every
-FEED_INTERVAL, in one pass, and so does a read of the sketch (`drain`, the sketch's
-`pending` hook), and a sampled call that finds its ring full; each key weighted as the
-host path weights its samples (every × stride, key_sketch.py). Host keys (HPS.lookup of
-NumPy keys on a GPU table) are sampled the same way and fed at once.
+FEED_INTERVAL while any is in flight, in one pass, and so does a read of the sketch
+(`drain`, the sketch's `pending` hook), and a sampled call that finds its ring full; each
+key weighted as the host path weights its samples (every × stride, key_sketch.py). Host
+keys (HPS.lookup of NumPy keys on a GPU table, an HTTP lookup that the host tiers answer)
+are sampled the same way and fed at once.
 
 Cost on the lookup path: an unsampled call pays one counter increment and a bit test
 (the caller's); a sampled one a launch, and the caller's next sync waits for the small
@@ -27,7 +28,10 @@ runtime (each releasing the GIL), and each sampled call fed the sample before it
 H100 (`lookup_fromdlpack` of 2,000 torch keys, a static table of width 64, 1 in 16
 sampled) a sampled call took 22-29 µs more than a call with no sampler. Feeding on a
 thread that woke for each sample measured worse still (p50 +10%, mean +22%): its wake-ups
-took the GIL from the callers; the feeder wakes 100 times a second whatever the traffic.
+took the GIL from the callers. The feeder wakes 100 times a second while device samples
+are in flight, and sleeps while none is: an HTTP worker whose lookups the host tiers answer
+(hps/server/http_path.py) launches none, and a feeder that woke 100 times a second anyway
+took 0.037 cores of its 8 workers, idle or loaded (one H200, 2026-11-29).
 `python -m hps.tools.bench.gpu_sampling` measures the cost.
 
 What is skipped rather than waited for: a sampled call that finds every slot of its
@@ -60,8 +64,12 @@ from hps.intake.array_ref import ArrayRef
 #: slots of a device's ring: samples in flight at once (each `most` int64 keys), enough
 #: for the samples of one FEED_INTERVAL at tens of thousands of lookups a second
 SLOTS = 64
-#: how often the feeder thread feeds the samples that have arrived (seconds)
+#: how often the feeder thread feeds the samples that have arrived (seconds), while any
+#: is in flight
 FEED_INTERVAL = 0.01
+#: how long the feeder sleeps with no sample in flight before it looks whether any
+#: sampler is left (seconds): it ends once none is
+IDLE_CHECK = 1.0
 _SIGNATURE = "ptr i64 i32 i32 ptr ptr u64"  # cuda/key_sample.cu sample_keys
 _INT64 = np.dtype(np.int64)
 _UINT64 = np.dtype(np.uint64)
@@ -134,11 +142,13 @@ class KeySampler:
                 ready = self._arrived()
             self._feed_all(ready)
 
-    def feed_arrived(self) -> None:
+    def feed_arrived(self) -> bool:
         """drain() for the feeder: nothing at all while no sample is in flight (read
-        without the lock: one queued meanwhile waits for the next pass)."""
+        without the lock: one queued meanwhile has woken the feeder again); whether some
+        are still in flight after it."""
         if any(ring.busy for ring in self._rings.values()):
             self.drain()
+        return any(ring.busy for ring in self._rings.values())
 
     # -- inside --------------------------------------------------------------------------
 
@@ -200,6 +210,7 @@ class KeySampler:
                 rt.setDevice(previous)
         ring.flight[slot] = (m, dtype, stride, ticket)
         ring.busy.append(slot)
+        _FEEDER.wake()
 
     def _arrived(self) -> list[tuple[np.ndarray, int]]:
         """The samples whose ticket has arrived, copied out as int64 with their stride,
@@ -260,13 +271,21 @@ class _Ring:
 
 class _Feeder:
     """The one thread that feeds every live sampler's arrived samples, every FEED_INTERVAL
-    (started with the first sampler; it ends once none is left). Samplers are held
-    weakly: a retired version's sampler goes with its tables."""
+    while any is in flight (started with the first sampler; it ends once none is left).
+    A launch wakes it (`wake`); with none in flight it sleeps up to IDLE_CHECK. Samplers
+    are held weakly: a retired version's sampler goes with its tables."""
 
     def __init__(self) -> None:
         self._samplers: weakref.WeakSet[KeySampler] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._in_flight = threading.Event()
+
+    def wake(self) -> None:
+        """A sample was launched: feed it within FEED_INTERVAL (an attribute read when
+        the feeder is already awake)."""
+        if not self._in_flight.is_set():
+            self._in_flight.set()
 
     def add(self, sampler: KeySampler) -> None:
         with self._lock:
@@ -278,15 +297,19 @@ class _Feeder:
 
     def _run(self) -> None:
         while True:
-            time.sleep(FEED_INTERVAL)
+            if self._in_flight.wait(IDLE_CHECK):
+                time.sleep(FEED_INTERVAL)  # the samples of an interval fed in one pass
+            # cleared before the pass: a launch during it sets the event again
+            self._in_flight.clear()
             with self._lock:
                 samplers = list(self._samplers)
                 if not samplers:
                     self._thread = None
                     return
             for sampler in samplers:
-                sampler.feed_arrived()
-            del samplers, sampler
+                if sampler.feed_arrived():
+                    self._in_flight.set()  # some not yet arrived: the next interval
+            del samplers, sampler  # none kept alive while asleep
 
 
 _FEEDER = _Feeder()

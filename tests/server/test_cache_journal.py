@@ -153,3 +153,43 @@ def test_the_follower_thread_applies_appends_within_polls(tmp_path: Path) -> Non
     finally:
         follower.close()
         journal.close()
+
+
+def test_an_idle_follower_looks_less_often_and_still_applies_the_next_update(
+        tmp_path: Path) -> None:
+    import time
+
+    journal = UpdateJournal(tmp_path)
+    users = _Table()
+    looks: list[float] = []
+
+    def tables() -> list[tuple[str, str, _Table]]:
+        looks.append(time.monotonic())
+        return [("m", "users", users)]
+
+    follower = CacheFollower(tmp_path, tables, lambda t, keys: t.refetched.append(
+        keys.tolist()), lambda t: None)
+    follower.start()
+    try:
+        time.sleep(1.5)
+        idle = len(looks)
+        # a look every POLL would be 75; doubling to IDLE_POLL: under 15
+        assert 1 <= idle < 15, looks
+        journal.append("m", "users", np.array([8]))
+        deadline = time.monotonic() + 10
+        while not users.refetched and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert users.refetched == [[8]]
+        journal.append("m", "users", np.array([9]))  # updates coming: looked at again
+        while len(users.refetched) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert users.refetched == [[8], [9]]
+        # a version loaded again (reset): applied again without waiting out the backoff
+        time.sleep(1.0)
+        follower.reset("m")
+        while len(users.refetched) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert users.refetched[-1] == [8, 9]
+    finally:
+        follower.close()
+        journal.close()
