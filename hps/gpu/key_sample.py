@@ -271,9 +271,10 @@ class _Ring:
 
 class _Feeder:
     """The one thread that feeds every live sampler's arrived samples, every FEED_INTERVAL
-    while any is in flight (started with the first sampler; it ends once none is left).
-    A launch wakes it (`wake`); with none in flight it sleeps up to IDLE_CHECK. Samplers
-    are held weakly: a retired version's sampler goes with its tables."""
+    while samples come (started with the first sampler; it ends once none is left). After
+    an interval that fed none and left none in flight it sleeps until a launch wakes it
+    (`wake`), looking at most IDLE_CHECK later whether any sampler is left. Samplers are
+    held weakly: a retired version's sampler goes with its tables."""
 
     def __init__(self) -> None:
         self._samplers: weakref.WeakSet[KeySampler] = weakref.WeakSet()
@@ -282,8 +283,8 @@ class _Feeder:
         self._in_flight = threading.Event()
 
     def wake(self) -> None:
-        """A sample was launched: feed it within FEED_INTERVAL (an attribute read when
-        the feeder is already awake)."""
+        """A sample was launched: fed within about FEED_INTERVAL (an attribute read while
+        the feeder is awake and the event set)."""
         if not self._in_flight.is_set():
             self._in_flight.set()
 
@@ -297,19 +298,23 @@ class _Feeder:
 
     def _run(self) -> None:
         while True:
-            if self._in_flight.wait(IDLE_CHECK):
-                time.sleep(FEED_INTERVAL)  # the samples of an interval fed in one pass
-            # cleared before the pass: a launch during it sets the event again
-            self._in_flight.clear()
+            time.sleep(FEED_INTERVAL)  # the samples of an interval fed in one pass
+            self._in_flight.clear()  # before the pass: a launch from here on sets it
             with self._lock:
                 samplers = list(self._samplers)
                 if not samplers:
                     self._thread = None
                     return
+            busy = False
             for sampler in samplers:
-                if sampler.feed_arrived():
-                    self._in_flight.set()  # some not yet arrived: the next interval
+                fed = sampler.fed
+                busy = sampler.feed_arrived() or sampler.fed != fed or busy
             del samplers, sampler  # none kept alive while asleep
+            if not busy:
+                # an interval with nothing fed and nothing in flight: asleep until a
+                # launch. Under load every pass feeds, and the thread wakes once an
+                # interval, not twice (for the launch, then after the interval).
+                self._in_flight.wait(IDLE_CHECK)
 
 
 _FEEDER = _Feeder()

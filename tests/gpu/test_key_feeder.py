@@ -15,16 +15,19 @@ from hps.gpu import key_sample
 
 
 class _Sampler:
-    """What the feeder asks of a KeySampler: feed what arrived, and say whether some are
-    still in flight (`in_flight` passes answer True, then False)."""
+    """What the feeder asks of a KeySampler: feed what arrived (`fed` counts it), and say
+    whether some are still in flight. Of `in_flight` samples, one arrives a pass."""
 
     def __init__(self) -> None:
         self.passes: list[float] = []
         self.in_flight = 0
+        self.fed = 0
 
     def feed_arrived(self) -> bool:
         self.passes.append(time.monotonic())
-        self.in_flight = max(0, self.in_flight - 1)
+        if self.in_flight:
+            self.in_flight -= 1
+            self.fed += 1
         return self.in_flight > 0
 
 
@@ -45,21 +48,24 @@ def test_with_no_sample_in_flight_the_feeder_sleeps(feeder) -> None:
     sampler = _Sampler()
     feeder.add(sampler)
     time.sleep(0.4)
-    assert sampler.passes == []  # every FEED_INTERVAL would have been 40 passes
-    time.sleep(0.6)  # past IDLE_CHECK: one pass, to see whether samplers are left
-    assert 1 <= len(sampler.passes) <= 2
+    assert len(sampler.passes) == 1  # one look; every FEED_INTERVAL would be 40
+    time.sleep(0.6)  # past IDLE_CHECK: one more, to see whether samplers are left
+    assert 2 <= len(sampler.passes) <= 3
 
 
 def test_a_launch_wakes_it_and_it_feeds_until_none_is_in_flight(feeder) -> None:
     sampler = _Sampler()
     feeder.add(sampler)
+    assert _until(lambda: len(sampler.passes) == 1)
+    time.sleep(0.05)  # that pass found nothing: asleep until a launch or IDLE_CHECK
     sampler.in_flight = 3
     woken = time.monotonic()
     feeder.wake()
-    assert _until(lambda: len(sampler.passes) >= 3)
-    assert sampler.passes[0] - woken < key_sample.IDLE_CHECK  # not the idle look
+    assert _until(lambda: len(sampler.passes) >= 4)
     time.sleep(0.3)
-    assert len(sampler.passes) == 3  # none in flight after the third: asleep again
+    # one a pass while they arrive, and one that found nothing: then asleep again
+    assert len(sampler.passes) == 5 and sampler.fed == 3
+    assert sampler.passes[1] - woken < key_sample.IDLE_CHECK / 2  # woken, not the look
 
 
 def test_the_feeder_ends_once_no_sampler_is_left(feeder) -> None:
