@@ -419,10 +419,8 @@ class GpuEmbeddingTable:
     def _drop_raced(self, mark: int, keys: np.ndarray) -> None:
         """After a miss fill of `keys` fetched since `mark` (hps/gpu/update_log.py): the
         rows of those an online update overtook are not kept in a cache, and made current
-        in a whole-table cache (which keeps every key it was given). Asks nothing where no
-        update came since `mark` (the steady state's every miss fill)."""
-        if self._updates.count == mark:
-            return
+        in a whole-table cache (which keeps every key it was given). With no update since
+        `mark` (every miss fill in steady state) `raced` asks nothing."""
         stale = self._updates.raced(mark, keys)
         if stale.size:
             with self._device:
