@@ -206,7 +206,6 @@ class CacheFollower:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # a look now: after a reset, or to stop
-        self._moved = False  # whether the last step found a ring moved
         self._thread = threading.Thread(target=self._run, name="hps-gpu-follower",
                                         daemon=True)
         self.applied = 0  # keys refetched
@@ -226,9 +225,12 @@ class CacheFollower:
 
     def step(self) -> int:
         """One look at every followed table's ring; returns the keys applied."""
+        return self._look()[0]
+
+    def _look(self) -> tuple[int, bool]:
+        """step(), and whether any ring had moved since the last look."""
         applied = 0
-        ready = False
-        self._moved = False
+        ready = moved = False
         for model, name, table in self._tables():
             key = (model, name)
             ring = self._rings.get(key)
@@ -242,7 +244,7 @@ class CacheFollower:
                 since = self._read.get(key, 0)
             if ring.head == since:
                 continue
-            self._moved = True
+            moved = True
             if not ready:
                 self._before_read()
                 ready = True
@@ -258,7 +260,7 @@ class CacheFollower:
                 if self._read.get(key, 0) == since:  # not reset meanwhile
                     self._read[key] = head
         self.applied += applied
-        return applied
+        return applied, moved
 
     def _run(self) -> None:
         wait = POLL
@@ -268,11 +270,11 @@ class CacheFollower:
             if self._stop.is_set():
                 return
             try:
-                self.step()
+                moved = self._look()[1]
             except Exception:  # the next round tries again; a worker keeps serving
                 log.exception("applying the leader's updates to this worker's GPU caches")
-                self._moved = True
-            wait = POLL if self._moved else min(wait * 2, IDLE_POLL)
+                moved = True
+            wait = POLL if moved else min(wait * 2, IDLE_POLL)
 
     def close(self) -> None:
         self._stop.set()
