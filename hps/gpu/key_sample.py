@@ -144,11 +144,12 @@ class KeySampler:
 
     def feed_arrived(self) -> bool:
         """drain() for the feeder: nothing at all while no sample is in flight (read
-        without the lock: one queued meanwhile has woken the feeder again); whether some
-        are still in flight after it."""
-        if any(ring.busy for ring in self._rings.values()):
-            self.drain()
-        return any(ring.busy for ring in self._rings.values())
+        without the lock: one queued meanwhile has woken the feeder again). Whether some
+        were in flight as it began: they were fed now, or are still on their way."""
+        if not any(ring.busy for ring in self._rings.values()):
+            return False
+        self.drain()
+        return True
 
     # -- inside --------------------------------------------------------------------------
 
@@ -307,8 +308,7 @@ class _Feeder:
                     return
             busy = False
             for sampler in samplers:
-                fed = sampler.fed
-                busy = sampler.feed_arrived() or sampler.fed != fed or busy
+                busy = sampler.feed_arrived() or busy
             del samplers, sampler  # none kept alive while asleep
             if not busy:
                 # an interval with nothing fed and nothing in flight: asleep until a

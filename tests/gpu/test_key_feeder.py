@@ -16,7 +16,7 @@ from hps.gpu import key_sample
 
 class _Sampler:
     """What the feeder asks of a KeySampler: feed what arrived (`fed` counts it), and say
-    whether some are still in flight. Of `in_flight` samples, one arrives a pass."""
+    whether some were in flight as it began. Of `in_flight` samples, one arrives a pass."""
 
     def __init__(self) -> None:
         self.passes: list[float] = []
@@ -25,10 +25,11 @@ class _Sampler:
 
     def feed_arrived(self) -> bool:
         self.passes.append(time.monotonic())
-        if self.in_flight:
-            self.in_flight -= 1
-            self.fed += 1
-        return self.in_flight > 0
+        if not self.in_flight:
+            return False
+        self.in_flight -= 1
+        self.fed += 1
+        return True
 
 
 def _until(check, seconds: float = 10.0) -> bool:
