@@ -48,6 +48,11 @@ class HeldDrops:
             drop = tier.drop_table  # type: ignore[attr-defined]
             tier.drop_table = self._dropper(drop)  # type: ignore[attr-defined]
 
+    @property
+    def held(self) -> bool:
+        """Whether drops wait for the other workers' acks."""
+        return bool(self._held)
+
     def _dropper(self, drop: Callable[[str], None]) -> Callable[[str], None]:
         def held_drop(table: str) -> None:
             with self._lock:

@@ -5,8 +5,9 @@ The op log (hps/http/workers_oplog.py) is a file of JSON lines in the run folder
 line, numbered from 1: `load` (a model block: a first load or a reload), `add`, `unload`.
 The supervisor writes one `load` op per configured model before any worker starts; a
 worker asked to change the models (an admin route) appends one. Every worker applies
-every op in order on one thread (`ReplicatedServer`'s follower thread, polling the log
-every POLL seconds):
+every op in order on one thread (`ReplicatedServer`'s follower thread, which looks at the
+log every POLL seconds while ops come and sleeps longer while none does; the worker that
+appends an op rings every worker's doorbell, hps/http/workers_wake.py, to look at once):
 
 - the leader (worker 0) applies it as one process would: it loads the files into the
   shared tables (hps/tiers/hash_map/shared.py), with the op's number as their
@@ -64,6 +65,7 @@ from hps.http.workers_gpu import cuda_here, refuse_uvm
 from hps.http.workers_oplog import Op, OpLog, block_of
 from hps.http.workers_prefetch import PrefetchBoard, idle_part, job_prefix
 from hps.http.workers_versions import VersionBoard
+from hps.http.workers_wake import POLL, Doorbell
 from hps.intake.keys import host_key_array, key_ref
 from hps.modelfiles.confined import confined, current_roots
 from hps.server import HierarchicalParameterServer, LoadedTable
@@ -80,8 +82,6 @@ log = logging.getLogger("hps.http.workers")
 FD_ENV = "HPS_WORKER_FD"
 #: the exit status of a worker that could not start (its error is in the run folder)
 SETUP_FAILED = 3
-#: seconds between two reads of the op log by a worker's follower thread
-POLL = 0.02
 #: seconds an op's answer waits for the other live workers to apply it (and the leader,
 #: before its next op, for them to leave the tables the op replaced in Redis and RocksDB)
 ACK_WAIT = 120.0
@@ -161,6 +161,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         # a prefetch asked of one worker runs in every worker (workers_prefetch.py); only
         # the leader writes the volatile tier, as for updates
         self._board = PrefetchBoard(oplog.folder.parent, index, oplog.live_workers)
+        self._bell = Doorbell(oplog.folder.parent, index)
         self._prefetch.id_prefix = job_prefix(index)
         self._prefetch.fill_volatile = self.leader
         self._prefetch.on_change = self._board.publish
@@ -223,15 +224,23 @@ class ReplicatedServer(HierarchicalParameterServer):
 
     def _follow(self) -> None:
         while not self._stop.is_set():
+            busy = False
             if self._drops is not None:
                 self._drops.flush()
-            self._take_prefetches()
+                busy = self._drops.held  # waiting for the others' acks: look again soon
+            busy = self._take_prefetches() or busy
             for op in self.oplog.ops()[self._done:]:
                 if self._stop.is_set():
                     return
                 self._step(op)
                 self._done = op.seq
-            self._stop.wait(POLL)
+                busy = True
+            self._bell.rest(busy)
+
+    def _ring(self) -> None:
+        """Every worker's follower looks now: this one wrote a change (the op log, the
+        prefetch board, an outcome)."""
+        self._bell.ring(range(self.workers) if self.workers else self.oplog.live_workers())
 
     def _step(self, op: Op) -> None:
         error: BaseException | None = None
@@ -247,6 +256,7 @@ class ReplicatedServer(HierarchicalParameterServer):
                 error = exc
             self.versions.publish(self._versions)  # before the outcome makes it the server's
             self.oplog.set_outcome(op.seq, error, stored, verdicts)
+            self._ring()  # the followers waiting for it
         else:
             outcome = self.oplog.outcome(op.seq)
             while outcome is None and not self._stop.wait(POLL):
@@ -410,6 +420,7 @@ class ReplicatedServer(HierarchicalParameterServer):
             self._check_gpu(model)
             seq = self.oplog.append("load", model.model, block_of(model), current_roots(),
                                     requested_opt_ins(allow_empty, allow_shrink))
+            self._ring()
         if progress is not None:
             self._progress[seq] = progress
         self._await(seq, everyone)
@@ -421,6 +432,7 @@ class ReplicatedServer(HierarchicalParameterServer):
         self._check_gpu(model)
         seq = self.oplog.append("add", model.model, block_of(model), current_roots(),
                                 requested_opt_ins(allow_empty, False))
+        self._ring()
         if progress is not None:
             self._progress[seq] = progress
         self._await(seq, everyone=True)
@@ -435,7 +447,9 @@ class ReplicatedServer(HierarchicalParameterServer):
     def unload_model(self, name: str) -> None:
         """Remove model `name` in every worker."""
         super().model(name)  # UnknownModelError before anything is logged
-        self._await(self.oplog.append("unload", name), everyone=True)
+        seq = self.oplog.append("unload", name)
+        self._ring()
+        self._await(seq, everyone=True)
 
     # -- prefetches in every worker (workers_prefetch.py) ------------------------------
 
@@ -447,12 +461,15 @@ class ReplicatedServer(HierarchicalParameterServer):
         job = super().prefetch(model, table, host_keys, job_id)
         if job_id is None:
             self._board.announce(job.id, model, job.table, host_keys)
+            self._ring()
         self._board.publish(job)
         return job
 
-    def _take_prefetches(self) -> None:
-        """Run this worker's part of the prefetches other workers announced."""
-        for request in self._board.new_requests():  # a loop over requests, not keys
+    def _take_prefetches(self) -> bool:
+        """Run this worker's part of the prefetches other workers announced; whether
+        there were any."""
+        requests = self._board.new_requests()
+        for request in requests:  # a loop over requests, not keys
             keys = self._board.keys_of(request)
             try:
                 if keys is None:
@@ -464,6 +481,7 @@ class ReplicatedServer(HierarchicalParameterServer):
                 self._board.publish(idle_part(request, "failed",
                                               0 if keys is None else int(keys.size),
                                               f"worker {self.index}: {exc}"))
+        return bool(requests)
 
     def prefetch_status(self, job_id: str) -> dict[str, Any] | None:
         """A job announced on the board over every live worker; another (a warm-up's)
@@ -484,8 +502,10 @@ class ReplicatedServer(HierarchicalParameterServer):
 
     def close(self) -> None:
         self._stop.set()
+        self._bell.close()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._bell.release()
         if self._follower is not None:
             self._follower.close()
         if self._drops is not None:

@@ -4,7 +4,8 @@ A prefetch asked of one worker (`POST /v1/models/{model}/prefetch`) runs there a
 announced on the board, in the run folder's `prefetch/`: its keys in a file, a line in
 the request log (`requests.<n>.jsonl`, segments of SEGMENT_BYTES; a segment no live
 worker reads any more goes once the one after it is full). Every other worker reads the
-board on its op thread (every POLL seconds, hps/http/workers_ops.py) and runs the same
+board on its op thread (at once: the worker that announces rings the others' doorbells,
+hps/http/workers_wake.py; hps/http/workers_ops.py) and runs the same
 job, under the same id, itself. So every worker's GPU caches get the rows, each through
 its own insert path. Only the leader writes the volatile tier (the others only read the
 shared tables and Redis, as for updates): its part of a job fills it, the others read
