@@ -256,10 +256,11 @@ class ReplicatedServer(HierarchicalParameterServer):
                 error = exc
             self.versions.publish(self._versions)  # before the outcome makes it the server's
             self.oplog.set_outcome(op.seq, error, stored, verdicts)
-            self._ring()  # the followers waiting for it
+            self._ring()  # the followers waiting for it look now
         else:
             outcome = self.oplog.outcome(op.seq)
-            while outcome is None and not self._stop.wait(POLL):
+            while outcome is None and not self._stop.is_set():
+                self._bell.rest(busy=True)  # POLL, or the leader's ring with its outcome
                 outcome = self.oplog.outcome(op.seq)
             if outcome is None:
                 return
