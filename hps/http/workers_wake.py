@@ -93,7 +93,8 @@ class Doorbell:
             self._drain()
 
     def close(self) -> None:
-        """Ends a rest in progress and every later one at once; the socket goes."""
+        """Ends a rest in progress and every later one at once (the sockets stay until
+        `release`)."""
         self._stop.set()
         inbox, outbox = self._inbox, self._outbox
         if inbox is not None and outbox is not None:
@@ -114,7 +115,7 @@ class Doorbell:
         while True:  # a loop over the rings that came while asleep, a few at most
             try:
                 self._inbox.recv(16)
-            except (BlockingIOError, OSError):
+            except OSError:  # BlockingIOError: none left
                 return
 
     def _name(self, index: int) -> bytes:
