@@ -150,13 +150,17 @@ class ReplicatedServer(HierarchicalParameterServer):
                     tier.follow()
         # every worker has GPU caches of its own: the leader's online updates reach the
         # others' through the journal of the keys it wrote (hps/server/cache_journal.py)
+        # (each journal append rings the others' followers, which sleep while none comes)
         self._follower: CacheFollower | None = None
+        self._gpu_bell: Doorbell | None = None
         if self.leader:
-            self._gpu.journal = UpdateJournal(oplog.folder.parent)
+            self._gpu_bell = Doorbell(oplog.folder.parent, index, channel="gpu")
+            self._gpu.journal = UpdateJournal(oplog.folder.parent, self._ring_gpu_followers)
         else:
-            self._follower = CacheFollower(oplog.folder.parent, self._cached_tables,
-                                           self._gpu.refetch, self._gpu.refresh_table,
-                                           self._catch_up)
+            self._follower = CacheFollower(
+                oplog.folder.parent, self._cached_tables, self._gpu.refetch,
+                self._gpu.refresh_table, self._catch_up,
+                bell=Doorbell(oplog.folder.parent, index, channel="gpu"))
             self._follower.start()
         # a prefetch asked of one worker runs in every worker (workers_prefetch.py); only
         # the leader writes the volatile tier, as for updates
@@ -241,6 +245,13 @@ class ReplicatedServer(HierarchicalParameterServer):
         """Every worker's follower looks now: this one wrote a change (the op log, the
         prefetch board, an outcome)."""
         self._bell.ring(range(self.workers) if self.workers else self.oplog.live_workers())
+
+    def _ring_gpu_followers(self) -> None:
+        """The leader journaled an update's keys: the others' GPU caches take it now (a
+        stream of updates rings once a POLL: the followers it woke look that often)."""
+        assert self._gpu_bell is not None
+        workers = range(self.workers) if self.workers else self.oplog.live_workers()
+        self._gpu_bell.ring((i for i in workers if i != self.index), every=POLL)
 
     def _step(self, op: Op) -> None:
         error: BaseException | None = None
@@ -514,4 +525,6 @@ class ReplicatedServer(HierarchicalParameterServer):
         super().close()
         if self._gpu.journal is not None:  # after the update consumer stopped
             self._gpu.journal.close()
+        if self._gpu_bell is not None:  # the journal's appends ring no more
+            self._gpu_bell.release()
 

@@ -1,6 +1,8 @@
 """The workers' doorbell: a change one worker of `hps serve --workers N` writes to the run's
 boards (an op on the op log, a prefetch on the prefetch board) reaches the others at once,
-while their follower threads (hps/http/workers_ops.py) sleep between looks.
+while their follower threads (hps/http/workers_ops.py) sleep between looks. The GPU
+caches' update follower (hps/server/cache_journal.py) has a bell of its own (another
+channel), rung as the leader journals the keys of an online update.
 
 A follower that looked every POLL seconds, whatever came, woke 50 times a second in every
 worker: the 8 workers' followers took 0.09 cores, idle or serving, about half of what an
@@ -12,8 +14,8 @@ every worker's bell (`ring`), which ends that wait at once: a change is seen as 
 before, and a quiet server wakes about 3 times a second.
 
 The bell is a datagram socket of each worker, bound in Linux's abstract namespace under a
-name made of the run folder and the worker's index: no file to leave behind, and gone with
-its process. A ring is one datagram to each worker; one to a worker that is not there
+name made of the run folder, the channel and the worker's index: no file to leave behind,
+and gone with its process. A ring is one datagram to each worker; one to a worker that is not there
 (yet) is lost, which costs nothing: a worker's follower looks at the boards as it starts.
 Where the socket cannot be made (not Linux), the follower looks every POLL seconds.
 """
@@ -25,6 +27,7 @@ import logging
 import select
 import socket
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -41,10 +44,12 @@ class Doorbell:
     """Worker `index`'s bell in the run at `run_folder` (see the module). Thread-safe:
     any thread may ring; one thread (the follower) rests."""
 
-    def __init__(self, run_folder: Path, index: int) -> None:
+    def __init__(self, run_folder: Path, index: int, channel: str = "ops") -> None:
         self._prefix = b"\0hps-bell-" + hashlib.sha1(
-            str(run_folder.resolve()).encode()).hexdigest()[:24].encode() + b"-"
+            str(run_folder.resolve()).encode()).hexdigest()[:24].encode() + (
+            f"-{channel}-".encode())
         self._wait = POLL
+        self._rung = -POLL  # when this bell last rang the others (monotonic seconds)
         self._stop = threading.Event()
         self._inbox: socket.socket | None = None
         self._outbox: socket.socket | None = None
@@ -69,10 +74,18 @@ class Doorbell:
         """Whether rings reach this worker (else it looks every POLL seconds)."""
         return self._inbox is not None
 
-    def ring(self, indices: Iterable[int]) -> None:
-        """Wake the followers of workers `indices` (this one too, where listed)."""
+    def ring(self, indices: Iterable[int], every: float = 0.0) -> None:
+        """Wake the followers of workers `indices` (this one too, where listed). With
+        `every`, not again within `every` seconds of the last ring: a follower a ring woke
+        looks again POLL later while it finds work, so a stream of changes wakes it no
+        more often than that (pass POLL)."""
         if self._outbox is None:
             return
+        if every:
+            now = time.monotonic()
+            if now - self._rung < every:
+                return
+            self._rung = now
         for index in indices:  # a loop over workers
             try:
                 self._outbox.sendto(b"!", self._name(index))
@@ -92,16 +105,21 @@ class Doorbell:
         if ready:
             self._drain()
 
+    def wake(self) -> None:
+        """Ends a rest in progress (or the next one) at once: a look wanted now."""
+        inbox, outbox = self._inbox, self._outbox
+        if inbox is None or outbox is None:
+            return
+        try:
+            outbox.sendto(b"!", inbox.getsockname())
+        except OSError:
+            pass
+
     def close(self) -> None:
         """Ends a rest in progress and every later one at once (the sockets stay until
         `release`)."""
         self._stop.set()
-        inbox, outbox = self._inbox, self._outbox
-        if inbox is not None and outbox is not None:
-            try:
-                outbox.sendto(b"!", inbox.getsockname())
-            except OSError:
-                pass
+        self.wake()
 
     def release(self) -> None:
         """Close the sockets (after the follower thread stopped)."""

@@ -9,11 +9,15 @@ reads the keys appended since its last look, fetches their rows from its own tie
 the leader wrote before appending) and overwrites them in its caches (inserting them too
 under `update_source.gpu_cache_insert`): as the leader's caches do, at most a poll later.
 It looks every POLL seconds while updates come, and after a look that found none waits
-twice as long as before, up to IDLE_POLL: the first update after a quiet spell reaches the
-other workers' caches up to IDLE_POLL later, the next ones POLL. Looking every POLL
-whatever came took 0.054 cores of 8 GPU-cache workers, idle or serving, where an HTTP
-server without them took 0.19 cores in all (one H200, 2026-11-29): a thread that wakes
-takes the GIL from the worker's event loop.
+twice as long as before, up to IDLE_POLL. Looking every POLL whatever came took 0.054
+cores of 8 GPU-cache workers, idle or serving, where an HTTP server without them took 0.19
+cores in all (one H200, 2026-11-29): a thread that wakes takes the GIL from the worker's
+event loop. So that the first update after a quiet spell does not wait out that backoff,
+the leader rings the followers' bells as it appends (`UpdateJournal(on_append=...)`, at
+most once a POLL) and a follower given a bell (`Bell`: the workers' doorbell,
+hps/http/workers_wake.py, on a channel of its own) rests on it: woken by the ring, it
+looks at once. Without a bell a follower rests on a timer, and the first update after a
+quiet spell reaches it up to IDLE_POLL later.
 
 A ring holds the last CAPACITY keys of its table. A follower more than that behind (a
 burst of updates while it was busy) refreshes its caches of the table whole from the
@@ -35,7 +39,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -154,10 +158,12 @@ class KeyRing:
 
 
 class UpdateJournal:
-    """The leader's side: `append(model, table, keys)` after an update is applied."""
+    """The leader's side: `append(model, table, keys)` after an update is applied;
+    `on_append()` runs after each append (the followers' bells)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, on_append: Callable[[], None] = lambda: None) -> None:
         self.folder = folder
+        self._on_append = on_append
         self._rings: dict[tuple[str, str], KeyRing] = {}
         self._lock = threading.Lock()
 
@@ -170,6 +176,7 @@ class UpdateJournal:
                     ring = KeyRing.create(ring_path(self.folder, model, table))
                     self._rings[(model, table)] = ring
         ring.append(keys)
+        self._on_append()
 
     def close(self) -> None:
         with self._lock:
@@ -182,6 +189,23 @@ class UpdateJournal:
 Followed = tuple[str, str, Any]
 
 
+class Bell(Protocol):
+    """What a follower rests on between looks (hps/http/workers_wake.py's Doorbell)."""
+
+    def rest(self, busy: bool) -> None:
+        """Wait POLL after a look that found work, longer after one that found none;
+        a ring, `wake` or `close` ends the wait."""
+
+    def wake(self) -> None:
+        """End the rest in progress (or the next one) at once."""
+
+    def close(self) -> None:
+        """End every rest from now on at once."""
+
+    def release(self) -> None:
+        """Free the bell (after the follower's thread stopped)."""
+
+
 class CacheFollower:
     """A follower worker's side: a thread that applies the keys the leader appended to
     this worker's caches.
@@ -190,13 +214,15 @@ class CacheFollower:
     overwrites the keys' rows in the table's caches with the tiers' rows;
     `refresh(table)` re-reads everything the table's caches hold; `before_read()` runs
     before each round that read keys (a RocksDB secondary catching up with the leader's
-    writes)."""
+    writes). With a `bell` it rests on that between looks, and frees it as it closes."""
 
     def __init__(self, folder: Path, tables: Callable[[], Iterable[Followed]],
                  refetch: Callable[[Any, np.ndarray], None],
                  refresh: Callable[[Any], None],
-                 before_read: Callable[[], None] = lambda: None) -> None:
+                 before_read: Callable[[], None] = lambda: None,
+                 bell: Bell | None = None) -> None:
         self.folder = folder
+        self._bell = bell
         self._tables = tables
         self._refetch = refetch
         self._refresh = refresh
@@ -222,6 +248,8 @@ class CacheFollower:
                 if key[0] == model:
                     self._read[key] = 0
         self._wake.set()
+        if self._bell is not None:
+            self._bell.wake()
 
     def step(self) -> int:
         """One look at every followed table's ring; returns the keys applied."""
@@ -263,9 +291,12 @@ class CacheFollower:
         return applied, moved
 
     def _run(self) -> None:
-        wait = POLL
+        wait, moved = POLL, True
         while True:
-            self._wake.wait(wait)
+            if self._bell is not None:
+                self._bell.rest(moved)
+            else:
+                self._wake.wait(wait)
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -279,8 +310,12 @@ class CacheFollower:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
+        if self._bell is not None:
+            self._bell.close()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        if self._bell is not None and not self._thread.is_alive():
+            self._bell.release()
         with self._lock:
             for ring in self._rings.values():
                 ring.close()

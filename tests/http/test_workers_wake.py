@@ -1,6 +1,8 @@
 """The workers' doorbell (hps/http/workers_wake.py): a follower that finds nothing waits
 longer and longer between looks, a ring from another process ends its wait at once, and
-a ring never reaches another run's workers. Real sockets, a real second process."""
+a ring never reaches another run's workers; the GPU caches' update follower
+(hps/server/cache_journal.py) sleeps on a bell of its own until the leader's journal rings.
+Real sockets, a real second process."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hps.http import workers_wake
 from hps.http.workers_wake import Doorbell
+from hps.server.cache_journal import CacheFollower, UpdateJournal
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,3 +110,61 @@ def test_a_second_bell_of_one_worker_polls(tmp_path: Path) -> None:
     for bell in (first, second):
         bell.close()
         bell.release()
+
+
+def test_a_stream_of_changes_rings_at_most_once_every_given_seconds(tmp_path: Path) -> None:
+    follower, leader = Doorbell(tmp_path, 1), Doorbell(tmp_path, 0)
+    for _ in range(5):  # an update stream's appends in quick succession
+        leader.ring([1], every=30.0)
+    assert follower._inbox is not None
+    follower._inbox.recv(16)  # the first rang
+    with pytest.raises(BlockingIOError):
+        follower._inbox.recv(16)  # the others, within 30 s of it, did not
+    for bell in (follower, leader):
+        bell.close()
+        bell.release()
+
+
+def test_the_gpu_caches_follower_sleeps_until_the_leaders_journal_rings(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # every rest a minute long: only a ring (or wake) makes the follower look in time
+    monkeypatch.setattr(workers_wake, "POLL", 30.0)
+    monkeypatch.setattr(workers_wake, "IDLE_POLL", 60.0)
+    applied: list[list[int]] = []
+    leader = Doorbell(tmp_path, 0, channel="gpu")
+    journal = UpdateJournal(tmp_path, lambda: leader.ring([1]))
+    follower = CacheFollower(tmp_path, lambda: [("m", "users", None)],
+                             lambda table, keys: applied.append(keys.tolist()),
+                             lambda table: None,
+                             bell=Doorbell(tmp_path, 1, channel="gpu"))
+    follower.start()
+
+    def applied_within(count: int, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while len(applied) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return len(applied) >= count
+
+    try:
+        time.sleep(0.2)  # resting now
+        journal.append("m", "users", np.array([5, 4]))
+        assert applied_within(1, 10), "the journal's ring did not wake the follower"
+        assert applied == [[4, 5]]
+        # the op log's channel is another: its ring leaves this follower asleep
+        quiet, ops = UpdateJournal(tmp_path), Doorbell(tmp_path, 0)
+        quiet.append("m", "users", np.array([6]))  # no ring
+        quiet.close()
+        ops.ring([1])
+        ops.release()
+        assert not applied_within(2, 1.0)
+        leader.ring([1])
+        assert applied_within(2, 10) and applied[-1] == [6]
+        follower.reset("m")  # a version loaded here: every key again, at once
+        assert applied_within(3, 10) and applied[-1] == [4, 5, 6]
+    finally:
+        started = time.monotonic()
+        follower.close()  # ends the minute-long rest at once, and frees the bell
+        assert time.monotonic() - started < 10
+        journal.close()
+        leader.close()
+        leader.release()
