@@ -15,8 +15,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from contextlib import AbstractContextManager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -445,6 +445,10 @@ class ServiceState:
         phase = ("load" if event.during_load else
                  "after_ready" if self.initial_loads_done else "before_ready")
         self.metrics.compiles.labels(phase).inc()
+        if phase == "after_ready":  # a path no warm-up ran: the log says which one
+            log.warning("%s %s for %s after ready, in %.2f s: a path the models' warm-ups "
+                        "did not run", "read from numba's cache" if event.from_cache
+                        else "compiled", event.function, event.signature, event.seconds)
 
     def start_loading(self) -> None:
         """Load every configured model not loaded yet, in a background thread."""

@@ -291,6 +291,13 @@ class HierarchicalParameterServer:
         """The host path a GPU cache of `table` takes for its misses (the warm-up runs it)."""
         return self._host.for_table(table)
 
+    def warm_writes(self, table: LoadedTable) -> None:
+        """Compile the volatile tier's writes of `table`, writing nothing (the warm-up:
+        the first online update after ready then compiles nothing under its lock)."""
+        volatile = self.tiers.volatile
+        if volatile is not None and hasattr(volatile, "warm_writes"):
+            volatile.warm_writes(table.storage_name)
+
     def lookup_into(self, model: str, table: int | str, keys: Any, out: Any,
                     device_id: int | None = None) -> int:
         """Write the vectors of `keys` into `out` in place; returns the number of keys.

@@ -24,6 +24,11 @@ Each table's path for lookups with host keys (HTTP, gRPC: `LoadedTable.http_path
 decided here too, the GPU path and the host path each timed where both may answer
 (`measure_http`, hps/server/http_path.py), and said in the log, a line a table.
 
+The volatile tier's writes of each table are compiled too, without writing
+(`warm_writes`): a load compiles the twin of the hash map's insert its batches take, and
+the first online update after ready (a few rows: the other twin) compiled the rest under
+the table's write lock, every lookup of the table waiting for it.
+
 A lookup that fails here fails the load (`WarmUpError`): the version is not served, and
 the server says why (`/readyz` lists the model as failed, `GET /v1/models` the reason).
 
@@ -86,6 +91,8 @@ class VersionLookups(Protocol):
 
     def host_fetch(self, table: LoadedTable) -> TableFetch: ...
 
+    def warm_writes(self, table: LoadedTable) -> None: ...
+
     def http_device(self, loaded: LoadedModel) -> int: ...
 
     @property
@@ -115,6 +122,7 @@ def warm_paths(server: VersionLookups, loaded: LoadedModel,
                     for gpu in table.gpu.values():  # its caches see only keys they hold
                         gpu_tables.enter_context(gpu.warming_up())
                     _warm_table(server, copy, table, progress)
+                    server.warm_writes(table)
                     route = measure_http(server, copy, table)
             except Exception as exc:
                 raise WarmUpError(

@@ -1,8 +1,10 @@
 """Ready means fast: `hps serve` as a user runs it (one process, and `--workers 2`), on an
 empty numba cache, says ready only once every process that answers lookups has run each
 table's lookup path, so its first lookups, of every key dtype the routes take, JSON and
-binary, /v1 and KServe v2, all answer 200 with the right vectors and nothing compiles
-after ready (`hps_compiles_total{phase="after_ready"}` stays 0, summed over workers).
+binary, /v1 and KServe v2, all answer 200 with the right vectors, and nothing compiles
+after ready, the first online update's writes included
+(`hps_compiles_total{phase="after_ready"}` stays 0, summed over workers); a compile after
+ready is counted and its function named in the log.
 And the workers import the `hps` their supervisor imported, whatever the working folder.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,21 +27,26 @@ import httpx
 import numpy as np
 import pytest
 
+from hps.config import UpdateSourceConfig
 from hps.http import create_app
 from hps.http.serve import ServerThread
+from hps.runtime.compile_on_use import on_use
 from hps.server import HierarchicalParameterServer, parameter_server
 from hps.server.host_lookup import HostLookup
 from hps.server.warm_paths import KEY_DTYPES as WARMED_DTYPES
+from hps.updates import codec
+from hps.updates.open import open_publisher
 from tests.http.conftest import (
     DIMS,
     MODEL,
     READY_WAIT,
+    TABLE_NAMES,
     ModelFiles,
     metric_value,
     wait_until,
     write_model,
 )
-from tests.support.redis_servers import free_port
+from tests.support.redis_servers import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 #: how long `hps serve` may take to say ready on an empty numba cache (loaded 2 cores)
@@ -51,12 +59,16 @@ Start = Callable[..., tuple[subprocess.Popen[str], str]]
 SIZES = (1, 7, 300, 3000)
 
 
-def _model(folder: Path) -> tuple[ModelFiles, Path]:
+def _model(folder: Path, streams: RedisServer | None = None) -> tuple[ModelFiles, Path]:
     """The HTTP tests' model (widths 8 and 64) over the hash map and RocksDB, as the
-    demo serves it, its ps.json written beside it."""
+    demo serves it, its ps.json written beside it; with `streams`, its online updates
+    from that Redis's streams."""
     model = write_model(folder / "model")
     config = {**model.config, "persistent_db": {"type": "rocksdb",
                                                 "path": str(folder / "rocksdb")}}
+    if streams is not None:
+        config["update_source"] = {"type": "redis_stream", "address": streams.address,
+                                   "group": folder.name, "poll_timeout_ms": 50}
     path = folder / "ps.json"
     path.write_text(json.dumps(config))
     return model, path
@@ -183,19 +195,85 @@ def _after_ready_compiles(url: str) -> tuple[float, float]:
             metric_value(text, "hps_compiles_total", phase="load"))
 
 
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("streams")).start()
+    yield server
+    server.close()
+
+
+def _first_update(url: str, streams: RedisServer) -> None:
+    """One online update of a few rows of each table, through the server's Redis
+    stream: served by every worker (new connections) within the wait."""
+    publisher = open_publisher(UpdateSourceConfig(type="redis_stream",
+                                                  address=streams.address))
+    rng = np.random.default_rng(5)
+    sent = []
+    for table, dim in zip(TABLE_NAMES, DIMS, strict=True):
+        keys = np.arange(3, dtype=np.int64) + 10**12  # new keys: inserted
+        rows = rng.standard_normal((keys.size, dim)).astype(np.float32)
+        publisher.publish(f"hps_et.{MODEL}.{table}", [codec.encode(keys, rows)])
+        sent.append((table, keys, rows))
+    publisher.close()
+
+    def served() -> bool:
+        for table, keys, rows in sent:
+            answer = httpx.post(f"{url}/v1/models/{MODEL}/tables/{table}/lookup",
+                                content=keys.astype("<i8").tobytes(), timeout=30,
+                                headers={"Content-Type": "application/octet-stream"})
+            if answer.status_code != 200 or not np.array_equal(
+                    np.frombuffer(answer.content, "<f4").reshape(rows.shape), rows):
+                return False
+        return True
+
+    wait_until(lambda: all(served() for _ in range(4)), timeout=60)
+
+
 @pytest.mark.parametrize("workers", [1, 2], ids=["one_process", "two_workers"])
-def test_the_first_lookups_after_ready_all_answer_and_nothing_compiles(
-        tmp_path: Path, started: Start, workers: int) -> None:
-    model, config = _model(tmp_path)
+def test_the_first_lookups_and_update_after_ready_all_answer_and_nothing_compiles(
+        tmp_path: Path, started: Start, streams: RedisServer, workers: int) -> None:
+    model, config = _model(tmp_path, streams)
     proc, url = started(config, "--workers", str(workers))
     _wait_ready(proc, url, tmp_path / "serve-0.log")
     answers = _first_lookups(url, model)
     assert len(answers) >= 50
     refused = [a for a in answers if a[1] != 200]
     assert not refused, refused
+    # the first online update writes a few rows: the hash map's small-batch insert,
+    # which no load of these tables ran, compiled at the warm-up, not now
+    _first_update(url, streams)
     after_ready, during_loads = _after_ready_compiles(url)
     assert during_loads > 0  # the empty cache was filled by the loads' warm-ups
     assert after_ready == 0, (tmp_path / "serve-0.log").read_text()
+
+
+def _plus_one(x: int) -> int:  # compiled on its first use, after ready (below)
+    return x + 1
+
+
+def test_a_compile_after_ready_is_counted_and_its_function_named_in_the_log(
+        model_files: ModelFiles, caplog: pytest.LogCaptureFixture) -> None:
+    late = on_use(_plus_one, ["int64(int64)"])  # a path no warm-up runs
+    server = HierarchicalParameterServer(model_files.config, load=False)
+    app = create_app(server)
+    try:
+        with ServerThread(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+            wait_until(lambda: client.get("/readyz").status_code == 200, timeout=READY_WAIT)
+
+            def after_ready() -> float:
+                return metric_value(client.get("/metrics").text, "hps_compiles_total",
+                                    phase="after_ready")
+
+            before = after_ready()
+            with caplog.at_level(logging.WARNING, logger="hps.http"):
+                assert late(np.int64(41)) == 42
+            assert after_ready() == before + 1
+            said = [r.getMessage() for r in caplog.records if "after ready" in r.getMessage()]
+            named = "test_ready._plus_one for (int64,) -> int64 after ready"
+            assert len(said) == 1 and named in said[0], said
+            assert late(np.int64(1)) == 2 and after_ready() == before + 1  # once
+    finally:
+        server.close()
 
 
 def test_workers_import_the_supervisors_hps_from_a_checkout_folder(
