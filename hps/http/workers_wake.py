@@ -15,8 +15,9 @@ before, and a quiet server wakes about 3 times a second.
 
 The bell is a datagram socket of each worker, bound in Linux's abstract namespace under a
 name made of the run folder, the channel and the worker's index: no file to leave behind,
-and gone with its process. A ring is one datagram to each worker; one to a worker that is not there
-(yet) is lost, which costs nothing: a worker's follower looks at the boards as it starts.
+and gone with its process. A ring is one datagram to each worker; one to a worker that is
+not there (yet) is lost, which costs nothing: a worker's follower looks at the boards as
+it starts.
 Where the socket cannot be made (not Linux), the follower looks every POLL seconds.
 """
 

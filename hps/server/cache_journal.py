@@ -206,6 +206,28 @@ class Bell(Protocol):
         """Free the bell (after the follower's thread stopped)."""
 
 
+class _Timer:
+    """The Bell of a follower given none: a wait of POLL after a look that found work,
+    twice the last after one that found none, up to IDLE_POLL; no ring reaches it."""
+
+    def __init__(self) -> None:
+        self._wait = POLL
+        self._now = threading.Event()  # `wake` or `close`: a look now
+
+    def rest(self, busy: bool) -> None:
+        self._wait = POLL if busy else min(self._wait * 2, IDLE_POLL)
+        self._now.wait(self._wait)
+        self._now.clear()
+
+    def wake(self) -> None:
+        self._now.set()
+
+    close = wake  # the follower's stop flag ends the loop after the look this starts
+
+    def release(self) -> None:
+        pass
+
+
 class CacheFollower:
     """A follower worker's side: a thread that applies the keys the leader appended to
     this worker's caches.
@@ -214,7 +236,7 @@ class CacheFollower:
     overwrites the keys' rows in the table's caches with the tiers' rows;
     `refresh(table)` re-reads everything the table's caches hold; `before_read()` runs
     before each round that read keys (a RocksDB secondary catching up with the leader's
-    writes). With a `bell` it rests on that between looks, and frees it as it closes."""
+    writes). It rests between looks on `bell` (freed as it closes), or on a timer."""
 
     def __init__(self, folder: Path, tables: Callable[[], Iterable[Followed]],
                  refetch: Callable[[Any, np.ndarray], None],
@@ -222,7 +244,7 @@ class CacheFollower:
                  before_read: Callable[[], None] = lambda: None,
                  bell: Bell | None = None) -> None:
         self.folder = folder
-        self._bell = bell
+        self._bell: Bell = bell if bell is not None else _Timer()
         self._tables = tables
         self._refetch = refetch
         self._refresh = refresh
@@ -231,7 +253,6 @@ class CacheFollower:
         self._read: dict[tuple[str, str], int] = {}  # keys read (and applied) of each ring
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._wake = threading.Event()  # a look now: after a reset, or to stop
         self._thread = threading.Thread(target=self._run, name="hps-gpu-follower",
                                         daemon=True)
         self.applied = 0  # keys refetched
@@ -247,9 +268,7 @@ class CacheFollower:
             for key in self._read:  # a loop over tables
                 if key[0] == model:
                     self._read[key] = 0
-        self._wake.set()
-        if self._bell is not None:
-            self._bell.wake()
+        self._bell.wake()
 
     def step(self) -> int:
         """One look at every followed table's ring; returns the keys applied."""
@@ -291,13 +310,9 @@ class CacheFollower:
         return applied, moved
 
     def _run(self) -> None:
-        wait, moved = POLL, True
+        moved = True
         while True:
-            if self._bell is not None:
-                self._bell.rest(moved)
-            else:
-                self._wake.wait(wait)
-            self._wake.clear()
+            self._bell.rest(moved)
             if self._stop.is_set():
                 return
             try:
@@ -305,16 +320,13 @@ class CacheFollower:
             except Exception:  # the next round tries again; a worker keeps serving
                 log.exception("applying the leader's updates to this worker's GPU caches")
                 moved = True
-            wait = POLL if moved else min(wait * 2, IDLE_POLL)
 
     def close(self) -> None:
         self._stop.set()
-        self._wake.set()
-        if self._bell is not None:
-            self._bell.close()
+        self._bell.close()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        if self._bell is not None and not self._thread.is_alive():
+        if not self._thread.is_alive():
             self._bell.release()
         with self._lock:
             for ring in self._rings.values():
