@@ -47,6 +47,15 @@ def kernel(signatures: Sequence[Any]) -> Callable[[F], F]:
 HOLD_GIL_BYTES = 64 << 10
 
 
+def compile_declared(*functions: Any) -> None:
+    """Compile every declared signature of `functions` (`kernel`s, `holding_gil`s) now,
+    or read it from numba's cache, running none of them: for a path whose first call
+    would otherwise compile where nothing may wait for it (after ready)."""
+    for function in functions:
+        for signature in function.declared:
+            function.compile(signature)
+
+
 def holding_gil(signatures: Sequence[Any]) -> Callable[[F], F]:
     """`kernel` without `nogil`: the twin of a kernel for small batches on a caller's path
     (HOLD_GIL_BYTES). A twin is a function of its own that calls the kernel (numba's disk

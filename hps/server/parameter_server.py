@@ -292,11 +292,12 @@ class HierarchicalParameterServer:
         return self._host.for_table(table)
 
     def warm_writes(self, table: LoadedTable) -> None:
-        """Compile the volatile tier's writes of `table`, writing nothing (the warm-up:
-        the first online update after ready then compiles nothing under its lock)."""
-        volatile = self.tiers.volatile
-        if volatile is not None and hasattr(volatile, "warm_writes"):
-            volatile.warm_writes(table.storage_name)
+        """Compile the tiers' writes of `table`, writing nothing (the warm-up: the first
+        online update after ready then compiles nothing; the persistent tier's with updates)."""
+        updated = self.config.update_source.enabled
+        for tier in (self.tiers.volatile, self.tiers.persistent if updated else None):
+            if tier is not None and hasattr(tier, "warm_writes"):
+                tier.warm_writes(table.storage_name)
 
     def lookup_into(self, model: str, table: int | str, keys: Any, out: Any,
                     device_id: int | None = None) -> int:

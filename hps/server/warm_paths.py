@@ -27,7 +27,8 @@ decided here too, the GPU path and the host path each timed where both may answe
 The volatile tier's writes of each table are compiled too, without writing
 (`warm_writes`): a load compiles the twin of the hash map's insert its batches take, and
 the first online update after ready (a few rows: the other twin) compiled the rest under
-the table's write lock, every lookup of the table waiting for it.
+the table's write lock, every lookup of the table waiting for it. With online updates,
+so are RocksDB's bulk writes (a big round's path), which a restart over its store never ran.
 
 A lookup that fails here fails the load (`WarmUpError`): the version is not served, and
 the server says why (`/readyz` lists the model as failed, `GET /v1/models` the reason).

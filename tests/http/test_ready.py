@@ -3,8 +3,9 @@ empty numba cache, says ready only once every process that answers lookups has r
 table's lookup path, so its first lookups, of every key dtype the routes take, JSON and
 binary, /v1 and KServe v2, all answer 200 with the right vectors, and nothing compiles
 after ready, the first online update's writes included
-(`hps_compiles_total{phase="after_ready"}` stays 0, summed over workers); a compile after
-ready is counted and its function named in the log.
+(`hps_compiles_total{phase="after_ready"}` stays 0, summed over workers), and a big update
+round after a restart over the RocksDB store; a compile after ready is counted and its
+function named in the log.
 And the workers import the `hps` their supervisor imported, whatever the working folder.
 """
 
@@ -35,6 +36,7 @@ from hps.server import HierarchicalParameterServer, parameter_server
 from hps.server.host_lookup import HostLookup
 from hps.server.warm_paths import KEY_DTYPES as WARMED_DTYPES
 from hps.updates import codec
+from hps.updates.applier import BULK_ROWS
 from hps.updates.open import open_publisher
 from tests.http.conftest import (
     DIMS,
@@ -202,18 +204,18 @@ def streams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server.close()
 
 
-def _first_update(url: str, streams: RedisServer) -> None:
-    """One online update of a few rows of each table, through the server's Redis
+def _first_update(url: str, streams: RedisServer, rows_each: int = 3) -> None:
+    """One online update of `rows_each` rows of each table, through the server's Redis
     stream: served by every worker (new connections) within the wait."""
     publisher = open_publisher(UpdateSourceConfig(type="redis_stream",
                                                   address=streams.address))
     rng = np.random.default_rng(5)
     sent = []
     for table, dim in zip(TABLE_NAMES, DIMS, strict=True):
-        keys = np.arange(3, dtype=np.int64) + 10**12  # new keys: inserted
+        keys = np.arange(rows_each, dtype=np.int64) + 10**12  # new keys: inserted
         rows = rng.standard_normal((keys.size, dim)).astype(np.float32)
         publisher.publish(f"hps_et.{MODEL}.{table}", [codec.encode(keys, rows)])
-        sent.append((table, keys, rows))
+        sent.append((table, keys[-50:], rows[-50:]))
     publisher.close()
 
     def served() -> bool:
@@ -244,6 +246,22 @@ def test_the_first_lookups_and_update_after_ready_all_answer_and_nothing_compile
     _first_update(url, streams)
     after_ready, during_loads = _after_ready_compiles(url)
     assert during_loads > 0  # the empty cache was filled by the loads' warm-ups
+    assert after_ready == 0, (tmp_path / "serve-0.log").read_text()
+
+
+def test_a_restart_over_its_store_compiles_nothing_for_an_update_round_after_ready(
+        tmp_path: Path, started: Start, streams: RedisServer) -> None:
+    """A restart that finds its tables in the RocksDB store writes no table file while it
+    loads; on an empty numba cache, an online update round of BULK_ROWS rows (RocksDB's
+    bulk path: sorted, encoded as a table file, ingested) compiles nothing after ready."""
+    model, config = _model(tmp_path, streams)
+    last_run = json.loads(config.read_text())
+    del last_run["update_source"]
+    HierarchicalParameterServer(last_run).close()  # the store, as a last run left it
+    proc, url = started(config)
+    _wait_ready(proc, url, tmp_path / "serve-0.log")
+    _first_update(url, streams, rows_each=BULK_ROWS)
+    after_ready, _ = _after_ready_compiles(url)
     assert after_ready == 0, (tmp_path / "serve-0.log").read_text()
 
 

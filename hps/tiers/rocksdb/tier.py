@@ -73,6 +73,7 @@ from hps.tiers.rocksdb.bulk import (
     WriterPool,
     bytewise_order,
     bytewise_sorted,
+    compile_bulk_writes,
     last_of_each,
 )
 from hps.tiers.rocksdb.encoding import consume, key_bytes, row_bytes
@@ -542,6 +543,12 @@ class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
         options.set_move_files(True)
         cf.ingest_external_file(paths, options)
         self._changed(table, noted)
+
+    def warm_writes(self, table: str) -> None:
+        """Compile the bulk path's writes (`compile_bulk_writes`), writing nothing: the
+        same for every table; nothing on a read-only store."""
+        if not self.read_only:
+            compile_bulk_writes()
 
     def trim(self) -> None:
         """Unmap the encode buffers kept between loads sorted in memory."""
