@@ -32,8 +32,7 @@ through mmap, and tables written through `insert` carry a bloom filter (bulk-loa
 have none: a lookup of an absent key reads one data block of the one file whose range
 holds it): the store's options and its opening are `hps.tiers.rocksdb.store`'s.
 
-Thread safety: RocksDB is thread-safe; the tier's own state (the column-family handles)
-changes under a lock.
+Thread safety: RocksDB is thread-safe; the tier's column-family handles change under a lock.
 """
 
 from __future__ import annotations
@@ -545,8 +544,7 @@ class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
         self._changed(table, noted)
 
     def warm_writes(self, table: str) -> None:
-        """Compile the bulk path's writes (`compile_bulk_writes`), writing nothing: the
-        same for every table; nothing on a read-only store."""
+        """Compile the bulk path (any table's), writing nothing; not on a read-only store."""
         if not self.read_only:
             compile_bulk_writes()
 
