@@ -435,6 +435,25 @@ def test_reserve_allocates_once_and_keeps_contents(tier: HashMapTier) -> None:
     assert tier.memory_bytes(T) <= 1.35 * 99_999 * 24
 
 
+def test_a_loads_reserve_takes_the_new_keys_of_updates_without_moving_its_rows(
+        tier: HashMapTier) -> None:
+    """`reserve` leaves rows for a quarter more keys than the load's, never written (not
+    resident, not counted): the new keys of updates after the load go there instead of
+    every row being copied under the table's write lock, every lookup waiting."""
+    keys = np.arange(100_000)
+    tier.reserve(T, keys.size)
+    tier.insert(T, keys, vectors_of(keys, 4))
+    rows = tier._tables[T].vectors
+    for start in range(0, 20_000, 2_000):  # rounds of updates: a fifth more keys
+        new = np.arange(start, start + 2_000) + 10**9
+        tier.insert(T, new, vectors_of(new, 4))
+        assert tier._tables[T].vectors is rows  # written in place, never moved
+    every = np.concatenate([keys, np.arange(20_000) + 10**9])
+    got, found = tier.fetch(T, every)
+    assert found.all() and np.array_equal(got, vectors_of(every, 4))
+    assert tier.memory_bytes(T) <= 1.5 * every.size * 24  # the rows written, not the room
+
+
 def test_kernels_release_the_gil_and_never_compile_in_a_lookup() -> None:
     """Each kernel is declared for its signatures (compiled at their first use), without
     the GIL; a call with other types raises instead of compiling another version."""

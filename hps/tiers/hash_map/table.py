@@ -18,11 +18,12 @@ The loops over them are `hps.tiers.hash_map.loops`. Removal leaves a tombstone i
 and moves the last row into the freed row, so the row store stays dense; tombstones go
 when the slot array is rebuilt.
 
-Memory: row arrays are allocated for twice the rows they must hold (or exactly the rows a
-load announced through `reserve`), but `np.empty` pages stay untouched, hence not
-resident, until rows are written; so a table occupies its raw key + vector bytes plus
-4 bytes per slot (6-11 bytes per key: a table sized for a load gives its slots about 4%
-of its row bytes, at a load of 0.35 to 0.65), and growing copies each row about once.
+Memory: row arrays are allocated for twice the rows they must hold (or the rows a load
+announced through `reserve` and a quarter more for keys updates add), but `np.empty`
+pages stay untouched, hence not resident, until rows are written; so a table occupies
+its raw key + vector bytes plus 4 bytes per slot (6-11 bytes per key: a table sized for
+a load gives its slots about 4% of its row bytes, at a load of 0.35 to 0.65), and
+growing copies each row about once.
 `Table.nbytes` counts exactly that (the tier's `memory_bytes`; `HashMapTier.memory_required`
 tells it ahead). HugeCTR's hash map took ~10×.
 
@@ -61,6 +62,11 @@ TOMBSTONE = kernels.TOMBSTONE
 MAX_LOAD = 0.7
 #: ...and is rebuilt to the size that puts the load at this share
 REBUILD_LOAD = 0.5
+#: rows `reserve` allocates beyond a load's, for keys online updates add later: pages
+#: never written are not resident, and without them the first new key after a load
+#: copied every row under the table's write lock (10M rows of width 64: 4.8 s of every
+#: lookup of the table waiting, 2-core machine, 2026-11-29), and doubled its memory
+RESERVE_ROW_HEADROOM = 0.25
 #: a slot array sized by `reserve` for a whole table (a load knows its size) takes at most
 #: this share of the table's row bytes...
 RESERVE_SLOT_SHARE = 0.04
@@ -272,9 +278,13 @@ class Table:
             self.rebuild(extra)
 
     def reserve(self, total: int) -> None:
-        """Rows and slots for `total` keys in all, allocated once (a load's size)."""
+        """Rows and slots for `total` keys in all, allocated once (a load's size), and
+        rows for RESERVE_ROW_HEADROOM more (exactly `total` where the allocator refuses)."""
         if total > self.keys.size:
-            self._move_rows(total)
+            try:
+                self._move_rows(math.ceil(total * (1.0 + RESERVE_ROW_HEADROOM)))
+            except MemoryError:  # a commit limit that counts pages never written
+                self._move_rows(total)
         load = reserve_load(self.keys.itemsize + self.vectors.itemsize * self.width)
         if math.ceil(total / load) + 1 > self.slots.size:
             self.rebuild(total - self.size, load)

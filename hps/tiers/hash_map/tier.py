@@ -42,7 +42,7 @@ import numpy as np
 from hps.config import VolatileDBConfig
 from hps.errors import ConfigError, LookupInputError
 from hps.rows.storage_types import FLOAT32, StorageType, storage_type
-from hps.runtime.compiled import by_size, numba
+from hps.runtime.compiled import by_size, compile_declared, numba
 from hps.runtime.cores import usable_cores
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import as_keys, as_rows
@@ -289,17 +289,22 @@ class HashMapTier(BulkLoadTier):
         numba's cache), running neither: a load compiles the twin its batches take, and
         the other one's first call after ready (an online update's few rows, a miss
         cached from RocksDB) would compile under the table's write lock, every lookup
-        of the table waiting for it (0.15 s on an H200 machine, 2026-11-29). Nothing
-        is written; a table this tier does not hold is skipped."""
+        of the table waiting for it (0.15 s on an H200 machine, 2026-11-29). A bounded
+        tier's pruning too: the first update past `overflow_margin` compiled it under
+        that lock (a lookup waited 2.2 s on a 2-core machine). Nothing is written; a
+        table this tier does not hold is skipped."""
         t = self._tables.get(table)
         if t is None:
             return
-        args = (t.slots, t.keys, t.vectors, t.stats, t.partition_sizes, t.state, t.row_bits,
-                np.empty(0, np.int64), np.empty((0, t.dim), t.vectors.dtype), 0, t.max_used,
-                0, -1)
+        held = (t.slots, t.keys, t.vectors, t.stats, t.partition_sizes, t.state, t.row_bits,
+                np.empty(0, np.int64))
+        args = (*held, np.empty((0, t.dim), t.vectors.dtype), 0, t.max_used, 0, -1)
         signature = tuple(numba.typeof(arg) for arg in args)
         for twin in (kernels.insert_held, kernels.insert):
             twin.compile(signature)
+        if self.overflow.bounded:
+            compile_declared(kernels.partitions)
+            kernels.remove.compile(tuple(numba.typeof(arg) for arg in held))
 
     def remove(self, table: str, keys: np.ndarray) -> int:
         """Delete `keys`; returns how many distinct keys were present."""
