@@ -3,8 +3,9 @@ empty numba cache, says ready only once every process that answers lookups has r
 table's lookup path, so its first lookups, of every key dtype the routes take, JSON and
 binary, /v1 and KServe v2, all answer 200 with the right vectors, and nothing compiles
 after ready, the first online update's writes included
-(`hps_compiles_total{phase="after_ready"}` stays 0, summed over workers), and a big update
-round after a restart over the RocksDB store; a compile after ready is counted and its
+(`hps_compiles_total{phase="after_ready"}` stays 0, summed over workers), a big update
+round after a restart over the RocksDB store and an update past a bounded hash map's
+margin included; a compile after ready is counted and its
 function named in the log.
 And the workers import the `hps` their supervisor imported, whatever the working folder.
 """
@@ -261,6 +262,26 @@ def test_a_restart_over_its_store_compiles_nothing_for_an_update_round_after_rea
     proc, url = started(config)
     _wait_ready(proc, url, tmp_path / "serve-0.log")
     _first_update(url, streams, rows_each=BULK_ROWS)
+    after_ready, _ = _after_ready_compiles(url)
+    assert after_ready == 0, (tmp_path / "serve-0.log").read_text()
+
+
+def test_an_update_past_the_overflow_margin_compiles_nothing_after_ready(
+        tmp_path: Path, started: Start, streams: RedisServer) -> None:
+    """A bounded hash map (`overflow_margin`) prunes a table the first time an update
+    takes one of its partitions past the margin: on an empty numba cache, the warm-up
+    compiled the pruning, not that update, under the table's write lock after ready."""
+    model, config = _model(tmp_path, streams)
+    bounded = json.loads(config.read_text())
+    # the users table's 3,000 keys fill its 16 partitions to ~190 each; 1,600 more take
+    # them to ~290, past 250: each is pruned to 200, its oldest (loaded) rows first
+    bounded["volatile_db"].update(num_partitions=16, overflow_margin=250,
+                                  overflow_policy="evict_oldest")
+    del bounded["persistent_db"]  # the hash map the only store: nothing pruned at load
+    config.write_text(json.dumps(bounded))
+    proc, url = started(config)
+    _wait_ready(proc, url, tmp_path / "serve-0.log")
+    _first_update(url, streams, rows_each=1_600)
     after_ready, _ = _after_ready_compiles(url)
     assert after_ready == 0, (tmp_path / "serve-0.log").read_text()
 
