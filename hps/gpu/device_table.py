@@ -38,13 +38,19 @@ from hps.gpu.device_arrays import device_keys, device_rows
 from hps.gpu.host_updates import HostRowUpdates
 from hps.gpu.kernels import EMPTY_KEY, RANK_BITS, SET_SIZE
 from hps.gpu.launch_shape import BLOCK, PIPELINED_AFTER, PIPELINED_ROW_BYTES, default_hints
-from hps.gpu.workspace import QueryWorkspace
 from hps.gpu.shared_cache import SharedParts
 from hps.gpu.streams import stream_key
+from hps.gpu.workspace import QueryWorkspace
 from hps.gpu.write_order import WriteOrder
 from hps.intake.keys import device_output_view
-from hps.rows.gpu_layout import (OUT_FLOAT32, OUTPUT_CODES, STORAGE_CODES, row_unit_bytes,
-                                 stored_row_bytes, table_storage)
+from hps.rows.gpu_layout import (
+    OUT_FLOAT32,
+    OUTPUT_CODES,
+    STORAGE_CODES,
+    row_unit_bytes,
+    stored_row_bytes,
+    table_storage,
+)
 from hps.rows.storage_types import FLOAT32, StorageType, decode
 from hps.runtime.raw_memory import wait_while, wait_while_held
 

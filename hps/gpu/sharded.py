@@ -46,8 +46,8 @@ from hps.gpu.device_arrays import lookup_refs
 from hps.gpu.fast_query import FALLBACK
 from hps.gpu.host_memory import pinned_empty
 from hps.gpu.hot_rows import HOT_ROWS, HotCopies
-from hps.gpu.sharded_misses import ShardedMisses
 from hps.gpu.shard_routing import shard_keys, split_by_shard
+from hps.gpu.sharded_misses import ShardedMisses
 from hps.gpu.sharded_query import OnePassQuery, enable_peer_access, peers_reachable
 from hps.gpu.staging import device_view, external_stream
 from hps.intake.keys import is_wide

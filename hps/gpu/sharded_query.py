@@ -513,8 +513,14 @@ def _compiled() -> tuple[Any, Any] | None:
         from hps.runtime.compiled import numba, types
     except ImportError:
         return None
-    from hps.runtime.raw_memory import _atomic_add64, _store32, _store64, _u32_acquire, _u64
-    from hps.runtime.raw_memory import _u64_acquire
+    from hps.runtime.raw_memory import (
+        _atomic_add64,
+        _store32,
+        _store64,
+        _u32_acquire,
+        _u64,
+        _u64_acquire,
+    )
 
     cu_launch, cu_record, cu_context = lib.cuLaunchKernel, lib.cuEventRecord, lib.cuCtxGetCurrent
 

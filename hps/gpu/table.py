@@ -53,11 +53,11 @@ import numpy as np
 
 from hps.errors import DeviceError
 from hps.gpu import host_loops, kernels
-from hps.gpu.kernels import cuda_available  # where callers have long imported it from
 from hps.gpu.device_arrays import lookup_refs
 from hps.gpu.dynamic_cache import DEFAULT_LRU_SAMPLE_SHIFT, EmbeddingCache
 from hps.gpu.fill import refresh, warm_up
 from hps.gpu.host_memory import mapped_address, pinned_empty
+from hps.gpu.kernels import cuda_available  # where callers have long imported it from
 from hps.gpu.open import cache_capacity, cache_mode, holds_whole_table, open_device_table
 from hps.gpu.staging import (
     CHUNK_BYTES,

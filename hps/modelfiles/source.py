@@ -3,10 +3,10 @@
 A `ModelSource` is one folder (one table): it answers the size of a file in it and
 ranged reads of that file. The loader only ever reads in ranges, so a source never needs
 to hold a whole file in memory. `RemoteSource` is the base of the network sources
-(hps.modelfiles.s3, hps.modelfiles.hdfs): it splits a large read into parts of `SourceOptions.part_bytes`
-fetched in parallel and checks every part's length. `hps.modelfiles.uri.open_source` picks the
-source for a URI; this module imports nothing else from hps.modelfiles, so the sources it
-dispatches to can import it without a circle.
+(hps.modelfiles.s3, hps.modelfiles.hdfs): it splits a large read into parts of
+`SourceOptions.part_bytes` fetched in parallel and checks every part's length.
+`hps.modelfiles.uri.open_source` picks the source for a URI; this module imports nothing
+else from hps.modelfiles, so the sources it dispatches to can import it without a circle.
 
 Sources hold connections and threads: use them as context managers or call `close()`;
 a source that is garbage collected unclosed releases them too.

@@ -2,17 +2,18 @@
 
 A `ModelSource` is one folder (one table): it answers the size of a file in it and
 ranged reads of that file. The loader only ever reads in ranges, so a source never needs
-to hold a whole file in memory. `open_source` picks the reader by scheme:
+to hold a whole file in memory. `open_source` picks the reader by scheme (the classes'
+modules are hps.modelfiles'):
 
     /path/to/table0, file:///path        local files                    LocalSource
                                          (inside `confined(roots, ...)`: ConfinedSource,
                                          opened beneath an allowed root)
-    s3://bucket/prefix/table0            S3 (and S3-compatible stores)  hps.modelfiles.s3.S3Source
+    s3://bucket/prefix/table0            S3 (and S3-compatible stores)  s3.S3Source
     https://bucket.s3.<region>.amazonaws.com/prefix/table0
     https://s3.<region>.amazonaws.com/bucket/prefix/table0
-    hdfs://namenode:port/path            HDFS over its RPC protocol     hps.modelfiles.hdfs.HdfsSource
+    hdfs://namenode:port/path            HDFS over its RPC protocol     hdfs.HdfsSource
     viewfs://cluster/path                  (hdfs-native, no JVM)
-    webhdfs://namenode:port/path         HDFS over WebHDFS REST         hps.modelfiles.hdfs.WebHdfsSource
+    webhdfs://namenode:port/path         HDFS over WebHDFS REST         hdfs.WebHdfsSource
     swebhdfs://namenode:port/path          (the same over HTTPS)
 
 Remote sources split a large read into parts of `SourceOptions.part_bytes` fetched in

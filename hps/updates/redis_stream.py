@@ -363,7 +363,7 @@ class RedisStreamSource(UpdateSource):
             for stream, entry_ids in ids.items():
                 pipe.xack(stream, self.group, *entry_ids)
             replies = pipe.execute(raise_on_error=False)
-        for stream, reply in zip(ids, replies, strict=True):
+        for reply in replies:  # one a stream
             # a stream replaced by another type since its entries were read has no group
             # to acknowledge them in (the next poll sets it aside): the others' acks stand
             if isinstance(reply, redis.ResponseError) and "WRONGTYPE" not in str(reply):

@@ -14,7 +14,8 @@ PROFILES = ("kernels", "public", "threads", "hugectr", "misses", "uvm", "devices
             "storage", "torch", "processes")
 
 COLUMNS = ("bench", "table", "keys", "phase", "layout", "devices", "shards", "dim", "batch",
-           "mode", "family", "processes", "mps", "gpu_used_mib", "group", "unroll", "waves", "hints", "gkeys_s",
+           "mode", "family", "processes", "mps", "gpu_used_mib", "group", "unroll", "waves",
+           "hints", "gkeys_s",
            "mkeys_s", "M_keys_per_s", "floor_M_keys_per_s", "bound_M_keys_per_s", "vs_whole",
            "vs_bound", "vs_float4", "vs_torch", "hugectr", "hit_rate", "mean_us", "p50_us",
            "p99_us", "floor_mkeys_s", "floor_p99_us", "events_p50_us", "over_inner_us",

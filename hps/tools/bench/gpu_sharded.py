@@ -208,7 +208,7 @@ class _HotCopies:
     def __init__(self, hps: Any, hot: np.ndarray, cases: list[Any]) -> None:
         import torch
 
-        for n, _, _, batches, result, _, _ in cases:
+        for _, _, _, batches, result, _, _ in cases:
             for b in batches:
                 hps.lookup_fromdlpack(b, result, MODEL, 0)
         torch.cuda.synchronize()

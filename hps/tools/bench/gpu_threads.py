@@ -16,7 +16,8 @@ Workloads (`hit_rate_threshold` 1.0: every miss is fetched before the call retur
 
 Each thread makes its stream current once, as a model server's worker thread does
 (torch's current stream is per thread), for hps and floor alike; with `stream_per_thread`
-False (`--stream-per-call`) each call is made inside `with torch.cuda.stream(stream)`. Rows: keys/s of all threads together and the p99 of one call, hps beside the floor
+False (`--stream-per-call`) each call is made inside `with torch.cuda.stream(stream)`.
+Rows: keys/s of all threads together and the p99 of one call, hps beside the floor
 at the same N, with the ratio, and HierarchicalKV's keys/s at the same N (HKV_FIND) with
 hps's ratio to it. After the timing, every output of every thread is compared with the
 model's rows; `targets` reads what issue 39 asks off the rows. `--switch-interval` sets

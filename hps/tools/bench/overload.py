@@ -10,8 +10,9 @@ request carrying `X-HPS-Deadline-Ms: deadline_ms` unless 0) at every client coun
 last level (the overload) runs once per client behaviour of `backoffs`. The client of
 each process is `raw` (prepared request bytes on a socket: hps/tools/bench/raw_http.py)
 or `http.client`, which on the 2-core machine takes the server measured about three
-times the CPU per request (both printed per level: `client_cpu_us`, `server_cpu_us`). At the end the server's own counters say how many
-keys each tier served (`keys_by_tier`), so the figures are known to be the tier's.
+times the CPU per request (both printed per level: `client_cpu_us`, `server_cpu_us`).
+At the end the server's own counters say how many keys each tier served
+(`keys_by_tier`), so the figures are known to be the tier's.
 
 What a client does after a 503: `None` honours `Retry-After` (waits the seconds it says,
 as a well-behaved client of a shedding server does: urllib3's Retry, the gRPC and AWS
