@@ -205,16 +205,23 @@ def streams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server.close()
 
 
-def _first_update(url: str, streams: RedisServer, rows_each: int = 3) -> None:
-    """One online update of `rows_each` rows of each table, through the server's Redis
-    stream: served by every worker (new connections) within the wait."""
+def _first_update(url: str, streams: RedisServer, rows_each: int = 3,
+                  stored: ModelFiles | None = None) -> None:
+    """One online update of `rows_each` new keys of each table, through the server's
+    Redis stream: served by every worker (new connections) within the wait. With
+    `stored`, 400 keys of each table go along with the rows its files hold (unchanged:
+    later tests reading this stream still serve the files' rows)."""
     publisher = open_publisher(UpdateSourceConfig(type="redis_stream",
                                                   address=streams.address))
     rng = np.random.default_rng(5)
     sent = []
-    for table, dim in zip(TABLE_NAMES, DIMS, strict=True):
+    for index, (table, dim) in enumerate(zip(TABLE_NAMES, DIMS, strict=True)):
         keys = np.arange(rows_each, dtype=np.int64) + 10**12  # new keys: inserted
         rows = rng.standard_normal((keys.size, dim)).astype(np.float32)
+        if stored is not None:
+            held = np.unique(stored.keys[index])[:400]
+            keys = np.concatenate([held, keys])
+            rows = np.concatenate([stored.expected(index, held), rows])
         publisher.publish(f"hps_et.{MODEL}.{table}", [codec.encode(keys, rows)])
         sent.append((table, keys[-50:], rows[-50:]))
     publisher.close()
@@ -242,9 +249,10 @@ def test_the_first_lookups_and_update_after_ready_all_answer_and_nothing_compile
     assert len(answers) >= 50
     refused = [a for a in answers if a[1] != 200]
     assert not refused, refused
-    # the first online update writes a few rows: the hash map's small-batch insert,
-    # which no load of these tables ran, compiled at the warm-up, not now
-    _first_update(url, streams)
+    # the first online update writes a few hundred rows: the hash map's small-batch
+    # insert, which no load of these tables ran, compiled at the warm-up, not now; and
+    # past the room a table shared by workers has left, the count of its new keys
+    _first_update(url, streams, stored=model)
     after_ready, during_loads = _after_ready_compiles(url)
     assert during_loads > 0  # the empty cache was filled by the loads' warm-ups
     assert after_ready == 0, (tmp_path / "serve-0.log").read_text()

@@ -46,6 +46,7 @@ from hps.config import VolatileDBConfig
 from hps.errors import ConfigError, TierError
 from hps.rows.storage_types import FLOAT32, StorageType
 from hps.runtime import run_dir
+from hps.runtime.compiled import compile_declared
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import as_rows
 from hps.tiers.hash_map import loops as kernels
@@ -198,6 +199,12 @@ class SharedHashMapTier(HashMapTier):
                 super().insert(table, k, v)
             finally:
                 t.end_write()
+
+    def warm_writes(self, table: str) -> None:
+        """The in-process tier's, and the count of new keys a batch past the room left
+        takes (an update round of 70,000 rows compiled it after ready)."""
+        super().warm_writes(table)
+        compile_declared(kernels.count_absent)
 
     def remove(self, table: str, keys: np.ndarray) -> int:
         """The in-process removal under the table's sequence counter (TierError in a
