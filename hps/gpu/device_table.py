@@ -1,27 +1,24 @@
 """What the GPU tables share: device memory, streams, query workspaces and kernel launches.
 
-`DeviceTable` holds one table's slots on one device (keys int64 [num_sets * SET_SIZE],
-rows in the table's storage type (float32 padded to float4, float16, bfloat16 or int8
-rows: hps/rows/gpu_layout.py), a few int32 flags), its own stream, the per-thread query
-workspaces (hps/gpu/workspace.py), and the launches of the query, update and dump kernels
-(their shape: hps/gpu/launch_shape.py). Rows come in as float32 and are encoded on the
-device; a query writes float32 or, from 16-bit storage, that same 16-bit type (its output
-type, picked per call). The tables built on it (`EmbeddingCache` in dynamic_cache.py,
-`StaticEmbeddingTable` in static_table.py, `UvmEmbeddingTable` in uvm_table.py) say which
-kernels and which arguments; this module says where the memory lives and how work is
-ordered.
+`DeviceTable` holds one table's slots on one device (keys int64 [num_sets * SET_SIZE], rows in the
+table's storage type (float32 padded to float4, float16, bfloat16 or int8 rows:
+hps/rows/gpu_layout.py), a few int32 flags), its own stream, the per-thread query workspaces
+(hps/gpu/workspace.py), and the launches of the query, update and dump kernels (their shape:
+hps/gpu/launch_shape.py). Rows come in as float32 and are encoded on the device; a query writes
+float32 or, from 16-bit storage, that same 16-bit type (its output type, picked per call). The
+tables built on it (`EmbeddingCache` in dynamic_cache.py, `StaticEmbeddingTable` in
+static_table.py, `UvmEmbeddingTable` in uvm_table.py) say which kernels and which arguments; this
+module says where the memory lives and how work is ordered.
 
-Streams: queries run on the caller's current CuPy stream, so they overlap with the
-caller's own work and with each other; the only host wait of a query is the read of its
-miss count. Inserts, updates and removes run on the table's own stream. The two are
-ordered with CUDA events: a write waits for the queries in flight and for the caller's
-stream (whose arrays it reads); a query waits for the writes before it. No device-wide
-synchronize is ever used. All methods are thread-safe.
+Streams: queries run on the caller's current CuPy stream, so they overlap with the caller's own
+work and with each other; the only host wait of a query is the read of its miss count. Inserts,
+updates and removes run on the table's own stream. The two are ordered with CUDA events: a write
+waits for the queries in flight and for the caller's stream (whose arrays it reads); a query waits
+for the writes before it. No device-wide synchronize is ever used. All methods are thread-safe.
 
-Keys and outputs are checked by hps/intake/keys.py (`key_view`, `device_output_view`),
-keys and rows brought to the device by hps/gpu/device_arrays.py; the methods here that
-take raw pointers (`query_ptr`, `insert_staged`) or set codes (`insert_by_set`) take
-arguments already checked.
+Keys and outputs are checked by hps/intake/keys.py (`key_view`, `device_output_view`), keys and
+rows brought to the device by hps/gpu/device_arrays.py; the methods here that take raw pointers
+(`query_ptr`, `insert_staged`) or set codes (`insert_by_set`) take arguments already checked.
 """
 
 from __future__ import annotations
@@ -57,9 +54,8 @@ from hps.runtime.raw_memory import wait_while, wait_while_held
 if TYPE_CHECKING:
     from hps.gpu.shared_cache import SharedTableRecord
 
-# The miss count's place holds this until the query kernel writes the count; the host
-# reads it this many times (GIL released, well under a millisecond) before it waits on
-# the query's event instead.
+# The miss count's place holds this until the query kernel writes the count; the host reads
+# it this many times (GIL released, well under a millisecond), then waits on the query's event.
 _NO_COUNT = -1
 _SPINS = 1 << 16
 # A query of at most _HELD_SPIN_KEYS keys ends within tens of µs: its caller reads the
