@@ -275,10 +275,20 @@ def test_a_restart_over_its_store_compiles_nothing_for_an_update_round_after_rea
 
 
 def test_an_update_past_the_overflow_margin_compiles_nothing_after_ready(
-        tmp_path: Path, started: Start, streams: RedisServer) -> None:
+        tmp_path: Path, started: Start) -> None:
     """A bounded hash map (`overflow_margin`) prunes a table the first time an update
     takes one of its partitions past the margin: on an empty numba cache, the warm-up
     compiled the pruning, not that update, under the table's write lock after ready."""
+    # streams of its own: the other tests' rounds, read first, would be pruned together
+    # with this one's, which then need not survive
+    streams = RedisServer(tmp_path / "streams").start()
+    try:
+        _bounded_update(tmp_path, started, streams)
+    finally:
+        streams.close()
+
+
+def _bounded_update(tmp_path: Path, started: Start, streams: RedisServer) -> None:
     model, config = _model(tmp_path, streams)
     bounded = json.loads(config.read_text())
     # the users table's 3,000 keys fill its 16 partitions to ~190 each; 1,600 more take
