@@ -17,7 +17,9 @@ fewer. The workers' counts are on a `ConnectionBoard`: a small file in the run f
 that each maps, one slot a worker (its open connections and a heartbeat). A worker whose
 heartbeat is older than STALE_S (a process stopped, or an event loop held by a long
 call) is not waited for, so a new connection waits at most about that long for a worker
-with room; at worst it is accepted as before, by whoever is free.
+with room; at worst it is accepted as before, by whoever is free. Each worker counts on
+the board the connections it took past such a worker holding fewer (`passed_over`):
+an uneven spread with none counted is this module's fault, not the machine's load.
 
 The count is the worker's open HTTP connections (the `ConnectionGuard`'s, which counts
 every connection the protocol made and not yet lost) plus those accepted and not yet
@@ -53,7 +55,9 @@ BEAT_S = 0.01
 STALE_S = 0.05
 #: seconds a worker out of descriptors (EMFILE and the like) waits before accepting again
 OUT_OF_DESCRIPTORS_S = 1.0
-_SLOT = 2  # int64 words a worker: open connections, heartbeat (CLOCK_MONOTONIC ns)
+# int64 words a worker: open connections, heartbeat (CLOCK_MONOTONIC ns), connections
+# taken past a worker that was not responsive and held fewer
+_SLOT = 3
 
 
 class ConnectionBoard:
@@ -81,11 +85,22 @@ class ConnectionBoard:
     def fewest_other(self, index: int) -> int | None:
         """The fewest open connections of a worker other than `index` whose heartbeat is
         fresh (None: no such worker)."""
-        fresh = self._fresh()
-        fresh[index] = False
-        if not fresh.any():
-            return None
-        return int(self.slots[fresh, 0].min())
+        return self.others(index)[0]
+
+    def others(self, index: int) -> tuple[int | None, int | None]:
+        """Of the workers other than `index`, from one reading of the board: the fewest
+        open connections of one whose heartbeat is fresh, and of one whose heartbeat is
+        stale (not one that left: it has none). None where there is no such worker."""
+        slots = self.slots[:, :2].copy()
+        fresh = slots[:, 1] >= time.monotonic_ns() - int(STALE_S * 1e9)
+        stale = (slots[:, 1] > 0) & ~fresh
+        fresh[index] = stale[index] = False
+        return _fewest(slots[fresh, 0]), _fewest(slots[stale, 0])
+
+    def passed_over(self) -> np.ndarray:
+        """Each worker's count of connections taken past a worker that was not
+        responsive and held fewer (a copy)."""
+        return self.slots[:, 2].copy()
 
     def responsive(self) -> int:
         """How many workers have a fresh heartbeat (are accepting)."""
@@ -97,12 +112,16 @@ class ConnectionBoard:
 
     def leave(self, index: int) -> None:
         """Worker `index` takes no more connections: not waited for."""
-        self.slots[index] = 0
+        self.slots[index, :2] = 0
 
     def close(self) -> None:
         del self.slots
         with contextlib.suppress(BufferError):  # a view still held: the process exit unmaps
             self._map.close()
+
+
+def _fewest(counts: np.ndarray) -> int | None:
+    return int(counts.min()) if counts.size else None
 
 
 class SharedAccept:
@@ -175,7 +194,7 @@ class SharedAccept:
         self._watching = False
 
     def _readable(self) -> None:
-        fewest = self._board.fewest_other(self._index)
+        fewest, fewest_stale = self._board.others(self._index)
         if fewest is not None and self._count() > fewest:
             self._unwatch()  # another worker has room: its wake-up takes it
             self._watch_in(PAUSE_S)
@@ -193,6 +212,8 @@ class SharedAccept:
             else:  # the socket stopped listening (the supervisor's drain)
                 self._stopped = True
             return
+        if fewest_stale is not None and fewest_stale < self._count():
+            self._board.slots[self._index, 2] += 1  # passed over a worker not responsive
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._making += 1
