@@ -274,22 +274,21 @@ def test_a_restart_over_its_store_compiles_nothing_for_an_update_round_after_rea
     assert after_ready == 0, (tmp_path / "serve-0.log").read_text()
 
 
+@pytest.fixture
+def own_streams(tmp_path: Path) -> Iterator[RedisServer]:
+    """Streams no other test publishes to: the others' rounds, read first in one batch
+    with a test's own, would be applied (and pruned) together with it."""
+    server = RedisServer(tmp_path / "streams").start()
+    yield server
+    server.close()
+
+
 def test_an_update_past_the_overflow_margin_compiles_nothing_after_ready(
-        tmp_path: Path, started: Start) -> None:
+        tmp_path: Path, own_streams: RedisServer, started: Start) -> None:
     """A bounded hash map (`overflow_margin`) prunes a table the first time an update
     takes one of its partitions past the margin: on an empty numba cache, the warm-up
     compiled the pruning, not that update, under the table's write lock after ready."""
-    # streams of its own: the other tests' rounds, read first, would be pruned together
-    # with this one's, which then need not survive
-    streams = RedisServer(tmp_path / "streams").start()
-    try:
-        _bounded_update(tmp_path, started, streams)
-    finally:
-        streams.close()
-
-
-def _bounded_update(tmp_path: Path, started: Start, streams: RedisServer) -> None:
-    model, config = _model(tmp_path, streams)
+    model, config = _model(tmp_path, own_streams)
     bounded = json.loads(config.read_text())
     # the users table's 3,000 keys fill its 16 partitions to ~190 each; 1,600 more take
     # them to ~290, past 250: each is pruned to 200, its oldest (loaded) rows first
@@ -299,7 +298,7 @@ def _bounded_update(tmp_path: Path, started: Start, streams: RedisServer) -> Non
     config.write_text(json.dumps(bounded))
     proc, url = started(config)
     _wait_ready(proc, url, tmp_path / "serve-0.log")
-    _first_update(url, streams, rows_each=1_600)
+    _first_update(url, own_streams, rows_each=1_600)
     after_ready, _ = _after_ready_compiles(url)
     assert after_ready == 0, (tmp_path / "serve-0.log").read_text()
 
