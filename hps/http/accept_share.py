@@ -23,8 +23,9 @@ an uneven spread with none counted is this module's fault, not the machine's loa
 
 The count is the worker's open HTTP connections (the `ConnectionGuard`'s, which counts
 every connection the protocol made and not yet lost) plus those accepted and not yet
-made. gRPC has its own port and grpcio's own accept (SO_REUSEPORT: the kernel spreads
-those).
+made; a connection passes from the second to the first in one step, its protocol's
+`connection_made` (`SharedAccept.counted`), so no count ever holds it twice. gRPC has
+its own port and grpcio's own accept (SO_REUSEPORT: the kernel spreads those).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -58,6 +59,8 @@ OUT_OF_DESCRIPTORS_S = 1.0
 # int64 words a worker: open connections, heartbeat (CLOCK_MONOTONIC ns), connections
 # taken past a worker that was not responsive and held fewer
 _SLOT = 3
+
+_Protocol = TypeVar("_Protocol", bound=asyncio.BaseProtocol)
 
 
 class ConnectionBoard:
@@ -92,10 +95,14 @@ class ConnectionBoard:
         open connections of one whose heartbeat is fresh, and of one whose heartbeat is
         stale (not one that left: it has none). None where there is no such worker."""
         slots = self.slots[:, :2].copy()
-        fresh = slots[:, 1] >= time.monotonic_ns() - int(STALE_S * 1e9)
+        fresh = _fresh(slots[:, 1])
         stale = (slots[:, 1] > 0) & ~fresh
         fresh[index] = stale[index] = False
         return _fewest(slots[fresh, 0]), _fewest(slots[stale, 0])
+
+    def count_pass(self, index: int) -> None:
+        """Worker `index` took a connection past a worker not responsive that held fewer."""
+        self.slots[index, 2] += 1
 
     def passed_over(self) -> np.ndarray:
         """Each worker's count of connections taken past a worker that was not
@@ -104,11 +111,7 @@ class ConnectionBoard:
 
     def responsive(self) -> int:
         """How many workers have a fresh heartbeat (are accepting)."""
-        return int(self._fresh().sum())
-
-    def _fresh(self) -> np.ndarray:
-        """Which workers beat within STALE_S."""
-        return self.slots[:, 1] >= time.monotonic_ns() - int(STALE_S * 1e9)
+        return int(_fresh(self.slots[:, 1]).sum())
 
     def leave(self, index: int) -> None:
         """Worker `index` takes no more connections: not waited for."""
@@ -120,6 +123,11 @@ class ConnectionBoard:
             self._map.close()
 
 
+def _fresh(heartbeats: np.ndarray) -> np.ndarray:
+    """Which of the workers whose `heartbeats` these are beat within STALE_S."""
+    return heartbeats >= time.monotonic_ns() - int(STALE_S * 1e9)
+
+
 def _fewest(counts: np.ndarray) -> int | None:
     return int(counts.min()) if counts.size else None
 
@@ -127,7 +135,8 @@ def _fewest(counts: np.ndarray) -> int | None:
 class SharedAccept:
     """A worker's accept of the shared listening socket `sock` onto its event loop,
     leaving connections to workers with fewer (the module docstring). `open_connections`
-    is this worker's count of connections its protocol made and not yet lost."""
+    is this worker's count of connections its protocol made and not yet lost; `start`'s
+    factory makes instances of `counted(protocol class)`."""
 
     def __init__(self, sock: socket.socket, board: ConnectionBoard, index: int,
                  open_connections: Callable[[], int]) -> None:
@@ -141,7 +150,26 @@ class SharedAccept:
         self._stopped = False
         self._beat_timer: asyncio.TimerHandle | None = None
         self._watch_timer: asyncio.TimerHandle | None = None
-        self._making = 0  # accepted, their protocol not made yet
+        self._making = 0  # accepted, not yet made (counted()'s connection_made)
+
+    def counted(self, protocol_class: type[_Protocol]) -> type[_Protocol]:
+        """`protocol_class`, whose connections this worker's `open_connections` counts,
+        taking each over from the accept in one step (`connection_made`): no reading of
+        the board sees a connection twice or not at all. Connections are made from
+        instances of this class (`start`'s factory).
+
+        The task that makes a connection learnt it was made a loop turn or more after
+        `connection_made`; a heartbeat or the next accept in between counted it twice,
+        and the worker holding 3 of 8 connections read 4 and left the 8th to the other
+        worker (3/5)."""
+        made = self._made_one
+
+        class Counted(protocol_class):  # type: ignore[valid-type, misc]
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                made()
+                super().connection_made(transport)
+
+        return Counted
 
     def start(self, loop: asyncio.AbstractEventLoop,
               protocol_factory: Callable[[], asyncio.Protocol]) -> None:
@@ -169,6 +197,10 @@ class SharedAccept:
 
     def _count(self) -> int:
         return self._open() + self._making
+
+    def _made_one(self) -> None:
+        """A connection accepted here is made: its protocol counts it from now."""
+        self._making -= 1
 
     def _beat(self) -> None:
         if self._stopped:
@@ -213,7 +245,7 @@ class SharedAccept:
                 self._stopped = True
             return
         if fewest_stale is not None and fewest_stale < self._count():
-            self._board.slots[self._index, 2] += 1  # passed over a worker not responsive
+            self._board.count_pass(self._index)
         conn.setblocking(False)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._making += 1
@@ -226,10 +258,11 @@ class SharedAccept:
         try:
             await self._loop.connect_accepted_socket(self._factory, conn)
         except Exception as exc:  # noqa: BLE001 - one connection's failure, not the server's
+            # raised before the transport called connection_made (after it, only a
+            # cancel at shutdown, which is no Exception): never counted by the protocol
             log.warning("a connection accepted could not be served: %s", exc)
             conn.close()
-        finally:
-            self._making -= 1
+            self._made_one()
 
 
 def shared_accept(sock: socket.socket, board: ConnectionBoard, index: int,

@@ -343,11 +343,12 @@ class DrainingServer(uvicorn.Server):
         if self.should_exit:
             return
         config = self.config
+        protocol_class = self.shared_accept.counted(config.http_protocol_class)
 
         def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> Any:
             # as uvicorn's startup makes each connection's protocol
-            return config.http_protocol_class(config=config, server_state=self.server_state,
-                                              app_state=self.lifespan.state, _loop=_loop)
+            return protocol_class(config=config, server_state=self.server_state,
+                                  app_state=self.lifespan.state, _loop=_loop)
 
         self.shared_accept.start(asyncio.get_running_loop(), create_protocol)
 

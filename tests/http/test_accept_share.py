@@ -149,13 +149,14 @@ def test_a_worker_counts_the_connections_it_took_past_a_stale_one(tmp_path: Path
     waiting), and counts each it took while holding more than worker 1."""
     listener = socket.create_server(("127.0.0.1", 0))
     board = ConnectionBoard(tmp_path, 2)
-    made: list[asyncio.Protocol] = []
+    made: list[asyncio.BaseTransport] = []
 
-    def protocol() -> asyncio.Protocol:
-        made.append(asyncio.Protocol())
-        return made[-1]
+    class Made(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            made.append(transport)
 
     accept = SharedAccept(listener, board, 0, lambda: len(made))
+    protocol = accept.counted(Made)
 
     async def run() -> None:
         board.publish(1, 0)
@@ -170,6 +171,9 @@ def test_a_worker_counts_the_connections_it_took_past_a_stale_one(tmp_path: Path
         accept.stop()
         for conn in conns:
             conn.close()
+        for transport in made:
+            transport.close()
+        await asyncio.sleep(0.01)  # the closes run
 
     try:
         asyncio.run(asyncio.wait_for(run(), 10))
@@ -232,3 +236,62 @@ def test_the_benches_floor_with_workers_spreads_connections_as_hps_serve_does(
             for conn in conns:
                 conn.close()
             board.close()
+
+
+class _RecordingBoard(ConnectionBoard):
+    """A board that keeps every count its worker published."""
+
+    def __init__(self, folder: Path, workers: int) -> None:
+        super().__init__(folder, workers)
+        self.published: list[int] = []
+
+    def publish(self, index: int, open_connections: int) -> None:
+        self.published.append(open_connections)
+        super().publish(index, open_connections)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_burst_of_connections_is_never_counted_twice(tmp_path: Path, loop: str) -> None:
+    """Every count a worker publishes (and decides on) is at most the connections it took:
+    a connection is counted as accepted until its protocol counts it, and handed over in
+    one step. A count one too high made the worker holding 3 of 8 read 4 and leave the
+    8th to the other (3/5, no worker passed over)."""
+    import uvloop
+
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    board = _RecordingBoard(tmp_path, 1)
+    opened: list[asyncio.BaseTransport] = []
+
+    class Opened(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            opened.append(transport)
+
+    accept = SharedAccept(listener, board, 0, lambda: len(opened))
+    counted = accept.counted(Opened)
+    conns: list[socket.socket] = []
+
+    async def run() -> None:
+        accept.start(asyncio.get_running_loop(), counted)
+        port = listener.getsockname()[1]
+        for _ in range(4):  # bursts: each connection lands while the last is being made
+            burst = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
+            conns.extend(burst)
+            while len(opened) < len(conns):
+                await asyncio.sleep(0.001)
+        await asyncio.sleep(3 * 0.01)  # heartbeats after the last is made
+        accept.stop()
+        for transport in opened:
+            transport.close()
+        await asyncio.sleep(0.01)  # the closes run
+
+    try:
+        factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(asyncio.wait_for(run(), 10))
+        assert max(board.published) <= len(conns), board.published
+        assert board.published[-1] == len(conns)
+    finally:
+        for conn in conns:
+            conn.close()
+        board.close()
+        listener.close()
