@@ -144,43 +144,65 @@ def test_the_board_waits_only_for_workers_with_a_fresh_heartbeat(tmp_path: Path)
         board.close()
 
 
+class _Worker:
+    """A worker's accept (`SharedAccept`) on a listening socket of its own, whose
+    protocols keep their transports (`made`), counted as `hps serve` counts them."""
+
+    def __init__(self, board: ConnectionBoard, index: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.made: list[asyncio.BaseTransport] = []
+        self.conns: list[socket.socket] = []
+        made = self.made
+
+        class Made(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                made.append(transport)
+
+        self.accept = SharedAccept(self.listener, board, index, lambda: len(made))
+        self._protocol = self.accept.counted(Made)
+
+    def start(self) -> None:
+        self.accept.start(asyncio.get_running_loop(), self._protocol)
+
+    async def connect(self, count: int) -> None:
+        """`count` connections opened at once, then until every one is made."""
+        port = self.listener.getsockname()[1]
+        self.conns += [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+        while len(self.made) < len(self.conns):
+            await asyncio.sleep(0.001)
+
+    async def stop(self) -> None:
+        self.accept.stop()
+        for transport in self.made:
+            transport.close()
+        await asyncio.sleep(0.01)  # the closes run
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        self.listener.close()
+
+
 def test_a_worker_counts_the_connections_it_took_past_a_stale_one(tmp_path: Path) -> None:
     """Worker 1 holds none and stops beating: worker 0 takes every connection (not
     waiting), and counts each it took while holding more than worker 1."""
-    listener = socket.create_server(("127.0.0.1", 0))
     board = ConnectionBoard(tmp_path, 2)
-    made: list[asyncio.BaseTransport] = []
-
-    class Made(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            made.append(transport)
-
-    accept = SharedAccept(listener, board, 0, lambda: len(made))
-    protocol = accept.counted(Made)
+    worker = _Worker(board, 0)
 
     async def run() -> None:
         board.publish(1, 0)
         board.slots[1, 1] -= int(2 * STALE_S * 1e9)
-        accept.start(asyncio.get_running_loop(), protocol)
-        port = listener.getsockname()[1]
-        conns = []
-        for n in range(1, 4):
-            conns.append(socket.create_connection(("127.0.0.1", port)))
-            while len(made) < n:
-                await asyncio.sleep(0.005)
-        accept.stop()
-        for conn in conns:
-            conn.close()
-        for transport in made:
-            transport.close()
-        await asyncio.sleep(0.01)  # the closes run
+        worker.start()
+        for _ in range(3):
+            await worker.connect(1)
+        await worker.stop()
 
     try:
         asyncio.run(asyncio.wait_for(run(), 10))
         assert board.passed_over().tolist() == [2, 0]  # the 2nd and 3rd: 1 and 2 against 0
     finally:
+        worker.close()
         board.close()
-        listener.close()
 
 
 def test_a_board_file_opened_again_keeps_its_counts(tmp_path: Path) -> None:
@@ -258,40 +280,22 @@ def test_a_burst_of_connections_is_never_counted_twice(tmp_path: Path, loop: str
     8th to the other (3/5, no worker passed over)."""
     import uvloop
 
-    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
     board = _RecordingBoard(tmp_path, 1)
-    opened: list[asyncio.BaseTransport] = []
-
-    class Opened(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            opened.append(transport)
-
-    accept = SharedAccept(listener, board, 0, lambda: len(opened))
-    counted = accept.counted(Opened)
-    conns: list[socket.socket] = []
+    worker = _Worker(board, 0)
 
     async def run() -> None:
-        accept.start(asyncio.get_running_loop(), counted)
-        port = listener.getsockname()[1]
+        worker.start()
         for _ in range(4):  # bursts: each connection lands while the last is being made
-            burst = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
-            conns.extend(burst)
-            while len(opened) < len(conns):
-                await asyncio.sleep(0.001)
+            await worker.connect(16)
         await asyncio.sleep(3 * 0.01)  # heartbeats after the last is made
-        accept.stop()
-        for transport in opened:
-            transport.close()
-        await asyncio.sleep(0.01)  # the closes run
+        await worker.stop()
 
     try:
         factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(asyncio.wait_for(run(), 10))
-        assert max(board.published) <= len(conns), board.published
-        assert board.published[-1] == len(conns)
+        assert max(board.published) <= 64, board.published
+        assert board.published[-1] == 64
     finally:
-        for conn in conns:
-            conn.close()
+        worker.close()
         board.close()
-        listener.close()
