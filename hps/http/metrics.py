@@ -346,8 +346,15 @@ def _update_metrics(status: dict[str, Any]) -> Iterator[Any]:
                                "Offset of the last applied message (Kafka).", labels=table)
     stamp = GaugeMetricFamily("hps_update_last_applied_timestamp_seconds",
                               "Publish time of the last applied message.", labels=table)
+    left_out = CounterMetricFamily(
+        "hps_update_rows_left_out", "Rows of new keys a full shared hash map table left "
+        "out, by where they are kept (persistent: lookups read them there; none: dropped).",
+        labels=[*table, "kept"])
     for topic, t in status["tables"].items():
         rows.add_metric([topic], t["rows"])
+        if t["not_cached"] or t["dropped"]:
+            left_out.add_metric([topic, "persistent"], t["not_cached"])
+            left_out.add_metric([topic, "none"], t["dropped"])
         failing.add_metric([topic], 1.0 if t.get("failing") else 0.0)
         messages.add_metric([topic], t["messages"])
         for reason, count in sorted(t["rejected"].items()):
@@ -372,8 +379,8 @@ def _update_metrics(status: dict[str, Any]) -> Iterator[Any]:
                                   "Polls, writes and commits retried after a failure.",
                                   labels=["source"])
     retries.add_metric(source, status["retries"])
-    yield from (rows, messages, rejected, failing, lag, lag_seconds, offset, stamp, up, rate,
-                retries)
+    yield from (rows, messages, rejected, left_out, failing, lag, lag_seconds, offset, stamp,
+                up, rate, retries)
 
 
 def _numbers(stats: dict[str, Any]) -> Iterator[tuple[str, float]]:

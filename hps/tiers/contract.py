@@ -138,6 +138,15 @@ class Tier(ABC):
         prunes after. Raises LookupInputError, writing nothing, when `vectors` does not
         hold n × dim values."""
 
+    def insert_within_capacity(self, table: str, keys: np.ndarray, vectors: np.ndarray
+                               ) -> np.ndarray | None:
+        """`insert`, for a tier whose capacity is fixed (a shared hash map table once the
+        workers map it): past it, the rows of keys it holds are still written and every
+        row of a key it lacks is left out. Returns which rows were left out, None when
+        every row was written. Here: a plain insert."""
+        self.insert(table, keys, vectors)
+        return None
+
     def insert_async(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> bool:
         """`insert` without making the caller wait where the tier can (network tiers
         queue the write from a copy of `vectors`). Returns False when the write was

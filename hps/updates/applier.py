@@ -14,7 +14,9 @@ A batch (the messages of one poll) is applied in two steps:
    log's order says) go to the persistent tier (a large batch through its bulk path,
    `BulkLoadTier.load`), then the volatile tier, then every GPU cache of the table (rows it holds
    are overwritten in place; missing keys inserted where `gpu_cache_insert` asks), in
-   that order. A tier's `update_filters` (HugeCTR's
+   that order. A shared hash map table at its fixed capacity still overwrites the keys
+   it holds and leaves out the rows of new keys (the persistent tier keeps them; counted
+   as `left_out`). A tier's `update_filters` (HugeCTR's
    regular expressions over `hps_et.<model>.<table>`) decide whether it takes updates.
    A `TierUnavailableError` leaves the batch to be written again (every write is an
    overwrite, so a replay ends in the same rows); any other failure of one table's write
@@ -268,7 +270,7 @@ class UpdateApplier:
                 last = batch.last
                 assert last is not None
                 try:
-                    self._write_rows(target, batch.keys, batch.vectors)
+                    left_out, kept = self._write_rows(target, batch.keys, batch.vectors)
                 except (UnknownTableError, LookupInputError) as exc:
                     self.stats.rejected(batch.topic, "unknown_table", str(exc))
                     continue
@@ -283,28 +285,46 @@ class UpdateApplier:
                 journal = self._journals.get(target.model)
                 if journal is not None:  # a copy: the batch's buffer is used again
                     journal.setdefault(target.table, []).append(batch.keys.copy())
+                if left_out:
+                    self.stats.left_out(batch.topic, left_out, kept)
+                    if not kept:
+                        rows -= left_out
                 self.stats.applied(batch.topic, rows, batch.messages,
                                    last.position, last.offset, last.published)
                 total += rows
         return total
 
     def _write_rows(self, target: UpdateTarget, keys: np.ndarray, vectors: np.ndarray
-                    ) -> None:
+                    ) -> tuple[int, bool]:
         """Persistent tier, volatile tier, GPU caches, in chunks of WRITE_CHUNK_BYTES in
         log order; BULK_ROWS rows or more go to the persistent tier first, whole, as one
-        chunk of its bulk path (RocksDB sorts them in memory and ingests a table file)."""
-        tiers = [t for t in (self._tier("persistent", target.topic),
-                             self._tier("volatile", target.topic)) if t is not None]
-        if tiers and tiers[0] is self.tiers.persistent and keys.size >= BULK_ROWS:
-            tiers[0].load(target.storage_name, [(keys, vectors)])
-            tiers = tiers[1:]
+        chunk of its bulk path (RocksDB sorts them in memory and ingests a table file).
+
+        A volatile tier at a fixed capacity (a shared hash map table) still overwrites the
+        keys it holds and leaves out the rows of new keys. Returns how many rows it left
+        out and whether the persistent tier keeps them (lookups then read them there);
+        rows no tier keeps go to no GPU cache either, so every path answers alike."""
+        persistent = self._tier("persistent", target.topic)
+        volatile = self._tier("volatile", target.topic)
+        bulk = persistent is not None and keys.size >= BULK_ROWS
+        if bulk:
+            persistent.load(target.storage_name, [(keys, vectors)])  # type: ignore[union-attr]
+        left_out = 0
         step = _chunk_rows(target.dim)
         for start in range(0, keys.size, step):
             k, v = keys[start:start + step], vectors[start:start + step]
-            for tier in tiers:
-                tier.insert(target.storage_name, k, v)
-            if target.write_caches is not None:
+            if persistent is not None and not bulk:
+                persistent.insert(target.storage_name, k, v)
+            missing = None
+            if volatile is not None:
+                missing = volatile.insert_within_capacity(target.storage_name, k, v)
+            if missing is not None:
+                left_out += int(missing.sum())
+                if persistent is None:
+                    k, v = k[~missing], v[~missing]
+            if target.write_caches is not None and k.size:
                 target.write_caches(*last_rows(k, v))
+        return left_out, persistent is not None
 
     def idle(self) -> None:
         """No messages came: give back the decode buffers, and what the tiers keep
@@ -350,7 +370,9 @@ class UpdateApplier:
                 keys = np.unique(np.concatenate(parts))
                 vectors, found = self._read_back(was, keys)
                 if found.any():
-                    self._write_rows(now, keys[found], vectors[found])
+                    left_out, kept = self._write_rows(now, keys[found], vectors[found])
+                    if left_out:
+                        self.stats.left_out(now.topic, left_out, kept)
             install()
             self._journals.pop(model, None)
 

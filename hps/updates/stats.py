@@ -50,6 +50,10 @@ class TableUpdates:
     last_rejected: str | None = None
     #: why the table's updates cannot be read now (its source is broken), else None
     failing: str | None = None
+    #: rows of new keys a full shared hash map table left out: the persistent tier keeps
+    #: them (`not_cached`, lookups read them there), or no tier does (`dropped`)
+    not_cached: int = 0
+    dropped: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {**self.__dict__, "rejected": dict(self.rejected)}
@@ -118,6 +122,24 @@ class UpdateStats:
                 t.last_rejected = position
         self._rejections.warning(f"{topic}/{reason}", "update message of %s skipped (%s): %s",
                                  topic, reason, detail)
+
+    def left_out(self, topic: str, rows: int, kept: bool) -> None:
+        """Count `rows` of new keys the volatile tier had no room for (a shared hash map
+        table at its capacity), `kept` by the persistent tier or by none; logged once a
+        minute per table."""
+        with self._lock:
+            t = self._table(topic)
+            if kept:
+                t.not_cached += rows
+            else:
+                t.dropped += rows
+        where = ("kept by the persistent tier, which lookups read them from" if kept else
+                 "dropped: no persistent tier takes them")
+        self._rejections.warning(
+            f"{topic}/left_out", "update rows of %s: %d row(s) of new keys did not fit the "
+            "shared hash map table (its capacity is fixed while workers map it: raise "
+            "volatile_db.shared_headroom), %s; rows of keys it holds were written",
+            topic, rows, where)
 
     def faults(self, failing: dict[str, str]) -> None:
         """Record which tables' sources are broken now (topic → why); the others are not.

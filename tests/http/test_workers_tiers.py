@@ -21,7 +21,7 @@ from hps.config import UpdateSourceConfig, load_config
 from hps.http.workers import check_workers
 from hps.updates import codec
 from hps.updates.open import open_publisher
-from tests.http.conftest import ModelFiles, wait_until, write_model
+from tests.http.conftest import DEFAULT_VALUE, ModelFiles, metric_value, wait_until, write_model
 from tests.http.test_workers import (
     Served,
     _case,
@@ -125,6 +125,21 @@ def test_the_tiers_are_served_by_workers(tmp_path: Path) -> None:
 SHM_RATE, SHM_SECONDS = 10, 30
 
 
+def _served_with_a_stream(tmp_path: Path, redis: RedisServer, rocksdb: bool = True,
+                          volatile: dict[str, object] | None = None
+                          ) -> tuple[ModelFiles, Served]:
+    """The model served by `--workers 2` with `redis` carrying its update stream, over
+    RocksDB (`rocksdb`), `volatile` added to its volatile_db."""
+    model = write_model(tmp_path / "model")
+    config = copy.deepcopy(model.config)
+    config["volatile_db"].update(volatile or {})
+    if rocksdb:
+        config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+    config["update_source"] = {"type": "redis_stream", "address": redis.address,
+                               "poll_timeout_ms": 50, "failure_backoff_ms": 20}
+    return model, serve(*write_run(tmp_path, config))
+
+
 def _run_folder_use(run: Path) -> tuple[int, int]:
     """(bytes the run folder's files take, RocksDB secondary instance folders in it)."""
     used = sum(p.stat().st_blocks * 512 for p in run.rglob("*") if p.is_file())
@@ -137,13 +152,7 @@ def test_the_run_folder_stays_flat_under_updates(tmp_path: Path) -> None:
     SHM_SECONDS: the follower keeps one secondary instance (a folder of its info log), and
     the run folder's size stays flat."""
     redis = RedisServer(tmp_path / "redis").start()
-    model = write_model(tmp_path / "model")
-    config = copy.deepcopy(model.config)
-    config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
-    config["update_source"] = {"type": "redis_stream", "address": redis.address,
-                               "poll_timeout_ms": 50, "failure_backoff_ms": 20}
-    path, shm = write_run(tmp_path, config)
-    served = serve(path, shm)
+    model, served = _served_with_a_stream(tmp_path, redis)
     publisher = open_publisher(UpdateSourceConfig(type="redis_stream", address=redis.address))
     keys = model.keys[0][:40]
     rng = np.random.default_rng(3)
@@ -166,3 +175,37 @@ def test_the_run_folder_stays_flat_under_updates(tmp_path: Path) -> None:
     assert max(s[2] for s in samples) <= 2, samples  # one, and its successor while it swaps
     settled = samples[SHM_SECONDS // 3][1]
     assert max(s[1] for s in samples[SHM_SECONDS // 3:]) <= settled + (1 << 20), samples
+
+
+@pytest.mark.parametrize("rocksdb", [True, False], ids=["rocksdb", "no persistent tier"])
+def test_an_update_past_a_full_shared_table_still_rewrites_the_keys_it_holds(
+        tmp_path: Path, rocksdb: bool) -> None:
+    """`--workers 2`, the shared hash map with no headroom: one update message of 40 keys
+    the table holds and 4,000 it lacks. Every worker serves the 40 keys' new rows (the
+    insert was refused whole before, leaving them their old rows while RocksDB had the
+    new); the new keys are served from RocksDB, or without it get the default, and
+    /metrics counts them by where they are kept."""
+    redis = RedisServer(tmp_path / "redis").start()
+    model, served = _served_with_a_stream(tmp_path, redis, rocksdb=rocksdb,
+                                          volatile={"shared_headroom": 0.0})
+    publisher = open_publisher(UpdateSourceConfig(type="redis_stream", address=redis.address))
+    held = model.keys[0][:40]
+    new = np.setdiff1d(np.arange(1, 4_001, dtype=np.int64) << 20, model.keys[0])[:4_000]
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((held.size + new.size, 8)).astype(np.float32)
+    new_rows = rows[held.size:] if rocksdb else np.full((new.size, 8), DEFAULT_VALUE, np.float32)
+    try:
+        publisher.publish("hps_et.m.users", [codec.encode(np.concatenate([held, new]), rows)])
+        wait_until(lambda: all(np.array_equal(_lookup(served, held), rows[:held.size])
+                               for _ in range(6)), timeout=20)
+        for _ in range(6):  # either worker
+            np.testing.assert_array_equal(_lookup(served, new[:500]), new_rows[:500])
+        kept = "persistent" if rocksdb else "none"
+        wait_until(lambda: all(metric_value(httpx.get(f"{served.url}/metrics").text,
+                                            "hps_update_rows_left_out_total",
+                                            table="hps_et.m.users", kept=kept) == new.size
+                               for _ in range(4)), timeout=10)
+    finally:
+        publisher.close()
+        assert stop(served) == 0
+        redis.close()

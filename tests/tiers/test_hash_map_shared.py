@@ -9,6 +9,8 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -249,15 +251,26 @@ def test_a_leader_started_again_makes_the_table_of_an_unfinished_op_anew(
         follower.close()
 
 
-def test_a_full_table_refuses_the_whole_insert_and_counts_it(tmp_path: Path) -> None:
-    leader = SharedHashMapTier(_config(shared_headroom=0.0), folder=tmp_path, leader=True)
+@contextmanager
+def _full_table(folder: Path) -> Iterator[tuple[SharedHashMapTier, SharedHashMapTier]]:
+    """A leader's table of 100 rows of width 4 (ones) with no headroom, and a follower
+    mapping it: its capacity is fixed from then on."""
+    leader = SharedHashMapTier(_config(shared_headroom=0.0), folder=folder, leader=True)
     leader.generation = 1
-    follower = _tier(tmp_path, leader=False)
+    follower = _tier(folder, leader=False)
     try:
         leader.create_table(TABLE, 4)
         leader.reserve(TABLE, 100)
         leader.insert(TABLE, np.arange(100, dtype=np.int64), np.ones((100, 4), np.float32))
         follower.create_table(TABLE, 4)  # mapped elsewhere: the capacity is fixed now
+        yield leader, follower
+    finally:
+        follower.close()
+        leader.close()
+
+
+def test_a_full_table_refuses_the_whole_insert_and_counts_it(tmp_path: Path) -> None:
+    with _full_table(tmp_path) as (leader, follower):
         capacity = leader._tables[TABLE].keys.size
         new = np.arange(1000, 1000 + capacity, dtype=np.int64)
         with pytest.raises(SharedTableFullError, match="nothing was written"):
@@ -268,9 +281,31 @@ def test_a_full_table_refuses_the_whole_insert_and_counts_it(tmp_path: Path) -> 
         # overwriting rows it holds needs no room
         leader.insert(TABLE, np.arange(100, dtype=np.int64), np.zeros((100, 4), np.float32))
         np.testing.assert_array_equal(follower.fetch(TABLE, np.arange(3))[0], 0.0)
-    finally:
-        follower.close()
-        leader.close()
+
+
+def test_an_update_past_the_capacity_overwrites_the_held_keys_and_leaves_out_the_new(
+        tmp_path: Path) -> None:
+    """`insert_within_capacity` (the update applier's write): where the whole batch does
+    not fit, every row of a key the table holds is written, the last of a repeated key
+    winning, and every row of a new key is left out, repeats included."""
+    with _full_table(tmp_path) as (leader, follower):
+        room = leader._tables[TABLE].keys.size - 100
+        held = np.array([5, 7, 5], np.int64)  # 5 twice: its second row wins
+        new = np.arange(1000, 1000 + room + 1, dtype=np.int64)
+        keys = np.concatenate([held[:2], new, held[2:], new[:1]])
+        rows = np.arange(keys.size * 4, dtype=np.float32).reshape(-1, 4)
+        left_out = leader.insert_within_capacity(TABLE, keys, rows)
+        assert left_out is not None
+        np.testing.assert_array_equal(left_out, np.isin(keys, new))
+        got, found = follower.fetch(TABLE, np.array([5, 7], np.int64))
+        assert found.all()
+        np.testing.assert_array_equal(got, rows[[room + 3, 1]])
+        assert not follower.fetch(TABLE, new)[1].any()
+        assert leader.size(TABLE) == 100
+        assert leader.stats()["refused_inserts"] == 1
+        # a batch that fits is written whole, and says so
+        assert leader.insert_within_capacity(TABLE, new[:room], rows[:room]) is None
+        assert follower.fetch(TABLE, new[:room])[1].all()
 
 
 def test_a_bounded_margin_is_refused() -> None:

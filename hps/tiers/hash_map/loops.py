@@ -368,17 +368,19 @@ def remove(slots: A, row_keys: A, vectors: A, stats: A, partition_sizes: A, stat
     return removed
 
 
-@kernel([types.int64(_SLOTS, _ROW_KEYS, _I64, _KEYS_IN)])
-def count_absent(slots: A, row_keys: A, bits: int, keys: A) -> int:
-    """How many of `keys` the table does not hold (a key repeated in `keys` counts each
-    time: an upper bound of the rows an insert of them adds)."""
-    absent = 0
+@kernel([types.int64(_SLOTS, _ROW_KEYS, _I64, _KEYS_IN, _FOUND)])
+def mark_absent(slots: A, row_keys: A, bits: int, keys: A, absent: A) -> int:
+    """Mark in `absent` each of `keys` the table does not hold; returns how many (a key
+    repeated in `keys` counts each time: an upper bound of the rows an insert of them
+    adds)."""
+    count = 0
     for i in range(keys.size):
         key = keys[i]
         row, _ = _find(slots, row_keys, key, mix(key), bits)
+        absent[i] = row < 0
         if row < 0:
-            absent += 1
-    return absent
+            count += 1
+    return count
 
 
 @kernel([types.void(_SLOTS, _ROW_KEYS, _I64, _I64)])

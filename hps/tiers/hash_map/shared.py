@@ -28,7 +28,9 @@ as in the in-process tier.
 Capacity is fixed once a follower maps a table (its file cannot move under the others):
 a load's `reserve` makes it the load's rows plus `shared_headroom` of them; an insert
 past it is refused whole (SharedTableFullError) and counted (`refused_inserts` in
-`stats()`). No overflow policy: a bounded `overflow_margin` is a ConfigError.
+`stats()`); an update's write (`insert_within_capacity`) still overwrites the rows the
+table holds and leaves out only the new keys, which the persistent tier keeps. No
+overflow policy: a bounded `overflow_margin` is a ConfigError.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from hps.runtime.compiled import compile_declared
 from hps.tiers.bulk_load import BulkLoadTier
 from hps.tiers.contract import as_rows
 from hps.tiers.hash_map import loops as kernels
-from hps.tiers.hash_map.shared_table import SharedTable
+from hps.tiers.hash_map.shared_table import SharedTable, SharedTableFullError
 from hps.tiers.hash_map.table import Table
 from hps.tiers.hash_map.tier import HashMapTier
 
@@ -180,31 +182,56 @@ class SharedHashMapTier(HashMapTier):
     def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
         """The in-process insert under the table's sequence counter. Raises TierError in
         a follower, SharedTableFullError (nothing written) past the table's capacity."""
+        self._insert(table, keys, vectors, whole=True)
+
+    def insert_within_capacity(self, table: str, keys: np.ndarray, vectors: np.ndarray
+                               ) -> np.ndarray | None:
+        """`insert`, except past the table's capacity: the rows of keys it holds are
+        written all the same (an overwrite needs no room) and every row of a key it lacks
+        is left out, counted as a refused insert. Returns which rows were left out, None
+        when every row was written."""
+        return self._insert(table, keys, vectors, whole=False)
+
+    def _insert(self, table: str, keys: np.ndarray, vectors: np.ndarray, whole: bool
+                ) -> np.ndarray | None:
         t = self._writable(table)
         k, v = as_rows(keys, vectors, t.dim)
+        left_out = None
         if not k.size:
-            return
+            return left_out
         with t.writer:
             if not t.room_for(k.size):
-                new = int(kernels.count_absent(t.slots, t.keys, t.row_bits, k))
+                absent = np.empty(k.size, np.bool_)
+                new = int(kernels.mark_absent(t.slots, t.keys, t.row_bits, k, absent))
                 if not t.room_for(new):
                     with t.lock.write():
                         t.begin_write()
                         try:
                             t.grow(new)  # in place, moved (nobody maps it yet), or refused
+                        except SharedTableFullError:
+                            if whole:
+                                raise
+                            # every row of a new key, so a repeated key never keeps an
+                            # older row of the batch than the tier below got
+                            left_out = absent
                         finally:
                             t.end_write()
+            if left_out is not None:
+                k, v = k[~left_out], v[~left_out]
+                if not k.size:
+                    return left_out
             t.begin_write()
             try:
                 super().insert(table, k, v)
             finally:
                 t.end_write()
+        return left_out
 
     def warm_writes(self, table: str) -> None:
         """The in-process tier's, and the count of new keys a batch past the room left
         takes (an update round of 70,000 rows compiled it after ready)."""
         super().warm_writes(table)
-        compile_declared(kernels.count_absent)
+        compile_declared(kernels.mark_absent)
 
     def remove(self, table: str, keys: np.ndarray) -> int:
         """The in-process removal under the table's sequence counter (TierError in a
