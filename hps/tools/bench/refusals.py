@@ -50,6 +50,8 @@ for _ in range(count):
 print(time.perf_counter() - began)
 """
 _WARM = 500
+#: seconds the client may take (20,000 refusals take about 3 s on 2 cores)
+CLIENT_TIMEOUT_S = 120.0
 
 
 def bench_refusals(count: int = 20_000, dim: int = 64) -> dict[str, Any]:
@@ -77,6 +79,11 @@ def bench_refusals(count: int = 20_000, dim: int = 64) -> dict[str, Any]:
         host, port = serving.start().removeprefix("http://").rsplit(":", 1)
         path = f"/v1/models/{MODEL}/tables/{TABLE}/lookup"
         state = app.state.hps
+        # the admitted lookup stays in for the whole run: past the lookup limit
+        # (LOOKUP_WAIT_S, 4 s) it would be given up, the queue would empty, and each of
+        # the client's lookups would then wait that limit (a run on a busy 2-core machine
+        # took longer than 4 s and never ended)
+        state.lookups.wait_s = 3600.0
         release = threading.Event()
         state.executor.submit(release.wait)  # the one lookup thread, held
         admitted = prepare(f"{host}:{port}", path, keys[:128].astype("<i8").tobytes(),
@@ -93,9 +100,14 @@ def bench_refusals(count: int = 20_000, dim: int = 64) -> dict[str, Any]:
                 time.sleep(0.01)
             direct_before = hot.refused_directly
             cpu_before = time.process_time()
-            client = subprocess.run(
-                [sys.executable, "-c", _CLIENT, host, port, path, str(count)],
-                capture_output=True, text=True, env=os.environ, check=False)
+            try:
+                client = subprocess.run(
+                    [sys.executable, "-c", _CLIENT, host, port, path, str(count)],
+                    capture_output=True, text=True, env=os.environ, check=False,
+                    timeout=CLIENT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"the client did not end its {count:,} refusals within "
+                                   f"{CLIENT_TIMEOUT_S:.0f} s") from None
             cpu = time.process_time() - cpu_before
             if client.returncode != 0:
                 raise RuntimeError(f"the client failed: {client.stderr[-1000:]}")
