@@ -107,6 +107,10 @@ class PersistentDBConfig(StrictSection):
     read_only: bool = False
     max_batch_size: int = Field(65536, ge=1)
     update_filters: list[str] = Field(default_factory=lambda: ["^hps_.+$"])
+    #: MiB of write-ahead log kept; past it every table's rows written since the last
+    #: flush are flushed into table files (RocksDB's max_total_wal_size): what a restart
+    #: after a crash, and each new secondary instance of a follower worker, replays
+    max_wal_mb: int = Field(64, ge=1)
 
     @field_validator("type", mode="before")
     @classmethod

@@ -461,25 +461,33 @@ def test_load_ordered_refuses_rows_out_of_order_and_ingests_nothing(tier: RocksD
     assert not [n for n in os.listdir(tier.path) if n.startswith("hps_ingest")]
 
 
+def _leader_and_follower(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any
+                         ) -> tuple[RocksDBTier, RocksDBTier]:
+    """Worker 0's tier (the writer) and worker 1's (a secondary instance of its store, in
+    a run folder), both with table "t" of width 4."""
+    from hps.runtime.run_dir import RUN_DIR_ENV
+    from hps.tiers.rocksdb.secondary import WORKER_ENV
+
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.setenv(WORKER_ENV, "0")
+    leader = RocksDBTier(config(tmp_path / "rocks", **kw))
+    leader.create_table("t", 4)
+    monkeypatch.setenv(WORKER_ENV, "1")
+    follower = RocksDBTier(config(tmp_path / "rocks", **kw))
+    follower.create_table("t", 4)
+    assert follower.secondary is not None
+    return leader, follower
+
+
 def test_a_follower_keeps_one_secondary_instance_while_only_the_wal_changes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A follower worker's tier (a secondary instance of the leader's store, in a run
     folder) catches up with rows the leader writes on the instance it has; a table made
     or dropped opens a new one, and the folder of the one before is removed at once;
     closing removes the follower's folders."""
-    from hps.runtime.run_dir import RUN_DIR_ENV
-    from hps.tiers.rocksdb.secondary import WORKER_ENV
-
-    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "run"))
-    monkeypatch.setenv(WORKER_ENV, "0")
-    config = PersistentDBConfig.model_validate({"path": str(tmp_path / "rocks")})
-    leader = RocksDBTier(config)
-    leader.create_table("t", 4)
-    monkeypatch.setenv(WORKER_ENV, "1")
-    follower = RocksDBTier(config)
-    follower.create_table("t", 4)
-    assert follower.secondary is not None
+    leader, follower = _leader_and_follower(tmp_path, monkeypatch)
     folder = follower.secondary
+    assert folder is not None
 
     def instances() -> list[str]:
         return sorted(p.name for p in folder.iterdir())
@@ -503,3 +511,25 @@ def test_a_follower_keeps_one_secondary_instance_while_only_the_wal_changes(
         follower.close()
         leader.close()
     assert not folder.exists()
+
+
+def test_a_follower_reads_the_rows_the_leader_flushed_and_ingested(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # An ingested file is newer than rows a secondary instance replayed from the WAL
+    # into its memtable, which a catch-up keeps: on that instance a lookup read the
+    # older row. A change of table files takes a new instance (secondary.py).
+    leader, follower = _leader_and_follower(tmp_path, monkeypatch, max_wal_mb=1)
+    keys = np.random.default_rng(3).choice(np.int64(2**40), 8192, replace=False)
+    try:
+        for round_ in range(12):  # 12 x 128 KiB of rows: past max_wal_mb, flushes
+            leader.insert("t", keys, np.full((keys.size, 4), round_, np.float32))
+            follower.catch_up()
+            vectors, found = follower.fetch("t", keys)
+            assert found.all() and (vectors == round_).all()
+        leader.load("t", [(keys[:100], np.full((100, 4), -1, np.float32))])  # ingested
+        follower.catch_up()
+        vectors, found = follower.fetch("t", keys)
+        assert found.all() and (vectors[:100] == -1).all() and (vectors[100:] == 11).all()
+    finally:
+        follower.close()
+        leader.close()

@@ -4,6 +4,7 @@ crash is a child process that ends without closing its store."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import subprocess
 import sys
@@ -148,3 +149,57 @@ def test_a_crash_leaves_every_row_written_noted(tmp_path: Path,
         assert found.all() and (rows == 9).all()
     finally:
         tier.close()
+
+
+def test_updates_leave_at_most_max_wal_mb_of_log_and_every_row_survives_a_reopen(
+        tmp_path: Path, rng: np.random.Generator) -> None:
+    # Each update writes the table's rows and, in hps_changes, their keys: 1/33 of the
+    # bytes. RocksDB deletes a log file once every column family's rows in it are in
+    # table files, so without a bound the keys' memtable kept every update's log.
+    store = tmp_path / "rocks"
+    tier = RocksDBTier(PersistentDBConfig.model_validate(
+        {"type": "rocks_db", "path": str(store), "max_wal_mb": 4}))
+    tier.create_table(T, 64)
+    keys = rng.choice(np.int64(2**40), 4096, replace=False)
+    tier.load(T, [(keys, np.zeros((keys.size, 64), np.float32))])
+    token = tier.note_changes(T)
+    largest = 0
+    try:
+        for round_ in range(48):  # 1 MiB of rows a round, the same keys over and over
+            tier.insert(T, keys, np.full((keys.size, 64), round_, np.float32))
+            largest = max(largest, _log_bytes(store))
+        # past the bound a write starts a flush, and the log is deleted once it is done:
+        # the writes meanwhile lie beyond it (48 MiB of log without the bound)
+        assert largest < 3 * (4 << 20)
+        assert (tier.fetch(T, keys)[0] == 47).all()
+        tier = reopened(tier)
+        rows, found = tier.fetch(T, keys)
+        assert found.all() and (rows == 47).all()
+        np.testing.assert_array_equal(tier.changes(T, token, keys.size), np.sort(keys))
+    finally:
+        tier.close()
+
+
+def test_a_flush_takes_every_table_and_leaves_no_log_to_replay(
+        tmp_path: Path, rng: np.random.Generator) -> None:
+    # A follower worker opens a new secondary instance at each change of the table
+    # files, replaying every log file kept: the keys noted in hps_changes kept the rows'
+    # log after the table's flush (here an ingestion's), so the replays grew with it.
+    tier, _, keys = loaded(tmp_path / "rocks", rng, 4096)
+    try:
+        for round_ in range(4):  # 4 x 64 KiB of rows and their keys, in the log
+            tier.insert(T, keys, np.full((keys.size, 4), round_, np.float32))
+        assert _log_bytes(tmp_path / "rocks") > 4 * keys.size * 4 * 4
+        tier.load(T, [(keys[:10], np.full((10, 4), -1, np.float32))])  # flushes T first
+        assert _log_bytes(tmp_path / "rocks") < 4096  # what was written after: a record
+    finally:
+        tier.close()
+
+
+def _log_bytes(store: Path) -> int:
+    """Bytes of the store's log files (one RocksDB deletes meanwhile counts none)."""
+    total = 0
+    for log in store.glob("*.log"):  # a loop over files
+        with contextlib.suppress(FileNotFoundError):
+            total += log.stat().st_size
+    return total

@@ -11,13 +11,17 @@ Keeping up: every FOLLOW_SECONDS a follower compares the store's files (names, s
 times: one directory scan) with those it last read. When only the WAL changed (rows the
 leader wrote: online updates) it catches up (`try_catch_up_with_primary`, about 1 ms) on
 the instance it has: one instance a follower while the MANIFEST is unchanged. When the
-MANIFEST changed (tables made, dropped or ingested: loads, large update rounds), and
-before every model change, it opens a new instance (20-30 ms), which also sees the tables
-made since (an instance sees only the column families it was opened with; a catch-up over
-a column family made or dropped fails for good: "MANIFEST record referencing unknown
-column family"). The instance before is closed at once and its folder removed: handles
-of it that lookups in flight hold keep working (rocksdict shares the database between
-them, and RocksDB writes only its info log there), so those lookups finish on it.
+MANIFEST changed (tables made, dropped or ingested: loads, large update rounds; flushes,
+compactions), and before every model change, it opens a new instance, which also sees the
+tables made since (an instance sees only the column families it was opened with; a
+catch-up over a column family made or dropped fails for good: "MANIFEST record
+referencing unknown column family"), and never reads a row its memtable replayed over a
+newer ingested one (a catch-up past an ingestion did: test_rocksdb.py). Opening takes
+20-200 ms plus the replay of the leader's WAL, with the GIL held (rocksdict): the leader's
+store options keep that log short (store.py). The instance before is closed at once and
+its folder removed: handles of it that lookups in flight hold keep working (rocksdict
+shares the database between them, and RocksDB writes only its info log there), so those
+lookups finish on it.
 
 Never while the MANIFEST holds a drop: opening a secondary instance replays the MANIFEST,
 and with the RocksDB of rocksdict 0.3.29 replaying the drop of a column family whose table
