@@ -5,7 +5,7 @@ persistent tier (and the GPU caches) and serves from there; its tables are marke
 `volatile_ready = False`, so lookups do not read the volatile tier for them (it may hold
 stale rows of an earlier version under the same name). A background worker
 (`hps.runtime.background`) then tries, with the package's backoff, until the tier takes them: it
-drops what the tier holds under the table's name, writes the table's
+clears what the tier holds under the table's name (`clear_table`), writes the table's
 `initial_cache_rate` share from the model files, and only then lets lookups read it.
 Lookups never wait for any of this.
 
@@ -177,8 +177,8 @@ class VolatileFiller:
                 if fill.model.refs.retired:
                     return  # replaced or unloaded meanwhile: nothing to fill
                 try:
-                    self.volatile.drop_table(name)  # stale rows of an earlier version go
-                    self.volatile.create_table(name, fill.table.dim, fill.table.storage)
+                    # stale rows of an earlier version go; the table stays known
+                    self.volatile.clear_table(name, fill.table.dim, fill.table.storage)
                     with fill.open_reader() as reader:
                         keys = fill_volatile(name, reader, self.volatile, self.rate,
                                              self.stored)

@@ -109,6 +109,16 @@ class Tier(ABC):
         """Forget `table` and delete its contents."""
         self._dims.pop(table, None)
 
+    def clear_table(self, table: str, dim: int, storage: StorageType | str = "float32"
+                    ) -> None:
+        """Delete `table`'s rows and keep it, with rows of width `dim`: the start of a fill
+        that writes it anew. This default drops and creates it; a tier that other
+        processes read (Redis) keeps it known throughout instead, since under `hps serve
+        --workers N` its drops of a served table wait until every worker moved on
+        (hps/http/workers_drops.py), and a writer in between would find no table."""
+        self.drop_table(table)
+        self.create_table(table, dim, storage)
+
     # -- data ---------------------------------------------------------------------------
 
     @abstractmethod

@@ -209,3 +209,42 @@ def test_an_update_past_a_full_shared_table_still_rewrites_the_keys_it_holds(
         publisher.close()
         assert stop(served) == 0
         redis.close()
+
+
+def test_redis_emptied_after_a_model_change_is_refilled_and_every_worker_serves(
+        tmp_path: Path) -> None:
+    # Once a model change began, the leader holds its drops of the tables the workers
+    # served (workers_drops.py). A refill of a Redis that came back empty started by
+    # dropping the served table's stale rows: that drop was held, made later, and the
+    # leader's Redis tier forgot the table: every lookup there answered 404.
+    redis = RedisServer(tmp_path / "redis").start()
+    try:
+        model = write_model(tmp_path / "model")
+        config = copy.deepcopy(model.config)
+        config["volatile_db"] = {"type": "redis_cluster", "num_partitions": 4,
+                                 "address": redis.address}
+        config["persistent_db"] = {"type": "rocks_db", "path": str(tmp_path / "rocks")}
+        served = serve(*write_run(tmp_path, config))
+        try:
+            block = {**copy.deepcopy(model.config["models"][0]), "model": "m2"}
+            added = httpx.post(f"{served.url}/v1/models", json=block, timeout=60)
+            assert added.status_code == 201, added.text  # a model change: an op
+            redis.client().flushall()
+            served.wait_for("refilling")
+            wait_until(lambda: httpx.get(f"{served.url}/readyz").status_code == 200,
+                       timeout=60)
+            keys = model.keys[0][:50]
+            deadline = time.monotonic() + 3.0  # past the op log's polls
+            while time.monotonic() < deadline:
+                for _ in range(4):  # new connections: each may land on either worker
+                    answer = httpx.post(f"{served.url}/v1/models/m/tables/users/lookup",
+                                        json={"keys": keys.tolist()}, timeout=30)
+                    assert answer.status_code == 200, answer.text
+                    np.testing.assert_array_equal(
+                        np.asarray(answer.json()["vectors"], np.float32),
+                        model.vectors[0][:50])
+            assert redis.client().dbsize() > 0  # refilled
+        finally:
+            assert stop(served) == 0
+    finally:
+        redis.close()

@@ -270,3 +270,13 @@ def test_answers_like_a_dict(backend: Backend, tier: BulkLoadTier) -> None:
         tier.drop_table(table)
 
     check()
+
+
+def test_clear_table_empties_it_and_keeps_it_known(tier: Tier, table: str) -> None:
+    tier.insert(table, np.array([1, 2]), np.ones((2, DIM)))
+    tier.clear_table(table, DIM)
+    assert table in tier.tables() and tier.dim(table) == DIM
+    assert tier.size(table) == 0 and not tier.fetch(table, np.array([1, 2]))[1].any()
+    tier.insert(table, np.array([3]), np.full((1, DIM), 3.0))
+    vectors, found = tier.fetch(table, np.array([3]))
+    assert found.all() and (vectors == 3.0).all()

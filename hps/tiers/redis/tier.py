@@ -323,6 +323,20 @@ class RedisTier(BulkLoadTier):
 
     def drop_table(self, table: str) -> None:
         """Delete every partition hash of `table` (rows, metadata, markers), then forget it."""
+        self._unlink(table, "drop")
+        super().drop_table(table)
+        with self._marks_lock:
+            self._lost.discard(table)
+            self._marked.pop(table, None)
+
+    def clear_table(self, table: str, dim: int, storage: StorageType | str = "float32"
+                    ) -> None:
+        """Delete every partition hash of `table` and write its markers again: known
+        throughout, to lookups and to online updates' writes (the contract's)."""
+        self._unlink(table, "clearing")
+        self.create_table(table, dim, storage)
+
+    def _unlink(self, table: str, what: str) -> None:
         layout = self._table_layout(table)
 
         def build(topology: Topology) -> list[Cmd]:
@@ -331,11 +345,7 @@ class RedisTier(BulkLoadTier):
                                                   layout.markers[p])])
                     for p in range(len(layout.values))]
 
-        self._client.execute(build, f"drop of {table!r}")
-        super().drop_table(table)
-        with self._marks_lock:
-            self._lost.discard(table)
-            self._marked.pop(table, None)
+        self._client.execute(build, f"{what} of {table!r}")
 
     # -- markers: rows lost behind the tier's back --------------------------------------
 

@@ -8,15 +8,19 @@
   the model's files: it must be 200 and equal, whole, to one version of the model;
 - a reloader swaps the model between two versions of its files (same keys, other
   vectors) every `reload_every` seconds, through `POST /v1/models/{model}/reload`;
-- Redis is killed (SIGKILL) and restarted `redis_restarts` times, evenly spread.
+- Redis is killed (SIGKILL) and restarted `redis_restarts` times, evenly spread;
+- with `update_rows`, online updates through a Redis stream of their own, their rounds
+  checked in every worker (soak_updates.py); `workers`: `hps serve --workers N`.
 
 It returns (and `hps bench soak --minutes N` prints) the lookups answered, failed (not
 200, or no answer) and wrong (not one version whole), the reloads, the Redis restarts,
-latency p50/p99 and the server's RSS at the start and the end.
+latency p50/p99/max and the lookups slower than SLOW_S, the RSS of the server's processes
+at the start and the end, and the RocksDB folder and its write-ahead log at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import random
@@ -30,11 +34,15 @@ from typing import Any
 
 import numpy as np
 
+from hps.tools.bench.soak_updates import UpdateLoad
+
 MODEL = "soak"
 DIMS = (8, 32)
 NUM_KEYS = 20_000
 DEFAULT = 0.5
 BATCH = 256
+#: a lookup slower than this is counted (a worker that stood still)
+SLOW_S = 0.5
 
 
 @dataclass
@@ -49,18 +57,41 @@ class SoakResult:
     latencies: list[float] = field(default_factory=list, repr=False)
     rss_start_mib: float = 0.0
     rss_end_mib: float = 0.0
+    store_mib: float = 0.0  # the RocksDB folder at the end
+    wal_mib: float = 0.0  # of it, the write-ahead log
+    updates: Any = None  # soak_updates.UpdateResult, with `update_rows`
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """No lookup failed or wrong, no reload failed, no update round stale."""
+        updates_ok = self.updates is None or not (self.updates.stale or self.updates.errors)
+        return not (self.failed or self.wrong or self.reloads_failed) and updates_ok
 
     def percentile_ms(self, q: float) -> float:
         return 1e3 * float(np.percentile(self.latencies, q)) if self.latencies else 0.0
 
 
 def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    """RSS of `pid` and its children (the workers of `hps serve --workers N`)."""
+    total = 0.0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            total = next((int(line.split()[1]) / 1024 for line in f
+                          if line.startswith("VmRSS:")), 0.0)
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:  # gone meanwhile
+        return total
+    return total + sum(_rss_mib(c) for c in children)
+
+
+def _folder_mib(folder: Path, suffix: str = "") -> float:
+    total = 0
+    for entry in folder.glob(f"*{suffix}"):  # a loop over the store's files
+        with contextlib.suppress(OSError):
+            total += entry.stat().st_size
+    return total / 2**20
 
 
 def _write_versions(folder: Path) -> tuple[np.ndarray, list[list[np.ndarray]], list[list[str]]]:
@@ -84,18 +115,25 @@ def _write_versions(folder: Path) -> tuple[np.ndarray, list[list[np.ndarray]], l
 
 
 def soak(seconds: float, *, clients: int = 8, reload_every: float = 5.0,
-         redis_restarts: int = 2, log: Callable[[str], None] = lambda _: None) -> SoakResult:
-    """Run the soak for `seconds`; see the module docstring."""
+         redis_restarts: int = 2, workers: int = 1, update_rows: int = 0,
+         check_every: float = 10.0, log: Callable[[str], None] = lambda _: None
+         ) -> SoakResult:
+    """Run the soak for `seconds`; see the module docstring. `update_rows`: rows a second
+    of online updates (0: none), a round of them checked every `check_every` seconds."""
     from hps.tools.bench.http import _free_port, _http_server
     from hps.tools.bench.redis_servers import RedisServer
 
     result = SoakResult(seconds)
+    log(f"soak of {seconds:g} s: {workers} worker(s), {clients} clients, a reload every "
+        f"{reload_every:g} s, {redis_restarts} Redis restarts, {update_rows:,} update rows "
+        "a second …")
     with tempfile.TemporaryDirectory(prefix="hps-soak-") as tmp:
         folder = Path(tmp)
         keys, vectors, files = _write_versions(folder / "models")
         order = np.argsort(keys)
         sorted_keys = keys[order]
         redis = RedisServer(folder / "redis").start()
+        stream = RedisServer(folder / "stream").start() if update_rows else None
         config = {
             "models": [{"model": MODEL, "sparse_files": files[0],
                         "embedding_vecsize_per_table": list(DIMS),
@@ -106,25 +144,39 @@ def soak(seconds: float, *, clients: int = 8, reload_every: float = 5.0,
                             "num_partitions": 8, "reconnect_backoff": 0.05,
                             "reconnect_backoff_max": 0.5, "socket_timeout": 1.0},
             "persistent_db": {"type": "rocks_db", "path": str(folder / "rocksdb")},
+            "http": {"workers": workers},
         }
+        if stream is not None:
+            config["update_source"] = {"type": "redis_stream", "address": stream.address}
         (folder / "ps.json").write_text(json.dumps(config))
         pids: list[int] = []
         try:
             with _http_server(folder / "ps.json", _free_port(), 2, None, pids=pids) as url:
                 host, port = url.split(":")
                 result.rss_start_mib = _rss_mib(pids[0])
-                _run(result, host, int(port), keys, sorted_keys, order, vectors, files,
-                     clients, reload_every, redis_restarts, redis, log)
+                gate = threading.Lock()  # a reload and an update check, one at a time
+                updates = None if stream is None else UpdateLoad(
+                    config, MODEL, 0, DIMS[0], host, int(port), workers, update_rows,
+                    check_every, gate, log).start()
+                try:
+                    _run(result, host, int(port), keys, sorted_keys, order, vectors, files,
+                         clients, reload_every, redis_restarts, redis, gate, log)
+                finally:
+                    result.updates = None if updates is None else updates.stop()
                 result.rss_end_mib = _rss_mib(pids[0])
+                result.store_mib = _folder_mib(folder / "rocksdb")
+                result.wal_mib = _folder_mib(folder / "rocksdb", ".log")
         finally:
             redis.close()
+            if stream is not None:
+                stream.close()
     return result
 
 
 def _run(result: SoakResult, host: str, port: int, keys: np.ndarray,
          sorted_keys: np.ndarray, order: np.ndarray, vectors: list[list[np.ndarray]],
          files: list[list[str]], clients: int, reload_every: float, redis_restarts: int,
-         redis: Any, log: Callable[[str], None]) -> None:
+         redis: Any, gate: threading.Lock, log: Callable[[str], None]) -> None:
     stop = threading.Event()
     lock = threading.Lock()
 
@@ -176,11 +228,15 @@ def _run(result: SoakResult, host: str, port: int, keys: np.ndarray,
             version = 1 - version
             conn = http.client.HTTPConnection(host, port, timeout=300)
             try:
-                conn.request("POST", f"/v1/models/{MODEL}/reload",
-                             json.dumps({"sparse_files": files[version]}),
-                             {"Content-Type": "application/json"})
-                answer = conn.getresponse()
-                body = answer.read()
+                with gate:
+                    # keys only updates added are not in the files: the version
+                    # shrinks by them, which the load gate refuses unless told
+                    conn.request("POST", f"/v1/models/{MODEL}/reload",
+                                 json.dumps({"sparse_files": files[version],
+                                             "allow_shrink": True}),
+                                 {"Content-Type": "application/json"})
+                    answer = conn.getresponse()
+                    body = answer.read()
                 good = answer.status == 200
             except (OSError, http.client.HTTPException) as exc:
                 good, body = False, repr(exc).encode()
@@ -222,8 +278,18 @@ def print_result(r: SoakResult) -> None:
     print(f"soak of {r.seconds:.0f} s: {r.lookups:,} lookups, {r.failed} failed, "
           f"{r.wrong} wrong; {r.reloads} reloads ({r.reloads_failed} failed); "
           f"{r.redis_restarts} Redis restarts")
-    print(f"  latency p50 {r.percentile_ms(50):.2f} ms, p99 {r.percentile_ms(99):.2f} ms; "
-          f"server RSS {r.rss_start_mib:.0f} MiB at the start, {r.rss_end_mib:.0f} MiB "
-          "at the end")
-    for line in r.errors[:10]:
+    slow = sum(t > SLOW_S for t in r.latencies)
+    print(f"  latency p50 {r.percentile_ms(50):.2f} ms, p99 {r.percentile_ms(99):.2f} ms, "
+          f"max {r.percentile_ms(100):.0f} ms, {slow} over {SLOW_S * 1e3:.0f} ms; server "
+          f"RSS (every process) {r.rss_start_mib:.0f} MiB at the start, "
+          f"{r.rss_end_mib:.0f} MiB at the end")
+    print(f"  RocksDB {r.store_mib:.0f} MiB at the end, {r.wal_mib:.0f} MiB of it "
+          "write-ahead log")
+    u = r.updates
+    if u is not None:
+        seen = (f"visible in every worker in p50 {1e3 * np.median(u.visible_s):.0f} ms, "
+                f"max {1e3 * max(u.visible_s):.0f} ms" if u.visible_s else "none visible")
+        print(f"  updates: {u.rows:,} rows published; {u.checks} rounds checked, "
+              f"{u.stale} stale; {seen}")
+    for line in (r.errors + ([] if u is None else u.errors))[:10]:
         print(f"  {line}")
