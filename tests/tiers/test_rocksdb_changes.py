@@ -9,6 +9,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,14 +164,14 @@ def test_updates_leave_at_most_max_wal_mb_of_log_and_every_row_survives_a_reopen
     keys = rng.choice(np.int64(2**40), 4096, replace=False)
     tier.load(T, [(keys, np.zeros((keys.size, 64), np.float32))])
     token = tier.note_changes(T)
-    largest = 0
     try:
         for round_ in range(48):  # 1 MiB of rows a round, the same keys over and over
             tier.insert(T, keys, np.full((keys.size, 64), round_, np.float32))
-            largest = max(largest, _log_bytes(store))
-        # past the bound a write starts a flush, and the log is deleted once it is done:
-        # the writes meanwhile lie beyond it (48 MiB of log without the bound)
-        assert largest < 3 * (4 << 20)
+        # Past the bound a write starts a flush in the background, and the log files it
+        # covers are deleted once it is done: how far the log runs past the bound
+        # meanwhile depends on the machine, where it settles does not (the bound and the
+        # writes since the last flush; 48 MiB of log for good without the bound).
+        assert _settled_log_bytes(store, below=2 * (4 << 20)) < 2 * (4 << 20)
         assert (tier.fetch(T, keys)[0] == 47).all()
         tier = reopened(tier)
         rows, found = tier.fetch(T, keys)
@@ -191,7 +192,8 @@ def test_a_flush_takes_every_table_and_leaves_no_log_to_replay(
             tier.insert(T, keys, np.full((keys.size, 4), round_, np.float32))
         assert _log_bytes(tmp_path / "rocks") > 4 * keys.size * 4 * 4
         tier.load(T, [(keys[:10], np.full((10, 4), -1, np.float32))])  # flushes T first
-        assert _log_bytes(tmp_path / "rocks") < 4096  # what was written after: a record
+        # what was written after: a record (the flushed log's deletion may trail it)
+        assert _settled_log_bytes(tmp_path / "rocks", below=4096) < 4096
     finally:
         tier.close()
 
@@ -203,3 +205,13 @@ def _log_bytes(store: Path) -> int:
         with contextlib.suppress(FileNotFoundError):
             total += log.stat().st_size
     return total
+
+
+def _settled_log_bytes(store: Path, below: int) -> int:
+    """Log bytes once they are under `below`, or after a minute of waiting for it.
+
+    RocksDB deletes the log files a flush covers after it, in the background."""
+    deadline = time.monotonic() + 60
+    while (size := _log_bytes(store)) >= below and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return size

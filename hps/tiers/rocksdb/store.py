@@ -51,7 +51,7 @@ def store_options(config: PersistentDBConfig, block_cache_bytes: int) -> Any:
     # keys of each write in `hps_changes`: 8 bytes a row) kept the busy tables' logs:
     # 1.3 GiB after 15 minutes of small update rounds, a follower's lookups stopped 10 s
     # at each flush. So every table is flushed together (nothing left for a new instance
-    # to replay after a flush), and at most `max_wal_mb` of log is kept.
+    # to replay after a flush), and a flush starts once the log passes `max_wal_mb`.
     opt.set_atomic_flush(True)
     opt.set_max_total_wal_size(int(config.max_wal_mb) << 20)
     # Reads map the table files: no pread call and no copy per block (half the time
