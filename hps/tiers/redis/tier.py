@@ -5,8 +5,8 @@ loop over keys); a fetch sends one `HMGET` per partition and `max_batch_size` ch
 every node at once, and decodes each reply while later ones are still on the wire (one
 scatter per reply). Inserts are `HSET`s of packed field/value records, followed (when
 `overflow_margin` is bounded) by pruning every partition that grew past it, by
-`overflow_policy`. Connections, the cluster topology and failures are `connection.py`'s;
-background writes (`insert_async`, eviction metadata refreshed on fetch) run on
+`overflow_policy` (`overflow.py`). Connections, the cluster topology and failures are
+`connection.py`'s; background writes (`insert_async`, eviction metadata refreshed on fetch) run on
 `hps.runtime.background` workers that drop, and count, what they cannot keep up with.
 """
 
@@ -34,14 +34,13 @@ from hps.tiers.redis.layout import (
     LFU_SCRIPT,
     TableLayout,
     command,
-    eviction_scores,
     group_by_partition,
     head,
     pack_fields,
     pack_pairs,
-    parse_keys,
     table_layout,
 )
+from hps.tiers.redis.overflow import prune_overflow
 
 log = logging.getLogger("hps.tiers.redis")
 
@@ -266,7 +265,7 @@ class RedisTier(BulkLoadTier):
         if bounded:
             over = np.flatnonzero(sizes > config.overflow_margin)
             if over.size:
-                self._resolve_overflow(table, over)
+                prune_overflow(self._client, config, layout, table, over)
 
     def _meta_writer(self, keys: np.ndarray, layout: TableLayout
                      ) -> Callable[[int, int, int, int], Cmd] | None:
@@ -418,81 +417,6 @@ class RedisTier(BulkLoadTier):
                                     "empty, flushed or failed over)", table)
                     self._lost.add(table)
             return sorted(self._lost)
-
-    # -- overflow -----------------------------------------------------------------------
-
-    def _resolve_overflow(self, table: str, partitions: np.ndarray) -> None:
-        """Prune every partition in `partitions` to overflow_margin × resolution target.
-
-        Victims: random keys, the least used (lowest count) or the oldest (lowest time);
-        keys without metadata count as least used / oldest. Metadata of keys that are no
-        longer in the value hash is deleted too.
-        """
-        config = self.config
-        layout = self._table_layout(table)
-        target = int(config.overflow_margin * config.overflow_resolution_target)
-        policy = config.overflow_policy
-        present: dict[int, list[bytes]] = {}
-        metadata: dict[int, list[bytes]] = {}
-
-        def keep(into: dict[int, list[bytes]], p: int) -> Callable[[Any], None]:
-            def on_reply(reply: list[bytes]) -> None:
-                into[p] = reply
-
-            return on_reply
-
-        def survey(topology: Topology) -> list[Cmd]:
-            node_of = topology.node_of(layout)
-            cmds = []
-            for p in partitions.tolist():
-                node = int(node_of[p])
-                cmds.append(Cmd(node, [command(b"HKEYS", layout.values[p])], keep(present, p)))
-                if policy != "evict_random":
-                    cmds.append(Cmd(node, [command(b"HGETALL", layout.metas[p])],
-                                     keep(metadata, p)))
-            return cmds
-
-        self._client.execute(survey, f"overflow survey of {table!r}")
-
-        victims: dict[int, np.ndarray] = {}
-        orphans: dict[int, np.ndarray] = {}
-        for p in partitions.tolist():
-            keys = parse_keys(present.get(p, []))
-            excess = keys.size - target
-            if policy == "evict_random":
-                if excess > 0:
-                    rng = np.random.default_rng()
-                    victims[p] = keys[rng.choice(keys.size, size=excess, replace=False)]
-                continue
-            score, stale = eviction_scores(keys, metadata.get(p, []), policy)
-            if excess > 0:
-                victims[p] = keys[np.argsort(score, kind="stable")[:excess]]
-            if stale.size:
-                orphans[p] = stale
-
-        if not victims and not orphans:
-            return
-        none = np.empty(0, dtype=np.int64)
-        delete_v = victims
-        delete_t = {p: np.concatenate([victims.get(p, none), orphans.get(p, none)])
-                    for p in set(victims) | set(orphans)}
-
-        def prune(topology: Topology) -> list[Cmd]:
-            node_of = topology.node_of(layout)
-            cmds = []
-            for names, doomed in ((layout.values, delete_v), (layout.metas, delete_t)):
-                for p, keys in doomed.items():
-                    fields = pack_fields(keys)
-                    for a in range(0, keys.size, config.max_batch_size):
-                        b = min(a + config.max_batch_size, keys.size)
-                        cmds.append(Cmd(int(node_of[p]), [
-                            head(2 + b - a, b"HDEL", names[p]),
-                            fields[a * FIELD_WIDTH:b * FIELD_WIDTH]]))
-            return cmds
-
-        self._client.execute(prune, f"overflow pruning of {table!r}")
-        log.debug("redis tier: pruned %d keys of %s in %d partitions", sum(
-            k.size for k in victims.values()), table, len(victims))
 
     # -- background writes --------------------------------------------------------------
 

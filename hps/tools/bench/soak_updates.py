@@ -12,14 +12,20 @@ updates added, so a reload and a check never overlap (`gate`, which the reloader
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from hps.config import PSConfig, load_config
+from hps.updates.contract import UpdatePublisher
+from hps.updates.open import open_publisher
+from hps.updates.publish import publish_arrays
 
 #: the first key of the updates (clients look up unknown keys below it)
 UPDATE_KEYS = 2**43
@@ -45,11 +51,12 @@ class UpdateResult:
 class UpdateLoad:
     """The publisher and checker threads over a running server (`host`, `port`)."""
 
-    def __init__(self, config: dict[str, Any], model: str, table: int, dim: int,
+    def __init__(self, config: dict[str, Any] | PSConfig, model: str, table: int, dim: int,
                  host: str, port: int, workers: int, rows_per_second: int,
                  check_every: float, gate: threading.Lock,
                  log: Callable[[str], None] = lambda _: None) -> None:
-        self.config, self.model, self.table, self.dim = config, model, table, dim
+        self.config = load_config(config)  # parsed once, not at each round
+        self.model, self.table, self.dim = model, table, dim
         self.host, self.port, self.workers = host, port, workers
         self.round_rows = max(1, rows_per_second // ROUNDS_PER_SECOND)
         self.check_every = check_every
@@ -77,11 +84,11 @@ class UpdateLoad:
         keys = np.unique(first + rng.integers(0, UPDATE_POOL, rows)).astype(np.int64)
         return keys, rng.standard_normal((keys.size, self.dim)).astype(np.float32)
 
-    def _send(self, keys: np.ndarray, vectors: np.ndarray) -> bool:
-        from hps.updates.publish import publish_arrays
-
+    def _send(self, publisher: UpdatePublisher, keys: np.ndarray, vectors: np.ndarray
+              ) -> bool:
         try:
-            publish_arrays(self.config, self.model, self.table, keys, vectors)
+            publish_arrays(self.config, self.model, self.table, keys, vectors,
+                           publisher=publisher)
         except Exception as exc:  # the bench reports it and goes on
             self.result.errors.append(f"publish: {exc!r}")
             return False
@@ -91,26 +98,40 @@ class UpdateLoad:
 
     def _publish_rounds(self) -> None:
         rng = np.random.default_rng(11)
-        while not self._stop.wait(1.0 / ROUNDS_PER_SECOND):
-            self._send(*self._round(rng, self.round_rows))
+        with self._publisher() as publisher:
+            while not self._stop.wait(1.0 / ROUNDS_PER_SECOND):
+                self._send(publisher, *self._round(rng, self.round_rows))
 
     def _check_rounds(self) -> None:
         rng = np.random.default_rng(12)
-        while not self._stop.wait(self.check_every):
-            with self.gate:
-                keys, vectors = self._round(rng, CHECKED_ROWS, CHECK_FIRST)
-                if not self._send(keys, vectors):
-                    continue
-                sent = time.perf_counter()
-                seen = self._wait_for(keys, vectors)
-            self.result.checks += 1
-            if seen:
-                self.result.visible_s.append(time.perf_counter() - sent)
-            else:
-                self.result.stale += 1
-                self.result.errors.append(f"update round not served within {STALE_S:g} s")
-            self.log(f"update check {self.result.checks}: "
-                     f"{'exact' if seen else 'STALE'}")
+        with self._publisher() as publisher:
+            while not self._stop.wait(self.check_every):
+                self._check_round(publisher, rng)
+
+    def _check_round(self, publisher: UpdatePublisher, rng: np.random.Generator) -> None:
+        with self.gate:
+            keys, vectors = self._round(rng, CHECKED_ROWS, CHECK_FIRST)
+            if not self._send(publisher, keys, vectors):
+                return
+            sent = time.perf_counter()
+            seen = self._wait_for(keys, vectors)
+        self.result.checks += 1
+        if seen:
+            self.result.visible_s.append(time.perf_counter() - sent)
+        else:
+            self.result.stale += 1
+            self.result.errors.append(f"update round not served within {STALE_S:g} s")
+        self.log(f"update check {self.result.checks}: {'exact' if seen else 'STALE'}")
+
+    @contextlib.contextmanager
+    def _publisher(self) -> Iterator[UpdatePublisher]:
+        """One stream publisher a thread for the whole soak (one a round cost a config
+        parse and a connection five times a second)."""
+        publisher = open_publisher(self.config.update_source)
+        try:
+            yield publisher
+        finally:
+            publisher.close()
 
     def _wait_for(self, keys: np.ndarray, vectors: np.ndarray) -> bool:
         """Whether `workers` connections opened together (the server spreads them over
