@@ -198,6 +198,40 @@ def test_a_flush_takes_every_table_and_leaves_no_log_to_replay(
         tier.close()
 
 
+def test_a_run_leader_leaves_no_log_to_replay_when_it_makes_a_table_or_ingests(
+        tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A follower opens a new secondary instance at each such edit, replaying the log
+    # with the GIL held: a reload under online updates replayed up to max_wal_mb several
+    # times (0.5-0.6 s each for 50 MiB), as a table made or ingested into flushes
+    # nothing of the others (a new table's memtable is empty).
+    from hps.runtime.run_dir import RUN_DIR_ENV
+    from hps.tiers.rocksdb.secondary import WORKER_ENV
+
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.setenv(WORKER_ENV, "0")
+    store = tmp_path / "rocks"
+    tier, _, keys = loaded(store, rng, 4096)
+    try:
+        def updates(value: int) -> None:  # 4 x 64 KiB of rows, in the log
+            for _ in range(4):
+                tier.insert(T, keys, np.full((keys.size, 4), value, np.float32))
+            assert _log_bytes(store) > 4 * keys.size * 4 * 4
+
+        updates(1)
+        tier.create_table(OTHER, 4)  # a table made
+        assert _settled_log_bytes(store, below=4096) < 4096
+        updates(2)
+        tier.load(OTHER, [(keys, np.full((keys.size, 4), 3, np.float32))])  # an ingestion
+        assert _settled_log_bytes(store, below=4096) < 4096
+        updates(4)
+        tier.drop_table(OTHER)
+        assert _settled_log_bytes(store, below=4096) < 4096
+        rows, found = tier.fetch(T, keys)
+        assert found.all() and (rows == 4).all()
+    finally:
+        tier.close()
+
+
 def _log_bytes(store: Path) -> int:
     """Bytes of the store's log files (one RocksDB deletes meanwhile counts none)."""
     total = 0

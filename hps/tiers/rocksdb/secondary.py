@@ -18,8 +18,10 @@ catch-up over a column family made or dropped fails for good: "MANIFEST record
 referencing unknown column family"), and never reads a row its memtable replayed over a
 newer ingested one (a catch-up past an ingestion did: test_rocksdb.py). Opening takes
 20-200 ms plus the replay of the leader's WAL, with the GIL held (rocksdict): the leader's
-store options keep that log short (store.py). The instance before is closed at once and
-its folder removed: handles of it that lookups in flight hold keep working (rocksdict
+store options keep that log short (store.py), and the leader flushes every table before
+it makes one or ingests (`_flush_for_followers` in tier.py), so the instances a reload
+opens replay next to nothing. The instance before is closed at once and its folder
+removed: handles of it that lookups in flight hold keep working (rocksdict
 shares the database between them, and RocksDB writes only its info log there), so those
 lookups finish on it.
 
@@ -113,8 +115,9 @@ def _store_lock(path: str, mode: int) -> Iterator[None]:
 
 
 def changing_store(path: str) -> contextlib.AbstractContextManager[None]:
-    """Held by the leader while it opens the store at `path` or drops a column family:
-    no follower opens an instance or catches up meanwhile (see the module)."""
+    """Held by the leader while it opens the store at `path`, drops a column family or
+    flushes every one: no follower opens an instance or catches up meanwhile (see the
+    module)."""
     return _store_lock(path, fcntl.LOCK_EX)
 
 
@@ -176,10 +179,12 @@ def store_signature(path: str) -> tuple[Any, ...]:
 
 class FollowsPrimary:
     """What `RocksDBTier` does as a secondary instance: catching up with the leader's
-    writes, and reading a version from where the leader stored it."""
+    writes, and reading a version from where the leader stored it; and as the leader,
+    keeping its followers' new instances cheap."""
 
     secondary: Path | None
     path: str
+    _leads: bool  # the leader of a run (leads_a_run)
     _options: Any
     _db: Any
     _families: set[str]
@@ -200,6 +205,29 @@ class FollowsPrimary:
 
     def _column_family(self, name: str, create: bool) -> Any:
         raise NotImplementedError
+
+    def _flush_for_followers(self) -> None:
+        """In a run's leader, before an edit of the store's table files (a table made, an
+        ingestion): every table's rows written so far go into table files first.
+
+        Each follower opens a new secondary instance at such an edit, which replays the
+        log kept, holding the GIL: up to `max_wal_mb` of online updates (0.5-0.6 s for
+        50 MiB on a busy 2-core box, several times a reload). After this it replays what
+        was written since. Under the store's lock: followers open after the last table's
+        flush, not between two (RocksDB deletes a log once every table in it is flushed).
+        """
+        if self._leads and self._db is not None:
+            with changing_store(self.path):
+                self._flush_every_table()
+
+    def _flush_every_table(self) -> None:
+        # rocksdict flushes one column family a call (atomic_flush: that one only); each
+        # call leaves the GIL to the leader's lookups
+        with self._lock:
+            names = sorted(self._families)
+        self._db.flush(True)  # "default"
+        for name in names:  # a loop over column families
+            self._db.get_column_family(name).flush(True)
 
     def catch_up(self, reopen: bool = False) -> None:
         """A secondary instance (`self.secondary`) reads what the leader wrote since it

@@ -205,3 +205,17 @@ def remove_stale_loads(path: str) -> None:
     for entry in os.scandir(path):
         if entry.name.startswith(INGEST_PREFIX) and entry.is_dir():
             shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def stored_dim(cf: Any, read_options: Any) -> int | None:
+    """Width of the rows a stored column family `cf` holds, from its first value (None
+    if it is empty or None)."""
+    if cf is None:
+        return None
+    it = cf.iter(read_options)
+    it.seek_to_first()
+    if not it.valid():
+        return None
+    size = len(it.value())
+    del it
+    return size // 4 if size % 4 == 0 and size else None

@@ -94,6 +94,7 @@ from hps.tiers.rocksdb.store import (
     open_store,
     remove_stale_loads,
     store_options,
+    stored_dim,
 )
 
 log = logging.getLogger("hps.tiers.rocksdb.tier")
@@ -150,7 +151,8 @@ class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
         self._failures: dict[str, int] = {}
         self._bad_log = ThrottledLog(log)
         self._options = store_options(self.config, block_cache_bytes)
-        if leads_a_run():  # a MANIFEST a follower opens holds no drops (secondary.py)
+        self._leads = leads_a_run()
+        if self._leads:  # a MANIFEST a follower opens holds no drops (secondary.py)
             self._options.set_max_manifest_file_size(1)
         self._read_options = rocksdict.ReadOptions()
         self._read_options.set_verify_checksums(False)
@@ -176,7 +178,7 @@ class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
         self._meta = self._column_family(META_CF, create=not self.read_only)
         self._changes = self._change_log()
         for cf_name in self.stored_tables():
-            dim = self._stored_dim(cf_name)
+            dim = stored_dim(self._column_family(cf_name, create=False), self._read_options)
             if dim is not None:
                 self._dims[cf_name] = dim
         self._follow = None if self.secondary is None else PeriodicTask(
@@ -191,6 +193,8 @@ class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
                           if n not in (DEFAULT_CF, META_CF, CHANGES_CF))
 
     def _column_family(self, name: str, create: bool) -> Any:
+        if create and self.stored_name(name) not in self._families:
+            self._flush_for_followers()
         with self._lock:
             cf = self._cfs.get(name)
             if cf is not None:
@@ -205,19 +209,6 @@ class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
             self._cfs[name] = cf
             self._handles[name] = self._db.get_column_family_handle(self.stored_name(name))
             return cf
-
-    def _stored_dim(self, table: str) -> int | None:
-        """Width of the rows a stored table holds, from its first value (None if empty)."""
-        cf = self._column_family(table, create=False)
-        if cf is None:
-            return None
-        it = cf.iter(self._read_options)
-        it.seek_to_first()
-        if not it.valid():
-            return None
-        size = len(it.value())
-        del it
-        return size // 4 if size % 4 == 0 and size else None
 
     # -- tables -------------------------------------------------------------------------
 
@@ -244,7 +235,14 @@ class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
         self._writable("drop", table)
         if self.read_elsewhere(table):
             return
-        with changing_store(self.path), self._lock:
+        with changing_store(self.path):
+            if self._leads:  # see _flush_for_followers
+                self._flush_every_table()
+            self._drop(table)
+        super().drop_table(table)
+
+    def _drop(self, table: str) -> None:
+        with self._lock:
             self._cfs.pop(table, None)
             self._handles.pop(table, None)
             self._sizes.pop(table, None)
@@ -255,7 +253,6 @@ class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
                 self._db.drop_column_family(self.stored_name(table))
                 self._families.discard(self.stored_name(table))
                 self._meta.flush(True)  # one more edit: a MANIFEST without the drop
-        super().drop_table(table)
 
     def _cf(self, table: str) -> Any:
         self.dim(table)  # UnknownTableError for tables never created
@@ -540,6 +537,7 @@ class RocksDBTier(FollowsPrimary, LoadRecords, BulkLoadTier):
     def _ingest(self, cf: Any, table: str, paths: list[str], noted: bool) -> None:
         options = rocksdict.IngestExternalFileOptions()
         options.set_move_files(True)
+        self._flush_for_followers()
         cf.ingest_external_file(paths, options)
         self._changed(table, noted)
 
