@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from hps.tools.bench.cpus import children
 from hps.tools.bench.soak_updates import UpdateLoad
 
 MODEL = "soak"
@@ -75,15 +76,11 @@ class SoakResult:
 def _rss_mib(pid: int) -> float:
     """RSS of `pid` and its children (the workers of `hps serve --workers N`)."""
     total = 0.0
-    try:
+    with contextlib.suppress(OSError):  # gone meanwhile
         with open(f"/proc/{pid}/status") as f:
             total = next((int(line.split()[1]) / 1024 for line in f
                           if line.startswith("VmRSS:")), 0.0)
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = [int(c) for c in f.read().split()]
-    except OSError:  # gone meanwhile
-        return total
-    return total + sum(_rss_mib(c) for c in children)
+    return total + sum(_rss_mib(c) for c in children(pid))
 
 
 def _folder_mib(folder: Path, suffix: str = "") -> float:
@@ -278,7 +275,7 @@ def print_result(r: SoakResult) -> None:
     print(f"soak of {r.seconds:.0f} s: {r.lookups:,} lookups, {r.failed} failed, "
           f"{r.wrong} wrong; {r.reloads} reloads ({r.reloads_failed} failed); "
           f"{r.redis_restarts} Redis restarts")
-    slow = sum(t > SLOW_S for t in r.latencies)
+    slow = int(np.count_nonzero(np.asarray(r.latencies) > SLOW_S))
     print(f"  latency p50 {r.percentile_ms(50):.2f} ms, p99 {r.percentile_ms(99):.2f} ms, "
           f"max {r.percentile_ms(100):.0f} ms, {slow} over {SLOW_S * 1e3:.0f} ms; server "
           f"RSS (every process) {r.rss_start_mib:.0f} MiB at the start, "
